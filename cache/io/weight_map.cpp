@@ -1,0 +1,227 @@
+#include "cache/io/weight_map.h"
+
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace anchor {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot read '" + path + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::string list_names(const std::vector<std::string>& names, size_t max_show = 400) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < max_show; ++i) out += "\n  " + names[i];
+    if (names.size() > max_show) out += "\n  ... and " + std::to_string(names.size() - max_show) + " more";
+    return out;
+}
+
+} // namespace
+
+WeightMap WeightMap::load(const std::string& path) {
+    WeightMap wm;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw Error("weights '" + path + "' do not exist");
+    std::vector<std::string> files;
+    std::string index;
+    if (fs::is_directory(path, ec)) {
+        std::vector<std::string> loose, indexes;
+        for (const auto& e : fs::directory_iterator(path)) {
+            const std::string p = e.path().string();
+            if (ends_with(p, ".safetensors.index.json")) indexes.push_back(p);
+            else if (ends_with(p, ".safetensors")) loose.push_back(p);
+        }
+        std::sort(loose.begin(), loose.end());
+        std::sort(indexes.begin(), indexes.end());
+        if (indexes.size() > 1)
+            throw Error("directory '" + path + "' holds several *.safetensors.index.json files; name one");
+        if (!indexes.empty()) index = indexes[0];
+        else if (loose.empty()) throw Error("directory '" + path + "' holds no .safetensors file");
+        else files = loose;
+    } else if (ends_with(path, ".index.json")) {
+        index = path;
+    } else {
+        files.push_back(path);
+    }
+    if (!index.empty()) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read_text(index));
+        } catch (const nlohmann::json::exception& e) {
+            throw Error("sharded checkpoint index '" + index + "': invalid JSON: " + e.what());
+        }
+        if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+            throw Error("sharded checkpoint index '" + index + "' has no \"weight_map\" object");
+        std::set<std::string> shards;
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            if (!it.value().is_string())
+                throw Error("sharded checkpoint index '" + index + "': shard of '" + it.key() + "' is not a string");
+            shards.insert(it.value().get<std::string>());
+        }
+        fs::path dir = fs::path(index).parent_path();
+        std::map<std::string, std::shared_ptr<SafeTensorsFile>> opened;
+        for (const auto& s : shards) {
+            if (s.find("..") != std::string::npos || (!s.empty() && s[0] == '/'))
+                throw Error("sharded checkpoint index '" + index + "': shard name '" + s + "' leaves the folder");
+            opened[s] = SafeTensorsFile::open((dir / s).string());
+            wm.files_.push_back(opened[s]);
+        }
+        std::vector<std::string> absent;
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            auto& f = opened[it.value().get<std::string>()];
+            if (!f->has(it.key())) absent.push_back(it.key() + " (expected in " + f->path() + ")");
+            else wm.insert(it.key(), f->tensor(it.key()), f->path());
+        }
+        if (!absent.empty())
+            throw Error("sharded checkpoint index '" + index + "' names " + std::to_string(absent.size()) +
+                        " tensors missing from their shards:" + list_names(absent));
+        return wm;
+    }
+    for (const auto& f : files) {
+        auto st = SafeTensorsFile::open(f);
+        wm.files_.push_back(st);
+        for (const auto& ti : st->tensors()) {
+            if (wm.has(ti.name))
+                throw Error("tensor '" + ti.name + "' appears in both '" + wm.source(ti.name) + "' and '" + f + "'");
+            wm.insert(ti.name, st->tensor(ti.name), f);
+        }
+    }
+    return wm;
+}
+
+void WeightMap::insert(const std::string& name, torch::Tensor t, const std::string& source) {
+    tensors_[name] = std::move(t);
+    sources_[name] = source;
+}
+
+std::vector<std::string> WeightMap::names() const {
+    std::vector<std::string> out;
+    for (const auto& kv : tensors_) out.push_back(kv.first);
+    return out;
+}
+
+const std::string& WeightMap::source(const std::string& name) const {
+    static const std::string unknown = "<unknown>";
+    auto it = sources_.find(name);
+    return it == sources_.end() ? unknown : it->second;
+}
+
+torch::Tensor WeightMap::get(const std::string& name) const {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+        std::set<std::string> srcs;
+        for (const auto& kv : sources_) srcs.insert(kv.second);
+        std::string where;
+        for (const auto& s : srcs) where += (where.empty() ? "" : ", ") + s;
+        throw Error("missing tensor '" + name + "' (looked in " + (where.empty() ? "<empty map>" : where) + ")");
+    }
+    return it->second;
+}
+
+torch::Tensor WeightMap::get(const std::string& name, const std::vector<int64_t>& expected) const {
+    torch::Tensor t = get(name);
+    if (t.sizes().vec() != expected)
+        throw Error("file '" + source(name) + "', tensor '" + name + "': expected shape " + shape_str(expected) +
+                    ", got " + shape_str(t.sizes().vec()));
+    return t;
+}
+
+std::vector<int64_t> WeightMap::shape(const std::string& name) const { return get(name).sizes().vec(); }
+
+WeightMap WeightMap::with_prefix_stripped(const std::string& prefix) const {
+    WeightMap out;
+    out.files_ = files_;
+    for (const auto& [k, v] : tensors_)
+        if (k.compare(0, prefix.size(), prefix) == 0) out.insert(k.substr(prefix.size()), v, source(k));
+    return out;
+}
+
+WeightMap WeightMap::renamed(const std::function<std::string(const std::string&)>& rename) const {
+    WeightMap out;
+    out.files_ = files_;
+    for (const auto& [k, v] : tensors_) {
+        std::string n = rename(k);
+        if (n.empty()) continue;
+        if (out.has(n)) throw Error("renaming maps both '" + k + "' and another tensor to '" + n + "'");
+        out.insert(n, v, source(k));
+    }
+    return out;
+}
+
+void WeightMap::load_into(torch::nn::Module& module, const std::vector<std::string>& ignore,
+                          const std::vector<std::string>& optional) const {
+    std::vector<std::regex> ign, opt;
+    for (const auto& s : ignore) ign.emplace_back(s);
+    for (const auto& s : optional) opt.emplace_back(s);
+    auto matches = [](const std::vector<std::regex>& rs, const std::string& n) {
+        for (const auto& r : rs)
+            if (std::regex_match(n, r)) return true;
+        return false;
+    };
+    std::map<std::string, torch::Tensor> targets;
+    for (const auto& p : module.named_parameters(true)) targets[p.key()] = p.value();
+    std::set<std::string> buffer_names;
+    for (const auto& b : module.named_buffers(true)) {
+        targets[b.key()] = b.value();
+        buffer_names.insert(b.key());
+    }
+    std::vector<std::string> missing, unexpected, bad_shape;
+    for (const auto& [name, t] : targets) {
+        auto it = tensors_.find(name);
+        if (it == tensors_.end()) {
+            if (!(buffer_names.count(name) && matches(opt, name))) missing.push_back(name + " " + shape_str(t.sizes().vec()));
+        } else if (it->second.sizes() != t.sizes()) {
+            bad_shape.push_back(name + ": expected " + shape_str(t.sizes().vec()) + ", got " +
+                                shape_str(it->second.sizes().vec()) + " in '" + source(name) + "'");
+        }
+    }
+    for (const auto& [name, t] : tensors_)
+        if (!targets.count(name) && !matches(ign, name)) unexpected.push_back(name + " (" + source(name) + ")");
+    if (!missing.empty() || !unexpected.empty() || !bad_shape.empty()) {
+        std::string msg = "weights do not fit the model (" + describe() + "):";
+        if (!missing.empty())
+            msg += "\n" + std::to_string(missing.size()) + " missing tensor(s):" + list_names(missing);
+        if (!bad_shape.empty())
+            msg += "\n" + std::to_string(bad_shape.size()) + " tensor(s) with the wrong shape:" + list_names(bad_shape);
+        if (!unexpected.empty())
+            msg += "\n" + std::to_string(unexpected.size()) + " unexpected tensor(s):" + list_names(unexpected);
+        throw Error(msg);
+    }
+    torch::NoGradGuard ng;
+    for (auto& [name, t] : targets) {
+        auto it = tensors_.find(name);
+        if (it != tensors_.end()) t.copy_(it->second.to(t.scalar_type()));
+    }
+}
+
+std::string WeightMap::describe() const {
+    std::set<std::string> srcs;
+    for (const auto& kv : sources_) srcs.insert(kv.second);
+    std::string s = std::to_string(tensors_.size()) + " tensors from ";
+    size_t i = 0;
+    for (const auto& f : srcs) s += (i++ ? ", " : "") + f;
+    if (srcs.empty()) s += "<memory>";
+    return s;
+}
+
+} // namespace anchor

@@ -1,0 +1,62 @@
+// One name -> tensor map with the checkpoint's own names, loaded from a safetensors file, a sharded checkpoint
+// (`*.safetensors.index.json`) or a folder of safetensors files.
+//
+// Lookups check the expected shape; loading into a module reports every missing and unexpected name at once.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace anchor {
+
+class SafeTensorsFile;
+
+class WeightMap {
+public:
+    WeightMap() = default;
+
+    // `path`: a .safetensors file, a *.safetensors.index.json, or a directory holding exactly one of those (an index
+    // is preferred; several loose .safetensors files are all read). Throws anchor::Error naming the file.
+    static WeightMap load(const std::string& path);
+
+    // Adds a tensor under `name` (the source is recorded for error messages).
+    void insert(const std::string& name, torch::Tensor t, const std::string& source = "<memory>");
+    bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+    size_t size() const { return tensors_.size(); }
+    std::vector<std::string> names() const;
+    const std::string& source(const std::string& name) const;
+    const std::map<std::string, torch::Tensor>& all() const { return tensors_; }
+
+    // The tensor as stored (dtype of the file). Throws naming the file when missing.
+    torch::Tensor get(const std::string& name) const;
+    // Checks the shape; throws "file 'F', tensor 'T': expected shape [..], got [..]".
+    torch::Tensor get(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+    // Shape only, without touching the data.
+    std::vector<int64_t> shape(const std::string& name) const;
+
+    // A new map with `prefix` stripped from the names that have it (names without it are dropped).
+    WeightMap with_prefix_stripped(const std::string& prefix) const;
+    // A new map with every name passed through `rename` (an empty result drops the tensor).
+    WeightMap renamed(const std::function<std::string(const std::string&)>& rename) const;
+
+    // Copies the map into `module`'s parameters and buffers, converting dtype. Every parameter/buffer name of the
+    // module must be present and every map name must be used, except names matched by `ignore` (regex, full match)
+    // and module buffers matched by `optional`. All missing, unexpected and wrong-shape names are reported in one
+    // error before anything is copied.
+    void load_into(torch::nn::Module& module, const std::vector<std::string>& ignore = {},
+                   const std::vector<std::string>& optional = {}) const;
+
+    std::string describe() const; // "N tensors from F" for logs
+
+private:
+    std::map<std::string, torch::Tensor> tensors_;
+    std::map<std::string, std::string> sources_;
+    std::vector<std::shared_ptr<SafeTensorsFile>> files_;
+};
+
+} // namespace anchor

@@ -1,0 +1,29 @@
+// Shared program-edge helpers for anchor-sd and anchor-text: runtime facts, threads, error handling.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace anchor {
+
+// Facts printed by --version: AnchorCache and LibTorch versions, BLAS library in use, intra-op threads, CUDA.
+std::string runtime_info(const std::string& program);
+
+// The BLAS library actually loaded into this process (from /proc/self/maps and OpenBLAS' own config string).
+std::string blas_in_use();
+
+// Sets LibTorch's intra-op threads; n <= 0 means all cores. Returns the count in effect.
+int configure_threads(int n);
+
+// Adds --threads and --version to `app`; `threads` receives the option value (default 0 = all cores).
+void add_common_options(CLI::App& app, int& threads, const std::string& program);
+
+// Runs `body` and maps exceptions to exit codes: UsageError and CLI parse errors 2, other errors 1; prints
+// "error: ..." on stderr.
+int run_program(const std::function<int()>& body);
+
+} // namespace anchor

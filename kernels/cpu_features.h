@@ -1,0 +1,19 @@
+// Run-time CPU feature detection: the AVX2/FMA/F16C kernels are chosen only where the CPU has them, so one binary
+// runs everywhere and the portable reference path is always available.
+#pragma once
+
+#include <string>
+
+namespace anchor::kernels {
+
+struct CpuFeatures {
+    bool avx2 = false;
+    bool fma = false;
+    bool f16c = false;
+    bool avx512f = false;
+};
+
+const CpuFeatures& cpu_features();
+std::string cpu_features_string();
+
+} // namespace anchor::kernels

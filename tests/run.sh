@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, runs every test through CTest (each Catch2 test case and
+# golden_runner registered individually).  Usage: tests/run.sh [--sanitize] [ctest args...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="$root/build"
+setup_args=()
+if [ "${1:-}" = "--sanitize" ]; then
+  setup_args+=(--sanitize); build_dir="$root/build-asan"; shift
+  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+fi
+"$root/cli/setup.sh" "${setup_args[@]}"
+start=$(date +%s)
+cd "$build_dir"
+ctest --output-on-failure -j2 "$@"
+echo "tests: finished in $(( $(date +%s) - start )) s"

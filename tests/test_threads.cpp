@@ -1,0 +1,14 @@
+#include "cli/common.h"
+
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <thread>
+
+TEST_CASE("--threads sets LibTorch's intra-op threads; 0 means all cores", "[cli][threads]") {
+    CHECK(anchor::configure_threads(1) == 1);
+    CHECK(at::get_num_threads() == 1);
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    CHECK(anchor::configure_threads(0) == cores);
+    CHECK(anchor::blas_in_use().find("OpenBLAS") != std::string::npos);
+}
