@@ -1,0 +1,65 @@
+// Diffusion schedulers, split as schedule (betas, alphas_cumprod, timesteps, sigmas) -> parameterisation
+// (epsilon / v-prediction -> x0, sigma <-> alpha) -> sampler (a small step function).
+//
+// This header is the contract between the schedulers and the txt2img pipeline: the pipeline only calls
+// set_timesteps / timestep / scale_model_input / step. Semantics follow diffusers 0.27.2 exactly (see
+// tests/golden/sd/schedulers/README.md), including PNDM's repeated timestep and DPM's own 'leading' spacing.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace anchor::unet {
+
+enum class SamplerKind { DDIM, PNDM, Euler, EulerAncestral, DPMPP2M, DPMPP2MKarras, LMS };
+
+// Enum <-> string table that drives CLI parsing and --help: "ddim", "pndm", "euler", "euler_a", "dpmpp_2m",
+// "dpmpp_2m_karras", "lms".
+const std::vector<std::pair<std::string, SamplerKind>>& sampler_table();
+SamplerKind sampler_from_string(const std::string& s); // throws UsageError listing the valid names
+std::string sampler_name(SamplerKind k);
+
+// The fields of diffusers' scheduler_config.json that matter; defaults are SD 1.5's.
+struct SchedulerConfig {
+    int num_train_timesteps = 1000;
+    double beta_start = 0.00085;
+    double beta_end = 0.012;
+    std::string beta_schedule = "scaled_linear"; // "linear" | "scaled_linear"
+    int steps_offset = 1;
+    bool set_alpha_to_one = false;
+    bool clip_sample = false;
+    std::string prediction_type = "epsilon"; // "epsilon" | "v_prediction"
+    std::string timestep_spacing = "leading"; // "leading" | "trailing" | "linspace"
+
+    // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults).
+    static SchedulerConfig from_json_file(const std::string& path);
+};
+
+class Scheduler {
+public:
+    virtual ~Scheduler() = default;
+    virtual void set_timesteps(int num_inference_steps) = 0;
+    // Number of model evaluations in the loop (PNDM with skip_prk_steps: num_inference_steps + 1).
+    virtual int num_loop_steps() const = 0;
+    // Timestep value of loop step i as the UNet receives it (int-valued for DDIM/PNDM/DPM, float for Euler/LMS).
+    virtual double timestep(int i) const = 0;
+    virtual double init_noise_sigma() const = 0;
+    virtual torch::Tensor scale_model_input(const torch::Tensor& x, int i) const = 0;
+    // One sampler step at loop index i: model_output (eps or v) and sample x -> prev_sample. `gen` is used by
+    // samplers that draw noise (Euler draws and discards one randn per step like diffusers; Euler ancestral uses it;
+    // DDIM with eta > 0).
+    virtual torch::Tensor step(const torch::Tensor& model_output, int i, const torch::Tensor& x,
+                               torch::Generator* gen) = 0;
+    // The full tensors, for tests: timesteps in loop order and sigmas (empty where the scheduler has none).
+    virtual std::vector<double> timesteps() const = 0;
+    virtual std::vector<double> sigmas() const { return {}; }
+};
+
+// eta only applies to DDIM.
+std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg = {}, double eta = 0.0);
+
+} // namespace anchor::unet
