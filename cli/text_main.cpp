@@ -1,5 +1,6 @@
 // anchor-text: GPT-2 streaming with sink-rolling KV buffers and text diffusion with time-anchor caches.
 #include "cli/common.h"
+#include "cli/text_commands.h"
 
 #include <CLI/CLI.hpp>
 
@@ -8,12 +9,17 @@ int main(int argc, char** argv) {
         CLI::App app{"anchor-text: GPT-2 streaming and text diffusion with anchor caches (AnchorCache)"};
         int threads = 0;
         anchor::add_common_options(app, threads, "anchor-text");
+        std::vector<std::pair<CLI::App*, anchor::cli::Runner>> runners;
+        anchor::cli::add_gpt2_commands(app, runners);
+        anchor::cli::add_diffusion_commands(app, runners);
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {
             return app.exit(e);
         }
         anchor::configure_threads(threads);
+        for (auto& [sub, run] : runners)
+            if (sub->parsed()) return run();
         std::cout << app.help();
         return 0;
     });
