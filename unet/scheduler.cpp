@@ -267,6 +267,11 @@ AlphaSigma sigma_to_alpha_sigma(float sigma) {
     return {alpha, sigma * alpha};
 }
 
+// log / exp of a float32 scalar through LibTorch's own kernels: diffusers evaluates these on 0-dim float32 tensors,
+// whose vectorised (Sleef) results can differ from libm's by an ulp.
+float torch_log(float v) { return torch::log(torch::scalar_tensor(v, torch::kFloat32)).item<float>(); }
+float torch_exp(float v) { return torch::exp(torch::scalar_tensor(v, torch::kFloat32)).item<float>(); }
+
 // Noise of model_output's shape from `gen` (drawn on the generator's device, then moved), like diffusers' randn_tensor.
 torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen) {
     if (!gen) return torch::randn(like.sizes(), like.options());
@@ -667,14 +672,14 @@ private:
     };
     Lambda at(int k) const {
         const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[k]);
-        return {alpha, sigma, std::log(alpha) - std::log(sigma)}; // lambda = log(alpha / sigma), half log-SNR
+        return {alpha, sigma, torch_log(alpha) - torch_log(sigma)}; // lambda = log(alpha / sigma), half log-SNR
     }
 
     // x_t = (sigma_t / sigma_s) x - alpha_t (e^{-h} - 1) x0,  h = lambda_t - lambda_s   (eq. 10, first order)
     torch::Tensor first_order(const torch::Tensor& x0, const torch::Tensor& sample, int i) const {
         const auto t = at(i + 1), s = at(i);
         const float h = t.lambda - s.lambda;
-        return double(t.sigma / s.sigma) * sample - double(t.alpha * (std::exp(-h) - 1.0f)) * x0;
+        return double(t.sigma / s.sigma) * sample - double(t.alpha * (torch_exp(-h) - 1.0f)) * x0;
     }
 
     // 2M midpoint: D0 = m0, D1 = (m0 - m1) / r0, r0 = h_0 / h;
@@ -686,7 +691,7 @@ private:
         const float h = t.lambda - s0.lambda, h0 = s0.lambda - s1.lambda;
         const float r0 = h0 / h;
         auto d1 = double(1.0f / r0) * (m0 - m1);
-        const float c = t.alpha * (std::exp(-h) - 1.0f);
+        const float c = t.alpha * (torch_exp(-h) - 1.0f);
         return double(t.sigma / s0.sigma) * sample - double(c) * m0 - double(0.5f * c) * d1;
     }
 
