@@ -21,12 +21,6 @@ left() { echo $((600 - ($(date +%s) - START))); }
 say() { echo "[device-check $(($(date +%s) - START))s] $*"; }
 
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
-PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")
-if [ -z "$PREFIX" ]; then
-    say "FAIL: python3 cannot import torch (see $LOG)"
-    exit 2
-fi
-say "torch $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null) at $PREFIX"
 
 NVCC=${CUDACXX:-}
 [ -z "$NVCC" ] && command -v nvcc >/dev/null && NVCC=$(command -v nvcc)
@@ -37,15 +31,36 @@ if [ -z "$NVCC" ]; then
 fi
 say "nvcc: $NVCC ($("$NVCC" --version | tail -1))"
 
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
 ARCH=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')}
 ARCH=${ARCH:-90}
+
+# Step 1: the kernels alone (no LibTorch), against host float64 references: independent of the project build.
+say "standalone kernel self-test (nvcc, sm_$ARCH)"
+SELFTEST_RC=2
+if timeout 240 "$NVCC" -std=c++17 -O2 -arch="sm_$ARCH" -I"$ROOT" "$ROOT/kernels/cuda/selftest/kernel_selftest.cu" \
+    "$ROOT/kernels/cuda/dct_energy.cu" "$ROOT/kernels/cuda/ring_write.cu" -lcufft -o "$BUILD/kernel_selftest" \
+    >>"$LOG" 2>&1; then
+    echo "kernel               | shape            | max rel err | result"
+    timeout 120 "$BUILD/kernel_selftest"
+    SELFTEST_RC=$?
+else
+    say "self-test did not compile; see $LOG"
+fi
+
+# Step 2: the project against the machine's LibTorch, then the Catch2 kernel tests through the torch dispatcher.
+PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")
+if [ -z "$PREFIX" ]; then
+    say "FAIL: python3 cannot import torch (see $LOG)"
+    exit 2  # the self-test result above still stands
+fi
+say "torch $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null) at $PREFIX"
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
 say "configure (arch sm_$ARCH)"
 if ! timeout "$(left)" cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
     -DANCHOR_CUDA=ON >>"$LOG" 2>&1; then
-    say "FAIL: cmake configure failed; last lines of $LOG:"
+    say "FAIL: cmake configure failed (self-test exit $SELFTEST_RC); last lines of $LOG:"
     tail -25 "$LOG"
     exit 2
 fi
@@ -56,7 +71,7 @@ fi
 
 say "build anchor_tests ($(nproc) jobs, $(left)s left)"
 if ! timeout "$(($(left) - 60))" cmake --build "$BUILD" --target anchor_tests -j "$(nproc)" >>"$LOG" 2>&1; then
-    say "FAIL: build failed or timed out; last lines of $LOG:"
+    say "FAIL: build failed or timed out (self-test exit $SELFTEST_RC); last lines of $LOG:"
     grep -E "error|Error" "$LOG" | head -20
     tail -15 "$LOG"
     exit 2
@@ -78,8 +93,8 @@ if [ "$SKIPPED" != "0" ]; then
     say "CUDA tests SKIPPED (no usable GPU or kernels not built): see $OUT"
     exit 2
 fi
-if [ $RC -ne 0 ]; then
-    say "FAIL: kernel tests failed (exit $RC); details in $OUT"
+if [ $RC -ne 0 ] || [ "$SELFTEST_RC" != "0" ]; then
+    say "FAIL: kernel tests exit $RC, self-test exit $SELFTEST_RC; details in $OUT"
     grep -B2 -A6 "failed" "$OUT" | head -60
     exit 1
 fi
