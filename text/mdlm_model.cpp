@@ -446,7 +446,9 @@ void save_mdlm(const MdlmModel& model, const std::string& dir, torch::ScalarType
     NamedTensors ts;
     for (auto& [n, t] : mdlm_named_tensors(model))
         ts.emplace_back(n, t.is_floating_point() ? t.to(dtype).contiguous() : t.contiguous());
-    save_safetensors((fs::path(dir) / "model.safetensors").string(), ts, {{"format", "pt"}}, overwrite);
+    std::map<std::string, std::string> meta;
+    meta["format"] = "pt";
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), ts, meta, overwrite);
     write_file_atomic((fs::path(dir) / "config.json").string(), model->config().to_json().dump(2) + "\n", overwrite);
 }
 
