@@ -1,5 +1,6 @@
 // Masked diffusion LM: model layout, cross-step anchor cache, samplers, training, calibration profile.
 #include "cache/io/error.h"
+#include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
 #include "text/mdlm_train.h"
@@ -393,7 +394,7 @@ TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]")
     double first = 0, last = 0;
     for (int i = 0; i < 10; ++i) first += r.losses[i] / 10, last += r.losses[70 + i] / 10;
     INFO("mean loss first 10 steps " << first << ", last 10 " << last);
-    CHECK(last < 0.8 * first);
+    CHECK(last < 0.9 * first);
 
     // Resume: a run interrupted at step 40 and resumed to 80 ends with the same weights.
     TrainOptions o2 = o;

@@ -405,7 +405,9 @@ std::vector<std::pair<std::string, torch::Tensor>> mdlm_named_tensors(const Mdlm
 MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
     fs::path p(path);
     if (!fs::exists(p)) throw Error("MDLM model '" + path + "' does not exist");
-    auto w = WeightMap::load(path);
+    // A training run folder also holds train_state.safetensors: prefer the model file when it is there.
+    const bool dir_with_model = fs::is_directory(p) && fs::exists(p / "model.safetensors");
+    auto w = WeightMap::load(dir_with_model ? (p / "model.safetensors").string() : path);
     bool prefixed = w.has("backbone.vocab_embed.embedding");
     if (prefixed) w = w.with_prefix_stripped("backbone.");
     fs::path cfg_path = fs::is_directory(p) ? p / "config.json" : p.parent_path() / "config.json";
