@@ -1,11 +1,12 @@
 // `anchor-text diffusion generate|calibrate|train|bench`: masked text diffusion with time-anchor gates and the
 // cross-step latent cache (text/mdlm_*.h).
 //
-// Text I/O: until the GPT-2 tokenizer is linked, prompts are given as ids (--prompt-ids) and outputs are printed
-// as ids; `encode_text`/`decode_ids` below are the only two places that change when it lands.
+// Text I/O goes through the GPT-2 tokenizer (text/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
+// --prompt-ids / --ids work with raw ids.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/text_commands.h"
+#include "text/gpt2_tokenizer.h"
 #include "text/mdlm_train.h"
 
 #include <CLI/CLI.hpp>
@@ -24,18 +25,39 @@ namespace {
 
 // ---- text I/O (tokenizer plug-in point) -----------------------------------------------------------------------------
 
-std::vector<int64_t> encode_text(const std::string& text) {
-    (void)text;
-    throw UsageError("text prompts need the GPT-2 tokenizer, which is not in this build yet; pass --prompt-ids");
+std::string g_vocab_dir;  // --vocab (empty: default folder)
+bool g_print_ids = false; // --ids
+
+const Gpt2Tokenizer& tokenizer() {
+    static std::unique_ptr<Gpt2Tokenizer> tok;
+    if (!tok) tok = std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load_default(g_vocab_dir));
+    return *tok;
 }
 
+std::vector<int64_t> encode_text(const std::string& text) { return tokenizer().encode(text); }
+
+// Text of `ids` with every [MASK] shown as "[MASK]" (runs between masks are decoded together so multi-token
+// characters stay whole); with --ids, the ids themselves.
 std::string decode_ids(const std::vector<int64_t>& ids) {
     std::ostringstream os;
-    for (size_t i = 0; i < ids.size(); ++i) {
-        if (i) os << ' ';
-        if (ids[i] == kMdlmMaskId) os << "[MASK]";
-        else os << ids[i];
+    if (g_print_ids) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+            if (i) os << ' ';
+            if (ids[i] == kMdlmMaskId) os << "[MASK]";
+            else os << ids[i];
+        }
+        return os.str();
     }
+    std::vector<int64_t> run;
+    for (auto id : ids) {
+        if (id == kMdlmMaskId) {
+            if (!run.empty()) os << tokenizer().decode(run), run.clear();
+            os << "[MASK]";
+        } else {
+            run.push_back(id);
+        }
+    }
+    if (!run.empty()) os << tokenizer().decode(run);
     return os.str();
 }
 
@@ -89,7 +111,10 @@ struct SampleArgs {
     void add(CLI::App* app, bool model_required) {
         auto* m = app->add_option("-m,--model", model, "MDLM model folder or .safetensors (config.json next to it)");
         if (model_required) m->required();
-        app->add_option("-p,--prompt", prompt, "Prompt text (needs the GPT-2 tokenizer)");
+        app->add_option("-p,--prompt", prompt, "Prompt text (GPT-2 BPE)");
+        app->add_option("--vocab", g_vocab_dir, "GPT-2 vocabulary folder (encoder.json + vocab.bpe; default " +
+                                                    Gpt2Tokenizer::default_dir() + ")");
+        app->add_flag("--ids", g_print_ids, "Print token ids instead of text");
         app->add_option("--prompt-ids", prompt_ids, "Prompt as GPT-2 ids, comma or space separated");
         app->add_option("--length", length, "Total sequence length, prompt included")->capture_default_str();
         app->add_option("--steps", steps, "Denoising steps (all blocks together)")->capture_default_str();
@@ -175,19 +200,25 @@ int run_generate(const GenerateArgs& a) {
     MdlmDenoiser da(model, parse_cache_spec(ma)), db(model, parse_cache_spec(mb));
     auto ra = sample(da, so, a.show_steps ? StepCallback(show) : StepCallback());
     auto rb = sample(db, so, a.show_steps ? StepCallback(show) : StepCallback());
+    // Runs of equal / differing tokens are decoded together; differing runs are wrapped in [[ ]].
     auto mark = [&](const SampleResult& r, const SampleResult& o) {
         std::ostringstream os;
-        for (int64_t i = P; i < static_cast<int64_t>(r.tokens.size()); ++i) {
-            if (i > P) os << ' ';
+        int64_t i = P;
+        const int64_t n = static_cast<int64_t>(r.tokens.size());
+        while (i < n) {
             bool diff = r.tokens[i] != o.tokens[i];
-            os << (diff ? "*" : "") << decode_ids({r.tokens[i]}) << (diff ? "*" : "");
+            int64_t j = i;
+            while (j < n && (r.tokens[j] != o.tokens[j]) == diff) ++j;
+            auto text = decode_ids(std::vector<int64_t>(r.tokens.begin() + i, r.tokens.begin() + j));
+            os << (diff ? "[[" : "") << text << (diff ? "]]" : "") << (g_print_ids && j < n ? " " : "");
+            i = j;
         }
         return os.str();
     };
     std::cout << "[" << da.spec().to_string() << "]\n" << mark(ra, rb) << "\n\n";
     std::cout << "[" << db.spec().to_string() << "]\n" << mark(rb, ra) << "\n\n";
     std::cout << std::fixed << std::setprecision(3) << "token agreement: " << 100.0 * agreement(ra.tokens, rb.tokens, P)
-              << "% (differing tokens marked *)\n"
+              << "% (differing tokens marked [[ ]])\n"
               << "wall time: " << ra.seconds << " s vs " << rb.seconds << " s, speed-up " << ra.seconds / rb.seconds
               << "x\n"
               << "reused position-layer computations: " << 100.0 * ra.cache.reused_fraction() << "% vs "
