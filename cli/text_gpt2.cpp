@@ -6,12 +6,14 @@
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
+#include "kernels/gemv.h"
 
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -113,8 +115,7 @@ int run_ppl(const PplOptions& o) {
     const std::string text = read_text_file(o.file);
     auto loaded = text::load_gpt2(o.m.model, o.m.n_head);
     auto tok = load_tokenizer(o.m.vocab, loaded);
-    auto ids = tok.encode(text);
-    if (o.max_tokens > 0 && static_cast<int64_t>(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
+    auto ids = o.max_tokens > 0 ? tok.encode_first(text, static_cast<size_t>(o.max_tokens)) : tok.encode(text);
     if (ids.size() < 2) throw Error("text file '" + o.file + "' encodes to fewer than 2 tokens; nothing to score");
     const int64_t P = loaded.config.n_positions;
     std::cout << "model: " << loaded.config.describe() << "\n";
@@ -246,6 +247,223 @@ int run_generate(const GenOptions& o) {
 
 } // namespace
 
+// ---- bench -------------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct BenchOptions {
+    ModelOptions m;
+    int repeats = 5;
+    std::string stream_tokens = "1000,10000";
+    bool long_stream = false;
+    int recompute_repeats = 2;
+};
+
+struct Summary {
+    double min = 0, median = 0, max = 0;
+};
+
+Summary summarize(std::vector<double> v) {
+    Summary s;
+    if (v.empty()) return s;
+    std::sort(v.begin(), v.end());
+    s.min = v.front();
+    s.max = v.back();
+    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return s;
+}
+
+std::string fmt_ms(const Summary& s) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << s.min * 1e3 << " / " << s.median * 1e3 << " / " << s.max * 1e3
+       << " ms";
+    return os.str();
+}
+
+int64_t rss_now_bytes() {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    return 0;
+}
+
+// Copy bandwidth of this machine in the same run: memcpy of a buffer much larger than the caches, counting the
+// bytes read plus the bytes written (the figure a weight-streaming kernel is compared with uses reads only).
+Summary copy_bandwidth_gbs(int repeats) {
+    const size_t n = size_t(256) << 20;
+    std::vector<char> a(n, 1), b(n, 0);
+    std::vector<double> gbs;
+    for (int r = 0; r < repeats; ++r) {
+        auto t0 = Clock::now();
+        std::memcpy(b.data(), a.data(), n);
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        gbs.push_back(2.0 * n / s / 1e9);
+    }
+    volatile char sink = b[n / 2];
+    (void)sink;
+    return summarize(gbs);
+}
+
+text::Gpt2Model random_gpt2_small() {
+    text::Gpt2Config c; // defaults are GPT-2 small: 12 layers x 768, 12 heads, 1024 positions, 50257 tokens
+    text::Gpt2Model m(c);
+    torch::NoGradGuard ng;
+    torch::manual_seed(0);
+    for (auto& p : m->named_parameters()) {
+        const std::string& n = p.key();
+        if (n.find("ln_") != std::string::npos && n.find("weight") != std::string::npos) p.value().fill_(1.0);
+        else if (p.value().dim() == 2) p.value().normal_(0.0, 0.02);
+        else p.value().zero_();
+    }
+    m->finalize();
+    return m;
+}
+
+// Bytes a batch-1 decode step streams from memory: every Conv1D weight and the LM head.
+int64_t decode_weight_bytes(text::Gpt2Model& m) {
+    int64_t b = m->lm_head().numel() * static_cast<int64_t>(m->lm_head().element_size());
+    for (auto& p : m->named_parameters())
+        if (p.key().find(".c_") != std::string::npos && p.key().find("weight") != std::string::npos)
+            b += p.value().numel() * static_cast<int64_t>(p.value().element_size());
+    return b;
+}
+
+// Per-token latency of `steps` single-token steps on `stream` (after whatever it was fed).
+std::vector<double> time_steps(text::Gpt2Stream& stream, int steps, std::mt19937_64& rng, int64_t vocab) {
+    std::vector<double> t;
+    std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
+    for (int i = 0; i < steps; ++i) {
+        auto t0 = Clock::now();
+        auto l = stream.feed(tok(rng));
+        (void)l.data_ptr<float>();
+        t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return t;
+}
+
+int run_bench(const BenchOptions& o) {
+    if (o.repeats < 1) throw UsageError("--repeats must be >= 1");
+    std::vector<int64_t> stream_counts;
+    {
+        std::stringstream ss(o.stream_tokens);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+            if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
+                throw UsageError("--stream-tokens: expected comma-separated token counts, got '" + o.stream_tokens +
+                                 "'");
+            stream_counts.push_back(std::stoll(item));
+        }
+        if (o.long_stream) stream_counts.push_back(100000);
+    }
+    text::Gpt2Model model{nullptr};
+    std::string what;
+    if (!o.m.model.empty()) {
+        auto loaded = text::load_gpt2(o.m.model, o.m.n_head);
+        model = loaded.model;
+        what = o.m.model;
+    } else {
+        model = random_gpt2_small();
+        what = "random GPT-2-small shapes (in memory)";
+    }
+    const auto& cfg = model->config();
+    const int64_t P = cfg.n_positions, V = cfg.vocab_size;
+    std::mt19937_64 rng(1234);
+    std::uniform_int_distribution<int64_t> tok(0, V - 1);
+    auto random_tokens = [&](int64_t n) {
+        std::vector<int64_t> v(n);
+        for (auto& t : v) t = tok(rng);
+        return v;
+    };
+    std::cout << "# anchor-text gpt2 bench\n"
+              << "model: " << what << "\n  " << cfg.describe() << "\n"
+              << "threads: " << at::get_num_threads() << ", decode matrix-vector kernel: "
+              << (kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv")
+              << ", repeats: " << o.repeats << " (min / median / max)\n";
+    const auto copy = copy_bandwidth_gbs(o.repeats);
+    const double wbytes = static_cast<double>(decode_weight_bytes(model));
+    std::cout << std::fixed << std::setprecision(2) << "memcpy bandwidth (read+write): " << copy.min << " / "
+              << copy.median << " / " << copy.max << " GB/s\n"
+              << "weights streamed per decode step: " << human_bytes(wbytes) << "\n";
+
+    // Prompt throughput: one batched forward.
+    const int64_t prompt_len = std::min<int64_t>(128, P);
+    {
+        auto ids = torch::tensor(random_tokens(prompt_len), torch::kLong);
+        std::vector<double> t;
+        for (int r = 0; r < o.repeats; ++r) {
+            auto t0 = Clock::now();
+            model->forward(ids, false, true);
+            t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        auto s = summarize(t);
+        std::cout << "prompt " << prompt_len << " tokens: " << fmt_ms(s) << "  -> " << std::setprecision(1)
+                  << prompt_len / s.median << " tokens/s (median)\n";
+    }
+
+    // Decode latency at several contexts (full KV cache).
+    std::cout << "decode latency, full KV cache (per token):\n";
+    for (int64_t ctx : {int64_t(16), int64_t(256), int64_t(900)}) {
+        if (ctx + o.repeats > P) {
+            std::cout << "  context " << ctx << ": skipped (n_positions " << P << ")\n";
+            continue;
+        }
+        text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+        s.feed(random_tokens(ctx));
+        auto t = summarize(time_steps(s, o.repeats, rng, V));
+        std::cout << "  context " << std::setw(4) << ctx << ": " << fmt_ms(t) << "  -> " << std::setprecision(2)
+                  << wbytes / t.median / 1e9 << " GB/s of weights (" << std::setprecision(0)
+                  << 100.0 * (wbytes / t.median / 1e9) / (copy.median / 2.0) << "% of memcpy read bandwidth)\n";
+    }
+
+    // Attention-sink streaming: latency and RSS stay flat however long the stream.
+    const int64_t S = 4, W = std::max<int64_t>(1, std::min<int64_t>(1020, P - 4));
+    const std::string sink_spec = "sink:" + std::to_string(S) + "," + std::to_string(W);
+    double sink_median = 0;
+    std::cout << sink_spec << " --positions wrap, streaming:\n";
+    {
+        text::Gpt2Stream s(model, text::KvSpec::parse(sink_spec), cache::PositionPolicy::Wrap);
+        std::cout << "  KV cache: " << human_bytes(static_cast<double>(s.kv_bytes())) << " preallocated\n";
+        int64_t done = 0;
+        for (int64_t target : stream_counts) {
+            std::vector<double> lat;
+            const auto t0 = Clock::now();
+            while (done < target) {
+                auto a = Clock::now();
+                s.feed(tok(rng));
+                lat.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+                ++done;
+            }
+            const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+            // The last `repeats`-many (at least 16) steps are the steady state at this stream length.
+            const size_t tail = std::min(lat.size(), std::max<size_t>(16, o.repeats));
+            auto sm = summarize(std::vector<double>(lat.end() - tail, lat.end()));
+            sink_median = sm.median;
+            std::cout << "  after " << std::setw(6) << done << " tokens: " << fmt_ms(sm) << " per token (last " << tail
+                      << "), " << std::setprecision(1) << (lat.empty() ? 0.0 : lat.size() / secs)
+                      << " tokens/s over the segment, RSS " << human_bytes(static_cast<double>(rss_now_bytes()))
+                      << "\n";
+        }
+    }
+
+    // Sliding window with re-computation over the same window: one full forward per token.
+    {
+        const int64_t C = std::min<int64_t>(S + W, P);
+        text::Gpt2Stream s(model, text::KvSpec::parse("recompute:" + std::to_string(C)), cache::PositionPolicy::Wrap);
+        s.feed(random_tokens(C));
+        auto t = summarize(time_steps(s, std::max(1, o.recompute_repeats), rng, V));
+        std::cout << "recompute:" << C << " (per token): " << fmt_ms(t);
+        if (sink_median > 0)
+            std::cout << "  -> " << sink_spec << " is " << std::setprecision(1) << t.median / sink_median
+                      << "x faster per token";
+        std::cout << "\n";
+    }
+    std::cout << "peak RSS: " << human_bytes(static_cast<double>(peak_rss_bytes())) << "\n";
+    return 0;
+}
+
+} // namespace
+
 int64_t peak_rss_bytes() {
     std::ifstream in("/proc/self/status");
     std::string line;
@@ -280,6 +498,19 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     g->add_flag("--stop-at-eos", gen->stop_at_eos, "Stop after <|endoftext|> (id 50256)");
     g->add_flag("--allow-special", gen->allow_special, "Encode a literal <|endoftext|> in the prompt as id 50256");
     runners.emplace_back(g, [gen]() { return run_generate(*gen); });
+
+    auto bo = std::make_shared<BenchOptions>();
+    auto* b = gpt2->add_subcommand("bench", "Decode speed: prompt tokens/s, per-token latency by context, sink streaming "
+                                            "latency/RSS, speed-up over recompute, GB/s vs memcpy");
+    b->add_option("-m,--model", bo->m.model, "GPT-2 model (default: random GPT-2-small shapes in memory)");
+    b->add_option("--n-head", bo->m.n_head, "Head count when the model has no config.json");
+    b->add_option("--repeats", bo->repeats, "Timed repeats per measurement")->capture_default_str();
+    b->add_option("--stream-tokens", bo->stream_tokens, "Stream lengths for the sink:4,1020 run")->capture_default_str();
+    b->add_flag("--long", bo->long_stream, "Also stream 100k tokens");
+    b->add_option("--recompute-repeats", bo->recompute_repeats, "Timed recompute steps")->capture_default_str();
+    b->add_flag_callback("--reference-kernel", [] { text::set_fast_decode_kernel(false); },
+                         "Decode with torch::addmv/mv instead of the gemv kernel");
+    runners.emplace_back(b, [bo]() { return run_bench(*bo); });
 
 }
 

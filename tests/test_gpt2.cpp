@@ -281,3 +281,60 @@ TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
     CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), cache::PositionPolicy::Absolute),
                     anchor::UsageError);
 }
+
+// ---- decode kernel ---------------------------------------------------------------------------------------------
+
+#include "kernels/gemv.h"
+
+TEST_CASE("gemv kernel matches the reference for f32 and f16 weights", "[gemv][kernels]") {
+    torch::manual_seed(7);
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 13}, {64, 256}, {768, 768},
+                                                                       {3072, 768}, {50257, 64}, {33, 1031}}) {
+        auto w = torch::randn({rows, cols});
+        auto x = torch::randn({cols});
+        auto b = torch::randn({rows});
+        auto want = torch::addmv(b.to(torch::kDouble), w.to(torch::kDouble), x.to(torch::kDouble));
+        auto got = kernels::gemv(w, x, b);
+        auto rel = [&](const torch::Tensor& g) {
+            return ((g.to(torch::kDouble) - want).abs().max() / want.abs().max().clamp_min(1e-12)).item<double>();
+        };
+        INFO(rows << "x" << cols << " f32 rel err " << rel(got));
+        CHECK(rel(got) < 1e-5);
+        std::vector<float> y(rows);
+        kernels::gemv_ref_f32(w.data_ptr<float>(), x.data_ptr<float>(), b.data_ptr<float>(), y.data(), rows, cols);
+        CHECK(rel(torch::from_blob(y.data(), {rows}).clone()) < 1e-6);
+        // f16 weights: compare with the same rounded weights in double.
+        auto wh = w.to(torch::kHalf);
+        auto want16 = torch::addmv(b.to(torch::kDouble), wh.to(torch::kDouble), x.to(torch::kDouble));
+        auto got16 = kernels::gemv(wh, x, b);
+        double e16 = ((got16.to(torch::kDouble) - want16).abs().max() / want16.abs().max().clamp_min(1e-12))
+                         .item<double>();
+        INFO("f16 rel err " << e16);
+        CHECK(e16 < 1e-5);
+        CHECK(kernels::gemv(w, x).size(0) == rows); // no bias
+    }
+}
+
+TEST_CASE("GPT-2 decode with the gemv kernel equals the torch reference path", "[gemv][gpt2]") {
+    auto& m = tiny();
+    auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
+    auto run = [&](bool fast) {
+        set_fast_decode_kernel(fast);
+        Gpt2Stream s(m.model, KvSpec::parse("sink:4,8"), cache::PositionPolicy::Wrap);
+        std::vector<torch::Tensor> out;
+        for (auto t : ids) out.push_back(s.feed(t));
+        set_fast_decode_kernel(true);
+        return torch::stack(out);
+    };
+    CHECK(test::max_abs_diff(run(true), run(false)) < 2e-5);
+}
+
+TEST_CASE("encode_first equals the start of encode", "[gpt2][tokenizer]") {
+    const std::string text = slurp(test::golden("text/eval/kjv_text.txt")).substr(0, 60000);
+    auto all = tokenizer().encode(text);
+    for (size_t n : {size_t(1), size_t(100), size_t(1000), size_t(5000), all.size(), all.size() + 10}) {
+        auto first = tokenizer().encode_first(text, n);
+        REQUIRE(first.size() == std::min(n, all.size()));
+        CHECK(std::equal(first.begin(), first.end(), all.begin()));
+    }
+}

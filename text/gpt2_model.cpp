@@ -4,9 +4,11 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "kernels/gemv.h"
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -36,7 +38,12 @@ bool is_gpt2_tensor_name(const std::string& raw) {
            n.rfind("ln_f.", 0) == 0;
 }
 
+std::atomic<bool> g_fast_decode{true};
+
 } // namespace
+
+void set_fast_decode_kernel(bool on) { g_fast_decode = on; }
+bool fast_decode_kernel() { return g_fast_decode; }
 
 // ---- config ------------------------------------------------------------------------------------------------------
 
@@ -152,8 +159,10 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     const int64_t in = weight.size(0), out = weight.size(1);
     auto shape = x.sizes().vec();
     shape.back() = out;
-    if (x.numel() == in && w_rows_.defined()) // one token: matrix-vector over contiguous rows
+    if (x.numel() == in && w_rows_.defined()) { // one token: matrix-vector over contiguous rows
+        if (g_fast_decode) return kernels::gemv(w_rows_, x.reshape({in}), bias).view(shape);
         return torch::addmv(bias, w_rows_, x.reshape({in})).view(shape);
+    }
     return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
 }
 
@@ -257,6 +266,7 @@ torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
         shape.back() = lm_head_.size(0);
+        if (g_fast_decode) return kernels::gemv(lm_head_, x.reshape({C})).view(shape);
         return torch::mv(lm_head_, x.reshape({C})).view(shape);
     }
     return torch::matmul(x, lm_head_.t());

@@ -25,6 +25,11 @@ class WeightMap;
 
 namespace anchor::text {
 
+// Batch-1 decode steps use kernels::gemv (AVX2 when available) for every linear layer and the LM head; off: the
+// torch::addmv / torch::mv reference path. Process-wide (benchmarks compare both).
+void set_fast_decode_kernel(bool on);
+bool fast_decode_kernel();
+
 struct Gpt2Config {
     int64_t n_layer = 12;
     int64_t n_head = 12;

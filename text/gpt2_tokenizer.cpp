@@ -404,6 +404,34 @@ std::vector<int64_t> Gpt2Tokenizer::encode(const std::string& text, bool allow_s
     return ids;
 }
 
+std::vector<int64_t> Gpt2Tokenizer::encode_first(const std::string& text, size_t n) const {
+    size_t len = std::max<size_t>(4096, 8 * n);
+    while (true) {
+        if (len >= text.size()) {
+            auto ids = encode(text);
+            if (ids.size() > n) ids.resize(n);
+            return ids;
+        }
+        // Cut at a character boundary, drop the last (possibly cut) pre-token and encode the rest.
+        size_t cut = len;
+        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+        const std::string prefix = text.substr(0, cut);
+        if (utf8_first_invalid(prefix) >= 0) return encode(text); // reports the invalid byte
+        std::vector<std::pair<size_t, size_t>> spans;
+        impl_->regex.find_all(prefix, [&](size_t b, size_t e) { spans.emplace_back(b, e); });
+        std::vector<int64_t> ids;
+        for (size_t k = 0; k + 1 < spans.size() && ids.size() < n; ++k) {
+            auto t = impl_->bpe(prefix.substr(spans[k].first, spans[k].second - spans[k].first));
+            ids.insert(ids.end(), t.begin(), t.end());
+        }
+        if (ids.size() >= n) {
+            ids.resize(n);
+            return ids;
+        }
+        len *= 2;
+    }
+}
+
 const std::string& Gpt2Tokenizer::token_bytes(int64_t id) const {
     if (id < 0 || id >= static_cast<int64_t>(impl_->id_bytes.size()))
         throw Error("token id " + std::to_string(id) + " is outside the vocabulary (size " +

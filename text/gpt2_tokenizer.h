@@ -33,6 +33,9 @@ public:
     // UTF-8 text -> ids. Invalid UTF-8 throws anchor::Error with the byte offset. With `allow_special`, each literal
     // `<|endoftext|>` becomes id 50256; otherwise it is ordinary text (as in encoder.py).
     std::vector<int64_t> encode(const std::string& text, bool allow_special = false) const;
+    // The first `n` ids of encode(text) without encoding the whole text (pre-tokens are decided left to right, so
+    // every pre-token but the one cut by a prefix's end is final): for scoring the start of a long file.
+    std::vector<int64_t> encode_first(const std::string& text, size_t n) const;
     // The regex pre-tokens (UTF-8 strings) BPE is applied to.
     std::vector<std::string> pretokenize(const std::string& text) const;
     // ids -> UTF-8 text; invalid byte sequences become U+FFFD, one per maximal invalid subsequence (Python
