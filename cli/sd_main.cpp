@@ -11,7 +11,8 @@ int main(int argc, char** argv) {
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {
-            return app.exit(e);
+            // --help/--version exit 0; every parse error is a usage error (exit 2), whatever CLI11's own code.
+            return app.exit(e) == 0 ? 0 : 2;
         }
         anchor::configure_threads(threads);
         std::cout << app.help();
