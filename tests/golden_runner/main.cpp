@@ -1,1 +1,118 @@
-int main() { return 0; }
+// golden_runner DIR [--verbose] [--filter SUBSTRING]
+//
+// Walks DIR, lets every registered checker claim the folders it understands, and prints one line per case:
+// `case-name  max_abs_err  max_rel_err  PASS|FAIL`, then `N passed, N failed`. Exit code 1 on any failure.
+// A folder that looks like a reference case (config.json, golden_*.safetensors, a JSON file with "cases", or a
+// <run>.json + <run>.safetensors pair) but that only the generic load/integrity checker claims is reported as FAIL:
+// nothing is skipped silently.
+#include "cli/common.h"
+#include "tests/golden_runner/runner.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <set>
+
+using namespace anchor::golden;
+
+namespace {
+
+bool looks_like_case(const fs::path& dir, std::string* why) {
+    if (has_file(dir, "config.json")) return *why = "config.json", true;
+    std::set<std::string> json_stems, st_stems;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (!e.is_regular_file()) continue;
+        const auto name = e.path().filename().string();
+        const auto ext = e.path().extension().string();
+        if (ext == ".safetensors" && name.rfind("golden", 0) == 0) return *why = name, true;
+        if (ext == ".json") {
+            json_stems.insert(e.path().stem().string());
+            try {
+                auto j = nlohmann::json::parse(read_text(e.path()));
+                if (j.is_object() && j.contains("cases") && j["cases"].is_array()) return *why = name + " (cases)", true;
+            } catch (...) {
+            }
+        }
+        if (ext == ".safetensors") st_stems.insert(e.path().stem().string());
+    }
+    for (const auto& s : json_stems)
+        if (st_stems.count(s)) return *why = s + ".json + " + s + ".safetensors", true;
+    return false;
+}
+
+void print_line(const std::string& name, const Stats& s) {
+    std::printf("%-60s  %.3e  %.3e  %s\n", name.c_str(), s.max_abs, s.max_rel, s.pass ? "PASS" : "FAIL");
+    for (const auto& f : s.failures) std::printf("    %s\n", f.c_str());
+    std::fflush(stdout);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2 || std::string(argv[1]) == "--help") {
+        std::fprintf(stderr, "usage: golden_runner DIR [--verbose] [--filter SUBSTRING] [--threads N]\n");
+        return 2;
+    }
+    Context ctx;
+    ctx.root = argv[1];
+    std::string filter;
+    int threads = 1; // the references were computed single-threaded
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--verbose") ctx.verbose = true;
+        else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+        else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+        else {
+            std::fprintf(stderr, "golden_runner: unknown argument '%s'\n", a.c_str());
+            return 2;
+        }
+    }
+    if (!fs::is_directory(ctx.root)) {
+        std::fprintf(stderr, "error: '%s' is not a directory\n", ctx.root.c_str());
+        return 2;
+    }
+    anchor::configure_threads(threads);
+    std::vector<fs::path> dirs{ctx.root};
+    for (const auto& e : fs::recursive_directory_iterator(ctx.root))
+        if (e.is_directory()) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+
+    int passed = 0, failed = 0;
+    for (const auto& dir : dirs) {
+        const std::string rel = relative_name(dir, ctx);
+        if (!filter.empty() && rel.find(filter) == std::string::npos) continue;
+        bool model_claimed = false;
+        for (const auto& c : checkers()) {
+            bool claims = false;
+            try {
+                claims = c.claims(dir);
+            } catch (...) {
+            }
+            if (!claims) continue;
+            if (c.kind != "files") model_claimed = true;
+            std::vector<CaseResult> results;
+            try {
+                results = c.run(dir, ctx);
+            } catch (const std::exception& e) {
+                CaseResult r;
+                r.name = rel + " [" + c.kind + "]";
+                r.stats.fail(std::string("exception: ") + e.what());
+                results.push_back(r);
+            }
+            for (const auto& r : results) {
+                print_line(r.name, r.stats);
+                (r.stats.pass ? passed : failed)++;
+            }
+        }
+        std::string why;
+        if (!model_claimed && looks_like_case(dir, &why)) {
+            Stats s;
+            s.fail("found a reference case (" + why + ") that no checker of this build understands");
+            print_line(rel + " [unchecked]", s);
+            failed++;
+        }
+    }
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 && passed > 0 ? 0 : 1;
+}
