@@ -1,0 +1,139 @@
+#include "cache/anchor_policy.h"
+
+#include "cache/io/error.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace anchor::cache {
+
+const char* action_name(Action a) { return a == Action::Full ? "full" : "reuse"; }
+
+namespace {
+
+bool is_last(const StepSignals& s) { return s.num_steps > 0 && s.step == s.num_steps - 1; }
+
+std::string fmt(double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+
+} // namespace
+
+// ---- fixed interval -------------------------------------------------------------------------------------------
+
+FixedIntervalPolicy::FixedIntervalPolicy(int interval) : interval_(interval) {
+    if (interval < 1) throw UsageError("anchor policy interval must be >= 1, got " + std::to_string(interval));
+}
+
+Decision FixedIntervalPolicy::decide(const StepSignals& s) {
+    return {s.step % interval_ == 0 ? Action::Full : Action::Reuse, {}};
+}
+
+std::string FixedIntervalPolicy::describe() const { return "interval:" + std::to_string(interval_); }
+
+// ---- time gate --------------------------------------------------------------------------------------------------
+
+TimeGatePolicy::TimeGatePolicy(double tau) : tau_(tau) {
+    if (!(tau >= 0.0 && tau <= 1.0)) throw UsageError("gate threshold tau must be in [0, 1], got " + fmt(tau));
+}
+
+Decision TimeGatePolicy::decide(const StepSignals& s) {
+    if (s.layer_gates.empty()) throw Error("TimeGatePolicy: step " + std::to_string(s.step) + " has no layer gates");
+    Decision d;
+    d.action = Action::Reuse;
+    d.layers.reserve(s.layer_gates.size());
+    for (double g : s.layer_gates) {
+        const Action a = (s.step == 0 || g > tau_) ? Action::Full : Action::Reuse;
+        if (a == Action::Full) d.action = Action::Full;
+        d.layers.push_back(a);
+    }
+    return d;
+}
+
+std::string TimeGatePolicy::describe() const { return "gate:" + fmt(tau_); }
+
+std::vector<double> TimeGatePolicy::gate_means(const torch::Tensor& W, const torch::Tensor& b,
+                                               const torch::Tensor& emb) {
+    if (emb.dim() != 1) throw Error("gate_means: time embedding must be 1-D, got " + shape_str(emb.sizes().vec()));
+    const int64_t D = emb.size(0);
+    const bool grouped = W.dim() == 3;
+    if (!(W.dim() == 2 || grouped) || W.size(-1) != D || b.dim() != W.dim() - 1 ||
+        b.sizes() != W.sizes().slice(0, W.dim() - 1))
+        throw Error("gate_means: expected W [L, D] + b [L] or W [L, G, D] + b [L, G] with D = " + std::to_string(D) +
+                    ", got W " + shape_str(W.sizes().vec()) + ", b " + shape_str(b.sizes().vec()));
+    auto e = emb.to(torch::kFloat64);
+    auto logits = torch::matmul(W.to(torch::kFloat64), e) + b.to(torch::kFloat64); // [L] or [L, G]
+    auto g = torch::sigmoid(logits);
+    if (grouped) g = g.mean(1);
+    g = g.contiguous();
+    return std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+}
+
+// ---- DCT-energy change ------------------------------------------------------------------------------------------
+
+DctChangePolicy::DctChangePolicy(double threshold, int max_reuse) : threshold_(threshold), max_reuse_(max_reuse) {
+    if (!(threshold > 0.0)) throw UsageError("dct policy threshold must be > 0, got " + fmt(threshold));
+    if (max_reuse < 0) throw UsageError("dct policy max reuse must be >= 0, got " + std::to_string(max_reuse));
+}
+
+void DctChangePolicy::reset() {
+    acc_ = 0.0;
+    reuses_ = 0;
+}
+
+Decision DctChangePolicy::decide(const StepSignals& s) {
+    if (!std::isfinite(s.energy_change) || s.energy_change < 0)
+        throw Error("DctChangePolicy: step " + std::to_string(s.step) + " has an invalid energy change " +
+                    fmt(s.energy_change));
+    if (s.step == 0 || is_last(s)) {
+        reset();
+        return {Action::Full, {}};
+    }
+    acc_ += s.energy_change;
+    if (acc_ >= threshold_ || reuses_ >= max_reuse_) {
+        reset();
+        return {Action::Full, {}};
+    }
+    ++reuses_;
+    return {Action::Reuse, {}};
+}
+
+std::string DctChangePolicy::describe() const { return "dct:" + fmt(threshold_) + ":" + std::to_string(max_reuse_); }
+
+// ---- spec strings -----------------------------------------------------------------------------------------------
+
+std::unique_ptr<AnchorPolicy> make_policy(const std::string& spec) {
+    std::vector<std::string> parts;
+    std::stringstream ss(spec);
+    for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+    auto bad = [&](const std::string& why) {
+        return UsageError("invalid anchor policy '" + spec + "': " + why +
+                          " (expected interval:N, gate:TAU or dct:THRESHOLD[:MAX_REUSE])");
+    };
+    auto num = [&](const std::string& s) {
+        size_t pos = 0;
+        double v = 0;
+        try {
+            v = std::stod(s, &pos);
+        } catch (const std::exception&) {
+            throw bad("'" + s + "' is not a number");
+        }
+        if (pos != s.size()) throw bad("'" + s + "' is not a number");
+        return v;
+    };
+    auto integer = [&](const std::string& s) {
+        const double v = num(s);
+        if (v != std::floor(v)) throw bad("'" + s + "' is not an integer");
+        return static_cast<int>(v);
+    };
+    if (parts.empty()) throw bad("empty");
+    if (parts[0] == "interval" && parts.size() == 2) return std::make_unique<FixedIntervalPolicy>(integer(parts[1]));
+    if (parts[0] == "gate" && parts.size() == 2) return std::make_unique<TimeGatePolicy>(num(parts[1]));
+    if (parts[0] == "dct" && (parts.size() == 2 || parts.size() == 3))
+        return std::make_unique<DctChangePolicy>(num(parts[1]), parts.size() == 3 ? integer(parts[2]) : 4);
+    throw bad("unknown kind or wrong number of fields");
+}
+
+} // namespace anchor::cache

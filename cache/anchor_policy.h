@@ -1,0 +1,101 @@
+// Anchor policies: at each denoising step, decide whether the cached part of the network is recomputed ("full": the
+// result becomes the new anchor) or served from the anchor cache ("reuse").
+//
+// Interface: `Decision AnchorPolicy::decide(const StepSignals&)`, called exactly once per loop step in order
+// (step 0 .. num_steps - 1); `reset()` before a new loop. A policy reads only the signals it needs:
+//   * FixedIntervalPolicy - nothing (DeepCache's uniform schedule: full every `interval` steps).
+//   * TimeGatePolicy      - `layer_gates`: the mean of a learned time gate g(t) = sigmoid(W E(t) + b) per layer.
+//   * DctChangePolicy     - `energy_change`: relative DCT-energy change of a cheap probe (e.g. the latent or the first
+//                           block's output) between this step and the previous one (see cache/dct.h).
+// Decision::action says whether the step needs a network pass for the cached part; policies that decide per layer
+// also fill Decision::layers (one action per layer; action == Full when any layer is Full).
+//
+// Spec strings for the command line (make_policy): "interval:N", "gate:TAU", "dct:THRESHOLD[:MAX_REUSE]".
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace anchor::cache {
+
+enum class Action { Full, Reuse };
+const char* action_name(Action a);
+inline std::ostream& operator<<(std::ostream& os, Action a) { return os << action_name(a); }
+
+struct StepSignals {
+    int step = 0;      // loop index
+    int num_steps = 0; // loop length (0: unknown, then no step counts as the last)
+    std::vector<double> layer_gates; // TimeGatePolicy
+    double energy_change = 0.0;      // DctChangePolicy
+};
+
+struct Decision {
+    Action action = Action::Full;
+    std::vector<Action> layers; // per-layer actions (empty when the policy decides for the whole step)
+};
+
+class AnchorPolicy {
+public:
+    virtual ~AnchorPolicy() = default;
+    virtual Decision decide(const StepSignals& s) = 0;
+    virtual void reset() = 0;
+    virtual std::string describe() const = 0;
+};
+
+// Full when step % interval == 0 (DeepCache, Ma et al. 2024, uniform 1:N strategy); interval 1 = never reuse.
+class FixedIntervalPolicy final : public AnchorPolicy {
+public:
+    explicit FixedIntervalPolicy(int interval);
+    Decision decide(const StepSignals& s) override;
+    void reset() override {}
+    std::string describe() const override;
+
+private:
+    int interval_;
+};
+
+// Time-anchor gate: layer l is anchored (recomputed) at a step when its gate mean g_l(t) > tau, where
+// g(t) = sigmoid(W E(t) + b) is a learned per-layer gate on the timestep embedding E(t) (a large gate means the
+// layer's features are moving at this t). Every layer is full at step 0 (nothing cached yet).
+class TimeGatePolicy final : public AnchorPolicy {
+public:
+    explicit TimeGatePolicy(double tau);
+    Decision decide(const StepSignals& s) override;
+    void reset() override {}
+    std::string describe() const override;
+
+    // Gate means per layer: W [L, D] with b [L], or W [L, G, D] with b [L, G] (mean over the G gate units);
+    // emb [D]. Returns mean_g sigmoid(W_l E + b_l) for each layer l.
+    static std::vector<double> gate_means(const torch::Tensor& W, const torch::Tensor& b, const torch::Tensor& emb);
+
+private:
+    double tau_;
+};
+
+// DCT-energy change rate: reuse while the change accumulated since the last full step,
+//   A_k = sum_{j = last_full + 1}^{k} r_j,   r_j = sum_uv |E_j(u,v) - E_{j-1}(u,v)| / (sum_uv E_{j-1}(u,v) + eps),
+// stays below `threshold`; full when A_k >= threshold or after `max_reuse` consecutive reuses. The first and the
+// last step are always full (the last step produces the output and has no later step to amortise a reuse).
+class DctChangePolicy final : public AnchorPolicy {
+public:
+    DctChangePolicy(double threshold, int max_reuse);
+    Decision decide(const StepSignals& s) override;
+    void reset() override;
+    std::string describe() const override;
+    double accumulated() const { return acc_; }
+
+private:
+    double threshold_;
+    int max_reuse_;
+    double acc_ = 0.0;
+    int reuses_ = 0;
+};
+
+// "interval:3", "gate:0.5", "dct:0.15" or "dct:0.15:4" (max_reuse defaults to 4). Throws UsageError.
+std::unique_ptr<AnchorPolicy> make_policy(const std::string& spec);
+
+} // namespace anchor::cache

@@ -1,0 +1,157 @@
+// LatentCache: the store behind every anchor cache (DeepCache features, attention K/V blocks, latents). It knows no
+// model: entries are tensors keyed by (namespace, layer, slot, anchor id), each tagged with the loop step that wrote
+// it.
+//
+// * Staleness: get(key, step) refuses an entry written more than `max_staleness` steps before `step` (or after it:
+//   an entry from a later step belongs to another loop), counts the refusal and leaves the entry to age out.
+// * Memory: a byte budget with least-recently-used eviction. Lookup, insert, touch and evict are O(1): a hash map from
+//   key to a slot in a metadata slab, and an intrusive doubly linked LRU list threaded through the slab by index (no
+//   scans). A second intrusive list per namespace makes erase_namespace O(entries of that namespace).
+// * Metadata (key, step, bytes, dtype) lives in the slab; tensors live in a parallel vector, so bookkeeping never
+//   touches tensor objects.
+// * Optional fp16 storage halves the bytes of float32 entries; get() returns the original dtype.
+// * Statistics (hits, misses, stale rejections, evictions, bytes, entries) export as JSON; operation counters (hash
+//   and list operations, nodes visited) let tests prove O(1) behaviour by counts rather than timing.
+//
+// The cache keeps a reference to the tensor given to put() (no copy unless fp16 storage converts it): callers must not
+// modify a tensor in place after caching it. All methods are thread-safe (one mutex).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace anchor::cache {
+
+struct CacheKey {
+    std::string ns;     // owner, e.g. "deepcache" or "gpt2.kv"
+    int32_t layer = 0;  // block / layer index
+    int32_t slot = 0;   // which tensor of the layer (e.g. 0 = hidden states, 1 = K, 2 = V)
+    int64_t anchor = 0; // anchor id (e.g. a token block or a branch id)
+
+    bool operator==(const CacheKey& o) const {
+        return layer == o.layer && slot == o.slot && anchor == o.anchor && ns == o.ns;
+    }
+    std::string str() const; // "ns/layer/slot/anchor" for logs and errors
+};
+
+struct CacheKeyHash {
+    size_t operator()(const CacheKey& k) const noexcept;
+};
+
+struct EntryMeta {
+    CacheKey key;
+    int64_t step = 0;                           // loop step that wrote the entry
+    size_t bytes = 0;                           // bytes as stored (fp16 halves float32)
+    torch::ScalarType dtype = torch::kFloat32;  // dtype given to put() and returned by get()
+    bool stored_fp16 = false;
+};
+
+struct LatentCacheOptions {
+    size_t byte_budget = 0; // 0: unlimited
+    int max_staleness = 2;  // an entry written at step s serves steps s .. s + max_staleness
+    bool fp16_storage = false;
+};
+
+struct CacheStats {
+    uint64_t hits = 0;
+    uint64_t misses = 0;              // key absent
+    uint64_t stale_rejections = 0;    // key present but too old (or from a later step)
+    uint64_t evictions = 0;           // removed to respect the byte budget
+    uint64_t puts = 0;
+    uint64_t replacements = 0;        // puts that overwrote an existing key
+    uint64_t oversize_rejections = 0; // single tensors larger than the whole budget (not stored)
+    size_t bytes = 0;
+    size_t peak_bytes = 0;
+    size_t entries = 0;
+};
+
+// Counts of the primitive operations the cache performed, for complexity tests.
+struct CacheOpCounters {
+    uint64_t hash_lookups = 0;
+    uint64_t hash_inserts = 0;
+    uint64_t hash_erases = 0;
+    uint64_t list_links = 0;    // node linked at the front of a list
+    uint64_t list_unlinks = 0;  // node removed from a list
+    uint64_t nodes_visited = 0; // nodes examined while walking a list (eviction, erase_namespace, lru_keys)
+    uint64_t total() const {
+        return hash_lookups + hash_inserts + hash_erases + list_links + list_unlinks + nodes_visited;
+    }
+};
+
+class LatentCache {
+public:
+    explicit LatentCache(LatentCacheOptions opts = {});
+
+    // Stores `value` under `key`, written at `step` (replaces an existing entry, making it most recent), then evicts
+    // least-recently-used entries until the budget holds. A tensor larger than the whole budget is not stored.
+    // Returns false when the value was not stored.
+    bool put(const CacheKey& key, const torch::Tensor& value, int64_t step);
+
+    // The entry when present and fresh: 0 <= step - entry.step <= max_staleness (the default or `max_staleness`).
+    // A hit makes the entry most recent; a stale entry is counted and left in place (not touched).
+    std::optional<torch::Tensor> get(const CacheKey& key, int64_t step);
+    std::optional<torch::Tensor> get(const CacheKey& key, int64_t step, int max_staleness);
+
+    bool contains(const CacheKey& key) const;                // no statistics, no LRU change
+    std::optional<EntryMeta> meta(const CacheKey& key) const; // no statistics, no LRU change
+    bool erase(const CacheKey& key);
+    size_t erase_namespace(const std::string& ns); // returns the number of entries removed
+    void clear();                                  // drops every entry; statistics are kept
+
+    void set_byte_budget(size_t bytes); // evicts immediately when needed
+    void set_max_staleness(int steps);
+    const LatentCacheOptions& options() const { return opts_; }
+
+    size_t size() const;
+    size_t bytes() const;
+    CacheStats stats() const;
+    CacheOpCounters op_counters() const;
+    void reset_stats(); // statistics and operation counters (bytes/entries stay true)
+    nlohmann::json stats_json() const;
+
+    // Keys from most to least recently used (walks the list: O(n), for tests and debugging).
+    std::vector<CacheKey> lru_keys() const;
+
+private:
+    static constexpr uint32_t kNil = 0xffffffffu;
+    struct Node {
+        EntryMeta meta;
+        uint32_t prev = kNil, next = kNil;       // LRU list, head = most recent
+        uint32_t ns_prev = kNil, ns_next = kNil; // namespace list
+        bool used = false;
+    };
+    struct NsList {
+        uint32_t head = kNil;
+        size_t count = 0;
+    };
+
+    uint32_t alloc_node();
+    void lru_unlink(uint32_t i);
+    void lru_push_front(uint32_t i);
+    void ns_unlink(uint32_t i);
+    void ns_push_front(uint32_t i);
+    void remove_node(uint32_t i); // unlinks from both lists and the index, frees the slot
+    void evict_to_budget_locked();
+    std::optional<torch::Tensor> get_locked(const CacheKey& key, int64_t step, int max_staleness);
+
+    LatentCacheOptions opts_;
+    std::vector<Node> nodes_;           // metadata slab
+    std::vector<torch::Tensor> values_; // tensors, parallel to nodes_
+    std::vector<uint32_t> free_;
+    std::unordered_map<CacheKey, uint32_t, CacheKeyHash> index_;
+    std::unordered_map<std::string, NsList> namespaces_;
+    uint32_t head_ = kNil, tail_ = kNil;
+    CacheStats stats_;
+    mutable CacheOpCounters ops_;
+    mutable std::mutex mu_;
+};
+
+} // namespace anchor::cache

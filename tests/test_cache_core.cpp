@@ -1,0 +1,436 @@
+#include "cache/anchor_policy.h"
+#include "cache/dct.h"
+#include "cache/io/error.h"
+#include "cache/latent_cache.h"
+#include "cache/metrics.h"
+#include "tests/test_util.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+using namespace anchor;
+using namespace anchor::cache;
+
+namespace {
+
+CacheKey key(const std::string& ns, int layer, int slot = 0, int64_t anchor = 0) { return {ns, layer, slot, anchor}; }
+
+} // namespace
+
+// ================================================================================================================
+// LatentCache
+// ================================================================================================================
+
+TEST_CASE("latent cache: hits, misses and staleness window", "[cache]") {
+    LatentCache c; // max_staleness 2
+    auto t = torch::arange(6, torch::kFloat32);
+    c.put(key("unet", 3), t, 10);
+    for (int64_t step : {10, 11, 12}) {
+        auto v = c.get(key("unet", 3), step);
+        REQUIRE(v.has_value());
+        CHECK(torch::equal(*v, t));
+    }
+    CHECK_FALSE(c.get(key("unet", 3), 13).has_value()); // 3 steps old
+    CHECK_FALSE(c.get(key("unet", 3), 9).has_value());  // written after step 9: another loop
+    CHECK_FALSE(c.get(key("unet", 4), 10).has_value()); // absent
+    auto s = c.stats();
+    CHECK(s.hits == 3);
+    CHECK(s.stale_rejections == 2);
+    CHECK(s.misses == 1);
+    CHECK(c.contains(key("unet", 3))); // a stale entry stays until evicted or replaced
+
+    // Per-call and configured staleness.
+    CHECK(c.get(key("unet", 3), 15, 5).has_value());
+    c.set_max_staleness(0);
+    CHECK_FALSE(c.get(key("unet", 3), 11).has_value());
+    CHECK(c.get(key("unet", 3), 10).has_value());
+    // A put refreshes the step.
+    c.put(key("unet", 3), t * 2, 20);
+    CHECK(torch::equal(*c.get(key("unet", 3), 20), t * 2));
+    CHECK(c.stats().replacements == 1);
+    CHECK(c.meta(key("unet", 3))->step == 20);
+    CHECK_THROWS_AS(c.set_max_staleness(-1), UsageError);
+}
+
+TEST_CASE("latent cache: LRU order and byte budget", "[cache]") {
+    LatentCacheOptions o;
+    o.byte_budget = 4 * 16; // four float32 [4] tensors
+    LatentCache c(o);
+    auto t = torch::ones({4});
+    for (int i = 0; i < 4; ++i) c.put(key("a", i), t * i, 0);
+    CHECK(c.bytes() == 64);
+    CHECK(c.size() == 4);
+    // Touch 0 so 1 becomes least recent.
+    REQUIRE(c.get(key("a", 0), 0).has_value());
+    auto order = c.lru_keys();
+    REQUIRE(order.size() == 4);
+    CHECK(order[0].layer == 0);
+    CHECK(order[1].layer == 3);
+    CHECK(order[3].layer == 1);
+    c.put(key("a", 4), t * 4, 0); // evicts 1
+    CHECK_FALSE(c.contains(key("a", 1)));
+    CHECK(c.contains(key("a", 0)));
+    CHECK(c.stats().evictions == 1);
+    CHECK(c.bytes() <= o.byte_budget);
+    // A bigger tensor evicts as many as needed, least recent first (2 then 3).
+    c.put(key("a", 5), torch::ones({8}), 0);
+    CHECK_FALSE(c.contains(key("a", 2)));
+    CHECK_FALSE(c.contains(key("a", 3)));
+    CHECK(c.contains(key("a", 0)));
+    CHECK(c.contains(key("a", 4)));
+    CHECK(c.bytes() == 64);
+    CHECK(c.stats().evictions == 3);
+    // Larger than the whole budget: not stored, nothing evicted.
+    CHECK_FALSE(c.put(key("a", 6), torch::ones({17}), 0));
+    CHECK(c.stats().oversize_rejections == 1);
+    CHECK(c.size() == 3);
+    // Shrinking the budget evicts immediately.
+    c.set_byte_budget(32); // LRU order is 5 (32 bytes), 4, 0: 0 and 4 go
+    CHECK(c.size() == 1);
+    CHECK(c.lru_keys()[0].layer == 5);
+    CHECK(c.bytes() == 32);
+}
+
+TEST_CASE("latent cache: shrinking the budget keeps the most recent entries that fit", "[cache]") {
+    LatentCacheOptions o;
+    LatentCache c(o);
+    for (int i = 0; i < 10; ++i) c.put(key("n", i), torch::zeros({4}), 0); // 16 bytes each
+    c.set_byte_budget(48);
+    auto keys = c.lru_keys();
+    REQUIRE(keys.size() == 3);
+    CHECK(keys[0].layer == 9);
+    CHECK(keys[1].layer == 8);
+    CHECK(keys[2].layer == 7);
+    CHECK(c.bytes() == 48);
+}
+
+TEST_CASE("latent cache: fp16 storage halves bytes and returns the original dtype", "[cache]") {
+    LatentCacheOptions o;
+    o.fp16_storage = true;
+    LatentCache c(o);
+    torch::manual_seed(0);
+    auto x = torch::randn({2, 3, 8, 8});
+    c.put(key("f", 0), x, 0);
+    auto m = c.meta(key("f", 0));
+    REQUIRE(m.has_value());
+    CHECK(m->stored_fp16);
+    CHECK(m->bytes == size_t(x.numel()) * 2);
+    CHECK(m->dtype == torch::kFloat32);
+    auto y = c.get(key("f", 0), 0);
+    REQUIRE(y.has_value());
+    CHECK(y->scalar_type() == torch::kFloat32);
+    CHECK(y->sizes() == x.sizes());
+    // fp16 has an 11-bit significand: relative rounding error <= 2^-11.
+    CHECK(((*y - x).abs() / x.abs().clamp_min(1e-3)).max().item<double>() <= std::ldexp(1.0, -11) + 1e-7);
+    CHECK(torch::equal(*y, x.to(torch::kHalf).to(torch::kFloat32)));
+    // Integer tensors are stored as they are.
+    c.put(key("f", 1), torch::arange(5), 0);
+    CHECK_FALSE(c.meta(key("f", 1))->stored_fp16);
+    CHECK(torch::equal(*c.get(key("f", 1), 0), torch::arange(5)));
+}
+
+TEST_CASE("latent cache: namespaces, erase and clear", "[cache]") {
+    LatentCache c;
+    for (int i = 0; i < 5; ++i) {
+        c.put(key("deepcache", i), torch::zeros({2}), 0);
+        c.put(key("kv", i, 1, 7), torch::zeros({3}), 0);
+    }
+    CHECK(c.size() == 10);
+    // Same layer/slot/anchor in different namespaces are different entries.
+    c.put(key("deepcache", 0, 1, 7), torch::ones({3}), 0);
+    CHECK(c.size() == 11);
+    CHECK(c.erase_namespace("deepcache") == 6);
+    CHECK(c.size() == 5);
+    CHECK(c.bytes() == 5 * 12);
+    CHECK(c.erase_namespace("deepcache") == 0);
+    CHECK(c.contains(key("kv", 3, 1, 7)));
+    CHECK(c.erase(key("kv", 3, 1, 7)));
+    CHECK_FALSE(c.erase(key("kv", 3, 1, 7)));
+    CHECK(c.size() == 4);
+    c.clear();
+    CHECK(c.size() == 0);
+    CHECK(c.bytes() == 0);
+    CHECK(c.lru_keys().empty());
+    // Slots are reused after clear/erase and the lists stay consistent.
+    c.put(key("kv", 1), torch::zeros({1}), 0);
+    CHECK(c.lru_keys().size() == 1);
+}
+
+TEST_CASE("latent cache: statistics export as JSON", "[cache]") {
+    LatentCacheOptions o;
+    o.byte_budget = 32;
+    LatentCache c(o);
+    c.put(key("s", 0), torch::zeros({4}), 0);
+    c.put(key("s", 1), torch::zeros({4}), 0);
+    c.put(key("s", 2), torch::zeros({4}), 0); // evicts 0
+    c.get(key("s", 1), 0);
+    c.get(key("s", 0), 0);
+    c.get(key("s", 2), 9);
+    auto j = c.stats_json();
+    CHECK(j["hits"] == 1);
+    CHECK(j["misses"] == 1);
+    CHECK(j["stale_rejections"] == 1);
+    CHECK(j["evictions"] == 1);
+    CHECK(j["entries"] == 2);
+    CHECK(j["bytes"] == 32);
+    CHECK(j["byte_budget"] == 32);
+    CHECK(j["max_staleness"] == 2);
+    CHECK(j["hit_rate"].get<double>() == Approx(1.0 / 3));
+    CHECK(j["ops"]["hash_lookups"].get<uint64_t>() > 0);
+    // Round-trips through text.
+    auto k = nlohmann::json::parse(j.dump());
+    CHECK(k == j);
+    c.reset_stats();
+    CHECK(c.stats().hits == 0);
+    CHECK(c.stats().entries == 2);
+    CHECK(c.op_counters().total() == 0);
+}
+
+// O(1) by counts: with 1,000,000 entries every get / put / evict does the same small, fixed number of hash and list
+// operations as with 1,000, and eviction visits exactly one node per evicted entry (no scans).
+TEST_CASE("latent cache: O(1) get/put/evict at 1,000,000 entries by operation counts", "[cache][slow]") {
+    auto per_op_costs = [](int64_t n) {
+        LatentCacheOptions o;
+        o.byte_budget = size_t(n) * 4; // float32 [1] per entry
+        LatentCache c(o);
+        auto v = torch::zeros({1});
+        for (int64_t i = 0; i < n; ++i) c.put(key("big", int(i % 1000), 0, i / 1000), v, 0);
+        REQUIRE(c.size() == size_t(n));
+
+        std::vector<uint64_t> costs;
+        // 1000 gets spread over the key space.
+        auto before = c.op_counters();
+        for (int64_t i = 0; i < 1000; ++i) {
+            const int64_t id = (i * 7919) % n;
+            REQUIRE(c.get(key("big", int(id % 1000), 0, id / 1000), 0).has_value());
+        }
+        auto after = c.op_counters();
+        costs.push_back(after.total() - before.total());
+        CHECK(after.nodes_visited == before.nodes_visited);
+        // 1000 puts of new keys: each evicts exactly one entry, visiting one node.
+        before = after;
+        const auto ev0 = c.stats().evictions;
+        for (int64_t i = 0; i < 1000; ++i) c.put(key("new", int(i)), v, 1);
+        after = c.op_counters();
+        costs.push_back(after.total() - before.total());
+        CHECK(c.stats().evictions - ev0 == 1000);
+        CHECK(after.nodes_visited - before.nodes_visited == 1000);
+        // 1000 replacements.
+        before = after;
+        for (int64_t i = 0; i < 1000; ++i) c.put(key("new", int(i)), v, 2);
+        after = c.op_counters();
+        costs.push_back(after.total() - before.total());
+        return costs;
+    };
+    const auto small = per_op_costs(1000);
+    const auto large = per_op_costs(1000000);
+    REQUIRE(small.size() == large.size());
+    for (size_t i = 0; i < small.size(); ++i) {
+        INFO("operation group " << i << ": " << small[i] << " ops at 1e3 entries, " << large[i] << " at 1e6");
+        CHECK(small[i] == large[i]);
+        CHECK(large[i] <= 1000 * 12); // a handful of primitive operations per call
+    }
+}
+
+// ================================================================================================================
+// Anchor policies
+// ================================================================================================================
+
+TEST_CASE("fixed-interval policy", "[cache][policy]") {
+    FixedIntervalPolicy p(3);
+    std::string pattern;
+    for (int i = 0; i < 10; ++i) pattern += p.decide({i, 10, {}, 0.0}).action == Action::Full ? 'F' : 'r';
+    CHECK(pattern == "FrrFrrFrrF");
+    FixedIntervalPolicy every(1);
+    CHECK(every.decide({5, 10, {}, 0.0}).action == Action::Full);
+    CHECK_THROWS_AS(FixedIntervalPolicy(0), UsageError);
+    CHECK(p.describe() == "interval:3");
+}
+
+TEST_CASE("time-gate policy anchors layers whose gate mean exceeds tau", "[cache][policy]") {
+    TimeGatePolicy p(0.5);
+    auto d0 = p.decide({0, 10, {0.1, 0.2}, 0.0});
+    CHECK(d0.action == Action::Full); // nothing cached at step 0
+    CHECK(d0.layers == std::vector<Action>{Action::Full, Action::Full});
+    auto d1 = p.decide({1, 10, {0.7, 0.3, 0.5}, 0.0});
+    CHECK(d1.layers == std::vector<Action>{Action::Full, Action::Reuse, Action::Reuse}); // 0.5 is not > 0.5
+    CHECK(d1.action == Action::Full);
+    auto d2 = p.decide({2, 10, {0.1, 0.3}, 0.0});
+    CHECK(d2.action == Action::Reuse);
+    CHECK_THROWS_AS(p.decide({3, 10, {}, 0.0}), Error);
+
+    // g = sigmoid(W E + b): W [2, 3], E = [1, 0, -1], b = [0, 1] -> logits [w00 - w02, 1 + w10 - w12].
+    auto W = torch::tensor({1.0, 5.0, -1.0, 0.5, 9.0, 0.5}).reshape({2, 3});
+    auto b = torch::tensor({0.0, 1.0});
+    auto e = torch::tensor({1.0, 0.0, -1.0});
+    auto g = TimeGatePolicy::gate_means(W, b, e);
+    REQUIRE(g.size() == 2);
+    CHECK(g[0] == Approx(1.0 / (1.0 + std::exp(-2.0))));
+    CHECK(g[1] == Approx(1.0 / (1.0 + std::exp(-1.0))));
+    // Grouped gates: mean over G units.
+    auto Wg = torch::zeros({1, 2, 3});
+    Wg[0][0][0] = 2.0;
+    auto bg = torch::zeros({1, 2});
+    auto gg = TimeGatePolicy::gate_means(Wg, bg, e);
+    CHECK(gg[0] == Approx(0.5 * (1.0 / (1.0 + std::exp(-2.0)) + 0.5)));
+    CHECK_THROWS_AS(TimeGatePolicy::gate_means(torch::zeros({2, 4}), b, e), Error);
+}
+
+TEST_CASE("DCT change policy accumulates change, caps reuse, keeps first and last full", "[cache][policy]") {
+    DctChangePolicy p(0.3, 3);
+    // Scripted per-step change rates.
+    const std::vector<double> r = {0.0, 0.1, 0.1, 0.15, 0.05, 0.05, 0.05, 0.05, 0.05, 0.5, 0.01, 0.01};
+    std::string pattern;
+    for (int i = 0; i < int(r.size()); ++i)
+        pattern += p.decide({i, int(r.size()), {}, r[i]}).action == Action::Full ? 'F' : 'r';
+    // step0 F; 1: .1 r; 2: .2 r; 3: .35 F; 4: .05 r; 5: .1 r; 6: .15 r; 7: 3 reuses done -> F; 8: r; 9: .55 F;
+    // 10: r; 11: last -> F.
+    CHECK(pattern == "FrrFrrrFrFrF");
+    CHECK_THROWS_AS(p.decide({1, 12, {}, std::nan("")}), Error);
+    CHECK_THROWS_AS(DctChangePolicy(0.0, 2), UsageError);
+    DctChangePolicy never_reuse(0.3, 0);
+    CHECK(never_reuse.decide({0, 5, {}, 0.0}).action == Action::Full);
+    CHECK(never_reuse.decide({1, 5, {}, 0.0}).action == Action::Full);
+}
+
+TEST_CASE("policy spec strings", "[cache][policy]") {
+    CHECK(make_policy("interval:2")->describe() == "interval:2");
+    CHECK(make_policy("gate:0.25")->describe() == "gate:0.25");
+    CHECK(make_policy("dct:0.2")->describe() == "dct:0.2:4");
+    CHECK(make_policy("dct:0.2:6")->describe() == "dct:0.2:6");
+    for (const char* bad : {"", "interval", "interval:x", "interval:2.5", "gate:2", "dct:-1", "foo:1", "dct:1:2:3"})
+        CHECK_THROWS_AS(make_policy(bad), UsageError);
+}
+
+// ================================================================================================================
+// DCT
+// ================================================================================================================
+
+namespace {
+
+// Direct O(N^4) orthonormal 2-D DCT-II of one [H, W] map.
+torch::Tensor direct_dct2(const torch::Tensor& x) {
+    const int64_t h = x.size(0), w = x.size(1);
+    auto xa = x.to(torch::kFloat64).contiguous();
+    auto a = xa.accessor<double, 2>();
+    auto out = torch::zeros({h, w}, torch::kFloat64);
+    auto o = out.accessor<double, 2>();
+    for (int64_t u = 0; u < h; ++u)
+        for (int64_t v = 0; v < w; ++v) {
+            double s = 0;
+            for (int64_t i = 0; i < h; ++i)
+                for (int64_t j = 0; j < w; ++j)
+                    s += a[i][j] * std::cos(M_PI * (2 * i + 1) * u / (2.0 * h)) *
+                         std::cos(M_PI * (2 * j + 1) * v / (2.0 * w));
+            const double au = u == 0 ? std::sqrt(1.0 / h) : std::sqrt(2.0 / h);
+            const double av = v == 0 ? std::sqrt(1.0 / w) : std::sqrt(2.0 / w);
+            o[u][v] = au * av * s;
+        }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("DCT-II matches the direct formula, inverts, and preserves energy", "[cache][dct]") {
+    torch::manual_seed(1);
+    auto x = torch::randn({2, 3, 5, 7}, torch::kFloat64);
+    auto X = dct2(x);
+    CHECK(X.sizes() == x.sizes());
+    for (int b = 0; b < 2; ++b)
+        for (int c = 0; c < 3; ++c) CHECK(test::max_abs_diff(X[b][c], direct_dct2(x[b][c])) < 1e-12);
+    CHECK(test::max_abs_diff(idct2(X), x) < 1e-12);                                       // DCT-III(DCT-II(x)) = x
+    CHECK(X.square().sum().item<double>() == Approx(x.square().sum().item<double>()).epsilon(1e-12)); // Parseval
+    auto C = dct_basis(6, torch::kFloat64);
+    CHECK(test::max_abs_diff(torch::matmul(C, C.t()), torch::eye(6, torch::kFloat64)) < 1e-12); // orthonormal
+    // float32 path.
+    auto xf = x.to(torch::kFloat32);
+    CHECK(test::max_abs_diff(idct2(dct2(xf)), xf) < 1e-5);
+    // A constant map has only the DC coefficient: X(0,0) = sqrt(H W) * c.
+    auto k = torch::full({4, 4}, 3.0, torch::kFloat64);
+    auto K = dct2(k);
+    CHECK(K[0][0].item<double>() == Approx(12.0));
+    CHECK(K.abs().sum().item<double>() == Approx(12.0));
+    // Bases are cached per (N, dtype).
+    const size_t n0 = dct_basis_cache_entries();
+    dct2(torch::randn({5, 7}, torch::kFloat64));
+    CHECK(dct_basis_cache_entries() == n0);
+    dct2(torch::randn({9, 9}));
+    CHECK(dct_basis_cache_entries() == n0 + 1);
+    CHECK_THROWS_AS(dct2(torch::randn({5})), Error);
+    CHECK_THROWS_AS(dct2(torch::ones({3, 3}, torch::kInt64)), Error);
+}
+
+TEST_CASE("band energies and change rates", "[cache][dct]") {
+    auto e = torch::arange(16, torch::kFloat64).reshape({1, 4, 4}); // E(u,v) = 4u + v
+    auto b = band_energies(e, 2);                                   // u + v < 2: (0,0), (0,1), (1,0) -> 0 + 1 + 4
+    CHECK(b.low.item<double>() == Approx(5.0));
+    CHECK(b.total.item<double>() == Approx(120.0));
+    CHECK(b.high.item<double>() == Approx(115.0));
+    CHECK(band_energies(e, 0).low.item<double>() == 0.0);
+    CHECK(band_energies(e, 7).low.item<double>() == Approx(120.0));
+    auto e1 = e * 1.5;
+    auto r = energy_change_rate(e1, e, 0.0);
+    CHECK(r[0][3][3].item<double>() == Approx(0.5));
+    CHECK(relative_spectral_change(e1, e) == Approx(0.5));
+    CHECK(relative_spectral_change(e, e) == 0.0);
+    // Energy of a feature map, end to end: a pure cosine mode puts all energy in one coefficient.
+    auto C = dct_basis(8, torch::kFloat64);
+    auto mode = torch::outer(C[2], C[3]); // basis image (2, 3)
+    auto E = spectral_energy(mode);
+    CHECK(E[2][3].item<double>() == Approx(1.0));
+    CHECK(E.sum().item<double>() == Approx(1.0));
+    CHECK_THROWS_AS(energy_change_rate(e, e[0]), Error);
+}
+
+// ================================================================================================================
+// Metrics
+// ================================================================================================================
+
+TEST_CASE("PSNR: identical is inf, constant offset is analytic", "[cache][metrics]") {
+    torch::manual_seed(2);
+    auto a = torch::rand({16, 16, 3});
+    CHECK(std::isinf(psnr(a, a, 1.0)));
+    // MSE = d^2 -> PSNR = 10 log10(L^2 / d^2) = 20 log10(L / d).
+    const double d = 0.05;
+    CHECK(psnr(a, a + d, 1.0) == Approx(20 * std::log10(1.0 / d)).epsilon(1e-5));
+    CHECK(psnr(a * 255, a * 255 + 5, 255.0) == Approx(20 * std::log10(255.0 / 5)).epsilon(1e-5));
+    // Hand case: 2x1 image, errors 0 and 0.5 -> MSE 0.125 -> 10 log10(8) dB.
+    auto x = torch::tensor({0.0f, 0.0f}).reshape({2, 1});
+    auto y = torch::tensor({0.0f, 0.5f}).reshape({2, 1});
+    CHECK(psnr(x, y, 1.0) == Approx(10 * std::log10(8.0)));
+    CHECK_THROWS_AS(psnr(a, torch::rand({16, 15, 3}), 1.0), Error);
+}
+
+TEST_CASE("SSIM: identity, constants and the offset case by hand", "[cache][metrics]") {
+    torch::manual_seed(3);
+    auto a = torch::rand({24, 20, 3});
+    CHECK(ssim(a, a, 1.0) == Approx(1.0).epsilon(1e-12));
+    const double L = 1.0, C1 = std::pow(0.01 * L, 2);
+    // Constant images a, b: sigma terms vanish, SSIM = (2ab + C1) / (a^2 + b^2 + C1).
+    auto ca = torch::full({11, 11, 1}, 0.2), cb = torch::full({11, 11, 1}, 0.6);
+    CHECK(ssim(ca, cb, L) == Approx((2 * 0.2 * 0.6 + C1) / (0.04 + 0.36 + C1)).epsilon(1e-6));
+    // 11x11 image (one window) and y = x + c: variances and covariance are equal, so
+    // SSIM = (2 m (m + c) + C1) / (m^2 + (m + c)^2 + C1) with m the Gaussian-weighted mean of x.
+    auto x = torch::rand({11, 11}, torch::kFloat32);
+    const double c = 0.1;
+    std::vector<double> g(11);
+    double gs = 0;
+    for (int i = 0; i < 11; ++i) gs += g[i] = std::exp(-(i - 5.0) * (i - 5.0) / (2 * 1.5 * 1.5));
+    double m = 0;
+    auto xa = x.accessor<float, 2>();
+    for (int i = 0; i < 11; ++i)
+        for (int j = 0; j < 11; ++j) m += g[i] * g[j] / (gs * gs) * xa[i][j];
+    const double want = (2 * m * (m + c) + C1) / (m * m + (m + c) * (m + c) + C1);
+    CHECK(ssim(x, x + float(c), L) == Approx(want).epsilon(1e-5));
+    // Negated contrast is strongly dissimilar; noise lowers SSIM monotonically.
+    auto noisy1 = (a + 0.05 * torch::randn_like(a)), noisy2 = (a + 0.2 * torch::randn_like(a));
+    const double s1 = ssim(a, noisy1, L), s2 = ssim(a, noisy2, L);
+    CHECK(s1 < 1.0);
+    CHECK(s2 < s1);
+    CHECK(ssim(a, 1 - a, L) < 0.0);
+    // Symmetric.
+    CHECK(ssim(a, noisy1, L) == Approx(ssim(noisy1, a, L)).epsilon(1e-12));
+    CHECK_THROWS_AS(ssim(torch::rand({10, 10, 3}), torch::rand({10, 10, 3}), 1.0), Error);
+}

@@ -1,0 +1,554 @@
+// GPT-2 model, loader and streaming; semantics in tests/golden/text/README.md sec. 2-3.
+#include "text/gpt2_model.h"
+
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "cache/io/weight_map.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace anchor::text {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string strip_transformer(const std::string& n) {
+    static const std::string p = "transformer.";
+    return n.rfind(p, 0) == 0 ? n.substr(p.size()) : n;
+}
+
+bool is_gpt2_tensor_name(const std::string& raw) {
+    const std::string n = strip_transformer(raw);
+    return n == "wte.weight" || n == "wpe.weight" || n == "lm_head.weight" || n.rfind("h.", 0) == 0 ||
+           n.rfind("ln_f.", 0) == 0;
+}
+
+} // namespace
+
+// ---- config ------------------------------------------------------------------------------------------------------
+
+bool Gpt2Config::tanh_gelu() const { return activation != "gelu"; }
+
+void Gpt2Config::validate() const {
+    auto bad = [&](const std::string& why) { throw Error("GPT-2 config: " + why + " (" + describe() + ")"); };
+    if (n_layer < 1 || n_head < 1 || n_embd < 1 || n_positions < 1 || vocab_size < 1) bad("sizes must be >= 1");
+    if (n_embd % n_head != 0) bad("n_embd must be divisible by n_head");
+    if (!(layer_norm_epsilon > 0)) bad("layer_norm_epsilon must be > 0");
+    static const std::set<std::string> acts = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"};
+    if (!acts.count(activation)) bad("unsupported activation_function '" + activation + "'");
+}
+
+std::string Gpt2Config::describe() const {
+    std::ostringstream os;
+    os << "n_layer=" << n_layer << " n_head=" << n_head << " n_embd=" << n_embd << " n_positions=" << n_positions
+       << " vocab_size=" << vocab_size << " n_inner=" << inner() << " eps=" << layer_norm_epsilon
+       << " activation=" << activation;
+    return os.str();
+}
+
+Gpt2Config Gpt2Config::from_json(const nlohmann::json& j, const std::string& source) {
+    if (!j.is_object()) throw Error("config '" + source + "' is not a JSON object");
+    bool is_gpt2 = j.value("model_type", std::string()) == "gpt2";
+    if (j.contains("architectures") && j["architectures"].is_array())
+        for (const auto& a : j["architectures"])
+            if (a.is_string() && a.get<std::string>().rfind("GPT2", 0) == 0) is_gpt2 = true;
+    if (!is_gpt2)
+        throw Error("config '" + source + "' is not a GPT-2 config (model_type '" +
+                    j.value("model_type", std::string("?")) + "')");
+    Gpt2Config c;
+    auto get_int = [&](const char* key, int64_t& out) {
+        if (!j.contains(key) || j[key].is_null()) return;
+        if (!j[key].is_number_integer()) throw Error("config '" + source + "': '" + key + "' is not an integer");
+        out = j[key].get<int64_t>();
+    };
+    get_int("n_layer", c.n_layer);
+    get_int("n_head", c.n_head);
+    get_int("n_embd", c.n_embd);
+    if (!j.contains("n_positions")) get_int("n_ctx", c.n_positions);
+    get_int("n_positions", c.n_positions);
+    get_int("vocab_size", c.vocab_size);
+    get_int("n_inner", c.n_inner);
+    if (j.contains("layer_norm_epsilon")) {
+        if (!j["layer_norm_epsilon"].is_number())
+            throw Error("config '" + source + "': 'layer_norm_epsilon' is not a number");
+        c.layer_norm_epsilon = j["layer_norm_epsilon"].get<double>();
+    }
+    if (j.contains("activation_function") && j["activation_function"].is_string())
+        c.activation = j["activation_function"].get<std::string>();
+    c.validate();
+    return c;
+}
+
+Gpt2Config Gpt2Config::from_json_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw Error("cannot read config '" + path + "'");
+    nlohmann::json j;
+    try {
+        in >> j;
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("config '" + path + "' is not valid JSON: " + e.what());
+    }
+    return from_json(j, path);
+}
+
+Gpt2Config Gpt2Config::detect_from_weights(const WeightMap& w, int64_t n_head_hint) {
+    std::vector<std::string> missing;
+    for (const char* n : {"wte.weight", "wpe.weight", "h.0.mlp.c_fc.weight"})
+        if (!w.has(n)) missing.push_back(n);
+    if (!missing.empty()) {
+        std::string m;
+        for (const auto& n : missing) m += " " + n;
+        throw Error("cannot detect the GPT-2 configuration from the weights: missing" + m);
+    }
+    Gpt2Config c;
+    const auto wte = w.shape("wte.weight"), wpe = w.shape("wpe.weight"), fc = w.shape("h.0.mlp.c_fc.weight");
+    if (wte.size() != 2 || wpe.size() != 2 || fc.size() != 2)
+        throw Error("cannot detect the GPT-2 configuration: wte/wpe/c_fc weights must be 2-D");
+    c.vocab_size = wte[0];
+    c.n_embd = wte[1];
+    c.n_positions = wpe[0];
+    c.n_inner = fc[1];
+    static const std::regex layer_re(R"(h\.([0-9]+)\..*)");
+    int64_t n_layer = 0;
+    for (const auto& n : w.names()) {
+        std::smatch m;
+        if (std::regex_match(n, m, layer_re)) n_layer = std::max<int64_t>(n_layer, std::stoll(m[1].str()) + 1);
+    }
+    c.n_layer = n_layer;
+    // GPT-2 checkpoints all use 64-wide heads; shapes cannot tell the head count otherwise.
+    c.n_head = n_head_hint > 0 ? n_head_hint : std::max<int64_t>(1, c.n_embd / 64);
+    c.validate();
+    return c;
+}
+
+// ---- modules -----------------------------------------------------------------------------------------------------
+
+Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
+    weight = register_parameter("weight", torch::zeros({in, out}));
+    bias = register_parameter("bias", torch::zeros({out}));
+}
+
+void Conv1DImpl::finalize() {
+    torch::NoGradGuard ng;
+    w_rows_ = weight.detach().t().contiguous();
+    // The parameter becomes an [in, out] view of the row-major copy: one copy of the weights in memory.
+    weight.set_data(w_rows_.t());
+}
+
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+    const int64_t in = weight.size(0), out = weight.size(1);
+    auto shape = x.sizes().vec();
+    shape.back() = out;
+    if (x.numel() == in && w_rows_.defined()) // one token: matrix-vector over contiguous rows
+        return torch::addmv(bias, w_rows_, x.reshape({in})).view(shape);
+    return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
+}
+
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& c) : n_head_(c.n_head), n_embd_(c.n_embd) {
+    c_attn = register_module("c_attn", Conv1D(c.n_embd, 3 * c.n_embd));
+    c_proj = register_module("c_proj", Conv1D(c.n_embd, c.n_embd));
+}
+
+torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, cache::SinkRollingKV* kv,
+                                         const std::vector<int64_t>& pos_ids) {
+    const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, D = C / H;
+    auto qkv = c_attn(x).split(C, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
+    auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    torch::Tensor y;
+    if (!kv) {
+        auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+        auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+        att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
+        y = torch::matmul(att, v);
+    } else {
+        // StreamingLLM order: the new token enters the buffer (evicting stream index i - W) before it attends, so
+        // the filled slots are exactly A(i) u {i} (README sec. 3).
+        auto slots = kv->append(k, v, pos_ids);
+        const int64_t L = kv->filled();
+        if (T > 1 && (slots.front() != L - T || slots.back() != L - 1))
+            throw Error("GPT-2 attention: several tokens per step are only supported while the cache fills");
+        auto att = torch::matmul(q, kv->keys().transpose(-2, -1)) * scale; // [B, H, T, L]
+        if (T > 1) {
+            // Query t (stream index count-T+t) sees slots <= L - T + t; earlier slots hold older tokens.
+            auto key_slot = torch::arange(L, torch::kLong).view({1, L});
+            auto limit = (torch::arange(T, torch::kLong) + (L - T)).view({T, 1});
+            att = att.masked_fill(key_slot > limit, -std::numeric_limits<float>::infinity());
+        }
+        y = torch::matmul(att.softmax(-1), kv->values());
+    }
+    y = y.transpose(1, 2).reshape({B, T, C});
+    return c_proj(y);
+}
+
+Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& c) : tanh_(c.tanh_gelu()) {
+    c_fc = register_module("c_fc", Conv1D(c.n_embd, c.inner()));
+    c_proj = register_module("c_proj", Conv1D(c.inner(), c.n_embd));
+}
+
+torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
+    // GPT-2 uses the tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. in sec. 2).
+    return c_proj(torch::gelu(c_fc(x), tanh_ ? "tanh" : "none"));
+}
+
+Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c) {
+    auto ln = [&]() { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)); };
+    ln_1 = register_module("ln_1", ln());
+    attn = register_module("attn", Gpt2Attention(c));
+    ln_2 = register_module("ln_2", ln());
+    mlp = register_module("mlp", Gpt2Mlp(c));
+}
+
+torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, cache::SinkRollingKV* kv,
+                                     const std::vector<int64_t>& pos_ids) {
+    auto h = x + attn(ln_1(x), kv, pos_ids);
+    return h + mlp(ln_2(h));
+}
+
+Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : cfg_(c) {
+    c.validate();
+    wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+    wpe = register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        blocks_.push_back(Gpt2Block(c));
+        h->push_back(blocks_.back());
+    }
+    ln_f = register_module("ln_f",
+                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
+    lm_head_ = wte->weight;
+    eval();
+}
+
+void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
+    torch::NoGradGuard ng;
+    for (auto& b : blocks_) {
+        b->attn->c_attn->finalize();
+        b->attn->c_proj->finalize();
+        b->mlp->c_fc->finalize();
+        b->mlp->c_proj->finalize();
+    }
+    if (explicit_lm_head.defined() && !explicit_lm_head.equal(wte->weight.detach())) {
+        lm_head_ = explicit_lm_head.detach().to(torch::kFloat32).contiguous();
+        tied_ = false;
+    } else {
+        lm_head_ = wte->weight.detach();
+        tied_ = true;
+    }
+    for (auto& p : parameters()) p.set_requires_grad(false);
+}
+
+torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
+    const int64_t C = cfg_.n_embd;
+    if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
+        auto shape = x.sizes().vec();
+        shape.back() = lm_head_.size(0);
+        return torch::mv(lm_head_, x.reshape({C})).view(shape);
+    }
+    return torch::matmul(x, lm_head_.t());
+}
+
+Gpt2Output Gpt2ModelImpl::forward(const torch::Tensor& ids_in, bool want_hidden, bool last_only,
+                                  const torch::Tensor& positions) {
+    torch::NoGradGuard ng;
+    auto ids = ids_in.dim() == 1 ? ids_in.unsqueeze(0) : ids_in;
+    const int64_t T = ids.size(1);
+    if (T < 1) throw Error("GPT-2 forward: empty input");
+    if (!positions.defined() && T > cfg_.n_positions)
+        throw Error("GPT-2 forward: " + std::to_string(T) + " tokens exceed n_positions " +
+                    std::to_string(cfg_.n_positions));
+    auto pos = positions.defined() ? positions.to(torch::kLong) : torch::arange(T, torch::kLong);
+    Gpt2Output out;
+    auto x = wte(ids.to(torch::kLong)) + wpe(pos);
+    if (want_hidden) out.hidden.push_back(x);
+    for (auto& b : blocks_) {
+        x = b(x);
+        if (want_hidden) out.hidden.push_back(x);
+    }
+    if (last_only) x = x.narrow(1, T - 1, 1);
+    x = ln_f(x);
+    if (want_hidden) out.hidden.push_back(x);
+    out.logits = logits_of(x);
+    return out;
+}
+
+torch::Tensor Gpt2ModelImpl::step(const torch::Tensor& ids_in, const std::vector<int64_t>& pos_ids,
+                                  std::vector<cache::SinkRollingKV>& caches, bool last_only) {
+    torch::NoGradGuard ng;
+    auto ids = ids_in.dim() == 1 ? ids_in.unsqueeze(0) : ids_in;
+    const int64_t T = ids.size(1);
+    if (static_cast<int64_t>(pos_ids.size()) != T) throw Error("GPT-2 step: one position id per token needed");
+    if (static_cast<int64_t>(caches.size()) != cfg_.n_layer) throw Error("GPT-2 step: one cache per layer needed");
+    for (auto p : pos_ids)
+        if (p < 0 || p >= cfg_.n_positions)
+            throw Error("GPT-2 step: position id " + std::to_string(p) + " outside [0, " +
+                        std::to_string(cfg_.n_positions) + ")");
+    auto pos = torch::tensor(pos_ids, torch::kLong);
+    auto x = wte(ids.to(torch::kLong)) + wpe(pos);
+    for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l](x, &caches[l], pos_ids);
+    if (last_only) x = x.narrow(1, T - 1, 1);
+    return logits_of(ln_f(x));
+}
+
+std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int64_t window, bool evict,
+                                                             int64_t batch) const {
+    std::vector<cache::SinkRollingKV> out;
+    out.reserve(cfg_.n_layer);
+    for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+        cache::SinkRollingKVOptions o;
+        o.batch = batch;
+        o.heads = cfg_.n_head;
+        o.head_dim = cfg_.head_dim();
+        o.sinks = sinks;
+        o.window = window;
+        o.evict = evict;
+        out.emplace_back(o);
+    }
+    return out;
+}
+
+// ---- loading -----------------------------------------------------------------------------------------------------
+
+std::vector<std::string> find_gpt2_weight_files(const std::string& path) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw Error("model '" + path + "' does not exist");
+    if (!fs::is_directory(path, ec)) {
+        if (!ends_with(path, ".safetensors") && !ends_with(path, ".index.json"))
+            throw Error("model '" + path + "' is not a .safetensors file, a *.safetensors.index.json or a folder");
+        return {path};
+    }
+    std::vector<std::string> indexes, loose, all;
+    for (const auto& e : fs::directory_iterator(path)) {
+        const std::string p = e.path().string();
+        if (ends_with(p, ".safetensors.index.json")) indexes.push_back(p);
+        else if (ends_with(p, ".safetensors")) loose.push_back(p);
+    }
+    std::sort(indexes.begin(), indexes.end());
+    std::sort(loose.begin(), loose.end());
+    if (indexes.size() == 1) return indexes;
+    if (indexes.size() > 1) throw Error("model folder '" + path + "' holds several *.safetensors.index.json files");
+    std::vector<std::string> picked;
+    for (const auto& f : loose) {
+        auto st = SafeTensorsFile::open(f); // header only (mmap); corrupt files fail here, naming the file
+        bool gpt2 = false;
+        for (const auto& t : st->tensors()) gpt2 = gpt2 || is_gpt2_tensor_name(t.name);
+        if (gpt2) picked.push_back(f);
+    }
+    if (picked.empty()) {
+        std::string seen;
+        for (const auto& f : loose) seen += " " + fs::path(f).filename().string();
+        throw Error("model folder '" + path + "' holds no safetensors file with GPT-2 tensors (wte.weight, h.N.*)" +
+                    (seen.empty() ? std::string(" and no .safetensors files at all") : "; looked at:" + seen));
+    }
+    return picked;
+}
+
+LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint) {
+    LoadedGpt2 out;
+    out.weight_files = find_gpt2_weight_files(path);
+    WeightMap raw;
+    if (out.weight_files.size() == 1) {
+        raw = WeightMap::load(out.weight_files[0]);
+    } else {
+        for (const auto& f : out.weight_files) {
+            auto m = WeightMap::load(f);
+            for (const auto& [n, t] : m.all()) {
+                if (raw.has(n)) throw Error("tensor '" + n + "' appears in two files of '" + path + "'");
+                raw.insert(n, t, f);
+            }
+        }
+    }
+    // `transformer.`-prefixed (GPT2LMHeadModel state dict) and plain (hub `gpt2`) layouts map to the same names.
+    torch::Tensor lm_head;
+    if (raw.has("lm_head.weight")) lm_head = raw.get("lm_head.weight");
+    std::set<std::string> seen;
+    for (const auto& n : raw.names()) {
+        const std::string s = strip_transformer(n);
+        if (!seen.insert(s).second)
+            throw Error("model '" + path + "' holds tensor '" + s + "' both with and without the 'transformer.' prefix");
+    }
+    WeightMap w = raw.renamed([](const std::string& n) { return strip_transformer(n); });
+
+    std::error_code ec;
+    const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+    out.folder = dir.string();
+    if (fs::exists(dir / "config.json", ec)) {
+        out.config_path = (dir / "config.json").string();
+        out.config = Gpt2Config::from_json_file(out.config_path);
+        if (n_head_hint > 0) out.config.n_head = n_head_hint;
+        out.config.validate();
+    } else {
+        out.config = Gpt2Config::detect_from_weights(w, n_head_hint);
+    }
+    if (lm_head.defined() && lm_head.sizes().vec() != std::vector<int64_t>{out.config.vocab_size, out.config.n_embd})
+        throw Error("file '" + raw.source("lm_head.weight") + "', tensor 'lm_head.weight': expected shape " +
+                    shape_str({out.config.vocab_size, out.config.n_embd}) + ", got " +
+                    shape_str(lm_head.sizes().vec()));
+    out.model = Gpt2Model(out.config);
+    // HF keeps the causal mask as non-parameter buffers in old checkpoints; they carry no weights.
+    w.load_into(*out.model, {"lm_head\\.weight", "h\\.[0-9]+\\.attn\\.(bias|masked_bias)"});
+    out.model->finalize(lm_head);
+    return out;
+}
+
+// ---- streaming ---------------------------------------------------------------------------------------------------
+
+const std::vector<std::pair<KvMode, std::string>>& kv_mode_names() {
+    static const std::vector<std::pair<KvMode, std::string>> t = {
+        {KvMode::Full, "full"}, {KvMode::Window, "window"}, {KvMode::Sink, "sink"}, {KvMode::Recompute, "recompute"}};
+    return t;
+}
+
+std::string KvSpec::syntax_help() {
+    std::string s;
+    for (const auto& [m, name] : kv_mode_names()) {
+        if (!s.empty()) s += " | ";
+        switch (m) {
+        case KvMode::Full: s += name; break;
+        case KvMode::Window: s += name + ":W"; break;
+        case KvMode::Sink: s += name + ":S,W"; break;
+        case KvMode::Recompute: s += name + ":W"; break;
+        }
+    }
+    return s;
+}
+
+KvSpec KvSpec::parse(const std::string& s) {
+    const auto colon = s.find(':');
+    const std::string head = s.substr(0, colon), args = colon == std::string::npos ? "" : s.substr(colon + 1);
+    auto bad = [&](const std::string& why) -> UsageError {
+        return UsageError("bad KV mode '" + s + "': " + why + " (expected " + syntax_help() + ")");
+    };
+    auto number = [&](const std::string& t, const char* what) -> int64_t {
+        if (t.empty() || t.size() > 12 || t.find_first_not_of("0123456789") != std::string::npos)
+            throw bad(std::string(what) + " must be a non-negative integer, got '" + t + "'");
+        return std::stoll(t);
+    };
+    KvSpec k;
+    bool found = false;
+    for (const auto& [m, name] : kv_mode_names())
+        if (name == head) k.mode = m, found = true;
+    if (!found) throw bad("unknown mode '" + head + "'");
+    switch (k.mode) {
+    case KvMode::Full:
+        if (colon != std::string::npos) throw bad("'full' takes no argument");
+        break;
+    case KvMode::Window:
+    case KvMode::Recompute:
+        if (args.find(',') != std::string::npos) throw bad("expected a single window size W");
+        k.window = number(args, "W");
+        break;
+    case KvMode::Sink: {
+        const auto comma = args.find(',');
+        if (comma == std::string::npos) throw bad("expected S,W");
+        k.sinks = number(args.substr(0, comma), "S");
+        k.window = number(args.substr(comma + 1), "W");
+        break;
+    }
+    }
+    if (k.mode != KvMode::Full && k.window < 1) throw bad("W must be >= 1");
+    return k;
+}
+
+std::string KvSpec::str() const {
+    switch (mode) {
+    case KvMode::Full: return "full";
+    case KvMode::Window: return "window:" + std::to_string(window);
+    case KvMode::Sink: return "sink:" + std::to_string(sinks) + "," + std::to_string(window);
+    case KvMode::Recompute: return "recompute:" + std::to_string(window);
+    }
+    return "?";
+}
+
+Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy policy)
+    : model_(std::move(model)), spec_(spec), policy_(policy) {
+    const int64_t P = model_->config().n_positions;
+    switch (spec_.mode) {
+    case KvMode::Full:
+        capacity_ = P;
+        caches_ = model_->make_caches(0, P, false);
+        break;
+    case KvMode::Window:
+    case KvMode::Sink:
+        capacity_ = spec_.sinks + spec_.window;
+        if (policy_ != cache::PositionPolicy::Wrap && capacity_ > P)
+            throw UsageError("KV mode " + spec_.str() + ": S+W = " + std::to_string(capacity_) +
+                             " exceeds the model's n_positions " + std::to_string(P) + " with --positions " +
+                             cache::to_string(policy_) + " (use --positions wrap or a smaller cache)");
+        caches_ = model_->make_caches(spec_.sinks, spec_.window, true);
+        break;
+    case KvMode::Recompute:
+        capacity_ = spec_.window;
+        if (capacity_ > P)
+            throw UsageError("KV mode " + spec_.str() + ": W exceeds the model's n_positions " + std::to_string(P));
+        break;
+    }
+}
+
+int64_t Gpt2Stream::position_of(int64_t i) const {
+    if (spec_.mode == KvMode::Recompute) return std::min(i, capacity_ - 1);
+    return cache::position_id(policy_, i, capacity_, model_->config().n_positions);
+}
+
+int64_t Gpt2Stream::remaining() const {
+    if (spec_.mode == KvMode::Full) return capacity_ - count_;
+    if (policy_ == cache::PositionPolicy::Absolute) return model_->config().n_positions - count_;
+    return -1;
+}
+
+int64_t Gpt2Stream::kv_bytes() const {
+    int64_t b = 0;
+    for (const auto& c : caches_) b += c.bytes();
+    return b;
+}
+
+torch::Tensor Gpt2Stream::feed(int64_t token) { return feed(std::vector<int64_t>{token}); }
+
+torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
+    if (tokens.empty()) throw Error("GPT-2 stream: nothing to feed");
+    const int64_t V = model_->config().vocab_size;
+    for (auto t : tokens)
+        if (t < 0 || t >= V)
+            throw Error("token id " + std::to_string(t) + " outside the model's vocabulary (" + std::to_string(V) + ")");
+    if (spec_.mode == KvMode::Recompute) {
+        // StreamingLLM's "sliding window with re-computation": no cache, a fresh forward over the last W tokens.
+        for (auto t : tokens) {
+            recent_.push_back(t);
+            if (static_cast<int64_t>(recent_.size()) > capacity_) recent_.pop_front();
+        }
+        count_ += static_cast<int64_t>(tokens.size());
+        auto ids = torch::tensor(std::vector<int64_t>(recent_.begin(), recent_.end()), torch::kLong);
+        return model_->forward(ids, false, true).logits.reshape({V});
+    }
+    if (spec_.mode == KvMode::Full && count_ + static_cast<int64_t>(tokens.size()) > capacity_)
+        throw Error("KV mode full: " + std::to_string(count_ + tokens.size()) + " tokens exceed the model's " +
+                    "n_positions " + std::to_string(capacity_) + " (use sink:S,W or window:W to stream further)");
+    torch::Tensor logits;
+    size_t i = 0;
+    while (i < tokens.size()) {
+        // Batch the tokens that still fit without eviction; after that, one token per step.
+        int64_t n = std::max<int64_t>(1, std::min<int64_t>(capacity_ - count_, tokens.size() - i));
+        std::vector<int64_t> pos(n), chunk(tokens.begin() + i, tokens.begin() + i + n);
+        for (int64_t j = 0; j < n; ++j) pos[j] = position_of(count_ + j);
+        logits = model_->step(torch::tensor(chunk, torch::kLong).unsqueeze(0), pos, caches_, true);
+        count_ += n;
+        i += n;
+    }
+    return logits.reshape({V});
+}
+
+} // namespace anchor::text

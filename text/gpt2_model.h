@@ -1,0 +1,202 @@
+// GPT-2 (Radford et al. 2019) for inference: HF/OpenAI checkpoint layout, full forward, KV-cached incremental
+// decoding and streaming with attention-sink rolling KV buffers (cache/sink_rolling_kv.h).
+//
+// Module names equal the checkpoint names (`wte`, `wpe`, `h.{i}.ln_1`, `h.{i}.attn.c_attn`, ..., `ln_f`), so loading
+// is WeightMap::load_into. Conv1D weights are stored [in, out] in checkpoints (`y = x @ W + b`); they are transposed
+// once at load into row-major [out, in] so batch-1 decoding is a matrix-vector product over contiguous rows; the
+// registered parameter stays a [in, out] view of that storage (names and shapes keep matching the checkpoint).
+#pragma once
+
+#include "cache/sink_rolling_kv.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::text {
+
+struct Gpt2Config {
+    int64_t n_layer = 12;
+    int64_t n_head = 12;
+    int64_t n_embd = 768;
+    int64_t n_positions = 1024;
+    int64_t vocab_size = 50257;
+    int64_t n_inner = 0; // 0: 4 * n_embd
+    double layer_norm_epsilon = 1e-5;
+    std::string activation = "gelu_new"; // gelu_new / gelu_pytorch_tanh / gelu_fast: tanh GELU; gelu: erf GELU
+
+    int64_t head_dim() const { return n_embd / n_head; }
+    int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+    bool tanh_gelu() const;
+    void validate() const; // throws anchor::Error on inconsistent values
+
+    // HF config.json (model_type gpt2 / architectures GPT2*). Throws naming the file and field.
+    static Gpt2Config from_json(const nlohmann::json& j, const std::string& source = "config.json");
+    static Gpt2Config from_json_file(const std::string& path);
+    // Shapes only: layers from `h.{i}.` names, sizes from wte/wpe/c_fc. Shapes cannot tell the head count:
+    // `n_head_hint` when > 0, else the GPT-2 family's head size of 64 (n_head = n_embd / 64).
+    static Gpt2Config detect_from_weights(const WeightMap& w, int64_t n_head_hint = 0);
+    std::string describe() const;
+};
+
+// HF Conv1D: weight [in, out], y = x @ W + b. After finalize(), `w_rows()` is the [out, in] row-major copy.
+class Conv1DImpl : public torch::nn::Module {
+public:
+    Conv1DImpl(int64_t in, int64_t out);
+    torch::Tensor forward(const torch::Tensor& x);
+    void finalize(); // re-lays the loaded weight out as [out, in] rows (once, after loading)
+    const torch::Tensor& w_rows() const { return w_rows_; }
+    torch::Tensor weight, bias;
+
+private:
+    torch::Tensor w_rows_;
+};
+TORCH_MODULE(Conv1D);
+
+class Gpt2AttentionImpl : public torch::nn::Module {
+public:
+    explicit Gpt2AttentionImpl(const Gpt2Config& c);
+    // x [B, T, C]. Without `kv`: causal self-attention over the T tokens. With `kv`: the T new tokens are appended
+    // (with `pos_ids`) and attend over the cache's slots; T > 1 only while the tokens fit without eviction.
+    torch::Tensor forward(const torch::Tensor& x, cache::SinkRollingKV* kv = nullptr,
+                          const std::vector<int64_t>& pos_ids = {});
+    Conv1D c_attn{nullptr}, c_proj{nullptr};
+
+private:
+    int64_t n_head_, n_embd_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+class Gpt2MlpImpl : public torch::nn::Module {
+public:
+    explicit Gpt2MlpImpl(const Gpt2Config& c);
+    torch::Tensor forward(const torch::Tensor& x);
+    Conv1D c_fc{nullptr}, c_proj{nullptr};
+
+private:
+    bool tanh_;
+};
+TORCH_MODULE(Gpt2Mlp);
+
+class Gpt2BlockImpl : public torch::nn::Module {
+public:
+    explicit Gpt2BlockImpl(const Gpt2Config& c);
+    torch::Tensor forward(const torch::Tensor& x, cache::SinkRollingKV* kv = nullptr,
+                          const std::vector<int64_t>& pos_ids = {});
+    torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+    Gpt2Attention attn{nullptr};
+    Gpt2Mlp mlp{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+struct Gpt2Output {
+    torch::Tensor logits;              // [B, T, V] (or [B, 1, V] with last_only)
+    std::vector<torch::Tensor> hidden; // when asked: embed, after block 0..L-1 (before ln_f), ln_f(last)
+};
+
+class Gpt2ModelImpl : public torch::nn::Module {
+public:
+    explicit Gpt2ModelImpl(const Gpt2Config& c);
+
+    // Full causal forward of ids [B, T] (or [T]) at positions 0..T-1 (or `positions` [T]).
+    Gpt2Output forward(const torch::Tensor& ids, bool want_hidden = false, bool last_only = false,
+                       const torch::Tensor& positions = {});
+    // Incremental step: ids [B, T] at `pos_ids` (one per token), K/V appended to `caches` (one per layer).
+    // Returns logits [B, T, V] (or [B, 1, V] with last_only).
+    torch::Tensor step(const torch::Tensor& ids, const std::vector<int64_t>& pos_ids,
+                       std::vector<cache::SinkRollingKV>& caches, bool last_only = false);
+    // One cache per layer with S sinks and a W-slot ring (or full mode when !evict).
+    std::vector<cache::SinkRollingKV> make_caches(int64_t sinks, int64_t window, bool evict, int64_t batch = 1) const;
+
+    // After load: Conv1D re-layout, LM head = explicit lm_head.weight or tied wte.weight.
+    void finalize(const torch::Tensor& explicit_lm_head = {});
+    const torch::Tensor& lm_head() const { return lm_head_; }
+    bool lm_head_tied() const { return tied_; }
+    const Gpt2Config& config() const { return cfg_; }
+
+    torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+    torch::nn::ModuleList h{nullptr};
+    torch::nn::LayerNorm ln_f{nullptr};
+
+private:
+    torch::Tensor logits_of(const torch::Tensor& x); // ln_f already applied
+    Gpt2Config cfg_;
+    std::vector<Gpt2Block> blocks_;
+    torch::Tensor lm_head_;
+    bool tied_ = true;
+};
+TORCH_MODULE(Gpt2Model);
+
+struct LoadedGpt2 {
+    Gpt2Config config;
+    Gpt2Model model{nullptr};
+    std::vector<std::string> weight_files; // the safetensors files read
+    std::string config_path;               // "" when detected from shapes
+    std::string folder;                    // folder of the model (for a tokenizer next to it)
+};
+
+// The weights of a GPT-2 model: `path` is a .safetensors file, a *.safetensors.index.json, or a folder; in a folder
+// the index is used if there is one, else every .safetensors file whose header holds GPT-2 tensor names (other
+// safetensors files there, e.g. reference outputs, are ignored). Throws anchor::Error naming what is missing.
+std::vector<std::string> find_gpt2_weight_files(const std::string& path);
+// Loads config (config.json next to the weights, else detect_from_weights) and weights: with or without the
+// `transformer.` prefix, tied or explicit `lm_head.weight`, `h.{i}.attn.bias`/`masked_bias` buffers ignored,
+// F32/F16/BF16 converted to float32. Every missing/unexpected/wrong-shape tensor is reported in one error.
+LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint = 0);
+
+// ---- streaming ---------------------------------------------------------------------------------------------------
+
+// KV-cache modes of a token stream (StreamingLLM's comparison, Xiao et al. 2023, fig. 3/table 1).
+enum class KvMode {
+    Full,      // every token kept; cannot go past n_positions
+    Window,    // rolling window of W tokens, no sinks (window attention)
+    Sink,      // S attention sinks + W most recent tokens
+    Recompute, // sliding window with re-computation: fresh forward over the last W tokens at positions 0..W-1
+};
+const std::vector<std::pair<KvMode, std::string>>& kv_mode_names(); // "full", "window", "sink", "recompute"
+
+struct KvSpec {
+    KvMode mode = KvMode::Full;
+    int64_t sinks = 0;
+    int64_t window = 0; // 0 with Full: n_positions
+    // "full" | "window:W" | "sink:S,W" | "recompute:W"; throws anchor::UsageError on anything else.
+    static KvSpec parse(const std::string& s);
+    static std::string syntax_help(); // for --help, generated from kv_mode_names()
+    std::string str() const;
+};
+
+// One stream through the model with a KV policy: feed tokens one at a time (or a prompt), get next-token logits.
+class Gpt2Stream {
+public:
+    Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy policy);
+    // Feeds one token (stream index count()) and returns its logits [V].
+    torch::Tensor feed(int64_t token);
+    // Feeds several tokens (batched while they fit without eviction) and returns the logits of the last [V].
+    torch::Tensor feed(const std::vector<int64_t>& tokens);
+    int64_t count() const { return count_; }
+    // Tokens the model can still take (-1: unlimited).
+    int64_t remaining() const;
+    int64_t kv_bytes() const; // preallocated cache bytes (recompute: the token window only, ~0)
+    const KvSpec& spec() const { return spec_; }
+    int64_t position_of(int64_t i) const; // position id stream token i gets
+
+private:
+    Gpt2Model model_;
+    KvSpec spec_;
+    cache::PositionPolicy policy_;
+    int64_t capacity_ = 0;
+    int64_t count_ = 0;
+    std::vector<cache::SinkRollingKV> caches_;
+    std::deque<int64_t> recent_; // recompute mode
+};
+
+} // namespace anchor::text
