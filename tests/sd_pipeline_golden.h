@@ -62,12 +62,11 @@ inline unet::SDModels load_run_models(const std::filesystem::path& dir, const nl
     return m;
 }
 
-// Writes the scheduler settings of config.json (scheduler_base_config) where SchedulerConfig::from_json_file reads.
+// The scheduler settings of config.json (scheduler_base_config), SD 1.5's when absent.
 inline unet::SchedulerConfig scheduler_config_of(const nlohmann::json& cfg, const std::string& scratch) {
+    (void)scratch;
     if (!cfg.contains("scheduler_base_config")) return unet::SchedulerConfig{};
-    const std::string p = scratch + "/scheduler_config.json";
-    std::ofstream(p) << cfg["scheduler_base_config"].dump();
-    return unet::SchedulerConfig::from_json_file(p);
+    return unet::SchedulerConfig::from_json_text(cfg["scheduler_base_config"].dump(), "config.json:scheduler_base_config");
 }
 
 // All comparisons of run `run` (a `<run>.safetensors` in `dir`). `deepcache` runs use the run's cache_interval /
@@ -147,8 +146,10 @@ inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::fi
     params.guidance_scale = guidance;
     params.steps = steps;
     params.seed = seed;
-    params.width = cfg.value("width", 512);
-    params.height = cfg.value("height", 512);
+    // Image size: config.json when it says, else the stored initial noise times the VAE factor.
+    const int f = models.vae_scale_factor();
+    params.width = cfg.value("width", int(golden_noise.size(3)) * f);
+    params.height = cfg.value("height", int(golden_noise.size(2)) * f);
     params.sampler = kind;
     std::unique_ptr<unet::DenoiseController> ctl;
     if (interval > 0) ctl = std::make_unique<unet::DeepCacheDenoiser>(interval, branch);

@@ -277,3 +277,84 @@ TEST_CASE("DeepCache shallow path equals the full forward's tail", "[sd][unet][d
     unet->forward(x, t, ctx, &f0);
     CHECK(torch::equal(f0.cache_feature, f0.named.at("up_blocks.3.attentions.1")));
 }
+
+TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) round-trips", "[sd][single_file]") {
+    torch::manual_seed(7);
+    UNetConfig uc;
+    uc.block_out_channels = {32, 64};
+    uc.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+    uc.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+    uc.layers_per_block = {1, 1};
+    uc.heads = {1, 1}; // what shape detection assumes for SD 2.x layouts: head dim 64 (at least one head)
+    uc.transformer_layers_per_block = {1, 1};
+    uc.cross_attention_dim = 32;
+    uc.use_linear_projection = true;
+    VaeConfig vc;
+    vc.block_out_channels = {32, 64};
+    vc.layers_per_block = 1;
+    ClipTextConfig tc;
+    tc.vocab_size = 1000;
+    tc.hidden_size = 32;
+    tc.intermediate_size = 40;
+    tc.num_hidden_layers = 2;
+    tc.num_attention_heads = 4;
+    tc.hidden_act = "gelu";
+    UNet2DConditionModel unet(uc);
+    AutoencoderKL vae(vc);
+    ClipTextModel te(tc);
+    NamedTensors file;
+    for (const auto& p : unet->named_parameters(true))
+        file.emplace_back(ldm_name(Component::Unet, p.key(), uc, vc), p.value().detach().to(torch::kHalf));
+    for (const auto& p : vae->named_parameters(true)) {
+        auto t = p.value().detach();
+        if (p.key().find("mid_block.attentions.0.to_") != std::string::npos && t.dim() == 2) t = t.unsqueeze(-1).unsqueeze(-1);
+        file.emplace_back(ldm_name(Component::Vae, p.key(), uc, vc), t);
+    }
+    // Open CLIP layout: fused in_proj, one more resblock than the model SD 2.x uses (penultimate layer).
+    const std::string oc = "cond_stage_model.model.";
+    auto P = [&](const std::string& n) { return te->named_parameters(true)[n].detach(); };
+    file.emplace_back(oc + "token_embedding.weight", P("text_model.embeddings.token_embedding.weight"));
+    file.emplace_back(oc + "positional_embedding", P("text_model.embeddings.position_embedding.weight"));
+    file.emplace_back(oc + "ln_final.weight", P("text_model.final_layer_norm.weight"));
+    file.emplace_back(oc + "ln_final.bias", P("text_model.final_layer_norm.bias"));
+    file.emplace_back(oc + "text_projection", torch::randn({32, 32}));
+    file.emplace_back(oc + "logit_scale", torch::ones({}));
+    for (int i = 0; i < 3; ++i) {
+        const std::string r = oc + "transformer.resblocks." + std::to_string(i) + ".";
+        const std::string h = "text_model.encoder.layers." + std::to_string(std::min(i, 1)) + ".";
+        for (const char* k : {"weight", "bias"}) {
+            file.emplace_back(r + "ln_1." + k, P(h + "layer_norm1." + k));
+            file.emplace_back(r + "ln_2." + k, P(h + "layer_norm2." + k));
+            file.emplace_back(r + "mlp.c_fc." + k, P(h + "mlp.fc1." + k));
+            file.emplace_back(r + "mlp.c_proj." + k, P(h + "mlp.fc2." + k));
+            file.emplace_back(r + "attn.out_proj." + k, P(h + "self_attn.out_proj." + k));
+            file.emplace_back(r + "attn.in_proj_" + k,
+                              torch::cat({P(h + "self_attn.q_proj." + k), P(h + "self_attn.k_proj." + k),
+                                          P(h + "self_attn.v_proj." + k)}, 0));
+        }
+    }
+    auto dir = test::scratch_dir("sd2_single_file");
+    save_safetensors(dir + "/sd2_tiny.safetensors", file);
+    auto m = load_sd_models(dir + "/sd2_tiny.safetensors");
+    CHECK(m.family == "sd2");
+    CHECK(m.tokenizer.pad_id() == 0);
+    CHECK(m.unet->config().use_linear_projection);
+    CHECK(m.unet->config().heads == uc.heads);
+    CHECK(m.text_encoder->config().num_hidden_layers == 2);
+    CHECK(m.text_encoder->config().hidden_act == "gelu");
+    auto x = torch::randn({2, 4, 8, 8});
+    auto ctx = torch::randn({2, 77, 32});
+    auto t = torch::tensor(int64_t(500));
+    // The UNet went through float16 in the file: compare against the same rounding.
+    UNet2DConditionModel ref(uc);
+    {
+        torch::NoGradGuard ng;
+        for (auto& p : ref->named_parameters(true)) p.value().copy_(unet->named_parameters(true)[p.key()].to(torch::kHalf));
+    }
+    CHECK(torch::equal(m.unet->forward(x, t, ctx), ref->forward(x, t, ctx)));
+    auto z = torch::randn({1, 4, 4, 4});
+    CHECK(torch::equal(m.vae->decode(z), vae->decode(z)));
+    auto ids = torch::randint(0, 1000, {1, 77}, torch::kLong);
+    torch::NoGradGuard ng;
+    CHECK(torch::equal(m.text_encoder->encode(ids), te->encode(ids)));
+}
