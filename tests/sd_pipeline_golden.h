@@ -125,7 +125,9 @@ inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::fi
             if (interval > 0) {
                 const std::string cname = "cache.up_blocks.3.attentions.1.step." + std::to_string(i);
                 if (g.has(cname)) {
-                    out.push_back({cname, f.cache_feature, g.get(cname)});
+                    // An intermediate of the same UNet evaluation as noise_pred, through the same badly conditioned
+                    // 1x1 levels of the tiny model (tests/golden/sd/README.md): noise_pred's tolerance applies.
+                    out.push_back({cname, f.cache_feature, g.get(cname), 5e-3, 1e-4});
                     cached = g.get(cname); // later cached steps start from the stored feature
                 } else {
                     cached = f.cache_feature;

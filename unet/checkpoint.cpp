@@ -198,11 +198,11 @@ WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::
     int layers = 0;
     while (file.has(pre + "transformer.resblocks." + std::to_string(layers) + ".ln_1.weight")) ++layers;
     for (int i = 0; i < layers; ++i) {
-        const std::string r = pre + "transformer.resblocks." + std::to_string(i) + ".";
+        const std::string r = "transformer.resblocks." + std::to_string(i) + "."; // relative to `pre`
         const std::string h = "text_model.encoder.layers." + std::to_string(i) + ".";
-        if (i == layers - 1) { // unused penultimate-layer model: mark as consumed
+        if (i == layers - 1) { // the last resblock is not used (penultimate-layer conditioning)
             for (const auto& [n, t] : file.all())
-                if (n.rfind(r, 0) == 0) used.insert(n);
+                if (n.rfind(pre + r, 0) == 0) used.insert(n);
             break;
         }
         take(r + "ln_1.weight", h + "layer_norm1.weight");
@@ -216,7 +216,7 @@ WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::
         take(r + "attn.out_proj.weight", h + "self_attn.out_proj.weight");
         take(r + "attn.out_proj.bias", h + "self_attn.out_proj.bias");
         for (const char* kind : {"weight", "bias"}) {
-            const std::string n = r + "attn.in_proj_" + kind;
+            const std::string n = pre + r + "attn.in_proj_" + kind;
             if (!file.has(n)) continue;
             auto qkv = file.get(n).chunk(3, 0);
             const char* names[3] = {"q_proj", "k_proj", "v_proj"};
