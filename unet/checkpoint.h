@@ -1,0 +1,67 @@
+// Loading Stable Diffusion 1.x / 2.x checkpoints: a diffusers folder (unet/, vae/, text_encoder/, tokenizer/,
+// scheduler/ with config.json files; fp32/fp16 safetensors, sharded or not) or an original single-file checkpoint
+// (model.diffusion_model.*, first_stage_model.*, cond_stage_model.*). Single files are read through one name table
+// (diffusers name -> original name, `ldm_name`) and their configs derived from tensor shapes.
+#pragma once
+
+#include "unet/clip_text.h"
+#include "unet/clip_tokenizer.h"
+#include "unet/unet_model.h"
+#include "unet/vae.h"
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::unet {
+
+enum class Component { Unet, Vae, TextEncoder };
+
+// The original-layout (CompVis/LDM, single-file) name of a diffusers tensor name of `component`, for a model with the
+// given layout; the text encoder uses the SD 1.x layout (`cond_stage_model.transformer.` + HF name). Throws for
+// names the table does not know.
+std::string ldm_name(Component component, const std::string& diffusers_name, const UNetConfig& unet,
+                     const VaeConfig& vae);
+
+// Configs from original-layout tensor shapes (names without the `model.diffusion_model.` / `first_stage_model.`
+// prefixes).
+UNetConfig detect_ldm_unet_config(const WeightMap& ldm_unet);
+VaeConfig detect_ldm_vae_config(const WeightMap& ldm_vae);
+
+struct LoadOptions {
+    torch::ScalarType dtype = torch::kFloat; // compute dtype; fp16/bf16 files are converted at load
+    bool text_encoder = true;
+    bool unet = true;
+    bool vae = true;
+};
+
+struct SDModels {
+    std::string source;            // the path given
+    std::string layout;            // "diffusers" | "single-file"
+    std::string family;            // "sd1" | "sd2" (from tensor shapes: text width 1024 / OpenCLIP layout -> sd2)
+    ClipTokenizer tokenizer;
+    ClipTextModel text_encoder{nullptr};
+    UNet2DConditionModel unet{nullptr};
+    AutoencoderKL vae{nullptr};
+    std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
+    int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
+};
+
+// `path`: a diffusers folder, a single-file checkpoint (.safetensors), or a folder holding exactly one single-file
+// checkpoint. Throws anchor::Error naming the file and listing every missing tensor.
+SDModels load_sd_models(const std::string& path, const LoadOptions& opts = {});
+
+// One diffusers component folder (config.json + weights: an index, model.safetensors /
+// diffusion_pytorch_model.safetensors, or their .fp16 variants).
+UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
+AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
+ClipTextModel load_text_encoder_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
+// The weights file(s) of a component folder (what WeightMap::load should read).
+std::string component_weights_path(const std::string& dir);
+
+} // namespace anchor::unet

@@ -1,0 +1,175 @@
+// CLIP text encoder forward, following the Hugging Face CLIPTextModel equations (pre-LN transformer, causal mask,
+// q scaled by head_dim^-0.5 before the product).
+#include "unet/clip_text.h"
+
+#include "cache/io/error.h"
+#include "cache/io/weight_map.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <limits>
+
+namespace anchor::unet {
+
+namespace F = torch::nn::functional;
+
+ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j) {
+    ClipTextConfig c;
+    // SD 2.x text_encoder/config.json nests nothing; a full CLIPConfig has the fields under text_config.
+    const nlohmann::json& t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
+    auto geti = [&](const char* k, int& v) {
+        if (t.contains(k) && t[k].is_number_integer()) v = t[k].get<int>();
+    };
+    geti("vocab_size", c.vocab_size);
+    geti("hidden_size", c.hidden_size);
+    geti("intermediate_size", c.intermediate_size);
+    geti("num_hidden_layers", c.num_hidden_layers);
+    geti("num_attention_heads", c.num_attention_heads);
+    geti("max_position_embeddings", c.max_position_embeddings);
+    if (t.contains("hidden_act") && t["hidden_act"].is_string()) c.hidden_act = t["hidden_act"].get<std::string>();
+    if (t.contains("layer_norm_eps") && t["layer_norm_eps"].is_number()) c.layer_norm_eps = t["layer_norm_eps"].get<double>();
+    if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
+        throw Error("CLIP text config: unsupported hidden_act '" + c.hidden_act + "' (quick_gelu or gelu)");
+    if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)
+        throw Error("CLIP text config: hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
+                    std::to_string(c.num_attention_heads) + " heads");
+    return c;
+}
+
+ClipTextConfig ClipTextConfig::from_json_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot open text encoder config '" + path + "'");
+    try {
+        return from_json(nlohmann::json::parse(f));
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("cannot parse '" + path + "': " + e.what());
+    }
+}
+
+ClipTextConfig ClipTextConfig::detect_from_weights(const WeightMap& w) {
+    ClipTextConfig c;
+    const std::string tok = "text_model.embeddings.token_embedding.weight";
+    const std::string pos = "text_model.embeddings.position_embedding.weight";
+    if (!w.has(tok) || !w.has(pos)) throw Error("text encoder weights lack '" + tok + "' / '" + pos + "'");
+    auto ts = w.shape(tok);
+    c.vocab_size = int(ts[0]);
+    c.hidden_size = int(ts[1]);
+    c.max_position_embeddings = int(w.shape(pos)[0]);
+    int layers = 0;
+    while (w.has("text_model.encoder.layers." + std::to_string(layers) + ".self_attn.q_proj.weight")) ++layers;
+    if (layers == 0) throw Error("text encoder weights have no 'text_model.encoder.layers.0.*' tensors");
+    c.num_hidden_layers = layers;
+    c.intermediate_size = int(w.shape("text_model.encoder.layers.0.mlp.fc1.weight")[0]);
+    c.num_attention_heads = c.hidden_size >= 512 ? c.hidden_size / 64 : std::max(1, c.hidden_size / 8);
+    c.hidden_act = c.hidden_size == 1024 ? "gelu" : "quick_gelu";
+    return c;
+}
+
+ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
+    : heads(c.num_attention_heads), head_dim(c.hidden_size / c.num_attention_heads) {
+    q_proj = register_module("q_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+    k_proj = register_module("k_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+    v_proj = register_module("v_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+    out_proj = register_module("out_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+}
+
+torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+    const auto B = x.size(0), T = x.size(1), C = x.size(2);
+    const double scale = 1.0 / std::sqrt(double(head_dim));
+    auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
+    auto q = split(q_proj->forward(x) * scale);
+    auto k = split(k_proj->forward(x));
+    auto v = split(v_proj->forward(x));
+    auto scores = torch::matmul(q, k.transpose(-1, -2));
+    scores.add_(mask);
+    auto probs = scores.softmax(-1);
+    auto o = torch::matmul(probs, v).transpose(1, 2).reshape({B, T, C});
+    return out_proj->forward(o);
+}
+
+ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : quick_gelu(c.hidden_act == "quick_gelu") {
+    fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+    fc2 = register_module("fc2", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
+    auto h = fc1->forward(x);
+    h = quick_gelu ? h * torch::sigmoid(h * 1.702) : torch::gelu(h);
+    return fc2->forward(h);
+}
+
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {
+    self_attn = register_module("self_attn", ClipAttention(c));
+    layer_norm1 = register_module(
+        "layer_norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+    mlp = register_module("mlp", ClipMlp(c));
+    layer_norm2 = register_module(
+        "layer_norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+}
+
+torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+    auto h = x + self_attn->forward(layer_norm1->forward(x), mask);
+    return h + mlp->forward(layer_norm2->forward(h));
+}
+
+ClipEmbeddingsImpl::ClipEmbeddingsImpl(const ClipTextConfig& c) {
+    token_embedding = register_module("token_embedding", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    position_embedding =
+        register_module("position_embedding", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+}
+
+ClipEncoderImpl::ClipEncoderImpl(const ClipTextConfig& c) {
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < c.num_hidden_layers; ++i) {
+        items.emplace_back(c);
+        layers->push_back(items.back());
+    }
+}
+
+ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
+    embeddings = register_module("embeddings", ClipEmbeddings(c));
+    encoder = register_module("encoder", ClipEncoder(c));
+    final_layer_norm = register_module(
+        "final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+}
+
+ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& c) : cfg_(c) {
+    text_model = register_module("text_model", ClipTextTransformer(c));
+}
+
+ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
+    TORCH_CHECK(input_ids.dim() == 2, "CLIP input_ids must be [batch, tokens]");
+    const auto T = input_ids.size(1);
+    if (T > cfg_.max_position_embeddings)
+        throw Error("CLIP text encoder: " + std::to_string(T) + " tokens exceed the " +
+                    std::to_string(cfg_.max_position_embeddings) + " positions of the model");
+    auto ids = input_ids.to(torch::kLong);
+    auto& emb = text_model->embeddings;
+    auto x = emb->token_embedding->forward(ids) +
+             emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
+    auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
+    ClipTextOutput out;
+    out.hidden_states.reserve(text_model->encoder->items.size() + 1);
+    out.hidden_states.push_back(x);
+    for (auto& layer : text_model->encoder->items) {
+        x = layer->forward(x, mask);
+        out.hidden_states.push_back(x);
+    }
+    out.last_hidden_state = text_model->final_layer_norm->forward(x);
+    return out;
+}
+
+torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip_skip) {
+    if (clip_skip < 0 || clip_skip >= cfg_.num_hidden_layers)
+        throw UsageError("clip skip " + std::to_string(clip_skip) + " out of range for a text encoder with " +
+                         std::to_string(cfg_.num_hidden_layers) + " layers");
+    auto out = forward(input_ids);
+    if (clip_skip == 0) return out.last_hidden_state;
+    const auto n = out.hidden_states.size();
+    return text_model->final_layer_norm->forward(out.hidden_states[n - 1 - size_t(clip_skip)]);
+}
+
+void ClipTextModelImpl::load(const WeightMap& w) { w.load_into(*this, {"text_model\\.embeddings\\.position_ids"}); }
+
+} // namespace anchor::unet

@@ -1,0 +1,108 @@
+// CLIP text transformer (Radford et al. 2021) with the Hugging Face `CLIPTextModel` tensor names that SD checkpoints
+// use: text_model.embeddings.{token,position}_embedding, text_model.encoder.layers.i.{self_attn.{q,k,v,out}_proj,
+// layer_norm1, mlp.fc1, mlp.fc2, layer_norm2}, text_model.final_layer_norm.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+#include <vector>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::unet {
+
+struct ClipTextConfig {
+    int vocab_size = 49408;
+    int hidden_size = 768;
+    int intermediate_size = 3072;
+    int num_hidden_layers = 12;
+    int num_attention_heads = 12;
+    int max_position_embeddings = 77;
+    std::string hidden_act = "quick_gelu"; // "quick_gelu" (openai CLIP, SD 1.x) | "gelu" (OpenCLIP, SD 2.x)
+    double layer_norm_eps = 1e-5;
+
+    // HF config.json (`CLIPTextConfig` fields; missing ones keep the defaults).
+    static ClipTextConfig from_json(const nlohmann::json& j);
+    static ClipTextConfig from_json_file(const std::string& path);
+    // Sizes from tensor shapes (names relative to the model root, i.e. starting with `text_model.`). Shapes cannot tell
+    // the head count: real CLIP uses head dim 64 (hidden >= 512), tiny test models head dim 8; hidden 1024 means
+    // OpenCLIP ViT-H (SD 2.x) with gelu, otherwise quick_gelu.
+    static ClipTextConfig detect_from_weights(const WeightMap& w);
+};
+
+struct ClipAttentionImpl : torch::nn::Module {
+    ClipAttentionImpl(const ClipTextConfig& c);
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
+    torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+    int heads, head_dim;
+};
+TORCH_MODULE(ClipAttention);
+
+struct ClipMlpImpl : torch::nn::Module {
+    ClipMlpImpl(const ClipTextConfig& c);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+    bool quick_gelu;
+};
+TORCH_MODULE(ClipMlp);
+
+struct ClipEncoderLayerImpl : torch::nn::Module {
+    ClipEncoderLayerImpl(const ClipTextConfig& c);
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
+    ClipAttention self_attn{nullptr};
+    torch::nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};
+    ClipMlp mlp{nullptr};
+};
+TORCH_MODULE(ClipEncoderLayer);
+
+struct ClipEmbeddingsImpl : torch::nn::Module {
+    ClipEmbeddingsImpl(const ClipTextConfig& c);
+    torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
+};
+TORCH_MODULE(ClipEmbeddings);
+
+struct ClipEncoderImpl : torch::nn::Module {
+    ClipEncoderImpl(const ClipTextConfig& c);
+    torch::nn::ModuleList layers;
+    std::vector<ClipEncoderLayer> items;
+};
+TORCH_MODULE(ClipEncoder);
+
+struct ClipTextTransformerImpl : torch::nn::Module {
+    ClipTextTransformerImpl(const ClipTextConfig& c);
+    ClipEmbeddings embeddings{nullptr};
+    ClipEncoder encoder{nullptr};
+    torch::nn::LayerNorm final_layer_norm{nullptr};
+};
+TORCH_MODULE(ClipTextTransformer);
+
+struct ClipTextOutput {
+    torch::Tensor last_hidden_state;          // final_layer_norm(hidden_states.back())
+    std::vector<torch::Tensor> hidden_states; // [0] embeddings, [i] output of layer i (before final_layer_norm)
+};
+
+class ClipTextModelImpl : public torch::nn::Module {
+public:
+    explicit ClipTextModelImpl(const ClipTextConfig& c);
+    // input_ids [B, T] int64 -> all hidden states. No padding mask (SD pipelines pass none); causal mask always.
+    ClipTextOutput forward(const torch::Tensor& input_ids);
+    // The conditioning an SD pipeline uses. clip_skip (diffusers semantics): 0 -> last_hidden_state;
+    // k >= 1 -> final_layer_norm(hidden_states[-(k+1)]).
+    torch::Tensor encode(const torch::Tensor& input_ids, int clip_skip = 0);
+    const ClipTextConfig& config() const { return cfg_; }
+    // Loads HF-named weights (the `text_model.embeddings.position_ids` buffer is ignored whatever its dtype).
+    void load(const WeightMap& w);
+
+    ClipTextTransformer text_model{nullptr};
+
+private:
+    ClipTextConfig cfg_;
+};
+TORCH_MODULE(ClipTextModel);
+
+} // namespace anchor::unet

@@ -1,0 +1,605 @@
+// UNet2DConditionModel forward with diffusers 0.27 semantics (see tests/golden/sd/unet_sd15_tiny/README.md).
+#include "unet/unet_model.h"
+
+#include "cache/io/error.h"
+#include "cache/io/weight_map.h"
+
+#include <nlohmann/json.hpp>
+
+#include <climits>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace anchor::unet {
+
+namespace F = torch::nn::functional;
+using torch::Tensor;
+
+namespace {
+
+torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride = 1, int64_t pad = -1) {
+    if (pad < 0) pad = k / 2;
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(pad));
+}
+
+torch::nn::GroupNorm group_norm(int64_t groups, int64_t ch, double eps) {
+    if (groups <= 0 || ch % groups != 0)
+        throw Error("GroupNorm: " + std::to_string(ch) + " channels are not divisible into " + std::to_string(groups) +
+                    " groups");
+    return torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, ch).eps(eps));
+}
+
+torch::nn::LayerNorm layer_norm(int64_t dim, double eps = 1e-5) {
+    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(eps));
+}
+
+} // namespace
+
+// ---- attention core ------------------------------------------------------------------------------------------------
+
+Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads) {
+    const int64_t B = q.size(0), N = q.size(1), C = q.size(2), M = k.size(1);
+    TORCH_CHECK(C % heads == 0, "attention: width ", C, " not divisible by ", heads, " heads");
+    const int64_t D = C / heads;
+    const double scale = 1.0 / std::sqrt(double(D));
+    const bool reduced = q.scalar_type() != torch::kFloat && q.scalar_type() != torch::kDouble;
+    auto qh = q.view({B, N, heads, D}).permute({0, 2, 1, 3}); // [B,H,N,D]
+    auto kt = k.view({B, M, heads, D}).permute({0, 2, 3, 1}); // [B,H,D,M]
+    auto vh = v.view({B, M, heads, D}).permute({0, 2, 1, 3}); // [B,H,M,D]
+    if (reduced) {
+        qh = qh.to(torch::kFloat);
+        kt = kt.to(torch::kFloat);
+    }
+    auto probs_of = [&](const Tensor& qc) {
+        // scale * (q k^T) like diffusers' baddbmm(alpha=scale), but without an uninitialised input buffer.
+        auto s = torch::matmul(qc, kt);
+        s.mul_(scale);
+        auto p = s.softmax(-1);
+        return reduced ? p.to(v.scalar_type()) : p;
+    };
+    // Bound the [B,H,n,M] score buffer to ~256 MiB by chunking the queries.
+    const int64_t budget = int64_t(256) << 20;
+    const int64_t per_query = B * heads * M * 4;
+    const int64_t chunk = std::max<int64_t>(1, budget / std::max<int64_t>(per_query, 1));
+    if (chunk >= N) {
+        auto o = torch::matmul(probs_of(qh), vh); // [B,H,N,D]
+        return o.permute({0, 2, 1, 3}).reshape({B, N, C});
+    }
+    auto out = torch::empty({B, N, heads, D}, v.options());
+    auto out_h = out.permute({0, 2, 1, 3});
+    for (int64_t s = 0; s < N; s += chunk) {
+        const int64_t n = std::min(chunk, N - s);
+        out_h.narrow(2, s, n).copy_(torch::matmul(probs_of(qh.narrow(2, s, n)), vh));
+    }
+    return out.view({B, N, C});
+}
+
+// ---- building blocks -------------------------------------------------------------------------------------------------
+
+ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps) {
+    norm1 = register_module("norm1", group_norm(groups, in, eps));
+    conv1 = register_module("conv1", conv(in, out, 3));
+    if (temb_channels > 0) time_emb_proj = register_module("time_emb_proj", torch::nn::Linear(temb_channels, out));
+    norm2 = register_module("norm2", group_norm(groups, out, eps));
+    conv2 = register_module("conv2", conv(out, out, 3));
+    if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1, 1, 0));
+}
+
+Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
+    auto h = norm1->forward(x);
+    torch::silu_(h);
+    h = conv1->forward(h);
+    if (time_emb_proj && temb_act.defined()) h.add_(time_emb_proj->forward(temb_act).unsqueeze(-1).unsqueeze(-1));
+    h = norm2->forward(h);
+    torch::silu_(h);
+    h = conv2->forward(h);
+    // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
+    return (conv_shortcut ? conv_shortcut->forward(x) : x) + h;
+}
+
+Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding(padding_) {
+    conv = register_module("conv", unet::conv(channels, channels, 3, 2, padding));
+}
+
+Tensor Downsample2DImpl::forward(const Tensor& x) {
+    if (padding == 0) return conv->forward(F::pad(x, F::PadFuncOptions({0, 1, 0, 1})));
+    return conv->forward(x);
+}
+
+Upsample2DImpl::Upsample2DImpl(int64_t channels) { conv = register_module("conv", unet::conv(channels, channels, 3)); }
+
+Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_t>> size) {
+    auto opts = F::InterpolateFuncOptions().mode(torch::kNearest);
+    if (size)
+        opts.size(*size);
+    else
+        opts.scale_factor(std::vector<double>{2.0, 2.0});
+    return conv->forward(F::interpolate(x, opts));
+}
+
+// ---- transformer -----------------------------------------------------------------------------------------------------
+
+CrossAttentionImpl::CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads_, int64_t head_dim)
+    : heads(heads_) {
+    const int64_t inner = heads * head_dim;
+    to_q = register_module("to_q", torch::nn::Linear(torch::nn::LinearOptions(query_dim, inner).bias(false)));
+    to_k = register_module("to_k", torch::nn::Linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
+    to_v = register_module("to_v", torch::nn::Linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
+    to_out = register_module("to_out", torch::nn::ModuleList());
+    out_linear = torch::nn::Linear(inner, query_dim);
+    to_out->push_back(out_linear);
+}
+
+Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
+    const Tensor& c = context.defined() ? context : x;
+    return out_linear->forward(multi_head_attention(to_q->forward(x), to_k->forward(c), to_v->forward(c), heads));
+}
+
+GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
+    proj = register_module("proj", torch::nn::Linear(dim_in, dim_out * 2));
+}
+
+Tensor GegluImpl::forward(const Tensor& x) {
+    auto hg = proj->forward(x).chunk(2, -1);
+    return hg[0] * torch::gelu(hg[1]);
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
+    net = register_module("net", torch::nn::ModuleList());
+    geglu = Geglu(dim, dim * mult);
+    out = torch::nn::Linear(dim * mult, dim);
+    net->push_back(geglu);
+    net->push_back(torch::nn::Dropout(0.0));
+    net->push_back(out);
+}
+
+Tensor FeedForwardImpl::forward(const Tensor& x) { return out->forward(geglu->forward(x)); }
+
+BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim,
+                                                     int64_t context_dim) {
+    norm1 = register_module("norm1", layer_norm(dim));
+    attn1 = register_module("attn1", CrossAttention(dim, dim, heads, head_dim));
+    norm2 = register_module("norm2", layer_norm(dim));
+    attn2 = register_module("attn2", CrossAttention(dim, context_dim, heads, head_dim));
+    norm3 = register_module("norm3", layer_norm(dim));
+    ff = register_module("ff", FeedForward(dim));
+}
+
+Tensor BasicTransformerBlockImpl::forward(Tensor x, const Tensor& context) {
+    x = attn1->forward(norm1->forward(x), Tensor()) + x;
+    x = attn2->forward(norm2->forward(x), context) + x;
+    return ff->forward(norm3->forward(x)) + x;
+}
+
+Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim,
+                                               int64_t groups, bool linear)
+    : linear_projection(linear) {
+    if (heads <= 0 || channels % heads != 0)
+        throw Error("transformer: " + std::to_string(channels) + " channels not divisible by " +
+                    std::to_string(heads) + " heads");
+    const int64_t head_dim = channels / heads, inner = channels;
+    norm = register_module("norm", group_norm(groups, channels, 1e-6));
+    if (linear)
+        proj_in_linear = register_module("proj_in", torch::nn::Linear(channels, inner));
+    else
+        proj_in_conv = register_module("proj_in", conv(channels, inner, 1, 1, 0));
+    transformer_blocks = register_module("transformer_blocks", torch::nn::ModuleList());
+    for (int64_t d = 0; d < depth; ++d) {
+        blocks.emplace_back(inner, heads, head_dim, context_dim);
+        transformer_blocks->push_back(blocks.back());
+    }
+    if (linear)
+        proj_out_linear = register_module("proj_out", torch::nn::Linear(inner, channels));
+    else
+        proj_out_conv = register_module("proj_out", conv(inner, channels, 1, 1, 0));
+}
+
+Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
+    const int64_t B = x.size(0), H = x.size(2), W = x.size(3);
+    auto h = norm->forward(x);
+    int64_t inner;
+    if (!linear_projection) {
+        h = proj_in_conv->forward(h);
+        inner = h.size(1);
+        h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner});
+    } else {
+        inner = h.size(1);
+        h = proj_in_linear->forward(h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}));
+    }
+    for (auto& blk : blocks) h = blk->forward(h, context);
+    if (!linear_projection) {
+        h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
+        h = proj_out_conv->forward(h);
+    } else {
+        h = proj_out_linear->forward(h);
+        h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
+    }
+    return h + x;
+}
+
+// ---- config ------------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int> int_or_list(const nlohmann::json& j, const char* key, size_t n, std::vector<int> def) {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    const auto& v = j[key];
+    if (v.is_number_integer()) return std::vector<int>(n, v.get<int>());
+    if (v.is_array()) {
+        std::vector<int> out;
+        for (const auto& e : v) {
+            if (!e.is_number_integer()) throw Error(std::string("UNet config: '") + key + "' must hold integers");
+            out.push_back(e.get<int>());
+        }
+        if (out.size() != n)
+            throw Error(std::string("UNet config: '") + key + "' has " + std::to_string(out.size()) +
+                        " entries for " + std::to_string(n) + " blocks");
+        return out;
+    }
+    throw Error(std::string("UNet config: '") + key + "' must be an integer or a list");
+}
+
+void require_unset(const nlohmann::json& j, const char* key, const std::string& why) {
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_boolean() && !j[key].get<bool>()))
+        throw Error(std::string("UNet config: '") + key + "' is not supported (" + why + ")");
+}
+
+} // namespace
+
+UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
+    UNetConfig c;
+    auto geti = [&](const char* k, int& v) {
+        if (j.contains(k) && j[k].is_number_integer()) v = j[k].get<int>();
+    };
+    geti("sample_size", c.sample_size);
+    geti("in_channels", c.in_channels);
+    geti("out_channels", c.out_channels);
+    geti("norm_num_groups", c.norm_num_groups);
+    geti("cross_attention_dim", c.cross_attention_dim);
+    if (j.contains("down_block_types")) c.down_block_types = j["down_block_types"].get<std::vector<std::string>>();
+    if (j.contains("up_block_types")) c.up_block_types = j["up_block_types"].get<std::vector<std::string>>();
+    if (j.contains("block_out_channels")) c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
+    const size_t n = c.block_out_channels.size();
+    if (c.down_block_types.size() != n || c.up_block_types.size() != n)
+        throw Error("UNet config: " + std::to_string(n) + " block_out_channels but " +
+                    std::to_string(c.down_block_types.size()) + " down / " + std::to_string(c.up_block_types.size()) +
+                    " up block types");
+    c.layers_per_block = int_or_list(j, "layers_per_block", n, std::vector<int>(n, 2));
+    // diffusers: num_attention_heads = num_attention_heads or attention_head_dim (a historical naming mistake).
+    if (j.contains("num_attention_heads") && !j["num_attention_heads"].is_null())
+        c.heads = int_or_list(j, "num_attention_heads", n, std::vector<int>(n, 8));
+    else
+        c.heads = int_or_list(j, "attention_head_dim", n, std::vector<int>(n, 8));
+    c.transformer_layers_per_block = int_or_list(j, "transformer_layers_per_block", n, std::vector<int>(n, 1));
+    if (j.contains("use_linear_projection") && j["use_linear_projection"].is_boolean())
+        c.use_linear_projection = j["use_linear_projection"].get<bool>();
+    if (j.contains("upcast_attention") && j["upcast_attention"].is_boolean())
+        c.upcast_attention = j["upcast_attention"].get<bool>();
+    if (j.contains("norm_eps") && j["norm_eps"].is_number()) c.norm_eps = j["norm_eps"].get<double>();
+    if (j.contains("flip_sin_to_cos") && j["flip_sin_to_cos"].is_boolean())
+        c.flip_sin_to_cos = j["flip_sin_to_cos"].get<bool>();
+    if (j.contains("freq_shift") && j["freq_shift"].is_number()) c.freq_shift = j["freq_shift"].get<double>();
+    if (j.contains("mid_block_type")) {
+        if (j["mid_block_type"].is_null())
+            c.mid_block = false;
+        else if (j["mid_block_type"] != "UNetMidBlock2DCrossAttn")
+            throw Error("UNet config: mid_block_type '" + j["mid_block_type"].get<std::string>() + "' not supported");
+    }
+    for (const auto& t : c.down_block_types)
+        if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D") throw Error("UNet config: down block '" + t + "' not supported");
+    for (const auto& t : c.up_block_types)
+        if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") throw Error("UNet config: up block '" + t + "' not supported");
+    require_unset(j, "class_embed_type", "class-conditioned UNets");
+    require_unset(j, "addition_embed_type", "SDXL-style added conditions");
+    require_unset(j, "time_cond_proj_dim", "LCM guidance embedding");
+    require_unset(j, "encoder_hid_dim", "projected encoder states");
+    require_unset(j, "dual_cross_attention", "dual cross attention");
+    require_unset(j, "only_cross_attention", "cross-attention-only blocks");
+    if (j.contains("resnet_time_scale_shift") && j["resnet_time_scale_shift"] != "default")
+        throw Error("UNet config: resnet_time_scale_shift other than 'default' is not supported");
+    if (j.contains("time_embedding_type") && j["time_embedding_type"] != "positional")
+        throw Error("UNet config: time_embedding_type other than 'positional' is not supported");
+    if (j.contains("act_fn") && j["act_fn"] != "silu") throw Error("UNet config: act_fn other than silu is not supported");
+    if (j.contains("conv_in_kernel") && j["conv_in_kernel"] != 3) throw Error("UNet config: conv_in_kernel must be 3");
+    if (j.contains("conv_out_kernel") && j["conv_out_kernel"] != 3) throw Error("UNet config: conv_out_kernel must be 3");
+    return c;
+}
+
+UNetConfig UNetConfig::from_json_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot open UNet config '" + path + "'");
+    try {
+        return from_json(nlohmann::json::parse(f));
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("cannot parse '" + path + "': " + e.what());
+    }
+}
+
+UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
+    UNetConfig c;
+    if (!w.has("conv_in.weight") || !w.has("conv_out.weight"))
+        throw Error("UNet weights lack conv_in.weight / conv_out.weight");
+    c.in_channels = int(w.shape("conv_in.weight")[1]);
+    c.out_channels = int(w.shape("conv_out.weight")[0]);
+    c.block_out_channels.clear();
+    c.down_block_types.clear();
+    c.up_block_types.clear();
+    c.layers_per_block.clear();
+    c.transformer_layers_per_block.clear();
+    int cross = -1;
+    bool linear = false;
+    for (int i = 0;; ++i) {
+        const std::string p = "down_blocks." + std::to_string(i) + ".";
+        if (!w.has(p + "resnets.0.conv1.weight")) break;
+        c.block_out_channels.push_back(int(w.shape(p + "resnets.0.conv1.weight")[0]));
+        int layers = 0;
+        while (w.has(p + "resnets." + std::to_string(layers) + ".conv1.weight")) ++layers;
+        c.layers_per_block.push_back(layers);
+        const bool attn = w.has(p + "attentions.0.norm.weight");
+        c.down_block_types.push_back(attn ? "CrossAttnDownBlock2D" : "DownBlock2D");
+        int depth = 1;
+        if (attn) {
+            depth = 0;
+            while (w.has(p + "attentions.0.transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
+            cross = int(w.shape(p + "attentions.0.transformer_blocks.0.attn2.to_k.weight")[1]);
+            linear = w.shape(p + "attentions.0.proj_in.weight").size() == 2;
+        }
+        c.transformer_layers_per_block.push_back(depth);
+    }
+    const size_t n = c.block_out_channels.size();
+    if (n == 0) throw Error("UNet weights have no down_blocks.0.resnets.0 tensors");
+    for (size_t i = 0; i < n; ++i)
+        c.up_block_types.push_back(w.has("up_blocks." + std::to_string(i) + ".attentions.0.norm.weight")
+                                       ? "CrossAttnUpBlock2D"
+                                       : "UpBlock2D");
+    if (cross < 0 && w.has("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight"))
+        cross = int(w.shape("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight")[1]);
+    if (cross > 0) c.cross_attention_dim = cross;
+    c.use_linear_projection = linear;
+    c.mid_block = w.has("mid_block.resnets.0.conv1.weight");
+    c.heads.clear();
+    const bool sd2 = linear || cross == 1024;
+    for (size_t i = 0; i < n; ++i) c.heads.push_back(sd2 ? std::max(1, c.block_out_channels[i] / 64) : 8);
+    return c;
+}
+
+std::string UNetConfig::describe() const {
+    std::ostringstream os;
+    os << "UNet blocks [";
+    for (size_t i = 0; i < block_out_channels.size(); ++i)
+        os << (i ? ", " : "") << block_out_channels[i] << (down_block_types[i][0] == 'C' ? "+attn" : "");
+    os << "], heads [";
+    for (size_t i = 0; i < heads.size(); ++i) os << (i ? ", " : "") << heads[i];
+    os << "], context " << cross_attention_dim << (use_linear_projection ? ", linear proj" : "");
+    return os.str();
+}
+
+// ---- UNet --------------------------------------------------------------------------------------------------------
+
+Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift) {
+    const int64_t half = dim / 2;
+    // Same float32 operation order as diffusers' get_timestep_embedding.
+    auto exponent = torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat)) * (-std::log(10000.0));
+    exponent = exponent / (double(half) - freq_shift);
+    auto emb = exponent.exp();
+    emb = t.to(torch::kFloat).unsqueeze(1) * emb.unsqueeze(0);
+    auto sc = torch::cat({emb.sin(), emb.cos()}, -1);
+    if (flip_sin_to_cos) sc = torch::cat({sc.narrow(1, half, half), sc.narrow(1, 0, half)}, -1);
+    if (dim % 2 == 1) sc = F::pad(sc, F::PadFuncOptions({0, 1}));
+    return sc;
+}
+
+TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim) {
+    linear_1 = register_module("linear_1", torch::nn::Linear(in, dim));
+    linear_2 = register_module("linear_2", torch::nn::Linear(dim, dim));
+}
+
+Tensor TimestepEmbeddingImpl::forward(const Tensor& x) { return linear_2->forward(torch::silu(linear_1->forward(x))); }
+
+UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c) {
+    const size_t n = c.block_out_channels.size();
+    if (n == 0 || c.down_block_types.size() != n || c.up_block_types.size() != n || c.layers_per_block.size() != n ||
+        c.heads.size() != n || c.transformer_layers_per_block.size() != n)
+        throw Error("UNet config: per-block lists must all have " + std::to_string(n) + " entries");
+    const int64_t ch0 = c.block_out_channels[0], temb = ch0 * 4, groups = c.norm_num_groups;
+    const double eps = c.norm_eps;
+    conv_in = register_module("conv_in", conv(c.in_channels, ch0, 3));
+    time_embedding = register_module("time_embedding", TimestepEmbedding(ch0, temb));
+    down_blocks = register_module("down_blocks", torch::nn::ModuleList());
+    int64_t out_ch = ch0;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t in_ch = out_ch;
+        out_ch = c.block_out_channels[i];
+        const bool attn = c.down_block_types[i] == "CrossAttnDownBlock2D";
+        auto blk = UNetDownBlock();
+        blk->resnets = blk->register_module("resnets", torch::nn::ModuleList());
+        if (attn) blk->attentions = blk->register_module("attentions", torch::nn::ModuleList());
+        for (int j = 0; j < c.layers_per_block[i]; ++j) {
+            blk->res.emplace_back(j == 0 ? in_ch : out_ch, out_ch, temb, groups, eps);
+            blk->resnets->push_back(blk->res.back());
+            if (attn) {
+                blk->attn.emplace_back(out_ch, c.heads[i], c.transformer_layers_per_block[i], c.cross_attention_dim,
+                                       groups, c.use_linear_projection);
+                blk->attentions->push_back(blk->attn.back());
+            }
+        }
+        if (i + 1 < n) {
+            blk->downsamplers = blk->register_module("downsamplers", torch::nn::ModuleList());
+            blk->down = Downsample2D(out_ch, 1);
+            blk->downsamplers->push_back(blk->down);
+        }
+        downs.push_back(blk);
+        down_blocks->push_back(blk);
+    }
+    if (c.mid_block) {
+        const int64_t ch = c.block_out_channels.back();
+        mid_block = register_module("mid_block", UNetMidBlock());
+        mid_block->resnets = mid_block->register_module("resnets", torch::nn::ModuleList());
+        mid_block->attentions = mid_block->register_module("attentions", torch::nn::ModuleList());
+        for (int j = 0; j < 2; ++j) {
+            mid_block->res.emplace_back(ch, ch, temb, groups, eps);
+            mid_block->resnets->push_back(mid_block->res.back());
+        }
+        mid_block->attn.emplace_back(ch, c.heads.back(), c.transformer_layers_per_block.back(), c.cross_attention_dim,
+                                     groups, c.use_linear_projection);
+        mid_block->attentions->push_back(mid_block->attn.back());
+    }
+    up_blocks = register_module("up_blocks", torch::nn::ModuleList());
+    std::vector<int> rev(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+    std::vector<int> rev_heads(c.heads.rbegin(), c.heads.rend());
+    std::vector<int> rev_layers(c.layers_per_block.rbegin(), c.layers_per_block.rend());
+    std::vector<int> rev_depth(c.transformer_layers_per_block.rbegin(), c.transformer_layers_per_block.rend());
+    int64_t prev_out = rev[0];
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t o = rev[i], in_ch = rev[std::min(i + 1, n - 1)];
+        const bool attn = c.up_block_types[i] == "CrossAttnUpBlock2D";
+        const int layers = rev_layers[i] + 1;
+        auto blk = UNetUpBlock();
+        blk->resnets = blk->register_module("resnets", torch::nn::ModuleList());
+        if (attn) blk->attentions = blk->register_module("attentions", torch::nn::ModuleList());
+        for (int j = 0; j < layers; ++j) {
+            const int64_t skip = j == layers - 1 ? in_ch : o;
+            const int64_t rin = j == 0 ? prev_out : o;
+            blk->res.emplace_back(rin + skip, o, temb, groups, eps);
+            blk->resnets->push_back(blk->res.back());
+            if (attn) {
+                blk->attn.emplace_back(o, rev_heads[i], rev_depth[i], c.cross_attention_dim, groups,
+                                       c.use_linear_projection);
+                blk->attentions->push_back(blk->attn.back());
+            }
+        }
+        if (i + 1 < n) {
+            blk->upsamplers = blk->register_module("upsamplers", torch::nn::ModuleList());
+            blk->up = Upsample2D(o);
+            blk->upsamplers->push_back(blk->up);
+        }
+        prev_out = o;
+        ups.push_back(blk);
+        up_blocks->push_back(blk);
+    }
+    conv_norm_out = register_module("conv_norm_out", group_norm(groups, ch0, eps));
+    conv_out = register_module("conv_out", conv(ch0, c.out_channels, 3));
+}
+
+int UNet2DConditionModelImpl::num_skips() const {
+    int n = 1;
+    for (const auto& d : downs) n += int(d->res.size()) + (d->down ? 1 : 0);
+    return n;
+}
+
+void UNet2DConditionModelImpl::load(const WeightMap& w) { w.load_into(*this); }
+
+Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+                                         UNetFeatures* features) {
+    return run(sample, timestep, context, features, -1, Tensor());
+}
+
+Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+                                                 int branch, const Tensor& cached_feature) {
+    if (branch < 0 || branch >= num_skips())
+        throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
+                    ")");
+    if (!cached_feature.defined()) throw Error("DeepCache shallow step without a cached feature");
+    return run(sample, timestep, context, nullptr, branch, cached_feature);
+}
+
+Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+                                     UNetFeatures* f, int shallow, const Tensor& cached) {
+    c10::InferenceMode guard;
+    const auto dtype = conv_in->weight.scalar_type();
+    TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
+    const int64_t B = sample.size(0);
+    auto x = sample.to(dtype);
+    auto ctx = context.to(dtype);
+    auto t = timestep.dim() == 0 ? timestep.reshape({1}) : timestep;
+    if (t.size(0) == 1 && B != 1) t = t.expand({B});
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == B, "UNet timestep must be 0-dim or [", B, "], got ", timestep.sizes());
+    const bool rec = f != nullptr, inner = f && f->record_inner;
+    auto put = [&](const std::string& k, const Tensor& v) { f->named[k] = v; };
+
+    auto tproj = timestep_embedding(t.to(x.device()), cfg_.block_out_channels[0], cfg_.flip_sin_to_cos, cfg_.freq_shift)
+                     .to(dtype);
+    auto temb = time_embedding->forward(tproj);
+    auto temb_act = torch::silu(temb); // every resnet applies silu to temb first: do it once
+    if (rec) put("time_proj", tproj), put("time_embedding", temb);
+
+    auto h = conv_in->forward(x);
+    if (rec) put("conv_in", h);
+    const size_t target = shallow >= 0 ? size_t(shallow) + 1 : SIZE_MAX;
+    std::vector<Tensor> res{h};
+    bool stop = res.size() >= target;
+    for (size_t i = 0; i < downs.size() && !stop; ++i) {
+        auto& d = downs[i];
+        const std::string p = "down_blocks." + std::to_string(i) + ".";
+        const size_t first = res.size();
+        for (size_t j = 0; j < d->res.size() && !stop; ++j) {
+            h = d->res[j]->forward(h, temb_act);
+            if (inner) put(p + "resnets." + std::to_string(j), h);
+            if (!d->attn.empty()) {
+                h = d->attn[j]->forward(h, ctx);
+                if (inner) put(p + "attentions." + std::to_string(j), h);
+            }
+            res.push_back(h);
+            stop = res.size() >= target;
+        }
+        if (!stop && d->down) {
+            h = d->down->forward(h);
+            if (inner) put(p + "downsamplers.0", h);
+            res.push_back(h);
+            stop = res.size() >= target;
+        }
+        if (rec && shallow < 0) {
+            put(p + "hidden", h);
+            for (size_t k = first; k < res.size(); ++k) put(p + "res_samples." + std::to_string(k - first), res[k]);
+        }
+    }
+    if (shallow < 0 && mid_block) {
+        h = mid_block->res[0]->forward(h, temb_act);
+        if (inner) put("mid_block.resnets.0", h);
+        for (size_t j = 0; j < mid_block->attn.size(); ++j) {
+            h = mid_block->attn[j]->forward(h, ctx);
+            if (inner) put("mid_block.attentions." + std::to_string(j), h);
+            h = mid_block->res[j + 1]->forward(h, temb_act);
+            if (inner) put("mid_block.resnets." + std::to_string(j + 1), h);
+        }
+        if (rec) put("mid_block", h);
+    }
+    int idx = num_skips(); // skips are consumed from the end
+    for (size_t i = 0; i < ups.size(); ++i) {
+        auto& u = ups[i];
+        const std::string p = "up_blocks." + std::to_string(i) + ".";
+        const int nres = int(u->res.size());
+        if (shallow >= 0 && idx - nres > shallow) { // this whole block is served by the cache
+            idx -= nres;
+            continue;
+        }
+        for (int j = 0; j < nres; ++j) {
+            const int k = --idx;
+            if (shallow >= 0 && k > shallow) continue;
+            if (shallow >= 0 && k == shallow) h = cached.to(dtype);
+            if (f && f->cache_branch == k) f->cache_feature = h;
+            h = torch::cat({h, res[size_t(k)]}, 1);
+            h = u->res[size_t(j)]->forward(h, temb_act);
+            if (inner) put(p + "resnets." + std::to_string(j), h);
+            if (!u->attn.empty()) {
+                h = u->attn[size_t(j)]->forward(h, ctx);
+                if (inner) put(p + "attentions." + std::to_string(j), h);
+            }
+        }
+        if (u->up) {
+            // Upsample to the size of the next skip (diffusers' upsample_size; equals 2x for even sizes).
+            const auto& next = res[size_t(idx - 1)];
+            h = u->up->forward(h, std::vector<int64_t>{next.size(2), next.size(3)});
+            if (inner) put(p + "upsamplers.0", h);
+        }
+        if (rec) put("up_blocks." + std::to_string(i), h);
+    }
+    h = conv_norm_out->forward(h);
+    if (rec) put("conv_norm_out", h);
+    h = conv_out->forward(torch::silu(h));
+    if (rec) put("conv_out", h);
+    return h;
+}
+
+} // namespace anchor::unet

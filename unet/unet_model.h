@@ -1,0 +1,219 @@
+// Stable Diffusion's conditional UNet (Rombach et al. 2022, "High-Resolution Image Synthesis with Latent Diffusion
+// Models"), laid out exactly like diffusers' UNet2DConditionModel so that registered module names equal the checkpoint
+// names (conv_in, time_embedding.linear_1, down_blocks.i.resnets.j, ..., conv_out) and loading is WeightMap::load_into.
+//
+// The forward loop is written over "layers" (resnet+attention pairs and samplers) rather than nested block forwards
+// so that a feature cache can stop early: forward_shallow() implements DeepCache (Ma et al. 2023) for any branch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::unet {
+
+// Multi-head scaled dot-product attention written with matmul + softmax (LibTorch 1.13 has no fused kernel).
+// q [B, N, C], k/v [B, M, C] -> [B, N, C]; scores = scale * q k^T (scale = head_dim^-0.5), softmax in float32 when
+// the inputs are reduced precision. Large score matrices are processed in chunks of (batch*head) to bound memory.
+torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads);
+
+// ---- building blocks shared with the VAE ----------------------------------------------------------------------------
+
+struct ResnetBlock2DImpl : torch::nn::Module {
+    // temb_channels <= 0: no time embedding projection (VAE).
+    ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps);
+    // temb_act: silu(temb) (already activated, computed once per UNet call), or undefined.
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& temb_act);
+    torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};
+    torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
+    torch::nn::Linear time_emb_proj{nullptr};
+};
+TORCH_MODULE(ResnetBlock2D);
+
+struct Downsample2DImpl : torch::nn::Module {
+    // padding 1 (UNet) or 0 with an asymmetric (0,1,0,1) pad first (VAE encoder).
+    Downsample2DImpl(int64_t channels, int64_t padding);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::Conv2d conv{nullptr};
+    int64_t padding;
+};
+TORCH_MODULE(Downsample2D);
+
+struct Upsample2DImpl : torch::nn::Module {
+    explicit Upsample2DImpl(int64_t channels);
+    // Nearest 2x (or to `size` when given: diffusers' upsample_size for odd shapes), then a 3x3 conv.
+    torch::Tensor forward(const torch::Tensor& x, c10::optional<std::vector<int64_t>> size = c10::nullopt);
+    torch::nn::Conv2d conv{nullptr};
+};
+TORCH_MODULE(Upsample2D);
+
+// ---- transformer -------------------------------------------------------------------------------------------------
+
+struct CrossAttentionImpl : torch::nn::Module {
+    CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads, int64_t head_dim);
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context); // context undefined: self-attention
+    torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+    torch::nn::ModuleList to_out; // [0] Linear (to_out.1 is dropout in diffusers and has no weights)
+    torch::nn::Linear out_linear{nullptr}; // = to_out[0]
+    int64_t heads;
+};
+TORCH_MODULE(CrossAttention);
+
+struct GegluImpl : torch::nn::Module {
+    GegluImpl(int64_t dim_in, int64_t dim_out);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::Linear proj{nullptr};
+};
+TORCH_MODULE(Geglu);
+
+struct FeedForwardImpl : torch::nn::Module {
+    FeedForwardImpl(int64_t dim, int64_t mult = 4);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::ModuleList net; // net.0 = GEGLU, net.1 = dropout (no weights), net.2 = Linear
+    Geglu geglu{nullptr};
+    torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+struct BasicTransformerBlockImpl : torch::nn::Module {
+    BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim, int64_t context_dim);
+    torch::Tensor forward(torch::Tensor x, const torch::Tensor& context);
+    torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+    CrossAttention attn1{nullptr}, attn2{nullptr};
+    FeedForward ff{nullptr};
+};
+TORCH_MODULE(BasicTransformerBlock);
+
+struct Transformer2DModelImpl : torch::nn::Module {
+    Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim, int64_t groups,
+                           bool linear_projection);
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
+    torch::nn::GroupNorm norm{nullptr};
+    torch::nn::Conv2d proj_in_conv{nullptr}, proj_out_conv{nullptr};
+    torch::nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};
+    torch::nn::ModuleList transformer_blocks;
+    std::vector<BasicTransformerBlock> blocks;
+    bool linear_projection;
+};
+TORCH_MODULE(Transformer2DModel);
+
+// ---- UNet --------------------------------------------------------------------------------------------------------
+
+struct UNetConfig {
+    int sample_size = 64;
+    int in_channels = 4;
+    int out_channels = 4;
+    std::vector<std::string> down_block_types{"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                                              "DownBlock2D"};
+    std::vector<std::string> up_block_types{"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                                            "CrossAttnUpBlock2D"};
+    std::vector<int> block_out_channels{320, 640, 1280, 1280};
+    std::vector<int> layers_per_block{2, 2, 2, 2};          // per down block (up blocks have one more)
+    std::vector<int> heads{8, 8, 8, 8};                     // per down block; mid uses heads.back()
+    std::vector<int> transformer_layers_per_block{1, 1, 1, 1};
+    int cross_attention_dim = 768;
+    bool use_linear_projection = false;
+    bool upcast_attention = false; // only matters in reduced precision; softmax is always float32 there
+    int norm_num_groups = 32;
+    double norm_eps = 1e-5;
+    bool flip_sin_to_cos = true;
+    double freq_shift = 0.0;
+    bool mid_block = true; // UNetMidBlock2DCrossAttn (false: mid_block_type null)
+
+    // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
+    static UNetConfig from_json(const nlohmann::json& j);
+    static UNetConfig from_json_file(const std::string& path);
+    // From diffusers-named tensor shapes only. Head counts are not visible in shapes: SD 2.x layouts (linear
+    // projections or cross-attention width 1024) get head dim 64 per block, SD 1.x layouts 8 heads everywhere.
+    static UNetConfig detect_from_weights(const WeightMap& w);
+    // Latent downscaling of the UNet (2^number of downsamplers); latent sizes must be multiples of it... or not:
+    // diffusers handles odd sizes through upsample sizes, and so do we.
+    int num_levels() const { return int(block_out_channels.size()); }
+    std::string describe() const;
+};
+
+struct UNetFeatures {
+    bool record_inner = false; // also every resnet / attention / down/upsampler output (golden feature checks)
+    int cache_branch = -1;     // >= 0: keep the DeepCache feature of this branch in `cache_feature`
+    // Keys are diffusers module paths as in tests/golden/sd/unet_sd15_tiny: time_proj, time_embedding, conv_in,
+    // down_blocks.i.hidden, down_blocks.i.res_samples.k, mid_block, up_blocks.i, conv_norm_out, conv_out, and with
+    // record_inner down_blocks.i.resnets.j / attentions.j / downsamplers.0, mid_block.resnets.j / attentions.0,
+    // up_blocks.i.resnets.j / attentions.j / upsamplers.0. The tensors are the forward's own (no copies).
+    std::map<std::string, torch::Tensor> named;
+    torch::Tensor cache_feature; // input of the up layer consuming skip `cache_branch`, before the concatenation
+};
+
+struct UNetDownBlockImpl : torch::nn::Module {
+    torch::nn::ModuleList resnets, attentions, downsamplers;
+    std::vector<ResnetBlock2D> res;
+    std::vector<Transformer2DModel> attn;
+    Downsample2D down{nullptr};
+};
+TORCH_MODULE(UNetDownBlock);
+
+struct UNetUpBlockImpl : torch::nn::Module {
+    torch::nn::ModuleList resnets, attentions, upsamplers;
+    std::vector<ResnetBlock2D> res;
+    std::vector<Transformer2DModel> attn;
+    Upsample2D up{nullptr};
+};
+TORCH_MODULE(UNetUpBlock);
+
+struct UNetMidBlockImpl : torch::nn::Module {
+    torch::nn::ModuleList resnets, attentions;
+    std::vector<ResnetBlock2D> res;
+    std::vector<Transformer2DModel> attn;
+};
+TORCH_MODULE(UNetMidBlock);
+
+struct TimestepEmbeddingImpl : torch::nn::Module {
+    TimestepEmbeddingImpl(int64_t in, int64_t dim);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+};
+TORCH_MODULE(TimestepEmbedding);
+
+// Sinusoidal timestep embedding exactly as diffusers' get_timestep_embedding (float32): t [B] -> [B, dim].
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift);
+
+class UNet2DConditionModelImpl : public torch::nn::Module {
+public:
+    explicit UNet2DConditionModelImpl(const UNetConfig& cfg);
+
+    // sample [B, C, H, W]; timestep: 0-dim (broadcast) or [B], integer or floating; context [B, T, D].
+    torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
+                          UNetFeatures* features = nullptr);
+    // DeepCache shallow path for `branch` B: conv_in, time embedding, the down layers producing skips 0..B, then only
+    // the up layers consuming skips B..0, starting from `cached_feature` (the feature a full forward stores with
+    // features->cache_branch = B). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
+    torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep,
+                                  const torch::Tensor& context, int branch, const torch::Tensor& cached_feature);
+    // Number of skip tensors (conv_in + every down layer + every downsampler): valid branches are 0..n-1.
+    int num_skips() const;
+    const UNetConfig& config() const { return cfg_; }
+    void load(const WeightMap& w);
+
+    torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+    TimestepEmbedding time_embedding{nullptr};
+    torch::nn::ModuleList down_blocks, up_blocks;
+    UNetMidBlock mid_block{nullptr};
+    torch::nn::GroupNorm conv_norm_out{nullptr};
+    std::vector<UNetDownBlock> downs;
+    std::vector<UNetUpBlock> ups;
+
+private:
+    torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
+                      UNetFeatures* f, int shallow_branch, const torch::Tensor& cached);
+    UNetConfig cfg_;
+};
+TORCH_MODULE(UNet2DConditionModel);
+
+} // namespace anchor::unet

@@ -1,0 +1,241 @@
+// AutoencoderKL encoder/decoder with diffusers 0.27 semantics (tests/golden/sd/vae_tiny/README.md).
+#include "unet/vae.h"
+
+#include "cache/io/error.h"
+#include "cache/io/weight_map.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+namespace anchor::unet {
+
+using torch::Tensor;
+
+namespace {
+
+constexpr double kEps = 1e-6; // every VAE norm (resnets, attention, conv_norm_out)
+
+torch::nn::Conv2d conv3(int64_t in, int64_t out) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+}
+torch::nn::Conv2d conv1(int64_t in, int64_t out) { return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1)); }
+
+} // namespace
+
+VaeConfig VaeConfig::from_json(const nlohmann::json& j) {
+    VaeConfig c;
+    auto geti = [&](const char* k, int& v) {
+        if (j.contains(k) && j[k].is_number_integer()) v = j[k].get<int>();
+    };
+    geti("in_channels", c.in_channels);
+    geti("out_channels", c.out_channels);
+    geti("latent_channels", c.latent_channels);
+    geti("layers_per_block", c.layers_per_block);
+    geti("norm_num_groups", c.norm_num_groups);
+    if (j.contains("block_out_channels")) c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
+    if (j.contains("scaling_factor") && j["scaling_factor"].is_number())
+        c.scaling_factor = j["scaling_factor"].get<double>();
+    if (c.block_out_channels.empty()) throw Error("VAE config: empty block_out_channels");
+    for (const char* k : {"down_block_types", "up_block_types"})
+        if (j.contains(k))
+            for (const auto& t : j[k])
+                if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
+                    throw Error("VAE config: block type " + t.dump() + " not supported");
+    if (j.contains("latents_mean") && !j["latents_mean"].is_null())
+        throw Error("VAE config: latents_mean/latents_std normalisation is not supported");
+    return c;
+}
+
+VaeConfig VaeConfig::from_json_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot open VAE config '" + path + "'");
+    try {
+        return from_json(nlohmann::json::parse(f));
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("cannot parse '" + path + "': " + e.what());
+    }
+}
+
+VaeConfig VaeConfig::detect_from_weights(const WeightMap& w) {
+    VaeConfig c;
+    if (!w.has("encoder.conv_in.weight") || !w.has("post_quant_conv.weight"))
+        throw Error("VAE weights lack encoder.conv_in.weight / post_quant_conv.weight");
+    c.in_channels = int(w.shape("encoder.conv_in.weight")[1]);
+    c.latent_channels = int(w.shape("post_quant_conv.weight")[0]);
+    if (w.has("decoder.conv_out.weight")) c.out_channels = int(w.shape("decoder.conv_out.weight")[0]);
+    c.block_out_channels.clear();
+    for (int i = 0;; ++i) {
+        const std::string p = "encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight";
+        if (!w.has(p)) break;
+        c.block_out_channels.push_back(int(w.shape(p)[0]));
+    }
+    if (c.block_out_channels.empty()) throw Error("VAE weights have no encoder.down_blocks.0 tensors");
+    c.layers_per_block = 0;
+    while (w.has("encoder.down_blocks.0.resnets." + std::to_string(c.layers_per_block) + ".conv1.weight"))
+        ++c.layers_per_block;
+    return c;
+}
+
+VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
+    group_norm = register_module("group_norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, ch).eps(kEps)));
+    to_q = register_module("to_q", torch::nn::Linear(ch, ch));
+    to_k = register_module("to_k", torch::nn::Linear(ch, ch));
+    to_v = register_module("to_v", torch::nn::Linear(ch, ch));
+    to_out = register_module("to_out", torch::nn::ModuleList());
+    out_linear = torch::nn::Linear(ch, ch);
+    to_out->push_back(out_linear);
+}
+
+Tensor VaeAttentionImpl::forward(const Tensor& x) {
+    const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+    auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
+    auto o = multi_head_attention(to_q->forward(h), to_k->forward(h), to_v->forward(h), 1);
+    o = out_linear->forward(o).transpose(1, 2).reshape({B, C, H, W});
+    return o + x;
+}
+
+VaeMidBlockImpl::VaeMidBlockImpl(int64_t ch, int64_t groups) {
+    resnets = register_module("resnets", torch::nn::ModuleList());
+    attentions = register_module("attentions", torch::nn::ModuleList());
+    for (int j = 0; j < 2; ++j) {
+        res.emplace_back(ch, ch, 0, groups, kEps);
+        resnets->push_back(res.back());
+    }
+    attn = VaeAttention(ch, groups);
+    attentions->push_back(attn);
+}
+
+Tensor VaeMidBlockImpl::forward(const Tensor& x) {
+    auto h = res[0]->forward(x, Tensor());
+    h = attn->forward(h);
+    return res[1]->forward(h, Tensor());
+}
+
+VaeEncoderImpl::VaeEncoderImpl(const VaeConfig& c) {
+    const auto& boc = c.block_out_channels;
+    const int64_t g = c.norm_num_groups;
+    conv_in = register_module("conv_in", conv3(c.in_channels, boc[0]));
+    down_blocks = register_module("down_blocks", torch::nn::ModuleList());
+    int64_t out = boc[0];
+    for (size_t i = 0; i < boc.size(); ++i) {
+        const int64_t in = out;
+        out = boc[i];
+        auto b = VaeBlock();
+        b->resnets = b->register_module("resnets", torch::nn::ModuleList());
+        for (int j = 0; j < c.layers_per_block; ++j) {
+            b->res.emplace_back(j == 0 ? in : out, out, 0, g, kEps);
+            b->resnets->push_back(b->res.back());
+        }
+        if (i + 1 < boc.size()) {
+            b->samplers = b->register_module("downsamplers", torch::nn::ModuleList());
+            b->down = Downsample2D(out, 0);
+            b->samplers->push_back(b->down);
+        }
+        blocks.push_back(b);
+        down_blocks->push_back(b);
+    }
+    mid_block = register_module("mid_block", VaeMidBlock(boc.back(), g));
+    conv_norm_out = register_module("conv_norm_out",
+                                    torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, boc.back()).eps(kEps)));
+    conv_out = register_module("conv_out", conv3(boc.back(), 2 * c.latent_channels));
+}
+
+Tensor VaeEncoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
+    auto h = conv_in->forward(x);
+    if (f) (*f)[p + "conv_in"] = h;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        for (auto& r : blocks[i]->res) h = r->forward(h, Tensor());
+        if (blocks[i]->down) h = blocks[i]->down->forward(h);
+        if (f) (*f)[p + "down_blocks." + std::to_string(i)] = h;
+    }
+    h = mid_block->forward(h);
+    if (f) (*f)[p + "mid_block"] = h;
+    h = conv_norm_out->forward(h);
+    if (f) (*f)[p + "conv_norm_out"] = h;
+    h = conv_out->forward(torch::silu(h));
+    if (f) (*f)[p + "conv_out"] = h;
+    return h;
+}
+
+VaeDecoderImpl::VaeDecoderImpl(const VaeConfig& c) {
+    std::vector<int> rev(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+    const int64_t g = c.norm_num_groups;
+    conv_in = register_module("conv_in", conv3(c.latent_channels, rev[0]));
+    mid_block = register_module("mid_block", VaeMidBlock(rev[0], g));
+    up_blocks = register_module("up_blocks", torch::nn::ModuleList());
+    int64_t out = rev[0];
+    for (size_t i = 0; i < rev.size(); ++i) {
+        const int64_t in = out;
+        out = rev[i];
+        auto b = VaeBlock();
+        b->resnets = b->register_module("resnets", torch::nn::ModuleList());
+        for (int j = 0; j < c.layers_per_block + 1; ++j) {
+            b->res.emplace_back(j == 0 ? in : out, out, 0, g, kEps);
+            b->resnets->push_back(b->res.back());
+        }
+        if (i + 1 < rev.size()) {
+            b->samplers = b->register_module("upsamplers", torch::nn::ModuleList());
+            b->up = Upsample2D(out);
+            b->samplers->push_back(b->up);
+        }
+        blocks.push_back(b);
+        up_blocks->push_back(b);
+    }
+    conv_norm_out =
+        register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, rev.back()).eps(kEps)));
+    conv_out = register_module("conv_out", conv3(rev.back(), c.out_channels));
+}
+
+Tensor VaeDecoderImpl::forward(const Tensor& z, FeatureMap* f, const std::string& p) {
+    auto h = conv_in->forward(z);
+    if (f) (*f)[p + "conv_in"] = h;
+    h = mid_block->forward(h);
+    if (f) (*f)[p + "mid_block"] = h;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        for (auto& r : blocks[i]->res) h = r->forward(h, Tensor());
+        if (blocks[i]->up) h = blocks[i]->up->forward(h);
+        if (f) (*f)[p + "up_blocks." + std::to_string(i)] = h;
+    }
+    h = conv_norm_out->forward(h);
+    if (f) (*f)[p + "conv_norm_out"] = h;
+    h = conv_out->forward(torch::silu(h));
+    if (f) (*f)[p + "conv_out"] = h;
+    return h;
+}
+
+Tensor LatentDistribution::sample(torch::Generator* gen) const {
+    auto noise = gen ? torch::randn(mean.sizes(), *gen, mean.options()) : torch::randn(mean.sizes(), mean.options());
+    return mean + std * noise;
+}
+
+AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
+    encoder = register_module("encoder", VaeEncoder(c));
+    decoder = register_module("decoder", VaeDecoder(c));
+    quant_conv = register_module("quant_conv", conv1(2 * c.latent_channels, 2 * c.latent_channels));
+    post_quant_conv = register_module("post_quant_conv", conv1(c.latent_channels, c.latent_channels));
+}
+
+Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
+    c10::InferenceMode guard;
+    auto h = post_quant_conv->forward(z.to(post_quant_conv->weight.scalar_type()));
+    if (f) (*f)[prefix + "post_quant_conv"] = h;
+    return decoder->forward(h, f, prefix + "decoder.");
+}
+
+LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
+    c10::InferenceMode guard;
+    auto h = encoder->forward(image.to(quant_conv->weight.scalar_type()), f, prefix + "encoder.");
+    LatentDistribution d;
+    d.moments = quant_conv->forward(h);
+    if (f) (*f)[prefix + "quant_conv"] = d.moments;
+    auto mv = d.moments.chunk(2, 1);
+    d.mean = mv[0];
+    d.logvar = mv[1].clamp(-30.0, 20.0);
+    d.std = torch::exp(0.5 * d.logvar);
+    return d;
+}
+
+void AutoencoderKLImpl::load(const WeightMap& w) { w.load_into(*this); }
+
+} // namespace anchor::unet

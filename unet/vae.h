@@ -1,0 +1,115 @@
+// AutoencoderKL (the SD first stage, Rombach et al. 2022) with diffusers module names: encoder.{conv_in, down_blocks,
+// mid_block, conv_norm_out, conv_out}, quant_conv, post_quant_conv, decoder.{conv_in, mid_block, up_blocks,
+// conv_norm_out, conv_out}. The mid-block attention is single-head with a residual connection.
+#pragma once
+
+#include "unet/unet_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::unet {
+
+struct VaeConfig {
+    int in_channels = 3;
+    int out_channels = 3;
+    int latent_channels = 4;
+    std::vector<int> block_out_channels{128, 256, 512, 512};
+    int layers_per_block = 2;
+    int norm_num_groups = 32;
+    double scaling_factor = 0.18215;
+
+    static VaeConfig from_json(const nlohmann::json& j);
+    static VaeConfig from_json_file(const std::string& path);
+    // From diffusers-named shapes; the scaling factor cannot be seen in shapes: 0.18215 (SD 1.x/2.x).
+    static VaeConfig detect_from_weights(const WeightMap& w);
+    // Image pixels per latent pixel: 2^(levels-1) (8 for SD).
+    int spatial_factor() const { return 1 << (int(block_out_channels.size()) - 1); }
+};
+
+struct VaeAttentionImpl : torch::nn::Module {
+    VaeAttentionImpl(int64_t channels, int64_t groups);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::GroupNorm group_norm{nullptr};
+    torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_linear{nullptr};
+    torch::nn::ModuleList to_out;
+};
+TORCH_MODULE(VaeAttention);
+
+struct VaeMidBlockImpl : torch::nn::Module {
+    VaeMidBlockImpl(int64_t channels, int64_t groups);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::nn::ModuleList resnets, attentions;
+    std::vector<ResnetBlock2D> res;
+    VaeAttention attn{nullptr};
+};
+TORCH_MODULE(VaeMidBlock);
+
+struct VaeBlockImpl : torch::nn::Module { // DownEncoderBlock2D / UpDecoderBlock2D
+    torch::nn::ModuleList resnets, samplers;
+    std::vector<ResnetBlock2D> res;
+    Downsample2D down{nullptr};
+    Upsample2D up{nullptr};
+};
+TORCH_MODULE(VaeBlock);
+
+using FeatureMap = std::map<std::string, torch::Tensor>;
+
+struct VaeEncoderImpl : torch::nn::Module {
+    explicit VaeEncoderImpl(const VaeConfig& c);
+    torch::Tensor forward(const torch::Tensor& x, FeatureMap* f, const std::string& prefix);
+    torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+    torch::nn::ModuleList down_blocks;
+    std::vector<VaeBlock> blocks;
+    VaeMidBlock mid_block{nullptr};
+    torch::nn::GroupNorm conv_norm_out{nullptr};
+};
+TORCH_MODULE(VaeEncoder);
+
+struct VaeDecoderImpl : torch::nn::Module {
+    explicit VaeDecoderImpl(const VaeConfig& c);
+    torch::Tensor forward(const torch::Tensor& z, FeatureMap* f, const std::string& prefix);
+    torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+    torch::nn::ModuleList up_blocks;
+    std::vector<VaeBlock> blocks;
+    VaeMidBlock mid_block{nullptr};
+    torch::nn::GroupNorm conv_norm_out{nullptr};
+};
+TORCH_MODULE(VaeDecoder);
+
+struct LatentDistribution {
+    torch::Tensor moments, mean, logvar, std; // logvar clamped to [-30, 20], std = exp(logvar / 2)
+    // mean + std * randn(mean.shape, gen) (diffusers DiagonalGaussianDistribution.sample).
+    torch::Tensor sample(torch::Generator* gen) const;
+};
+
+class AutoencoderKLImpl : public torch::nn::Module {
+public:
+    explicit AutoencoderKLImpl(const VaeConfig& c);
+    // Raw decoder output for latents z (no 1/scaling_factor, no clamp). Features keyed like the golden file
+    // ("post_quant_conv", "decoder.conv_in", ...) when `f` is given, each prefixed with `prefix`.
+    torch::Tensor decode(const torch::Tensor& z, FeatureMap* f = nullptr, const std::string& prefix = "");
+    LatentDistribution encode(const torch::Tensor& image, FeatureMap* f = nullptr, const std::string& prefix = "");
+    const VaeConfig& config() const { return cfg_; }
+    void load(const WeightMap& w);
+
+    VaeEncoder encoder{nullptr};
+    VaeDecoder decoder{nullptr};
+    torch::nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
+
+private:
+    VaeConfig cfg_;
+};
+TORCH_MODULE(AutoencoderKL);
+
+} // namespace anchor::unet
