@@ -34,9 +34,15 @@ struct SchedulerConfig {
     bool clip_sample = false;
     std::string prediction_type = "epsilon"; // "epsilon" | "v_prediction"
     std::string timestep_spacing = "leading"; // "leading" | "trailing" | "linspace"
+    // Additions (not in the original contract): the diffusers class that wrote the file ("" when absent) and the
+    // DPM-Solver Karras switch, so a scheduler_config.json alone identifies the sampler (see sampler_from_config).
+    std::string class_name;
+    bool use_karras_sigmas = false;
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults).
     static SchedulerConfig from_json_file(const std::string& path);
+    // Addition: the same from JSON text (`label` names the source in errors).
+    static SchedulerConfig from_json_text(const std::string& text, const std::string& label = "<json>");
 };
 
 class Scheduler {
@@ -61,5 +67,16 @@ public:
 
 // eta only applies to DDIM.
 std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg = {}, double eta = 0.0);
+
+// ---- additions: schedule and class-name helpers ----
+// The training noise schedule exactly as diffusers computes it (float32 [num_train_timesteps]): "scaled_linear" =
+// linspace(sqrt(b0), sqrt(b1), N) squared, "linear" = linspace(b0, b1, N), "squaredcos_cap_v2" = Nichol & Dhariwal
+// 2021 eq. 17 with beta capped at 0.999. alphas_cumprod = cumprod(1 - betas) in float32.
+torch::Tensor make_betas(const SchedulerConfig& cfg);
+torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg);
+// diffusers class name (+ use_karras_sigmas) -> sampler: "DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
+// "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "LMSDiscreteScheduler". Throws UsageError for
+// an unknown class.
+SamplerKind sampler_from_class_name(const std::string& class_name, bool use_karras_sigmas = false);
 
 } // namespace anchor::unet

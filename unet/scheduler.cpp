@@ -1,0 +1,715 @@
+// Diffusion schedulers following diffusers 0.27.2 to float32 rounding (see tests/golden/sd/schedulers/README.md).
+//
+// Layout of this file:
+//   1. schedule        - betas / alphas_cumprod / sigmas (float32, as diffusers), timestep spacings (numpy rules)
+//   2. parameterisation - epsilon / v_prediction / sample -> x0 for the alpha-bar (VP) and sigma (VE) forms and
+//                         the sigma <-> (alpha_t, sigma_t) map
+//   3. samplers        - one small class per sampler holding only its own multistep state
+//
+// Scalar coefficients are computed in float (the schedulers hold float32 tensors, so diffusers' 0-dim tensor
+// arithmetic is float32) and applied to the tensors in the same order as diffusers' expressions, which reproduces
+// the goldens to the last bit or nearly so.
+#include "unet/scheduler.h"
+
+#include "cache/io/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace anchor::unet {
+
+// ================================================================================================================
+// Names
+// ================================================================================================================
+
+const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
+    static const std::vector<std::pair<std::string, SamplerKind>> table = {
+        {"ddim", SamplerKind::DDIM},
+        {"pndm", SamplerKind::PNDM},
+        {"euler", SamplerKind::Euler},
+        {"euler_a", SamplerKind::EulerAncestral},
+        {"dpmpp_2m", SamplerKind::DPMPP2M},
+        {"dpmpp_2m_karras", SamplerKind::DPMPP2MKarras},
+        {"lms", SamplerKind::LMS},
+    };
+    return table;
+}
+
+SamplerKind sampler_from_string(const std::string& s) {
+    for (const auto& [name, kind] : sampler_table())
+        if (name == s) return kind;
+    std::string valid;
+    for (const auto& [name, kind] : sampler_table()) valid += (valid.empty() ? "" : ", ") + name;
+    throw UsageError("unknown sampler '" + s + "' (valid: " + valid + ")");
+}
+
+std::string sampler_name(SamplerKind k) {
+    for (const auto& [name, kind] : sampler_table())
+        if (kind == k) return name;
+    throw Error("sampler_name: invalid SamplerKind " + std::to_string(static_cast<int>(k)));
+}
+
+SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigmas) {
+    if (cls == "DDIMScheduler") return SamplerKind::DDIM;
+    if (cls == "PNDMScheduler") return SamplerKind::PNDM;
+    if (cls == "EulerDiscreteScheduler") return SamplerKind::Euler;
+    if (cls == "EulerAncestralDiscreteScheduler") return SamplerKind::EulerAncestral;
+    if (cls == "DPMSolverMultistepScheduler")
+        return use_karras_sigmas ? SamplerKind::DPMPP2MKarras : SamplerKind::DPMPP2M;
+    if (cls == "LMSDiscreteScheduler") return SamplerKind::LMS;
+    throw UsageError("unsupported scheduler class '" + cls +
+                     "' (supported: DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, "
+                     "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, LMSDiscreteScheduler)");
+}
+
+SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot open scheduler config '" + path + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return from_json_text(ss.str(), path);
+}
+
+SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const std::string& path) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(text);
+    } catch (const std::exception& e) {
+        throw Error("scheduler config '" + path + "': invalid JSON: " + e.what());
+    }
+    if (!j.is_object()) throw Error("scheduler config '" + path + "': expected a JSON object");
+    SchedulerConfig c;
+    auto get = [&](const char* key, auto& field) {
+        auto it = j.find(key);
+        if (it == j.end() || it->is_null()) return;
+        try {
+            it->get_to(field);
+        } catch (const std::exception& e) {
+            throw Error("scheduler config '" + path + "': field '" + key + "' has the wrong type: " + e.what());
+        }
+    };
+    get("num_train_timesteps", c.num_train_timesteps);
+    get("beta_start", c.beta_start);
+    get("beta_end", c.beta_end);
+    get("beta_schedule", c.beta_schedule);
+    get("steps_offset", c.steps_offset);
+    get("set_alpha_to_one", c.set_alpha_to_one);
+    get("clip_sample", c.clip_sample);
+    get("prediction_type", c.prediction_type);
+    get("timestep_spacing", c.timestep_spacing);
+    get("_class_name", c.class_name);
+    get("use_karras_sigmas", c.use_karras_sigmas);
+    if (j.contains("trained_betas") && !j["trained_betas"].is_null())
+        throw Error("scheduler config '" + path + "': trained_betas is not supported");
+    if (c.num_train_timesteps < 2)
+        throw Error("scheduler config '" + path + "': num_train_timesteps must be >= 2, got " +
+                    std::to_string(c.num_train_timesteps));
+    return c;
+}
+
+// ================================================================================================================
+// 1. Schedule
+// ================================================================================================================
+
+torch::Tensor make_betas(const SchedulerConfig& cfg) {
+    const int64_t n = cfg.num_train_timesteps;
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    if (cfg.beta_schedule == "scaled_linear")
+        return torch::linspace(std::sqrt(cfg.beta_start), std::sqrt(cfg.beta_end), n, f32).pow(2);
+    if (cfg.beta_schedule == "linear") return torch::linspace(cfg.beta_start, cfg.beta_end, n, f32);
+    if (cfg.beta_schedule == "squaredcos_cap_v2") {
+        // Improved DDPM (Nichol & Dhariwal 2021) eq. 17: alpha_bar(t) = cos((t + s) / (1 + s) * pi / 2)^2, s = 0.008.
+        auto alpha_bar = [](double t) { return std::pow(std::cos((t + 0.008) / 1.008 * M_PI / 2), 2); };
+        std::vector<float> b(n);
+        for (int64_t i = 0; i < n; ++i) {
+            const double t1 = double(i) / n, t2 = double(i + 1) / n;
+            b[i] = static_cast<float>(std::min(1 - alpha_bar(t2) / alpha_bar(t1), 0.999));
+        }
+        return torch::tensor(b, f32);
+    }
+    throw UsageError("unsupported beta_schedule '" + cfg.beta_schedule +
+                     "' (supported: scaled_linear, linear, squaredcos_cap_v2)");
+}
+
+torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg) { return torch::cumprod(1 - make_betas(cfg), 0); }
+
+namespace {
+
+std::vector<float> to_floats(const torch::Tensor& t) {
+    auto c = t.to(torch::kFloat32).contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Karras/EDM sigmas of the training schedule: sigma_t = sqrt((1 - abar_t) / abar_t), float32 like diffusers.
+std::vector<float> train_sigmas(const torch::Tensor& alphas_cumprod) {
+    return to_floats(((1 - alphas_cumprod) / alphas_cumprod).pow(0.5));
+}
+
+// numpy.arange(start, stop, step) for a negative float step: length ceil((stop - start) / step).
+std::vector<double> np_arange_down(double start, double stop, double step) {
+    const auto len = static_cast<int64_t>(std::ceil((stop - start) / step));
+    std::vector<double> v;
+    for (int64_t i = 0; i < len; ++i) v.push_back(start + double(i) * step);
+    return v;
+}
+
+// numpy.linspace(start, stop, num) in float64 (endpoint forced to `stop`).
+std::vector<double> np_linspace(double start, double stop, int num) {
+    std::vector<double> v(num);
+    if (num == 1) {
+        v[0] = start;
+        return v;
+    }
+    const double step = (stop - start) / (num - 1);
+    for (int i = 0; i < num; ++i) v[i] = double(i) * step + start;
+    v[num - 1] = stop;
+    return v;
+}
+
+double np_round(double x) { return std::nearbyint(x); } // half to even, as numpy.round
+
+// numpy.interp(x, arange(len(fp)), fp) in float64.
+double np_interp_index(double x, const std::vector<float>& fp) {
+    const int64_t n = static_cast<int64_t>(fp.size());
+    if (x <= 0) return fp[0];
+    if (x >= double(n - 1)) return fp[n - 1];
+    const auto j = static_cast<int64_t>(std::floor(x));
+    const double slope = double(fp[j + 1]) - double(fp[j]);
+    return slope * (x - double(j)) + double(fp[j]);
+}
+
+void check_num_steps(const SchedulerConfig& cfg, int n, const char* who) {
+    if (n < 1 || n > cfg.num_train_timesteps)
+        throw UsageError(std::string(who) + ": num_inference_steps must be in [1, " +
+                         std::to_string(cfg.num_train_timesteps) + "], got " + std::to_string(n));
+}
+
+[[noreturn]] void bad_spacing(const SchedulerConfig& cfg) {
+    throw UsageError("unsupported timestep_spacing '" + cfg.timestep_spacing +
+                     "' (supported: leading, trailing, linspace)");
+}
+
+// Descending discrete timesteps shared by DDIM / PNDM (PNDM keeps them ascending) / Euler / LMS (as float):
+//   leading:  (arange(n) * (N // n))[::-1] + steps_offset
+//   trailing: round(arange(N, 0, -N / n)) - 1
+//   linspace: round(linspace(0, N - 1, n))[::-1]   (Euler/LMS keep the unrounded float32 values: `rounded` false)
+std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rounded_linspace) {
+    const int N = cfg.num_train_timesteps;
+    std::vector<double> t;
+    if (cfg.timestep_spacing == "leading") {
+        const int ratio = N / n;
+        for (int i = n - 1; i >= 0; --i) t.push_back(double(i * ratio + cfg.steps_offset));
+    } else if (cfg.timestep_spacing == "trailing") {
+        for (double v : np_arange_down(N, 0, -double(N) / n)) t.push_back(np_round(v) - 1);
+    } else if (cfg.timestep_spacing == "linspace") {
+        auto v = np_linspace(0, N - 1, n);
+        for (int i = n - 1; i >= 0; --i)
+            t.push_back(rounded_linspace ? np_round(v[i]) : double(static_cast<float>(v[i])));
+    } else {
+        bad_spacing(cfg);
+    }
+    for (double x : t)
+        if (x < 0 || x > N - 1)
+            throw UsageError("timestep spacing '" + cfg.timestep_spacing + "' with " + std::to_string(n) +
+                             " steps gives timestep " + std::to_string(x) + " outside [0, " + std::to_string(N - 1) +
+                             "]");
+    return t;
+}
+
+// ================================================================================================================
+// 2. Parameterisation
+// ================================================================================================================
+
+void check_prediction_type(const SchedulerConfig& cfg) {
+    if (cfg.prediction_type != "epsilon" && cfg.prediction_type != "v_prediction" && cfg.prediction_type != "sample")
+        throw UsageError("unsupported prediction_type '" + cfg.prediction_type +
+                         "' (supported: epsilon, v_prediction, sample)");
+}
+
+struct X0Eps {
+    torch::Tensor x0, eps;
+};
+
+// VP form x_t = sqrt(abar) x0 + sqrt(1 - abar) eps (DDPM, Ho et al. 2020 eq. 4); v = sqrt(abar) eps - sqrt(1-abar) x0
+// (Salimans & Ho 2022, sec. 4).
+X0Eps vp_predict(const std::string& type, const torch::Tensor& out, const torch::Tensor& x, float abar) {
+    const float beta = 1.0f - abar;
+    const double sa = std::sqrt(abar), sb = std::sqrt(beta);
+    if (type == "epsilon") return {(x - sb * out) / sa, out};
+    if (type == "v_prediction") return {sa * x - sb * out, sa * out + sb * x};
+    auto x0 = out; // "sample"
+    return {x0, (x - sa * x0) / sb};
+}
+
+// VE/EDM form x = x0 + sigma eps on the scaled input x / sqrt(sigma^2 + 1) (Karras et al. 2022, table 1).
+torch::Tensor ve_x0(const std::string& type, const torch::Tensor& out, const torch::Tensor& x, float sigma_hat,
+                    float sigma) {
+    if (type == "epsilon") return x - double(sigma_hat) * out;
+    if (type == "v_prediction") {
+        const float s2p1 = sigma * sigma + 1.0f;
+        return out * double(-sigma / std::sqrt(s2p1)) + x / double(s2p1);
+    }
+    return out; // "sample"
+}
+
+// sigma (VE) -> (alpha_t, sigma_t) of the VP process: alpha_t = 1 / sqrt(sigma^2 + 1), sigma_t = sigma * alpha_t.
+struct AlphaSigma {
+    float alpha, sigma;
+};
+AlphaSigma sigma_to_alpha_sigma(float sigma) {
+    const float alpha = 1.0f / std::sqrt(sigma * sigma + 1.0f);
+    return {alpha, sigma * alpha};
+}
+
+// Noise of model_output's shape from `gen` (drawn on the generator's device, then moved), like diffusers' randn_tensor.
+torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen) {
+    if (!gen) return torch::randn(like.sizes(), like.options());
+    auto opts = like.options().device(gen->device());
+    return torch::randn(like.sizes(), *gen, opts).to(like.device());
+}
+
+// ================================================================================================================
+// 3. Samplers
+// ================================================================================================================
+
+class SchedulerBase : public Scheduler {
+public:
+    SchedulerBase(const SchedulerConfig& cfg, const char* name) : cfg_(cfg), name_(name) {
+        check_prediction_type(cfg_);
+        abar_ = to_floats(make_alphas_cumprod(cfg_));
+    }
+    std::vector<double> timesteps() const override { return ts_; }
+    int num_loop_steps() const override { return static_cast<int>(ts_.size()); }
+    double timestep(int i) const override {
+        check_index(i);
+        return ts_[i];
+    }
+
+protected:
+    void check_index(int i) const {
+        if (ts_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        if (i < 0 || i >= static_cast<int>(ts_.size()))
+            throw Error(std::string(name_) + ": loop step " + std::to_string(i) + " outside [0, " +
+                        std::to_string(ts_.size()) + ")");
+    }
+    // Multistep samplers keep history, so their steps must come in loop order.
+    void check_in_order(int i, int expected) const {
+        check_index(i);
+        if (i != expected)
+            throw Error(std::string(name_) + ": step(" + std::to_string(i) + ") called out of order (expected step " +
+                        std::to_string(expected) + "); call set_timesteps to restart");
+    }
+    float abar_at(int64_t t, float final_alpha) const {
+        return t >= 0 ? abar_.at(static_cast<size_t>(t)) : final_alpha;
+    }
+
+    SchedulerConfig cfg_;
+    const char* name_;
+    std::vector<float> abar_;
+    std::vector<double> ts_;
+    int n_ = 0; // num_inference_steps
+};
+
+// ---- DDIM (Song et al. 2021, eq. 12) ----------------------------------------------------------------------------
+class DdimScheduler final : public SchedulerBase {
+public:
+    DdimScheduler(const SchedulerConfig& cfg, double eta) : SchedulerBase(cfg, "DDIM"), eta_(eta) {
+        if (eta < 0) throw UsageError("DDIM eta must be >= 0, got " + std::to_string(eta));
+        final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
+    }
+    void set_timesteps(int n) override {
+        check_num_steps(cfg_, n, "DDIM");
+        n_ = n;
+        ts_ = spaced_timesteps(cfg_, n, true);
+    }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
+        check_index(i);
+        const auto t = static_cast<int64_t>(ts_[i]);
+        const int64_t prev = t - cfg_.num_train_timesteps / n_;
+        const float a_t = abar_at(t, final_alpha_), a_prev = abar_at(prev, final_alpha_);
+        const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
+        auto [x0, eps] = vp_predict(cfg_.prediction_type, out, x, a_t);
+        if (cfg_.clip_sample) {
+            x0 = x0.clamp(-1.0, 1.0);
+            eps = (x - double(std::sqrt(a_t)) * x0) / double(std::sqrt(b_t));
+        }
+        // sigma_t(eta) = eta * sqrt((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev))   (eq. 16)
+        const float variance = (b_prev / b_t) * (1.0f - a_t / a_prev);
+        const float std_dev = static_cast<float>(eta_) * std::sqrt(variance);
+        auto direction = double(std::sqrt(1.0f - a_prev - std_dev * std_dev)) * eps;
+        auto prev_sample = double(std::sqrt(a_prev)) * x0 + direction;
+        if (eta_ > 0) prev_sample = prev_sample + double(std_dev) * draw_noise(out, gen);
+        return prev_sample;
+    }
+
+private:
+    double eta_;
+    float final_alpha_;
+};
+
+// ---- PNDM with skip_prk_steps: PLMS (Liu et al. 2022, eq. 12 + the linear multistep of sec. 4) ----------------
+class PndmScheduler final : public SchedulerBase {
+public:
+    explicit PndmScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "PNDM") {
+        final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
+    }
+    void set_timesteps(int n) override {
+        check_num_steps(cfg_, n, "PNDM");
+        n_ = n;
+        // diffusers: plms = concat(ts[:-1], ts[-2:-1], ts[-1:])[::-1] on ascending ts -> the second timestep repeats.
+        auto desc = spaced_timesteps(cfg_, n, true);
+        ts_.clear();
+        ts_.push_back(desc[0]);
+        if (n > 1) ts_.push_back(desc[1]);
+        for (size_t k = 1; k < desc.size(); ++k) ts_.push_back(desc[k]);
+        ets_.clear();
+        counter_ = 0;
+        cur_sample_ = torch::Tensor();
+    }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
+        check_in_order(i, counter_);
+        const int ratio = cfg_.num_train_timesteps / n_;
+        auto t = static_cast<int64_t>(ts_[i]);
+        int64_t prev = t - ratio;
+        if (counter_ != 1) {
+            if (ets_.size() > 3) ets_.erase(ets_.begin(), ets_.end() - 3);
+            ets_.push_back(out);
+        } else {
+            prev = t;
+            t = t + ratio;
+        }
+        torch::Tensor m, s = x;
+        const size_t k = ets_.size();
+        if (k == 1 && counter_ == 0) {
+            m = out;
+            cur_sample_ = x;
+        } else if (k == 1 && counter_ == 1) {
+            m = (out + ets_.back()) / 2;
+            s = cur_sample_;
+            cur_sample_ = torch::Tensor();
+        } else if (k == 2) {
+            m = (3 * ets_[k - 1] - ets_[k - 2]) / 2;
+        } else if (k == 3) {
+            m = (23 * ets_[k - 1] - 16 * ets_[k - 2] + 5 * ets_[k - 3]) / 12;
+        } else {
+            m = (1.0 / 24) * (55 * ets_[k - 1] - 59 * ets_[k - 2] + 37 * ets_[k - 3] - 9 * ets_[k - 4]);
+        }
+        auto prev_sample = prev_sample_from(s, t, prev, m);
+        ++counter_;
+        return prev_sample;
+    }
+
+private:
+    // PNDM eq. (9): x_prev = sqrt(a_prev / a_t) x - (a_prev - a_t) eps / (a_t sqrt(1 - a_prev) + sqrt(a_t (1 - a_t)
+    // a_prev)).
+    torch::Tensor prev_sample_from(const torch::Tensor& x, int64_t t, int64_t prev, torch::Tensor eps) const {
+        const float a_t = abar_at(t, final_alpha_), a_prev = abar_at(prev, final_alpha_);
+        const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
+        if (cfg_.prediction_type == "v_prediction")
+            eps = double(std::sqrt(a_t)) * eps + double(std::sqrt(b_t)) * x;
+        else if (cfg_.prediction_type != "epsilon")
+            throw UsageError("PNDM supports prediction_type epsilon or v_prediction, not '" + cfg_.prediction_type +
+                             "'");
+        const float sample_coeff = std::sqrt(a_prev / a_t);
+        const float denom = a_t * std::sqrt(b_prev) + std::sqrt(a_t * b_t * a_prev);
+        return double(sample_coeff) * x - double(a_prev - a_t) * eps / double(denom);
+    }
+
+    float final_alpha_;
+    std::vector<torch::Tensor> ets_;
+    int counter_ = 0;
+    torch::Tensor cur_sample_;
+};
+
+// ---- sigma-space samplers share timesteps/sigmas and the input scaling -------------------------------------------
+class SigmaScheduler : public SchedulerBase {
+public:
+    using SchedulerBase::SchedulerBase;
+    std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
+    // diffusers: sqrt(sigma_max^2 + 1) for 'leading', sigma_max for 'linspace'/'trailing'.
+    double init_noise_sigma() const override {
+        if (sig_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        const float m = *std::max_element(sig_.begin(), sig_.end());
+        if (cfg_.timestep_spacing == "linspace" || cfg_.timestep_spacing == "trailing") return m;
+        return std::sqrt(m * m + 1.0f);
+    }
+    // x / sqrt(sigma^2 + 1): the VP-normalised input the UNet was trained on.
+    torch::Tensor scale_model_input(const torch::Tensor& x, int i) const override {
+        check_index(i);
+        const float s = sig_[i];
+        return x / double(std::sqrt(s * s + 1.0f));
+    }
+
+protected:
+    // Float32 timesteps (spacing) and sigmas = interp(timesteps, arange(N), train_sigmas) ++ [0].
+    void set_sigma_timesteps(int n) {
+        check_num_steps(cfg_, n, name_);
+        n_ = n;
+        ts_ = spaced_timesteps(cfg_, n, false);
+        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
+        sig_.clear();
+        for (double t : ts_) sig_.push_back(static_cast<float>(np_interp_index(t, full)));
+        sig_.push_back(0.0f);
+    }
+    std::vector<float> sig_;
+};
+
+// ---- Euler (Karras et al. 2022, algorithm 2 with s_churn = 0) --------------------------------------------------
+class EulerScheduler final : public SigmaScheduler {
+public:
+    explicit EulerScheduler(const SchedulerConfig& cfg) : SigmaScheduler(cfg, "Euler") {}
+    void set_timesteps(int n) override { set_sigma_timesteps(n); }
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
+        check_index(i);
+        const float sigma = sig_[i];
+        // diffusers draws the churn noise even when gamma = 0 and discards it; drawing keeps generator streams equal.
+        (void)draw_noise(out, gen);
+        const float sigma_hat = sigma; // gamma = 0
+        auto sample = x.to(torch::kFloat32);
+        auto x0 = ve_x0(cfg_.prediction_type, out, sample, sigma_hat, sigma);
+        auto derivative = (sample - x0) / double(sigma_hat); // d = (x - D(x)) / sigma
+        const float dt = sig_[i + 1] - sigma_hat;
+        return (sample + derivative * double(dt)).to(out.scalar_type());
+    }
+};
+
+// ---- Euler ancestral (k-diffusion sample_euler_ancestral, eta = 1) ---------------------------------------------
+class EulerAncestralScheduler final : public SigmaScheduler {
+public:
+    explicit EulerAncestralScheduler(const SchedulerConfig& cfg) : SigmaScheduler(cfg, "EulerAncestral") {}
+    void set_timesteps(int n) override { set_sigma_timesteps(n); }
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
+        check_index(i);
+        const float sigma = sig_[i];
+        auto sample = x.to(torch::kFloat32);
+        auto x0 = ve_x0(cfg_.prediction_type, out, sample, sigma, sigma);
+        // Split the step to sigma_to into a deterministic part down to sigma_down and fresh noise of sigma_up:
+        // sigma_up = sqrt(s_to^2 (s_from^2 - s_to^2) / s_from^2), sigma_down = sqrt(s_to^2 - sigma_up^2).
+        const float s_from = sig_[i], s_to = sig_[i + 1];
+        const float sigma_up = std::sqrt(s_to * s_to * (s_from * s_from - s_to * s_to) / (s_from * s_from));
+        const float sigma_down = std::sqrt(s_to * s_to - sigma_up * sigma_up);
+        auto derivative = (sample - x0) / double(sigma);
+        const float dt = sigma_down - sigma;
+        auto prev_sample = sample + derivative * double(dt);
+        auto noise = draw_noise(out, gen);
+        prev_sample = prev_sample + noise * double(sigma_up);
+        return prev_sample.to(out.scalar_type());
+    }
+};
+
+// ---- LMS (linear multistep in sigma, order 4) ------------------------------------------------------------------
+class LmsScheduler final : public SigmaScheduler {
+public:
+    explicit LmsScheduler(const SchedulerConfig& cfg) : SigmaScheduler(cfg, "LMS") {}
+    void set_timesteps(int n) override {
+        set_sigma_timesteps(n);
+        derivatives_.clear();
+        step_index_ = 0;
+    }
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
+        check_in_order(i, step_index_);
+        const float sigma = sig_[i];
+        auto x0 = ve_x0(cfg_.prediction_type, out, x, sigma, sigma);
+        derivatives_.push_back((x - x0) / double(sigma));
+        if (derivatives_.size() > kOrder) derivatives_.pop_front();
+        const int order = std::min(i + 1, kOrder);
+        // prev = x + sum_j c_j d_{i-j}, c_j = integral over [sigma_i, sigma_{i+1}] of the Lagrange basis polynomial
+        // l_j(tau) through the nodes sigma_{i-k}, k < order. diffusers integrates numerically (scipy quad); the
+        // polynomial has degree < 4, so it is integrated exactly here.
+        torch::Tensor acc;
+        for (int j = 0; j < order; ++j) {
+            const double c = lms_coefficient(order, i, j);
+            auto term = double(c) * derivatives_[derivatives_.size() - 1 - j];
+            acc = j == 0 ? term : acc + term;
+        }
+        ++step_index_;
+        return x + acc;
+    }
+    double lms_coefficient(int order, int t, int current) const {
+        const double a = sig_[t], b = sig_[t + 1];
+        // Polynomial in u = tau - a, coefficients low -> high.
+        std::vector<double> poly{1.0};
+        for (int k = 0; k < order; ++k) {
+            if (k == current) continue;
+            const double node = double(sig_[t - k]) - a;
+            const double denom = double(sig_[t - current]) - double(sig_[t - k]);
+            std::vector<double> next(poly.size() + 1, 0.0);
+            for (size_t p = 0; p < poly.size(); ++p) {
+                next[p + 1] += poly[p] / denom;
+                next[p] -= poly[p] * node / denom;
+            }
+            poly.swap(next);
+        }
+        const double h = b - a;
+        double integral = 0.0, hp = h;
+        for (size_t p = 0; p < poly.size(); ++p, hp *= h) integral += poly[p] * hp / double(p + 1);
+        return integral;
+    }
+
+private:
+    static constexpr int kOrder = 4;
+    std::deque<torch::Tensor> derivatives_;
+    int step_index_ = 0;
+};
+
+// ---- DPM-Solver++(2M) (Lu et al. 2022b, algorithm 2; midpoint variant as diffusers) ---------------------------
+class DpmSolverScheduler final : public SchedulerBase {
+public:
+    DpmSolverScheduler(const SchedulerConfig& cfg, bool karras)
+        : SchedulerBase(cfg, "DPMSolver++2M"), karras_(karras) {}
+    std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+
+    void set_timesteps(int n) override {
+        check_num_steps(cfg_, n, "DPMSolver++2M");
+        const int N = cfg_.num_train_timesteps;
+        const int last = N; // lambda_min_clipped = -inf clips nothing
+        std::vector<double> t;
+        if (cfg_.timestep_spacing == "leading") {
+            // DPM's own 'leading': step_ratio = last // (n + 1), drop the final 0.
+            const int ratio = last / (n + 1);
+            for (int i = n; i >= 1; --i) t.push_back(double(i * ratio + cfg_.steps_offset));
+        } else if (cfg_.timestep_spacing == "linspace") {
+            auto v = np_linspace(0, last - 1, n + 1);
+            for (int i = n; i >= 1; --i) t.push_back(np_round(v[i]));
+        } else if (cfg_.timestep_spacing == "trailing") {
+            for (double v : np_arange_down(last, 0, -double(N) / n)) t.push_back(np_round(v) - 1);
+        } else {
+            bad_spacing(cfg_);
+        }
+        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
+        sig_.clear();
+        if (karras_) {
+            // Karras et al. 2022 eq. 5 with rho = 7 between the training schedule's sigma_max and sigma_min, then
+            // each sigma mapped back to a (rounded) timestep by interpolating log sigma.
+            std::vector<float> log_sigmas(full.size());
+            for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+            const double sigma_min = full.front(), sigma_max = full.back(), rho = 7.0;
+            const double min_inv = std::pow(sigma_min, 1 / rho), max_inv = std::pow(sigma_max, 1 / rho);
+            auto ramp = np_linspace(0, 1, n);
+            t.clear();
+            for (int k = 0; k < n; ++k) {
+                const double s = std::pow(max_inv + ramp[k] * (min_inv - max_inv), rho);
+                sig_.push_back(static_cast<float>(s));
+                t.push_back(np_round(sigma_to_t(s, log_sigmas)));
+            }
+        } else {
+            for (double v : t) {
+                if (v < 0 || v > N - 1)
+                    throw UsageError("DPMSolver++2M: timestep " + std::to_string(v) + " outside [0, " +
+                                     std::to_string(N - 1) + "]");
+                sig_.push_back(static_cast<float>(np_interp_index(v, full)));
+            }
+        }
+        sig_.push_back(0.0f); // final_sigmas_type "zero"
+        ts_ = t;
+        n_ = static_cast<int>(ts_.size());
+        model_outputs_[0] = model_outputs_[1] = torch::Tensor();
+        lower_order_nums_ = 0;
+        step_index_ = 0;
+    }
+
+    torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
+        check_in_order(i, step_index_);
+        // The last step is first order because the final sigma is 0 (final_sigmas_type zero); so is the first one
+        // (no history yet).
+        const bool lower_order_final = i == n_ - 1;
+        auto x0 = convert_model_output(out, x, i);
+        model_outputs_[0] = model_outputs_[1];
+        model_outputs_[1] = x0;
+        auto sample = x.to(torch::kFloat32);
+        torch::Tensor prev;
+        if (lower_order_nums_ < 1 || lower_order_final)
+            prev = first_order(x0, sample, i);
+        else
+            prev = second_order(sample, i);
+        if (lower_order_nums_ < 2) ++lower_order_nums_;
+        ++step_index_;
+        return prev.to(out.scalar_type());
+    }
+
+private:
+    // numpy-exact port of diffusers' _sigma_to_t: piecewise-linear interpolation of t over log sigma.
+    static double sigma_to_t(double sigma, const std::vector<float>& log_sigmas) {
+        const double log_sigma = std::log(std::max(sigma, 1e-10));
+        const int64_t n = static_cast<int64_t>(log_sigmas.size());
+        int64_t low = 0;
+        for (int64_t k = 0; k < n; ++k)
+            if (log_sigma - double(log_sigmas[k]) >= 0) low = k; // argmax of the cumulative count = last such k
+        low = std::min(low, n - 2);
+        const float lo = log_sigmas[low], hi = log_sigmas[low + 1];
+        double w = (double(lo) - log_sigma) / double(lo - hi); // (low - high) is a float32 difference in numpy
+        w = std::clamp(w, 0.0, 1.0);
+        return (1 - w) * double(low) + w * double(low + 1);
+    }
+
+    // Data prediction x0 (DPM-Solver++ works on x0, Lu et al. 2022b eq. 9).
+    torch::Tensor convert_model_output(const torch::Tensor& out, const torch::Tensor& x, int i) const {
+        const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[i]);
+        if (cfg_.prediction_type == "epsilon") return (x - double(sigma) * out) / double(alpha);
+        if (cfg_.prediction_type == "v_prediction") return double(alpha) * x - double(sigma) * out;
+        return out;
+    }
+
+    struct Lambda {
+        float alpha, sigma, lambda;
+    };
+    Lambda at(int k) const {
+        const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[k]);
+        return {alpha, sigma, std::log(alpha) - std::log(sigma)}; // lambda = log(alpha / sigma), half log-SNR
+    }
+
+    // x_t = (sigma_t / sigma_s) x - alpha_t (e^{-h} - 1) x0,  h = lambda_t - lambda_s   (eq. 10, first order)
+    torch::Tensor first_order(const torch::Tensor& x0, const torch::Tensor& sample, int i) const {
+        const auto t = at(i + 1), s = at(i);
+        const float h = t.lambda - s.lambda;
+        return double(t.sigma / s.sigma) * sample - double(t.alpha * (std::exp(-h) - 1.0f)) * x0;
+    }
+
+    // 2M midpoint: D0 = m0, D1 = (m0 - m1) / r0, r0 = h_0 / h;
+    // x_t = (sigma_t / sigma_s0) x - alpha_t (e^{-h} - 1) D0 - 0.5 alpha_t (e^{-h} - 1) D1
+    torch::Tensor second_order(const torch::Tensor& sample, int i) const {
+        const auto t = at(i + 1), s0 = at(i), s1 = at(i - 1);
+        const auto& m0 = model_outputs_[1];
+        const auto& m1 = model_outputs_[0];
+        const float h = t.lambda - s0.lambda, h0 = s0.lambda - s1.lambda;
+        const float r0 = h0 / h;
+        auto d1 = double(1.0f / r0) * (m0 - m1);
+        const float c = t.alpha * (std::exp(-h) - 1.0f);
+        return double(t.sigma / s0.sigma) * sample - double(c) * m0 - double(0.5f * c) * d1;
+    }
+
+    bool karras_;
+    std::vector<float> sig_;
+    torch::Tensor model_outputs_[2];
+    int lower_order_nums_ = 0;
+    int step_index_ = 0;
+};
+
+} // namespace
+
+std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg, double eta) {
+    switch (kind) {
+    case SamplerKind::DDIM: return std::make_unique<DdimScheduler>(cfg, eta);
+    case SamplerKind::PNDM: return std::make_unique<PndmScheduler>(cfg);
+    case SamplerKind::Euler: return std::make_unique<EulerScheduler>(cfg);
+    case SamplerKind::EulerAncestral: return std::make_unique<EulerAncestralScheduler>(cfg);
+    case SamplerKind::DPMPP2M: return std::make_unique<DpmSolverScheduler>(cfg, false);
+    case SamplerKind::DPMPP2MKarras: return std::make_unique<DpmSolverScheduler>(cfg, true);
+    case SamplerKind::LMS: return std::make_unique<LmsScheduler>(cfg);
+    }
+    throw Error("make_scheduler: invalid SamplerKind");
+}
+
+} // namespace anchor::unet
