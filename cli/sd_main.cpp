@@ -1,20 +1,218 @@
-// anchor-sd: Stable Diffusion txt2img with anchor caches.
+// anchor-sd: Stable Diffusion txt2img with anchor caches. Flags follow stable-diffusion.cpp's names.
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
 #include "cli/common.h"
+#include "unet/pipeline.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using namespace anchor;
+using namespace anchor::unet;
+
+namespace {
+
+struct Options {
+    std::string model, prompt, negative, output = "output.png", sampler = "euler_a", dtype = "f32";
+    double cfg_scale = 7.5;
+    int steps = 20, width = 512, height = 512, batch_count = 1, clip_skip = -1, threads = 0;
+    int64_t seed = 42;
+    bool overwrite = false;
+    int deepcache = 0, deepcache_branch = 0;
+};
+
+std::string output_path(const std::string& base, int k) {
+    if (k == 0) return base;
+    fs::path p(base);
+    return (p.parent_path() / (p.stem().string() + "_" + std::to_string(k) + p.extension().string())).string();
+}
+
+std::string fmt_s(double s) {
+    char buf[32];
+    if (s < 60)
+        std::snprintf(buf, sizeof(buf), "%.1fs", s);
+    else
+        std::snprintf(buf, sizeof(buf), "%dm%02ds", int(s) / 60, int(s) % 60);
+    return buf;
+}
+
+void progress_bar(const ProgressInfo& p, const std::string& label) {
+    const int width = 30;
+    const int filled = p.total ? p.step * width / p.total : width;
+    const double eta = p.step ? p.elapsed_s / p.step * (p.total - p.step) : 0.0;
+    std::string bar(size_t(filled), '#');
+    bar += std::string(size_t(width - filled), '.');
+    std::fprintf(stderr, "\r%s[%s] %d/%d  %s elapsed, ETA %s   ", label.c_str(), bar.c_str(), p.step, p.total,
+                 fmt_s(p.elapsed_s).c_str(), fmt_s(eta).c_str());
+    if (p.step == p.total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+}
+
+torch::ScalarType parse_dtype(const std::string& s) {
+    if (s == "f32") return torch::kFloat;
+    // The pipeline runs on the CPU, where LibTorch has no float16 convolutions: say so instead of failing mid-run.
+    if (s == "f16") throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU "
+                                     "convolutions); use f32 or bf16 (f16 checkpoints are converted at load)");
+    if (s == "bf16") return torch::kBFloat16;
+    throw UsageError("--dtype must be f32, f16 or bf16, got '" + s + "'");
+}
+
+int run(const Options& o) {
+    // Cross-field checks that need no model first.
+    const SamplerKind sampler = sampler_from_string(o.sampler);
+    const auto dtype = parse_dtype(o.dtype);
+    if (o.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(o.steps));
+    if (o.batch_count < 1) throw UsageError("--batch-count must be >= 1, got " + std::to_string(o.batch_count));
+    if (o.width <= 0 || o.height <= 0)
+        throw UsageError("--width/--height must be positive, got " + std::to_string(o.width) + "x" +
+                         std::to_string(o.height));
+    if (o.cfg_scale < 0) throw UsageError("--cfg-scale must be >= 0");
+    if (o.deepcache < 0) throw UsageError("--deepcache must be >= 0 (0 disables it)");
+    std::vector<std::string> outputs;
+    for (int k = 0; k < o.batch_count; ++k) {
+        const std::string png = output_path(o.output, k);
+        for (const auto& p : {png, png + ".json"}) {
+            if (fs::exists(p) && !o.overwrite)
+                throw UsageError("output '" + p + "' exists (use --overwrite to replace it)");
+            check_output_path(p, true);
+        }
+        outputs.push_back(png);
+    }
+    int64_t seed = o.seed;
+    if (seed < 0) {
+        std::random_device rd;
+        seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
+    }
+    std::fprintf(stderr, "seed: %lld\n", (long long)seed);
+
+    auto t0 = std::chrono::steady_clock::now();
+    LoadOptions lo;
+    lo.dtype = dtype;
+    SDModels models = load_sd_models(o.model, lo);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "loaded %s (%s, %s) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
+                 models.family.c_str(), fmt_s(load_s).c_str(), models.unet->config().describe().c_str());
+
+    Txt2ImgPipeline pipe(models);
+    Txt2ImgParams p;
+    p.prompts = {o.prompt};
+    p.negative_prompt = o.negative;
+    p.guidance_scale = o.cfg_scale;
+    p.steps = o.steps;
+    p.width = o.width;
+    p.height = o.height;
+    p.sampler = sampler;
+    // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
+    p.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
+    pipe.validate(p);
+
+    for (int k = 0; k < o.batch_count; ++k) {
+        p.seed = seed + k;
+        std::unique_ptr<DenoiseController> ctl;
+        if (o.deepcache > 0) ctl = std::make_unique<DeepCacheDenoiser>(o.deepcache, o.deepcache_branch);
+        const std::string label = o.batch_count > 1 ? "image " + std::to_string(k + 1) + "/" +
+                                                          std::to_string(o.batch_count) + " "
+                                                    : "";
+        auto r = pipe.run(p, ctl.get(), [&](const ProgressInfo& pi) { progress_bar(pi, label); });
+        if (k == 0)
+            for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+        write_png(outputs[size_t(k)], r.image_uint8[0], o.overwrite);
+        nlohmann::json j;
+        j["program"] = "anchor-sd";
+        j["version"] = ANCHOR_VERSION;
+        j["model"] = o.model;
+        j["model_layout"] = models.layout;
+        j["model_family"] = models.family;
+        j["prompt"] = o.prompt;
+        j["negative_prompt"] = o.negative;
+        j["cfg_scale"] = o.cfg_scale;
+        j["steps"] = o.steps;
+        j["sampler"] = sampler_name(sampler);
+        j["seed"] = p.seed;
+        j["base_seed"] = seed;
+        j["batch_index"] = k;
+        j["width"] = o.width;
+        j["height"] = o.height;
+        j["clip_skip"] = o.clip_skip;
+        j["dtype"] = o.dtype;
+        j["threads"] = o.threads;
+        j["cache"] = o.deepcache > 0 ? nlohmann::json{{"kind", "deepcache"},
+                                                      {"interval", o.deepcache},
+                                                      {"branch", o.deepcache_branch}}
+                                     : nlohmann::json{{"kind", "none"}};
+        j["unet_full_steps"] = r.full_steps;
+        j["unet_steps"] = r.total_steps;
+        j["warnings"] = r.warnings;
+        j["timings_s"] = {{"load", k == 0 ? load_s : 0.0},
+                          {"text_encoder", r.text_s},
+                          {"denoise", r.denoise_s},
+                          {"vae_decode", r.decode_s},
+                          {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
+        j["output"] = outputs[size_t(k)];
+        write_file_atomic(outputs[size_t(k)] + ".json", j.dump(2) + "\n", o.overwrite);
+        std::fprintf(stderr, "saved %s (seed %lld, denoise %s, decode %s)\n", outputs[size_t(k)].c_str(),
+                     (long long)p.seed, fmt_s(r.denoise_s).c_str(), fmt_s(r.decode_s).c_str());
+    }
+    return 0;
+}
+
+} // namespace
 
 int main(int argc, char** argv) {
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
-        int threads = 0;
-        anchor::add_common_options(app, threads, "anchor-sd");
+        Options o;
+        anchor::add_common_options(app, o.threads, "anchor-sd");
+        std::string samplers;
+        for (const auto& [name, kind] : sampler_table()) samplers += (samplers.empty() ? "" : ", ") + name;
+        app.add_option("-m,--model", o.model, "model: diffusers folder or single-file .safetensors checkpoint")
+            ->required();
+        app.add_option("-p,--prompt", o.prompt, "the prompt")->required();
+        app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)");
+        app.add_option("--cfg-scale", o.cfg_scale, "classifier-free guidance scale; <= 1 disables guidance")
+            ->capture_default_str();
+        app.add_option("--steps", o.steps, "number of sampling steps")->capture_default_str();
+        app.add_option("-s,--seed", o.seed, "RNG seed; negative = random (printed)")->capture_default_str();
+        app.add_option("--sampler", o.sampler, "sampler: " + samplers)->capture_default_str();
+        app.add_option("-W,--width", o.width, "image width (multiple of the VAE factor, 8 for SD)")
+            ->capture_default_str();
+        app.add_option("-H,--height", o.height, "image height (multiple of the VAE factor, 8 for SD)")
+            ->capture_default_str();
+        app.add_option("-b,--batch-count", o.batch_count, "number of images; image k uses seed + k")
+            ->capture_default_str();
+        app.add_option("-o,--output", o.output, "output PNG; a JSON sidecar <output>.json is written next to it, "
+                                                "image k > 0 gets a _k suffix")
+            ->capture_default_str();
+        app.add_option("--clip-skip", o.clip_skip,
+                       "use the N-th last CLIP layer (1 = last, 2 = penultimate); <= 0: the model's default")
+            ->capture_default_str();
+        app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
+        app.add_flag("--overwrite", o.overwrite, "replace existing output files");
+        app.add_option("--deepcache", o.deepcache,
+                       "DeepCache interval N: full UNet every N steps, shallow steps in between (0 = off)")
+            ->capture_default_str();
+        app.add_option("--deepcache-branch", o.deepcache_branch, "DeepCache skip branch (0 = shallowest)")
+            ->capture_default_str();
         try {
             app.parse(argc, argv);
-        } catch (const CLI::ParseError& e) {
+        } catch (const CLI::CallForHelp& e) {
             return app.exit(e);
+        } catch (const CLI::CallForAllHelp& e) {
+            return app.exit(e);
+        } catch (const CLI::Success& e) {
+            return app.exit(e);
+        } catch (const CLI::ParseError& e) {
+            throw UsageError(e.what());
         }
-        anchor::configure_threads(threads);
-        std::cout << app.help();
-        return 0;
+        anchor::configure_threads(o.threads);
+        return run(o);
     });
 }

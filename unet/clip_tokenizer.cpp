@@ -18,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <locale.h>
+#include <wctype.h>
 #include <sstream>
 #include <unistd.h>
 

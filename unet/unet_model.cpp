@@ -87,10 +87,12 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_chann
 }
 
 Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
-    auto h = torch::silu_(norm1->forward(x));
+    auto h = norm1->forward(x);
+    torch::silu_(h);
     h = conv1->forward(h);
     if (time_emb_proj && temb_act.defined()) h.add_(time_emb_proj->forward(temb_act).unsqueeze(-1).unsqueeze(-1));
-    h = torch::silu_(norm2->forward(h));
+    h = norm2->forward(h);
+    torch::silu_(h);
     h = conv2->forward(h);
     // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
     return (conv_shortcut ? conv_shortcut->forward(x) : x) + h;

@@ -5,6 +5,7 @@
 
 #include "unet/unet_model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json_fwd.hpp>

@@ -1,0 +1,185 @@
+// txt2img loop (diffusers 0.27 StableDiffusionPipeline.__call__ semantics).
+#include "unet/pipeline.h"
+
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+
+#define STB_IMAGE_WRITE_STATIC
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb_image_write.h>
+
+#include <chrono>
+#include <filesystem>
+
+namespace anchor::unet {
+
+using torch::Tensor;
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+} // namespace
+
+Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+                             int) {
+    return unet.forward(x, t, ctx);
+}
+
+DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch) : interval_(interval), branch_(branch) {
+    if (interval < 1) throw UsageError("DeepCache interval must be >= 1, got " + std::to_string(interval));
+    if (branch < 0) throw UsageError("DeepCache branch must be >= 0, got " + std::to_string(branch));
+}
+
+void DeepCacheDenoiser::begin(int) {
+    cached_ = Tensor();
+    last_full_ = true;
+}
+
+Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+                                  int step) {
+    last_full_ = step % interval_ == 0 || !cached_.defined();
+    if (last_full_) {
+        UNetFeatures f;
+        f.cache_branch = branch_;
+        auto out = unet.forward(x, t, ctx, &f);
+        cached_ = f.cache_feature;
+        return out;
+    }
+    return unet.forward_shallow(x, t, ctx, branch_, cached_);
+}
+
+Txt2ImgPipeline::Txt2ImgPipeline(SDModels& models) : m_(models) {
+    if (!m_.unet || !m_.vae || !m_.text_encoder) throw Error("txt2img needs the UNet, the VAE and the text encoder");
+}
+
+SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
+    if (!m_.scheduler_config_path.empty()) return SchedulerConfig::from_json_file(m_.scheduler_config_path);
+    return SchedulerConfig{};
+}
+
+void Txt2ImgPipeline::validate(const Txt2ImgParams& p) const {
+    const int f = m_.vae_scale_factor();
+    if (p.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(p.steps));
+    if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
+        throw UsageError("width and height must be positive multiples of " + std::to_string(f) +
+                         " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
+                         std::to_string(p.height));
+    if (p.prompts.empty()) throw UsageError("no prompt");
+    if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
+        throw UsageError("--clip-skip must be in [0, " + std::to_string(m_.text_encoder->config().num_hidden_layers - 1) +
+                         "], got " + std::to_string(p.clip_skip));
+}
+
+Tensor Txt2ImgPipeline::encode_prompts(const std::vector<std::string>& prompts, const std::string& negative,
+                                       int clip_skip, bool cfg, std::vector<std::string>* warnings) {
+    const int max_len = m_.text_encoder->config().max_position_embeddings;
+    auto ids_of = [&](const std::string& text) {
+        auto t = m_.tokenizer.tokenize(text, max_len);
+        if (t.truncated && warnings)
+            warnings->push_back("prompt has " + std::to_string(t.num_bpe_tokens) + " tokens, only the first " +
+                                std::to_string(max_len - 2) + " are used: \"" +
+                                (text.size() > 60 ? text.substr(0, 57) + "..." : text) + "\"");
+        return torch::tensor(t.ids, torch::kLong).unsqueeze(0);
+    };
+    std::vector<Tensor> rows;
+    for (const auto& p : prompts) rows.push_back(ids_of(p));
+    torch::NoGradGuard ng;
+    auto cond = m_.text_encoder->encode(torch::cat(rows, 0), clip_skip);
+    if (!cfg) return cond;
+    // diffusers encodes the negative prompt once and repeats it for every image.
+    auto uncond = m_.text_encoder->encode(ids_of(negative), clip_skip).expand({int64_t(prompts.size()), -1, -1});
+    return torch::cat({uncond, cond}, 0);
+}
+
+Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, const Tensor& context, double guidance,
+                             bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec) {
+    c10::InferenceMode guard;
+    const double tv = sched.timestep(i);
+    auto x = cfg ? torch::cat({latents, latents}, 0) : latents;
+    auto model_input = sched.scale_model_input(x, i);
+    auto t = torch::tensor(tv, torch::kFloat).reshape({});
+    auto noise_pred = ctl.predict(*m_.unet, model_input, t, context, i).to(latents.scalar_type());
+    Tensor guided = cfg ? cfg_combine(noise_pred, guidance) : noise_pred;
+    auto next = sched.step(guided, i, latents, &gen);
+    if (rec) {
+        rec->index = i;
+        rec->timestep = tv;
+        rec->model_input = model_input;
+        rec->noise_pred = noise_pred;
+        rec->guided_noise_pred = guided;
+        rec->latents = next;
+    }
+    return next;
+}
+
+std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
+    c10::InferenceMode guard;
+    auto decoded = m_.vae->decode(latents / m_.vae->config().scaling_factor).to(torch::kFloat);
+    auto image = (decoded / 2 + 0.5).clamp(0, 1);
+    auto u8 = (image.permute({0, 2, 3, 1}) * 255).round().to(torch::kUInt8).contiguous();
+    return {decoded, image, u8};
+}
+
+Tensor cfg_combine(const Tensor& noise_pred, double guidance) {
+    auto uc = noise_pred.chunk(2, 0);
+    return uc[0] + guidance * (uc[1] - uc[0]);
+}
+
+Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p, DenoiseController* ctl_in, const ProgressFn& progress,
+                                   const StepFn& on_step, const SchedulerConfig* sched_cfg) {
+    validate(p);
+    c10::InferenceMode guard;
+    FullDenoiser full;
+    DenoiseController& ctl = ctl_in ? *ctl_in : full;
+    Txt2ImgResult r;
+    const bool cfg = p.guidance_scale > 1.0;
+    auto t0 = std::chrono::steady_clock::now();
+    r.prompt_embeds = encode_prompts(p.prompts, p.negative_prompt, p.clip_skip, cfg, &r.warnings);
+    r.text_s = seconds_since(t0);
+
+    auto sched = make_scheduler(p.sampler, sched_cfg ? *sched_cfg : scheduler_config(), p.eta);
+    sched->set_timesteps(p.steps);
+    const int f = m_.vae_scale_factor();
+    const int64_t B = int64_t(p.prompts.size());
+    const int64_t C = m_.unet->config().in_channels;
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
+    r.initial_noise = torch::randn({B, C, p.height / f, p.width / f}, gen, torch::TensorOptions().dtype(torch::kFloat));
+    auto latents = r.initial_noise * sched->init_noise_sigma();
+    r.initial_latents = latents;
+    const int n = sched->num_loop_steps();
+    ctl.begin(n);
+    t0 = std::chrono::steady_clock::now();
+    StepRecord rec;
+    for (int i = 0; i < n; ++i) {
+        latents = step(*sched, i, latents, r.prompt_embeds, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr);
+        r.full_steps += ctl.last_step_was_full() ? 1 : 0;
+        if (on_step) on_step(rec);
+        if (progress) progress({i + 1, n, seconds_since(t0)});
+    }
+    r.total_steps = n;
+    r.denoise_s = seconds_since(t0);
+    r.final_latents = latents;
+    t0 = std::chrono::steady_clock::now();
+    auto d = decode(latents);
+    r.decoded = d[0];
+    r.image = d[1];
+    r.image_uint8 = d[2];
+    r.decode_s = seconds_since(t0);
+    return r;
+}
+
+void write_png(const std::string& path, const Tensor& hwc, bool overwrite) {
+    auto img = hwc.to(torch::kUInt8).contiguous();
+    TORCH_CHECK(img.dim() == 3 && img.size(2) == 3, "write_png expects [H, W, 3] uint8");
+    const int h = int(img.size(0)), w = int(img.size(1));
+    write_via_temp(
+        path,
+        [&](const std::string& tmp) {
+            if (!stbi_write_png(tmp.c_str(), w, h, 3, img.data_ptr<uint8_t>(), w * 3))
+                throw Error("cannot write PNG '" + tmp + "'");
+        },
+        overwrite);
+}
+
+} // namespace anchor::unet

@@ -1,0 +1,136 @@
+// txt2img with classifier-free guidance, exactly the loop of diffusers 0.27 StableDiffusionPipeline.__call__ (see
+// tests/golden/sd/pipeline_tiny/README.md): uncond rows first, one batched UNet call per step, initial latents from a
+// CPU generator seeded like torch.Generator('cpu').manual_seed(seed) that is also handed to the scheduler step.
+//
+// How the UNet is evaluated at each step is delegated to a DenoiseController, so feature caches (DeepCache and the
+// anchor caches) plug in per-step decisions (full vs shallow UNet) without touching the loop.
+#pragma once
+
+#include "unet/checkpoint.h"
+#include "unet/scheduler.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace anchor::unet {
+
+struct Txt2ImgParams {
+    std::vector<std::string> prompts{""}; // one image per prompt (batched in one UNet call)
+    std::string negative_prompt;
+    double guidance_scale = 7.5; // <= 1 disables classifier-free guidance (no uncond rows), as in diffusers
+    int steps = 20;
+    int64_t seed = 42;
+    int width = 512;
+    int height = 512;
+    SamplerKind sampler = SamplerKind::EulerAncestral;
+    double eta = 0.0; // DDIM only
+    int clip_skip = 0;
+};
+
+// Per-step evaluation of the (CFG-batched) UNet.
+class DenoiseController {
+public:
+    virtual ~DenoiseController() = default;
+    virtual std::string name() const = 0;
+    // Called once before the loop with the number of loop steps.
+    virtual void begin(int num_steps) { (void)num_steps; }
+    // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
+    virtual torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& model_input,
+                                  const torch::Tensor& timestep, const torch::Tensor& context, int step) = 0;
+    // Whether step `step` ran the full UNet (for logs/JSON); controllers without a cache always do.
+    virtual bool last_step_was_full() const { return true; }
+};
+
+// Every step runs the full UNet.
+class FullDenoiser : public DenoiseController {
+public:
+    std::string name() const override { return "none"; }
+    torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
+                          const torch::Tensor& ctx, int step) override;
+};
+
+// DeepCache (Ma et al. 2023, uniform skip mode): step i is full when i % interval == 0 and stores the feature entering
+// the up layer of skip `branch`; other steps run UNet2DConditionModelImpl::forward_shallow with that feature.
+class DeepCacheDenoiser : public DenoiseController {
+public:
+    DeepCacheDenoiser(int interval, int branch);
+    std::string name() const override { return "deepcache"; }
+    void begin(int num_steps) override;
+    torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
+                          const torch::Tensor& ctx, int step) override;
+    bool last_step_was_full() const override { return last_full_; }
+    const torch::Tensor& cached_feature() const { return cached_; }
+
+private:
+    int interval_, branch_;
+    torch::Tensor cached_;
+    bool last_full_ = true;
+};
+
+// Everything a step produced (for golden checks and debugging).
+struct StepRecord {
+    int index = 0;
+    double timestep = 0;
+    torch::Tensor model_input, noise_pred, guided_noise_pred, latents; // latents: after the step
+};
+
+struct ProgressInfo {
+    int step = 0; // steps done (1-based after a step)
+    int total = 0;
+    double elapsed_s = 0;
+};
+
+struct Txt2ImgResult {
+    torch::Tensor initial_noise, initial_latents, prompt_embeds, final_latents;
+    torch::Tensor decoded;     // raw VAE output [B,3,H,W]
+    torch::Tensor image;       // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
+    torch::Tensor image_uint8; // round(image*255) NHWC uint8 [B,H,W,3]
+    std::vector<std::string> warnings; // e.g. prompt truncation
+    int full_steps = 0, total_steps = 0;
+    double text_s = 0, denoise_s = 0, decode_s = 0;
+};
+
+class Txt2ImgPipeline {
+public:
+    explicit Txt2ImgPipeline(SDModels& models);
+
+    // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
+    SchedulerConfig scheduler_config() const;
+    // Checks width/height against the VAE factor, steps >= 1 ... (UsageError).
+    void validate(const Txt2ImgParams& p) const;
+
+    // [uncond rows (negative prompt repeated), cond rows] when guidance is on, else the cond rows only. Truncation
+    // warnings are appended to `warnings`.
+    torch::Tensor encode_prompts(const std::vector<std::string>& prompts, const std::string& negative, int clip_skip,
+                                 bool cfg, std::vector<std::string>* warnings);
+    // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
+    torch::Tensor step(Scheduler& sched, int i, const torch::Tensor& latents, const torch::Tensor& context,
+                       double guidance, bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec);
+    // VAE decode of final latents: returns {decoded, image in [0,1], uint8 NHWC}.
+    std::vector<torch::Tensor> decode(const torch::Tensor& latents);
+
+    using ProgressFn = std::function<void(const ProgressInfo&)>;
+    using StepFn = std::function<void(const StepRecord&)>;
+    // `sched_cfg` overrides scheduler_config() (tests with a stored scheduler configuration).
+    Txt2ImgResult run(const Txt2ImgParams& p, DenoiseController* ctl = nullptr, const ProgressFn& progress = {},
+                      const StepFn& on_step = {}, const SchedulerConfig* sched_cfg = nullptr);
+
+    SDModels& models() { return m_; }
+
+private:
+    SDModels& m_;
+};
+
+// Classifier-free guidance (Ho & Salimans 2022) on a CFG batch [uncond rows; cond rows]: u + g * (c - u), the
+// operation order of diffusers.
+torch::Tensor cfg_combine(const torch::Tensor& noise_pred, double guidance);
+
+// Writes an RGB uint8 NHWC image (one batch row) as PNG through write_via_temp.
+void write_png(const std::string& path, const torch::Tensor& image_uint8_hwc, bool overwrite);
+
+} // namespace anchor::unet
