@@ -70,7 +70,7 @@ inline int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? 0 
 
 // conv->forward(x) with a once-reordered oneDNN weight where possible (float32 CPU, zero padding given as numbers,
 // LibTorch built with oneDNN); otherwise exactly conv->forward(x).
-inline torch::Tensor conv2d(const torch::nn::Conv2d& conv, const torch::Tensor& x) {
+inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { // holder copy: non-const Impl
 #if AT_MKLDNN_ENABLED()
     const auto& o = conv->options;
     const torch::Tensor& w = conv->weight;
@@ -104,9 +104,9 @@ inline torch::Tensor conv2d(const torch::nn::Conv2d& conv, const torch::Tensor& 
             // Drop entries whose model is gone before adding this one.
             for (auto e = c.entries.begin(); e != c.entries.end();)
                 e = e->second.owner.expired() ? c.entries.erase(e) : std::next(e);
-            c.entries[w.unsafeGetTensorImpl()] = detail::PackedConv{
+            c.entries.insert_or_assign(w.unsafeGetTensorImpl(), detail::PackedConv{
                 c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w.data_ptr(),
-                detail::version_of(w), packed};
+                detail::version_of(w), packed});
         }
     }
     c10::optional<torch::Tensor> bias;
