@@ -2,6 +2,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/common.h"
+#include "cli/sd_bench.h"
 #include "unet/pipeline.h"
 
 #include <CLI/CLI.hpp>
@@ -167,6 +168,7 @@ int run(const Options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "bench") return anchor::cli::sd_bench_main(argc, argv);
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         Options o;

@@ -1,0 +1,22 @@
+// `anchor-sd bench`: UNet step speed with analytic MAC counts, against this machine's own GEMM rate.
+#pragma once
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace anchor::cli {
+
+// Adds the `bench` subcommand to `app` and appends (subcommand, runner) to `runners`; the caller runs the runner of
+// the subcommand that was parsed (runner returns the exit code).
+void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
+
+// Self-contained entry for `anchor-sd bench ...` (argv[1] == "bench"): its own top-level app with --threads and
+// --version plus the bench subcommand; errors map to exit codes like run_program.
+int sd_bench_main(int argc, char** argv);
+
+} // namespace anchor::cli

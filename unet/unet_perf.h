@@ -1,0 +1,127 @@
+// Inference fast paths of the UNet / VAE forwards (CPU float32), kept behind one process-wide switch so that the plain
+// module forwards stay available as the reference: `anchor-sd bench --baseline` times them, and
+// tests/test_unet_macs.cpp checks that both paths agree to 1e-5 relative on the tiny golden UNet.
+//
+// What the fast paths change (measured in tests/bench/results/, see cli/sd_bench.cpp):
+// * Conv2d: the weight is reordered ONCE into oneDNN's blocked layout (at::mkldnn_reorder_conv2d_weight) and the
+//   convolution called with it (at::mkldnn_convolution). The plain path hands a dense OIHW weight to oneDNN, which
+//   reorders it on every call: for SD 1.5 that is 2.4 GB of conv weights read and written again per UNet step.
+//   Costs one packed copy of the conv weights in memory.
+// * attention: queries chunked so the score buffer stays below 16 MiB: glibc serves such blocks from its heap
+//   instead of fresh mmap()s whose pages fault in on every call. (Folding the softmax scale into q was tried and
+//   dropped: it moved the tiny golden UNet's output by 1.8e-5 relative, above our 1e-5 budget.)
+// * residual adds, GEGLU product: in place on fresh outputs (fewer allocations; identical values).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <ATen/Config.h>
+#include <torch/version.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace anchor::unet::perf {
+
+inline std::atomic<bool>& fast_flag() {
+    static std::atomic<bool> flag{true};
+    return flag;
+}
+// true (default): fast paths; false: the plain module forwards (reference).
+inline bool fast() { return fast_flag().load(std::memory_order_relaxed); }
+inline void set_fast(bool on) { fast_flag().store(on); }
+
+// Score-buffer bound of the attention's query chunks in fast mode.
+constexpr int64_t kAttentionChunkBytes = int64_t(16) << 20;
+
+namespace detail {
+
+// LibTorch 1.x has its own c10::variant, 2.x uses std::variant.
+template <typename T, typename V> const T* variant_get_if(const V& v) {
+#if TORCH_VERSION_MAJOR >= 2
+    return std::get_if<T>(&v);
+#else
+    return c10::get_if<T>(&v);
+#endif
+}
+
+struct PackedConv {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner; // the dense weight it was made from
+    const void* data = nullptr;
+    int64_t version = -1;
+    torch::Tensor packed;
+};
+
+struct PackedConvCache {
+    std::mutex mu;
+    std::unordered_map<const c10::TensorImpl*, PackedConv> entries;
+    bool disabled = false; // set when this LibTorch cannot run the packed path
+};
+
+inline PackedConvCache& cache() {
+    static PackedConvCache c;
+    return c;
+}
+
+inline int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? 0 : int64_t(w._version()); }
+
+} // namespace detail
+
+// conv->forward(x) with a once-reordered oneDNN weight where possible (float32 CPU, zero padding given as numbers,
+// LibTorch built with oneDNN); otherwise exactly conv->forward(x).
+inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { // holder copy: non-const Impl
+#if AT_MKLDNN_ENABLED()
+    const auto& o = conv->options;
+    const torch::Tensor& w = conv->weight;
+    const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    auto& c = detail::cache();
+    if (!fast() || c.disabled || pad == nullptr || !detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) ||
+        x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat || !x.device().is_cpu() ||
+        !w.device().is_cpu() || x.dim() != 4 || x.requires_grad() || w.requires_grad() || !at::hasMKLDNN())
+        return conv->forward(x);
+    const std::vector<int64_t> padding = at::IntArrayRef(*pad).vec(), stride = at::IntArrayRef(o.stride()).vec(),
+                               dilation = at::IntArrayRef(o.dilation()).vec();
+    torch::Tensor packed;
+    {
+        std::lock_guard<std::mutex> lock(c.mu);
+        auto it = c.entries.find(w.unsafeGetTensorImpl());
+        if (it != c.entries.end()) {
+            auto alive = it->second.owner.lock();
+            if (alive.get() == w.unsafeGetTensorImpl() && it->second.data == w.data_ptr() &&
+                it->second.version == detail::version_of(w))
+                packed = it->second.packed;
+        }
+        if (!packed.defined()) {
+            try {
+                c10::InferenceMode guard;
+                packed = at::mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
+                                                          o.groups());
+            } catch (const std::exception&) {
+                c.disabled = true;
+                return conv->forward(x);
+            }
+            // Drop entries whose model is gone before adding this one.
+            for (auto e = c.entries.begin(); e != c.entries.end();)
+                e = e->second.owner.expired() ? c.entries.erase(e) : std::next(e);
+            c.entries.insert_or_assign(w.unsafeGetTensorImpl(), detail::PackedConv{
+                c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w.data_ptr(),
+                detail::version_of(w), packed});
+        }
+    }
+    c10::optional<torch::Tensor> bias;
+    if (conv->bias.defined()) bias = conv->bias;
+    try {
+        return at::mkldnn_convolution(x.contiguous(), packed, bias, padding, stride, dilation, o.groups());
+    } catch (const std::exception&) { // dense input + packed weight not supported by this LibTorch: plain path
+        std::lock_guard<std::mutex> lock(c.mu);
+        c.disabled = true;
+        c.entries.clear();
+    }
+    return conv->forward(x);
+#else
+    return conv->forward(x);
+#endif
+}
+
+} // namespace anchor::unet::perf
