@@ -12,5 +12,8 @@ fi
 "$root/cli/setup.sh" "${setup_args[@]}"
 start=$(date +%s)
 cd "$build_dir"
+# Two test processes at a time on two cores: one intra-op thread each, and no OpenMP spin-waiting, or the runs
+# collapse (OpenMP busy-waiting on an oversubscribed machine costs ~100x). Tests that need threads set them.
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 ctest --output-on-failure -j2 "$@"
 echo "tests: finished in $(( $(date +%s) - start )) s"
