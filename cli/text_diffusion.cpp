@@ -34,7 +34,9 @@ const Gpt2Tokenizer& tokenizer() {
     return *tok;
 }
 
-std::vector<int64_t> encode_text(const std::string& text) { return tokenizer().encode(text); }
+std::vector<int64_t> encode_text(const std::string& text) {
+    return tokenizer().encode(text);
+}
 
 // Text of `ids` with every [MASK] shown as "[MASK]" (runs between masks are decoded together so multi-token
 // characters stay whole); with --ids, the ids themselves.
@@ -43,8 +45,10 @@ std::string decode_ids(const std::vector<int64_t>& ids) {
     if (g_print_ids) {
         for (size_t i = 0; i < ids.size(); ++i) {
             if (i) os << ' ';
-            if (ids[i] == kMdlmMaskId) os << "[MASK]";
-            else os << ids[i];
+            if (ids[i] == kMdlmMaskId)
+                os << "[MASK]";
+            else
+                os << ids[i];
         }
         return os.str();
     }
@@ -78,8 +82,8 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
                 used = 0;
             }
             if (used != p.size() || v < 0 || v >= kGpt2VocabSize)
-                throw UsageError(what + ": '" + p + "' is not a GPT-2 token id (0.." + std::to_string(kGpt2VocabSize - 1) +
-                                 ")");
+                throw UsageError(what + ": '" + p + "' is not a GPT-2 token id (0.." +
+                                 std::to_string(kGpt2VocabSize - 1) + ")");
             out.push_back(v);
         }
     }
@@ -112,8 +116,9 @@ struct SampleArgs {
         auto* m = app->add_option("-m,--model", model, "MDLM model folder or .safetensors (config.json next to it)");
         if (model_required) m->required();
         app->add_option("-p,--prompt", prompt, "Prompt text (GPT-2 BPE)");
-        app->add_option("--vocab", g_vocab_dir, "GPT-2 vocabulary folder (encoder.json + vocab.bpe; default " +
-                                                    Gpt2Tokenizer::default_dir() + ")");
+        app->add_option("--vocab", g_vocab_dir,
+                        "GPT-2 vocabulary folder (encoder.json + vocab.bpe; default " + Gpt2Tokenizer::default_dir() +
+                            ")");
         app->add_flag("--ids", g_print_ids, "Print token ids instead of text");
         app->add_option("--prompt-ids", prompt_ids, "Prompt as GPT-2 ids, comma or space separated");
         app->add_option("--length", length, "Total sequence length, prompt included")->capture_default_str();
@@ -195,7 +200,8 @@ int run_generate(const GenerateArgs& a) {
     }
     // --compare A,B: both runs side by side with the same seed; tokens that differ are marked.
     auto comma = a.compare.find(',');
-    if (comma == std::string::npos) throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
+    if (comma == std::string::npos)
+        throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
     std::string ma = a.compare.substr(0, comma), mb = a.compare.substr(comma + 1);
     MdlmDenoiser da(model, parse_cache_spec(ma)), db(model, parse_cache_spec(mb));
     auto ra = sample(da, so, a.show_steps ? StepCallback(show) : StepCallback());
@@ -252,7 +258,8 @@ int run_calibrate(const CalibrateArgs& a) {
         }
     }
     if (!a.s.prompt.empty()) co.prompts.push_back(encode_text(a.s.prompt));
-    if (co.prompts.empty()) throw UsageError("calibrate needs prompts: --prompt-ids (repeatable) or --prompts-from TOKENS");
+    if (co.prompts.empty())
+        throw UsageError("calibrate needs prompts: --prompt-ids (repeatable) or --prompts-from TOKENS");
     SampleArgs sa = a.s;
     sa.prompt.clear();
     sa.prompt_ids.clear();
@@ -271,7 +278,8 @@ int run_calibrate(const CalibrateArgs& a) {
     std::cout << "anchor profile: " << prof.centroids.size() << " classes over " << prof.n_layers << " layers x "
               << prof.time_bins << " steps -> " << a.out << "\n";
     for (size_t c = 0; c < prof.centroids.size(); ++c)
-        std::cout << "  class " << c << ": mean delta " << prof.centroids[c] << ", staleness " << prof.class_stale[c] << "\n";
+        std::cout << "  class " << c << ": mean delta " << prof.centroids[c] << ", staleness " << prof.class_stale[c]
+                  << "\n";
     return 0;
 }
 
@@ -298,9 +306,12 @@ int run_train(TrainArgs a) {
     }
     a.o.compact_vocab = !a.full_vocab;
     a.o.resume = !a.no_resume;
-    if (a.export_dtype == "f16") a.o.export_dtype = torch::kFloat16;
-    else if (a.export_dtype == "f32") a.o.export_dtype = torch::kFloat32;
-    else throw UsageError("--export-dtype must be f16 or f32");
+    if (a.export_dtype == "f16")
+        a.o.export_dtype = torch::kFloat16;
+    else if (a.export_dtype == "f32")
+        a.o.export_dtype = torch::kFloat32;
+    else
+        throw UsageError("--export-dtype must be f16 or f32");
     a.o.log = [](const std::string& s) { std::cout << s << std::endl; };
     auto r = train_mdlm(a.o);
     std::cout << "trained steps " << r.start_step << ".." << r.end_step << "\n";
@@ -348,7 +359,9 @@ int run_bench(const BenchArgs& a) {
             so.temperature = 0.0; // agreement measures the cache, not sampling noise
             auto gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(r));
             auto pr = torch::randint(0, 50257, {a.prompt_len}, gen, torch::kInt64);
-            if (cfg.compact_vocab) pr = model->vocab_ids.index_select(0, torch::randint(0, cfg.vocab_size - 1, {a.prompt_len}, gen, torch::kInt64));
+            if (cfg.compact_vocab)
+                pr = model->vocab_ids.index_select(
+                    0, torch::randint(0, cfg.vocab_size - 1, {a.prompt_len}, gen, torch::kInt64));
             so.prompt.assign(pr.data_ptr<int64_t>(), pr.data_ptr<int64_t>() + a.prompt_len);
             MdlmDenoiser off(model, CacheSpec{}), anc(model, spec);
             auto ro = sample(off, so), ra = sample(anc, so);
@@ -383,7 +396,8 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     runners.emplace_back(gen, [] { return run_generate(g); });
 
     static CalibrateArgs c;
-    auto* cal = diff->add_subcommand("calibrate", "Uncached sampling on prompts -> anchor profile JSON (k-means classes)");
+    auto* cal =
+        diff->add_subcommand("calibrate", "Uncached sampling on prompts -> anchor profile JSON (k-means classes)");
     c.s.add(cal, true);
     cal->add_option("--prompt-id-list", c.prompt_id_lists, "A prompt as ids (repeatable)");
     cal->add_option("--prompts-from", c.prompts_from, "Token file (uint16 LE) to take prompts from");

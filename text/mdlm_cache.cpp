@@ -74,11 +74,16 @@ CacheSpec parse_cache_spec(const std::string& s) {
             if (d != std::floor(d)) throw UsageError("cache option " + k + "=" + v + ": expected an integer");
             return static_cast<int64_t>(d);
         };
-        if (k == "tau") spec.anchor.tau_gate = num(-1e9, 1e9);
-        else if (k == "stale") spec.anchor.stale = integer(0);
-        else if (k == "stale_high") spec.anchor.stale_high = integer(0);
-        else if (k == "rho") spec.anchor.rho = num(0.0, 1.0);
-        else if (k == "refresh") spec.anchor.refresh = integer(0);
+        if (k == "tau")
+            spec.anchor.tau_gate = num(-1e9, 1e9);
+        else if (k == "stale")
+            spec.anchor.stale = integer(0);
+        else if (k == "stale_high")
+            spec.anchor.stale_high = integer(0);
+        else if (k == "rho")
+            spec.anchor.rho = num(0.0, 1.0);
+        else if (k == "refresh")
+            spec.anchor.refresh = integer(0);
         else if (k == "profile") {
             if (v.empty()) throw UsageError("cache option profile= needs a file");
             spec.anchor.profile = v;
@@ -198,7 +203,8 @@ void kmeans_1d(const std::vector<double>& values, int64_t k, std::vector<double>
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return centroids[a] < centroids[b]; });
     std::vector<int64_t> remap(static_cast<size_t>(k), -1);
     std::vector<double> sorted_c;
-    for (size_t r = 0; r < order.size(); ++r) remap[order[r]] = static_cast<int64_t>(r), sorted_c.push_back(centroids[order[r]]);
+    for (size_t r = 0; r < order.size(); ++r)
+        remap[order[r]] = static_cast<int64_t>(r), sorted_c.push_back(centroids[order[r]]);
     for (auto& a : assignment) a = remap[a];
     centroids = sorted_c;
 }
@@ -261,7 +267,9 @@ private:
 };
 } // namespace
 
-std::unique_ptr<MdlmLatentStore> make_dense_latent_store() { return std::make_unique<DenseLatentStore>(); }
+std::unique_ptr<MdlmLatentStore> make_dense_latent_store() {
+    return std::make_unique<DenseLatentStore>();
+}
 
 // ---- denoiser -------------------------------------------------------------------------------------------------------
 
@@ -302,7 +310,8 @@ torch::Tensor MdlmDenoiser::logits(const torch::Tensor& ids, double t, int64_t s
     return model_->head(h.index_select(1, positions), c).squeeze(0);
 }
 
-torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step) {
+torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
+                                         int64_t step) {
     auto x = x0;
     int64_t l = 0;
     for (auto& b : model_->block_list) {

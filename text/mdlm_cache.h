@@ -52,11 +52,11 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // ke
 // Calibrated anchor profile: k-means classes of per-(layer, time) hidden-state change, each with a staleness.
 struct AnchorProfile {
     int64_t n_layers = 0;
-    int64_t time_bins = 0;               // class_of[l] has one entry per time bin over t in (1, 0]
-    std::vector<double> centroids;       // per class: mean Delta
-    std::vector<int64_t> class_stale;    // per class: staleness
+    int64_t time_bins = 0;                      // class_of[l] has one entry per time bin over t in (1, 0]
+    std::vector<double> centroids;              // per class: mean Delta
+    std::vector<int64_t> class_stale;           // per class: staleness
     std::vector<std::vector<int64_t>> class_of; // [layer][bin]
-    nlohmann::json meta;                 // calibration facts (model, prompts, steps)
+    nlohmann::json meta;                        // calibration facts (model, prompts, steps)
 
     int64_t staleness(int64_t layer, int64_t step, int64_t total_steps) const;
     nlohmann::json to_json() const;
@@ -92,9 +92,9 @@ public:
 std::unique_ptr<MdlmLatentStore> make_dense_latent_store();
 
 struct CacheStats {
-    int64_t position_layers_total = 0;  // positions x layers over all steps
-    int64_t position_layers_reused = 0; // anchored ones
-    int64_t full_steps = 0;             // steps where everything was recomputed
+    int64_t position_layers_total = 0;    // positions x layers over all steps
+    int64_t position_layers_reused = 0;   // anchored ones
+    int64_t full_steps = 0;               // steps where everything was recomputed
     std::vector<int64_t> active_per_step; // sum over layers of active positions
     double reused_fraction() const {
         return position_layers_total ? double(position_layers_reused) / double(position_layers_total) : 0.0;
@@ -135,8 +135,8 @@ public:
 
 private:
     torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
-                                double t, int64_t step);
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, double t,
+                                int64_t step);
 
     MdlmModel model_;
     CacheSpec spec_;

@@ -14,7 +14,9 @@ namespace anchor::text {
 
 namespace fs = std::filesystem;
 
-const char* gate_kind_name(GateKind g) { return g == GateKind::TimeAnchor ? "time_anchor" : "adaln"; }
+const char* gate_kind_name(GateKind g) {
+    return g == GateKind::TimeAnchor ? "time_anchor" : "adaln";
+}
 
 GateKind gate_kind_from_string(const std::string& s) {
     if (s == "time_anchor" || s == "anchor") return GateKind::TimeAnchor;
@@ -38,22 +40,13 @@ void MdlmConfig::validate() const {
 }
 
 nlohmann::json MdlmConfig::to_json() const {
-    return {{"model_type", "mdlm"},
-            {"vocab_size", vocab_size},
-            {"mask_token_id", mask_token_id},
-            {"hidden_size", hidden_size},
-            {"n_heads", n_heads},
-            {"n_blocks", n_blocks},
-            {"cond_dim", cond_dim},
-            {"mlp_ratio", mlp_ratio},
-            {"freq_embed_size", freq_embed_size},
-            {"max_seq_len", max_seq_len},
-            {"rope_base", rope_base},
-            {"norm_eps", norm_eps},
-            {"noise_eps", noise_eps},
-            {"gate", gate_kind_name(gate)},
-            {"tie_word_embeddings", tie_word_embeddings},
-            {"compact_vocab", compact_vocab}};
+    return {
+        {"model_type", "mdlm"},          {"vocab_size", vocab_size},     {"mask_token_id", mask_token_id},
+        {"hidden_size", hidden_size},    {"n_heads", n_heads},           {"n_blocks", n_blocks},
+        {"cond_dim", cond_dim},          {"mlp_ratio", mlp_ratio},       {"freq_embed_size", freq_embed_size},
+        {"max_seq_len", max_seq_len},    {"rope_base", rope_base},       {"norm_eps", norm_eps},
+        {"noise_eps", noise_eps},        {"gate", gate_kind_name(gate)}, {"tie_word_embeddings", tie_word_embeddings},
+        {"compact_vocab", compact_vocab}};
 }
 
 MdlmConfig MdlmConfig::from_json(const nlohmann::json& j) {
@@ -332,7 +325,8 @@ torch::Tensor MdlmModelImpl::conditioning(const torch::Tensor& t) {
 
 Rope MdlmModelImpl::rope(int64_t length, const torch::TensorOptions& opts) const {
     const int64_t d = cfg_.head_dim(), half = d / 2;
-    auto inv = torch::pow(cfg_.rope_base, -torch::arange(half, opts.dtype(torch::kFloat64)) / static_cast<double>(half));
+    auto inv =
+        torch::pow(cfg_.rope_base, -torch::arange(half, opts.dtype(torch::kFloat64)) / static_cast<double>(half));
     auto ang = torch::arange(length, opts.dtype(torch::kFloat64)).unsqueeze(1) * inv.unsqueeze(0); // [L, half]
     ang = torch::cat({ang, ang}, 1);
     return {torch::cos(ang).to(opts.dtype()), torch::sin(ang).to(opts.dtype())};
@@ -367,10 +361,14 @@ void init_mdlm_weights(MdlmModel& model, uint64_t seed, double std) {
     for (auto& p : model->named_parameters(true)) {
         auto& t = p.value();
         const auto& n = p.key();
-        if (n.find("norm") != std::string::npos) t.fill_(1.0);
-        else if (n.find("adaLN_modulation") != std::string::npos) t.zero_(); // SEDD: zero-initialised modulation
-        else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) t.zero_();
-        else t.normal_(0.0, std, gen);
+        if (n.find("norm") != std::string::npos)
+            t.fill_(1.0);
+        else if (n.find("adaLN_modulation") != std::string::npos)
+            t.zero_(); // SEDD: zero-initialised modulation
+        else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
+            t.zero_();
+        else
+            t.normal_(0.0, std, gen);
     }
 }
 
@@ -426,7 +424,8 @@ MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
             have_cfg = true;
         }
     }
-    if (!have_cfg) cfg = MdlmConfig::detect_from_weights(w, n_heads_hint);
+    if (!have_cfg)
+        cfg = MdlmConfig::detect_from_weights(w, n_heads_hint);
     else {
         // The config must agree with the shapes; detection finds the disagreement with a clear message.
         auto det = MdlmConfig::detect_from_weights(w, cfg.n_heads);

@@ -25,8 +25,8 @@
 // | blocks.i.attn_out.weight               | [D, D]             | same (no bias)                                |
 // | blocks.i.mlp.0.weight / .bias          | [rD, D] / [rD]     | same                                          |
 // | blocks.i.mlp.2.weight / .bias          | [D, rD] / [D]      | same                                          |
-// | blocks.i.adaLN_modulation.weight/.bias | [6D, C] (adaln)    | same: shift, scale, gate (msa), shift, scale, gate (mlp) |
-// |                                        | [4D, C] (anchor)   | not in SEDD: shift1, scale1, shift2, scale2    |
+// | blocks.i.adaLN_modulation.weight/.bias | [6D, C] (adaln)    | same: shift/scale/gate msa, shift/scale/gate mlp |
+// |                                        | [4D, C] (anchor)   | not in SEDD: shift1, scale1, shift2, scale2   |
 // | blocks.i.gate_attn / gate_ffn .weight/.bias | [D, C] / [D]  | not in SEDD (time-anchor gates)               |
 // | output_layer.norm_final.weight         | [D]                | same                                          |
 // | output_layer.adaLN_modulation.weight/.bias | [2D, C] / [2D] | same (shift, scale)                           |
@@ -178,7 +178,8 @@ public:
     // Token embedding of internal ids [B, L].
     torch::Tensor embed(const torch::Tensor& ids) { return vocab_embed->forward(ids); }
     // Residual stream after all blocks, [B, L, D]. `per_layer` (optional) receives each block's output.
-    torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& c, std::vector<torch::Tensor>* per_layer = nullptr);
+    torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& c,
+                         std::vector<torch::Tensor>* per_layer = nullptr);
     // Logits with [MASK] at -inf (MDLM's SUBS parameterisation) for hidden rows [B, n, D].
     torch::Tensor head(const torch::Tensor& h, const torch::Tensor& c);
     // Full dense forward: logits [B, L, V] for internal ids [B, L] at times t [B].

@@ -25,8 +25,8 @@ UnmaskRule unmask_rule_from_string(const std::string& s); // UsageError listing 
 std::string unmask_rule_name(UnmaskRule r);
 
 struct SamplerOptions {
-    int64_t length = 128; // total sequence length, prompt included
-    int64_t steps = 64;   // total denoising steps over all blocks
+    int64_t length = 128;        // total sequence length, prompt included
+    int64_t steps = 64;          // total denoising steps over all blocks
     std::vector<int64_t> prompt; // GPT-2-side ids of the fixed prefix
     UnmaskRule rule = UnmaskRule::Ancestral;
     double temperature = 1.0;

@@ -23,7 +23,8 @@ std::vector<int64_t> load_token_file(const std::string& path) {
     if (bytes.size() % 2 != 0) throw Error("token file '" + path + "' has an odd size (expected uint16 LE ids)");
     std::vector<int64_t> ids(bytes.size() / 2);
     for (size_t i = 0; i < ids.size(); ++i) {
-        ids[i] = static_cast<uint8_t>(bytes[2 * i]) | (static_cast<int64_t>(static_cast<uint8_t>(bytes[2 * i + 1])) << 8);
+        ids[i] =
+            static_cast<uint8_t>(bytes[2 * i]) | (static_cast<int64_t>(static_cast<uint8_t>(bytes[2 * i + 1])) << 8);
         if (ids[i] >= kGpt2VocabSize)
             throw Error("token file '" + path + "': id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
                         " is not a GPT-2 id");
@@ -50,8 +51,8 @@ torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generato
     auto batch_of = torch::div(flat, L, "floor");
     auto logits = model->head(rows, c.index_select(0, batch_of)).squeeze(1); // [N, V]
     auto target = ids.reshape(-1).index_select(0, flat);
-    auto nll = torch::nn::functional::cross_entropy(logits, target,
-                                                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto nll = torch::nn::functional::cross_entropy(
+        logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto w = 1.0 / t.index_select(0, batch_of);
     return (nll * w).sum() / double(B * L);
 }
@@ -111,10 +112,12 @@ TrainResult train_mdlm(const TrainOptions& o) {
         if (o.log) o.log(s);
     };
     if (o.out_dir.empty()) throw UsageError("train: an output directory is required");
-    if (o.batch <= 0 || o.seq_len <= 1 || o.steps <= 0) throw UsageError("train: batch, seq_len, steps must be positive");
+    if (o.batch <= 0 || o.seq_len <= 1 || o.steps <= 0)
+        throw UsageError("train: batch, seq_len, steps must be positive");
     auto corpus = load_token_file(o.tokens_path);
     if (static_cast<int64_t>(corpus.size()) <= o.seq_len)
-        throw Error("token file '" + o.tokens_path + "' is shorter than one sequence (" + std::to_string(o.seq_len) + ")");
+        throw Error("token file '" + o.tokens_path + "' is shorter than one sequence (" + std::to_string(o.seq_len) +
+                    ")");
     auto corpus_t = torch::tensor(corpus, torch::kInt64);
     fs::create_directories(o.out_dir);
     const auto model_path = (fs::path(o.out_dir) / "model.safetensors").string();
@@ -175,7 +178,8 @@ TrainResult train_mdlm(const TrainOptions& o) {
         double lr = lr_at(o, step);
         opt.step(lr, o);
         double lv = loss.item<double>();
-        if (!std::isfinite(lv)) throw Error("train: loss became " + std::to_string(lv) + " at step " + std::to_string(step));
+        if (!std::isfinite(lv))
+            throw Error("train: loss became " + std::to_string(lv) + " at step " + std::to_string(step));
         res.losses.push_back(lv);
         running += lv, running_n++;
         if ((step + 1) % o.log_every == 0 || step + 1 == stop) {
@@ -221,8 +225,9 @@ AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt, std:
             if (ph.defined() && step < T) {
                 auto keep = (ids == pi) & (ids != mask);
                 auto d = (h - ph).norm(2, {1}); // [L]
-                double delta = keep.any().item<bool>() ? d.index_select(0, torch::nonzero(keep).reshape(-1)).mean().item<double>()
-                                                       : d.mean().item<double>();
+                double delta = keep.any().item<bool>()
+                                   ? d.index_select(0, torch::nonzero(keep).reshape(-1)).mean().item<double>()
+                                   : d.mean().item<double>();
                 sum[static_cast<size_t>(l)][static_cast<size_t>(step)] += delta;
                 cnt[static_cast<size_t>(l)][static_cast<size_t>(step)]++;
             }
@@ -235,8 +240,7 @@ AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt, std:
     }
     std::vector<std::vector<double>> deltas(static_cast<size_t>(nl), std::vector<double>(static_cast<size_t>(T), 0.0));
     for (int64_t l = 0; l < nl; ++l) {
-        for (int64_t s = 1; s < T; ++s)
-            deltas[l][s] = cnt[l][s] ? sum[l][s] / double(cnt[l][s]) : 0.0;
+        for (int64_t s = 1; s < T; ++s) deltas[l][s] = cnt[l][s] ? sum[l][s] / double(cnt[l][s]) : 0.0;
         deltas[l][0] = T > 1 ? deltas[l][1] : 0.0; // no previous step: like the next one
     }
     auto prof = build_profile(deltas, opt.classes, opt.max_stale);
