@@ -7,11 +7,15 @@
 
 namespace anchor::cache {
 
-const char* action_name(Action a) { return a == Action::Full ? "full" : "reuse"; }
+const char* action_name(Action a) {
+    return a == Action::Full ? "full" : "reuse";
+}
 
 namespace {
 
-bool is_last(const StepSignals& s) { return s.num_steps > 0 && s.step == s.num_steps - 1; }
+bool is_last(const StepSignals& s) {
+    return s.num_steps > 0 && s.step == s.num_steps - 1;
+}
 
 std::string fmt(double v) {
     std::ostringstream os;
@@ -31,7 +35,9 @@ Decision FixedIntervalPolicy::decide(const StepSignals& s) {
     return {s.step % interval_ == 0 ? Action::Full : Action::Reuse, {}};
 }
 
-std::string FixedIntervalPolicy::describe() const { return "interval:" + std::to_string(interval_); }
+std::string FixedIntervalPolicy::describe() const {
+    return "interval:" + std::to_string(interval_);
+}
 
 // ---- time gate --------------------------------------------------------------------------------------------------
 
@@ -52,7 +58,9 @@ Decision TimeGatePolicy::decide(const StepSignals& s) {
     return d;
 }
 
-std::string TimeGatePolicy::describe() const { return "gate:" + fmt(tau_); }
+std::string TimeGatePolicy::describe() const {
+    return "gate:" + fmt(tau_);
+}
 
 std::vector<double> TimeGatePolicy::gate_means(const torch::Tensor& W, const torch::Tensor& b,
                                                const torch::Tensor& emb) {
@@ -100,7 +108,9 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
     return {Action::Reuse, {}};
 }
 
-std::string DctChangePolicy::describe() const { return "dct:" + fmt(threshold_) + ":" + std::to_string(max_reuse_); }
+std::string DctChangePolicy::describe() const {
+    return "dct:" + fmt(threshold_) + ":" + std::to_string(max_reuse_);
+}
 
 // ---- spec strings -----------------------------------------------------------------------------------------------
 

@@ -24,11 +24,13 @@ namespace anchor::cache {
 
 enum class Action { Full, Reuse };
 const char* action_name(Action a);
-inline std::ostream& operator<<(std::ostream& os, Action a) { return os << action_name(a); }
+inline std::ostream& operator<<(std::ostream& os, Action a) {
+    return os << action_name(a);
+}
 
 struct StepSignals {
-    int step = 0;      // loop index
-    int num_steps = 0; // loop length (0: unknown, then no step counts as the last)
+    int step = 0;                    // loop index
+    int num_steps = 0;               // loop length (0: unknown, then no step counts as the last)
     std::vector<double> layer_gates; // TimeGatePolicy
     double energy_change = 0.0;      // DctChangePolicy
 };

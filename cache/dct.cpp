@@ -70,7 +70,9 @@ torch::Tensor idct2(const torch::Tensor& X) {
     return torch::matmul(torch::matmul(ch.t(), X), cw); // C_H^T X C_W
 }
 
-torch::Tensor spectral_energy(const torch::Tensor& x) { return dct2(x).square(); }
+torch::Tensor spectral_energy(const torch::Tensor& x) {
+    return dct2(x).square();
+}
 
 BandEnergy band_energies(const torch::Tensor& energy, int64_t cutoff) {
     check_map(energy, "band_energies");

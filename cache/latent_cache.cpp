@@ -41,10 +41,14 @@ uint32_t LatentCache::alloc_node() {
 
 void LatentCache::lru_unlink(uint32_t i) {
     Node& n = nodes_[i];
-    if (n.prev != kNil) nodes_[n.prev].next = n.next;
-    else head_ = n.next;
-    if (n.next != kNil) nodes_[n.next].prev = n.prev;
-    else tail_ = n.prev;
+    if (n.prev != kNil)
+        nodes_[n.prev].next = n.next;
+    else
+        head_ = n.next;
+    if (n.next != kNil)
+        nodes_[n.next].prev = n.prev;
+    else
+        tail_ = n.prev;
     n.prev = n.next = kNil;
     ++ops_.list_unlinks;
 }
@@ -63,8 +67,10 @@ void LatentCache::ns_unlink(uint32_t i) {
     Node& n = nodes_[i];
     ++ops_.hash_lookups;
     auto it = namespaces_.find(n.meta.key.ns);
-    if (n.ns_prev != kNil) nodes_[n.ns_prev].ns_next = n.ns_next;
-    else it->second.head = n.ns_next;
+    if (n.ns_prev != kNil)
+        nodes_[n.ns_prev].ns_next = n.ns_next;
+    else
+        it->second.head = n.ns_next;
     if (n.ns_next != kNil) nodes_[n.ns_next].ns_prev = n.ns_prev;
     n.ns_prev = n.ns_next = kNil;
     if (--it->second.count == 0) namespaces_.erase(it);

@@ -48,9 +48,9 @@ struct CacheKeyHash {
 
 struct EntryMeta {
     CacheKey key;
-    int64_t step = 0;                           // loop step that wrote the entry
-    size_t bytes = 0;                           // bytes as stored (fp16 halves float32)
-    torch::ScalarType dtype = torch::kFloat32;  // dtype given to put() and returned by get()
+    int64_t step = 0;                          // loop step that wrote the entry
+    size_t bytes = 0;                          // bytes as stored (fp16 halves float32)
+    torch::ScalarType dtype = torch::kFloat32; // dtype given to put() and returned by get()
     bool stored_fp16 = false;
 };
 
@@ -62,9 +62,9 @@ struct LatentCacheOptions {
 
 struct CacheStats {
     uint64_t hits = 0;
-    uint64_t misses = 0;              // key absent
-    uint64_t stale_rejections = 0;    // key present but too old (or from a later step)
-    uint64_t evictions = 0;           // removed to respect the byte budget
+    uint64_t misses = 0;           // key absent
+    uint64_t stale_rejections = 0; // key present but too old (or from a later step)
+    uint64_t evictions = 0;        // removed to respect the byte budget
     uint64_t puts = 0;
     uint64_t replacements = 0;        // puts that overwrote an existing key
     uint64_t oversize_rejections = 0; // single tensors larger than the whole budget (not stored)
@@ -100,7 +100,7 @@ public:
     std::optional<torch::Tensor> get(const CacheKey& key, int64_t step);
     std::optional<torch::Tensor> get(const CacheKey& key, int64_t step, int max_staleness);
 
-    bool contains(const CacheKey& key) const;                // no statistics, no LRU change
+    bool contains(const CacheKey& key) const;                 // no statistics, no LRU change
     std::optional<EntryMeta> meta(const CacheKey& key) const; // no statistics, no LRU change
     bool erase(const CacheKey& key);
     size_t erase_namespace(const std::string& ns); // returns the number of entries removed

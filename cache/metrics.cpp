@@ -16,8 +16,8 @@ constexpr double kSigma = 1.5, kK1 = 0.01, kK2 = 0.03;
 void check_pair(const ImageView& a, const ImageView& b, double data_range, const char* who) {
     if (!a.data || !b.data) throw Error(std::string(who) + ": null image");
     if (a.height != b.height || a.width != b.width || a.channels != b.channels)
-        throw Error(std::string(who) + ": image shapes differ: " + shape_str({a.height, a.width, a.channels}) +
-                    " vs " + shape_str({b.height, b.width, b.channels}));
+        throw Error(std::string(who) + ": image shapes differ: " + shape_str({a.height, a.width, a.channels}) + " vs " +
+                    shape_str({b.height, b.width, b.channels}));
     if (a.height < 1 || a.width < 1 || a.channels < 1)
         throw Error(std::string(who) + ": empty image " + shape_str({a.height, a.width, a.channels}));
     if (!(data_range > 0)) throw Error(std::string(who) + ": data range must be > 0");
@@ -103,8 +103,8 @@ double ssim(const ImageView& a, const ImageView& b, double data_range) {
         double sum = 0;
         for (size_t i = 0; i < mx.size(); ++i) {
             const double vx = sxx[i] - mx[i] * mx[i], vy = syy[i] - my[i] * my[i], cxy = sxy[i] - mx[i] * my[i];
-            sum += ((2 * mx[i] * my[i] + c1) * (2 * cxy + c2)) /
-                   ((mx[i] * mx[i] + my[i] * my[i] + c1) * (vx + vy + c2));
+            sum +=
+                ((2 * mx[i] * my[i] + c1) * (2 * cxy + c2)) / ((mx[i] * mx[i] + my[i] * my[i] + c1) * (vx + vy + c2));
         }
         total += sum / double(mx.size());
     }

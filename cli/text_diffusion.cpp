@@ -1,6 +1,439 @@
-// `anchor-text diffusion ...` (comes with the text-diffusion issue; nothing is registered until it is real).
+// `anchor-text diffusion generate|calibrate|train|bench`: masked text diffusion with time-anchor gates and the
+// cross-step latent cache (text/mdlm_*.h).
+//
+// Text I/O goes through the GPT-2 tokenizer (text/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
+// --prompt-ids / --ids work with raw ids.
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
 #include "cli/text_commands.h"
+#include "text/gpt2_tokenizer.h"
+#include "text/mdlm_train.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
 
 namespace anchor::cli {
-void add_diffusion_commands(CLI::App&, std::vector<std::pair<CLI::App*, Runner>>&) {}
+
+using namespace anchor::text;
+
+namespace {
+
+// ---- text I/O (tokenizer plug-in point) -----------------------------------------------------------------------------
+
+std::string g_vocab_dir;  // --vocab (empty: default folder)
+bool g_print_ids = false; // --ids
+
+const Gpt2Tokenizer& tokenizer() {
+    static std::unique_ptr<Gpt2Tokenizer> tok;
+    if (!tok) tok = std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load_default(g_vocab_dir));
+    return *tok;
+}
+
+std::vector<int64_t> encode_text(const std::string& text) { return tokenizer().encode(text); }
+
+// Text of `ids` with every [MASK] shown as "[MASK]" (runs between masks are decoded together so multi-token
+// characters stay whole); with --ids, the ids themselves.
+std::string decode_ids(const std::vector<int64_t>& ids) {
+    std::ostringstream os;
+    if (g_print_ids) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+            if (i) os << ' ';
+            if (ids[i] == kMdlmMaskId) os << "[MASK]";
+            else os << ids[i];
+        }
+        return os.str();
+    }
+    std::vector<int64_t> run;
+    for (auto id : ids) {
+        if (id == kMdlmMaskId) {
+            if (!run.empty()) os << tokenizer().decode(run), run.clear();
+            os << "[MASK]";
+        } else {
+            run.push_back(id);
+        }
+    }
+    if (!run.empty()) os << tokenizer().decode(run);
+    return os.str();
+}
+
+std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
+    std::vector<int64_t> out;
+    std::string tok;
+    std::stringstream ss(s);
+    while (ss >> tok) {
+        std::stringstream parts(tok);
+        std::string p;
+        while (std::getline(parts, p, ',')) {
+            if (p.empty()) continue;
+            size_t used = 0;
+            long long v = -1;
+            try {
+                v = std::stoll(p, &used);
+            } catch (...) {
+                used = 0;
+            }
+            if (used != p.size() || v < 0 || v >= kGpt2VocabSize)
+                throw UsageError(what + ": '" + p + "' is not a GPT-2 token id (0.." + std::to_string(kGpt2VocabSize - 1) +
+                                 ")");
+            out.push_back(v);
+        }
+    }
+    return out;
+}
+
+std::string table_choices() {
+    std::string s;
+    for (const auto& [n, r] : unmask_rule_table()) s += (s.empty() ? "" : "|") + n;
+    return s;
+}
+
+std::string cache_help() {
+    std::string s = "off | anchor[:key=value,...] with keys";
+    for (const auto& [k, h] : cache_spec_keys()) s += "\n    " + k + ": " + h;
+    return s;
+}
+
+// ---- shared option groups -------------------------------------------------------------------------------------------
+
+struct SampleArgs {
+    std::string model;
+    std::string prompt, prompt_ids;
+    int64_t length = 128, steps = 64, top_k = 0, block_length = 0, n_heads = 0;
+    double temperature = 1.0;
+    uint64_t seed = 0;
+    std::string unmask = "ancestral";
+
+    void add(CLI::App* app, bool model_required) {
+        auto* m = app->add_option("-m,--model", model, "MDLM model folder or .safetensors (config.json next to it)");
+        if (model_required) m->required();
+        app->add_option("-p,--prompt", prompt, "Prompt text (GPT-2 BPE)");
+        app->add_option("--vocab", g_vocab_dir, "GPT-2 vocabulary folder (encoder.json + vocab.bpe; default " +
+                                                    Gpt2Tokenizer::default_dir() + ")");
+        app->add_flag("--ids", g_print_ids, "Print token ids instead of text");
+        app->add_option("--prompt-ids", prompt_ids, "Prompt as GPT-2 ids, comma or space separated");
+        app->add_option("--length", length, "Total sequence length, prompt included")->capture_default_str();
+        app->add_option("--steps", steps, "Denoising steps (all blocks together)")->capture_default_str();
+        app->add_option("--unmask", unmask, "Unmasking rule: " + table_choices())->capture_default_str();
+        app->add_option("--temperature", temperature, "Sampling temperature (0 = argmax)")->capture_default_str();
+        app->add_option("--top-k", top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str();
+        app->add_option("--seed", seed, "Random seed (torch CPU generator)")->capture_default_str();
+        app->add_option("--block-length", block_length, "Semi-autoregressive block length (0 = one block)")
+            ->capture_default_str();
+        app->add_option("--heads", n_heads, "Attention heads when the model has no config.json (default D/64)");
+    }
+    std::vector<int64_t> prompt_tokens() const {
+        if (!prompt.empty() && !prompt_ids.empty()) throw UsageError("give either --prompt or --prompt-ids, not both");
+        if (!prompt.empty()) return encode_text(prompt);
+        return parse_ids(prompt_ids, "--prompt-ids");
+    }
+    SamplerOptions options() const {
+        SamplerOptions o;
+        o.length = length;
+        o.steps = steps;
+        o.prompt = prompt_tokens();
+        o.rule = unmask_rule_from_string(unmask);
+        o.temperature = temperature;
+        o.top_k = top_k;
+        o.seed = seed;
+        o.block_length = block_length;
+        o.validate();
+        return o;
+    }
+};
+
+MdlmModel random_model(int64_t layers, int64_t dim, uint64_t seed) {
+    MdlmConfig c;
+    c.n_blocks = layers;
+    c.hidden_size = dim;
+    c.n_heads = std::max<int64_t>(1, dim / 64);
+    c.cond_dim = 128;
+    MdlmModel m(c);
+    randomize_mdlm_weights(m, seed);
+    m->eval();
+    return m;
+}
+
+double agreement(const std::vector<int64_t>& a, const std::vector<int64_t>& b, int64_t from) {
+    int64_t same = 0, n = 0;
+    for (size_t i = static_cast<size_t>(from); i < a.size() && i < b.size(); ++i, ++n) same += a[i] == b[i];
+    return n ? double(same) / double(n) : 1.0;
+}
+
+// ---- generate -------------------------------------------------------------------------------------------------------
+
+struct GenerateArgs {
+    SampleArgs s;
+    std::string cache = "off";
+    std::string compare;
+    bool show_steps = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+    auto so = a.s.options();
+    auto model = load_mdlm(a.s.model, a.s.n_heads);
+    const int64_t P = static_cast<int64_t>(so.prompt.size());
+    auto show = [&](const StepInfo& st) {
+        int64_t masked = 0;
+        for (auto t : *st.tokens) masked += t == kMdlmMaskId;
+        std::cout << "step " << st.step << " (block " << st.block << ", t=" << std::fixed << std::setprecision(3)
+                  << st.t << "): +" << st.unmasked << " unmasked, " << masked << " masked\n  "
+                  << decode_ids(std::vector<int64_t>(st.tokens->begin() + P, st.tokens->end())) << "\n";
+    };
+    if (a.compare.empty()) {
+        MdlmDenoiser den(model, parse_cache_spec(a.cache));
+        auto r = sample(den, so, a.show_steps ? StepCallback(show) : StepCallback());
+        std::cout << decode_ids(std::vector<int64_t>(r.tokens.begin() + P, r.tokens.end())) << "\n";
+        std::cerr << "cache " << den.spec().to_string() << ": " << std::fixed << std::setprecision(3) << r.seconds
+                  << " s, reused " << std::setprecision(1) << 100.0 * r.cache.reused_fraction()
+                  << "% of position-layer computations\n";
+        return 0;
+    }
+    // --compare A,B: both runs side by side with the same seed; tokens that differ are marked.
+    auto comma = a.compare.find(',');
+    if (comma == std::string::npos) throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
+    std::string ma = a.compare.substr(0, comma), mb = a.compare.substr(comma + 1);
+    MdlmDenoiser da(model, parse_cache_spec(ma)), db(model, parse_cache_spec(mb));
+    auto ra = sample(da, so, a.show_steps ? StepCallback(show) : StepCallback());
+    auto rb = sample(db, so, a.show_steps ? StepCallback(show) : StepCallback());
+    // Runs of equal / differing tokens are decoded together; differing runs are wrapped in [[ ]].
+    auto mark = [&](const SampleResult& r, const SampleResult& o) {
+        std::ostringstream os;
+        int64_t i = P;
+        const int64_t n = static_cast<int64_t>(r.tokens.size());
+        while (i < n) {
+            bool diff = r.tokens[i] != o.tokens[i];
+            int64_t j = i;
+            while (j < n && (r.tokens[j] != o.tokens[j]) == diff) ++j;
+            auto text = decode_ids(std::vector<int64_t>(r.tokens.begin() + i, r.tokens.begin() + j));
+            os << (diff ? "[[" : "") << text << (diff ? "]]" : "") << (g_print_ids && j < n ? " " : "");
+            i = j;
+        }
+        return os.str();
+    };
+    std::cout << "[" << da.spec().to_string() << "]\n" << mark(ra, rb) << "\n\n";
+    std::cout << "[" << db.spec().to_string() << "]\n" << mark(rb, ra) << "\n\n";
+    std::cout << std::fixed << std::setprecision(3) << "token agreement: " << 100.0 * agreement(ra.tokens, rb.tokens, P)
+              << "% (differing tokens marked [[ ]])\n"
+              << "wall time: " << ra.seconds << " s vs " << rb.seconds << " s, speed-up " << ra.seconds / rb.seconds
+              << "x\n"
+              << "reused position-layer computations: " << 100.0 * ra.cache.reused_fraction() << "% vs "
+              << 100.0 * rb.cache.reused_fraction() << "%\n";
+    return 0;
+}
+
+// ---- calibrate ------------------------------------------------------------------------------------------------------
+
+struct CalibrateArgs {
+    SampleArgs s;
+    std::vector<std::string> prompt_id_lists;
+    std::string prompts_from;
+    int64_t n_prompts = 8, prompt_len = 32, classes = 16, max_stale = 8;
+    std::string out;
+    bool overwrite = false;
+};
+
+int run_calibrate(const CalibrateArgs& a) {
+    auto model = load_mdlm(a.s.model, a.s.n_heads);
+    check_output_path(a.out, a.overwrite);
+    CalibrateOptions co;
+    for (const auto& p : a.prompt_id_lists) co.prompts.push_back(parse_ids(p, "--prompt-ids"));
+    if (!a.prompts_from.empty()) { // evenly spaced windows of a token file
+        auto toks = load_token_file(a.prompts_from);
+        const int64_t n = static_cast<int64_t>(toks.size());
+        if (n < a.prompt_len) throw Error("'" + a.prompts_from + "' is shorter than --prompt-len");
+        for (int64_t i = 0; i < a.n_prompts; ++i) {
+            int64_t off = (n - a.prompt_len) * i / std::max<int64_t>(1, a.n_prompts);
+            co.prompts.emplace_back(toks.begin() + off, toks.begin() + off + a.prompt_len);
+        }
+    }
+    if (!a.s.prompt.empty()) co.prompts.push_back(encode_text(a.s.prompt));
+    if (co.prompts.empty()) throw UsageError("calibrate needs prompts: --prompt-ids (repeatable) or --prompts-from TOKENS");
+    SampleArgs sa = a.s;
+    sa.prompt.clear();
+    sa.prompt_ids.clear();
+    co.sampler = sa.options();
+    for (const auto& p : co.prompts) {
+        auto so = co.sampler;
+        so.prompt = p;
+        so.validate();
+    }
+    co.classes = a.classes;
+    co.max_stale = a.max_stale;
+    if (co.classes < 1 || co.max_stale < 1) throw UsageError("--classes and --max-stale must be >= 1");
+    auto prof = calibrate_mdlm(model, co);
+    prof.meta["model"] = a.s.model;
+    prof.save(a.out, a.overwrite);
+    std::cout << "anchor profile: " << prof.centroids.size() << " classes over " << prof.n_layers << " layers x "
+              << prof.time_bins << " steps -> " << a.out << "\n";
+    for (size_t c = 0; c < prof.centroids.size(); ++c)
+        std::cout << "  class " << c << ": mean delta " << prof.centroids[c] << ", staleness " << prof.class_stale[c] << "\n";
+    return 0;
+}
+
+// ---- train ----------------------------------------------------------------------------------------------------------
+
+struct TrainArgs {
+    TrainOptions o;
+    int64_t layers = 4, dim = 128, heads = 4, cond = 64;
+    std::string gate = "time_anchor", export_dtype = "f16";
+    bool full_vocab = false, no_resume = false;
+};
+
+int run_train(TrainArgs a) {
+    a.o.config.n_blocks = a.layers;
+    a.o.config.hidden_size = a.dim;
+    a.o.config.n_heads = a.heads;
+    a.o.config.cond_dim = a.cond;
+    a.o.config.gate = gate_kind_from_string(a.gate);
+    a.o.config.max_seq_len = a.o.seq_len;
+    try {
+        a.o.config.validate();
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    a.o.compact_vocab = !a.full_vocab;
+    a.o.resume = !a.no_resume;
+    if (a.export_dtype == "f16") a.o.export_dtype = torch::kFloat16;
+    else if (a.export_dtype == "f32") a.o.export_dtype = torch::kFloat32;
+    else throw UsageError("--export-dtype must be f16 or f32");
+    a.o.log = [](const std::string& s) { std::cout << s << std::endl; };
+    auto r = train_mdlm(a.o);
+    std::cout << "trained steps " << r.start_step << ".." << r.end_step << "\n";
+    return 0;
+}
+
+// ---- bench ----------------------------------------------------------------------------------------------------------
+
+struct BenchArgs {
+    std::string model, cache = "anchor", steps_list = "64,128,256", unmask = "confidence";
+    int64_t length = 256, prompt_len = 64, repeats = 3, layers = 12, dim = 768, n_heads = 0;
+    uint64_t seed = 0;
+};
+
+int run_bench(const BenchArgs& a) {
+    auto model = a.model.empty() ? random_model(a.layers, a.dim, a.seed) : load_mdlm(a.model, a.n_heads);
+    std::vector<int64_t> steps;
+    {
+        std::stringstream ss(a.steps_list);
+        std::string p;
+        while (std::getline(ss, p, ',')) {
+            try {
+                steps.push_back(std::stoll(p));
+            } catch (...) {
+                throw UsageError("--steps-list: '" + p + "' is not a number");
+            }
+        }
+    }
+    if (a.repeats < 1) throw UsageError("--repeats must be >= 1");
+    auto spec = parse_cache_spec(a.cache);
+    const auto& cfg = model->config();
+    std::cout << "model: " << (a.model.empty() ? "random" : a.model) << " (" << cfg.n_blocks << " x " << cfg.hidden_size
+              << "), L=" << a.length << ", prompt " << a.prompt_len << ", unmask " << a.unmask << ", cache "
+              << spec.to_string() << ", threads " << at::get_num_threads() << "\n";
+    std::cout << "steps | off s (min/med/max) | anchor s (min/med/max) | speed-up (median) | reused | agreement\n";
+    for (auto T : steps) {
+        std::vector<double> toff, tanc;
+        double reused = 0, agree = 0;
+        for (int64_t r = 0; r < a.repeats; ++r) {
+            SamplerOptions so;
+            so.length = a.length;
+            so.steps = T;
+            so.rule = unmask_rule_from_string(a.unmask);
+            so.seed = a.seed + static_cast<uint64_t>(r);
+            so.temperature = 0.0; // agreement measures the cache, not sampling noise
+            auto gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(r));
+            auto pr = torch::randint(0, 50257, {a.prompt_len}, gen, torch::kInt64);
+            if (cfg.compact_vocab) pr = model->vocab_ids.index_select(0, torch::randint(0, cfg.vocab_size - 1, {a.prompt_len}, gen, torch::kInt64));
+            so.prompt.assign(pr.data_ptr<int64_t>(), pr.data_ptr<int64_t>() + a.prompt_len);
+            MdlmDenoiser off(model, CacheSpec{}), anc(model, spec);
+            auto ro = sample(off, so), ra = sample(anc, so);
+            toff.push_back(ro.seconds);
+            tanc.push_back(ra.seconds);
+            reused += ra.cache.reused_fraction() / double(a.repeats);
+            agree += agreement(ro.tokens, ra.tokens, a.prompt_len) / double(a.repeats);
+        }
+        std::sort(toff.begin(), toff.end());
+        std::sort(tanc.begin(), tanc.end());
+        auto med = [](const std::vector<double>& v) { return v[v.size() / 2]; };
+        std::cout << std::fixed << std::setprecision(3) << T << " | " << toff.front() << " / " << med(toff) << " / "
+                  << toff.back() << " | " << tanc.front() << " / " << med(tanc) << " / " << tanc.back() << " | "
+                  << std::setprecision(2) << med(toff) / med(tanc) << "x | " << std::setprecision(1) << 100 * reused
+                  << "% | " << 100 * agree << "%\n";
+    }
+    return 0;
+}
+
+} // namespace
+
+void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners) {
+    auto* diff = app.add_subcommand("diffusion", "Masked text diffusion (MDLM) with time-anchor gates and caches");
+    diff->require_subcommand(1);
+
+    static GenerateArgs g;
+    auto* gen = diff->add_subcommand("generate", "Sample text; --compare runs two cache modes side by side");
+    g.s.add(gen, true);
+    gen->add_option("--cache", g.cache, cache_help())->capture_default_str();
+    gen->add_option("--compare", g.compare, "Two cache modes, e.g. off,anchor:stale=2");
+    gen->add_flag("--show-steps", g.show_steps, "Print the sequence after every step");
+    runners.emplace_back(gen, [] { return run_generate(g); });
+
+    static CalibrateArgs c;
+    auto* cal = diff->add_subcommand("calibrate", "Uncached sampling on prompts -> anchor profile JSON (k-means classes)");
+    c.s.add(cal, true);
+    cal->add_option("--prompt-id-list", c.prompt_id_lists, "A prompt as ids (repeatable)");
+    cal->add_option("--prompts-from", c.prompts_from, "Token file (uint16 LE) to take prompts from");
+    cal->add_option("--n-prompts", c.n_prompts, "Prompts taken from --prompts-from")->capture_default_str();
+    cal->add_option("--prompt-len", c.prompt_len, "Length of prompts taken from --prompts-from")->capture_default_str();
+    cal->add_option("--classes", c.classes, "k-means stability classes")->capture_default_str();
+    cal->add_option("--max-stale", c.max_stale, "Staleness of the most stable class")->capture_default_str();
+    cal->add_option("-o,--output", c.out, "Profile JSON to write")->required();
+    cal->add_flag("--overwrite", c.overwrite, "Replace an existing output file");
+    runners.emplace_back(cal, [] { return run_calibrate(c); });
+
+    static TrainArgs t;
+    auto* tr = diff->add_subcommand("train", "Train an MDLM on a token file (MDLM objective, AdamW, resumable)");
+    tr->add_option("--tokens", t.o.tokens_path, "Token file: uint16 LE GPT-2 ids")->required();
+    tr->add_option("-o,--out", t.o.out_dir, "Run folder (checkpoints, log; resumed when it holds a state)")->required();
+    tr->add_option("--layers", t.layers, "Blocks")->capture_default_str();
+    tr->add_option("--dim", t.dim, "Hidden size")->capture_default_str();
+    tr->add_option("--heads", t.heads, "Attention heads")->capture_default_str();
+    tr->add_option("--cond-dim", t.cond, "Conditioning size")->capture_default_str();
+    tr->add_option("--gate", t.gate, "Residual gate: time_anchor|adaln")->capture_default_str();
+    tr->add_flag("--full-vocab", t.full_vocab, "Keep all 50258 rows instead of the corpus' tokens");
+    tr->add_option("--seq-len", t.o.seq_len, "Context length")->capture_default_str();
+    tr->add_option("--batch", t.o.batch, "Sequences per step")->capture_default_str();
+    tr->add_option("--steps", t.o.steps, "Total optimizer steps")->capture_default_str();
+    tr->add_option("--stop-after", t.o.stop_after, "Stop after this many steps in this invocation");
+    tr->add_option("--lr", t.o.lr, "Peak learning rate")->capture_default_str();
+    tr->add_option("--warmup", t.o.warmup, "Warm-up steps")->capture_default_str();
+    tr->add_option("--weight-decay", t.o.weight_decay, "AdamW weight decay")->capture_default_str();
+    tr->add_option("--seed", t.o.seed, "Seed")->capture_default_str();
+    tr->add_option("--checkpoint-every", t.o.checkpoint_every, "Checkpoint interval")->capture_default_str();
+    tr->add_option("--log-every", t.o.log_every, "Log interval")->capture_default_str();
+    tr->add_option("--export", t.o.export_dir, "Folder for the final weights (config.json + model.safetensors)");
+    tr->add_option("--export-dtype", t.export_dtype, "f16|f32")->capture_default_str();
+    tr->add_flag("--no-resume", t.no_resume, "Start fresh even when the run folder has a state");
+    runners.emplace_back(tr, [] { return run_train(t); });
+
+    static BenchArgs b;
+    auto* be = diff->add_subcommand("bench", "Wall time off vs a cache mode, reused fraction, token agreement");
+    be->add_option("-m,--model", b.model, "Model (default: random weights of --layers x --dim)");
+    be->add_option("--layers", b.layers, "Random model blocks")->capture_default_str();
+    be->add_option("--dim", b.dim, "Random model hidden size")->capture_default_str();
+    be->add_option("--heads", b.n_heads, "Heads when the model has no config.json");
+    be->add_option("--length", b.length, "Sequence length")->capture_default_str();
+    be->add_option("--prompt-len", b.prompt_len, "Prompt tokens")->capture_default_str();
+    be->add_option("--steps-list", b.steps_list, "Step counts, comma separated")->capture_default_str();
+    be->add_option("--repeats", b.repeats, "Runs per step count (min/median/max)")->capture_default_str();
+    be->add_option("--unmask", b.unmask, "Unmasking rule: " + table_choices())->capture_default_str();
+    be->add_option("--cache", b.cache, cache_help())->capture_default_str();
+    be->add_option("--seed", b.seed, "Seed")->capture_default_str();
+    runners.emplace_back(be, [] { return run_bench(b); });
+}
+
 } // namespace anchor::cli

@@ -20,8 +20,8 @@ namespace anchor::test {
 
 struct SchedulerGoldenSink {
     // Elementwise |actual - golden| <= atol + rtol * |golden|.
-    std::function<void(const std::string& what, const torch::Tensor& actual, const torch::Tensor& golden,
-                       double atol, double rtol)>
+    std::function<void(const std::string& what, const torch::Tensor& actual, const torch::Tensor& golden, double atol,
+                       double rtol)>
         tensor;
     // Exact / structural facts (timesteps, step counts).
     std::function<void(const std::string& what, bool ok, const std::string& detail)> fact;
@@ -71,8 +71,7 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
         sink.fact("sigmas.size", got.size() == sig.size(),
                   "got " + std::to_string(got.size()) + ", want " + std::to_string(sig.size()));
         if (got.size() == sig.size())
-            sink.tensor("sigmas", torch::tensor(got, torch::kFloat64), torch::tensor(sig, torch::kFloat64), 0.0,
-                        1e-6);
+            sink.tensor("sigmas", torch::tensor(got, torch::kFloat64), torch::tensor(sig, torch::kFloat64), 0.0, 1e-6);
     }
     const double ins = j.at("init_noise_sigma").get<double>();
     sink.tensor("init_noise_sigma", torch::tensor({sched->init_noise_sigma()}, torch::kFloat64),

@@ -15,7 +15,9 @@ using namespace anchor::cache;
 
 namespace {
 
-CacheKey key(const std::string& ns, int layer, int slot = 0, int64_t anchor = 0) { return {ns, layer, slot, anchor}; }
+CacheKey key(const std::string& ns, int layer, int slot = 0, int64_t anchor = 0) {
+    return {ns, layer, slot, anchor};
+}
 
 } // namespace
 
@@ -340,7 +342,7 @@ TEST_CASE("DCT-II matches the direct formula, inverts, and preserves energy", "[
     CHECK(X.sizes() == x.sizes());
     for (int b = 0; b < 2; ++b)
         for (int c = 0; c < 3; ++c) CHECK(test::max_abs_diff(X[b][c], direct_dct2(x[b][c])) < 1e-12);
-    CHECK(test::max_abs_diff(idct2(X), x) < 1e-12);                                       // DCT-III(DCT-II(x)) = x
+    CHECK(test::max_abs_diff(idct2(X), x) < 1e-12); // DCT-III(DCT-II(x)) = x
     CHECK(X.square().sum().item<double>() == Approx(x.square().sum().item<double>()).epsilon(1e-12)); // Parseval
     auto C = dct_basis(6, torch::kFloat64);
     CHECK(test::max_abs_diff(torch::matmul(C, C.t()), torch::eye(6, torch::kFloat64)) < 1e-12); // orthonormal

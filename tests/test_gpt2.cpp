@@ -101,3 +101,183 @@ TEST_CASE("GPT-2 tokenizer re-encodes the KJV evaluation text exactly", "[gpt2][
     CHECK(mismatches == 0);
     CHECK(tokenizer().decode(ids) == text);
 }
+
+// ---- model -----------------------------------------------------------------------------------------------------
+
+#include "cache/io/safetensors.h"
+#include "text/gpt2_model.h"
+
+namespace {
+
+LoadedGpt2& tiny() {
+    static LoadedGpt2 m = load_gpt2(test::golden("text/gpt2_tiny"));
+    return m;
+}
+
+torch::Tensor golden_tensor(const std::string& file, const std::string& name) {
+    static std::map<std::string, std::shared_ptr<SafeTensorsFile>> open;
+    auto& f = open[file];
+    if (!f) f = SafeTensorsFile::open(test::golden(file));
+    return f->tensor(name);
+}
+
+std::vector<int64_t> to_vec(const torch::Tensor& t) {
+    auto c = t.to(torch::kLong).contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+} // namespace
+
+TEST_CASE("GPT-2 tiny: config, loader and full forward match the reference", "[gpt2][model]") {
+    auto& m = tiny();
+    CHECK(m.config.n_layer == 2);
+    CHECK(m.config.n_head == 4);
+    CHECK(m.config.n_embd == 64);
+    CHECK(m.config.n_positions == 128);
+    CHECK(m.weight_files.size() == 1); // forward.safetensors in the same folder is not taken for weights
+    CHECK(m.model->lm_head_tied());
+    const std::string F = "text/gpt2_tiny/forward.safetensors";
+    auto ids = golden_tensor(F, "input_ids");
+    auto out = m.model->forward(ids);
+    auto logits = out.logits[0];
+    double err = test::max_abs_diff(logits.narrow(0, 32, 8), golden_tensor(F, "logits_last8"));
+    INFO("logits_last8 max abs err " << err);
+    CHECK(err < 1e-4);
+    CHECK(to_vec(logits.argmax(-1)) == to_vec(golden_tensor(F, "argmax_all")));
+    auto sel = golden_tensor(F, "selected_ids");
+    auto lp = torch::log_softmax(logits, -1).index_select(1, sel);
+    CHECK(test::max_abs_diff(lp, golden_tensor(F, "logprob_selected")) < 1e-4);
+
+    auto hid = m.model->forward(golden_tensor(F, "hidden_input_ids"), true).hidden;
+    REQUIRE(hid.size() == 4);
+    const char* names[] = {"hidden_embed", "hidden_block_0", "hidden_block_1", "hidden_ln_f"};
+    for (int i = 0; i < 4; ++i) {
+        double e = test::max_abs_diff(hid[i][0], golden_tensor(F, names[i]));
+        INFO(names[i] << " max abs err " << e);
+        CHECK(e < 2e-4);
+    }
+}
+
+TEST_CASE("GPT-2 tiny: KV-cached incremental decoding matches the reference", "[gpt2][model][kv]") {
+    auto& m = tiny();
+    const std::string F = "text/gpt2_tiny/forward.safetensors";
+    auto ids = to_vec(golden_tensor(F, "input_ids"));
+    Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+    std::vector<torch::Tensor> steps;
+    for (auto t : ids) steps.push_back(s.feed(t));
+    auto logits = torch::stack(steps);
+    CHECK(to_vec(logits.argmax(-1)) == to_vec(golden_tensor(F, "incremental_argmax")));
+    auto top = logits.topk(5, -1);
+    CHECK(to_vec(std::get<1>(top)) == to_vec(golden_tensor(F, "incremental_top5_ids")));
+    CHECK(test::max_abs_diff(std::get<0>(top), golden_tensor(F, "incremental_top5_logits")) < 1e-4);
+    // A batched prompt prefill gives the same last logits as one token at a time.
+    Gpt2Stream b(m.model, KvSpec::parse("sink:4,28"), cache::PositionPolicy::Wrap);
+    auto last = b.feed(ids); // 40 tokens: 32 batched, then 8 one by one with eviction
+    Gpt2Stream one(m.model, KvSpec::parse("sink:4,28"), cache::PositionPolicy::Wrap);
+    torch::Tensor l1;
+    for (auto t : ids) l1 = one.feed(t);
+    CHECK(test::max_abs_diff(last, l1) < 1e-5);
+    CHECK_THROWS_AS(s.feed(std::vector<int64_t>(100, 1)), anchor::Error); // past n_positions in full mode
+}
+
+TEST_CASE("GPT-2 tiny: greedy generation matches the reference tokens", "[gpt2][model]") {
+    auto& m = tiny();
+    auto j = nlohmann::json::parse(slurp(test::golden("text/gpt2_tiny/generation.json")));
+    for (const auto& c : j["cases"]) {
+        auto prompt = c["prompt_ids"].get<std::vector<int64_t>>();
+        CHECK(tokenizer().encode(c["prompt"].get<std::string>()) == prompt);
+        Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+        auto logits = s.feed(prompt);
+        std::vector<int64_t> gen;
+        for (int k = 0; k < 64; ++k) {
+            gen.push_back(logits.argmax().item<int64_t>());
+            if (k < 63) logits = s.feed(gen.back());
+        }
+        CHECK(gen == c["generated_ids"].get<std::vector<int64_t>>());
+        CHECK(tokenizer().decode(gen) == c["generated_text"].get<std::string>());
+    }
+}
+
+TEST_CASE("GPT-2 tiny: attention-sink streaming variants match the reference (300 tokens)", "[gpt2][streaming]") {
+    auto& m = tiny();
+    const std::string F = "text/streaming/sink4_win28.safetensors";
+    auto ids = to_vec(golden_tensor(F, "stream_ids"));
+    auto probes = to_vec(golden_tensor(F, "probe_steps"));
+    struct V {
+        const char* name;
+        const char* spec;
+        cache::PositionPolicy pol;
+    };
+    for (auto v : {V{"sink_wrap", "sink:4,28", cache::PositionPolicy::Wrap},
+                   V{"sink_cache", "sink:4,28", cache::PositionPolicy::Cache},
+                   V{"recompute", "recompute:32", cache::PositionPolicy::Wrap},
+                   V{"nosink_wrap", "window:32", cache::PositionPolicy::Wrap},
+                   V{"nosink_cache", "window:32", cache::PositionPolicy::Cache}}) {
+        auto ev = evaluate_stream(m.model, ids, KvSpec::parse(v.spec), v.pol, probes);
+        const std::string n = v.name;
+        double e = test::max_abs_diff(ev.logprob_next, golden_tensor(F, n + ".logprob_next"));
+        INFO(n << " logprob_next max abs err " << e);
+        CHECK(e < 1e-4);
+        CHECK(to_vec(ev.argmax) == to_vec(golden_tensor(F, n + ".argmax")));
+        if (n == "sink_wrap" || n == "sink_cache") {
+            REQUIRE(ev.probe_logits.size() == 4);
+            CHECK(test::max_abs_diff(torch::stack(ev.probe_logits), golden_tensor(F, n + ".probe_logits")) < 1e-4);
+        }
+    }
+}
+
+TEST_CASE("GPT-2 prefixed layout with explicit lm_head gives bit-identical logits", "[gpt2][model]") {
+    auto& m = tiny();
+    auto raw = SafeTensorsFile::open(test::golden("text/gpt2_tiny/model.safetensors"));
+    NamedTensors named;
+    for (const auto& info : raw->tensors()) named.emplace_back("transformer." + info.name, raw->tensor(info.name));
+    named.emplace_back("lm_head.weight", raw->tensor("wte.weight"));
+    for (int l = 0; l < 2; ++l) // old-checkpoint causal-mask buffers are ignored
+        named.emplace_back("transformer.h." + std::to_string(l) + ".attn.bias", torch::ones({1, 1, 128, 128}));
+    const std::string dir = test::scratch_dir("gpt2_prefixed");
+    save_safetensors(dir + "/pytorch_weights_any_name.safetensors", named);
+    auto p = load_gpt2(dir, 4); // no config.json: shapes + head hint
+    CHECK(p.config.n_layer == 2);
+    CHECK(p.config.n_positions == 128);
+    auto ids = golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids");
+    CHECK(torch::equal(p.model->forward(ids).logits, m.model->forward(ids).logits));
+    // fp16 weights load (converted to float32) and stay close.
+    NamedTensors half;
+    for (const auto& info : raw->tensors()) half.emplace_back(info.name, raw->tensor(info.name).to(torch::kHalf));
+    const std::string dir16 = test::scratch_dir("gpt2_fp16");
+    save_safetensors(dir16 + "/model.safetensors", half);
+    auto h = load_gpt2(dir16 + "/model.safetensors", 4);
+    CHECK(test::max_abs_diff(h.model->forward(ids).logits, m.model->forward(ids).logits) < 5e-2);
+}
+
+TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
+    const std::string dir = test::scratch_dir("gpt2_bad");
+    auto raw = SafeTensorsFile::open(test::golden("text/gpt2_tiny/model.safetensors"));
+    NamedTensors named;
+    for (const auto& info : raw->tensors())
+        if (info.name != "h.1.mlp.c_fc.bias" && info.name != "ln_f.weight")
+            named.emplace_back(info.name, info.name == "wpe.weight" ? raw->tensor(info.name).narrow(1, 0, 32)
+                                                                    : raw->tensor(info.name));
+    save_safetensors(dir + "/model.safetensors", named);
+    std::ifstream(test::golden("text/gpt2_tiny/config.json"));
+    {
+        std::ofstream c(dir + "/config.json");
+        c << slurp(test::golden("text/gpt2_tiny/config.json"));
+    }
+    try {
+        load_gpt2(dir);
+        FAIL("expected an error");
+    } catch (const anchor::Error& e) {
+        const std::string w = e.what();
+        CHECK(w.find("h.1.mlp.c_fc.bias") != std::string::npos);
+        CHECK(w.find("ln_f.weight") != std::string::npos);
+        CHECK(w.find("wpe.weight") != std::string::npos);
+    }
+    CHECK_THROWS_AS(load_gpt2(dir + "/nope"), anchor::Error);
+    CHECK_THROWS_AS(load_gpt2(test::golden("text/streaming")), anchor::Error);
+    for (const char* bad : {"ful", "sink:4", "sink:a,b", "window:", "window:0", "recompute:4,5", "full:3", "sink:4,"})
+        CHECK_THROWS_AS(KvSpec::parse(bad), anchor::UsageError);
+    CHECK(KvSpec::parse("sink:4,1020").str() == "sink:4,1020");
+    CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), cache::PositionPolicy::Absolute),
+                    anchor::UsageError);
+}

@@ -551,4 +551,39 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
     return logits.reshape({V});
 }
 
+StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,
+                           cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps,
+                           const std::function<void(int64_t)>& on_step) {
+    torch::NoGradGuard ng;
+    const int64_t N = static_cast<int64_t>(ids.size());
+    if (N < 1) throw Error("stream evaluation: no tokens");
+    Gpt2Stream stream(model, spec, policy);
+    StreamEval ev;
+    ev.logprob_next = torch::zeros({std::max<int64_t>(N - 1, 0)}, torch::kFloat32);
+    ev.argmax = torch::zeros({N}, torch::kLong);
+    ev.top2_gap = torch::zeros({N}, torch::kFloat32);
+    auto lp = ev.logprob_next.accessor<float, 1>();
+    auto am = ev.argmax.accessor<int64_t, 1>();
+    auto gap = ev.top2_gap.accessor<float, 1>();
+    double nll = 0.0;
+    for (int64_t i = 0; i < N; ++i) {
+        auto logits = stream.feed(ids[i]);
+        auto top = logits.topk(2);
+        auto vals = std::get<0>(top);
+        am[i] = std::get<1>(top)[0].item<int64_t>();
+        gap[i] = vals[0].item<float>() - vals[1].item<float>();
+        if (i + 1 < N) {
+            const float v = torch::log_softmax(logits, 0)[ids[i + 1]].item<float>();
+            lp[i] = v;
+            nll -= v;
+        }
+        if (std::find(probe_steps.begin(), probe_steps.end(), i) != probe_steps.end())
+            ev.probe_logits.push_back(logits.clone());
+        ev.tokens = i + 1;
+        if (on_step) on_step(i);
+    }
+    ev.mean_nll = N > 1 ? nll / static_cast<double>(N - 1) : 0.0;
+    return ev;
+}
+
 } // namespace anchor::text

@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -198,5 +199,19 @@ private:
     std::vector<cache::SinkRollingKV> caches_;
     std::deque<int64_t> recent_; // recompute mode
 };
+
+// StreamingLLM evaluation protocol: one token per step, score the next one.
+struct StreamEval {
+    torch::Tensor logprob_next;              // [N-1] float32: log_softmax(logits_i)[ids[i+1]]
+    torch::Tensor argmax;                    // [N] int64
+    torch::Tensor top2_gap;                  // [N] float32
+    std::vector<torch::Tensor> probe_logits; // logits [V] at `probe_steps`
+    double mean_nll = 0.0;                   // mean of -logprob_next (float64 sum)
+    int64_t tokens = 0;                      // steps run
+};
+// Runs `ids` through a fresh Gpt2Stream; `on_step(i)` (optional) is called after each step (progress).
+StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,
+                           cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps = {},
+                           const std::function<void(int64_t)>& on_step = {});
 
 } // namespace anchor::text

@@ -29,6 +29,7 @@ namespace anchor::unet {
 // ================================================================================================================
 
 const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
+    // clang-format off
     static const std::vector<std::pair<std::string, SamplerKind>> table = {
         {"ddim", SamplerKind::DDIM},
         {"pndm", SamplerKind::PNDM},
@@ -38,6 +39,7 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
         {"dpmpp_2m_karras", SamplerKind::DPMPP2MKarras},
         {"lms", SamplerKind::LMS},
     };
+    // clang-format on
     return table;
 }
 
@@ -137,7 +139,9 @@ torch::Tensor make_betas(const SchedulerConfig& cfg) {
                      "' (supported: scaled_linear, linear, squaredcos_cap_v2)");
 }
 
-torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg) { return torch::cumprod(1 - make_betas(cfg), 0); }
+torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg) {
+    return torch::cumprod(1 - make_betas(cfg), 0);
+}
 
 namespace {
 
@@ -172,7 +176,10 @@ std::vector<double> np_linspace(double start, double stop, int num) {
     return v;
 }
 
-double np_round(double x) { return std::nearbyint(x); } // half to even, as numpy.round
+// Half to even, as numpy.round.
+double np_round(double x) {
+    return std::nearbyint(x);
+}
 
 // numpy.interp(x, arange(len(fp)), fp) in float64.
 double np_interp_index(double x, const std::vector<float>& fp) {
@@ -269,8 +276,12 @@ AlphaSigma sigma_to_alpha_sigma(float sigma) {
 
 // log / exp of a float32 scalar through LibTorch's own kernels: diffusers evaluates these on 0-dim float32 tensors,
 // whose vectorised (Sleef) results can differ from libm's by an ulp.
-float torch_log(float v) { return torch::log(torch::scalar_tensor(v, torch::kFloat32)).item<float>(); }
-float torch_exp(float v) { return torch::exp(torch::scalar_tensor(v, torch::kFloat32)).item<float>(); }
+float torch_log(float v) {
+    return torch::log(torch::scalar_tensor(v, torch::kFloat32)).item<float>();
+}
+float torch_exp(float v) {
+    return torch::exp(torch::scalar_tensor(v, torch::kFloat32)).item<float>();
+}
 
 // Noise of model_output's shape from `gen` (drawn on the generator's device, then moved), like diffusers' randn_tensor.
 torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen) {
@@ -706,13 +717,20 @@ private:
 
 std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg, double eta) {
     switch (kind) {
-    case SamplerKind::DDIM: return std::make_unique<DdimScheduler>(cfg, eta);
-    case SamplerKind::PNDM: return std::make_unique<PndmScheduler>(cfg);
-    case SamplerKind::Euler: return std::make_unique<EulerScheduler>(cfg);
-    case SamplerKind::EulerAncestral: return std::make_unique<EulerAncestralScheduler>(cfg);
-    case SamplerKind::DPMPP2M: return std::make_unique<DpmSolverScheduler>(cfg, false);
-    case SamplerKind::DPMPP2MKarras: return std::make_unique<DpmSolverScheduler>(cfg, true);
-    case SamplerKind::LMS: return std::make_unique<LmsScheduler>(cfg);
+    case SamplerKind::DDIM:
+        return std::make_unique<DdimScheduler>(cfg, eta);
+    case SamplerKind::PNDM:
+        return std::make_unique<PndmScheduler>(cfg);
+    case SamplerKind::Euler:
+        return std::make_unique<EulerScheduler>(cfg);
+    case SamplerKind::EulerAncestral:
+        return std::make_unique<EulerAncestralScheduler>(cfg);
+    case SamplerKind::DPMPP2M:
+        return std::make_unique<DpmSolverScheduler>(cfg, false);
+    case SamplerKind::DPMPP2MKarras:
+        return std::make_unique<DpmSolverScheduler>(cfg, true);
+    case SamplerKind::LMS:
+        return std::make_unique<LmsScheduler>(cfg);
     }
     throw Error("make_scheduler: invalid SamplerKind");
 }

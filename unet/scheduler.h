@@ -32,7 +32,7 @@ struct SchedulerConfig {
     int steps_offset = 1;
     bool set_alpha_to_one = false;
     bool clip_sample = false;
-    std::string prediction_type = "epsilon"; // "epsilon" | "v_prediction"
+    std::string prediction_type = "epsilon";  // "epsilon" | "v_prediction"
     std::string timestep_spacing = "leading"; // "leading" | "trailing" | "linspace"
     // Additions (not in the original contract): the diffusers class that wrote the file ("" when absent) and the
     // DPM-Solver Karras switch, so a scheduler_config.json alone identifies the sampler (see sampler_from_config).

@@ -61,8 +61,8 @@ std::vector<CaseResult> run_schedulers(const fs::path& dir, const Context& ctx) 
     return results;
 }
 
-const bool registered = register_checker({"schedulers", [](const fs::path& dir) { return !scheduler_runs(dir).empty(); },
-                                          run_schedulers});
+const bool registered =
+    register_checker({"schedulers", [](const fs::path& dir) { return !scheduler_runs(dir).empty(); }, run_schedulers});
 
 } // namespace
 } // namespace anchor::golden

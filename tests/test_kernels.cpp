@@ -1,0 +1,124 @@
+#include "cache/dct.h"
+#include "cache/io/error.h"
+#include "kernels/dct_energy.h"
+#include "kernels/dispatch.h"
+#include "kernels/ring_write.h"
+#include "tests/test_util.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+
+using namespace anchor;
+using namespace anchor::kernels;
+
+namespace {
+
+// max |a - b| / max |b|
+double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+    auto a64 = a.to(torch::kCPU).to(torch::kFloat64), b64 = b.to(torch::kCPU).to(torch::kFloat64);
+    const double den = b64.abs().max().item<double>();
+    return (a64 - b64).abs().max().item<double>() / (den > 0 ? den : 1.0);
+}
+
+// One line of the table kernels/device-check.sh prints: "kernel-table | name | shape | max_rel_err | PASS/FAIL".
+void table_row(const std::string& name, const std::string& shape, double err, bool pass) {
+    std::cout << "kernel-table | " << std::left << std::setw(28) << name << " | " << std::setw(20) << shape << " | "
+              << std::scientific << std::setprecision(2) << err << std::defaultfloat << " | "
+              << (pass ? "PASS" : "FAIL") << "\n";
+}
+
+bool cuda_ready() {
+    return cuda_kernels_built() && torch::cuda::is_available();
+}
+
+} // namespace
+
+TEST_CASE("ring_slot keeps sinks and rolls the window", "[kernels]") {
+    CHECK(ring_slot(0, 4, 8) == 0);
+    CHECK(ring_slot(3, 4, 8) == 3);
+    CHECK(ring_slot(4, 4, 8) == 4);
+    CHECK(ring_slot(11, 4, 8) == 11);
+    CHECK(ring_slot(12, 4, 8) == 4); // wraps over the oldest window token, never over the sinks
+    CHECK(ring_slot(100, 0, 8) == 4);
+    CHECK_THROWS_AS(ring_slot(1, 0, 0), Error);
+}
+
+TEST_CASE("ring_write CPU reference writes one slot of every (batch, head) row", "[kernels]") {
+    const int64_t B = 2, H = 3, C = 6, D = 5;
+    for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kFloat64}) {
+        auto kb = torch::zeros({B, H, C, D}, dtype), vb = torch::zeros({B, H, C, D}, dtype);
+        auto k = torch::randn({B, H, D}).to(dtype), v = torch::randn({B, H, 1, D}).to(dtype);
+        ring_write(kb, vb, k, v, 4);
+        CHECK(torch::equal(kb.select(2, 4), k));
+        CHECK(torch::equal(vb.select(2, 4), v.squeeze(2)));
+        // Nothing else touched.
+        CHECK(kb.to(torch::kFloat64).abs().sum().item<double>() ==
+              Approx(k.to(torch::kFloat64).abs().sum().item<double>()));
+        CHECK(vb.index_select(2, torch::tensor({0, 1, 2, 3, 5})).abs().sum().item<double>() == 0.0);
+    }
+    auto kb = torch::zeros({B, H, C, D}), vb = torch::zeros({B, H, C, D});
+    auto k = torch::randn({B, H, D});
+    CHECK_THROWS_AS(ring_write(kb, vb, k, k, C), Error);                           // slot out of range
+    CHECK_THROWS_AS(ring_write(kb, vb, torch::randn({B, H, D + 1}), k, 0), Error); // wrong row shape
+    CHECK_THROWS_AS(ring_write(kb, vb, k.to(torch::kFloat16), k, 0), Error);       // dtype mismatch
+    auto nc = torch::zeros({B, H, D, C}).transpose(2, 3);
+    CHECK_THROWS_AS(ring_write(nc, vb, k, k, 0), Error); // non-contiguous cache
+}
+
+TEST_CASE("dct_energy CPU reference equals squared orthonormal DCT-II", "[kernels]") {
+    torch::manual_seed(5);
+    auto x = torch::randn({2, 4, 6, 10});
+    auto e = dct_energy(x);
+    CHECK(e.scalar_type() == torch::kFloat32);
+    CHECK(e.sizes() == x.sizes());
+    CHECK(rel_err(e, cache::dct2(x.to(torch::kFloat64)).square()) < 1e-6);
+    // Parseval per map.
+    CHECK(rel_err(e.sum({-2, -1}), x.square().sum({-2, -1})) < 1e-5);
+    CHECK_THROWS_AS(dct_energy(torch::ones({4}, torch::kFloat32)), Error);
+}
+
+// CUDA vs CPU: only where the kernels are built and a GPU is present; elsewhere the test says it skipped.
+TEST_CASE("CUDA kernels match the CPU references", "[kernels][cuda]") {
+    if (!cuda_ready()) {
+        WARN("skipped: CUDA kernels " << (cuda_kernels_built() ? "built" : "not built")
+                                      << ", torch::cuda::is_available() = " << torch::cuda::is_available());
+        SUCCEED();
+        return;
+    }
+    const torch::Device dev(torch::kCUDA, 0);
+    torch::manual_seed(11);
+    // Even, odd, non-square and SD-latent-like shapes (Makhoul reordering differs for odd lengths).
+    const std::vector<std::vector<int64_t>> shapes = {{1, 1, 8, 8},     {2, 4, 7, 5},    {1, 3, 16, 9},
+                                                      {2, 320, 64, 64}, {1, 1280, 8, 8}, {3, 1, 1}};
+    for (const auto& s : shapes) {
+        auto x = torch::randn(s);
+        auto cpu = dct_energy(x);
+        auto gpu = dct_energy(x.to(dev));
+        REQUIRE(gpu.is_cuda());
+        const double err = rel_err(gpu, cpu);
+        const bool pass = err < 1e-4;
+        table_row("dct_energy", shape_str(s), err, pass);
+        INFO("dct_energy " << shape_str(s) << " rel err " << err);
+        CHECK(pass);
+    }
+    for (auto dtype : {torch::kFloat32, torch::kFloat16, torch::kBFloat16}) {
+        for (int64_t D : {64, 80, 3}) {
+            const int64_t B = 2, H = 12, C = 4 + 32;
+            auto kb = torch::randn({B, H, C, D}).to(dtype), vb = torch::randn({B, H, C, D}).to(dtype);
+            auto k = torch::randn({B, H, D}).to(dtype), v = torch::randn({B, H, D}).to(dtype);
+            auto kb_gpu = kb.to(dev), vb_gpu = vb.to(dev);
+            for (int64_t pos : {0, 3, 4, 35, 36, 100}) {
+                const int64_t slot = ring_slot(pos, 4, 32);
+                ring_write(kb, vb, k * double(pos + 1), v - double(pos), slot);
+                ring_write(kb_gpu, vb_gpu, (k * double(pos + 1)).to(dev), (v - double(pos)).to(dev), slot);
+            }
+            const bool pass = torch::equal(kb_gpu.cpu(), kb) && torch::equal(vb_gpu.cpu(), vb);
+            table_row(std::string("ring_write ") + c10::toString(dtype), shape_str({B, H, C, D}), pass ? 0.0 : 1.0,
+                      pass);
+            CHECK(pass);
+        }
+    }
+}

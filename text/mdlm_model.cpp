@@ -1,0 +1,457 @@
+#include "text/mdlm_model.h"
+
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "cache/io/weight_map.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace anchor::text {
+
+namespace fs = std::filesystem;
+
+const char* gate_kind_name(GateKind g) { return g == GateKind::TimeAnchor ? "time_anchor" : "adaln"; }
+
+GateKind gate_kind_from_string(const std::string& s) {
+    if (s == "time_anchor" || s == "anchor") return GateKind::TimeAnchor;
+    if (s == "adaln" || s == "plain") return GateKind::AdaLN;
+    throw UsageError("unknown gate kind '" + s + "' (choices: time_anchor, adaln)");
+}
+
+// ---- config ---------------------------------------------------------------------------------------------------------
+
+void MdlmConfig::validate() const {
+    auto bad = [](const std::string& m) { throw Error("MDLM config: " + m); };
+    if (hidden_size <= 0 || n_heads <= 0 || hidden_size % n_heads != 0)
+        bad("hidden_size " + std::to_string(hidden_size) + " is not a positive multiple of n_heads " +
+            std::to_string(n_heads));
+    if (head_dim() % 2 != 0) bad("head_dim must be even for rotary embeddings");
+    if (n_blocks <= 0 || cond_dim <= 0 || mlp_ratio <= 0 || freq_embed_size <= 0 || freq_embed_size % 2 != 0)
+        bad("n_blocks, cond_dim, mlp_ratio must be positive and freq_embed_size positive and even");
+    if (vocab_size < 2) bad("vocab_size must be >= 2");
+    if (!compact_vocab && mask_token_id != vocab_size - 1)
+        bad("mask_token_id must be the last id (vocab_size - 1) for a full vocabulary");
+}
+
+nlohmann::json MdlmConfig::to_json() const {
+    return {{"model_type", "mdlm"},
+            {"vocab_size", vocab_size},
+            {"mask_token_id", mask_token_id},
+            {"hidden_size", hidden_size},
+            {"n_heads", n_heads},
+            {"n_blocks", n_blocks},
+            {"cond_dim", cond_dim},
+            {"mlp_ratio", mlp_ratio},
+            {"freq_embed_size", freq_embed_size},
+            {"max_seq_len", max_seq_len},
+            {"rope_base", rope_base},
+            {"norm_eps", norm_eps},
+            {"noise_eps", noise_eps},
+            {"gate", gate_kind_name(gate)},
+            {"tie_word_embeddings", tie_word_embeddings},
+            {"compact_vocab", compact_vocab}};
+}
+
+MdlmConfig MdlmConfig::from_json(const nlohmann::json& j) {
+    MdlmConfig c;
+    try {
+        c.vocab_size = j.value("vocab_size", c.vocab_size);
+        c.mask_token_id = j.value("mask_token_id", c.mask_token_id);
+        c.hidden_size = j.value("hidden_size", c.hidden_size);
+        c.n_heads = j.value("n_heads", c.n_heads);
+        c.n_blocks = j.value("n_blocks", c.n_blocks);
+        c.cond_dim = j.value("cond_dim", c.cond_dim);
+        c.mlp_ratio = j.value("mlp_ratio", c.mlp_ratio);
+        c.freq_embed_size = j.value("freq_embed_size", c.freq_embed_size);
+        c.max_seq_len = j.value("max_seq_len", c.max_seq_len);
+        c.rope_base = j.value("rope_base", c.rope_base);
+        c.norm_eps = j.value("norm_eps", c.norm_eps);
+        c.noise_eps = j.value("noise_eps", c.noise_eps);
+        c.gate = gate_kind_from_string(j.value("gate", std::string(gate_kind_name(c.gate))));
+        c.tie_word_embeddings = j.value("tie_word_embeddings", c.tie_word_embeddings);
+        c.compact_vocab = j.value("compact_vocab", c.compact_vocab);
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(std::string("MDLM config: bad field type: ") + e.what());
+    }
+    c.validate();
+    return c;
+}
+
+MdlmConfig MdlmConfig::load(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot open MDLM config '" + path + "'");
+    nlohmann::json j;
+    try {
+        f >> j;
+    } catch (const std::exception& e) {
+        throw Error("MDLM config '" + path + "': invalid JSON: " + e.what());
+    }
+    try {
+        return from_json(j);
+    } catch (const Error& e) {
+        throw Error("'" + path + "': " + e.what());
+    }
+}
+
+MdlmConfig MdlmConfig::detect_from_weights(const WeightMap& w, int64_t n_heads_hint) {
+    MdlmConfig c;
+    auto need = [&](const std::string& n) {
+        if (!w.has(n)) throw Error("cannot detect MDLM config: tensor '" + n + "' missing (" + w.describe() + ")");
+        return w.shape(n);
+    };
+    auto emb = need("vocab_embed.embedding");
+    if (emb.size() != 2) throw Error("vocab_embed.embedding must be 2-D, got " + shape_str(emb));
+    c.vocab_size = emb[0];
+    c.hidden_size = emb[1];
+    auto s0 = need("sigma_map.mlp.0.weight");
+    c.cond_dim = s0[0];
+    c.freq_embed_size = s0[1];
+    int64_t n = 0;
+    while (w.has("blocks." + std::to_string(n) + ".norm1.weight")) ++n;
+    if (n == 0) throw Error("cannot detect MDLM config: no blocks.0.norm1.weight (" + w.describe() + ")");
+    c.n_blocks = n;
+    auto m0 = need("blocks.0.mlp.0.weight");
+    c.mlp_ratio = m0[0] / c.hidden_size;
+    c.gate = w.has("blocks.0.gate_attn.weight") ? GateKind::TimeAnchor : GateKind::AdaLN;
+    c.tie_word_embeddings = !w.has("output_layer.linear.weight");
+    c.compact_vocab = w.has("vocab_ids");
+    c.mask_token_id = c.compact_vocab ? kMdlmMaskId : c.vocab_size - 1;
+    c.n_heads = n_heads_hint > 0 ? n_heads_hint : std::max<int64_t>(1, c.hidden_size / 64);
+    c.validate();
+    return c;
+}
+
+// ---- modules --------------------------------------------------------------------------------------------------------
+
+NormNoBiasImpl::NormNoBiasImpl(int64_t dim, double eps_) : eps(eps_) {
+    weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor NormNoBiasImpl::forward(const torch::Tensor& x) {
+    return torch::layer_norm(x, {x.size(-1)}, weight, {}, eps);
+}
+
+Rope Rope::select(const torch::Tensor& positions) const {
+    return {cos.index_select(0, positions), sin.index_select(0, positions)};
+}
+
+static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
+    // x [B, H, n, d]; rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin repeated over halves.
+    auto half = x.size(-1) / 2;
+    auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+    auto rot = torch::cat({-x2, x1}, -1);
+    return x * r.cos + rot * r.sin;
+}
+
+MdlmBlockImpl::MdlmBlockImpl(const MdlmConfig& c) : cfg(c) {
+    const auto D = c.hidden_size;
+    norm1 = register_module("norm1", NormNoBias(D, c.norm_eps));
+    norm2 = register_module("norm2", NormNoBias(D, c.norm_eps));
+    attn_qkv = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(D, 3 * D).bias(false)));
+    attn_out = register_module("attn_out", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(false)));
+    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(D, c.mlp_ratio * D),
+                                                       torch::nn::Functional([](const torch::Tensor& x) {
+                                                           return torch::gelu(x, "tanh");
+                                                       }),
+                                                       torch::nn::Linear(c.mlp_ratio * D, D)));
+    const int64_t chunks = c.gate == GateKind::AdaLN ? 6 : 4;
+    adaLN_modulation = register_module("adaLN_modulation", torch::nn::Linear(c.cond_dim, chunks * D));
+    if (c.gate == GateKind::TimeAnchor) {
+        gate_attn = register_module("gate_attn", torch::nn::Linear(c.cond_dim, D));
+        gate_ffn = register_module("gate_ffn", torch::nn::Linear(c.cond_dim, D));
+    }
+}
+
+BlockModulation MdlmBlockImpl::modulation(const torch::Tensor& c) const {
+    auto mod = const_cast<MdlmBlockImpl*>(this)->adaLN_modulation->forward(c).unsqueeze(1); // [B, 1, kD]
+    BlockModulation m;
+    if (cfg.gate == GateKind::AdaLN) {
+        auto ch = mod.chunk(6, -1); // SEDD order: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+        m.shift1 = ch[0], m.scale1 = ch[1], m.gate_attn = ch[2];
+        m.shift2 = ch[3], m.scale2 = ch[4], m.gate_ffn = ch[5];
+    } else {
+        auto ch = mod.chunk(4, -1);
+        m.shift1 = ch[0], m.scale1 = ch[1], m.shift2 = ch[2], m.scale2 = ch[3];
+        auto self = const_cast<MdlmBlockImpl*>(this);
+        m.gate_attn = torch::sigmoid(self->gate_attn->forward(c)).unsqueeze(1);
+        m.gate_ffn = torch::sigmoid(self->gate_ffn->forward(c)).unsqueeze(1);
+    }
+    return m;
+}
+
+torch::Tensor MdlmBlockImpl::attn_input(const torch::Tensor& x, const BlockModulation& m) {
+    return norm1->forward(x) * (1 + m.scale1) + m.shift1;
+}
+
+void MdlmBlockImpl::qkv(const torch::Tensor& h, const Rope& rope, torch::Tensor& q, torch::Tensor& k,
+                        torch::Tensor& v) {
+    const auto B = h.size(0), n = h.size(1), H = cfg.n_heads, d = cfg.head_dim();
+    auto t = attn_qkv->forward(h).view({B, n, 3, H, d}).permute({2, 0, 3, 1, 4}); // [3, B, H, n, d]
+    q = apply_rope(t[0], rope);
+    k = apply_rope(t[1], rope);
+    v = t[2].contiguous();
+}
+
+torch::Tensor MdlmBlockImpl::value(const torch::Tensor& h) {
+    const auto B = h.size(0), n = h.size(1), H = cfg.n_heads, d = cfg.head_dim(), D = cfg.hidden_size;
+    auto wv = attn_qkv->weight.narrow(0, 2 * D, D);
+    return torch::matmul(h, wv.t()).view({B, n, H, d}).permute({0, 2, 1, 3}).contiguous();
+}
+
+torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
+    auto scores = torch::matmul(q, k.transpose(-1, -2)) * scale; // [B, H, nq, nk]
+    auto o = torch::matmul(torch::softmax(scores, -1), v);       // [B, H, nq, d]
+    o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
+    return attn_out->forward(o);
+}
+
+torch::Tensor MdlmBlockImpl::ffn(const torch::Tensor& x, const BlockModulation& m) {
+    return mlp->forward(norm2->forward(x) * (1 + m.scale2) + m.shift2);
+}
+
+torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulation& m, const Rope& rope) {
+    torch::Tensor q, k, v;
+    qkv(attn_input(x, m), rope, q, k, v);
+    auto y = x + m.gate_attn * attend(q, k, v);
+    return y + m.gate_ffn * ffn(y, m);
+}
+
+TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t cond_dim, int64_t freq) : freq_size(freq) {
+    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(freq, cond_dim), torch::nn::SiLU(),
+                                                       torch::nn::Linear(cond_dim, cond_dim)));
+}
+
+torch::Tensor TimestepEmbedderImpl::forward(const torch::Tensor& sigma) {
+    // DiT / SEDD sinusoidal embedding: [cos(s f_i), sin(s f_i)], f_i = 10000^(-i / half).
+    const int64_t half = freq_size / 2;
+    auto opts = sigma.options();
+    auto freqs = torch::exp(-std::log(10000.0) * torch::arange(half, opts) / static_cast<double>(half));
+    auto args = sigma.unsqueeze(-1) * freqs.unsqueeze(0);
+    return mlp->forward(torch::cat({torch::cos(args), torch::sin(args)}, -1));
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim) {
+    embedding = register_parameter("embedding", torch::empty({vocab, dim}));
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+    auto s = ids.sizes().vec();
+    s.push_back(embedding.size(1));
+    return embedding.index_select(0, ids.reshape(-1)).view(s);
+}
+
+HeadLinearImpl::HeadLinearImpl(int64_t in, int64_t out, bool tied) {
+    if (!tied) weight = register_parameter("weight", torch::empty({out, in}));
+    bias = register_parameter("bias", torch::zeros({out}));
+}
+
+OutputLayerImpl::OutputLayerImpl(const MdlmConfig& c) {
+    norm_final = register_module("norm_final", NormNoBias(c.hidden_size, c.norm_eps));
+    adaLN_modulation = register_module("adaLN_modulation", torch::nn::Linear(c.cond_dim, 2 * c.hidden_size));
+    linear = register_module("linear", HeadLinear(c.hidden_size, c.vocab_size, c.tie_word_embeddings));
+}
+
+torch::Tensor OutputLayerImpl::forward(const torch::Tensor& h, const torch::Tensor& c, const torch::Tensor& tied) {
+    auto ch = adaLN_modulation->forward(c).unsqueeze(1).chunk(2, -1); // shift, scale
+    auto x = norm_final->forward(h) * (1 + ch[1]) + ch[0];
+    const auto& w = linear->weight.defined() ? linear->weight : tied;
+    return torch::nn::functional::linear(x, w, linear->bias);
+}
+
+// ---- model ----------------------------------------------------------------------------------------------------------
+
+MdlmModelImpl::MdlmModelImpl(const MdlmConfig& c) : cfg_(c) {
+    cfg_.validate();
+    vocab_embed = register_module("vocab_embed", Embedding(c.vocab_size, c.hidden_size));
+    sigma_map = register_module("sigma_map", TimestepEmbedder(c.cond_dim, c.freq_embed_size));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_blocks; ++i) {
+        block_list.push_back(MdlmBlock(c));
+        blocks->push_back(block_list.back());
+    }
+    output_layer = register_module("output_layer", OutputLayer(c));
+    if (c.compact_vocab) {
+        vocab_ids = register_buffer("vocab_ids", torch::zeros({c.vocab_size}, torch::kInt64));
+        ext_to_int_ = torch::full({c.mask_token_id + 1}, -1, torch::kInt64);
+    }
+    mask_bias_ = torch::zeros({c.vocab_size});
+    mask_bias_[internal_mask_id()] = -std::numeric_limits<float>::infinity();
+}
+
+void MdlmModelImpl::set_vocab_ids(const torch::Tensor& ids) {
+    if (!cfg_.compact_vocab) throw Error("set_vocab_ids: model does not use a compact vocabulary");
+    if (ids.numel() != cfg_.vocab_size)
+        throw Error("vocab_ids: expected " + std::to_string(cfg_.vocab_size) + " ids, got " +
+                    std::to_string(ids.numel()));
+    auto v = ids.to(torch::kInt64).contiguous();
+    if (v[-1].item<int64_t>() != cfg_.mask_token_id) throw Error("vocab_ids: the last id must be [MASK]");
+    if (v.min().item<int64_t>() < 0 || v.max().item<int64_t>() > cfg_.mask_token_id)
+        throw Error("vocab_ids: ids out of range");
+    {
+        torch::NoGradGuard ng;
+        vocab_ids.copy_(v);
+    }
+    ext_to_int_.fill_(-1);
+    ext_to_int_.index_copy_(0, v, torch::arange(cfg_.vocab_size, torch::kInt64));
+}
+
+torch::Tensor MdlmModelImpl::to_internal(const torch::Tensor& gpt2_ids) const {
+    auto ids = gpt2_ids.to(torch::kInt64);
+    if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() > cfg_.mask_token_id))
+        throw Error("token id out of range [0, " + std::to_string(cfg_.mask_token_id) + "]");
+    if (!cfg_.compact_vocab) return ids;
+    if (ext_to_int_[cfg_.mask_token_id].item<int64_t>() < 0) // buffer loaded after construction: rebuild map
+        const_cast<MdlmModelImpl*>(this)->set_vocab_ids(vocab_ids.clone());
+    auto r = ext_to_int_.index_select(0, ids.reshape(-1)).view(ids.sizes());
+    if (r.numel() && r.min().item<int64_t>() < 0) {
+        auto bad = ids.reshape(-1).index_select(0, torch::nonzero(r.reshape(-1) < 0).reshape(-1));
+        throw Error("token id " + std::to_string(bad[0].item<int64_t>()) +
+                    " is not in this model's compact vocabulary (" + std::to_string(cfg_.vocab_size) + " tokens)");
+    }
+    return r;
+}
+
+torch::Tensor MdlmModelImpl::to_external(const torch::Tensor& internal_ids) const {
+    if (!cfg_.compact_vocab) return internal_ids.to(torch::kInt64);
+    return vocab_ids.index_select(0, internal_ids.reshape(-1).to(torch::kInt64)).view(internal_ids.sizes());
+}
+
+torch::Tensor MdlmModelImpl::sigma_of_t(const torch::Tensor& t) const {
+    // MDLM log-linear schedule: alpha_t = 1 - (1 - eps) t, sigma(t) = -log(alpha_t).
+    return -torch::log1p(-(1.0 - cfg_.noise_eps) * t);
+}
+
+torch::Tensor MdlmModelImpl::conditioning(const torch::Tensor& t) {
+    return torch::silu(sigma_map->forward(sigma_of_t(t.to(torch::kFloat32))));
+}
+
+Rope MdlmModelImpl::rope(int64_t length, const torch::TensorOptions& opts) const {
+    const int64_t d = cfg_.head_dim(), half = d / 2;
+    auto inv = torch::pow(cfg_.rope_base, -torch::arange(half, opts.dtype(torch::kFloat64)) / static_cast<double>(half));
+    auto ang = torch::arange(length, opts.dtype(torch::kFloat64)).unsqueeze(1) * inv.unsqueeze(0); // [L, half]
+    ang = torch::cat({ang, ang}, 1);
+    return {torch::cos(ang).to(opts.dtype()), torch::sin(ang).to(opts.dtype())};
+}
+
+torch::Tensor MdlmModelImpl::hidden(const torch::Tensor& ids, const torch::Tensor& c,
+                                    std::vector<torch::Tensor>* per_layer) {
+    auto x = embed(ids);
+    auto r = rope(ids.size(1), x.options());
+    for (auto& b : block_list) {
+        x = b->forward(x, b->modulation(c), r);
+        if (per_layer) per_layer->push_back(x);
+    }
+    return x;
+}
+
+torch::Tensor MdlmModelImpl::head(const torch::Tensor& h, const torch::Tensor& c) {
+    auto logits = output_layer->forward(h, c, vocab_embed->embedding);
+    return logits + mask_bias_.to(logits.options());
+}
+
+torch::Tensor MdlmModelImpl::forward(const torch::Tensor& ids, const torch::Tensor& t) {
+    auto c = conditioning(t);
+    return head(hidden(ids, c), c);
+}
+
+// ---- init / IO ------------------------------------------------------------------------------------------------------
+
+void init_mdlm_weights(MdlmModel& model, uint64_t seed, double std) {
+    torch::NoGradGuard ng;
+    auto gen = at::detail::createCPUGenerator(seed);
+    for (auto& p : model->named_parameters(true)) {
+        auto& t = p.value();
+        const auto& n = p.key();
+        if (n.find("norm") != std::string::npos) t.fill_(1.0);
+        else if (n.find("adaLN_modulation") != std::string::npos) t.zero_(); // SEDD: zero-initialised modulation
+        else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) t.zero_();
+        else t.normal_(0.0, std, gen);
+    }
+}
+
+void randomize_mdlm_weights(MdlmModel& model, uint64_t seed) {
+    torch::NoGradGuard ng;
+    auto gen = at::detail::createCPUGenerator(seed);
+    const double D = static_cast<double>(model->config().hidden_size);
+    for (auto& p : model->named_parameters(true)) {
+        auto& t = p.value();
+        const auto& n = p.key();
+        if (n.find("norm") != std::string::npos) {
+            t.normal_(1.0, 0.1, gen);
+        } else if (t.dim() == 1) {
+            t.normal_(0.0, 0.05, gen);
+        } else if (n.find("embedding") != std::string::npos) {
+            t.normal_(0.0, 1.0, gen);
+        } else {
+            t.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(t.size(1))), gen); // unit-variance outputs
+            if (n.find("adaLN") != std::string::npos) t.mul_(0.3);
+        }
+    }
+    (void)D;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> mdlm_named_tensors(const MdlmModel& model) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : model->named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
+    for (const auto& b : model->named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
+    return out;
+}
+
+MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
+    fs::path p(path);
+    if (!fs::exists(p)) throw Error("MDLM model '" + path + "' does not exist");
+    // A training run folder also holds train_state.safetensors: prefer the model file when it is there.
+    const bool dir_with_model = fs::is_directory(p) && fs::exists(p / "model.safetensors");
+    auto w = WeightMap::load(dir_with_model ? (p / "model.safetensors").string() : path);
+    bool prefixed = w.has("backbone.vocab_embed.embedding");
+    if (prefixed) w = w.with_prefix_stripped("backbone.");
+    fs::path cfg_path = fs::is_directory(p) ? p / "config.json" : p.parent_path() / "config.json";
+    MdlmConfig cfg;
+    bool have_cfg = false;
+    if (fs::exists(cfg_path)) {
+        std::ifstream f(cfg_path);
+        nlohmann::json j;
+        try {
+            f >> j;
+        } catch (const std::exception& e) {
+            throw Error("'" + cfg_path.string() + "': invalid JSON: " + e.what());
+        }
+        if (j.value("model_type", std::string()) == "mdlm") {
+            cfg = MdlmConfig::from_json(j);
+            have_cfg = true;
+        }
+    }
+    if (!have_cfg) cfg = MdlmConfig::detect_from_weights(w, n_heads_hint);
+    else {
+        // The config must agree with the shapes; detection finds the disagreement with a clear message.
+        auto det = MdlmConfig::detect_from_weights(w, cfg.n_heads);
+        if (det.hidden_size != cfg.hidden_size || det.n_blocks != cfg.n_blocks || det.vocab_size != cfg.vocab_size ||
+            det.gate != cfg.gate || det.compact_vocab != cfg.compact_vocab)
+            throw Error("'" + cfg_path.string() + "' disagrees with the weights in '" + path + "' (weights: D=" +
+                        std::to_string(det.hidden_size) + ", blocks=" + std::to_string(det.n_blocks) +
+                        ", V=" + std::to_string(det.vocab_size) + ", gate=" + gate_kind_name(det.gate) + ")");
+    }
+    MdlmModel model(cfg);
+    w.load_into(*model, {R"(.*rotary_emb\..*)", R"(.*\.attn\.rotary_emb.*)"});
+    if (cfg.compact_vocab) model->set_vocab_ids(model->vocab_ids.clone());
+    model->eval();
+    return model;
+}
+
+void save_mdlm(const MdlmModel& model, const std::string& dir, torch::ScalarType dtype, bool overwrite) {
+    fs::create_directories(dir);
+    NamedTensors ts;
+    for (auto& [n, t] : mdlm_named_tensors(model))
+        ts.emplace_back(n, t.is_floating_point() ? t.to(dtype).contiguous() : t.contiguous());
+    std::map<std::string, std::string> meta;
+    meta["format"] = "pt";
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), ts, meta, overwrite);
+    write_file_atomic((fs::path(dir) / "config.json").string(), model->config().to_json().dump(2) + "\n", overwrite);
+}
+
+} // namespace anchor::text

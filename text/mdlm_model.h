@@ -1,0 +1,224 @@
+// Masked diffusion language model (MDLM, Sahoo et al. 2024; backbone of SEDD, Lou et al. 2024): a bidirectional
+// DiT-style transformer over GPT-2 BPE ids plus one [MASK] token, conditioned on the diffusion time.
+//
+// Block i (x: residual stream [B, L, D], c: conditioning vector [B, C] from the time embedding):
+//     (shift1, scale1, shift2, scale2[, gate1, gate2]) = blocks.i.adaLN_modulation(c)
+//     h  = norm1(x) * (1 + scale1) + shift1
+//     x += g_attn(t) * attn_out(attention(rope(q), rope(k), v)),   q, k, v = attn_qkv(h)
+//     h  = norm2(x) * (1 + scale2) + shift2
+//     x += g_ffn(t) * mlp.2(gelu_tanh(mlp.0(h)))
+// The gates are either the time-anchor gates g(t) = sigmoid(W_e E(t) + b_e), one per channel and branch
+// (`blocks.i.gate_attn`, `blocks.i.gate_ffn`, E(t) = c), or SEDD/MDLM's plain gates (chunks 2 and 5 of the 6-way
+// adaLN output). Both depend on t only, which is what lets the cross-step cache (text/mdlm_cache.h) re-apply the
+// current step's gate to a cached branch output exactly.
+//
+// Checkpoint names (ours = SEDD's `SEDD` module = MDLM's `DIT` backbone; MDLM's Hugging Face checkpoint
+// `kuleshov-group/mdlm-owt` prefixes everything with `backbone.`, which the loader strips):
+//
+// | ours                                   | shape              | SEDD / MDLM                                   |
+// |----------------------------------------|--------------------|-----------------------------------------------|
+// | vocab_embed.embedding                  | [V, D]             | vocab_embed.embedding                         |
+// | sigma_map.mlp.0.weight / .bias         | [C, 256] / [C]     | sigma_map.mlp.0 (TimestepEmbedder)            |
+// | sigma_map.mlp.2.weight / .bias         | [C, C] / [C]       | sigma_map.mlp.2                               |
+// | blocks.i.norm1.weight, norm2.weight    | [D]                | same (LayerNorm without bias)                 |
+// | blocks.i.attn_qkv.weight               | [3D, D]            | same (no bias; q, k, v stacked, heads inside) |
+// | blocks.i.attn_out.weight               | [D, D]             | same (no bias)                                |
+// | blocks.i.mlp.0.weight / .bias          | [rD, D] / [rD]     | same                                          |
+// | blocks.i.mlp.2.weight / .bias          | [D, rD] / [D]      | same                                          |
+// | blocks.i.adaLN_modulation.weight/.bias | [6D, C] (adaln)    | same: shift, scale, gate (msa), shift, scale, gate (mlp) |
+// |                                        | [4D, C] (anchor)   | not in SEDD: shift1, scale1, shift2, scale2    |
+// | blocks.i.gate_attn / gate_ffn .weight/.bias | [D, C] / [D]  | not in SEDD (time-anchor gates)               |
+// | output_layer.norm_final.weight         | [D]                | same                                          |
+// | output_layer.adaLN_modulation.weight/.bias | [2D, C] / [2D] | same (shift, scale)                           |
+// | output_layer.linear.weight / .bias     | [V, D] / [V]       | same (weight absent when tied to vocab_embed) |
+// | vocab_ids                              | [V] int64          | not in SEDD: only in compact-vocabulary models |
+//
+// SEDD/MDLM buffers `blocks.i.attn.rotary_emb.inv_freq` and `rotary_emb.*` are ignored (rope is recomputed).
+// MDLM's published checkpoint has V = 50258 (GPT-2 + [MASK] at 50257) and conditions on sigma(t) like ours.
+//
+// Compact vocabulary: a model trained on a small corpus may keep only the V tokens it saw (`vocab_ids` maps internal
+// id -> GPT-2 id; the last one is [MASK]); ids are translated at the edges by `to_internal` / `to_external`.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace anchor {
+class WeightMap;
+}
+
+namespace anchor::text {
+
+constexpr int64_t kGpt2VocabSize = 50257;
+constexpr int64_t kMdlmMaskId = 50257; // GPT-2 ids 0..50256, then [MASK]
+
+enum class GateKind { TimeAnchor, AdaLN };
+const char* gate_kind_name(GateKind g);
+GateKind gate_kind_from_string(const std::string& s); // throws UsageError listing the choices
+
+struct MdlmConfig {
+    int64_t vocab_size = kGpt2VocabSize + 1; // rows of the embedding / head (== vocab_ids length when compact)
+    int64_t mask_token_id = kMdlmMaskId;     // GPT-2-side id of [MASK]
+    int64_t hidden_size = 768;
+    int64_t n_heads = 12;
+    int64_t n_blocks = 12;
+    int64_t cond_dim = 128;
+    int64_t mlp_ratio = 4;
+    int64_t freq_embed_size = 256;
+    int64_t max_seq_len = 1024;
+    double rope_base = 10000.0;
+    double norm_eps = 1e-5;
+    double noise_eps = 1e-3; // log-linear schedule: sigma(t) = -log(1 - (1 - eps) t)
+    GateKind gate = GateKind::TimeAnchor;
+    bool tie_word_embeddings = false;
+    bool compact_vocab = false; // `vocab_ids` buffer present
+
+    int64_t head_dim() const { return hidden_size / n_heads; }
+    void validate() const; // throws anchor::Error
+
+    nlohmann::json to_json() const;
+    static MdlmConfig from_json(const nlohmann::json& j);
+    static MdlmConfig load(const std::string& path); // config.json
+    // Shapes only; n_heads (not visible in shapes) comes from `n_heads_hint` or D / 64.
+    static MdlmConfig detect_from_weights(const WeightMap& w, int64_t n_heads_hint = 0);
+};
+
+// LayerNorm with a weight and no bias (SEDD's `LayerNorm`).
+struct NormNoBiasImpl : torch::nn::Module {
+    NormNoBiasImpl(int64_t dim, double eps);
+    torch::Tensor forward(const torch::Tensor& x);
+    torch::Tensor weight;
+    double eps;
+};
+TORCH_MODULE(NormNoBias);
+
+// Per-step modulation of one block, from c. Every tensor is [B, 1, D] so it broadcasts over positions.
+struct BlockModulation {
+    torch::Tensor shift1, scale1, shift2, scale2;
+    torch::Tensor gate_attn, gate_ffn;
+};
+
+// Rotary tables for given positions: cos/sin [n, head_dim] (rotate-half convention, as SEDD/MDLM).
+struct Rope {
+    torch::Tensor cos, sin;
+    Rope select(const torch::Tensor& positions) const; // rows at `positions` (int64 [n])
+};
+
+struct MdlmBlockImpl : torch::nn::Module {
+    MdlmBlockImpl(const MdlmConfig& cfg);
+
+    BlockModulation modulation(const torch::Tensor& c) const;
+    // h = norm1(x) (1 + scale1) + shift1, for x [B, n, D].
+    torch::Tensor attn_input(const torch::Tensor& x, const BlockModulation& m);
+    // q, k, v [B, H, n, d] for the modulated input h [B, n, D] at the positions described by `rope`.
+    void qkv(const torch::Tensor& h, const Rope& rope, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v);
+    // Only v [B, H, n, d] (for the cache's V check).
+    torch::Tensor value(const torch::Tensor& h);
+    // softmax(q k^T / sqrt(d)) v, heads merged, then attn_out: [B, nq, D]. Bidirectional, no mask.
+    torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+    // Ungated FFN branch mlp(norm2(x) (1 + scale2) + shift2).
+    torch::Tensor ffn(const torch::Tensor& x, const BlockModulation& m);
+    // Dense block: x + g_attn attn(...) then + g_ffn ffn(...).
+    torch::Tensor forward(const torch::Tensor& x, const BlockModulation& m, const Rope& rope);
+
+    MdlmConfig cfg;
+    NormNoBias norm1{nullptr}, norm2{nullptr};
+    torch::nn::Linear attn_qkv{nullptr}, attn_out{nullptr};
+    torch::nn::Sequential mlp{nullptr};
+    torch::nn::Linear adaLN_modulation{nullptr};
+    torch::nn::Linear gate_attn{nullptr}, gate_ffn{nullptr}; // TimeAnchor only
+};
+TORCH_MODULE(MdlmBlock);
+
+struct TimestepEmbedderImpl : torch::nn::Module {
+    TimestepEmbedderImpl(int64_t cond_dim, int64_t freq_size);
+    torch::Tensor forward(const torch::Tensor& sigma); // [B] -> [B, C]
+    torch::nn::Sequential mlp{nullptr};
+    int64_t freq_size;
+};
+TORCH_MODULE(TimestepEmbedder);
+
+struct EmbeddingImpl : torch::nn::Module {
+    EmbeddingImpl(int64_t vocab, int64_t dim);
+    torch::Tensor forward(const torch::Tensor& ids); // [...] -> [..., D]
+    torch::Tensor embedding;
+};
+TORCH_MODULE(Embedding);
+
+// Linear head whose weight may be tied to the embedding (then only the bias is a parameter here).
+struct HeadLinearImpl : torch::nn::Module {
+    HeadLinearImpl(int64_t in, int64_t out, bool tied);
+    torch::Tensor weight, bias;
+};
+TORCH_MODULE(HeadLinear);
+
+struct OutputLayerImpl : torch::nn::Module {
+    OutputLayerImpl(const MdlmConfig& cfg);
+    // Logits [..., V] for hidden rows h [B, n, D] given c [B, C]; `tied` is the embedding when weights are tied.
+    torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& c, const torch::Tensor& tied);
+    NormNoBias norm_final{nullptr};
+    torch::nn::Linear adaLN_modulation{nullptr};
+    HeadLinear linear{nullptr};
+};
+TORCH_MODULE(OutputLayer);
+
+class MdlmModelImpl : public torch::nn::Module {
+public:
+    explicit MdlmModelImpl(const MdlmConfig& cfg);
+
+    // Conditioning: sigma(t) of the log-linear schedule, then c = silu(sigma_map(sigma)). t: [B] in [0, 1].
+    torch::Tensor sigma_of_t(const torch::Tensor& t) const;
+    torch::Tensor conditioning(const torch::Tensor& t);
+    Rope rope(int64_t length, const torch::TensorOptions& opts) const;
+
+    // Token embedding of internal ids [B, L].
+    torch::Tensor embed(const torch::Tensor& ids) { return vocab_embed->forward(ids); }
+    // Residual stream after all blocks, [B, L, D]. `per_layer` (optional) receives each block's output.
+    torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& c, std::vector<torch::Tensor>* per_layer = nullptr);
+    // Logits with [MASK] at -inf (MDLM's SUBS parameterisation) for hidden rows [B, n, D].
+    torch::Tensor head(const torch::Tensor& h, const torch::Tensor& c);
+    // Full dense forward: logits [B, L, V] for internal ids [B, L] at times t [B].
+    torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& t);
+
+    // GPT-2-side ids <-> internal ids (identity unless compact). Unknown GPT-2 ids throw anchor::Error.
+    torch::Tensor to_internal(const torch::Tensor& gpt2_ids) const;
+    torch::Tensor to_external(const torch::Tensor& internal_ids) const;
+    int64_t internal_mask_id() const { return cfg_.compact_vocab ? cfg_.vocab_size - 1 : cfg_.mask_token_id; }
+    // Sets the compact vocabulary (sorted GPT-2 ids, last = mask id); only for compact models.
+    void set_vocab_ids(const torch::Tensor& ids);
+
+    const MdlmConfig& config() const { return cfg_; }
+
+    Embedding vocab_embed{nullptr};
+    TimestepEmbedder sigma_map{nullptr};
+    torch::nn::ModuleList blocks{nullptr};
+    std::vector<MdlmBlock> block_list;
+    OutputLayer output_layer{nullptr};
+    torch::Tensor vocab_ids; // compact only
+
+private:
+    MdlmConfig cfg_;
+    torch::Tensor ext_to_int_; // [mask_token_id + 1] int64, -1 for absent (compact only)
+    torch::Tensor mask_bias_;  // [V] 0 / -inf at the mask column
+};
+TORCH_MODULE(MdlmModel);
+
+// Random initialisation for training / benchmarks (normal(0, std) weights, SEDD-like zero adaLN, gates at 0.5).
+void init_mdlm_weights(MdlmModel& model, uint64_t seed, double std = 0.02);
+// Random weights with O(1) activations for speed benchmarks and tests (adaLN and gates non-zero).
+void randomize_mdlm_weights(MdlmModel& model, uint64_t seed);
+
+// Loads config.json (or detects it) + safetensors from a folder or a .safetensors file. `backbone.` prefixes
+// (MDLM HF layout) are stripped; rotary buffers ignored. Weights are converted to float32.
+MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint = 0);
+// Writes `dir/config.json` and `dir/model.safetensors` (atomically) in `dtype` (float32 or float16).
+void save_mdlm(const MdlmModel& model, const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
+               bool overwrite = true);
+// Named tensors with checkpoint names (for safetensors).
+std::vector<std::pair<std::string, torch::Tensor>> mdlm_named_tensors(const MdlmModel& model);
+
+} // namespace anchor::text

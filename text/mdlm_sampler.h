@@ -1,0 +1,59 @@
+// Samplers for masked diffusion LMs: MDLM ancestral unmasking and LLaDA-style confidence unmasking, with
+// semi-autoregressive blocks.
+//
+// Time grid: a block decoded in S steps uses t_j = 1 - j / S (j = 0..S-1) and s_j = t_j - 1 / S.
+//   ancestral (MDLM, Sahoo et al. 2024, eq. 7 with the log-linear alpha_t = 1 - t): every masked position of the
+//     current block draws x0 ~ p_theta(. | x_t) and is unmasked with probability (alpha_s - alpha_t) / (1 - alpha_t)
+//     = (t - s) / t (1 at the last step, so everything is decoded);
+//   confidence (LLaDA, Nie et al. 2025, low-confidence remasking): every masked position of the block draws x0, and
+//     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S.
+// Unmasked tokens are never changed again (MDLM's carry-over). Sampling: temperature (0 = argmax), top-k (0 = all),
+// torch CPU generator seeded with `seed`; all draws of a step come from it in a fixed order.
+#pragma once
+
+#include "text/mdlm_cache.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anchor::text {
+
+enum class UnmaskRule { Ancestral, Confidence };
+const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table();
+UnmaskRule unmask_rule_from_string(const std::string& s); // UsageError listing the choices
+std::string unmask_rule_name(UnmaskRule r);
+
+struct SamplerOptions {
+    int64_t length = 128; // total sequence length, prompt included
+    int64_t steps = 64;   // total denoising steps over all blocks
+    std::vector<int64_t> prompt; // GPT-2-side ids of the fixed prefix
+    UnmaskRule rule = UnmaskRule::Ancestral;
+    double temperature = 1.0;
+    int64_t top_k = 0;
+    uint64_t seed = 0;
+    int64_t block_length = 0; // 0 = one block (all generated positions)
+    void validate() const;    // UsageError for impossible combinations
+};
+
+struct StepInfo {
+    int64_t step = 0, block = 0, local_step = 0;
+    double t = 1.0, s = 0.0;
+    int64_t unmasked = 0;               // tokens unmasked in this step
+    const std::vector<int64_t>* tokens; // GPT-2-side ids after this step; [MASK] = kMdlmMaskId
+};
+using StepCallback = std::function<void(const StepInfo&)>;
+
+struct SampleResult {
+    std::vector<int64_t> tokens; // GPT-2-side ids, prompt included
+    std::vector<int64_t> unmasked_per_step;
+    CacheStats cache;
+    double seconds = 0.0;
+};
+
+// LLaDA's `get_num_transfer_tokens`: n split over `steps`, the remainder going to the first steps.
+std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps);
+
+SampleResult sample(MdlmDenoiser& denoiser, const SamplerOptions& opt, const StepCallback& on_step = {});
+
+} // namespace anchor::text

@@ -1,0 +1,60 @@
+// Offline tools for the masked diffusion LM: training with the MDLM objective and anchor-profile calibration.
+#pragma once
+
+#include "text/mdlm_sampler.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anchor::text {
+
+// Reads a token file: raw uint16 little-endian GPT-2 ids, no header (like tests/golden/text/eval/kjv_tokens.bin).
+std::vector<int64_t> load_token_file(const std::string& path);
+
+// MDLM continuous-time objective with the log-linear schedule (Sahoo et al. 2024, eq. 10-11):
+//   t_b low-discrepancy in [eps, 1], mask each token with probability 1 - alpha_t = (1 - eps) t,
+//   L = sum over masked tokens of (1 / t_b) * -log p_theta(x0 | x_t)  /  (B * L),
+// the weight -alpha'_t / (1 - alpha_t) = 1 / t. `ids`: internal ids [B, L] (clean); `gen` draws t and the masks.
+torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen);
+
+struct TrainOptions {
+    std::string tokens_path;
+    std::string out_dir;       // config.json, model.safetensors (float32), train_state.safetensors, train_log.txt
+    MdlmConfig config;         // used when starting fresh
+    bool compact_vocab = true; // keep only the corpus' tokens (+ [MASK]) in the embedding/head
+    int64_t steps = 1000;      // total optimizer steps (resume continues up to this)
+    int64_t batch = 16;
+    int64_t seq_len = 128;
+    double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8, grad_clip = 1.0;
+    int64_t warmup = 100;
+    int64_t checkpoint_every = 100;
+    int64_t log_every = 10;
+    uint64_t seed = 0;
+    bool resume = true;
+    int64_t stop_after = 0; // > 0: stop after this many steps in this invocation (the schedule still spans `steps`)
+    std::string export_dir; // when set: final weights in `export_dtype` there
+    torch::ScalarType export_dtype = torch::kFloat16;
+    std::function<void(const std::string&)> log; // progress lines
+};
+
+struct TrainResult {
+    int64_t start_step = 0, end_step = 0;
+    std::vector<double> losses; // per step run here
+};
+
+TrainResult train_mdlm(const TrainOptions& opt);
+
+struct CalibrateOptions {
+    std::vector<std::vector<int64_t>> prompts; // GPT-2-side ids
+    SamplerOptions sampler;                    // prompt field ignored
+    int64_t classes = 16;
+    int64_t max_stale = 8;
+};
+
+// Uncached sampling on every prompt; Delta[l][s] = mean over positions decoded at both steps s-1 and s (same token)
+// of ||H_s - H_{s-1}|| after block l, averaged over prompts; then k-means classes (see build_profile).
+AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
+                             std::vector<std::vector<double>>* deltas_out = nullptr);
+
+} // namespace anchor::text
