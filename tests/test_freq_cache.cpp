@@ -96,8 +96,10 @@ TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
     p.guidance_scale = cfg.value("guidance_scale", 7.5);
     p.steps = steps;
     p.seed = 42;
-    p.width = cfg.value("width", 512);
-    p.height = cfg.value("height", 512);
+    // deepcache/config.json has no image size: it is pipeline_tiny's (16x16, 8x8 latents).
+    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
+    p.width = pcfg.at("width").get<int>();
+    p.height = pcfg.at("height").get<int>();
     p.sampler = SamplerKind::DDIM;
     c10::InferenceMode guard;
     TinyRun out;
