@@ -72,8 +72,8 @@ std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::v
         cv::resize(img, big, {img.cols * scale, img.rows * scale}, 0, 0, cv::INTER_NEAREST);
         big.copyTo(grid(cv::Rect(x, y, big.cols, big.rows)));
         int ly = y + th + 16;
-        put(grid, e[i].mode.substr(0, 40), x, ly, 0.45, {0, 0, 0});
-        if (e[i].mode.size() > 40) put(grid, e[i].mode.substr(40, 40), x, ly += 15, 0.4, {0, 0, 0});
+        put(grid, e[i].mode.substr(0, 30), x, ly, 0.4, {0, 0, 0});
+        if (e[i].mode.size() > 30) put(grid, e[i].mode.substr(30, 32), x, ly += 15, 0.4, {0, 0, 0});
         int full = 0;
         for (const auto& s : e[i].steps) full += s.full ? 1 : 0;
         put(grid, fmt("%.2fs", e[i].wall_s) + "  x" + fmt("%.2f", f[i].speedup) + "  full " + std::to_string(full) +

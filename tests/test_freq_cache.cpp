@@ -16,7 +16,7 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(parse_cache_mode("deepcache:2,branch=1")->spec() == "deepcache:2,branch=1");
     auto f = parse_cache_mode("freq");
     CHECK(f->name() == "freq");
-    CHECK(f->spec() == "freq:tau=0.01,thr=0.3,max=4,band=4,extrapolate=1,branch=0");
+    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=4,band=4,extrapolate=1,branch=0");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,band=3,extrapolate=0,branch=1");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==

@@ -81,7 +81,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq", "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
-         "energy change of conv_in(x) reaches A (default 0.3) or after M (default 4) reuses; coefficients of the "
+         "energy change of conv_in(x) reaches A (default 1.0) or after M (default 4) reuses; coefficients of the "
          "cached feature with energy change rate < T (default 0.01) are reused, the others extrapolated linearly "
          "(extrapolate=1, default)"},
     };
