@@ -126,8 +126,11 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
             auto r = run_tiny(models, *fq, 10);
             CHECK(r.full == ref.full);
             CHECK(torch::equal(r.latents, ref.latents));
-            for (const auto& s : fq->log())
-                if (!s.full) CHECK(s.anchored_fraction == 1.0);
+            // With tau huge every coefficient is anchored; with extrapolate=0 the fraction is still measured (logged)
+            // but not used.
+            if (std::string(spec).find("tau=1e30") != std::string::npos)
+                for (const auto& s : fq->log())
+                    if (!s.full) CHECK(s.anchored_fraction == 1.0);
         }
     }
     SECTION("first and last steps are full, the max cap holds, extrapolation changes the result") {
