@@ -3,6 +3,8 @@
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/sd_bench.h"
+#include "cli/sd_compare.h"
+#include "unet/freq_cache.h"
 #include "unet/pipeline.h"
 
 #include <CLI/CLI.hpp>
@@ -28,6 +30,7 @@ struct Options {
     int64_t seed = 42;
     bool overwrite = false;
     int deepcache = 0, deepcache_branch = 0;
+    std::string cache_mode, compare; // --cache MODE, --compare MODE,MODE,...
 };
 
 std::string output_path(const std::string& base, int k) {
@@ -77,11 +80,15 @@ int run(const Options& o) {
                          std::to_string(o.height));
     if (o.cfg_scale < 0) throw UsageError("--cfg-scale must be >= 0");
     if (o.deepcache < 0) throw UsageError("--deepcache must be >= 0 (0 disables it)");
+    if (!o.cache_mode.empty() && o.deepcache > 0) throw UsageError("--cache and --deepcache are exclusive");
+    if (!o.cache_mode.empty()) parse_cache_mode(o.cache_mode); // validate before loading models
+    if (!o.compare.empty())
+        for (const auto& m : split_mode_list(o.compare)) parse_cache_mode(m);
     std::vector<std::string> outputs;
     for (int k = 0; k < o.batch_count; ++k) {
         const std::string png = output_path(o.output, k);
         for (const auto& p : {png, png + ".json"}) {
-            if (fs::exists(p) && !o.overwrite)
+            if (fs::exists(p) && !o.overwrite && o.compare.empty())
                 throw UsageError("output '" + p + "' exists (use --overwrite to replace it)");
             check_output_path(p, true);
         }
@@ -115,10 +122,22 @@ int run(const Options& o) {
     p.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
     pipe.validate(p);
 
+    if (!o.compare.empty()) {
+        p.seed = seed;
+        const fs::path out(o.output);
+        const std::string base = (out.parent_path() / out.stem()).string();
+        cli::run_compare(pipe, p, o.compare, base,
+                         {{"program", "anchor-sd"}, {"model", o.model}, {"prompt", o.prompt}, {"seed", seed},
+                          {"steps", o.steps}, {"sampler", sampler_name(sampler)}, {"cfg_scale", o.cfg_scale},
+                          {"width", o.width}, {"height", o.height}, {"threads", o.threads}},
+                         o.overwrite);
+        return 0;
+    }
     for (int k = 0; k < o.batch_count; ++k) {
         p.seed = seed + k;
         std::unique_ptr<DenoiseController> ctl;
         if (o.deepcache > 0) ctl = std::make_unique<DeepCacheDenoiser>(o.deepcache, o.deepcache_branch);
+        if (!o.cache_mode.empty()) ctl = parse_cache_mode(o.cache_mode);
         const std::string label = o.batch_count > 1 ? "image " + std::to_string(k + 1) + "/" +
                                                           std::to_string(o.batch_count) + " "
                                                     : "";
@@ -149,6 +168,7 @@ int run(const Options& o) {
                                                       {"interval", o.deepcache},
                                                       {"branch", o.deepcache_branch}}
                                      : nlohmann::json{{"kind", "none"}};
+        if (auto* cc = dynamic_cast<CacheController*>(ctl.get())) j["cache"] = cache_log_json(*cc);
         j["unet_full_steps"] = r.full_steps;
         j["unet_steps"] = r.total_steps;
         j["warnings"] = r.warnings;
@@ -203,6 +223,10 @@ int main(int argc, char** argv) {
             ->capture_default_str();
         app.add_option("--deepcache-branch", o.deepcache_branch, "DeepCache skip branch (0 = shallowest)")
             ->capture_default_str();
+        app.add_option("--cache", o.cache_mode, "cache mode:\n" + cache_mode_help());
+        app.add_option("--compare", o.compare,
+                       "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
+                       "<output>_grid.png, <output>_timeline.png and <output>_report.json");
         try {
             app.parse(argc, argv);
         } catch (const CLI::CallForHelp& e) {

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-TEST_CASE("--threads sets LibTorch's intra-op threads; 0 means all cores", "[cli][threads]") {
+TEST_CASE("threads option sets LibTorch intra-op threads, 0 means all cores", "[cli][threads]") {
     CHECK(anchor::configure_threads(1) == 1);
     CHECK(at::get_num_threads() == 1);
     const int cores = static_cast<int>(std::thread::hardware_concurrency());

@@ -1,0 +1,185 @@
+// Side-by-side compare of cache modes (see sd_compare.h).
+#include "cli/sd_compare.h"
+
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+#include "cache/metrics.h"
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace anchor::cli {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), f, v);
+    return buf;
+}
+
+std::string encode_png(const cv::Mat& m) {
+    std::vector<uchar> buf;
+    if (!cv::imencode(".png", m, buf)) throw Error("cannot encode PNG");
+    return std::string(buf.begin(), buf.end());
+}
+
+cv::Mat to_bgr(const torch::Tensor& hwc) {
+    auto img = hwc.to(torch::kUInt8).contiguous();
+    if (img.dim() != 3 || img.size(2) != 3) throw Error("compare: expected an [H, W, 3] image");
+    cv::Mat rgb(int(img.size(0)), int(img.size(1)), CV_8UC3, img.data_ptr<uint8_t>());
+    cv::Mat bgr;
+    cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+    return bgr;
+}
+
+void put(cv::Mat& m, const std::string& s, int x, int y, double scale = 0.45, cv::Scalar c = {20, 20, 20}) {
+    cv::putText(m, s, {x, y}, cv::FONT_HERSHEY_SIMPLEX, scale, c, 1, cv::LINE_AA);
+}
+
+} // namespace
+
+std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& e) {
+    std::vector<CompareFigures> out(e.size());
+    if (e.empty()) return out;
+    auto ref = e[0].image_uint8.to(torch::kFloat);
+    for (size_t i = 0; i < e.size(); ++i) {
+        auto img = e[i].image_uint8.to(torch::kFloat);
+        out[i].speedup = e[i].wall_s > 0 ? e[0].wall_s / e[i].wall_s : 0.0;
+        out[i].psnr = cache::psnr(img, ref, 255.0);
+        const bool fits = img.size(0) >= 11 && img.size(1) >= 11;
+        out[i].ssim = fits ? cache::ssim(img, ref, 255.0) : std::nan("");
+    }
+    return out;
+}
+
+std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::vector<CompareFigures>& f) {
+    if (e.empty()) throw Error("compare: no entries");
+    const int h0 = int(e[0].image_uint8.size(0)), w0 = int(e[0].image_uint8.size(1));
+    // Integer nearest-neighbour upscale so the tile is at least 256 px wide (labels need ~250 px).
+    const int scale = std::max(1, (256 + w0 - 1) / w0);
+    const int tw = std::max(w0 * scale, 260), th = h0 * scale, label_h = 92, pad = 8;
+    const int cols = int(std::min<size_t>(e.size(), 4)), rows = int((e.size() + 3) / 4);
+    cv::Mat grid(rows * (th + label_h + pad) + pad, cols * (tw + pad) + pad, CV_8UC3, cv::Scalar(255, 255, 255));
+    for (size_t i = 0; i < e.size(); ++i) {
+        const int x = pad + int(i % 4) * (tw + pad), y = pad + int(i / 4) * (th + label_h + pad);
+        cv::Mat img = to_bgr(e[i].image_uint8), big;
+        cv::resize(img, big, {img.cols * scale, img.rows * scale}, 0, 0, cv::INTER_NEAREST);
+        big.copyTo(grid(cv::Rect(x, y, big.cols, big.rows)));
+        int ly = y + th + 16;
+        put(grid, e[i].mode.substr(0, 30), x, ly, 0.4, {0, 0, 0});
+        if (e[i].mode.size() > 30) put(grid, e[i].mode.substr(30, 32), x, ly += 15, 0.4, {0, 0, 0});
+        int full = 0;
+        for (const auto& s : e[i].steps) full += s.full ? 1 : 0;
+        put(grid, fmt("%.2fs", e[i].wall_s) + "  x" + fmt("%.2f", f[i].speedup) + "  full " + std::to_string(full) +
+                      "/" + std::to_string(e[i].steps.size()),
+            x, ly += 17);
+        const std::string p = std::isinf(f[i].psnr) ? "PSNR inf" : "PSNR " + fmt("%.2f dB", f[i].psnr);
+        put(grid, p + "  SSIM " + fmt("%.4f", f[i].ssim), x, ly += 17);
+        if (i == 0) put(grid, "(reference)", x, ly += 17, 0.4, {90, 90, 90});
+    }
+    return encode_png(grid);
+}
+
+std::string render_timeline(const std::vector<CompareEntry>& e) {
+    if (e.empty()) throw Error("compare: no entries");
+    size_t n = 0;
+    double emax = 0;
+    for (const auto& m : e) {
+        n = std::max(n, m.steps.size());
+        for (const auto& s : m.steps) emax = std::max(emax, s.energy_change);
+    }
+    const int left = 230, cell = std::max(8, std::min(28, int(900 / std::max<size_t>(n, 1)))), row_h = 70, top = 30;
+    const int W = left + int(n) * cell + 20, H = top + int(e.size()) * row_h + 40;
+    cv::Mat m(H, W, CV_8UC3, cv::Scalar(255, 255, 255));
+    put(m, "bar: low-band DCT energy change of conv_in(x) (max " + fmt("%.3g", emax) + ")", 8, 18, 0.42);
+    put(m, "full", W - 150, 18, 0.42, {0, 110, 230});
+    put(m, "reuse", W - 100, 18, 0.42, {200, 120, 40});
+    for (size_t r = 0; r < e.size(); ++r) {
+        const int y0 = top + int(r) * row_h, base = y0 + row_h - 12;
+        put(m, e[r].mode.substr(0, 30), 6, y0 + 24, 0.42, {0, 0, 0});
+        if (e[r].mode.size() > 30) put(m, e[r].mode.substr(30, 30), 6, y0 + 40, 0.38, {0, 0, 0});
+        cv::line(m, {left, base}, {left + int(n) * cell, base}, {160, 160, 160});
+        for (const auto& s : e[r].steps) {
+            const int x = left + s.step * cell;
+            const int hbar = emax > 0 ? int(std::lround((row_h - 22) * s.energy_change / emax)) : 0;
+            const cv::Scalar col = s.full ? cv::Scalar(0, 110, 230) : cv::Scalar(200, 120, 40);
+            cv::rectangle(m, cv::Rect(x + 1, base - std::max(hbar, 2), cell - 2, std::max(hbar, 2)), col, cv::FILLED);
+            // A marker under the axis: filled square = full, outline = reuse.
+            cv::rectangle(m, cv::Rect(x + 2, base + 3, cell - 4, 6), col, s.full ? cv::FILLED : 1);
+        }
+    }
+    const int ya = top + int(e.size()) * row_h + 22;
+    const int every = n > 30 ? 10 : 5;
+    for (size_t k = 0; k < n; k += size_t(every)) put(m, std::to_string(k), left + int(k) * cell, ya, 0.38);
+    put(m, "step", 6, ya, 0.38);
+    return encode_png(m);
+}
+
+std::vector<std::string> compare_output_paths(const std::string& base) {
+    return {base + "_grid.png", base + "_timeline.png", base + "_report.json"};
+}
+
+nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::string& base, const nlohmann::json& meta,
+                             bool overwrite) {
+    const auto paths = compare_output_paths(base);
+    for (const auto& p : paths) check_output_path(p, overwrite);
+    const auto figs = compare_figures(e);
+    nlohmann::json rep = meta;
+    rep["reference_mode"] = e.empty() ? "" : e[0].mode;
+    rep["grid_png"] = paths[0];
+    rep["timeline_png"] = paths[1];
+    nlohmann::json modes = nlohmann::json::array();
+    for (size_t i = 0; i < e.size(); ++i) {
+        nlohmann::json m = e[i].log;
+        m["mode"] = e[i].mode;
+        m["wall_s"] = e[i].wall_s;
+        m["speedup_vs_first"] = figs[i].speedup;
+        m["psnr_vs_first_db"] = std::isinf(figs[i].psnr) ? nlohmann::json("inf") : nlohmann::json(figs[i].psnr);
+        m["ssim_vs_first"] = std::isnan(figs[i].ssim) ? nlohmann::json(nullptr) : nlohmann::json(figs[i].ssim);
+        modes.push_back(m);
+    }
+    rep["modes"] = modes;
+    write_file_atomic(paths[0], render_compare_grid(e, figs), overwrite);
+    write_file_atomic(paths[1], render_timeline(e), overwrite);
+    write_file_atomic(paths[2], rep.dump(2) + "\n", overwrite);
+    return rep;
+}
+
+nlohmann::json run_compare(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParams& p, const std::string& modes_list,
+                           const std::string& base, nlohmann::json meta, bool overwrite) {
+    const auto specs = unet::split_mode_list(modes_list);
+    if (specs.empty()) throw UsageError("--compare needs at least one mode");
+    std::vector<std::unique_ptr<unet::CacheController>> ctls;
+    for (const auto& s : specs) ctls.push_back(unet::parse_cache_mode(s)); // all parsed before any work
+    for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
+    std::vector<CompareEntry> entries;
+    for (auto& c : ctls) {
+        std::fprintf(stderr, "compare: %s\n", c->spec().c_str());
+        auto r = pipe.run(p, c.get());
+        CompareEntry e;
+        e.mode = c->spec();
+        e.wall_s = r.denoise_s;
+        e.image_uint8 = r.image_uint8[0];
+        e.steps = c->log();
+        e.log = unet::cache_log_json(*c);
+        e.log["denoise_s"] = r.denoise_s;
+        e.log["decode_s"] = r.decode_s;
+        e.log["text_s"] = r.text_s;
+        entries.push_back(std::move(e));
+    }
+    auto rep = write_compare(entries, base, meta, overwrite);
+    for (const auto& m : rep["modes"])
+        std::fprintf(stderr, "  %-50s %7.2fs  x%.2f  full %d/%d  PSNR %s  SSIM %s\n",
+                     m["mode"].get<std::string>().c_str(), m["wall_s"].get<double>(),
+                     m["speedup_vs_first"].get<double>(), m["full_steps"].get<int>(), m["total_steps"].get<int>(),
+                     m["psnr_vs_first_db"].dump().c_str(), m["ssim_vs_first"].dump().c_str());
+    return rep;
+}
+
+} // namespace anchor::cli

@@ -1,0 +1,53 @@
+// anchor-sd --compare: the same txt2img run under several cache modes, side by side.
+//
+// Outputs (all through cache/io/atomic_file.h, never replacing a file without overwrite):
+//   * a grid PNG: one tile per mode, the image (nearest-neighbour upscaled to >= 256 px so labels stay readable) with
+//     its label: mode, wall time, speed-up vs the first mode, PSNR and SSIM vs the first mode (cache/metrics.h);
+//   * a timeline PNG: one row per mode, one column per loop step; the bar height is the shallow probe's low-band DCT
+//     energy change r_k, the colour says full UNet (orange) or reuse (blue);
+//   * a JSON report with every figure and the per-step logs.
+#pragma once
+
+#include "unet/freq_cache.h"
+#include "unet/pipeline.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace anchor::cli {
+
+struct CompareEntry {
+    std::string mode;          // canonical mode string
+    double wall_s = 0;         // denoise wall time (seconds)
+    torch::Tensor image_uint8; // [H, W, 3] uint8
+    std::vector<unet::CacheStepLog> steps;
+    nlohmann::json log; // unet::cache_log_json
+};
+
+struct CompareFigures {
+    double speedup = 1, psnr = 0, ssim = 1; // vs entries[0]
+};
+
+// PSNR/SSIM (data range 255) and speed-up of every entry against entries[0].
+std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& entries);
+
+// Renders the two images (BGR uint8 cv::Mat encoded as PNG bytes).
+std::string render_compare_grid(const std::vector<CompareEntry>& entries, const std::vector<CompareFigures>& figs);
+std::string render_timeline(const std::vector<CompareEntry>& entries);
+
+// Writes <base>_grid.png, <base>_timeline.png and <base>_report.json (base = output path without .png). `meta` is
+// copied into the report (prompt, seed, ...). Returns the report.
+nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
+                             const nlohmann::json& meta, bool overwrite);
+// Runs `pipe` once per mode of `modes_list` ("off,deepcache:3,freq", see unet::split_mode_list) with the same
+// parameters and seed, then write_compare(base). Progress goes to stderr.
+nlohmann::json run_compare(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParams& p, const std::string& modes_list,
+                           const std::string& base, nlohmann::json meta, bool overwrite);
+
+// The three paths write_compare uses for `base`.
+std::vector<std::string> compare_output_paths(const std::string& base);
+
+} // namespace anchor::cli

@@ -1,0 +1,354 @@
+// Frequency-anchored deep-feature cache and the cache mode parser (see freq_cache.h for the rule and its equations).
+#include "unet/freq_cache.h"
+
+#include "cache/dct.h"
+#include "cache/io/error.h"
+#include "unet/unet_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace anchor::unet {
+
+using torch::Tensor;
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string fmt_num(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    return buf;
+}
+
+[[noreturn]] void bad_mode(const std::string& spec, const std::string& why) {
+    throw UsageError("invalid cache mode '" + spec + "': " + why + "; valid forms:\n" + cache_mode_help());
+}
+
+double parse_double(const std::string& spec, const std::string& key, const std::string& v) {
+    try {
+        size_t pos = 0;
+        const double d = std::stod(v, &pos);
+        if (pos != v.size() || !std::isfinite(d)) throw std::invalid_argument(v);
+        return d;
+    } catch (const std::exception&) {
+        bad_mode(spec, key + " must be a number, got '" + v + "'");
+    }
+}
+
+int parse_int(const std::string& spec, const std::string& key, const std::string& v) {
+    try {
+        size_t pos = 0;
+        const long d = std::stol(v, &pos);
+        if (pos != v.size() || d < INT32_MIN || d > INT32_MAX) throw std::invalid_argument(v);
+        return int(d);
+    } catch (const std::exception&) {
+        bad_mode(spec, key + " must be an integer, got '" + v + "'");
+    }
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::string cur;
+    std::stringstream ss(s);
+    while (std::getline(ss, cur, sep)) out.push_back(cur);
+    if (!s.empty() && s.back() == sep) out.emplace_back();
+    return out;
+}
+
+// The low-band mask u + v < band on an [H, W] grid.
+Tensor low_band_mask(int64_t h, int64_t w, int band, const torch::TensorOptions& opt) {
+    auto u = torch::arange(h, opt).unsqueeze(1);
+    auto v = torch::arange(w, opt).unsqueeze(0);
+    return ((u + v) < double(band)).to(opt.dtype());
+}
+
+} // namespace
+
+// ---- mode table -------------------------------------------------------------------------------------------------
+
+const std::vector<CacheModeInfo>& cache_mode_table() {
+    static const std::vector<CacheModeInfo> t = {
+        {CacheKind::Off, "off", "off", "full UNet at every step"},
+        {CacheKind::DeepCache, "deepcache", "deepcache:N[,branch=B]",
+         "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
+        {CacheKind::Freq, "freq", "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]",
+         "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
+         "energy change of conv_in(x) reaches A (default 1.0) or after M (default 4) reuses; coefficients of the "
+         "cached feature with energy change rate < T (default 0.01) are reused, the others extrapolated linearly "
+         "(extrapolate=1, default)"},
+    };
+    return t;
+}
+
+std::string cache_mode_help() {
+    std::string s;
+    for (const auto& m : cache_mode_table()) s += std::string("  ") + m.syntax + "  -  " + m.help + "\n";
+    return s;
+}
+
+std::string FreqParams::describe() const {
+    return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) + ",max=" + std::to_string(max_reuse) +
+           ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
+           ",branch=" + std::to_string(branch);
+}
+
+nlohmann::json CacheController::params_json() const {
+    return nlohmann::json::object();
+}
+
+// ---- probe ------------------------------------------------------------------------------------------------------
+
+double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
+    torch::NoGradGuard ng;
+    auto s = unet.conv_in->forward(x).to(torch::kFloat);
+    auto e = cache::spectral_energy(s);
+    e = e * low_band_mask(e.size(-2), e.size(-1), band_, e.options());
+    double r = 0.0;
+    if (prev_.defined() && prev_.sizes() == e.sizes()) r = cache::relative_spectral_change(e, prev_);
+    prev_ = e;
+    return r;
+}
+
+// ---- freq -------------------------------------------------------------------------------------------------------
+
+FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
+    : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
+    if (!(p.tau >= 0)) throw UsageError("freq: tau must be >= 0, got " + fmt_num(p.tau));
+    if (!(p.thr > 0)) throw UsageError("freq: thr must be > 0, got " + fmt_num(p.thr));
+    if (p.max_reuse < 0) throw UsageError("freq: max must be >= 0, got " + std::to_string(p.max_reuse));
+    if (p.band < 1) throw UsageError("freq: band must be >= 1, got " + std::to_string(p.band));
+    if (p.branch < 0) throw UsageError("freq: branch must be >= 0, got " + std::to_string(p.branch));
+}
+
+nlohmann::json FreqAnchorDenoiser::params_json() const {
+    return {{"tau", p_.tau},   {"thr", p_.thr},         {"max", p_.max_reuse},
+            {"band", p_.band}, {"extrapolate", p_.extrapolate}, {"branch", p_.branch}};
+}
+
+void FreqAnchorDenoiser::begin(int num_steps) {
+    num_steps_ = num_steps;
+    policy_.reset();
+    probe_.reset();
+    log_.clear();
+    F1_ = X1_ = X0_ = Tensor();
+    s1_ = s0_ = -1;
+    last_full_ = true;
+}
+
+Tensor FreqAnchorDenoiser::anchored_mask(const Tensor& X1, const Tensor& X0, double tau) {
+    return cache::energy_change_rate(X1.square(), X0.square()) < tau;
+}
+
+Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, int s1, int s0, int k,
+                                         double tau, bool extrapolate, double* anchored_fraction) {
+    if (anchored_fraction) *anchored_fraction = 1.0;
+    if (!extrapolate || !X0.defined() || s1 <= s0) {
+        if (anchored_fraction && X0.defined()) *anchored_fraction = anchored_mask(X1, X0, tau).to(torch::kDouble).mean().item<double>();
+        return F1;
+    }
+    auto mask = anchored_mask(X1, X0, tau);
+    const double frac = mask.to(torch::kDouble).mean().item<double>();
+    if (anchored_fraction) *anchored_fraction = frac;
+    if (frac >= 1.0) return F1;
+    const double a = double(k - s1) / double(s1 - s0);
+    auto Xk = torch::where(mask, X1, X1 + (X1 - X0) * a);
+    return cache::idct2(Xk).to(F1.scalar_type());
+}
+
+Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t,
+                                   const Tensor& ctx, int step) {
+    torch::NoGradGuard ng;
+    const auto t0 = std::chrono::steady_clock::now();
+    CacheStepLog rec;
+    rec.step = step;
+    rec.energy_change = probe_.update(unet, x);
+    cache::StepSignals sig;
+    sig.step = step;
+    sig.num_steps = num_steps_;
+    sig.energy_change = rec.energy_change;
+    bool full = policy_.decide(sig).action == cache::Action::Full;
+    rec.accumulated = full ? 0.0 : policy_.accumulated();
+    if (!F1_.defined() || F1_.size(0) != x.size(0)) full = true;
+    Tensor out;
+    if (full) {
+        UNetFeatures f;
+        f.cache_branch = p_.branch;
+        out = unet.forward(x, t, ctx, &f);
+        if (!f.cache_feature.defined())
+            throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
+                        " (it has " + std::to_string(unet.num_skips()) + " skips)");
+        // Keep the previous spectrum (s0) and the new one (s1).
+        X0_ = X1_;
+        s0_ = s1_;
+        F1_ = f.cache_feature;
+        X1_ = cache::dct2(F1_.to(torch::kFloat));
+        s1_ = step;
+        rec.anchored_fraction = 0.0;
+    } else {
+        auto F = reuse_feature(F1_, X1_, X0_, s1_, s0_, step, p_.tau, p_.extrapolate, &rec.anchored_fraction);
+        out = unet.forward_shallow(x, t, ctx, p_.branch, F);
+    }
+    last_full_ = full;
+    rec.full = full;
+    rec.macs = step_macs(full);
+    rec.ms = ms_since(t0);
+    log_.push_back(rec);
+    return out;
+}
+
+// ---- off / deepcache --------------------------------------------------------------------------------------------
+
+LoggedDenoiser::LoggedDenoiser(CacheKind kind, int interval, int branch, int band)
+    : kind_(kind), interval_(interval), branch_(branch), probe_(band) {
+    if (kind == CacheKind::Off)
+        inner_ = std::make_unique<FullDenoiser>();
+    else if (kind == CacheKind::DeepCache)
+        inner_ = std::make_unique<DeepCacheDenoiser>(interval, branch);
+    else
+        throw Error("LoggedDenoiser: freq has its own controller");
+}
+
+std::string LoggedDenoiser::spec() const {
+    if (kind_ == CacheKind::Off) return "off";
+    return "deepcache:" + std::to_string(interval_) + (branch_ ? ",branch=" + std::to_string(branch_) : "");
+}
+
+nlohmann::json LoggedDenoiser::params_json() const {
+    if (kind_ == CacheKind::Off) return nlohmann::json::object();
+    return {{"interval", interval_}, {"branch", branch_}};
+}
+
+void LoggedDenoiser::begin(int num_steps) {
+    inner_->begin(num_steps);
+    probe_.reset();
+    log_.clear();
+}
+
+Tensor LoggedDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+                               int step) {
+    torch::NoGradGuard ng;
+    const auto t0 = std::chrono::steady_clock::now();
+    CacheStepLog rec;
+    rec.step = step;
+    rec.energy_change = probe_.update(unet, x);
+    auto out = inner_->predict(unet, x, t, ctx, step);
+    rec.full = inner_->last_step_was_full();
+    rec.anchored_fraction = rec.full ? 0.0 : 1.0;
+    rec.macs = step_macs(rec.full);
+    rec.ms = ms_since(t0);
+    log_.push_back(rec);
+    return out;
+}
+
+// ---- parsing ----------------------------------------------------------------------------------------------------
+
+std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
+    const auto colon = spec.find(':');
+    const std::string head = spec.substr(0, colon);
+    const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
+    const CacheModeInfo* info = nullptr;
+    for (const auto& m : cache_mode_table())
+        if (head == m.name) info = &m;
+    if (!info) bad_mode(spec, "unknown mode '" + head + "'");
+    if (colon != std::string::npos && rest.empty()) bad_mode(spec, "empty parameter list after ':'");
+
+    switch (info->kind) {
+    case CacheKind::Off:
+        if (colon != std::string::npos) bad_mode(spec, "'off' takes no parameters");
+        return std::make_unique<LoggedDenoiser>(CacheKind::Off, 1, 0);
+    case CacheKind::DeepCache: {
+        if (rest.empty()) bad_mode(spec, "deepcache needs an interval N");
+        auto items = split(rest, ',');
+        const int n = parse_int(spec, "N", items[0]);
+        if (n < 1) bad_mode(spec, "the interval N must be >= 1");
+        int branch = 0;
+        for (size_t i = 1; i < items.size(); ++i) {
+            const auto eq = items[i].find('=');
+            if (eq == std::string::npos || items[i].substr(0, eq) != "branch")
+                bad_mode(spec, "unknown deepcache parameter '" + items[i] + "' (only branch=B)");
+            branch = parse_int(spec, "branch", items[i].substr(eq + 1));
+            if (branch < 0) bad_mode(spec, "branch must be >= 0");
+        }
+        return std::make_unique<LoggedDenoiser>(CacheKind::DeepCache, n, branch);
+    }
+    case CacheKind::Freq: {
+        FreqParams p;
+        if (!rest.empty())
+            for (const auto& item : split(rest, ',')) {
+                const auto eq = item.find('=');
+                if (eq == std::string::npos) bad_mode(spec, "expected key=value, got '" + item + "'");
+                const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+                if (k == "tau")
+                    p.tau = parse_double(spec, k, v);
+                else if (k == "thr")
+                    p.thr = parse_double(spec, k, v);
+                else if (k == "max")
+                    p.max_reuse = parse_int(spec, k, v);
+                else if (k == "band")
+                    p.band = parse_int(spec, k, v);
+                else if (k == "branch")
+                    p.branch = parse_int(spec, k, v);
+                else if (k == "extrapolate") {
+                    if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
+                    p.extrapolate = v == "1";
+                } else
+                    bad_mode(spec, "unknown freq parameter '" + k + "'");
+            }
+        try {
+            return std::make_unique<FreqAnchorDenoiser>(p);
+        } catch (const UsageError& e) {
+            bad_mode(spec, e.what());
+        }
+    }
+    }
+    bad_mode(spec, "unknown mode");
+}
+
+std::vector<std::string> split_mode_list(const std::string& list) {
+    std::vector<std::string> out;
+    for (const auto& item : split(list, ',')) {
+        const bool kv = item.find('=') != std::string::npos && item.find(':') == std::string::npos;
+        if (kv && !out.empty())
+            out.back() += (out.back().find(':') == std::string::npos ? ":" : ",") + item;
+        else
+            out.push_back(item);
+    }
+    return out;
+}
+
+nlohmann::json cache_log_json(const CacheController& c) {
+    nlohmann::json steps = nlohmann::json::array();
+    int full = 0;
+    double macs = 0, ms = 0;
+    for (const auto& r : c.log()) {
+        steps.push_back({{"step", r.step},
+                         {"full", r.full},
+                         {"energy_change", r.energy_change},
+                         {"accumulated", r.accumulated},
+                         {"anchored_fraction", r.anchored_fraction},
+                         {"macs", r.macs},
+                         {"ms", r.ms}});
+        full += r.full ? 1 : 0;
+        macs += r.macs;
+        ms += r.ms;
+    }
+    const size_t n = c.log().size();
+    return {{"mode", c.spec()},
+            {"kind", c.name()},
+            {"params", c.params_json()},
+            {"full_steps", full},
+            {"total_steps", n},
+            {"macs_per_step", n ? macs / double(n) : 0.0},
+            {"unet_ms", ms},
+            {"steps", steps}};
+}
+
+} // namespace anchor::unet
