@@ -2,6 +2,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/gpt2_tokenizer.h"
 
+#include "cache/bpe.h"
+
 #include "cache/io/error.h"
 
 #include <nlohmann/json.hpp>
@@ -244,32 +246,7 @@ struct Gpt2Tokenizer::Impl {
         std::vector<std::string> word;
         word.reserve(token.size());
         for (unsigned char b : token) word.push_back(byte_sym[b]);
-        std::string key;
-        while (word.size() > 1) {
-            // The adjacent pair with the lowest rank (encoder.py: min over the set of pairs).
-            int best = INT_MAX;
-            size_t best_i = 0;
-            for (size_t i = 0; i + 1 < word.size(); ++i) {
-                key.assign(word[i]).append(" ").append(word[i + 1]);
-                auto it = ranks.find(key);
-                if (it != ranks.end() && it->second < best) best = it->second, best_i = i;
-            }
-            if (best == INT_MAX) break;
-            const std::string first = word[best_i], second = word[best_i + 1];
-            // Merge every occurrence left to right (non-overlapping), as encoder.py does.
-            std::vector<std::string> merged;
-            merged.reserve(word.size());
-            for (size_t i = 0; i < word.size();) {
-                if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) {
-                    merged.push_back(first + second);
-                    i += 2;
-                } else {
-                    merged.push_back(std::move(word[i]));
-                    ++i;
-                }
-            }
-            word.swap(merged);
-        }
+        bpe_merge(word, ranks);
         std::vector<int64_t> ids;
         ids.reserve(word.size());
         for (const auto& w : word) {

@@ -2,6 +2,8 @@
 // ids are identical to the reference (tests/golden/sd/clip_tiny/tokenizer).
 #include "unet/clip_tokenizer.h"
 
+#include "cache/bpe.h"
+
 #include "cache/io/error.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -341,33 +343,7 @@ std::vector<std::string> ClipTokenizer::bpe(const std::string& token) const {
     std::vector<std::string> word = split_symbols(token);
     if (word.empty()) return {};
     word.back() += "</w>";
-    const int inf = std::numeric_limits<int>::max();
-    while (word.size() > 1) {
-        // The pair with the lowest merge rank (first occurrence on ties, like Python's min()).
-        int best = inf;
-        std::string first, second;
-        for (size_t i = 0; i + 1 < word.size(); ++i) {
-            auto it = ranks_.find(word[i] + " " + word[i + 1]);
-            if (it != ranks_.end() && it->second < best) {
-                best = it->second;
-                first = word[i];
-                second = word[i + 1];
-            }
-        }
-        if (best == inf) break;
-        std::vector<std::string> merged;
-        merged.reserve(word.size());
-        for (size_t i = 0; i < word.size();) {
-            if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) {
-                merged.push_back(first + second);
-                i += 2;
-            } else {
-                merged.push_back(word[i]);
-                i += 1;
-            }
-        }
-        word.swap(merged);
-    }
+    bpe_merge(word, ranks_);
     std::lock_guard<std::mutex> lk(*cache_mutex_);
     if (cache_.size() > 100000) cache_.clear();
     cache_.emplace(token, word);
