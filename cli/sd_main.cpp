@@ -1,6 +1,7 @@
 // anchor-sd: Stable Diffusion txt2img with anchor caches. Flags follow stable-diffusion.cpp's names.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/safetensors.h"
 #include "cli/common.h"
 #include "cli/sd_bench.h"
 #include "cli/sd_compare.h"
@@ -26,11 +27,12 @@ namespace {
 struct Options {
     std::string model, prompt, negative, output = "output.png", sampler = "euler_a", dtype = "f32";
     double cfg_scale = 7.5;
-    int steps = 20, width = 512, height = 512, batch_count = 1, clip_skip = -1, threads = 0;
+    int steps = 20, width = 0, height = 0, batch_count = 1, clip_skip = -1, threads = 0;
     int64_t seed = 42;
     bool overwrite = false;
     int deepcache = 0, deepcache_branch = 0;
     std::string cache_mode, compare; // --cache MODE, --compare MODE,MODE,...
+    std::string save_latents;
 };
 
 std::string output_path(const std::string& base, int k) {
@@ -75,8 +77,8 @@ int run(const Options& o) {
     const auto dtype = parse_dtype(o.dtype);
     if (o.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(o.steps));
     if (o.batch_count < 1) throw UsageError("--batch-count must be >= 1, got " + std::to_string(o.batch_count));
-    if (o.width <= 0 || o.height <= 0)
-        throw UsageError("--width/--height must be positive, got " + std::to_string(o.width) + "x" +
+    if (o.width < 0 || o.height < 0)
+        throw UsageError("--width/--height must be positive (0 = the model's size), got " + std::to_string(o.width) + "x" +
                          std::to_string(o.height));
     if (o.cfg_scale < 0) throw UsageError("--cfg-scale must be >= 0");
     if (o.deepcache < 0) throw UsageError("--deepcache must be >= 0 (0 disables it)");
@@ -84,7 +86,7 @@ int run(const Options& o) {
     if (!o.cache_mode.empty()) parse_cache_mode(o.cache_mode); // validate before loading models
     if (!o.compare.empty())
         for (const auto& m : split_mode_list(o.compare)) parse_cache_mode(m);
-    std::vector<std::string> outputs;
+    std::vector<std::string> outputs, latents_out;
     for (int k = 0; k < o.batch_count; ++k) {
         const std::string png = output_path(o.output, k);
         for (const auto& p : {png, png + ".json"}) {
@@ -93,6 +95,13 @@ int run(const Options& o) {
             check_output_path(p, true);
         }
         outputs.push_back(png);
+        if (!o.save_latents.empty()) {
+            const std::string lat = output_path(o.save_latents, k);
+            if (fs::exists(lat) && !o.overwrite)
+                throw UsageError("output '" + lat + "' exists (use --overwrite to replace it)");
+            check_output_path(lat, true);
+            latents_out.push_back(lat);
+        }
     }
     int64_t seed = o.seed;
     if (seed < 0) {
@@ -117,6 +126,7 @@ int run(const Options& o) {
     p.steps = o.steps;
     p.width = o.width;
     p.height = o.height;
+    p = pipe.resolved(p);
     p.sampler = sampler;
     // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
     p.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
@@ -129,7 +139,7 @@ int run(const Options& o) {
         cli::run_compare(pipe, p, o.compare, base,
                          {{"program", "anchor-sd"}, {"model", o.model}, {"prompt", o.prompt}, {"seed", seed},
                           {"steps", o.steps}, {"sampler", sampler_name(sampler)}, {"cfg_scale", o.cfg_scale},
-                          {"width", o.width}, {"height", o.height}, {"threads", o.threads}},
+                          {"width", p.width}, {"height", p.height}, {"threads", o.threads}},
                          o.overwrite);
         return 0;
     }
@@ -145,6 +155,12 @@ int run(const Options& o) {
         if (k == 0)
             for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
         write_png(outputs[size_t(k)], r.image_uint8[0], o.overwrite);
+        if (!latents_out.empty())
+            save_safetensors(latents_out[size_t(k)],
+                             {{"initial_noise", r.initial_noise}, {"initial_latents", r.initial_latents},
+                              {"final_latents", r.final_latents}, {"prompt_embeds", r.prompt_embeds},
+                              {"decoded", r.decoded}, {"image", r.image}, {"image_uint8", r.image_uint8}},
+                             {{"program", "anchor-sd"}, {"seed", std::to_string(p.seed)}}, o.overwrite);
         nlohmann::json j;
         j["program"] = "anchor-sd";
         j["version"] = ANCHOR_VERSION;
@@ -159,8 +175,8 @@ int run(const Options& o) {
         j["seed"] = p.seed;
         j["base_seed"] = seed;
         j["batch_index"] = k;
-        j["width"] = o.width;
-        j["height"] = o.height;
+        j["width"] = p.width;
+        j["height"] = p.height;
         j["clip_skip"] = o.clip_skip;
         j["dtype"] = o.dtype;
         j["threads"] = o.threads;
@@ -204,10 +220,9 @@ int main(int argc, char** argv) {
         app.add_option("--steps", o.steps, "number of sampling steps")->capture_default_str();
         app.add_option("-s,--seed", o.seed, "RNG seed; negative = random (printed)")->capture_default_str();
         app.add_option("--sampler", o.sampler, "sampler: " + samplers)->capture_default_str();
-        app.add_option("-W,--width", o.width, "image width (multiple of the VAE factor, 8 for SD)")
-            ->capture_default_str();
-        app.add_option("-H,--height", o.height, "image height (multiple of the VAE factor, 8 for SD)")
-            ->capture_default_str();
+        app.add_option("-W,--width", o.width, "image width, a multiple of the VAE factor (8 for SD); default: the model's size "
+                                               "(UNet sample_size x VAE factor: 512 for SD 1.x)");
+        app.add_option("-H,--height", o.height, "image height; default: the model's size");
         app.add_option("-b,--batch-count", o.batch_count, "number of images; image k uses seed + k")
             ->capture_default_str();
         app.add_option("-o,--output", o.output, "output PNG; a JSON sidecar <output>.json is written next to it, "
@@ -218,6 +233,9 @@ int main(int argc, char** argv) {
             ->capture_default_str();
         app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
         app.add_flag("--overwrite", o.overwrite, "replace existing output files");
+        app.add_option("--save-latents", o.save_latents,
+                       "also write initial_noise, initial_latents, final_latents, prompt_embeds, decoded and image "
+                       "(diffusers' names) to this .safetensors file; image k > 0 gets a _k suffix");
         app.add_option("--deepcache", o.deepcache,
                        "DeepCache interval N: full UNet every N steps, shallow steps in between (0 = off)")
             ->capture_default_str();

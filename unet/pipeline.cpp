@@ -58,7 +58,15 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
     return SchedulerConfig{};
 }
 
-void Txt2ImgPipeline::validate(const Txt2ImgParams& p) const {
+Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
+    const int size = int(m_.unet->config().sample_size) * m_.vae_scale_factor();
+    if (p.width == 0) p.width = size;
+    if (p.height == 0) p.height = size;
+    return p;
+}
+
+void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
+    const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
     if (p.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(p.steps));
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
@@ -126,8 +134,9 @@ Tensor cfg_combine(const Tensor& noise_pred, double guidance) {
     return uc[0] + guidance * (uc[1] - uc[0]);
 }
 
-Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p, DenoiseController* ctl_in, const ProgressFn& progress,
+Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController* ctl_in, const ProgressFn& progress,
                                    const StepFn& on_step, const SchedulerConfig* sched_cfg) {
+    const Txt2ImgParams p = resolved(p_in);
     validate(p);
     c10::InferenceMode guard;
     FullDenoiser full;

@@ -25,8 +25,10 @@ struct Txt2ImgParams {
     double guidance_scale = 7.5; // <= 1 disables classifier-free guidance (no uncond rows), as in diffusers
     int steps = 20;
     int64_t seed = 42;
-    int width = 512;
-    int height = 512;
+    // 0 = the model's own size, unet sample_size x VAE factor (as diffusers does): 512 for SD 1.x, 768 for SD 2.x-v,
+    // 64 for the golden tiny model, whose VAE factor is 2 (512 there means 256x256 latents and a 65536-token attention).
+    int width = 0;
+    int height = 0;
     SamplerKind sampler = SamplerKind::EulerAncestral;
     double eta = 0.0; // DDIM only
     int clip_skip = 0;
@@ -103,6 +105,8 @@ public:
     SchedulerConfig scheduler_config() const;
     // Checks width/height against the VAE factor, steps >= 1 ... (UsageError).
     void validate(const Txt2ImgParams& p) const;
+    // p with width/height 0 replaced by the model's default size.
+    Txt2ImgParams resolved(Txt2ImgParams p) const;
 
     // [uncond rows (negative prompt repeated), cond rows] when guidance is on, else the cond rows only. Truncation
     // warnings are appended to `warnings`.
