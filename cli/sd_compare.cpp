@@ -174,11 +174,17 @@ nlohmann::json run_compare(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParam
         entries.push_back(std::move(e));
     }
     auto rep = write_compare(entries, base, meta, overwrite);
-    for (const auto& m : rep["modes"])
-        std::fprintf(stderr, "  %-50s %7.2fs  x%.2f  full %d/%d  PSNR %s  SSIM %s\n",
-                     m["mode"].get<std::string>().c_str(), m["wall_s"].get<double>(),
-                     m["speedup_vs_first"].get<double>(), m["full_steps"].get<int>(), m["total_steps"].get<int>(),
-                     m["psnr_vs_first_db"].dump().c_str(), m["ssim_vs_first"].dump().c_str());
+    size_t width = 4;
+    for (const auto& m : rep["modes"]) width = std::max(width, m["mode"].get<std::string>().size());
+    std::fprintf(stderr, "  %-*s %8s %8s %8s %10s %7s\n", int(width), "mode", "wall", "speed-up", "full", "PSNR", "SSIM");
+    for (const auto& m : rep["modes"]) {
+        const auto& psnr = m["psnr_vs_first_db"];
+        const double db = psnr.is_number() ? psnr.get<double>() : INFINITY;
+        const std::string full = std::to_string(m["full_steps"].get<int>()) + "/" + std::to_string(m["total_steps"].get<int>());
+        std::fprintf(stderr, "  %-*s %7.2fs %7.2fx %8s %10s %7.4f\n", int(width), m["mode"].get<std::string>().c_str(),
+                     m["wall_s"].get<double>(), m["speedup_vs_first"].get<double>(), full.c_str(),
+                     std::isinf(db) ? "inf" : fmt("%.2f dB", db).c_str(), m["ssim_vs_first"].get<double>());
+    }
     return rep;
 }
 
