@@ -2,9 +2,11 @@
 // download), and relates them to the analytic MAC count (unet/unet_macs.h) and to the GEMM rate this machine reaches
 // in the same process, so the number says how close the UNet step is to what the BLAS can do.
 #include "cli/sd_bench.h"
+#include "cli/sd_bench_cache.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cli/bench_util.h"
 #include "cli/common.h"
 #include "unet/unet_macs.h"
 #include "unet/unet_model.h"
@@ -30,6 +32,7 @@ namespace anchor::cli {
 namespace {
 
 using unet::UNetConfig;
+using namespace bench;
 
 struct BenchOptions {
     int width = 256, height = 256;
@@ -46,39 +49,6 @@ struct BenchOptions {
     int64_t seed = 0;
 };
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Peak resident set size in MiB (VmHWM of /proc/self/status); -1 when unavailable.
-double peak_rss_mib() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0; // kB
-    return -1.0;
-}
-
-std::string load_average() {
-    std::ifstream f("/proc/loadavg");
-    std::string a, b, c;
-    f >> a >> b >> c;
-    return a + " " + b + " " + c;
-}
-
-struct Stats {
-    double min = 0, median = 0, max = 0;
-};
-
-Stats stats_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    Stats s;
-    s.min = v.front();
-    s.max = v.back();
-    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    return s;
-}
-
 // fp32 GEMM rate of this process' BLAS on the threads in effect: min time of `repeat` n x n x n products.
 double gemm_gflops(int64_t n, int repeat) {
     torch::NoGradGuard ng;
@@ -91,12 +61,6 @@ double gemm_gflops(int64_t n, int repeat) {
         best = std::min(best, now_s() - t0);
     }
     return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
-}
-
-std::string fmt(const char* f, double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, v);
-    return buf;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -287,6 +251,7 @@ int sd_bench_main(int argc, char** argv) {
         add_common_options(app, threads, "anchor-sd");
         std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
         add_sd_bench_command(app, runners);
+        add_sd_bench_cache_command(app, runners);
         app.require_subcommand(1);
         try {
             app.parse(argc, argv);

@@ -5,9 +5,13 @@
 #include "cache/io/error.h"
 #include "cache/metrics.h"
 
+#if ANCHOR_HAVE_OPENCV
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#else
+#include <stb_image_write.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +27,7 @@ std::string fmt(const char* f, double v) {
     return buf;
 }
 
+#if ANCHOR_HAVE_OPENCV
 std::string encode_png(const cv::Mat& m) {
     std::vector<uchar> buf;
     if (!cv::imencode(".png", m, buf)) throw Error("cannot encode PNG");
@@ -42,6 +47,19 @@ void put(cv::Mat& m, const std::string& s, int x, int y, double scale = 0.45, cv
     cv::putText(m, s, {x, y}, cv::FONT_HERSHEY_SIMPLEX, scale, c, 1, cv::LINE_AA);
 }
 
+#else
+// Builds without OpenCV (e.g. the GPU machine of kernels/device-check.sh): unlabelled figures through stb.
+std::string encode_png_rgb(const torch::Tensor& hwc) {
+    auto img = hwc.to(torch::kUInt8).contiguous();
+    std::string out;
+    auto sink = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append((const char*)data, size); };
+    if (!stbi_write_png_to_func(sink, &out, int(img.size(1)), int(img.size(0)), 3, img.data_ptr<uint8_t>(),
+                                int(img.size(1)) * 3))
+        throw Error("cannot encode PNG");
+    return out;
+}
+#endif
+
 } // namespace
 
 std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& e) {
@@ -58,6 +76,7 @@ std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& e) 
     return out;
 }
 
+#if ANCHOR_HAVE_OPENCV
 std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::vector<CompareFigures>& f) {
     if (e.empty()) throw Error("compare: no entries");
     const int h0 = int(e[0].image_uint8.size(0)), w0 = int(e[0].image_uint8.size(1));
@@ -120,6 +139,33 @@ std::string render_timeline(const std::vector<CompareEntry>& e) {
     put(m, "step", 6, ya, 0.38);
     return encode_png(m);
 }
+
+#else
+std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::vector<CompareFigures>&) {
+    if (e.empty()) throw Error("compare: no entries");
+    std::vector<torch::Tensor> tiles;
+    for (const auto& x : e) tiles.push_back(x.image_uint8), tiles.push_back(torch::full({x.image_uint8.size(0), 4, 3}, 255, torch::kUInt8));
+    tiles.pop_back();
+    return encode_png_rgb(torch::cat(tiles, 1)); // labels need OpenCV: the figures are in the JSON report
+}
+
+std::string render_timeline(const std::vector<CompareEntry>& e) {
+    if (e.empty()) throw Error("compare: no entries");
+    size_t n = 1;
+    for (const auto& m : e) n = std::max(n, m.steps.size());
+    const int cell = 12, row_h = 40;
+    auto img = torch::full({int64_t(e.size()) * row_h, int64_t(n) * cell, 3}, 255, torch::kUInt8);
+    for (size_t r = 0; r < e.size(); ++r)
+        for (const auto& s : e[r].steps) { // orange = full, blue = reuse, as in the OpenCV figure
+            auto bar = img.narrow(0, int64_t(r) * row_h + 4, row_h - 8).narrow(1, int64_t(s.step) * cell + 1, cell - 2);
+            bar.copy_(torch::tensor(s.full ? std::vector<int64_t>{230, 110, 0} : std::vector<int64_t>{40, 120, 200})
+                          .to(torch::kUInt8)
+                          .view({1, 1, 3})
+                          .expand_as(bar));
+        }
+    return encode_png_rgb(img);
+}
+#endif
 
 std::vector<std::string> compare_output_paths(const std::string& base) {
     return {base + "_grid.png", base + "_timeline.png", base + "_report.json"};

@@ -204,7 +204,9 @@ int run(const Options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
-    if (argc > 1 && std::string(argv[1]) == "bench") return anchor::cli::sd_bench_main(argc, argv);
+    // Subcommands with their own option sets (the top level is txt2img, as in stable-diffusion.cpp).
+    if (argc > 1 && (std::string(argv[1]) == "bench" || std::string(argv[1]) == "bench-cache"))
+        return anchor::cli::sd_bench_main(argc, argv);
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         Options o;

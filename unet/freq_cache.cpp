@@ -3,6 +3,8 @@
 
 #include "cache/dct.h"
 #include "cache/io/error.h"
+#include "kernels/dispatch.h"
+#include "unet/unet_macs.h"
 #include "unet/unet_model.h"
 
 #include <nlohmann/json.hpp>
@@ -109,7 +111,8 @@ nlohmann::json CacheController::params_json() const {
 double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
     torch::NoGradGuard ng;
     auto s = unet.conv_in->forward(x).to(torch::kFloat);
-    auto e = cache::spectral_energy(s);
+    // On a GPU the batched cuFFT kernel (kernels/cuda/dct_energy.cu); on the CPU the basis-matrix DCT of cache/dct.h.
+    auto e = s.is_cuda() && kernels::cuda_kernels_built() ? kernels::dct_energy(s) : cache::spectral_energy(s);
     e = e * low_band_mask(e.size(-2), e.size(-1), band_, e.options());
     double r = 0.0;
     if (prev_.defined() && prev_.sizes() == e.sizes()) r = cache::relative_spectral_change(e, prev_);
@@ -118,6 +121,16 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
 }
 
 // ---- freq -------------------------------------------------------------------------------------------------------
+
+double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& ctx,
+                                  bool full, int branch) {
+    if (!mac_fn) {
+        const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.size(1));
+        const double f = double(b.full().total()), sh = double(b.shallow(branch).total());
+        mac_fn = [f, sh](bool is_full) { return is_full ? f : sh; };
+    }
+    return mac_fn(full);
+}
 
 FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
     : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
@@ -198,7 +211,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     }
     last_full_ = full;
     rec.full = full;
-    rec.macs = step_macs(full);
+    rec.macs = step_macs(unet, x, ctx, full, p_.branch);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -242,7 +255,7 @@ Tensor LoggedDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, 
     auto out = inner_->predict(unet, x, t, ctx, step);
     rec.full = inner_->last_step_was_full();
     rec.anchored_fraction = rec.full ? 0.0 : 1.0;
-    rec.macs = step_macs(rec.full);
+    rec.macs = step_macs(unet, x, ctx, rec.full, branch_);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;

@@ -80,12 +80,14 @@ public:
     // The canonical mode string ("off", "deepcache:3,branch=0", "freq:tau=0.01,...").
     virtual std::string spec() const = 0;
     virtual nlohmann::json params_json() const;
-    // MACs of a step: full = true -> full forward, else the shallow path (per sample; attach from a MAC model).
+    // MACs of a step: full = true -> full forward, else the shallow path (per sample). When unset, the analytic count
+    // of unet/unet_macs.h for the UNet and latent size of the first call is attached on that call.
     std::function<double(bool full)> mac_fn;
 
 protected:
     std::vector<CacheStepLog> log_;
-    double step_macs(bool full) const { return mac_fn ? mac_fn(full) : 0.0; }
+    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& ctx, bool full,
+                     int branch);
 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).

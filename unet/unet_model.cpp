@@ -391,7 +391,8 @@ std::string UNetConfig::describe() const {
 Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift) {
     const int64_t half = dim / 2;
     // Same float32 operation order as diffusers' get_timestep_embedding.
-    auto exponent = torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat)) * (-std::log(10000.0));
+    auto exponent =
+        torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat).device(t.device())) * (-std::log(10000.0));
     exponent = exponent / (double(half) - freq_shift);
     auto emb = exponent.exp();
     emb = t.to(torch::kFloat).unsqueeze(1) * emb.unsqueeze(0);

@@ -1,0 +1,55 @@
+// Small helpers shared by the benchmark commands: wall clock, min/median/max, load average, peak RSS, printf-style
+// number formatting.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace anchor::cli::bench {
+
+inline double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Peak resident set size in MiB (VmHWM of /proc/self/status); -1 when unavailable.
+inline double peak_rss_mib() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0; // kB
+    return -1.0;
+}
+
+// "1.23 0.98 0.50": benchmarks print it at start and end, since a loaded 2-core machine makes timings meaningless.
+inline std::string load_average() {
+    std::ifstream f("/proc/loadavg");
+    std::string a, b, c;
+    f >> a >> b >> c;
+    return a + " " + b + " " + c;
+}
+
+struct Stats {
+    double min = 0, median = 0, max = 0;
+};
+
+inline Stats stats_of(std::vector<double> v) {
+    Stats s;
+    if (v.empty()) return s;
+    std::sort(v.begin(), v.end());
+    s.min = v.front();
+    s.max = v.back();
+    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return s;
+}
+
+inline std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+} // namespace anchor::cli::bench
