@@ -6,6 +6,9 @@
 #include <cufft.h>
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
 #include <cmath>
 #include <string>
 
@@ -89,6 +92,39 @@ int cufft_status(cufftResult r, const char* call) {
     return detail::set_error(std::string(call) + ": cuFFT error " + std::to_string(static_cast<int>(r)));
 }
 
+// cuFFT plans cost ~0.1 ms to make (more than the transform itself at SD feature-map sizes: the performance mode of
+// tests/test_kernels.cpp measured 0.33 ms per call with a plan per call vs 0.06 ms for torch's GEMM route), so they
+// are kept, keyed by (length, batch), at most kMaxPlans of them (least recently made first out).
+constexpr size_t kMaxPlans = 16;
+
+std::mutex& plan_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+// Caller holds plan_mutex() until it has executed the plan (eviction destroys plans).
+int cached_plan(int len, int rows, cufftHandle* out) {
+    static std::vector<std::pair<std::pair<int, int>, cufftHandle>> plans; // in creation order
+    for (const auto& p : plans)
+        if (p.first == std::make_pair(len, rows)) {
+            *out = p.second;
+            return 0;
+        }
+    cufftHandle plan;
+    int in_embed = len, out_embed = len / 2 + 1;
+    if (int s = cufft_status(cufftPlanMany(&plan, 1, &len, &in_embed, 1, len, &out_embed, 1, len / 2 + 1, CUFFT_R2C,
+                                           rows),
+                             "cufftPlanMany"))
+        return s;
+    if (plans.size() >= kMaxPlans) {
+        cufftDestroy(plans.front().second);
+        plans.erase(plans.begin());
+    }
+    plans.push_back({{len, rows}, plan});
+    *out = plan;
+    return 0;
+}
+
 // One pass: DCT-II along the last dim of in [maps, a_count, n], written transposed to out [maps, n, a_count].
 int dct_pass(const float* in, float* out, int64_t maps, int64_t a_count, int64_t n, float* reordered,
              cufftComplex* spec, cudaStream_t stream, bool square) {
@@ -102,15 +138,10 @@ int dct_pass(const float* in, float* out, int64_t maps, int64_t a_count, int64_t
     if (int s = detail::check_cuda(cudaGetLastError(), "makhoul_reorder launch")) return s;
 
     cufftHandle plan;
-    int len = static_cast<int>(n);
-    int in_embed = len, out_embed = len / 2 + 1;
-    if (int s = cufft_status(cufftPlanMany(&plan, 1, &len, &in_embed, 1, len, &out_embed, 1, len / 2 + 1, CUFFT_R2C,
-                                           static_cast<int>(rows)),
-                             "cufftPlanMany"))
-        return s;
+    std::lock_guard<std::mutex> lock(plan_mutex()); // a plan holds one stream and one work area at a time
+    if (int s = cached_plan(static_cast<int>(n), static_cast<int>(rows), &plan)) return s;
     int status = cufft_status(cufftSetStream(plan, stream), "cufftSetStream");
     if (!status) status = cufft_status(cufftExecR2C(plan, reordered, spec), "cufftExecR2C");
-    cufftDestroy(plan);
     if (status) return status;
 
     makhoul_post<<<blocks, kThreads, 0, stream>>>(spec, out, maps, a_count, n, square);
