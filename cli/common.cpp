@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "cache/io/assets.h"
+
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 
@@ -11,6 +13,7 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <filesystem>
 #include <thread>
 
 namespace anchor {
@@ -93,5 +96,18 @@ int run_program(const std::function<int()>& body) {
         return 1;
     }
 }
+
+namespace cli {
+std::string default_sd_model() {
+    for (const char* rel : {"models/fashion-sd", "models/sd15-tiny-random"}) {
+        const std::string p = find_asset_or_empty(std::string(rel) + "/unet/config.json");
+        if (!p.empty()) return std::filesystem::path(p).parent_path().parent_path().string();
+    }
+    return std::filesystem::path(find_asset("models/sd15-tiny-random/unet/config.json", "embedded SD model"))
+        .parent_path()
+        .parent_path()
+        .string();
+}
+} // namespace cli
 
 } // namespace anchor

@@ -26,4 +26,10 @@ void add_common_options(CLI::App& app, int& threads, const std::string& program)
 // "error: ..." on stderr.
 int run_program(const std::function<int()>& body);
 
+namespace cli {
+// The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
+// the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.
+std::string default_sd_model();
+} // namespace cli
+
 } // namespace anchor

@@ -12,17 +12,27 @@ out="$root/out/demo"
 mkdir -p "$out"
 cd "$root"
 
-sd_model="assets/models/sd15-tiny-random"
-echo "== 1. txt2img with caching, cached vs uncached ($sd_model: golden tiny SD model, random weights)"
-"$bin/anchor-sd" -m "$sd_model" -p "a photo of an astronaut riding a horse on mars" --steps 20 --sampler ddim -s 42 \
+# The embedded SD model: the Fashion-MNIST model trained by the project (assets/models/fashion-sd), or the golden
+# tiny random model when that is absent.
+sd_model="assets/models/fashion-sd"
+sd_prompt="a photo of a sneaker"
+if [ ! -f "$sd_model/unet/config.json" ]; then
+  sd_model="assets/models/sd15-tiny-random"
+  sd_prompt="a photo of an astronaut riding a horse on mars"
+fi
+echo "== 1. txt2img, uncached vs cached side by side ($sd_model, \"$sd_prompt\")"
+"$bin/anchor-sd" -m "$sd_model" -p "$sd_prompt" --steps 20 --sampler ddim --cfg-scale 5 -s 42 \
   --compare off,deepcache:3,freq -o "$out/compare.png" --overwrite
 
+# The KJV GPT-2 trained by the project (context 256), else the golden tiny GPT-2 (context 128).
+gpt2_model="assets/models/kjv-gpt2"
+[ -f "$gpt2_model/config.json" ] || gpt2_model="tests/golden/text/gpt2_tiny"
 echo
-echo "== 2. GPT-2 streaming past the context window (golden tiny GPT-2, KJV text)"
-"$bin/anchor-text" gpt2 ppl -m tests/golden/text/gpt2_tiny --file tests/golden/text/eval/kjv_text.txt \
-  --max-tokens 600 --compare full,window:32,sink:4,28,recompute:32
-"$bin/anchor-text" gpt2 generate -m tests/golden/text/gpt2_tiny -p "In the beginning God created" --max-new 200 \
-  --kv sink:4,28 --seed 1
+echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
+"$bin/anchor-text" gpt2 ppl -m "$gpt2_model" --file tests/golden/text/eval/kjv_text.txt \
+  --max-tokens 1200 --compare full,window:64,sink:4,60,recompute:64
+"$bin/anchor-text" gpt2 generate -m "$gpt2_model" -p "In the beginning God created" --max-new 200 \
+  --kv sink:4,60 --seed 1
 
 echo
 echo "== 3. Text diffusion, uncached vs anchor cache (assets/models/kjv-mdlm)"

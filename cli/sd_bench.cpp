@@ -3,6 +3,7 @@
 // in the same process, so the number says how close the UNet step is to what the BLAS can do.
 #include "cli/sd_bench.h"
 #include "cli/sd_bench_cache.h"
+#include "cli/sd_train.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -246,12 +247,13 @@ void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::f
 
 int sd_bench_main(int argc, char** argv) {
     return run_program([&]() -> int {
-        CLI::App app{"anchor-sd bench"};
+        CLI::App app{"anchor-sd subcommands (bench, bench-cache, train-*, eval-fashion)"};
         int threads = 0;
         add_common_options(app, threads, "anchor-sd");
         std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
         add_sd_bench_command(app, runners);
         add_sd_bench_cache_command(app, runners);
+        add_sd_train_commands(app, runners);
         app.require_subcommand(1);
         try {
             app.parse(argc, argv);

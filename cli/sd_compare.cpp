@@ -170,7 +170,7 @@ std::string render_timeline(const std::vector<CompareEntry>& e) {
 #endif
 
 std::vector<std::string> compare_output_paths(const std::string& base) {
-    return {base + "_grid.png", base + "_timeline.png", base + "_report.json"};
+    return {base + ".png", base + "_timeline.png", base + "_report.json"}; // the grid is the -o image itself
 }
 
 nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::string& base, const nlohmann::json& meta,

@@ -38,7 +38,7 @@ std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& ent
 std::string render_compare_grid(const std::vector<CompareEntry>& entries, const std::vector<CompareFigures>& figs);
 std::string render_timeline(const std::vector<CompareEntry>& entries);
 
-// Writes <base>_grid.png, <base>_timeline.png and <base>_report.json (base = output path without .png). `meta` is
+// Writes <base>.png (the grid), <base>_timeline.png and <base>_report.json (base = output path without .png). `meta` is
 // copied into the report (prompt, seed, ...). Returns the report.
 nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
                              const nlohmann::json& meta, bool overwrite);

@@ -205,16 +205,20 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
     // Subcommands with their own option sets (the top level is txt2img, as in stable-diffusion.cpp).
-    if (argc > 1 && (std::string(argv[1]) == "bench" || std::string(argv[1]) == "bench-cache"))
-        return anchor::cli::sd_bench_main(argc, argv);
+    if (argc > 1) {
+        const std::string sub = argv[1];
+        for (const char* s : {"bench", "bench-cache", "train-vae", "train-unet", "train-classifier", "eval-fashion"})
+            if (sub == s) return anchor::cli::sd_bench_main(argc, argv);
+    }
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         Options o;
         anchor::add_common_options(app, o.threads, "anchor-sd");
         std::string samplers;
         for (const auto& [name, kind] : sampler_table()) samplers += (samplers.empty() ? "" : ", ") + name;
-        app.add_option("-m,--model", o.model, "model: diffusers folder or single-file .safetensors checkpoint")
-            ->required();
+        app.add_option("-m,--model", o.model,
+                       "model: diffusers folder or single-file .safetensors checkpoint (default: the embedded demo "
+                       "model, assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
         app.add_option("-p,--prompt", o.prompt, "the prompt")->required();
         app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)");
         app.add_option("--cfg-scale", o.cfg_scale, "classifier-free guidance scale; <= 1 disables guidance")
@@ -246,7 +250,7 @@ int main(int argc, char** argv) {
         app.add_option("--cache", o.cache_mode, "cache mode:\n" + cache_mode_help());
         app.add_option("--compare", o.compare,
                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
-                       "<output>_grid.png, <output>_timeline.png and <output>_report.json");
+                       "the labelled grid to <output> itself, plus <stem>_timeline.png and <stem>_report.json");
         try {
             app.parse(argc, argv);
         } catch (const CLI::CallForHelp& e) {
@@ -259,6 +263,7 @@ int main(int argc, char** argv) {
             throw UsageError(e.what());
         }
         anchor::configure_threads(o.threads);
+        if (o.model.empty()) o.model = anchor::cli::default_sd_model();
         return run(o);
     });
 }

@@ -15,7 +15,7 @@ while [ $# -gt 0 ]; do
 done
 
 # libopenblas0-openmp is mandatory: without it LibTorch's GEMM runs on reference BLAS (~35x slower).
-packages=(build-essential cmake ninja-build pkg-config libtorch-dev libopenblas0-openmp libopencv-dev libstb-dev
+packages=(dataset-fashion-mnist bible-kjv-text build-essential cmake ninja-build pkg-config libtorch-dev libopenblas0-openmp libopencv-dev libstb-dev
           libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev libbenchmark-dev zlib1g-dev)
 missing=()
 for p in "${packages[@]}"; do

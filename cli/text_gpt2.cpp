@@ -124,6 +124,18 @@ int run_ppl(const PplOptions& o) {
     std::cout << std::left << std::setw(18) << "kv" << std::right << std::setw(10) << "tokens" << std::setw(14)
               << "ppl" << std::setw(12) << "mean_nll" << std::setw(11) << "tok/s" << std::setw(13) << "KV bytes"
               << std::setw(14) << "peak RSS" << "\n";
+    // A single mode that cannot run is a usage error; in --compare it is a row that says why.
+    if (specs.size() == 1) {
+        const int64_t N = static_cast<int64_t>(ids.size());
+        if (specs[0].mode == text::KvMode::Full && N > P)
+            throw UsageError("--kv full cannot go past n_positions=" + std::to_string(P) + " (the text has " +
+                             std::to_string(N) + " tokens); use sink:S,W, window:W or recompute:W, or --max-tokens " +
+                             std::to_string(P));
+        if (policy == cache::PositionPolicy::Absolute && N > P)
+            throw UsageError("--positions absolute cannot go past n_positions=" + std::to_string(P) + " (the text has " +
+                             std::to_string(N) + " tokens); use --positions wrap|cache or --max-tokens " +
+                             std::to_string(P));
+    }
     for (const auto& spec : specs) {
         std::cout << std::left << std::setw(18) << spec.str() << std::right << std::flush;
         const int64_t N = static_cast<int64_t>(ids.size());

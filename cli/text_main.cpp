@@ -1,6 +1,9 @@
 // anchor-text: GPT-2 streaming with sink-rolling KV buffers and text diffusion with time-anchor caches.
 #include "cli/common.h"
 #include "cli/text_commands.h"
+#include "cache/io/error.h"
+
+#include <iostream>
 
 #include <CLI/CLI.hpp>
 
@@ -21,7 +24,7 @@ int main(int argc, char** argv) {
         anchor::configure_threads(threads);
         for (auto& [sub, run] : runners)
             if (sub->parsed()) return run();
-        std::cout << app.help();
-        return 0;
+        std::cerr << app.help();
+        throw anchor::UsageError("a subcommand is required: gpt2 ppl|generate|bench or diffusion generate|... (see --help)");
     });
 }

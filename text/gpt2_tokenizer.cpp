@@ -2,6 +2,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/gpt2_tokenizer.h"
 
+#include "cache/io/assets.h"
+
 #include "cache/bpe.h"
 
 #include "cache/io/error.h"
@@ -341,7 +343,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_dir(const std::string& dir) {
     throw Error("tokenizer folder '" + dir + "' holds neither encoder.json + vocab.bpe nor vocab.json + merges.txt");
 }
 
-std::string Gpt2Tokenizer::default_dir() { return std::string(ANCHOR_SOURCE_DIR) + "/assets/vocab/gpt2"; }
+std::string Gpt2Tokenizer::default_dir() { return find_asset("vocab/gpt2", "GPT-2 vocabulary (encoder.json, vocab.bpe)"); }
 
 Gpt2Tokenizer Gpt2Tokenizer::load_default(const std::string& explicit_dir) {
     return from_dir(explicit_dir.empty() ? default_dir() : explicit_dir);

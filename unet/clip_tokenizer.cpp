@@ -4,12 +4,13 @@
 
 #include "cache/bpe.h"
 
+#include "cache/io/assets.h"
 #include "cache/io/error.h"
+#include "cache/io/gzip_file.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
 #include <pcre2.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <climits>
@@ -140,21 +141,6 @@ std::vector<std::string> split_symbols(const std::string& s) {
     return out;
 }
 
-std::string read_gzip_or_text(const std::string& path) {
-    gzFile f = gzopen(path.c_str(), "rb"); // transparently reads uncompressed files too
-    if (!f) throw Error("cannot open BPE vocabulary '" + path + "'");
-    std::string data;
-    char buf[1 << 16];
-    int n;
-    while ((n = gzread(f, buf, sizeof(buf))) > 0) data.append(buf, size_t(n));
-    int err = 0;
-    const char* msg = gzerror(f, &err);
-    std::string emsg = (n < 0 && msg) ? msg : "";
-    gzclose(f);
-    if (n < 0) throw Error("cannot read BPE vocabulary '" + path + "': " + emsg);
-    return data;
-}
-
 std::vector<std::string> split_lines(const std::string& data) {
     std::vector<std::string> lines;
     size_t start = 0;
@@ -175,14 +161,6 @@ std::pair<std::string, std::string> parse_merge(const std::string& line, const s
         throw Error("BPE merges '" + path + "', line " + std::to_string(lineno + 1) + ": expected two symbols, got '" +
                     line + "'");
     return {line.substr(0, sp), line.substr(sp + 1)};
-}
-
-std::string executable_dir() {
-    char buf[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-    if (n <= 0) return "";
-    buf[n] = 0;
-    return fs::path(buf).parent_path().string();
 }
 
 } // namespace
@@ -221,7 +199,7 @@ void ClipTokenizer::set_merges(const std::vector<std::pair<std::string, std::str
 ClipTokenizer ClipTokenizer::from_bpe_file(const std::string& path) {
     ClipTokenizer t;
     t.init_byte_encoder();
-    auto lines = split_lines(read_gzip_or_text(path));
+    auto lines = split_lines(read_gzip_or_plain(path, "BPE vocabulary"));
     // simple_tokenizer: merges = lines[1 : 49152 - 256 - 2 + 1]
     const size_t n_merges = 49152 - 256 - 2;
     if (lines.size() < n_merges + 1)
@@ -308,23 +286,7 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
 }
 
 std::string ClipTokenizer::bundled_vocab_path() {
-    const std::string rel = "assets/vocab/clip/bpe_simple_vocab_16e6.txt.gz";
-    std::vector<fs::path> candidates;
-    if (const char* env = std::getenv("ANCHOR_ASSETS")) candidates.push_back(fs::path(env) / "vocab/clip/bpe_simple_vocab_16e6.txt.gz");
-    std::string exe = executable_dir();
-    if (!exe.empty()) {
-        candidates.push_back(fs::path(exe) / rel);
-        candidates.push_back(fs::path(exe) / ".." / rel);
-        candidates.push_back(fs::path(exe) / "../share/anchorcache" / rel);
-    }
-#ifdef ANCHOR_SOURCE_DIR
-    candidates.push_back(fs::path(ANCHOR_SOURCE_DIR) / rel);
-#endif
-    for (const auto& c : candidates)
-        if (fs::exists(c)) return c.string();
-    std::string tried;
-    for (const auto& c : candidates) tried += "\n  " + c.string();
-    throw Error("CLIP BPE vocabulary not found; looked in:" + tried + "\n(set ANCHOR_ASSETS to the assets folder)");
+    return find_asset("vocab/clip/bpe_simple_vocab_16e6.txt.gz", "CLIP BPE vocabulary");
 }
 
 ClipTokenizer ClipTokenizer::bundled() { return from_bpe_file(bundled_vocab_path()); }

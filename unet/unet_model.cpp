@@ -518,7 +518,7 @@ Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Ten
 
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
                                      UNetFeatures* f, int shallow, const Tensor& cached) {
-    c10::InferenceMode guard;
+    c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     const auto dtype = conv_in->weight.scalar_type();
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
     const int64_t B = sample.size(0);

@@ -217,14 +217,14 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
 }
 
 Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
-    c10::InferenceMode guard;
+    c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     auto h = post_quant_conv->forward(z.to(post_quant_conv->weight.scalar_type()));
     if (f) (*f)[prefix + "post_quant_conv"] = h;
     return decoder->forward(h, f, prefix + "decoder.");
 }
 
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
-    c10::InferenceMode guard;
+    c10::InferenceMode guard(!is_training());
     auto h = encoder->forward(image.to(quant_conv->weight.scalar_type()), f, prefix + "encoder.");
     LatentDistribution d;
     d.moments = quant_conv->forward(h);

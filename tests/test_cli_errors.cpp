@@ -1,0 +1,180 @@
+// Bad-input catalogue (issue 8): every case runs a program as a user would and checks the exit code (usage errors 2,
+// runtime errors 1, never a crash), that the message starts with "error:" and names what is wrong (the file, the
+// tensor, expected and actual shape, the valid choices), and that nothing was left in the output folder.
+#include "cache/io/safetensors.h"
+#include "tests/test_cli_util.h"
+#include "tests/test_util.h"
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <iostream>
+
+using namespace anchor;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Case {
+    std::string name;
+    std::string program; // "sd" | "text"
+    std::vector<std::string> args;
+    int exit_code;
+    std::vector<std::string> must_contain; // substrings of the output (case-sensitive)
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary);
+    f << bytes;
+}
+
+// Copies the tiny SD model and rewrites its UNet weights: `drop` tensors removed, `reshape` replaced by a [3, 3].
+std::string broken_model(const std::string& dir, const std::vector<std::string>& drop, const std::string& reshape) {
+    fs::copy("assets/models/sd15-tiny-random", dir, fs::copy_options::recursive);
+    const std::string w = dir + "/unet/diffusion_pytorch_model.safetensors";
+    auto f = SafeTensorsFile::open(w);
+    NamedTensors t;
+    for (const auto& info : f->tensors()) {
+        const std::string& n = info.name;
+        if (std::find(drop.begin(), drop.end(), n) != drop.end()) continue;
+        t.emplace_back(n, n == reshape ? torch::zeros({3, 3}) : f->tensor(n).clone());
+    }
+    f.reset();
+    save_safetensors(w, t);
+    return dir;
+}
+
+void run_cases(const std::vector<Case>& cases, const std::string& out_dir) {
+    for (const auto& c : cases) {
+        DYNAMIC_SECTION(c.name) {
+            const auto before = std::distance(fs::directory_iterator(out_dir), fs::directory_iterator{});
+            auto r = test::run_program(c.program == "sd" ? test::sd_bin() : test::text_bin(), c.args);
+            INFO("case: " << c.name << "\noutput:\n" << r.output);
+            CHECK(r.signal == 0); // no crash
+            CHECK(r.exit_code == c.exit_code);
+            CHECK(r.output.find("error: ") != std::string::npos);
+            for (const auto& s : c.must_contain) {
+                INFO("expected in the message: " << s);
+                CHECK(r.output.find(s) != std::string::npos);
+            }
+            // Nothing written, no temporary files left behind.
+            CHECK(std::distance(fs::directory_iterator(out_dir), fs::directory_iterator{}) == before);
+            std::cout << "catalogue | " << c.program << " | " << c.name << " | exit " << r.exit_code << "\n";
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]") {
+    const auto out = test::scratch_dir("errors_sd_usage");
+    const std::string png = out + "/x.png", m = "assets/models/sd15-tiny-random";
+    const std::vector<Case> cases = {
+        {"no prompt", "sd", {"-m", m, "-o", png}, 2, {"--prompt"}},
+        {"unknown option", "sd", {"-p", "a", "--bogus", "-o", png}, 2, {"--bogus"}},
+        {"steps 0", "sd", {"-m", m, "-p", "a", "--steps", "0", "-o", png}, 2, {"--steps"}},
+        {"unknown sampler lists the valid ones", "sd", {"-m", m, "-p", "a", "--sampler", "heun2", "-o", png}, 2,
+         {"heun2", "ddim", "euler_a"}},
+        {"width not a multiple of the VAE factor", "sd", {"-m", m, "-p", "a", "-W", "17", "-H", "16", "-o", png}, 2,
+         {"17x16", "multiples of 2"}},
+        {"negative width", "sd", {"-m", m, "-p", "a", "-W", "-8", "-o", png}, 2, {"width"}},
+        {"unknown cache mode lists the forms", "sd", {"-m", m, "-p", "a", "--cache", "fast", "-o", png}, 2,
+         {"fast", "deepcache:N"}},
+        {"malformed deepcache interval", "sd", {"-m", m, "-p", "a", "--cache", "deepcache:x", "-o", png}, 2,
+         {"deepcache:x"}},
+        {"cache and deepcache together", "sd", {"-m", m, "-p", "a", "--cache", "freq", "--deepcache", "3", "-o", png},
+         2, {"exclusive"}},
+        {"f16 on the CPU", "sd", {"-m", m, "-p", "a", "--dtype", "f16", "-o", png}, 2, {"f16", "bf16"}},
+        {"unknown dtype", "sd", {"-m", m, "-p", "a", "--dtype", "f8", "-o", png}, 2, {"f8"}},
+        {"clip skip out of range", "sd", {"-m", m, "-p", "a", "--clip-skip", "9", "-o", png}, 2, {"--clip-skip"}},
+        {"bad compare list", "sd", {"-m", m, "-p", "a", "--compare", "off,warp:2", "-o", png}, 2, {"warp:2"}},
+        {"batch count 0", "sd", {"-m", m, "-p", "a", "-b", "0", "-o", png}, 2, {"--batch-count"}},
+        {"negative threads", "sd", {"-m", m, "-p", "a", "--threads", "-1", "-o", png}, 2, {"threads"}},
+        {"bench-cache unknown device", "sd", {"bench-cache", "--device", "tpu"}, 2, {"tpu", "cuda"}},
+        {"bench-cache unknown mode", "sd", {"bench-cache", "--modes", "off,bogus"}, 2, {"bogus"}},
+        {"train without an output folder", "sd", {"train-vae"}, 2, {"--output"}},
+    };
+    run_cases(cases, out);
+}
+
+TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "[cli][errors]") {
+    const auto out = test::scratch_dir("errors_sd_files");
+    const auto work = test::scratch_dir("errors_sd_files_inputs");
+    const std::string png = out + "/x.png";
+    write_bytes(work + "/not_a_model.safetensors", "this is not a safetensors file at all");
+    // A header that promises more data than the file holds.
+    std::string hdr = R"({"w":{"dtype":"F32","shape":[1000],"data_offsets":[0,4000]}})";
+    std::string trunc(8, '\0');
+    for (int i = 0; i < 8; ++i) trunc[size_t(i)] = char((hdr.size() >> (8 * i)) & 0xff);
+    write_bytes(work + "/truncated.safetensors", trunc + hdr + std::string(100, '\0'));
+    const auto missing = broken_model(work + "/missing_tensors", {"conv_in.weight", "conv_out.bias"}, "");
+    const auto wrong = broken_model(work + "/wrong_shape", {}, "conv_in.weight");
+    fs::create_directories(work + "/empty_folder");
+    const std::vector<Case> cases = {
+        {"model path does not exist", "sd", {"-m", work + "/nowhere", "-p", "a", "-o", png}, 1, {"nowhere"}},
+        {"model file is not safetensors", "sd", {"-m", work + "/not_a_model.safetensors", "-p", "a", "-o", png}, 1,
+         {"not_a_model.safetensors"}},
+        {"truncated safetensors", "sd", {"-m", work + "/truncated.safetensors", "-p", "a", "-o", png}, 1,
+         {"truncated.safetensors"}},
+        {"every missing tensor is listed", "sd", {"-m", missing, "-p", "a", "-o", png}, 1,
+         {"conv_in.weight", "conv_out.bias", "missing"}},
+        {"wrong shape names tensor, expected and actual", "sd", {"-m", wrong, "-p", "a", "-o", png}, 1,
+         {"conv_in.weight", "[3, 3]", "[32, 4, 3, 3]"}},
+        {"folder without a model", "sd", {"-m", work + "/empty_folder", "-p", "a", "-o", png}, 1, {"empty_folder"}},
+        {"output folder does not exist", "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-o", work + "/no/such/dir/x.png"}, 1, {"no/such/dir"}},
+        {"eval-fashion without a classifier file", "sd",
+         {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--classifier", work + "/none.safetensors"}, 1,
+         {"none.safetensors"}},
+        {"train-vae without the dataset", "sd", {"train-vae", "-o", out + "/m", "--data", work + "/no_data"}, 1,
+         {"no_data", "dataset-fashion-mnist"}},
+    };
+    run_cases(cases, out);
+}
+
+TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
+    const auto out = test::scratch_dir("errors_text");
+    const auto work = test::scratch_dir("errors_text_inputs");
+    const std::string g = "tests/golden/text/gpt2_tiny", txt = "tests/golden/text/eval/kjv_text.txt";
+    write_bytes(work + "/bad.safetensors", "garbage");
+    fs::copy(g, work + "/bad_model", fs::copy_options::recursive);
+    write_bytes(work + "/bad_model/config.json", "{ not json");
+    const std::vector<Case> cases = {
+        {"no subcommand", "text", {}, 2, {"subcommand"}},
+        {"unknown kv mode", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "ring:4"}, 2, {"ring:4", "sink:S,W"}},
+        {"malformed sink S,W", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "sink:4"}, 2, {"sink:4"}},
+        {"sink larger than positions with absolute", "text",
+         {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "sink:4,200", "--positions", "absolute"}, 2, {"absolute"}},
+        {"unknown positions policy", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--positions", "rope"}, 2,
+         {"rope"}},
+        {"text file missing", "text", {"gpt2", "ppl", "-m", g, "--file", work + "/missing.txt"}, 1, {"missing.txt"}},
+        {"model missing", "text", {"gpt2", "ppl", "-m", work + "/nope", "--file", txt}, 1, {"nope"}},
+        {"model file corrupt", "text", {"gpt2", "ppl", "-m", work + "/bad.safetensors", "--file", txt}, 1,
+         {"bad.safetensors"}},
+        {"config.json not JSON", "text", {"gpt2", "ppl", "-m", work + "/bad_model", "--file", txt}, 1,
+         {"config.json"}},
+        {"empty prompt", "text", {"gpt2", "generate", "-m", g, "-p", "", "--max-new", "4"}, 2, {"prompt"}},
+        {"diffusion model missing", "text", {"diffusion", "generate", "-m", work + "/nope", "-p", "a"}, 1, {"nope"}},
+        {"diffusion unknown cache mode", "text",
+         {"diffusion", "generate", "-m", "assets/models/kjv-mdlm", "-p", "a", "--cache", "bogus"}, 2, {"bogus"}},
+    };
+    run_cases(cases, out);
+}
+
+TEST_CASE("Ctrl-C during a txt2img run exits 130 and leaves no output or temporary file", "[cli][errors]") {
+    const auto out = test::scratch_dir("errors_sigint");
+    const std::string cmd = "cd " + test::shell_quote(ANCHOR_SOURCE_DIR) + " && (OMP_NUM_THREADS=1 " +
+                            test::shell_quote(test::sd_bin()) +
+                            " -m assets/models/sd15-tiny-random -p 'a cat' --steps 400 -W 64 -H 64 --threads 1 -o " +
+                            test::shell_quote(out + "/cat.png") +
+                            " >/dev/null 2>&1 & pid=$!; sleep 2; kill -INT $pid; wait $pid; echo rc=$?)";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    char buf[256] = {0};
+    std::string res;
+    while (fgets(buf, sizeof buf, p)) res += buf;
+    pclose(p);
+    INFO(res);
+    CHECK(res.find("rc=130") != std::string::npos);
+    CHECK(fs::is_empty(out));
+}

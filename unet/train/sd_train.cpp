@@ -1,0 +1,522 @@
+#include "unet/train/sd_train.h"
+
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "cache/io/weight_map.h"
+#include "unet/checkpoint.h"
+#include "unet/clip_text.h"
+#include "unet/clip_tokenizer.h"
+#include "unet/scheduler.h"
+#include "unet/train/fashion_mnist.h"
+#include "unet/unet_perf.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace anchor::unet::train {
+
+namespace fs = std::filesystem;
+using torch::Tensor;
+
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- the shared training loop pieces ------------------------------------------------------------------------------
+
+// Linear warm-up to lr, then cosine to min_lr_fraction * lr at the last step (Loshchilov & Hutter 2017, SGDR).
+double lr_at(const TrainOptions& o, int step) {
+    if (step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
+    const double p = double(step - o.warmup) / double(std::max(1, o.steps - o.warmup));
+    return o.lr * (o.min_lr_fraction + (1 - o.min_lr_fraction) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, p))));
+}
+
+NamedTensors named_params(torch::nn::Module& m) {
+    NamedTensors out;
+    for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
+    for (const auto& b : m.named_buffers()) out.emplace_back(b.key(), b.value());
+    return out;
+}
+
+// Exponential moving average of the parameters (Polyak averaging), decay warmed up as min(d, (1+s)/(10+s)) so early
+// averages are not dominated by the random initialisation.
+class Ema {
+public:
+    Ema(torch::nn::Module& m, double decay) : decay_(decay) {
+        torch::NoGradGuard ng;
+        for (const auto& p : m.named_parameters()) shadow_.emplace_back(p.key(), p.value().detach().clone());
+    }
+    void update(torch::nn::Module& m, int step) {
+        if (decay_ <= 0) return;
+        torch::NoGradGuard ng;
+        const double d = std::min(decay_, (1.0 + step) / (10.0 + step));
+        size_t i = 0;
+        for (const auto& p : m.named_parameters()) shadow_[i++].second.mul_(d).add_(p.value().detach(), 1 - d);
+    }
+    const NamedTensors& tensors() const { return shadow_; }
+    void load(const WeightMap& w) {
+        torch::NoGradGuard ng;
+        for (auto& [n, t] : shadow_) t.copy_(w.get(n));
+    }
+    // The weights to save: the EMA when enabled, else the live ones.
+    NamedTensors weights(torch::nn::Module& m) const { return decay_ > 0 ? shadow_ : named_params(m); }
+
+private:
+    double decay_;
+    NamedTensors shadow_;
+};
+
+struct Loop {
+    const TrainOptions& o;
+    std::string what;
+    fs::path ckpt;
+    std::ofstream log;
+    double t0 = now_s(), t_resume = 0;
+    double sum = 0;
+    int count = 0, start = 0;
+    std::vector<double> window_means;
+
+    Loop(const TrainOptions& opt, const std::string& w) : o(opt), what(w) {
+        if (o.out.empty()) throw UsageError("train: an output folder is required (-o)");
+        if (o.steps < 1 || o.batch < 1) throw UsageError("train: --steps and --batch must be >= 1");
+        ckpt = fs::path(o.out) / "checkpoint" / what; // created by begin(), once the inputs have loaded
+    }
+    std::string log_path() const { return (fs::path(o.out) / ("train_" + what + "_log.txt")).string(); }
+
+    // Restores model/EMA/optimizer from the checkpoint when resuming; returns the step to continue from.
+    int begin(torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
+        fs::create_directories(ckpt);
+        if (o.resume && fs::exists(ckpt / "state.json")) {
+            std::ifstream f(ckpt / "state.json");
+            const auto j = nlohmann::json::parse(f);
+            start = j.at("step").get<int>();
+            t_resume = j.value("seconds", 0.0);
+            WeightMap::load((ckpt / "model.safetensors").string()).load_into(m);
+            if (fs::exists(ckpt / "ema.safetensors")) ema.load(WeightMap::load((ckpt / "ema.safetensors").string()));
+            torch::load(opt, (ckpt / "optimizer.pt").string());
+            std::fprintf(stderr, "%s: resuming at step %d of %d\n", what.c_str(), start, o.steps);
+        }
+        t0 = now_s(); // data loading and model set-up are not training time
+        log.open(log_path(), start > 0 ? std::ios::app : std::ios::trunc);
+        if (start == 0) log << "# step loss lr seconds\n";
+        return start;
+    }
+    void set_lr(torch::optim::Optimizer& opt, int step) {
+        for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(o, step));
+    }
+    void record(int step, double loss, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
+        sum += loss;
+        ++count;
+        const double elapsed = t_resume + now_s() - t0;
+        if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
+            const double mean = sum / count;
+            window_means.push_back(mean);
+            log << step + 1 << " " << mean << " " << lr_at(o, step) << " " << elapsed << "\n" << std::flush;
+            sum = 0, count = 0;
+        }
+        if (!o.quiet) {
+            const double per = (now_s() - t0) / double(step + 1 - start);
+            std::fprintf(stderr, "\r%s: step %d/%d  loss %.4f (last %d: %.4f)  lr %.2e  %.2fs/step  ETA %.0fs   ",
+                         what.c_str(), step + 1, o.steps, loss, o.log_every,
+                         window_means.empty() ? loss : window_means.back(), lr_at(o, step), per,
+                         per * double(o.steps - step - 1));
+            std::fflush(stderr);
+        }
+        if ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps) save_checkpoint(step + 1, m, ema, opt, elapsed);
+    }
+    void save_checkpoint(int step, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt, double elapsed) {
+        save_safetensors((ckpt / "model.safetensors").string(), named_params(m));
+        save_safetensors((ckpt / "ema.safetensors").string(), ema.tensors());
+        const auto tmp = (ckpt / "optimizer.pt.tmp").string();
+        torch::save(opt, tmp);
+        fs::rename(tmp, ckpt / "optimizer.pt");
+        // state.json last: a checkpoint counts only once all its files are in place.
+        write_file_atomic((ckpt / "state.json").string(),
+                          nlohmann::json{{"step", step}, {"seconds", elapsed}, {"what", what}}.dump() + "\n", true);
+    }
+    TrainResult finish(int steps_done) {
+        if (!o.quiet) std::fprintf(stderr, "\n");
+        TrainResult r;
+        r.steps_done = steps_done;
+        r.first_loss = window_means.empty() ? 0 : window_means.front();
+        r.final_loss = window_means.empty() ? 0 : window_means.back();
+        r.seconds = t_resume + now_s() - t0;
+        r.log_path = log_path();
+        return r;
+    }
+};
+
+torch::optim::AdamW make_adamw(std::vector<Tensor> params, const TrainOptions& o) {
+    return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+}
+
+void to_half_file(const std::string& path, const NamedTensors& t) {
+    NamedTensors h;
+    for (const auto& [n, v] : t) h.emplace_back(n, v.detach().to(torch::kHalf));
+    save_safetensors(path, h);
+}
+
+void write_json(const fs::path& p, const nlohmann::json& j) { write_file_atomic(p.string(), j.dump(2) + "\n", true); }
+
+nlohmann::json vae_json(const VaeConfig& c) {
+    std::vector<std::string> down(c.block_out_channels.size(), "DownEncoderBlock2D"),
+        up(c.block_out_channels.size(), "UpDecoderBlock2D");
+    return {{"_class_name", "AutoencoderKL"},   {"act_fn", "silu"},
+            {"block_out_channels", c.block_out_channels}, {"down_block_types", down},
+            {"up_block_types", up},             {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels},   {"latent_channels", c.latent_channels},
+            {"layers_per_block", c.layers_per_block}, {"norm_num_groups", c.norm_num_groups},
+            {"sample_size", 32},                {"scaling_factor", c.scaling_factor}};
+}
+
+nlohmann::json unet_json(const UNetConfig& c) {
+    return {{"_class_name", "UNet2DConditionModel"},
+            {"act_fn", "silu"},
+            {"sample_size", c.sample_size},
+            {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels},
+            {"down_block_types", c.down_block_types},
+            {"up_block_types", c.up_block_types},
+            {"block_out_channels", c.block_out_channels},
+            {"layers_per_block", c.layers_per_block.front()},
+            {"attention_head_dim", c.heads}, // diffusers' SD 1.x naming: the head count
+            {"cross_attention_dim", c.cross_attention_dim},
+            {"norm_num_groups", c.norm_num_groups},
+            {"norm_eps", c.norm_eps},
+            {"flip_sin_to_cos", c.flip_sin_to_cos},
+            {"freq_shift", c.freq_shift},
+            {"mid_block_type", "UNetMidBlock2DCrossAttn"},
+            {"use_linear_projection", c.use_linear_projection}};
+}
+
+ClipTextConfig fashion_text_config() {
+    ClipTextConfig c;
+    c.hidden_size = 64;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    return c;
+}
+
+nlohmann::json text_json(const ClipTextConfig& c) {
+    return {{"architectures", {"CLIPTextModel"}},
+            {"model_type", "clip_text_model"},
+            {"hidden_act", c.hidden_act},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"layer_norm_eps", c.layer_norm_eps},
+            {"vocab_size", c.vocab_size},
+            {"bos_token_id", 49406},
+            {"eos_token_id", 49407},
+            {"pad_token_id", 49407}};
+}
+
+// A random batch of training images as model input [B, 3, 32, 32] in [-1, 1] and their labels.
+std::pair<Tensor, Tensor> batch_of(const FashionMnist& d, int64_t b, torch::Generator& gen) {
+    auto idx = torch::randint(d.images.size(0), {b}, gen, torch::kLong);
+    return {fashion_to_model_input(d.images.index_select(0, idx)), d.labels.index_select(0, idx)};
+}
+
+} // namespace
+
+VaeConfig fashion_vae_config() {
+    VaeConfig c;
+    // Two downsamplers: 32x32 -> 8x8 latents (factor 4). Narrow at full resolution, where a conv costs the most
+    // (the decoder's last level runs 4 convs at 32x32): ~0.7 s per batch of 64 on 2 cores.
+    c.block_out_channels = {16, 32, 64};
+    c.layers_per_block = 1;
+    c.norm_num_groups = 8;
+    c.latent_channels = 4;
+    return c;
+}
+
+UNetConfig fashion_unet_config() {
+    UNetConfig c;
+    c.sample_size = 8;
+    c.down_block_types = {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"};
+    c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"};
+    c.block_out_channels = {32, 64, 64}; // 8x8 -> 4x4 -> 2x2; ~1 s per batch of 64 on one core
+    c.layers_per_block = {1, 1, 1};
+    c.heads = {4, 4, 4};
+    c.transformer_layers_per_block = {1, 1, 1};
+    c.cross_attention_dim = 64;
+    c.norm_num_groups = 16;
+    return c;
+}
+
+// ---- VAE ----------------------------------------------------------------------------------------------------------
+
+TrainResult train_vae(const TrainOptions& o) {
+    Loop loop(o, "vae");
+    torch::manual_seed(uint64_t(o.seed));
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 17);
+    const auto data = load_fashion_mnist(o.data_dir, "train");
+    perf::set_fast(false); // the fast paths are inference-only (in-place ops)
+    VaeConfig cfg = fashion_vae_config();
+    AutoencoderKL vae(cfg);
+    vae->train();
+    auto opt = make_adamw(vae->parameters(), o);
+    Ema ema(*vae, o.ema);
+    const int start = loop.begin(*vae, ema, opt);
+    const double kl_weight = 1e-6;
+    for (int step = start; step < o.steps; ++step) {
+        loop.set_lr(opt, step);
+        auto [x, labels] = batch_of(data, o.batch, gen);
+        auto post = vae->encode(x);
+        auto z = post.mean + post.std * torch::randn(post.mean.sizes(), gen, torch::kFloat);
+        auto rec = vae->decode(z);
+        auto kl = 0.5 * (post.mean.pow(2) + post.std.pow(2) - 1 - post.logvar).sum({1, 2, 3}).mean();
+        auto loss = torch::mse_loss(rec, x) + kl_weight * kl;
+        opt.zero_grad();
+        loss.backward();
+        torch::nn::utils::clip_grad_norm_(vae->parameters(), o.grad_clip);
+        opt.step();
+        ema.update(*vae, step);
+        loop.record(step, loss.item<double>(), *vae, ema, opt);
+    }
+    auto r = loop.finish(o.steps);
+
+    // scaling_factor = 1 / std of the (EMA model's) latents over 4096 training images.
+    AutoencoderKL final_vae(cfg);
+    {
+        WeightMap w;
+        for (const auto& [n, t] : ema.weights(*vae)) w.insert(n, t);
+        w.load_into(*final_vae);
+    }
+    final_vae->eval();
+    {
+        c10::InferenceMode im;
+        perf::set_fast(true);
+        std::vector<Tensor> zs;
+        for (int64_t i = 0; i < 4096; i += 512)
+            zs.push_back(final_vae->encode(fashion_to_model_input(data.images.narrow(0, i, 512))).mean);
+        cfg.scaling_factor = 1.0 / torch::cat(zs).std().item<double>();
+    }
+    const fs::path dir = fs::path(o.out) / "vae";
+    fs::create_directories(dir);
+    to_half_file((dir / "diffusion_pytorch_model.safetensors").string(), named_params(*final_vae));
+    write_json(dir / "config.json", vae_json(cfg));
+    r.metric = cfg.scaling_factor;
+    std::fprintf(stderr, "vae: %d steps in %.0f s, loss %.4f -> %.4f, scaling_factor %.4f; wrote %s\n", r.steps_done,
+                 r.seconds, r.first_loss, r.final_loss, cfg.scaling_factor, dir.c_str());
+    return r;
+}
+
+// ---- UNet + text encoder --------------------------------------------------------------------------------------------
+
+namespace {
+
+struct TextAndUnet : torch::nn::Module {
+    TextAndUnet(const ClipTextConfig& tc, const UNetConfig& uc) {
+        text_encoder = register_module("text_encoder", ClipTextModel(tc));
+        unet = register_module("unet", UNet2DConditionModel(uc));
+    }
+    ClipTextModel text_encoder{nullptr};
+    UNet2DConditionModel unet{nullptr};
+};
+
+NamedTensors with_prefix_removed(const NamedTensors& t, const std::string& prefix) {
+    NamedTensors out;
+    for (const auto& [n, v] : t)
+        if (n.rfind(prefix, 0) == 0) out.emplace_back(n.substr(prefix.size()), v);
+    return out;
+}
+
+} // namespace
+
+TrainResult train_unet(const TrainOptions& o) {
+    Loop loop(o, "unet");
+    torch::manual_seed(uint64_t(o.seed));
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 29);
+    const auto data = load_fashion_mnist(o.data_dir, "train");
+    perf::set_fast(false);
+    const fs::path vae_dir = fs::path(o.out) / "vae";
+    if (!fs::exists(vae_dir / "config.json"))
+        throw Error("train-unet needs the trained VAE in '" + vae_dir.string() + "' (run train-vae first)");
+    auto vae = load_vae_folder(vae_dir.string());
+    const double sf = vae->config().scaling_factor;
+
+    // Latent posterior of every training image once (the VAE is frozen): mean and std, 8x8x4 each; kept in the
+    // checkpoint folder so a resumed run does not encode again.
+    Tensor lat_mean, lat_std;
+    const auto lat_file = loop.ckpt / "latents.safetensors";
+    if (fs::exists(lat_file)) {
+        auto w = WeightMap::load(lat_file.string());
+        lat_mean = w.get("mean");
+        lat_std = w.get("std");
+    } else {
+        c10::InferenceMode im;
+        perf::set_fast(true); // inference: the fast paths apply
+        std::vector<Tensor> m, s;
+        const int64_t n = data.images.size(0);
+        for (int64_t i = 0; i < n; i += 1000) {
+            auto d = vae->encode(fashion_to_model_input(data.images.narrow(0, i, std::min<int64_t>(1000, n - i))));
+            m.push_back(d.mean.clone());
+            s.push_back(d.std.clone());
+        }
+        lat_mean = torch::cat(m);
+        lat_std = torch::cat(s);
+        perf::set_fast(false);
+        fs::create_directories(loop.ckpt);
+        save_safetensors(lat_file.string(), {{"mean", lat_mean}, {"std", lat_std}});
+    }
+    std::fprintf(stderr, "unet: encoded %lld training images to latents %s (scaling factor %.4f)\n",
+                 (long long)lat_mean.size(0), shape_str(lat_mean.sizes().vec()).c_str(), sf);
+
+    // Prompt ids: [class][template] plus the empty prompt (caption dropout / unconditional).
+    const auto tok = ClipTokenizer::bundled();
+    const auto& templates = fashion_prompt_templates();
+    std::vector<Tensor> rows;
+    for (int c = 0; c < 10; ++c)
+        for (size_t k = 0; k < templates.size(); ++k)
+            rows.push_back(torch::tensor(tok.tokenize(fashion_prompt(c, int(k))).ids, torch::kLong));
+    rows.push_back(torch::tensor(tok.tokenize("").ids, torch::kLong));
+    const Tensor prompt_ids = torch::stack(rows); // [10 * T + 1, 77]
+    const int64_t n_templates = int64_t(templates.size()), uncond_row = 10 * n_templates;
+
+    const auto ac = make_alphas_cumprod(SchedulerConfig{}); // SD 1.x training schedule
+    const auto sqrt_ac = ac.sqrt(), sqrt_1mac = (1 - ac).sqrt();
+
+    TextAndUnet model(fashion_text_config(), fashion_unet_config());
+    model.train();
+    auto opt = make_adamw(model.parameters(), o);
+    Ema ema(model, o.ema);
+    const int start = loop.begin(model, ema, opt);
+    for (int step = start; step < o.steps; ++step) {
+        loop.set_lr(opt, step);
+        auto idx = torch::randint(lat_mean.size(0), {o.batch}, gen, torch::kLong);
+        auto x0 = (lat_mean.index_select(0, idx) +
+                   lat_std.index_select(0, idx) * torch::randn({o.batch, 4, 8, 8}, gen, torch::kFloat)) *
+                  sf;
+        auto labels = data.labels.index_select(0, idx);
+        auto tmpl = torch::randint(n_templates, {o.batch}, gen, torch::kLong);
+        auto row = labels * n_templates + tmpl;
+        auto drop = torch::rand({o.batch}, gen, torch::kFloat) < o.caption_dropout;
+        row = torch::where(drop, torch::full_like(row, uncond_row), row);
+        auto t = torch::randint(ac.size(0), {o.batch}, gen, torch::kLong);
+        auto eps = torch::randn(x0.sizes(), gen, torch::kFloat);
+        auto xt = sqrt_ac.index_select(0, t).view({-1, 1, 1, 1}) * x0 +
+                  sqrt_1mac.index_select(0, t).view({-1, 1, 1, 1}) * eps; // q(x_t | x_0), DDPM eq. 4
+        auto ctx = model.text_encoder->encode(prompt_ids.index_select(0, row));
+        auto pred = model.unet->forward(xt, t.to(torch::kFloat), ctx);
+        auto loss = torch::mse_loss(pred, eps);
+        opt.zero_grad();
+        loss.backward();
+        torch::nn::utils::clip_grad_norm_(model.parameters(), o.grad_clip);
+        opt.step();
+        ema.update(model, step);
+        loop.record(step, loss.item<double>(), model, ema, opt);
+    }
+    auto r = loop.finish(o.steps);
+
+    const auto w = ema.weights(model);
+    const fs::path root(o.out);
+    fs::create_directories(root / "unet");
+    fs::create_directories(root / "text_encoder");
+    fs::create_directories(root / "scheduler");
+    to_half_file((root / "unet" / "diffusion_pytorch_model.safetensors").string(), with_prefix_removed(w, "unet."));
+    write_json(root / "unet" / "config.json", unet_json(fashion_unet_config()));
+    to_half_file((root / "text_encoder" / "model.safetensors").string(), with_prefix_removed(w, "text_encoder."));
+    write_json(root / "text_encoder" / "config.json", text_json(fashion_text_config()));
+    write_json(root / "scheduler" / "scheduler_config.json",
+               {{"_class_name", "DDIMScheduler"}, {"num_train_timesteps", 1000}, {"beta_start", 0.00085},
+                {"beta_end", 0.012}, {"beta_schedule", "scaled_linear"}, {"steps_offset", 1},
+                {"set_alpha_to_one", false}, {"clip_sample", false}, {"prediction_type", "epsilon"},
+                {"timestep_spacing", "leading"}});
+    write_json(root / "model_index.json",
+               {{"_class_name", "StableDiffusionPipeline"},
+                {"scheduler", {"diffusers", "DDIMScheduler"}},
+                {"text_encoder", {"transformers", "CLIPTextModel"}},
+                {"unet", {"diffusers", "UNet2DConditionModel"}},
+                {"vae", {"diffusers", "AutoencoderKL"}}});
+    std::fprintf(stderr, "unet: %d steps in %.0f s, loss %.4f -> %.4f; wrote %s\n", r.steps_done, r.seconds,
+                 r.first_loss, r.final_loss, root.c_str());
+    return r;
+}
+
+// ---- classifier ---------------------------------------------------------------------------------------------------
+
+FashionClassifierImpl::FashionClassifierImpl() {
+    namespace nn = torch::nn;
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+    conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(64, 128, 3).padding(1)));
+    fc = register_module("fc", nn::Linear(128, 10));
+}
+
+Tensor FashionClassifierImpl::forward(const Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);  // 16x16
+    h = torch::max_pool2d(torch::relu(conv2->forward(h)), 2);       // 8x8
+    h = torch::relu(conv3->forward(h)).mean({2, 3});                // global average
+    return fc->forward(h);
+}
+
+FashionClassifier load_fashion_classifier(const std::string& path) {
+    FashionClassifier c;
+    WeightMap::load(path).load_into(*c);
+    c->eval();
+    return c;
+}
+
+TrainResult train_classifier(const TrainOptions& o) {
+    Loop loop(o, "classifier");
+    torch::manual_seed(uint64_t(o.seed));
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 41);
+    const auto data = load_fashion_mnist(o.data_dir, "train");
+    const auto test = load_fashion_mnist(o.data_dir, "t10k");
+    FashionClassifier net;
+    net->train();
+    auto opt = make_adamw(net->parameters(), o);
+    Ema ema(*net, o.ema);
+    const int start = loop.begin(*net, ema, opt);
+    for (int step = start; step < o.steps; ++step) {
+        loop.set_lr(opt, step);
+        auto [x, y] = batch_of(data, o.batch, gen);
+        // Random shifts by up to 2 pixels: generated items are not always centred like the dataset's.
+        const int64_t dx = torch::randint(-2, 3, {1}, gen, torch::kLong).item<int64_t>(),
+                      dy = torch::randint(-2, 3, {1}, gen, torch::kLong).item<int64_t>();
+        x = torch::roll(x, {dy, dx}, {2, 3});
+        auto loss = torch::cross_entropy_loss(net->forward(rgb_to_classifier_input(x, false)), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        ema.update(*net, step);
+        loop.record(step, loss.item<double>(), *net, ema, opt);
+    }
+    auto r = loop.finish(o.steps);
+    FashionClassifier final_net;
+    {
+        WeightMap w;
+        for (const auto& [n, t] : ema.weights(*net)) w.insert(n, t);
+        w.load_into(*final_net);
+    }
+    final_net->eval();
+    int64_t correct = 0;
+    {
+        c10::InferenceMode im;
+        for (int64_t i = 0; i < test.images.size(0); i += 1000) {
+            auto x = rgb_to_classifier_input(fashion_to_model_input(test.images.narrow(0, i, 1000)), false);
+            correct += (final_net->forward(x).argmax(1) == test.labels.narrow(0, i, 1000)).sum().item<int64_t>();
+        }
+    }
+    r.metric = double(correct) / double(test.images.size(0));
+    fs::create_directories(o.out);
+    save_safetensors((fs::path(o.out) / "classifier.safetensors").string(), named_params(*final_net),
+                     {{"test_accuracy", std::to_string(r.metric)}});
+    std::fprintf(stderr, "classifier: %d steps in %.0f s, loss %.4f -> %.4f, test accuracy %.2f %%\n", r.steps_done,
+                 r.seconds, r.first_loss, r.final_loss, 100 * r.metric);
+    return r;
+}
+
+} // namespace anchor::unet::train
