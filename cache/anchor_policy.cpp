@@ -100,7 +100,10 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
         return {Action::Full, {}};
     }
     acc_ += s.energy_change;
-    if (acc_ >= threshold_ || reuses_ >= max_reuse_) {
+    const double thr = step_thresholds_.empty()
+                           ? threshold_
+                           : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];
+    if (acc_ >= thr || reuses_ >= max_reuse_) {
         reset();
         return {Action::Full, {}};
     }

@@ -89,9 +89,12 @@ public:
     void reset() override;
     std::string describe() const override;
     double accumulated() const { return acc_; }
+    // Per-step thresholds (a calibrated profile): step k uses thresholds[min(k, size - 1)]; empty = the fixed one.
+    void set_step_thresholds(std::vector<double> thresholds) { step_thresholds_ = std::move(thresholds); }
 
 private:
     double threshold_;
+    std::vector<double> step_thresholds_;
     int max_reuse_;
     double acc_ = 0.0;
     int reuses_ = 0;

@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
     // Subcommands with their own option sets (the top level is txt2img, as in stable-diffusion.cpp).
     if (argc > 1) {
         const std::string sub = argv[1];
-        for (const char* s : {"bench", "bench-cache", "train-vae", "train-unet", "train-classifier", "eval-fashion"})
+        for (const char* s : {"bench", "bench-cache", "train-vae", "train-unet", "train-classifier", "eval-fashion", "plot-loss", "calibrate"})
             if (sub == s) return anchor::cli::sd_bench_main(argc, argv);
     }
     return anchor::run_program([&]() -> int {

@@ -6,6 +6,8 @@
 #include "cache/io/error.h"
 #include "cache/metrics.h"
 #include "cli/bench_util.h"
+#include "cli/common.h"
+#include "cli/loss_plot.h"
 #include "unet/checkpoint.h"
 #include "unet/freq_cache.h"
 #include "unet/pipeline.h"
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 namespace anchor::cli {
@@ -130,6 +133,80 @@ int run_eval(const EvalOptions& o) {
     return 0;
 }
 
+struct CalibrateOptions {
+    std::string model, prompts = "assets/prompts/sd_bench.txt", out, sampler = "ddim";
+    int max_prompts = 8, steps = 20, ranges = 4;
+    double cfg = 7.5, target = 3.0;
+    int64_t seed = 0;
+    bool overwrite = false;
+};
+
+// Uncached generations; the mean per-step low-band energy change r_k of the shallow probe (freq_cache.h, rule 1)
+// over the prompts; thresholds per range of steps = target x mean r_k in the range, i.e. a full step after about
+// `target` steps of typical change for that part of the trajectory. r_k falls by ~10x from the first to the last
+// steps, so one fixed threshold reuses little early and too much late; the profile evens that out.
+int run_calibrate(const CalibrateOptions& o) {
+    if (o.ranges < 1 || o.steps < 2 || !(o.target > 0)) throw UsageError("calibrate: --ranges >= 1, --steps >= 2, --target > 0");
+    if (o.out.empty()) throw UsageError("calibrate: -o PROFILE.json is required");
+    check_output_path(o.out, o.overwrite);
+    std::vector<std::string> prompts;
+    {
+        std::ifstream f(o.prompts);
+        if (!f) throw Error("calibrate: cannot read prompts file '" + o.prompts + "'");
+        std::string line;
+        while (std::getline(f, line) && int(prompts.size()) < o.max_prompts)
+            if (!line.empty() && line[0] != '#') prompts.push_back(line);
+        if (prompts.empty()) throw Error("calibrate: no prompts in '" + o.prompts + "'");
+    }
+    auto models = unet::load_sd_models(o.model);
+    unet::Txt2ImgPipeline pipe(models);
+    unet::Txt2ImgParams p;
+    p.steps = o.steps;
+    p.sampler = unet::sampler_from_string(o.sampler);
+    p.guidance_scale = o.cfg;
+    p = pipe.resolved(p);
+    std::vector<double> mean;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        p.prompts = {prompts[i]};
+        p.seed = o.seed + int64_t(i);
+        auto ctl = unet::parse_cache_mode("off");
+        pipe.run(p, ctl.get());
+        const auto& log = ctl->log();
+        mean.resize(log.size(), 0.0);
+        for (size_t k = 0; k < log.size(); ++k) mean[k] += log[k].energy_change / double(prompts.size());
+        std::fprintf(stderr, "calibrate: %zu/%zu \"%s\"\n", i + 1, prompts.size(), prompts[i].c_str());
+    }
+    const int n = int(mean.size());
+    nlohmann::json ranges = nlohmann::json::array();
+    for (int r = 0; r < o.ranges; ++r) {
+        const double b = double(r) / o.ranges, e = double(r + 1) / o.ranges;
+        double sum = 0;
+        int cnt = 0;
+        for (int k = 1; k < n; ++k) { // step 0 has no change (always full)
+            const double x = (k + 0.5) / n;
+            if (x >= b && x < e) sum += mean[size_t(k)], ++cnt;
+        }
+        const double m = cnt ? sum / cnt : 0.0;
+        ranges.push_back({{"begin", b}, {"end", e}, {"mean_change", m}, {"threshold", std::max(1e-6, o.target * m)}});
+    }
+    nlohmann::json j = {{"kind", "anchor-sd freq profile"},
+                        {"model", o.model},
+                        {"steps", o.steps},
+                        {"sampler", o.sampler},
+                        {"cfg_scale", o.cfg},
+                        {"prompts", prompts.size()},
+                        {"target_steps_of_change", o.target},
+                        {"mean_energy_change_per_step", mean},
+                        {"ranges", ranges},
+                        {"use", "--cache freq:profile=" + o.out}};
+    write_file_atomic(o.out, j.dump(2) + "\n", o.overwrite);
+    for (const auto& r : ranges)
+        std::printf("steps [%.2f, %.2f): mean change %.4f -> threshold %.4f\n", r["begin"].get<double>(),
+                    r["end"].get<double>(), r["mean_change"].get<double>(), r["threshold"].get<double>());
+    std::printf("wrote %s (use --cache freq:profile=%s)\n", o.out.c_str(), o.out.c_str());
+    return 0;
+}
+
 } // namespace
 
 void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
@@ -163,6 +240,45 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     ce->add_option("--cfg-scale", ev->cfg, "guidance scale")->capture_default_str();
     ce->add_option("-o,--output", ev->out, "output folder (default: <model>/eval)");
     runners.emplace_back(ce, [ev]() { return run_eval(*ev); });
+
+    auto cal = std::make_shared<CalibrateOptions>();
+    auto* ck = app.add_subcommand("calibrate", "measure per-step spectral change of uncached runs and write a freq "
+                                               "anchor profile (--cache freq:profile=FILE)");
+    ck->fallthrough();
+    ck->add_option("-m,--model", cal->model, "model (default: the embedded one)");
+    ck->add_option("--prompts", cal->prompts, "prompt file, one per line")->capture_default_str();
+    ck->add_option("--max-prompts", cal->max_prompts, "use at most this many prompts")->capture_default_str();
+    ck->add_option("--steps", cal->steps, "sampling steps (the profile is in fractions of the loop)")->capture_default_str();
+    ck->add_option("--sampler", cal->sampler, "sampler")->capture_default_str();
+    ck->add_option("--cfg-scale", cal->cfg, "guidance scale")->capture_default_str();
+    ck->add_option("--ranges", cal->ranges, "number of equal step ranges")->capture_default_str();
+    ck->add_option("--target", cal->target, "full step after about this many steps of typical change")
+        ->capture_default_str();
+    ck->add_option("-s,--seed", cal->seed, "first seed")->capture_default_str();
+    ck->add_option("-o,--output", cal->out, "profile JSON to write")->required();
+    ck->add_flag("--overwrite", cal->overwrite, "replace an existing profile");
+    runners.emplace_back(ck, [cal]() {
+        if (cal->model.empty()) cal->model = default_sd_model();
+        return run_calibrate(*cal);
+    });
+
+    struct PlotOptions {
+        std::vector<std::string> logs;
+        std::string out, title = "training loss";
+    };
+    auto pl = std::make_shared<PlotOptions>();
+    auto* cp = app.add_subcommand("plot-loss", "loss-curve PNG of one or more train_*_log.txt files");
+    cp->fallthrough();
+    cp->add_option("logs", pl->logs, "training logs (\"step loss ...\" lines)")->required();
+    cp->add_option("-o,--output", pl->out, "PNG to write")->required();
+    cp->add_option("--title", pl->title, "title")->capture_default_str();
+    runners.emplace_back(cp, [pl]() {
+        std::vector<LossSeries> s;
+        for (const auto& l : pl->logs) s.push_back(read_loss_log(l, fs::path(l).stem().string()));
+        plot_loss_curves(s, pl->out, pl->title, true);
+        std::printf("wrote %s\n", pl->out.c_str());
+        return 0;
+    });
 }
 
 } // namespace anchor::cli

@@ -7,6 +7,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <tuple>
+
 using namespace anchor;
 using namespace anchor::unet;
 
@@ -168,4 +171,27 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         CHECK(fq->log()[1].energy_change > 0.0);
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
+}
+
+TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files are named", "[freq]") {
+    const std::vector<std::tuple<double, double, double>> ranges = {{0.0, 0.5, 2.0}, {0.5, 1.0, 0.5}};
+    const auto t = unet::profile_thresholds(ranges, 4, 1.0);
+    REQUIRE(t.size() == 4);
+    CHECK(t[0] == 2.0);
+    CHECK(t[1] == 2.0);
+    CHECK(t[2] == 0.5);
+    CHECK(t[3] == 0.5);
+    CHECK(unet::profile_thresholds({{0.0, 0.25, 3.0}}, 4, 1.0)[3] == 1.0); // no range: the fixed threshold
+    const auto dir = test::scratch_dir("freq_profile");
+    std::ofstream(dir + "/good.json") << R"({"ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
+    std::ofstream(dir + "/bad.json") << "{ nope";
+    std::ofstream(dir + "/empty.json") << R"({"ranges":[]})";
+    CHECK(unet::read_freq_profile(dir + "/good.json") == ranges);
+    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/bad.json"), Catch::Contains("bad.json"));
+    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/empty.json"), Catch::Contains("ranges"));
+    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/missing.json"), Catch::Contains("missing.json"));
+    // The mode string accepts it and the policy uses it: a huge early threshold, a tiny late one.
+    std::ofstream(dir + "/steep.json") << R"({"ranges":[{"begin":0,"end":0.5,"threshold":1e9},{"begin":0.5,"end":1,"threshold":1e-9}]})";
+    auto c = unet::parse_cache_mode("freq:max=100,profile=" + dir + "/steep.json");
+    CHECK(c->spec().find("profile=") != std::string::npos);
 }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <cstdio>
 #include <sstream>
 
@@ -81,11 +82,11 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
         {CacheKind::Off, "off", "off", "full UNet at every step"},
         {CacheKind::DeepCache, "deepcache", "deepcache:N[,branch=B]",
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
-        {CacheKind::Freq, "freq", "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]",
+        {CacheKind::Freq, "freq", "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0) or after M (default 4) reuses; coefficients of the "
          "cached feature with energy change rate < T (default 0.01) are reused, the others extrapolated linearly "
-         "(extrapolate=1, default)"},
+         "(extrapolate=1, default); profile=FILE (anchor-sd calibrate) sets A per range of steps"},
     };
     return t;
 }
@@ -99,7 +100,40 @@ std::string cache_mode_help() {
 std::string FreqParams::describe() const {
     return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) + ",max=" + std::to_string(max_reuse) +
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
-           ",branch=" + std::to_string(branch);
+           ",branch=" + std::to_string(branch) + (profile.empty() ? "" : ",profile=" + profile);
+}
+
+std::vector<std::tuple<double, double, double>> read_freq_profile(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot read anchor profile '" + path + "'");
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+        throw Error("anchor profile '" + path + "' is not JSON: " + e.what());
+    }
+    if (!j.contains("ranges") || !j["ranges"].is_array() || j["ranges"].empty())
+        throw Error("anchor profile '" + path + "' has no \"ranges\" list (write it with anchor-sd calibrate)");
+    std::vector<std::tuple<double, double, double>> r;
+    for (const auto& e : j["ranges"]) {
+        const double b = e.at("begin").get<double>(), en = e.at("end").get<double>(), t = e.at("threshold").get<double>();
+        if (!(b >= 0 && en > b && en <= 1.0 + 1e-9 && t > 0))
+            throw Error("anchor profile '" + path + "': bad range [" + fmt_num(b) + ", " + fmt_num(en) + ") threshold " +
+                        fmt_num(t));
+        r.emplace_back(b, en, t);
+    }
+    return r;
+}
+
+std::vector<double> profile_thresholds(const std::vector<std::tuple<double, double, double>>& ranges, int num_steps,
+                                       double fallback) {
+    std::vector<double> t(size_t(std::max(num_steps, 0)), fallback);
+    for (int k = 0; k < num_steps; ++k) {
+        const double x = (k + 0.5) / num_steps; // the step's centre as a fraction of the loop
+        for (const auto& [b, e, thr] : ranges)
+            if (x >= b && x < e) t[size_t(k)] = thr;
+    }
+    return t;
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -149,6 +183,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
 void FreqAnchorDenoiser::begin(int num_steps) {
     num_steps_ = num_steps;
     policy_.reset();
+    if (!p_.profile_ranges.empty()) policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
     probe_.reset();
     log_.clear();
     F1_ = X1_ = X0_ = Tensor();
@@ -309,7 +344,10 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.band = parse_int(spec, k, v);
                 else if (k == "branch")
                     p.branch = parse_int(spec, k, v);
-                else if (k == "extrapolate") {
+                else if (k == "profile") {
+                    p.profile = v;
+                    p.profile_ranges = read_freq_profile(v);
+                } else if (k == "extrapolate") {
                     if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
                     p.extrapolate = v == "1";
                 } else

@@ -164,6 +164,13 @@ void to_half_file(const std::string& path, const NamedTensors& t) {
     save_safetensors(path, h);
 }
 
+// Copies named tensors (e.g. the EMA weights) into a fresh module through the checked loader.
+void load_named(torch::nn::Module& m, const NamedTensors& t) {
+    WeightMap w;
+    for (const auto& [n, v] : t) w.insert(n, v);
+    w.load_into(m);
+}
+
 void write_json(const fs::path& p, const nlohmann::json& j) { write_file_atomic(p.string(), j.dump(2) + "\n", true); }
 
 nlohmann::json vae_json(const VaeConfig& c) {
@@ -289,11 +296,7 @@ TrainResult train_vae(const TrainOptions& o) {
 
     // scaling_factor = 1 / std of the (EMA model's) latents over 4096 training images.
     AutoencoderKL final_vae(cfg);
-    {
-        WeightMap w;
-        for (const auto& [n, t] : ema.weights(*vae)) w.insert(n, t);
-        w.load_into(*final_vae);
-    }
+    load_named(*final_vae, ema.weights(*vae));
     final_vae->eval();
     {
         c10::InferenceMode im;
@@ -452,13 +455,13 @@ FashionClassifierImpl::FashionClassifierImpl() {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
     conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
     conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(64, 128, 3).padding(1)));
-    fc = register_module("fc", nn::Linear(128, 10));
+    fc = register_module("fc", nn::Linear(128 * 4 * 4, 10));
 }
 
 Tensor FashionClassifierImpl::forward(const Tensor& x) {
     auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);  // 16x16
     h = torch::max_pool2d(torch::relu(conv2->forward(h)), 2);       // 8x8
-    h = torch::relu(conv3->forward(h)).mean({2, 3});                // global average
+    h = torch::max_pool2d(torch::relu(conv3->forward(h)), 2).flatten(1); // 4x4x128: keeps the layout
     return fc->forward(h);
 }
 
@@ -496,11 +499,7 @@ TrainResult train_classifier(const TrainOptions& o) {
     }
     auto r = loop.finish(o.steps);
     FashionClassifier final_net;
-    {
-        WeightMap w;
-        for (const auto& [n, t] : ema.weights(*net)) w.insert(n, t);
-        w.load_into(*final_net);
-    }
+    load_named(*final_net, ema.weights(*net));
     final_net->eval();
     int64_t correct = 0;
     {
