@@ -35,6 +35,13 @@ LossSeries read_loss_log(const std::string& path, const std::string& label) {
 
 void plot_loss_curves(const std::vector<LossSeries>& series, const std::string& png_path, const std::string& title,
                       bool overwrite) {
+    write_file_atomic(png_path, loss_curves_png(series, title), overwrite);
+}
+
+std::string loss_curves_png(const std::vector<LossSeries>& series, const std::string& title) {
+    size_t points = 0;
+    for (const auto& s : series) points += s.steps.size();
+    if (points == 0) throw Error("loss plot '" + title + "': nothing to plot");
 #if ANCHOR_HAVE_OPENCV
     const int W = 720, H = 420, L = 70, R = 20, T = 40, B = 50;
     double x1 = 1, ylo = 1e30, yhi = -1e30;
@@ -77,10 +84,9 @@ void plot_loss_curves(const std::vector<LossSeries>& series, const std::string& 
     }
     std::vector<uchar> buf;
     cv::imencode(".png", m, buf);
-    write_file_atomic(png_path, std::string(buf.begin(), buf.end()), overwrite);
+    return std::string(buf.begin(), buf.end());
 #else
-    (void)series, (void)png_path, (void)title, (void)overwrite;
-    throw Error("loss plots need OpenCV (this build has none)");
+    throw Error("loss plot '" + title + "' needs OpenCV (this build has none)");
 #endif
 }
 

@@ -2,18 +2,23 @@
 // Xiao et al. 2023) next to full, window and recompute baselines.
 #include "cli/text_commands.h"
 
+#include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cli/loss_plot.h"
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/gpt2_train.h"
 #include "kernels/gemv.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -89,6 +94,8 @@ struct PplOptions {
     std::string file;
     std::string compare;
     int64_t max_tokens = 0;
+    std::string json_out;
+    bool overwrite = false;
 };
 
 int run_ppl(const PplOptions& o) {
@@ -112,6 +119,7 @@ int run_ppl(const PplOptions& o) {
         specs.push_back(text::KvSpec::parse(o.m.kv));
     }
     if (o.max_tokens < 0) throw UsageError("--max-tokens must be >= 0");
+    if (!o.json_out.empty()) check_output_path(o.json_out, o.overwrite);
     const std::string text = read_text_file(o.file);
     auto loaded = text::load_gpt2(o.m.model, o.m.n_head);
     auto tok = load_tokenizer(o.m.vocab, loaded);
@@ -121,6 +129,13 @@ int run_ppl(const PplOptions& o) {
     std::cout << "model: " << loaded.config.describe() << "\n";
     std::cout << "text: " << o.file << ", " << ids.size() << " tokens, scoring " << ids.size() - 1
               << " next-token predictions (one token per forward), positions " << cache::to_string(policy) << "\n";
+    nlohmann::json report = {{"model", o.m.model},
+                             {"config", loaded.config.describe()},
+                             {"file", o.file},
+                             {"tokens", ids.size()},
+                             {"positions", cache::to_string(policy)},
+                             {"threads", at::get_num_threads()},
+                             {"runs", nlohmann::json::array()}};
     std::cout << std::left << std::setw(18) << "kv" << std::right << std::setw(10) << "tokens" << std::setw(14)
               << "ppl" << std::setw(12) << "mean_nll" << std::setw(11) << "tok/s" << std::setw(13) << "KV bytes"
               << std::setw(14) << "peak RSS" << "\n";
@@ -142,10 +157,12 @@ int run_ppl(const PplOptions& o) {
         if (spec.mode == text::KvMode::Full && N > P) {
             std::cout << "  cannot go past n_positions=" << P << " (the text has " << N
                       << " tokens); use sink:S,W, window:W or recompute:W, or --max-tokens " << P << "\n";
+            report["runs"].push_back({{"kv", spec.str()}, {"skipped", "the text is longer than n_positions"}});
             continue;
         }
         if (policy == cache::PositionPolicy::Absolute && N > P) {
             std::cout << "  --positions absolute cannot go past n_positions=" << P << " (" << N << " tokens)\n";
+            report["runs"].push_back({{"kv", spec.str()}, {"skipped", "--positions absolute past n_positions"}});
             continue;
         }
         try {
@@ -160,13 +177,25 @@ int run_ppl(const PplOptions& o) {
                       << human_bytes(static_cast<double>(kv_bytes)) << std::setw(14)
                       << human_bytes(static_cast<double>(peak_rss_bytes())) << "\n"
                       << std::defaultfloat;
+            report["runs"].push_back({{"kv", spec.str()},
+                                      {"tokens", ev.tokens},
+                                      {"scored", ev.tokens - 1},
+                                      {"ppl", std::exp(ev.mean_nll)},
+                                      {"mean_nll", ev.mean_nll},
+                                      {"kv_bytes", kv_bytes},
+                                      {"seconds", secs}});
         } catch (const UsageError&) {
             throw;
         } catch (const Error& e) {
             std::cout << "  failed: " << e.what() << "\n";
+            report["runs"].push_back({{"kv", spec.str()}, {"failed", e.what()}});
         }
     }
     std::cout << "(peak RSS is the process high-water mark so far, VmHWM)\n";
+    if (!o.json_out.empty()) {
+        write_file_atomic(o.json_out, report.dump(2) + "\n", o.overwrite);
+        std::cout << "wrote " << o.json_out << "\n";
+    }
     return 0;
 }
 
@@ -476,6 +505,79 @@ int run_bench(const BenchOptions& o) {
 
 } // namespace
 
+// ---- train -------------------------------------------------------------------------------------------------------
+
+namespace {
+
+const std::vector<std::pair<torch::ScalarType, std::string>>& export_dtype_names() {
+    static const std::vector<std::pair<torch::ScalarType, std::string>> t = {
+        {torch::kFloat16, "f16"}, {torch::kBFloat16, "bf16"}, {torch::kFloat32, "f32"}};
+    return t;
+}
+
+struct TrainArgs {
+    text::Gpt2TrainOptions o;
+    int64_t layers = 4, dim = 128, heads = 4, positions = 256;
+    std::string holdout = text::HoldoutSpec().str();
+    std::string export_dtype = "f16";
+    bool no_resume = false;
+};
+
+int run_train(TrainArgs a) {
+    a.o.config.n_layer = a.layers;
+    a.o.config.n_embd = a.dim;
+    a.o.config.n_head = a.heads;
+    a.o.config.n_positions = a.positions;
+    try {
+        a.o.config.validate();
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    a.o.holdout = text::HoldoutSpec::parse(a.holdout);
+    bool dtype_found = false;
+    std::string dtypes;
+    for (const auto& [t, name] : export_dtype_names()) {
+        dtypes += (dtypes.empty() ? "" : "|") + name;
+        if (name == a.export_dtype) a.o.export_dtype = t, dtype_found = true;
+    }
+    if (!dtype_found) throw UsageError("--export-dtype must be " + dtypes + ", got '" + a.export_dtype + "'");
+    a.o.resume = !a.no_resume;
+    a.o.log = [](const std::string& s) { std::cout << s << std::endl; };
+    const auto r = text::train_gpt2(a.o);
+    std::cout << std::fixed << std::setprecision(4) << "trained steps " << r.start_step << ".." << r.end_step << ", "
+              << r.tokens_seen << " training tokens seen (train text " << r.train_tokens << " tokens), "
+              << std::setprecision(1) << r.wall_s << " s\n"
+              << std::setprecision(4) << "train loss " << r.train_loss << ", val loss " << r.val_loss << " (ppl "
+              << std::setprecision(2) << std::exp(r.val_loss) << ") on " << r.val_tokens << " held-out tokens\n";
+    if (r.export_val_loss >= 0)
+        std::cout << std::setprecision(4) << "exported model through load_gpt2: val loss " << r.export_val_loss
+                  << " (ppl " << std::setprecision(2) << std::exp(r.export_val_loss) << ")\n";
+    std::cout << std::defaultfloat;
+    // The loss curve over the whole run (all invocations), next to the run's log and, when exporting, the model.
+    LossSeries train_s{"train loss", {}, {}}, val_s{"validation loss", {}, {}};
+    for (const auto& m : r.metrics) {
+        train_s.steps.push_back(double(m.step)), train_s.losses.push_back(m.train_loss);
+        if (m.val_loss >= 0) val_s.steps.push_back(double(m.step)), val_s.losses.push_back(m.val_loss);
+    }
+    const auto png = loss_curves_png({train_s, val_s}, "GPT-2 " + std::to_string(a.layers) + "x" +
+                                                           std::to_string(a.dim) + " on the KJV, held out " +
+                                                           a.o.holdout.str());
+    namespace fs = std::filesystem;
+    write_file_atomic((fs::path(a.o.out_dir) / "loss.png").string(), png);
+    if (!a.o.export_dir.empty()) {
+        write_file_atomic((fs::path(a.o.export_dir) / "loss.png").string(), png, a.o.overwrite_export);
+        for (const char* f : {"train_log.txt", "metrics.csv"}) {
+            const auto src = fs::path(a.o.out_dir) / f, dst = fs::path(a.o.export_dir) / f;
+            write_file_atomic(dst.string(), read_text_file(src.string()), a.o.overwrite_export);
+        }
+        std::cout << "wrote " << a.o.export_dir << "/{config.json,model.safetensors,loss.png,train_log.txt,"
+                  << "metrics.csv}\n";
+    }
+    return 0;
+}
+
+} // namespace
+
 int64_t peak_rss_bytes() {
     std::ifstream in("/proc/self/status");
     std::string line;
@@ -496,6 +598,8 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     p->add_option("--compare", ppl->compare,
                   "Comma-separated KV modes run over the same text, e.g. full,window:32,sink:4,28,recompute:32");
     p->add_option("--max-tokens", ppl->max_tokens, "Score only the first N tokens (0: all)");
+    p->add_option("--json", ppl->json_out, "Also write the results as JSON to this file");
+    p->add_flag("--overwrite", ppl->overwrite, "Replace an existing --json file");
     runners.emplace_back(p, [ppl]() { return run_ppl(*ppl); });
 
     auto gen = std::make_shared<GenOptions>();
@@ -524,6 +628,53 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
                          "Decode with torch::addmv/mv instead of the gemv kernel");
     runners.emplace_back(b, [bo]() { return run_bench(*bo); });
 
+    auto ta = std::make_shared<TrainArgs>();
+    auto& to = ta->o;
+    auto* t = gpt2->add_subcommand("train", "Train a small GPT-2 on the King James Version (bible-kjv-text) with the "
+                                            "GPT-2 tokenizer; AdamW, warm-up + cosine, optional EMA, resumable");
+    t->add_option("-o,--out", to.out_dir,
+                  "Run folder (checkpoint, log, metrics, held-out text; resumed when it "
+                  "holds a checkpoint)")
+        ->required();
+    t->add_option("--export", to.export_dir,
+                  "Folder for the final model (config.json + model.safetensors, loss.png, "
+                  "train_log.txt, metrics.csv)");
+    t->add_option("--export-dtype", ta->export_dtype, "f16|bf16|f32")->capture_default_str();
+    t->add_flag("--overwrite", to.overwrite_export, "Replace an existing exported model");
+    t->add_option("--kjv", to.kjv_path,
+                  "KJV file: bible.data, a .Z file or tagged text (default: the installed "
+                  "bible-kjv-text)");
+    t->add_option("--vocab", to.vocab_dir,
+                  "GPT-2 tokenizer folder (default " + text::Gpt2Tokenizer::default_dir() + ")");
+    t->add_option("--holdout", ta->holdout, "Validation text: " + text::HoldoutSpec::syntax_help())
+        ->capture_default_str();
+    t->add_option("--layers", ta->layers, "Blocks (n_layer)")->capture_default_str();
+    t->add_option("--dim", ta->dim, "Hidden size (n_embd)")->capture_default_str();
+    t->add_option("--heads", ta->heads, "Attention heads (n_head)")->capture_default_str();
+    t->add_option("--positions", ta->positions, "Context (n_positions)")->capture_default_str();
+    t->add_option("--seq-len", to.seq_len, "Training sequence length (0: n_positions)")->capture_default_str();
+    t->add_flag("--full-vocab", to.full_vocab,
+                "Train all 50257 output rows (default: the KJV's tokens, expanded "
+                "exactly on export)");
+    t->add_option("--batch", to.batch, "Sequences per step")->capture_default_str();
+    t->add_option("--steps", to.steps, "Total optimizer steps (the schedule's length)")->capture_default_str();
+    t->add_option("--stop-after", to.stop_after, "Stop after this many steps in this invocation");
+    t->add_option("--max-minutes", to.max_minutes, "Stop (checkpoint, evaluate, export) after this much wall time");
+    t->add_option("--lr", to.lr, "Peak learning rate")->capture_default_str();
+    t->add_option("--min-lr-ratio", to.min_lr_ratio, "Cosine floor as a fraction of --lr")->capture_default_str();
+    t->add_option("--warmup", to.warmup, "Linear warm-up steps")->capture_default_str();
+    t->add_option("--weight-decay", to.weight_decay, "AdamW decoupled weight decay (matrices)")->capture_default_str();
+    t->add_option("--beta2", to.beta2, "AdamW beta2")->capture_default_str();
+    t->add_option("--grad-clip", to.grad_clip, "Gradient norm clip (0: off)")->capture_default_str();
+    t->add_option("--ema", to.ema, "EMA decay of the weights (0: off; evaluated and exported when on)")
+        ->capture_default_str();
+    t->add_option("--eval-every", to.eval_every, "Validation interval in steps (0: only at the end)")
+        ->capture_default_str();
+    t->add_option("--log-every", to.log_every, "Progress line interval")->capture_default_str();
+    t->add_option("--checkpoint-every", to.checkpoint_every, "Checkpoint interval")->capture_default_str();
+    t->add_option("--seed", to.seed, "Seed (initialisation and batches)")->capture_default_str();
+    t->add_flag("--no-resume", ta->no_resume, "Start fresh even when the run folder holds a checkpoint");
+    runners.emplace_back(t, [ta]() { return run_train(*ta); });
 }
 
 } // namespace anchor::cli
