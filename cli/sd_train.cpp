@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -66,6 +67,7 @@ int run_eval(const EvalOptions& o) {
     auto models = unet::load_sd_models(o.model);
     unet::Txt2ImgPipeline pipe(models);
     unet::Txt2ImgParams p;
+    p.prompts.clear(); // the default is one empty prompt
     for (int c = 0; c < 10; ++c) p.prompts.push_back(unet::train::fashion_prompt(c, 0));
     p.steps = o.steps;
     p.sampler = unet::SamplerKind::DDIM;
@@ -116,7 +118,10 @@ int run_eval(const EvalOptions& o) {
         // Sample sheet: one row per seed, one column per class.
         std::vector<torch::Tensor> rows;
         for (auto& t : tiles) rows.push_back(torch::cat(t.unbind(0), 1));
-        const std::string sheet = (out / ("samples_" + fs::path(spec).filename().string() + ".png")).string();
+        std::string safe = spec; // a file name of letters, digits, '.', '_' and '-'
+        for (char& ch : safe)
+            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
+        const std::string sheet = (out / ("samples_" + safe + ".png")).string();
         unet::write_png(sheet, torch::cat(rows, 0), true);
         rep["modes"].push_back({{"mode", spec},
                                 {"full_steps", full},

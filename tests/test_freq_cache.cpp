@@ -186,7 +186,8 @@ TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files 
     std::ofstream(dir + "/good.json") << R"({"ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
     std::ofstream(dir + "/bad.json") << "{ nope";
     std::ofstream(dir + "/empty.json") << R"({"ranges":[]})";
-    CHECK(unet::read_freq_profile(dir + "/good.json") == ranges);
+    const bool same = unet::read_freq_profile(dir + "/good.json") == ranges;
+    CHECK(same);
     CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/bad.json"), Catch::Contains("bad.json"));
     CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/empty.json"), Catch::Contains("ranges"));
     CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/missing.json"), Catch::Contains("missing.json"));
