@@ -9,6 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/cli/setup.sh"
 bin="$root/build"
 out="$root/out/demo"
+rm -rf "$out" # outputs of an earlier run
 mkdir -p "$out"
 cd "$root"
 
@@ -26,13 +27,17 @@ echo "== 1. txt2img, uncached vs cached side by side ($sd_model, \"$sd_prompt\")
 
 # The KJV GPT-2 trained by the project (context 256), else the golden tiny GPT-2 (context 128).
 gpt2_model="assets/models/kjv-gpt2"
-[ -f "$gpt2_model/config.json" ] || gpt2_model="tests/golden/text/gpt2_tiny"
+text_file="assets/models/kjv-gpt2/eval/heldout.txt" # books the model never saw in training
+if [ ! -f "$gpt2_model/config.json" ]; then
+  gpt2_model="tests/golden/text/gpt2_tiny"
+  text_file="tests/golden/text/eval/kjv_text.txt"
+fi
 echo
 echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
-"$bin/anchor-text" gpt2 ppl -m "$gpt2_model" --file tests/golden/text/eval/kjv_text.txt \
+"$bin/anchor-text" gpt2 ppl -m "$gpt2_model" --file "$text_file" \
   --max-tokens 1200 --compare full,window:64,sink:4,60,recompute:64
 "$bin/anchor-text" gpt2 generate -m "$gpt2_model" -p "In the beginning God created" --max-new 200 \
-  --kv sink:4,60 --seed 1
+  --kv sink:4,60 --temperature 0.8 --top-k 40 --seed 1
 
 echo
 echo "== 3. Text diffusion, uncached vs anchor cache (assets/models/kjv-mdlm)"
