@@ -1,4 +1,5 @@
 #include "text/gpt2_train.h"
+#include "cache/train/optim.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -213,44 +214,14 @@ nlohmann::json config_json(const Gpt2Config& c) {
             {"tie_word_embeddings", true}};
 }
 
-struct AdamW {
-    std::vector<std::pair<std::string, torch::Tensor>> params;
-    std::map<std::string, torch::Tensor> m, v;
-    int64_t t = 0;
+using AdamW = cache::NamedAdamW;
 
-    void init(Gpt2Model& model) {
-        for (auto& p : model->named_parameters(true)) {
-            params.emplace_back(p.key(), p.value());
-            m[p.key()] = torch::zeros_like(p.value());
-            v[p.key()] = torch::zeros_like(p.value());
-        }
-    }
-    void step(double lr, const Gpt2TrainOptions& o) {
-        torch::NoGradGuard ng;
-        ++t;
-        const double bc1 = 1.0 - std::pow(o.beta1, double(t)), bc2 = 1.0 - std::pow(o.beta2, double(t));
-        for (auto& [n, p] : params) {
-            if (!p.grad().defined()) continue;
-            auto g = p.grad();
-            auto& mm = m[n];
-            auto& vv = v[n];
-            mm.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-            vv.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-            // Decoupled weight decay (Loshchilov & Hutter 2019) on matrices (embeddings included), not on
-            // layer norms or biases.
-            if (p.dim() >= 2 && o.weight_decay > 0) p.mul_(1.0 - lr * o.weight_decay);
-            auto denom = (vv / bc2).sqrt_().add_(o.adam_eps);
-            p.addcdiv_(mm, denom, -lr / bc1);
-        }
-    }
-};
+cache::AdamWConfig adamw_config(const Gpt2TrainOptions& o) {
+    return {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
+}
 
-// Linear warm-up to lr, then cosine decay to min_lr_ratio * lr at `steps`.
 double lr_at(const Gpt2TrainOptions& o, int64_t step) {
-    if (o.warmup > 0 && step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
-    double prog = o.steps > o.warmup ? double(step - o.warmup) / double(o.steps - o.warmup) : 1.0;
-    prog = std::min(1.0, std::max(0.0, prog));
-    return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + std::cos(M_PI * prog)));
+    return cache::warmup_cosine_lr(o.lr, step, o.warmup, o.steps, o.min_lr_ratio);
 }
 
 std::string metrics_csv(const std::vector<Gpt2TrainMetric>& ms) {
@@ -369,7 +340,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
         }
         vocab_ids = st->tensor("vocab_ids").to(torch::kLong).clone();
         model = Gpt2Model(cfg);
-        opt.init(model);
+        opt.init(*model);
         torch::NoGradGuard ng;
         for (auto& [n, p] : opt.params) {
             p.copy_(st->tensor("param." + n));
@@ -400,7 +371,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
         model = Gpt2Model(cfg);
         init_gpt2_weights(model, o.seed);
         if (!full_vocab) pin_bias_dim(model);
-        opt.init(model);
+        opt.init(*model);
         if (o.ema > 0)
             for (auto& [n, p] : opt.params) ema[n] = p.detach().clone();
         log_line("new model: " + cfg.describe() + (full_vocab ? " (all GPT-2 tokens)" : " (the KJV's GPT-2 tokens)"));
@@ -508,7 +479,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
         loss.backward();
         if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
         const double lr = lr_at(o, step);
-        opt.step(lr, o);
+        opt.step(lr, adamw_config(o));
         if (!full_vocab) pin_bias_dim(model);
         if (o.ema > 0) {
             torch::NoGradGuard ng;

@@ -1,4 +1,5 @@
 #include "text/mdlm_train.h"
+#include "cache/train/optim.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -59,43 +60,14 @@ torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generato
 
 namespace {
 
-struct AdamW {
-    std::vector<std::pair<std::string, torch::Tensor>> params;
-    std::map<std::string, torch::Tensor> m, v;
-    int64_t t = 0;
+using AdamW = cache::NamedAdamW;
 
-    void init(MdlmModel& model) {
-        for (auto& p : model->named_parameters(true)) {
-            params.emplace_back(p.key(), p.value());
-            m[p.key()] = torch::zeros_like(p.value());
-            v[p.key()] = torch::zeros_like(p.value());
-        }
-    }
-    void step(double lr, const TrainOptions& o) {
-        torch::NoGradGuard ng;
-        ++t;
-        const double bc1 = 1.0 - std::pow(o.beta1, double(t)), bc2 = 1.0 - std::pow(o.beta2, double(t));
-        for (auto& [n, p] : params) {
-            if (!p.grad().defined()) continue;
-            auto g = p.grad();
-            auto& mm = m[n];
-            auto& vv = v[n];
-            mm.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-            vv.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-            // Decoupled weight decay (Loshchilov & Hutter) on matrices only, not on norms/biases.
-            if (p.dim() >= 2 && o.weight_decay > 0) p.mul_(1.0 - lr * o.weight_decay);
-            auto denom = (vv / bc2).sqrt_().add_(o.adam_eps);
-            p.addcdiv_(mm, denom, -lr / bc1);
-        }
-    }
-};
+cache::AdamWConfig adamw_config(const TrainOptions& o) {
+    return {o.beta1, o.beta2, o.adam_eps, o.weight_decay};
+}
 
 double lr_at(const TrainOptions& o, int64_t step) {
-    if (o.warmup > 0 && step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
-    // Cosine decay to 10% over the remaining steps.
-    double prog = o.steps > o.warmup ? double(step - o.warmup) / double(o.steps - o.warmup) : 1.0;
-    prog = std::min(1.0, std::max(0.0, prog));
-    return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * prog)));
+    return cache::warmup_cosine_lr(o.lr, step, o.warmup, o.steps, 0.1);
 }
 
 void save_state(const std::string& path, AdamW& opt, int64_t step) {
@@ -129,7 +101,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
     int64_t start = 0;
     if (o.resume && fs::exists(state_path) && fs::exists(model_path)) {
         model = load_mdlm(o.out_dir);
-        opt.init(model);
+        opt.init(*model);
         auto st = SafeTensorsFile::open(state_path);
         torch::NoGradGuard ng;
         for (auto& [n, t] : opt.m) t.copy_(st->tensor("m." + n));
@@ -151,7 +123,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
             model = MdlmModel(cfg);
         }
         init_mdlm_weights(model, o.seed);
-        opt.init(model);
+        opt.init(*model);
         log("new model: " + cfg.to_json().dump());
     }
     model->train();
@@ -176,7 +148,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
         loss.backward();
         if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
         double lr = lr_at(o, step);
-        opt.step(lr, o);
+        opt.step(lr, adamw_config(o));
         double lv = loss.item<double>();
         if (!std::isfinite(lv))
             throw Error("train: loss became " + std::to_string(lv) + " at step " + std::to_string(step));

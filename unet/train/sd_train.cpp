@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "cache/train/optim.h"
 #include "unet/checkpoint.h"
 #include "unet/clip_text.h"
 #include "unet/clip_tokenizer.h"
@@ -32,11 +33,8 @@ double now_s() {
 
 // ---- the shared training loop pieces ------------------------------------------------------------------------------
 
-// Linear warm-up to lr, then cosine to min_lr_fraction * lr at the last step (Loshchilov & Hutter 2017, SGDR).
 double lr_at(const TrainOptions& o, int step) {
-    if (step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
-    const double p = double(step - o.warmup) / double(std::max(1, o.steps - o.warmup));
-    return o.lr * (o.min_lr_fraction + (1 - o.min_lr_fraction) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, p))));
+    return cache::warmup_cosine_lr(o.lr, step, o.warmup, o.steps, o.min_lr_fraction);
 }
 
 NamedTensors named_params(torch::nn::Module& m) {
