@@ -4,6 +4,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cli/bench_util.h"
 #include "cli/loss_plot.h"
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
@@ -300,19 +301,9 @@ struct BenchOptions {
     int recompute_repeats = 2;
 };
 
-struct Summary {
-    double min = 0, median = 0, max = 0;
-};
+using Summary = ::anchor::cli::bench::Stats;
 
-Summary summarize(std::vector<double> v) {
-    Summary s;
-    if (v.empty()) return s;
-    std::sort(v.begin(), v.end());
-    s.min = v.front();
-    s.max = v.back();
-    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    return s;
-}
+Summary summarize(std::vector<double> v) { return ::anchor::cli::bench::stats_of(std::move(v)); }
 
 std::string fmt_ms(const Summary& s) {
     std::ostringstream os;
