@@ -97,6 +97,21 @@ int run_program(const std::function<int()>& body) {
     }
 }
 
+int parse_command_line(CLI::App& app, int argc, char** argv) {
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::Success& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        throw UsageError(e.what());
+    }
+    return -1;
+}
+
 namespace cli {
 std::string default_sd_model() {
     for (const char* rel : {"models/fashion-sd", "models/sd15-tiny-random"}) {

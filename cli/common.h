@@ -26,6 +26,10 @@ void add_common_options(CLI::App& app, int& threads, const std::string& program)
 // "error: ..." on stderr.
 int run_program(const std::function<int()>& body);
 
+// app.parse with the programs' conventions: returns -1 to go on, or the exit code after --help/--version (0);
+// parse errors throw UsageError (exit 2 through run_program).
+int parse_command_line(CLI::App& app, int argc, char** argv);
+
 namespace cli {
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.

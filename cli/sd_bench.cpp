@@ -255,17 +255,7 @@ int sd_bench_main(int argc, char** argv) {
         add_sd_bench_cache_command(app, runners);
         add_sd_train_commands(app, runners);
         app.require_subcommand(1);
-        try {
-            app.parse(argc, argv);
-        } catch (const CLI::CallForHelp& e) {
-            return app.exit(e);
-        } catch (const CLI::CallForAllHelp& e) {
-            return app.exit(e);
-        } catch (const CLI::Success& e) {
-            return app.exit(e);
-        } catch (const CLI::ParseError& e) {
-            throw UsageError(e.what());
-        }
+        if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
         configure_threads(threads);
         for (auto& [sub, run] : runners)
             if (sub->parsed()) return run();

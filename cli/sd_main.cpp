@@ -251,17 +251,7 @@ int main(int argc, char** argv) {
         app.add_option("--compare", o.compare,
                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
                        "the labelled grid to <output> itself, plus <stem>_timeline.png and <stem>_report.json");
-        try {
-            app.parse(argc, argv);
-        } catch (const CLI::CallForHelp& e) {
-            return app.exit(e);
-        } catch (const CLI::CallForAllHelp& e) {
-            return app.exit(e);
-        } catch (const CLI::Success& e) {
-            return app.exit(e);
-        } catch (const CLI::ParseError& e) {
-            throw UsageError(e.what());
-        }
+        if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::configure_threads(o.threads);
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();
         return run(o);

@@ -319,24 +319,7 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
     return c;
 }
 
-VaeConfig detect_ldm_vae_config(const WeightMap& w) {
-    VaeConfig c;
-    if (!w.has("encoder.conv_in.weight") || !w.has("post_quant_conv.weight"))
-        throw Error("VAE weights lack encoder.conv_in.weight / post_quant_conv.weight");
-    c.in_channels = int(w.shape("encoder.conv_in.weight")[1]);
-    c.latent_channels = int(w.shape("post_quant_conv.weight")[0]);
-    if (w.has("decoder.conv_out.weight")) c.out_channels = int(w.shape("decoder.conv_out.weight")[0]);
-    c.block_out_channels.clear();
-    for (int i = 0;; ++i) {
-        const std::string p = "encoder.down." + std::to_string(i) + ".block.0.conv1.weight";
-        if (!w.has(p)) break;
-        c.block_out_channels.push_back(int(w.shape(p)[0]));
-    }
-    if (c.block_out_channels.empty()) throw Error("VAE weights have no encoder.down.0 tensors");
-    c.layers_per_block = 0;
-    while (w.has("encoder.down.0.block." + std::to_string(c.layers_per_block) + ".conv1.weight")) ++c.layers_per_block;
-    return c;
-}
+VaeConfig detect_ldm_vae_config(const WeightMap& w) { return detect_vae_config(w, "encoder.down.", ".block."); }
 
 std::string component_weights_path(const std::string& dir) {
     fs::path d(dir);

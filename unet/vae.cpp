@@ -57,24 +57,26 @@ VaeConfig VaeConfig::from_json_file(const std::string& path) {
     }
 }
 
-VaeConfig VaeConfig::detect_from_weights(const WeightMap& w) {
+VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets) {
     VaeConfig c;
     if (!w.has("encoder.conv_in.weight") || !w.has("post_quant_conv.weight"))
         throw Error("VAE weights lack encoder.conv_in.weight / post_quant_conv.weight");
     c.in_channels = int(w.shape("encoder.conv_in.weight")[1]);
     c.latent_channels = int(w.shape("post_quant_conv.weight")[0]);
     if (w.has("decoder.conv_out.weight")) c.out_channels = int(w.shape("decoder.conv_out.weight")[0]);
+    auto conv1 = [&](int level, int block) {
+        return down + std::to_string(level) + resnets + std::to_string(block) + ".conv1.weight";
+    };
     c.block_out_channels.clear();
-    for (int i = 0;; ++i) {
-        const std::string p = "encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight";
-        if (!w.has(p)) break;
-        c.block_out_channels.push_back(int(w.shape(p)[0]));
-    }
-    if (c.block_out_channels.empty()) throw Error("VAE weights have no encoder.down_blocks.0 tensors");
+    for (int i = 0; w.has(conv1(i, 0)); ++i) c.block_out_channels.push_back(int(w.shape(conv1(i, 0))[0]));
+    if (c.block_out_channels.empty()) throw Error("VAE weights have no " + down + "0 tensors");
     c.layers_per_block = 0;
-    while (w.has("encoder.down_blocks.0.resnets." + std::to_string(c.layers_per_block) + ".conv1.weight"))
-        ++c.layers_per_block;
+    while (w.has(conv1(0, c.layers_per_block))) ++c.layers_per_block;
     return c;
+}
+
+VaeConfig VaeConfig::detect_from_weights(const WeightMap& w) {
+    return detect_vae_config(w, "encoder.down_blocks.", ".resnets.");
 }
 
 VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {

@@ -37,6 +37,10 @@ struct VaeConfig {
     int spatial_factor() const { return 1 << (int(block_out_channels.size()) - 1); }
 };
 
+// Shapes-only detection for either naming: resnet j of level i is `<down><i><resnets><j>.conv1.weight`
+// (diffusers: "encoder.down_blocks.", ".resnets."; original LDM: "encoder.down.", ".block.").
+VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets);
+
 struct VaeAttentionImpl : torch::nn::Module {
     VaeAttentionImpl(int64_t channels, int64_t groups);
     torch::Tensor forward(const torch::Tensor& x);
