@@ -113,6 +113,20 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
 }
 
 namespace cli {
+std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option) {
+    std::vector<int64_t> out;
+    size_t b = 0;
+    while (b <= s.size()) {
+        const size_t e = std::min(s.find(',', b), s.size());
+        const std::string item = s.substr(b, e - b);
+        if (item.empty() || item.size() > 18 || item.find_first_not_of("0123456789") != std::string::npos)
+            throw UsageError(option + ": expected comma-separated counts, got '" + s + "'");
+        out.push_back(std::stoll(item));
+        b = e + 1;
+    }
+    return out;
+}
+
 std::string default_sd_model() {
     for (const char* rel : {"models/fashion-sd", "models/sd15-tiny-random"}) {
         const std::string p = find_asset_or_empty(std::string(rel) + "/unet/config.json");

@@ -1,8 +1,10 @@
 // Shared program-edge helpers for anchor-sd and anchor-text: runtime facts, threads, error handling.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -31,6 +33,9 @@ int run_program(const std::function<int()>& body);
 int parse_command_line(CLI::App& app, int argc, char** argv);
 
 namespace cli {
+// "64,128,256" -> {64, 128, 256}; UsageError naming `option` on an empty list, an empty item or a non-number.
+std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);
+
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.
 std::string default_sd_model();

@@ -5,9 +5,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="$root/build"
 cmake_extra=()
+sanitize=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --sanitize) build_dir="$root/build-asan"; cmake_extra+=(-DANCHOR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+    # One clang build serves the sanitizer test run and the libFuzzer targets (tests/fuzz.sh); gcc when no clang.
+    --sanitize) build_dir="$root/build-asan"; sanitize=1
+                cmake_extra+=(-DANCHOR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DANCHOR_CUDA=OFF) ;;
     --build-dir) build_dir="$2"; shift ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -17,6 +20,9 @@ done
 # libopenblas0-openmp is mandatory: without it LibTorch's GEMM runs on reference BLAS (~35x slower).
 packages=(dataset-fashion-mnist bible-kjv-text build-essential cmake ninja-build pkg-config libtorch-dev libopenblas0-openmp libopencv-dev libstb-dev
           libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev libbenchmark-dev zlib1g-dev)
+if [ "$sanitize" = 1 ]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 start=$(date +%s)
+if [ "$sanitize" = 1 ] && [ ! -f "$build_dir/build.ninja" ] && command -v clang++ >/dev/null; then
+  export CC=clang CXX=clang++
+  cmake_extra+=(-DANCHOR_FUZZ=ON)
+fi
 if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_extra[@]}" >/dev/null
 fi

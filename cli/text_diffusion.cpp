@@ -6,6 +6,9 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/text_commands.h"
+#include "cli/bench_util.h"
+#include "cli/common.h"
+#include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
 #include "text/mdlm_train.h"
 
@@ -15,6 +18,8 @@
 #include <chrono>
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 namespace anchor::cli {
@@ -174,14 +179,20 @@ double agreement(const std::vector<int64_t>& a, const std::vector<int64_t>& b, i
 struct GenerateArgs {
     SampleArgs s;
     std::string cache = "off";
-    std::string compare;
+    std::string compare, score_with;
     bool show_steps = false;
 };
 
 int run_generate(const GenerateArgs& a) {
     auto so = a.s.options();
     auto model = load_mdlm(a.s.model, a.s.n_heads);
+    std::optional<LoadedGpt2> scorer;
+    if (!a.score_with.empty()) scorer = load_gpt2(a.score_with);
     const int64_t P = static_cast<int64_t>(so.prompt.size());
+    // Generative perplexity of the sampled tokens under the scoring GPT-2, conditioned on the prompt.
+    auto gen_ppl = [&](const SampleResult& r) {
+        return scorer ? text::generative_ppl(scorer->model, r.tokens, std::max<int64_t>(P, 1)) : -1.0;
+    };
     auto show = [&](const StepInfo& st) {
         int64_t masked = 0;
         for (auto t : *st.tokens) masked += t == kMdlmMaskId;
@@ -195,7 +206,9 @@ int run_generate(const GenerateArgs& a) {
         std::cout << decode_ids(std::vector<int64_t>(r.tokens.begin() + P, r.tokens.end())) << "\n";
         std::cerr << "cache " << den.spec().to_string() << ": " << std::fixed << std::setprecision(3) << r.seconds
                   << " s, reused " << std::setprecision(1) << 100.0 * r.cache.reused_fraction()
-                  << "% of position-layer computations\n";
+                  << "% of position-layer computations";
+        if (scorer) std::cerr << ", generative perplexity " << std::setprecision(2) << gen_ppl(r);
+        std::cerr << "\n";
         return 0;
     }
     // --compare A,B: both runs side by side with the same seed; tokens that differ are marked.
@@ -229,6 +242,9 @@ int run_generate(const GenerateArgs& a) {
               << "x\n"
               << "reused position-layer computations: " << 100.0 * ra.cache.reused_fraction() << "% vs "
               << 100.0 * rb.cache.reused_fraction() << "%\n";
+    if (scorer)
+        std::cout << std::setprecision(2) << "generative perplexity under " << a.score_with << ": " << gen_ppl(ra)
+                  << " vs " << gen_ppl(rb) << "\n";
     return 0;
 }
 
@@ -248,15 +264,8 @@ int run_calibrate(const CalibrateArgs& a) {
     check_output_path(a.out, a.overwrite);
     CalibrateOptions co;
     for (const auto& p : a.prompt_id_lists) co.prompts.push_back(parse_ids(p, "--prompt-ids"));
-    if (!a.prompts_from.empty()) { // evenly spaced windows of a token file
-        auto toks = load_token_file(a.prompts_from);
-        const int64_t n = static_cast<int64_t>(toks.size());
-        if (n < a.prompt_len) throw Error("'" + a.prompts_from + "' is shorter than --prompt-len");
-        for (int64_t i = 0; i < a.n_prompts; ++i) {
-            int64_t off = (n - a.prompt_len) * i / std::max<int64_t>(1, a.n_prompts);
-            co.prompts.emplace_back(toks.begin() + off, toks.begin() + off + a.prompt_len);
-        }
-    }
+    if (!a.prompts_from.empty())
+        for (auto& p : token_file_windows(a.prompts_from, a.n_prompts, a.prompt_len)) co.prompts.push_back(p);
     if (!a.s.prompt.empty()) co.prompts.push_back(encode_text(a.s.prompt));
     if (co.prompts.empty())
         throw UsageError("calibrate needs prompts: --prompt-ids (repeatable) or --prompts-from TOKENS");
@@ -288,7 +297,7 @@ int run_calibrate(const CalibrateArgs& a) {
 struct TrainArgs {
     TrainOptions o;
     int64_t layers = 4, dim = 128, heads = 4, cond = 64;
-    std::string gate = "time_anchor", export_dtype = "f16";
+    std::string gate = "time_anchor", export_dtype = "f16", holdout = "books:Ruth,Eccl,Jonah,Titus";
     bool full_vocab = false, no_resume = false;
 };
 
@@ -306,6 +315,7 @@ int run_train(TrainArgs a) {
     }
     a.o.compact_vocab = !a.full_vocab;
     a.o.resume = !a.no_resume;
+    a.o.holdout = text::HoldoutSpec::parse(a.holdout);
     if (a.export_dtype == "f16")
         a.o.export_dtype = torch::kFloat16;
     else if (a.export_dtype == "f32")
@@ -321,62 +331,131 @@ int run_train(TrainArgs a) {
 // ---- bench ----------------------------------------------------------------------------------------------------------
 
 struct BenchArgs {
-    std::string model, cache = "anchor", steps_list = "64,128,256", unmask = "confidence";
+    std::string model, steps_list = "64,128,256", unmask = "confidence", prompts_from, score_with, json_out;
+    std::vector<std::string> caches = {"anchor"};
     int64_t length = 256, prompt_len = 64, repeats = 3, layers = 12, dim = 768, n_heads = 0;
+    double temperature = 0.0;
     uint64_t seed = 0;
+    bool overwrite = false;
+};
+
+// One row of the bench: a cache mode at a step count, against `off` run on the same prompts and seeds.
+struct BenchRow {
+    std::string cache;
+    int64_t steps = 0;
+    bench::Stats off_s, cached_s;
+    double reused = 0, agreement = 0, gen_ppl_off = -1, gen_ppl_cached = -1;
 };
 
 int run_bench(const BenchArgs& a) {
     auto model = a.model.empty() ? random_model(a.layers, a.dim, a.seed) : load_mdlm(a.model, a.n_heads);
-    std::vector<int64_t> steps;
-    {
-        std::stringstream ss(a.steps_list);
-        std::string p;
-        while (std::getline(ss, p, ',')) {
-            try {
-                steps.push_back(std::stoll(p));
-            } catch (...) {
-                throw UsageError("--steps-list: '" + p + "' is not a number");
-            }
+    if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
+    const auto steps = parse_int_list(a.steps_list, "--steps-list");
+    if (a.repeats < 1) throw UsageError("--repeats must be >= 1");
+    std::vector<CacheSpec> specs;
+    for (const auto& c : a.caches) specs.push_back(parse_cache_spec(c));
+    std::optional<LoadedGpt2> scorer;
+    if (!a.score_with.empty()) scorer = load_gpt2(a.score_with);
+    const auto& cfg = model->config();
+    // Prompts: windows of a token file (e.g. held-out text), else random tokens of the model's vocabulary.
+    std::vector<std::vector<int64_t>> prompts;
+    if (!a.prompts_from.empty()) {
+        prompts = token_file_windows(a.prompts_from, a.repeats, a.prompt_len);
+    } else {
+        for (int64_t r = 0; r < a.repeats; ++r) {
+            auto gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(r));
+            auto pr = torch::randint(0, 50257, {a.prompt_len}, gen, torch::kInt64);
+            if (cfg.compact_vocab)
+                pr = model->vocab_ids.index_select(
+                    0, torch::randint(0, cfg.vocab_size - 1, {a.prompt_len}, gen, torch::kInt64));
+            prompts.emplace_back(pr.data_ptr<int64_t>(), pr.data_ptr<int64_t>() + a.prompt_len);
         }
     }
-    if (a.repeats < 1) throw UsageError("--repeats must be >= 1");
-    auto spec = parse_cache_spec(a.cache);
-    const auto& cfg = model->config();
     std::cout << "model: " << (a.model.empty() ? "random" : a.model) << " (" << cfg.n_blocks << " x " << cfg.hidden_size
-              << "), L=" << a.length << ", prompt " << a.prompt_len << ", unmask " << a.unmask << ", cache "
-              << spec.to_string() << ", threads " << at::get_num_threads() << "\n";
-    std::cout << "steps | off s (min/med/max) | anchor s (min/med/max) | speed-up (median) | reused | agreement\n";
+              << "), L=" << a.length << ", prompt " << a.prompt_len << " ("
+              << (a.prompts_from.empty() ? "random tokens" : a.prompts_from) << "), unmask " << a.unmask
+              << ", temperature " << a.temperature << ", threads " << at::get_num_threads() << ", load "
+              << bench::load_average() << "\n";
+    std::cout << "cache | steps | off s (min/med/max) | cached s (min/med/max) | speed-up (median) | reused | "
+                 "agreement"
+              << (scorer ? " | gen-PPL off | gen-PPL cached" : "") << "\n";
+    auto gen_ppl = [&](const std::vector<int64_t>& toks) {
+        return text::generative_ppl(scorer->model, toks, a.prompt_len);
+    };
+    std::vector<BenchRow> rows;
     for (auto T : steps) {
-        std::vector<double> toff, tanc;
-        double reused = 0, agree = 0;
+        // Off runs once per repeat; every cache mode is measured against the same runs, interleaved per repeat.
+        std::vector<double> toff;
+        std::vector<std::vector<double>> tc(specs.size());
+        std::vector<double> reused(specs.size()), agree(specs.size()), ppl_c(specs.size());
+        double ppl_off = 0;
         for (int64_t r = 0; r < a.repeats; ++r) {
             SamplerOptions so;
             so.length = a.length;
             so.steps = T;
             so.rule = unmask_rule_from_string(a.unmask);
             so.seed = a.seed + static_cast<uint64_t>(r);
-            so.temperature = 0.0; // agreement measures the cache, not sampling noise
-            auto gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(r));
-            auto pr = torch::randint(0, 50257, {a.prompt_len}, gen, torch::kInt64);
-            if (cfg.compact_vocab)
-                pr = model->vocab_ids.index_select(
-                    0, torch::randint(0, cfg.vocab_size - 1, {a.prompt_len}, gen, torch::kInt64));
-            so.prompt.assign(pr.data_ptr<int64_t>(), pr.data_ptr<int64_t>() + a.prompt_len);
-            MdlmDenoiser off(model, CacheSpec{}), anc(model, spec);
-            auto ro = sample(off, so), ra = sample(anc, so);
+            so.temperature = a.temperature;
+            so.prompt = prompts[static_cast<size_t>(r)];
+            so.validate();
+            MdlmDenoiser off(model, CacheSpec{});
+            auto ro = sample(off, so);
             toff.push_back(ro.seconds);
-            tanc.push_back(ra.seconds);
-            reused += ra.cache.reused_fraction() / double(a.repeats);
-            agree += agreement(ro.tokens, ra.tokens, a.prompt_len) / double(a.repeats);
+            if (scorer) ppl_off += gen_ppl(ro.tokens) / double(a.repeats);
+            for (size_t k = 0; k < specs.size(); ++k) {
+                MdlmDenoiser anc(model, specs[k]);
+                auto ra = sample(anc, so);
+                tc[k].push_back(ra.seconds);
+                reused[k] += ra.cache.reused_fraction() / double(a.repeats);
+                agree[k] += agreement(ro.tokens, ra.tokens, a.prompt_len) / double(a.repeats);
+                if (scorer) ppl_c[k] += gen_ppl(ra.tokens) / double(a.repeats);
+            }
         }
-        std::sort(toff.begin(), toff.end());
-        std::sort(tanc.begin(), tanc.end());
-        auto med = [](const std::vector<double>& v) { return v[v.size() / 2]; };
-        std::cout << std::fixed << std::setprecision(3) << T << " | " << toff.front() << " / " << med(toff) << " / "
-                  << toff.back() << " | " << tanc.front() << " / " << med(tanc) << " / " << tanc.back() << " | "
-                  << std::setprecision(2) << med(toff) / med(tanc) << "x | " << std::setprecision(1) << 100 * reused
-                  << "% | " << 100 * agree << "%\n";
+        for (size_t k = 0; k < specs.size(); ++k) {
+            BenchRow row;
+            row.cache = specs[k].to_string();
+            row.steps = T;
+            row.off_s = bench::stats_of(toff);
+            row.cached_s = bench::stats_of(tc[k]);
+            row.reused = reused[k];
+            row.agreement = agree[k];
+            if (scorer) row.gen_ppl_off = ppl_off, row.gen_ppl_cached = ppl_c[k];
+            std::cout << std::fixed << std::setprecision(3) << row.cache << " | " << T << " | " << row.off_s.min
+                      << " / " << row.off_s.median << " / " << row.off_s.max << " | " << row.cached_s.min << " / "
+                      << row.cached_s.median << " / " << row.cached_s.max << " | " << std::setprecision(2)
+                      << row.off_s.median / row.cached_s.median << "x | " << std::setprecision(1) << 100 * row.reused
+                      << "% | " << 100 * row.agreement << "%";
+            if (scorer) std::cout << std::setprecision(2) << " | " << row.gen_ppl_off << " | " << row.gen_ppl_cached;
+            std::cout << std::endl;
+            rows.push_back(row);
+        }
+    }
+    std::cout << "load at end: " << bench::load_average() << "\n";
+    if (!a.json_out.empty()) {
+        nlohmann::json j;
+        j["model"] = a.model.empty() ? "random" : a.model;
+        j["config"] = cfg.to_json();
+        j["length"] = a.length;
+        j["prompt_len"] = a.prompt_len;
+        j["prompts"] = a.prompts_from.empty() ? "random tokens" : a.prompts_from;
+        j["unmask"] = a.unmask;
+        j["temperature"] = a.temperature;
+        j["repeats"] = a.repeats;
+        j["threads"] = at::get_num_threads();
+        if (scorer) j["score_with"] = a.score_with;
+        for (const auto& r : rows) {
+            nlohmann::json o = {{"cache", r.cache},
+                                {"steps", r.steps},
+                                {"off_s", {r.off_s.min, r.off_s.median, r.off_s.max}},
+                                {"cached_s", {r.cached_s.min, r.cached_s.median, r.cached_s.max}},
+                                {"speedup_median", r.off_s.median / r.cached_s.median},
+                                {"reused_fraction", r.reused},
+                                {"token_agreement", r.agreement}};
+            if (scorer) o["gen_ppl_off"] = r.gen_ppl_off, o["gen_ppl_cached"] = r.gen_ppl_cached;
+            j["rows"].push_back(o);
+        }
+        write_file_atomic(a.json_out, j.dump(1) + "\n", a.overwrite);
+        std::cout << "wrote " << a.json_out << "\n";
     }
     return 0;
 }
@@ -393,6 +472,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     gen->add_option("--cache", g.cache, cache_help())->capture_default_str();
     gen->add_option("--compare", g.compare, "Two cache modes, e.g. off,anchor:stale=2");
     gen->add_flag("--show-steps", g.show_steps, "Print the sequence after every step");
+    gen->add_option("--score-with", g.score_with, "GPT-2 model: print each text's generative perplexity under it");
     runners.emplace_back(gen, [] { return run_generate(g); });
 
     static CalibrateArgs c;
@@ -411,7 +491,15 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
 
     static TrainArgs t;
     auto* tr = diff->add_subcommand("train", "Train an MDLM on a token file (MDLM objective, AdamW, resumable)");
-    tr->add_option("--tokens", t.o.tokens_path, "Token file: uint16 LE GPT-2 ids")->required();
+    auto* tok_opt = tr->add_option("--tokens", t.o.tokens_path, "Token file: uint16 LE GPT-2 ids");
+    auto* kjv_opt = tr->add_option("--kjv", t.o.kjv_path,
+                                   "Train on the King James Version (bible.data, a .Z file or tagged text; without a "
+                                   "value: the installed bible-kjv-text), GPT-2 tokenizer")
+                        ->expected(0, 1);
+    tok_opt->excludes(kjv_opt);
+    tr->add_option("--holdout", t.holdout, "With --kjv: held-out text, " + text::HoldoutSpec::syntax_help())
+        ->capture_default_str();
+    tr->add_option("--vocab", t.o.vocab_dir, "With --kjv: GPT-2 tokenizer folder");
     tr->add_option("-o,--out", t.o.out_dir, "Run folder (checkpoints, log; resumed when it holds a state)")->required();
     tr->add_option("--layers", t.layers, "Blocks")->capture_default_str();
     tr->add_option("--dim", t.dim, "Hidden size")->capture_default_str();
@@ -432,7 +520,11 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     tr->add_option("--export", t.o.export_dir, "Folder for the final weights (config.json + model.safetensors)");
     tr->add_option("--export-dtype", t.export_dtype, "f16|f32")->capture_default_str();
     tr->add_flag("--no-resume", t.no_resume, "Start fresh even when the run folder has a state");
-    runners.emplace_back(tr, [] { return run_train(t); });
+    runners.emplace_back(tr, [tr] {
+        t.o.use_kjv = tr->count("--kjv") > 0;
+        if (!t.o.use_kjv && t.o.tokens_path.empty()) throw UsageError("train: give --tokens FILE or --kjv");
+        return run_train(t);
+    });
 
     static BenchArgs b;
     auto* be = diff->add_subcommand("bench", "Wall time off vs a cache mode, reused fraction, token agreement");
@@ -445,8 +537,15 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--steps-list", b.steps_list, "Step counts, comma separated")->capture_default_str();
     be->add_option("--repeats", b.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     be->add_option("--unmask", b.unmask, "Unmasking rule: " + table_choices())->capture_default_str();
-    be->add_option("--cache", b.cache, cache_help())->capture_default_str();
+    be->add_option("--cache", b.caches, "Cache modes to measure against off (repeatable): " + cache_help())
+        ->capture_default_str();
+    be->add_option("--prompts-from", b.prompts_from, "Token file (uint16 LE) whose evenly spaced windows are the prompts");
+    be->add_option("--temperature", b.temperature, "Sampling temperature (0: argmax, so agreement measures the cache)")
+        ->capture_default_str();
+    be->add_option("--score-with", b.score_with, "GPT-2 model: generative perplexity of every sample");
     be->add_option("--seed", b.seed, "Seed")->capture_default_str();
+    be->add_option("--json", b.json_out, "Write every row to this JSON file");
+    be->add_flag("--overwrite", b.overwrite, "Replace an existing --json file");
     runners.emplace_back(be, [] { return run_bench(b); });
 }
 

@@ -5,6 +5,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/bench_util.h"
+#include "cli/common.h"
 #include "cli/loss_plot.h"
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
@@ -377,17 +378,8 @@ std::vector<double> time_steps(text::Gpt2Stream& stream, int steps, std::mt19937
 int run_bench(const BenchOptions& o) {
     if (o.repeats < 1) throw UsageError("--repeats must be >= 1");
     std::vector<int64_t> stream_counts;
-    {
-        std::stringstream ss(o.stream_tokens);
-        std::string item;
-        while (std::getline(ss, item, ',')) {
-            if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
-                throw UsageError("--stream-tokens: expected comma-separated token counts, got '" + o.stream_tokens +
-                                 "'");
-            stream_counts.push_back(std::stoll(item));
-        }
-        if (o.long_stream) stream_counts.push_back(100000);
-    }
+    stream_counts = parse_int_list(o.stream_tokens, "--stream-tokens");
+    if (o.long_stream) stream_counts.push_back(100000);
     text::Gpt2Model model{nullptr};
     std::string what;
     if (!o.m.model.empty()) {

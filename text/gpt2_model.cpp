@@ -596,4 +596,28 @@ StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, con
     return ev;
 }
 
+double generative_ppl(Gpt2Model model, const std::vector<int64_t>& ids, int64_t from) {
+    const int64_t n = static_cast<int64_t>(ids.size()), ctx = model->config().n_positions;
+    from = std::max<int64_t>(from, 1);
+    if (from >= n) throw Error("generative perplexity: no tokens to score (" + std::to_string(n) + " ids, first " +
+                               std::to_string(from) + ")");
+    for (auto id : ids)
+        if (id < 0 || id >= model->config().vocab_size)
+            throw Error("generative perplexity: id " + std::to_string(id) + " is outside the scoring model's vocabulary");
+    torch::NoGradGuard ng;
+    double nll = 0;
+    int64_t scored = 0;
+    for (int64_t next = from; next < n;) {
+        // Window [s, e) scores tokens [next, e); each has at least min(i, ctx / 2) tokens of context, all when n <= ctx.
+        const int64_t s = std::max<int64_t>(0, std::min(next - ctx / 2, n - ctx));
+        const int64_t e = std::min(n, s + ctx);
+        auto win = torch::tensor(std::vector<int64_t>(ids.begin() + s, ids.begin() + e), torch::kInt64).unsqueeze(0);
+        auto logp = torch::log_softmax(model->forward(win).logits[0].to(torch::kFloat64), -1); // [e-s, V]
+        for (int64_t i = next; i < e; ++i) nll -= logp[i - 1 - s][ids[static_cast<size_t>(i)]].item<double>();
+        scored += e - next;
+        next = e;
+    }
+    return std::exp(nll / double(scored));
+}
+
 } // namespace anchor::text

@@ -219,4 +219,9 @@ StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, con
                            cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps = {},
                            const std::function<void(int64_t)>& on_step = {});
 
+// Generative perplexity, the figure MDLM/SEDD report for samples (Sahoo et al. 2024, sec. 4.1): exp of the mean NLL
+// under `model` of ids[from, N), each token conditioned on all tokens before it — on at least n_positions / 2 of them
+// when the sequence is longer than the model's context (overlapping windows). `from` >= 1; ids are GPT-2 ids.
+double generative_ppl(Gpt2Model model, const std::vector<int64_t>& ids, int64_t from);
+
 } // namespace anchor::text

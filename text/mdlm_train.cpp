@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "text/gpt2_tokenizer.h"
 
 #include <chrono>
 #include <cmath>
@@ -32,6 +33,31 @@ std::vector<int64_t> load_token_file(const std::string& path) {
     }
     if (ids.empty()) throw Error("token file '" + path + "' is empty");
     return ids;
+}
+
+std::vector<std::vector<int64_t>> token_file_windows(const std::string& path, int64_t n, int64_t len) {
+    const auto toks = load_token_file(path);
+    const int64_t size = static_cast<int64_t>(toks.size());
+    if (len < 1 || size < len)
+        throw Error("token file '" + path + "' has " + std::to_string(size) + " ids, fewer than the prompt length " +
+                    std::to_string(len));
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t off = (size - len) * i / std::max<int64_t>(1, n);
+        out.emplace_back(toks.begin() + off, toks.begin() + off + len);
+    }
+    return out;
+}
+
+void write_token_file(const std::string& path, const std::vector<int64_t>& ids) {
+    std::string bytes(ids.size() * 2, '\0');
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] > 0xFFFF)
+            throw Error("token file '" + path + "': id " + std::to_string(ids[i]) + " does not fit in uint16");
+        bytes[2 * i] = static_cast<char>(ids[i] & 0xFF);
+        bytes[2 * i + 1] = static_cast<char>((ids[i] >> 8) & 0xFF);
+    }
+    write_file_atomic(path, bytes);
 }
 
 torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen) {
@@ -86,12 +112,26 @@ TrainResult train_mdlm(const TrainOptions& o) {
     if (o.out_dir.empty()) throw UsageError("train: an output directory is required");
     if (o.batch <= 0 || o.seq_len <= 1 || o.steps <= 0)
         throw UsageError("train: batch, seq_len, steps must be positive");
-    auto corpus = load_token_file(o.tokens_path);
-    if (static_cast<int64_t>(corpus.size()) <= o.seq_len)
-        throw Error("token file '" + o.tokens_path + "' is shorter than one sequence (" + std::to_string(o.seq_len) +
-                    ")");
-    auto corpus_t = torch::tensor(corpus, torch::kInt64);
+    if (o.use_kjv == !o.tokens_path.empty()) throw UsageError("train: give either a token file or the KJV corpus");
     fs::create_directories(o.out_dir);
+    std::vector<int64_t> corpus;
+    std::string source = o.tokens_path;
+    if (o.use_kjv) {
+        const auto split = split_kjv(read_kjv(o.kjv_path), o.holdout);
+        const auto tok = Gpt2Tokenizer::load_default(o.vocab_dir);
+        corpus = kjv_token_stream(split.train, tok);
+        std::string held;
+        for (const auto& d : kjv_documents(split.val)) held += (held.empty() ? "" : "\n") + d;
+        write_file_atomic((fs::path(o.out_dir) / "heldout.txt").string(), held);
+        write_token_file((fs::path(o.out_dir) / "heldout_tokens.bin").string(), kjv_token_stream(split.val, tok));
+        source = "KJV (held out " + o.holdout.str() + ")";
+        log("corpus: " + source + ", " + std::to_string(corpus.size()) + " training tokens");
+    } else {
+        corpus = load_token_file(o.tokens_path);
+    }
+    if (static_cast<int64_t>(corpus.size()) <= o.seq_len)
+        throw Error("corpus '" + source + "' is shorter than one sequence (" + std::to_string(o.seq_len) + ")");
+    auto corpus_t = torch::tensor(corpus, torch::kInt64);
     const auto model_path = (fs::path(o.out_dir) / "model.safetensors").string();
     const auto state_path = (fs::path(o.out_dir) / "train_state.safetensors").string();
     const auto log_path = (fs::path(o.out_dir) / "train_log.txt").string();

@@ -1,6 +1,7 @@
 // Offline tools for the masked diffusion LM: training with the MDLM objective and anchor-profile calibration.
 #pragma once
 
+#include "text/gpt2_train.h"
 #include "text/mdlm_sampler.h"
 
 #include <functional>
@@ -11,6 +12,11 @@ namespace anchor::text {
 
 // Reads a token file: raw uint16 little-endian GPT-2 ids, no header (like tests/golden/text/eval/kjv_tokens.bin).
 std::vector<int64_t> load_token_file(const std::string& path);
+// `n` windows of `len` ids at evenly spaced offsets of a token file (prompts for calibration and benchmarks);
+// throws anchor::Error when the file is shorter than `len`.
+std::vector<std::vector<int64_t>> token_file_windows(const std::string& path, int64_t n, int64_t len);
+// Writes ids in that format (atomically); throws when an id does not fit in uint16.
+void write_token_file(const std::string& path, const std::vector<int64_t>& ids);
 
 // MDLM continuous-time objective with the log-linear schedule (Sahoo et al. 2024, eq. 10-11):
 //   t_b low-discrepancy in [eps, 1], mask each token with probability 1 - alpha_t = (1 - eps) t,
@@ -19,7 +25,13 @@ std::vector<int64_t> load_token_file(const std::string& path);
 torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen);
 
 struct TrainOptions {
+    // Corpus: a token file, or (use_kjv) the King James Version tokenized with the GPT-2 tokenizer, split by
+    // `holdout`; the held-out documents are written to out_dir/heldout.txt and heldout_tokens.bin for evaluation.
     std::string tokens_path;
+    bool use_kjv = false;
+    std::string kjv_path;  // "" = the installed bible-kjv-text
+    std::string vocab_dir; // GPT-2 tokenizer ("" = default)
+    HoldoutSpec holdout;
     std::string out_dir;       // config.json, model.safetensors (float32), train_state.safetensors, train_log.txt
     MdlmConfig config;         // used when starting fresh
     bool compact_vocab = true; // keep only the corpus' tokens (+ [MASK]) in the embedding/head
