@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -15,13 +16,25 @@ inline double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Peak resident set size in MiB (VmHWM of /proc/self/status); -1 when unavailable.
-inline double peak_rss_mib() {
+// A "Key:   1234 kB" field of /proc/self/status in bytes; -1 when unavailable.
+inline int64_t proc_status_bytes(const char* key) {
     std::ifstream f("/proc/self/status");
     std::string line;
+    const std::string k = std::string(key) + ":";
     while (std::getline(f, line))
-        if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0; // kB
-    return -1.0;
+        if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
+    return -1;
+}
+inline int64_t rss_now_bytes() {
+    return proc_status_bytes("VmRSS");
+} // resident set size now
+inline int64_t peak_rss_bytes() {
+    return proc_status_bytes("VmHWM");
+} // its high-water mark
+// Peak resident set size in MiB; -1 when unavailable.
+inline double peak_rss_mib() {
+    const auto b = peak_rss_bytes();
+    return b < 0 ? -1.0 : double(b) / (1024.0 * 1024.0);
 }
 
 // "1.23 0.98 0.50": benchmarks print it at start and end, since a loaded 2-core machine makes timings meaningless.

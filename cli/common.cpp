@@ -9,11 +9,11 @@
 #include <torch/torch.h>
 
 #include <dlfcn.h>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
-#include <filesystem>
 #include <thread>
 
 namespace anchor {

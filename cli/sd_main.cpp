@@ -2,6 +2,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cli/bench_util.h"
 #include "cli/common.h"
 #include "cli/sd_bench.h"
 #include "cli/sd_compare.h"
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <unistd.h>
@@ -33,7 +35,22 @@ struct Options {
     int deepcache = 0, deepcache_branch = 0;
     std::string cache_mode, compare; // --cache MODE, --compare MODE,MODE,...
     std::string save_latents;
+    std::string prompts_file; // one prompt per line; every line runs --batch-count images
 };
+
+// Prompts of --prompts-file: one per non-empty line (trailing '\r' dropped); UsageError when unreadable or empty.
+std::vector<std::string> read_prompts_file(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw UsageError("cannot read the prompts file '" + path + "'");
+    std::vector<std::string> out;
+    std::string line;
+    while (std::getline(f, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (!line.empty()) out.push_back(line);
+    }
+    if (out.empty()) throw UsageError("the prompts file '" + path + "' has no prompts");
+    return out;
+}
 
 std::string output_path(const std::string& base, int k) {
     if (k == 0) return base;
@@ -65,8 +82,9 @@ void progress_bar(const ProgressInfo& p, const std::string& label) {
 torch::ScalarType parse_dtype(const std::string& s) {
     if (s == "f32") return torch::kFloat;
     // The pipeline runs on the CPU, where LibTorch has no float16 convolutions: say so instead of failing mid-run.
-    if (s == "f16") throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU "
-                                     "convolutions); use f32 or bf16 (f16 checkpoints are converted at load)");
+    if (s == "f16")
+        throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU "
+                         "convolutions); use f32 or bf16 (f16 checkpoints are converted at load)");
     if (s == "bf16") return torch::kBFloat16;
     throw UsageError("--dtype must be f32, f16 or bf16, got '" + s + "'");
 }
@@ -78,16 +96,20 @@ int run(const Options& o) {
     if (o.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(o.steps));
     if (o.batch_count < 1) throw UsageError("--batch-count must be >= 1, got " + std::to_string(o.batch_count));
     if (o.width < 0 || o.height < 0)
-        throw UsageError("--width/--height must be positive (0 = the model's size), got " + std::to_string(o.width) + "x" +
-                         std::to_string(o.height));
+        throw UsageError("--width/--height must be positive (0 = the model's size), got " + std::to_string(o.width) +
+                         "x" + std::to_string(o.height));
     if (o.cfg_scale < 0) throw UsageError("--cfg-scale must be >= 0");
     if (o.deepcache < 0) throw UsageError("--deepcache must be >= 0 (0 disables it)");
     if (!o.cache_mode.empty() && o.deepcache > 0) throw UsageError("--cache and --deepcache are exclusive");
     if (!o.cache_mode.empty()) parse_cache_mode(o.cache_mode); // validate before loading models
     if (!o.compare.empty())
         for (const auto& m : split_mode_list(o.compare)) parse_cache_mode(m);
+    if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
+    const std::vector<std::string> prompts =
+        o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts_file(o.prompts_file);
+    const int n_images = int(prompts.size()) * o.batch_count;
     std::vector<std::string> outputs, latents_out;
-    for (int k = 0; k < o.batch_count; ++k) {
+    for (int k = 0; k < n_images; ++k) {
         const std::string png = output_path(o.output, k);
         for (const auto& p : {png, png + ".json"}) {
             if (fs::exists(p) && !o.overwrite && o.compare.empty())
@@ -137,29 +159,42 @@ int run(const Options& o) {
         const fs::path out(o.output);
         const std::string base = (out.parent_path() / out.stem()).string();
         cli::run_compare(pipe, p, o.compare, base,
-                         {{"program", "anchor-sd"}, {"model", o.model}, {"prompt", o.prompt}, {"seed", seed},
-                          {"steps", o.steps}, {"sampler", sampler_name(sampler)}, {"cfg_scale", o.cfg_scale},
-                          {"width", p.width}, {"height", p.height}, {"threads", o.threads}},
+                         {{"program", "anchor-sd"},
+                          {"model", o.model},
+                          {"prompt", o.prompt},
+                          {"seed", seed},
+                          {"steps", o.steps},
+                          {"sampler", sampler_name(sampler)},
+                          {"cfg_scale", o.cfg_scale},
+                          {"width", p.width},
+                          {"height", p.height},
+                          {"threads", o.threads}},
                          o.overwrite);
         return 0;
     }
-    for (int k = 0; k < o.batch_count; ++k) {
-        p.seed = seed + k;
+    // Memory of back-to-back runs in one process (issue 8's soak): RSS after every image, growth from the first.
+    int64_t rss_first = -1, rss_max = -1;
+    for (int k = 0; k < n_images; ++k) {
+        p.prompts = {prompts[size_t(k / o.batch_count)]};
+        p.seed = seed + k % o.batch_count;
         std::unique_ptr<DenoiseController> ctl;
         if (o.deepcache > 0) ctl = std::make_unique<DeepCacheDenoiser>(o.deepcache, o.deepcache_branch);
         if (!o.cache_mode.empty()) ctl = parse_cache_mode(o.cache_mode);
-        const std::string label = o.batch_count > 1 ? "image " + std::to_string(k + 1) + "/" +
-                                                          std::to_string(o.batch_count) + " "
-                                                    : "";
+        const std::string label =
+            n_images > 1 ? "image " + std::to_string(k + 1) + "/" + std::to_string(n_images) + " " : "";
         auto r = pipe.run(p, ctl.get(), [&](const ProgressInfo& pi) { progress_bar(pi, label); });
         if (k == 0)
             for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
         write_png(outputs[size_t(k)], r.image_uint8[0], o.overwrite);
         if (!latents_out.empty())
             save_safetensors(latents_out[size_t(k)],
-                             {{"initial_noise", r.initial_noise}, {"initial_latents", r.initial_latents},
-                              {"final_latents", r.final_latents}, {"prompt_embeds", r.prompt_embeds},
-                              {"decoded", r.decoded}, {"image", r.image}, {"image_uint8", r.image_uint8}},
+                             {{"initial_noise", r.initial_noise},
+                              {"initial_latents", r.initial_latents},
+                              {"final_latents", r.final_latents},
+                              {"prompt_embeds", r.prompt_embeds},
+                              {"decoded", r.decoded},
+                              {"image", r.image},
+                              {"image_uint8", r.image_uint8}},
                              {{"program", "anchor-sd"}, {"seed", std::to_string(p.seed)}}, o.overwrite);
         nlohmann::json j;
         j["program"] = "anchor-sd";
@@ -167,23 +202,24 @@ int run(const Options& o) {
         j["model"] = o.model;
         j["model_layout"] = models.layout;
         j["model_family"] = models.family;
-        j["prompt"] = o.prompt;
+        j["prompt"] = p.prompts[0];
         j["negative_prompt"] = o.negative;
         j["cfg_scale"] = o.cfg_scale;
         j["steps"] = o.steps;
         j["sampler"] = sampler_name(sampler);
         j["seed"] = p.seed;
         j["base_seed"] = seed;
-        j["batch_index"] = k;
+        j["batch_index"] = k % o.batch_count;
+        j["image_index"] = k;
         j["width"] = p.width;
         j["height"] = p.height;
         j["clip_skip"] = o.clip_skip;
         j["dtype"] = o.dtype;
         j["threads"] = o.threads;
-        j["cache"] = o.deepcache > 0 ? nlohmann::json{{"kind", "deepcache"},
-                                                      {"interval", o.deepcache},
-                                                      {"branch", o.deepcache_branch}}
-                                     : nlohmann::json{{"kind", "none"}};
+        j["cache"] =
+            o.deepcache > 0
+                ? nlohmann::json{{"kind", "deepcache"}, {"interval", o.deepcache}, {"branch", o.deepcache_branch}}
+                : nlohmann::json{{"kind", "none"}};
         if (auto* cc = dynamic_cast<CacheController*>(ctl.get())) j["cache"] = cache_log_json(*cc);
         j["unet_full_steps"] = r.full_steps;
         j["unet_steps"] = r.total_steps;
@@ -195,9 +231,16 @@ int run(const Options& o) {
                           {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
         j["output"] = outputs[size_t(k)];
         write_file_atomic(outputs[size_t(k)] + ".json", j.dump(2) + "\n", o.overwrite);
-        std::fprintf(stderr, "saved %s (seed %lld, denoise %s, decode %s)\n", outputs[size_t(k)].c_str(),
-                     (long long)p.seed, fmt_s(r.denoise_s).c_str(), fmt_s(r.decode_s).c_str());
+        const int64_t rss = cli::bench::rss_now_bytes();
+        if (k == 0) rss_first = rss;
+        rss_max = std::max(rss_max, rss);
+        std::fprintf(stderr, "saved %s (seed %lld, denoise %s, decode %s, RSS %.1f MiB)\n", outputs[size_t(k)].c_str(),
+                     (long long)p.seed, fmt_s(r.denoise_s).c_str(), fmt_s(r.decode_s).c_str(), double(rss) / 1048576.0);
     }
+    if (n_images > 1 && rss_first > 0)
+        std::fprintf(stderr, "%d images: RSS %.1f MiB after the first, max %.1f MiB (growth %.2f %%)\n", n_images,
+                     double(rss_first) / 1048576.0, double(rss_max) / 1048576.0,
+                     100.0 * double(rss_max - rss_first) / double(rss_first));
     return 0;
 }
 
@@ -207,7 +250,8 @@ int main(int argc, char** argv) {
     // Subcommands with their own option sets (the top level is txt2img, as in stable-diffusion.cpp).
     if (argc > 1) {
         const std::string sub = argv[1];
-        for (const char* s : {"bench", "bench-cache", "train-vae", "train-unet", "train-classifier", "eval-fashion", "plot-loss", "calibrate"})
+        for (const char* s : {"bench", "bench-cache", "train-vae", "train-unet", "train-classifier", "eval-fashion",
+                              "plot-loss", "calibrate"})
             if (sub == s) return anchor::cli::sd_bench_main(argc, argv);
     }
     return anchor::run_program([&]() -> int {
@@ -219,25 +263,31 @@ int main(int argc, char** argv) {
         app.add_option("-m,--model", o.model,
                        "model: diffusers folder or single-file .safetensors checkpoint (default: the embedded demo "
                        "model, assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
-        app.add_option("-p,--prompt", o.prompt, "the prompt")->required();
+        auto* prompt_opt = app.add_option("-p,--prompt", o.prompt, "the prompt");
+        app.add_option("--prompts-file", o.prompts_file,
+                       "one prompt per line, each run --batch-count times in this process (outputs get _k suffixes)")
+            ->excludes(prompt_opt);
         app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)");
         app.add_option("--cfg-scale", o.cfg_scale, "classifier-free guidance scale; <= 1 disables guidance")
             ->capture_default_str();
         app.add_option("--steps", o.steps, "number of sampling steps")->capture_default_str();
         app.add_option("-s,--seed", o.seed, "RNG seed; negative = random (printed)")->capture_default_str();
         app.add_option("--sampler", o.sampler, "sampler: " + samplers)->capture_default_str();
-        app.add_option("-W,--width", o.width, "image width, a multiple of the VAE factor (8 for SD); default: the model's size "
-                                               "(UNet sample_size x VAE factor: 512 for SD 1.x)");
+        app.add_option("-W,--width", o.width,
+                       "image width, a multiple of the VAE factor (8 for SD); default: the model's size "
+                       "(UNet sample_size x VAE factor: 512 for SD 1.x)");
         app.add_option("-H,--height", o.height, "image height; default: the model's size");
         app.add_option("-b,--batch-count", o.batch_count, "number of images; image k uses seed + k")
             ->capture_default_str();
-        app.add_option("-o,--output", o.output, "output PNG; a JSON sidecar <output>.json is written next to it, "
-                                                "image k > 0 gets a _k suffix")
+        app.add_option("-o,--output", o.output,
+                       "output PNG; a JSON sidecar <output>.json is written next to it, "
+                       "image k > 0 gets a _k suffix")
             ->capture_default_str();
         app.add_option("--clip-skip", o.clip_skip,
                        "use the N-th last CLIP layer (1 = last, 2 = penultimate); <= 0: the model's default")
             ->capture_default_str();
-        app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
+        app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")
+            ->capture_default_str();
         app.add_flag("--overwrite", o.overwrite, "replace existing output files");
         app.add_option("--save-latents", o.save_latents,
                        "also write initial_noise, initial_latents, final_latents, prompt_embeds, decoded and image "
@@ -253,6 +303,8 @@ int main(int argc, char** argv) {
                        "the labelled grid to <output> itself, plus <stem>_timeline.png and <stem>_report.json");
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::configure_threads(o.threads);
+        if (o.prompt.empty() && o.prompts_file.empty())
+            throw UsageError("a prompt is required (-p/--prompt TEXT, not empty, or --prompts-file FILE)");
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();
         return run(o);
     });

@@ -5,9 +5,9 @@
 // --prompt-ids / --ids work with raw ids.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
-#include "cli/text_commands.h"
 #include "cli/bench_util.h"
 #include "cli/common.h"
+#include "cli/text_commands.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
 #include "text/mdlm_train.h"
@@ -539,7 +539,8 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--unmask", b.unmask, "Unmasking rule: " + table_choices())->capture_default_str();
     be->add_option("--cache", b.caches, "Cache modes to measure against off (repeatable): " + cache_help())
         ->capture_default_str();
-    be->add_option("--prompts-from", b.prompts_from, "Token file (uint16 LE) whose evenly spaced windows are the prompts");
+    be->add_option("--prompts-from", b.prompts_from,
+                   "Token file (uint16 LE) whose evenly spaced windows are the prompts");
     be->add_option("--temperature", b.temperature, "Sampling temperature (0: argmax, so agreement measures the cache)")
         ->capture_default_str();
     be->add_option("--score-with", b.score_with, "GPT-2 model: generative perplexity of every sample");

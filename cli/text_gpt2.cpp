@@ -4,14 +4,14 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/sink_rolling_kv.h"
 #include "cli/bench_util.h"
 #include "cli/common.h"
 #include "cli/loss_plot.h"
-#include "cache/sink_rolling_kv.h"
+#include "kernels/gemv.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
 #include "text/gpt2_train.h"
-#include "kernels/gemv.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -29,7 +29,8 @@
 
 namespace anchor::cli {
 
-int64_t peak_rss_bytes(); // VmHWM of this process
+using bench::peak_rss_bytes;
+using bench::rss_now_bytes;
 
 namespace {
 
@@ -52,7 +53,8 @@ std::string human_bytes(double b) {
 
 text::Gpt2Tokenizer load_tokenizer(const std::string& explicit_dir, const text::LoadedGpt2& m) {
     if (!explicit_dir.empty()) return text::Gpt2Tokenizer::from_dir(explicit_dir);
-    if (!m.folder.empty() && text::Gpt2Tokenizer::dir_has_vocab(m.folder)) return text::Gpt2Tokenizer::from_dir(m.folder);
+    if (!m.folder.empty() && text::Gpt2Tokenizer::dir_has_vocab(m.folder))
+        return text::Gpt2Tokenizer::from_dir(m.folder);
     return text::Gpt2Tokenizer::load_default();
 }
 
@@ -76,7 +78,8 @@ void add_model_options(CLI::App* sub, ModelOptions& o, bool kv = true) {
         sub->add_option("--kv", o.kv, "KV cache: " + text::KvSpec::syntax_help())->capture_default_str();
         sub->add_option("--positions", o.positions,
                         "Position ids past the cache (" + policy_help() +
-                            "): wrap = i % n_positions, cache = min(i, S+W-1), absolute = i (error past n_positions)")->capture_default_str();
+                            "): wrap = i % n_positions, cache = min(i, S+W-1), absolute = i (error past n_positions)")
+            ->capture_default_str();
     }
 }
 
@@ -138,9 +141,10 @@ int run_ppl(const PplOptions& o) {
                              {"positions", cache::to_string(policy)},
                              {"threads", at::get_num_threads()},
                              {"runs", nlohmann::json::array()}};
-    std::cout << std::left << std::setw(18) << "kv" << std::right << std::setw(10) << "tokens" << std::setw(14)
-              << "ppl" << std::setw(12) << "mean_nll" << std::setw(11) << "tok/s" << std::setw(13) << "KV bytes"
-              << std::setw(14) << "peak RSS" << "\n";
+    std::cout << std::left << std::setw(18) << "kv" << std::right << std::setw(10) << "tokens" << std::setw(14) << "ppl"
+              << std::setw(12) << "mean_nll" << std::setw(11) << "tok/s" << std::setw(13) << "KV bytes" << std::setw(14)
+              << "peak RSS"
+              << "\n";
     // A single mode that cannot run is a usage error; in --compare it is a row that says why.
     if (specs.size() == 1) {
         const int64_t N = static_cast<int64_t>(ids.size());
@@ -149,9 +153,9 @@ int run_ppl(const PplOptions& o) {
                              std::to_string(N) + " tokens); use sink:S,W, window:W or recompute:W, or --max-tokens " +
                              std::to_string(P));
         if (policy == cache::PositionPolicy::Absolute && N > P)
-            throw UsageError("--positions absolute cannot go past n_positions=" + std::to_string(P) + " (the text has " +
-                             std::to_string(N) + " tokens); use --positions wrap|cache or --max-tokens " +
-                             std::to_string(P));
+            throw UsageError("--positions absolute cannot go past n_positions=" + std::to_string(P) +
+                             " (the text has " + std::to_string(N) +
+                             " tokens); use --positions wrap|cache or --max-tokens " + std::to_string(P));
     }
     for (const auto& spec : specs) {
         std::cout << std::left << std::setw(18) << spec.str() << std::right << std::flush;
@@ -213,6 +217,9 @@ struct GenOptions {
     uint64_t seed = 0;
     bool stop_at_eos = false;
     bool allow_special = false;
+    int64_t report_every = 0; // soak: RSS and latency every N generated tokens
+    std::string report_json;  // ... and written here at the end
+    bool overwrite = false;
 };
 
 // Greedy when temperature == 0; else softmax(logits / T) restricted to the top-k and to the smallest set whose
@@ -262,8 +269,22 @@ int run_generate(const GenOptions& o) {
                          std::to_string(o.max_new) + " exceeds n_positions " + std::to_string(P) + " with --kv " +
                          spec.str() + " --positions " + cache::to_string(policy) +
                          "; use --kv sink:S,W with --positions wrap or cache to go further");
+    if (o.report_every < 0) throw UsageError("--report-every must be >= 0");
+    if (!o.report_json.empty()) {
+        if (o.report_every == 0) throw UsageError("--report-json needs --report-every N");
+        check_output_path(o.report_json, o.overwrite);
+    }
     text::Gpt2Stream stream(loaded.model, spec, policy);
     std::mt19937_64 rng(o.seed);
+    // Soak report: per window of `report_every` tokens, the mean latency and the RSS at its end. Growth and drift are
+    // measured from the first window (warm-up: allocator pools and the ring fill) to the worst later one.
+    struct Window {
+        int64_t tokens;
+        double ms_per_token;
+        int64_t rss;
+    };
+    std::vector<Window> windows;
+    auto window_start = Clock::now();
     text::Utf8StreamDecoder dec;
     std::cout << o.prompt << std::flush;
     const auto t0 = Clock::now();
@@ -277,14 +298,60 @@ int run_generate(const GenOptions& o) {
         std::cout << dec.push(tok.token_bytes(id)) << std::flush;
         if (o.stop_at_eos && id == text::Gpt2Tokenizer::kEndOfText) break;
         if (k + 1 < o.max_new) logits = stream.feed(id);
+        if (o.report_every > 0 && produced % o.report_every == 0) {
+            const auto now = Clock::now();
+            Window w{produced, 1e3 * std::chrono::duration<double>(now - window_start).count() / double(o.report_every),
+                     rss_now_bytes()};
+            windows.push_back(w);
+            std::cerr << "\n[report] " << w.tokens << " tokens: " << std::fixed << std::setprecision(3)
+                      << w.ms_per_token << " ms/token, RSS " << human_bytes(double(w.rss)) << std::endl;
+            window_start = Clock::now(); // the report itself is not timed
+        }
     }
     std::cout << dec.flush() << std::endl;
     const double gen = std::chrono::duration<double>(Clock::now() - t1).count();
     std::cerr << "prompt: " << prompt.size() << " tokens in " << std::fixed << std::setprecision(3) << prefill
-              << " s; generated " << produced << " tokens, " << std::setprecision(1)
-              << (gen > 0 ? produced / gen : 0.0) << " tok/s; kv " << spec.str() << " ("
-              << human_bytes(static_cast<double>(stream.kv_bytes())) << "), positions " << cache::to_string(policy)
-              << "; peak RSS " << human_bytes(static_cast<double>(peak_rss_bytes())) << "\n";
+              << " s; generated " << produced << " tokens, " << std::setprecision(1) << (gen > 0 ? produced / gen : 0.0)
+              << " tok/s; kv " << spec.str() << " (" << human_bytes(static_cast<double>(stream.kv_bytes()))
+              << "), positions " << cache::to_string(policy) << "; peak RSS "
+              << human_bytes(static_cast<double>(peak_rss_bytes())) << "\n";
+    if (windows.size() >= 2) {
+        const auto& first = windows.front();
+        int64_t rss_max = first.rss;
+        std::vector<double> later;
+        for (size_t i = 1; i < windows.size(); ++i)
+            rss_max = std::max(rss_max, windows[i].rss), later.push_back(windows[i].ms_per_token);
+        const double growth = 100.0 * double(rss_max - first.rss) / double(first.rss);
+        const auto lat = bench::stats_of(later);
+        // Drift: median latency of the last quarter of the later windows against the first quarter (medians, so that
+        // a burst of other load on a shared machine does not count as drift).
+        const size_t q = std::max<size_t>(1, later.size() / 4);
+        const auto head = bench::stats_of(std::vector<double>(later.begin(), later.begin() + q));
+        const auto tail = bench::stats_of(std::vector<double>(later.end() - q, later.end()));
+        const double drift = 100.0 * (tail.median / head.median - 1.0);
+        std::cerr << std::fixed << std::setprecision(2) << "soak: " << windows.size() << " windows of "
+                  << o.report_every << " tokens; RSS " << human_bytes(double(first.rss)) << " after the first, max "
+                  << human_bytes(double(rss_max)) << " later (growth " << growth << " %); latency " << lat.min << " / "
+                  << lat.median << " / " << lat.max
+                  << " ms/token (min/median/max of later windows); drift, last vs first quarter (medians) " << drift
+                  << " %\n";
+        if (!o.report_json.empty()) {
+            nlohmann::json j;
+            j["model"] = o.m.model;
+            j["kv"] = spec.str();
+            j["positions"] = cache::to_string(policy);
+            j["threads"] = at::get_num_threads();
+            j["report_every"] = o.report_every;
+            j["generated"] = produced;
+            j["rss_growth_percent"] = growth;
+            j["latency_drift_percent"] = drift;
+            j["latency_ms"] = {{"min", lat.min}, {"median", lat.median}, {"max", lat.max}};
+            for (const auto& w : windows)
+                j["windows"].push_back({{"tokens", w.tokens}, {"ms_per_token", w.ms_per_token}, {"rss_bytes", w.rss}});
+            write_file_atomic(o.report_json, j.dump(1) + "\n", o.overwrite);
+            std::cerr << "wrote " << o.report_json << "\n";
+        }
+    }
     return 0;
 }
 
@@ -304,21 +371,14 @@ struct BenchOptions {
 
 using Summary = ::anchor::cli::bench::Stats;
 
-Summary summarize(std::vector<double> v) { return ::anchor::cli::bench::stats_of(std::move(v)); }
+Summary summarize(std::vector<double> v) {
+    return ::anchor::cli::bench::stats_of(std::move(v));
+}
 
 std::string fmt_ms(const Summary& s) {
     std::ostringstream os;
-    os << std::fixed << std::setprecision(2) << s.min * 1e3 << " / " << s.median * 1e3 << " / " << s.max * 1e3
-       << " ms";
+    os << std::fixed << std::setprecision(2) << s.min * 1e3 << " / " << s.median * 1e3 << " / " << s.max * 1e3 << " ms";
     return os.str();
-}
-
-int64_t rss_now_bytes() {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-    return 0;
 }
 
 // Copy bandwidth of this machine in the same run: memcpy of a buffer much larger than the caches, counting the
@@ -345,9 +405,12 @@ text::Gpt2Model random_gpt2_small() {
     torch::manual_seed(0);
     for (auto& p : m->named_parameters()) {
         const std::string& n = p.key();
-        if (n.find("ln_") != std::string::npos && n.find("weight") != std::string::npos) p.value().fill_(1.0);
-        else if (p.value().dim() == 2) p.value().normal_(0.0, 0.02);
-        else p.value().zero_();
+        if (n.find("ln_") != std::string::npos && n.find("weight") != std::string::npos)
+            p.value().fill_(1.0);
+        else if (p.value().dim() == 2)
+            p.value().normal_(0.0, 0.02);
+        else
+            p.value().zero_();
     }
     m->finalize();
     return m;
@@ -401,8 +464,8 @@ int run_bench(const BenchOptions& o) {
     };
     std::cout << "# anchor-text gpt2 bench\n"
               << "model: " << what << "\n  " << cfg.describe() << "\n"
-              << "threads: " << at::get_num_threads() << ", decode matrix-vector kernel: "
-              << (kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv")
+              << "threads: " << at::get_num_threads()
+              << ", decode matrix-vector kernel: " << (kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv")
               << ", repeats: " << o.repeats << " (min / median / max)\n";
     const auto copy = copy_bandwidth_gbs(o.repeats);
     const double wbytes = static_cast<double>(decode_weight_bytes(model));
@@ -542,9 +605,9 @@ int run_train(TrainArgs a) {
         train_s.steps.push_back(double(m.step)), train_s.losses.push_back(m.train_loss);
         if (m.val_loss >= 0) val_s.steps.push_back(double(m.step)), val_s.losses.push_back(m.val_loss);
     }
-    const auto png = loss_curves_png({train_s, val_s}, "GPT-2 " + std::to_string(a.layers) + "x" +
-                                                           std::to_string(a.dim) + " on the KJV, held out " +
-                                                           a.o.holdout.str());
+    const auto png =
+        loss_curves_png({train_s, val_s}, "GPT-2 " + std::to_string(a.layers) + "x" + std::to_string(a.dim) +
+                                              " on the KJV, held out " + a.o.holdout.str());
     namespace fs = std::filesystem;
     write_file_atomic((fs::path(a.o.out_dir) / "loss.png").string(), png);
     if (!a.o.export_dir.empty()) {
@@ -560,14 +623,6 @@ int run_train(TrainArgs a) {
 }
 
 } // namespace
-
-int64_t peak_rss_bytes() {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024; // "VmHWM:   1234 kB"
-    return 0;
-}
 
 void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners) {
     auto* gpt2 = app.add_subcommand("gpt2", "GPT-2 with KV cache and attention-sink rolling KV buffers");
@@ -589,26 +644,34 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     auto* g = gpt2->add_subcommand("generate", "Generate text, printing tokens as they are produced");
     add_model_options(g, gen->m);
     g->add_option("-p,--prompt", gen->prompt, "Prompt text")->required();
-    g->add_option("--max-new", gen->max_new, "New tokens (may exceed n_positions with sink/window modes)")->capture_default_str();
+    g->add_option("--max-new", gen->max_new, "New tokens (may exceed n_positions with sink/window modes)")
+        ->capture_default_str();
     g->add_option("--temperature", gen->temperature, "0 = greedy")->capture_default_str();
     g->add_option("--top-k", gen->top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
     g->add_option("--top-p", gen->top_p, "Nucleus sampling threshold")->capture_default_str();
     g->add_option("--seed", gen->seed, "Sampling seed")->capture_default_str();
     g->add_flag("--stop-at-eos", gen->stop_at_eos, "Stop after <|endoftext|> (id 50256)");
     g->add_flag("--allow-special", gen->allow_special, "Encode a literal <|endoftext|> in the prompt as id 50256");
+    g->add_option("--report-every", gen->report_every,
+                  "Soak: print latency and RSS every N generated tokens, and the growth/drift at the end");
+    g->add_option("--report-json", gen->report_json, "Soak: write the --report-every figures to this JSON file");
+    g->add_flag("--overwrite", gen->overwrite, "Replace an existing --report-json file");
     runners.emplace_back(g, [gen]() { return run_generate(*gen); });
 
     auto bo = std::make_shared<BenchOptions>();
-    auto* b = gpt2->add_subcommand("bench", "Decode speed: prompt tokens/s, per-token latency by context, sink streaming "
-                                            "latency/RSS, speed-up over recompute, GB/s vs memcpy");
+    auto* b =
+        gpt2->add_subcommand("bench", "Decode speed: prompt tokens/s, per-token latency by context, sink streaming "
+                                      "latency/RSS, speed-up over recompute, GB/s vs memcpy");
     b->add_option("-m,--model", bo->m.model, "GPT-2 model (default: random GPT-2-small shapes in memory)");
     b->add_option("--n-head", bo->m.n_head, "Head count when the model has no config.json");
     b->add_option("--repeats", bo->repeats, "Timed repeats per measurement")->capture_default_str();
-    b->add_option("--stream-tokens", bo->stream_tokens, "Stream lengths for the sink:4,1020 run")->capture_default_str();
+    b->add_option("--stream-tokens", bo->stream_tokens, "Stream lengths for the sink:4,1020 run")
+        ->capture_default_str();
     b->add_flag("--long", bo->long_stream, "Also stream 100k tokens");
     b->add_option("--recompute-repeats", bo->recompute_repeats, "Timed recompute steps")->capture_default_str();
-    b->add_flag_callback("--reference-kernel", [] { text::set_fast_decode_kernel(false); },
-                         "Decode with torch::addmv/mv instead of the gemv kernel");
+    b->add_flag_callback(
+        "--reference-kernel", [] { text::set_fast_decode_kernel(false); },
+        "Decode with torch::addmv/mv instead of the gemv kernel");
     runners.emplace_back(b, [bo]() { return run_bench(*bo); });
 
     auto ta = std::make_shared<TrainArgs>();

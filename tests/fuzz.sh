@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang + ASan/UBSan into build-fuzz/ and runs each for SECONDS (default 60).
+# Builds the libFuzzer targets (clang + ASan/UBSan, in build-asan/) and runs each for SECONDS (default 60), keeping
+# new corpus entries in tests/fuzz/corpus/<target>/ and writing crashing inputs to tests/fuzz/crashes/.
 # Usage: tests/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 secs="${1:-60}"; shift || true
-command -v clang++ >/dev/null || { apt-get install -y -qq clang libclang-rt-dev >/dev/null; }
-"$root/cli/setup.sh" >/dev/null   # installs the other dependencies
-bd="$root/build-fuzz"
-if [ ! -f "$bd/build.ninja" ]; then
-  CC=clang CXX=clang++ cmake -S "$root" -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DANCHOR_FUZZ=ON \
-    -DANCHOR_SANITIZE=ON -DANCHOR_CUDA=OFF -DANCHOR_BUILD_TESTS=OFF >/dev/null
-fi
+# The fuzz targets live in the sanitizer build (clang, ASan + UBSan, libFuzzer coverage on all code): build-asan/.
+"$root/cli/setup.sh" --sanitize
+bd="$root/build-asan"
+[ -f "$bd/CMakeCache.txt" ] && grep -q "ANCHOR_FUZZ:BOOL=ON" "$bd/CMakeCache.txt" ||
+  { echo "fuzz: $bd was not configured with clang and -DANCHOR_FUZZ=ON; remove it and run again" >&2; exit 1; }
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for f in "$root"/tests/fuzz/fuzz_*.cpp; do targets+=("$(basename "${f%.cpp}")"); done

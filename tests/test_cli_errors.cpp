@@ -71,6 +71,10 @@ TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]"
     const std::string png = out + "/x.png", m = "assets/models/sd15-tiny-random";
     const std::vector<Case> cases = {
         {"no prompt", "sd", {"-m", m, "-o", png}, 2, {"--prompt"}},
+        {"empty prompt", "sd", {"-m", m, "-p", "", "-o", png}, 2, {"prompt is required", "not empty"}},
+        {"prompts file missing", "sd", {"-m", m, "--prompts-file", out + "/nope.txt", "-o", png}, 2, {"nope.txt"}},
+        {"prompt and prompts file together", "sd", {"-m", m, "-p", "a", "--prompts-file", png, "-o", png}, 2,
+         {"--prompts-file", "excludes"}},
         {"unknown option", "sd", {"-p", "a", "--bogus", "-o", png}, 2, {"--bogus"}},
         {"steps 0", "sd", {"-m", m, "-p", "a", "--steps", "0", "-o", png}, 2, {"--steps"}},
         {"unknown sampler lists the valid ones", "sd", {"-m", m, "-p", "a", "--sampler", "heun2", "-o", png}, 2,
@@ -154,6 +158,9 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
         {"config.json not JSON", "text", {"gpt2", "ppl", "-m", work + "/bad_model", "--file", txt}, 1,
          {"config.json"}},
         {"empty prompt", "text", {"gpt2", "generate", "-m", g, "-p", "", "--max-new", "4"}, 2, {"prompt"}},
+        {"soak JSON without --report-every", "text",
+         {"gpt2", "generate", "-m", g, "-p", "a", "--max-new", "4", "--report-json", work + "/soak.json"}, 2,
+         {"--report-json needs --report-every"}},
         {"diffusion model missing", "text", {"diffusion", "generate", "-m", work + "/nope", "-p", "a"}, 1, {"nope"}},
         {"diffusion unknown cache mode", "text",
          {"diffusion", "generate", "-m", "assets/models/kjv-mdlm", "-p", "a", "--cache", "bogus"}, 2, {"bogus"}},

@@ -338,3 +338,24 @@ TEST_CASE("encode_first equals the start of encode", "[gpt2][tokenizer]") {
         CHECK(std::equal(first.begin(), first.end(), all.begin()));
     }
 }
+
+TEST_CASE("generative perplexity equals exp of the mean streamed NLL of the scored tokens", "[gpt2][genppl]") {
+    auto& m = tiny();
+    auto ids = to_vec(golden_tensor("text/streaming/sink4_win28.safetensors", "stream_ids"));
+    const int64_t ctx = m.model->config().n_positions;
+    REQUIRE(static_cast<int64_t>(ids.size()) > ctx);
+    // Within the context: one causal forward, the same numbers as the full-KV stream (golden-checked above).
+    std::vector<int64_t> head(ids.begin(), ids.begin() + ctx);
+    auto ev = evaluate_stream(m.model, head, KvSpec::parse("full"), cache::PositionPolicy::Wrap);
+    for (int64_t from : {1, 5, 17}) {
+        auto lp = ev.logprob_next.narrow(0, from - 1, ctx - from).to(torch::kFloat64);
+        const double expected = std::exp(-lp.mean().item<double>());
+        CHECK(generative_ppl(m.model, head, from) == Approx(expected).epsilon(1e-5));
+    }
+    // Longer than the context: overlapping windows, every token scored once.
+    const double long_ppl = generative_ppl(m.model, ids, 8);
+    CHECK(std::isfinite(long_ppl));
+    CHECK(long_ppl > 1.0);
+    CHECK_THROWS_WITH(generative_ppl(m.model, head, ctx), Catch::Contains("no tokens to score"));
+    CHECK_THROWS_WITH(generative_ppl(m.model, {1, 2, 99999999}, 1), Catch::Contains("outside the scoring model"));
+}

@@ -370,13 +370,13 @@ TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]")
     // Tiny corpus: the first 3000 KJV tokens.
     auto all = load_token_file(test::golden("text/eval/kjv_tokens.bin"));
     REQUIRE(all.size() == 200000);
-    {
-        std::ofstream f(dir + "/tiny.bin", std::ios::binary);
-        for (size_t i = 0; i < 3000; ++i) {
-            uint16_t v = static_cast<uint16_t>(all[i]);
-            f.put(static_cast<char>(v & 0xff)).put(static_cast<char>(v >> 8));
-        }
-    }
+    write_token_file(dir + "/tiny.bin", std::vector<int64_t>(all.begin(), all.begin() + 3000));
+    CHECK(load_token_file(dir + "/tiny.bin") == std::vector<int64_t>(all.begin(), all.begin() + 3000));
+    auto win = token_file_windows(dir + "/tiny.bin", 3, 100);
+    REQUIRE(win.size() == 3);
+    CHECK(win[0] == std::vector<int64_t>(all.begin(), all.begin() + 100));
+    CHECK(win[1] == std::vector<int64_t>(all.begin() + 966, all.begin() + 1066)); // (3000 - 100) * 1 / 3
+    CHECK_THROWS_WITH(token_file_windows(dir + "/tiny.bin", 1, 5000), Catch::Contains("fewer than the prompt length"));
     TrainOptions o;
     o.tokens_path = dir + "/tiny.bin";
     o.out_dir = dir + "/run";
@@ -413,4 +413,33 @@ TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]")
     auto ids = torch::tensor({all[0], all[1], all[2]}, torch::kInt64);
     CHECK(m1->to_external(m1->to_internal(ids)).equal(ids));
     CHECK_THROWS_AS(m1->to_internal(torch::tensor({50000}, torch::kInt64)), Error);
+}
+
+TEST_CASE("mdlm training on the KJV: held-out books are written and not trained on", "[mdlm][kjv]") {
+    if (find_kjv_data().empty()) {
+        WARN("bible-kjv-text is not installed (/usr/lib/bible.data): skipping");
+        return;
+    }
+    auto dir = test::scratch_dir("mdlm_train_kjv");
+    TrainOptions o;
+    o.use_kjv = true;
+    o.vocab_dir = test::golden("text/vocab/gpt2");
+    o.holdout = HoldoutSpec::parse("books:Jonah");
+    o.out_dir = dir + "/run";
+    o.config = tiny_config();
+    o.config.n_blocks = 1;
+    o.batch = 2;
+    o.seq_len = 32;
+    o.steps = 2;
+    auto r = train_mdlm(o);
+    CHECK(r.losses.size() == 2);
+    std::ifstream f(o.out_dir + "/heldout.txt");
+    std::string held((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CHECK(held.rfind("Now the word of the LORD came unto Jonah the son of Amittai", 0) == 0);
+    auto held_ids = load_token_file(o.out_dir + "/heldout_tokens.bin");
+    CHECK(held_ids.size() > 1000);
+    CHECK(held_ids.back() == 50256); // every document ends with <|endoftext|>
+    TrainOptions both = o;
+    both.tokens_path = dir + "/x.bin";
+    CHECK_THROWS_AS(train_mdlm(both), UsageError);
 }

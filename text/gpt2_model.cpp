@@ -42,12 +42,18 @@ std::atomic<bool> g_fast_decode{true};
 
 } // namespace
 
-void set_fast_decode_kernel(bool on) { g_fast_decode = on; }
-bool fast_decode_kernel() { return g_fast_decode; }
+void set_fast_decode_kernel(bool on) {
+    g_fast_decode = on;
+}
+bool fast_decode_kernel() {
+    return g_fast_decode;
+}
 
 // ---- config ------------------------------------------------------------------------------------------------------
 
-bool Gpt2Config::tanh_gelu() const { return activation != "gelu"; }
+bool Gpt2Config::tanh_gelu() const {
+    return activation != "gelu";
+}
 
 void Gpt2Config::validate() const {
     auto bad = [&](const std::string& why) { throw Error("GPT-2 config: " + why + " (" + describe() + ")"); };
@@ -344,8 +350,10 @@ std::vector<std::string> find_gpt2_weight_files(const std::string& path) {
     std::vector<std::string> indexes, loose, all;
     for (const auto& e : fs::directory_iterator(path)) {
         const std::string p = e.path().string();
-        if (ends_with(p, ".safetensors.index.json")) indexes.push_back(p);
-        else if (ends_with(p, ".safetensors")) loose.push_back(p);
+        if (ends_with(p, ".safetensors.index.json"))
+            indexes.push_back(p);
+        else if (ends_with(p, ".safetensors"))
+            loose.push_back(p);
     }
     std::sort(indexes.begin(), indexes.end());
     std::sort(loose.begin(), loose.end());
@@ -389,7 +397,8 @@ LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint) {
     for (const auto& n : raw.names()) {
         const std::string s = strip_transformer(n);
         if (!seen.insert(s).second)
-            throw Error("model '" + path + "' holds tensor '" + s + "' both with and without the 'transformer.' prefix");
+            throw Error("model '" + path + "' holds tensor '" + s +
+                        "' both with and without the 'transformer.' prefix");
     }
     WeightMap w = raw.renamed([](const std::string& n) { return strip_transformer(n); });
 
@@ -428,10 +437,18 @@ std::string KvSpec::syntax_help() {
     for (const auto& [m, name] : kv_mode_names()) {
         if (!s.empty()) s += " | ";
         switch (m) {
-        case KvMode::Full: s += name; break;
-        case KvMode::Window: s += name + ":W"; break;
-        case KvMode::Sink: s += name + ":S,W"; break;
-        case KvMode::Recompute: s += name + ":W"; break;
+        case KvMode::Full:
+            s += name;
+            break;
+        case KvMode::Window:
+            s += name + ":W";
+            break;
+        case KvMode::Sink:
+            s += name + ":S,W";
+            break;
+        case KvMode::Recompute:
+            s += name + ":W";
+            break;
         }
     }
     return s;
@@ -476,10 +493,14 @@ KvSpec KvSpec::parse(const std::string& s) {
 
 std::string KvSpec::str() const {
     switch (mode) {
-    case KvMode::Full: return "full";
-    case KvMode::Window: return "window:" + std::to_string(window);
-    case KvMode::Sink: return "sink:" + std::to_string(sinks) + "," + std::to_string(window);
-    case KvMode::Recompute: return "recompute:" + std::to_string(window);
+    case KvMode::Full:
+        return "full";
+    case KvMode::Window:
+        return "window:" + std::to_string(window);
+    case KvMode::Sink:
+        return "sink:" + std::to_string(sinks) + "," + std::to_string(window);
+    case KvMode::Recompute:
+        return "recompute:" + std::to_string(window);
     }
     return "?";
 }
@@ -526,14 +547,17 @@ int64_t Gpt2Stream::kv_bytes() const {
     return b;
 }
 
-torch::Tensor Gpt2Stream::feed(int64_t token) { return feed(std::vector<int64_t>{token}); }
+torch::Tensor Gpt2Stream::feed(int64_t token) {
+    return feed(std::vector<int64_t>{token});
+}
 
 torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
     if (tokens.empty()) throw Error("GPT-2 stream: nothing to feed");
     const int64_t V = model_->config().vocab_size;
     for (auto t : tokens)
         if (t < 0 || t >= V)
-            throw Error("token id " + std::to_string(t) + " outside the model's vocabulary (" + std::to_string(V) + ")");
+            throw Error("token id " + std::to_string(t) + " outside the model's vocabulary (" + std::to_string(V) +
+                        ")");
     if (spec_.mode == KvMode::Recompute) {
         // StreamingLLM's "sliding window with re-computation": no cache, a fresh forward over the last W tokens.
         for (auto t : tokens) {
@@ -599,16 +623,19 @@ StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, con
 double generative_ppl(Gpt2Model model, const std::vector<int64_t>& ids, int64_t from) {
     const int64_t n = static_cast<int64_t>(ids.size()), ctx = model->config().n_positions;
     from = std::max<int64_t>(from, 1);
-    if (from >= n) throw Error("generative perplexity: no tokens to score (" + std::to_string(n) + " ids, first " +
-                               std::to_string(from) + ")");
+    if (from >= n)
+        throw Error("generative perplexity: no tokens to score (" + std::to_string(n) + " ids, first " +
+                    std::to_string(from) + ")");
     for (auto id : ids)
         if (id < 0 || id >= model->config().vocab_size)
-            throw Error("generative perplexity: id " + std::to_string(id) + " is outside the scoring model's vocabulary");
+            throw Error("generative perplexity: id " + std::to_string(id) +
+                        " is outside the scoring model's vocabulary");
     torch::NoGradGuard ng;
     double nll = 0;
     int64_t scored = 0;
     for (int64_t next = from; next < n;) {
-        // Window [s, e) scores tokens [next, e); each has at least min(i, ctx / 2) tokens of context, all when n <= ctx.
+        // Window [s, e) scores tokens [next, e); each has at least min(i, ctx / 2) tokens of context, all when n <=
+        // ctx.
         const int64_t s = std::max<int64_t>(0, std::min(next - ctx / 2, n - ctx));
         const int64_t e = std::min(n, s + ctx);
         auto win = torch::tensor(std::vector<int64_t>(ids.begin() + s, ids.begin() + e), torch::kInt64).unsqueeze(0);

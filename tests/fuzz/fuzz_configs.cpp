@@ -39,14 +39,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     try {
         switch (which) {
-        case 0: (void)unet::UNetConfig::from_json_file(path); break;
-        case 1: (void)unet::VaeConfig::from_json_file(path); break;
-        case 2: (void)unet::ClipTextConfig::from_json_file(path); break;
-        case 3: text::Gpt2Config::from_json_file(path).validate(); break;
-        case 4: (void)text::MdlmConfig::load(path); break;
-        case 5: (void)unet::SchedulerConfig::from_json_text(text, "fuzz.json"); break;
-        case 6: (void)unet::read_freq_profile(path); break;
-        default: (void)text::AnchorProfile::load(path); break;
+        case 0:
+            (void)unet::UNetConfig::from_json_file(path);
+            break;
+        case 1:
+            (void)unet::VaeConfig::from_json_file(path);
+            break;
+        case 2:
+            (void)unet::ClipTextConfig::from_json_file(path);
+            break;
+        case 3:
+            text::Gpt2Config::from_json_file(path).validate();
+            break;
+        case 4:
+            (void)text::MdlmConfig::load(path);
+            break;
+        case 5:
+            (void)unet::SchedulerConfig::from_json_text(text, "fuzz.json");
+            break;
+        case 6:
+            (void)unet::read_freq_profile(path);
+            break;
+        default:
+            (void)text::AnchorProfile::load(path);
+            break;
         }
     } catch (const anchor::Error&) {
     }

@@ -22,13 +22,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (s.find("profile") != std::string::npos) return 0;
     try {
         switch (which) {
-        case 0: (void)unet::parse_cache_mode(s); break;
-        case 1: (void)text::KvSpec::parse(s); break;
-        case 2: (void)text::parse_cache_spec(s); break;
-        case 3: (void)text::HoldoutSpec::parse(s); break;
-        case 4: (void)unet::sampler_from_string(s); break;
-        case 5: (void)cache::position_policy_from_string(s); break;
-        default: (void)text::unmask_rule_from_string(s); break;
+        case 0:
+            (void)unet::parse_cache_mode(s);
+            break;
+        case 1:
+            (void)text::KvSpec::parse(s);
+            break;
+        case 2:
+            (void)text::parse_cache_spec(s);
+            break;
+        case 3:
+            (void)text::HoldoutSpec::parse(s);
+            break;
+        case 4:
+            (void)unet::sampler_from_string(s);
+            break;
+        case 5:
+            (void)cache::position_policy_from_string(s);
+            break;
+        default:
+            (void)text::unmask_rule_from_string(s);
+            break;
         }
     } catch (const anchor::Error&) {
     }
