@@ -39,54 +39,79 @@ void plot_loss_curves(const std::vector<LossSeries>& series, const std::string& 
 }
 
 std::string loss_curves_png(const std::vector<LossSeries>& series, const std::string& title) {
+    PlotAxes a;
+    a.title = title;
+    a.y_label = "loss";
+    return line_plot_png(series, a);
+}
+
+std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes& axes) {
     size_t points = 0;
     for (const auto& s : series) points += s.steps.size();
-    if (points == 0) throw Error("loss plot '" + title + "': nothing to plot");
+    if (points == 0) throw Error("plot '" + axes.title + "': nothing to plot");
 #if ANCHOR_HAVE_OPENCV
     const int W = 720, H = 420, L = 70, R = 20, T = 40, B = 50;
-    double x1 = 1, ylo = 1e30, yhi = -1e30;
+    double x0 = 1e30, x1 = -1e30, ylo = 1e30, yhi = -1e30;
     for (const auto& s : series)
         for (size_t i = 0; i < s.steps.size(); ++i) {
-            x1 = std::max(x1, s.steps[i]);
-            if (s.losses[i] > 0) ylo = std::min(ylo, s.losses[i]), yhi = std::max(yhi, s.losses[i]);
+            x0 = std::min(x0, s.steps[i]), x1 = std::max(x1, s.steps[i]);
+            if (!axes.log_y || s.losses[i] > 0) ylo = std::min(ylo, s.losses[i]), yhi = std::max(yhi, s.losses[i]);
         }
-    const double l0 = std::floor(std::log10(ylo) * 4) / 4, l1 = std::ceil(std::log10(yhi) * 4) / 4 + 1e-9;
-    auto px = [&](double x) { return L + int((W - L - R) * x / x1); };
-    auto py = [&](double y) { return T + int((H - T - B) * (l1 - std::log10(std::max(y, 1e-30))) / (l1 - l0)); };
+    if (axes.log_y || x0 >= 0) x0 = std::min(x0, 0.0); // steps, speed-ups: from 0
+    if (x1 <= x0) x1 = x0 + 1;
+    // y range: quarter decades (log) or a padded linear range with 5 grid lines.
+    double l0, l1;
+    if (axes.log_y) {
+        l0 = std::floor(std::log10(ylo) * 4) / 4, l1 = std::ceil(std::log10(yhi) * 4) / 4 + 1e-9;
+    } else {
+        const double pad = std::max(1e-9, 0.08 * (yhi - ylo) + (yhi == ylo ? std::abs(yhi) * 0.05 + 1e-3 : 0));
+        l0 = ylo - pad, l1 = yhi + pad;
+    }
+    auto fy = [&](double y) { return axes.log_y ? std::log10(std::max(y, 1e-30)) : y; };
+    auto px = [&](double x) { return L + int((W - L - R) * (x - x0) / (x1 - x0)); };
+    auto py = [&](double y) { return T + int((H - T - B) * (l1 - fy(y)) / (l1 - l0)); };
     cv::Mat m(H, W, CV_8UC3, cv::Scalar(255, 255, 255));
     cv::rectangle(m, {L, T}, {W - R, H - B}, {0, 0, 0});
     auto text = [&](const std::string& s, int x, int y, double sc = 0.42) {
         cv::putText(m, s, {x, y}, cv::FONT_HERSHEY_SIMPLEX, sc, {0, 0, 0}, 1, cv::LINE_AA);
     };
-    text(title, L, 24, 0.5);
-    for (double e = std::ceil(l0 * 4) / 4; e <= l1; e += 0.25) { // y grid every quarter decade
-        const int y = py(std::pow(10.0, e));
+    text(axes.title, L, 18, 0.5);
+    auto ygrid = [&](double v) {
+        const int y = py(v);
         cv::line(m, {L, y}, {W - R, y}, {225, 225, 225});
         char b[32];
-        std::snprintf(b, sizeof b, "%.3g", std::pow(10.0, e));
+        std::snprintf(b, sizeof b, "%.3g", v);
         text(b, 8, y + 4, 0.38);
-    }
+    };
+    if (axes.log_y)
+        for (double e = std::ceil(l0 * 4) / 4; e <= l1; e += 0.25) ygrid(std::pow(10.0, e)); // every quarter decade
+    else
+        for (int k = 0; k <= 4; ++k) ygrid(l0 + (l1 - l0) * k / 4);
     for (int k = 0; k <= 4; ++k) {
-        const double x = x1 * k / 4;
+        const double x = x0 + (x1 - x0) * k / 4;
         char b[32];
-        std::snprintf(b, sizeof b, "%.0f", x);
+        std::snprintf(b, sizeof b, x1 - x0 >= 20 ? "%.0f" : "%.2g", x);
         text(b, px(x) - 10, H - B + 18, 0.38);
     }
-    text("step", W / 2, H - 12, 0.42);
-    const cv::Scalar colors[] = {{200, 90, 30}, {30, 110, 230}, {40, 160, 40}, {150, 40, 150}};
+    text(axes.x_label, W / 2, H - 12, 0.42);
+    if (!axes.y_label.empty()) text(axes.y_label, 8, T - 5, 0.4);
+    const cv::Scalar colors[] = {{200, 90, 30}, {30, 110, 230}, {40, 160, 40}, {150, 40, 150}, {20, 20, 20}};
     for (size_t k = 0; k < series.size(); ++k) {
         const auto& s = series[k];
+        const auto c = colors[k % 5];
         for (size_t i = 1; i < s.steps.size(); ++i)
-            cv::line(m, {px(s.steps[i - 1]), py(s.losses[i - 1])}, {px(s.steps[i]), py(s.losses[i])}, colors[k % 4], 2,
+            cv::line(m, {px(s.steps[i - 1]), py(s.losses[i - 1])}, {px(s.steps[i]), py(s.losses[i])}, c, 2,
                      cv::LINE_AA);
+        if (s.steps.size() < 40)
+            for (size_t i = 0; i < s.steps.size(); ++i) cv::circle(m, {px(s.steps[i]), py(s.losses[i])}, 3, c, -1);
         text(s.label, W - R - 200, T + 20 + 18 * int(k));
-        cv::line(m, {W - R - 230, T + 16 + 18 * int(k)}, {W - R - 205, T + 16 + 18 * int(k)}, colors[k % 4], 2);
+        cv::line(m, {W - R - 230, T + 16 + 18 * int(k)}, {W - R - 205, T + 16 + 18 * int(k)}, c, 2);
     }
     std::vector<uchar> buf;
     cv::imencode(".png", m, buf);
     return std::string(buf.begin(), buf.end());
 #else
-    throw Error("loss plot '" + title + "' needs OpenCV (this build has none)");
+    throw Error("plot '" + axes.title + "' needs OpenCV (this build has none)");
 #endif
 }
 

@@ -1,4 +1,5 @@
-// Loss-curve PNG of a training log ("step loss ..." lines, '#' comments): loss vs step, log-scale y, labelled axes.
+// Line plots as PNG (OpenCV): loss curves of training logs ("step loss ..." lines, '#' comments; loss vs step,
+// log-scale y) and general x/y curves such as a cache's speed/quality trade-off.
 #pragma once
 
 #include <string>
@@ -10,6 +11,16 @@ struct LossSeries {
     std::string label;
     std::vector<double> steps, losses;
 };
+
+// Axes of a plot: labels, log or linear y.
+struct PlotAxes {
+    std::string title, x_label = "step", y_label;
+    bool log_y = true;
+};
+
+// PNG bytes of the curves on shared axes (`steps` is x, `losses` is y); throws anchor::Error without OpenCV or
+// without points. Series with one point are drawn as a marker.
+std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes& axes);
 
 // Reads the first two columns of a train_*_log.txt.
 LossSeries read_loss_log(const std::string& path, const std::string& label);

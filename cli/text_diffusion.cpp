@@ -7,6 +7,7 @@
 #include "cache/io/error.h"
 #include "cli/bench_util.h"
 #include "cli/common.h"
+#include "cli/loss_plot.h"
 #include "cli/text_commands.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
@@ -331,7 +332,7 @@ int run_train(TrainArgs a) {
 // ---- bench ----------------------------------------------------------------------------------------------------------
 
 struct BenchArgs {
-    std::string model, steps_list = "64,128,256", unmask = "confidence", prompts_from, score_with, json_out;
+    std::string model, steps_list = "64,128,256", unmask = "confidence", prompts_from, score_with, json_out, plot_out;
     std::vector<std::string> caches = {"anchor"};
     int64_t length = 256, prompt_len = 64, repeats = 3, layers = 12, dim = 768, n_heads = 0;
     double temperature = 0.0;
@@ -350,6 +351,7 @@ struct BenchRow {
 int run_bench(const BenchArgs& a) {
     auto model = a.model.empty() ? random_model(a.layers, a.dim, a.seed) : load_mdlm(a.model, a.n_heads);
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
+    if (!a.plot_out.empty()) check_output_path(a.plot_out, a.overwrite);
     const auto steps = parse_int_list(a.steps_list, "--steps-list");
     if (a.repeats < 1) throw UsageError("--repeats must be >= 1");
     std::vector<CacheSpec> specs;
@@ -431,6 +433,26 @@ int run_bench(const BenchArgs& a) {
         }
     }
     std::cout << "load at end: " << bench::load_average() << "\n";
+    if (!a.plot_out.empty()) { // the speed/quality curve: one series per step count, points by speed-up
+        std::vector<LossSeries> series;
+        for (auto T : steps) {
+            std::vector<std::pair<double, double>> pts;
+            for (const auto& r : rows)
+                if (r.steps == T) pts.emplace_back(r.off_s.median / r.cached_s.median, 100.0 * r.agreement);
+            std::sort(pts.begin(), pts.end());
+            LossSeries s;
+            s.label = "T = " + std::to_string(T);
+            for (const auto& [x, y] : pts) s.steps.push_back(x), s.losses.push_back(y);
+            series.push_back(s);
+        }
+        PlotAxes ax;
+        ax.title = "text-diffusion cache: token agreement with off vs speed-up (L=" + std::to_string(a.length) + ")";
+        ax.x_label = "speed-up over off (median wall time)";
+        ax.y_label = "agreement %";
+        ax.log_y = false;
+        write_file_atomic(a.plot_out, line_plot_png(series, ax), a.overwrite);
+        std::cout << "wrote " << a.plot_out << "\n";
+    }
     if (!a.json_out.empty()) {
         nlohmann::json j;
         j["model"] = a.model.empty() ? "random" : a.model;
@@ -546,6 +568,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--score-with", b.score_with, "GPT-2 model: generative perplexity of every sample");
     be->add_option("--seed", b.seed, "Seed")->capture_default_str();
     be->add_option("--json", b.json_out, "Write every row to this JSON file");
+    be->add_option("--plot", b.plot_out, "Write the agreement vs speed-up curve to this PNG");
     be->add_flag("--overwrite", b.overwrite, "Replace an existing --json file");
     runners.emplace_back(be, [] { return run_bench(b); });
 }
