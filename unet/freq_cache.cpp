@@ -11,8 +11,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 namespace anchor::unet {
@@ -116,10 +116,16 @@ std::vector<std::tuple<double, double, double>> read_freq_profile(const std::str
         throw Error("anchor profile '" + path + "' has no \"ranges\" list (write it with anchor-sd calibrate)");
     std::vector<std::tuple<double, double, double>> r;
     for (const auto& e : j["ranges"]) {
-        const double b = e.at("begin").get<double>(), en = e.at("end").get<double>(), t = e.at("threshold").get<double>();
+        double b = 0, en = 0, t = 0;
+        try {
+            b = e.at("begin").get<double>(), en = e.at("end").get<double>(), t = e.at("threshold").get<double>();
+        } catch (const nlohmann::json::exception& ex) {
+            throw Error("anchor profile '" + path + "': range " + std::to_string(r.size()) +
+                        " needs numbers \"begin\", \"end\", \"threshold\" (" + ex.what() + ")");
+        }
         if (!(b >= 0 && en > b && en <= 1.0 + 1e-9 && t > 0))
-            throw Error("anchor profile '" + path + "': bad range [" + fmt_num(b) + ", " + fmt_num(en) + ") threshold " +
-                        fmt_num(t));
+            throw Error("anchor profile '" + path + "': bad range [" + fmt_num(b) + ", " + fmt_num(en) +
+                        ") threshold " + fmt_num(t));
         r.emplace_back(b, en, t);
     }
     return r;
@@ -156,8 +162,8 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
 
 // ---- freq -------------------------------------------------------------------------------------------------------
 
-double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& ctx,
-                                  bool full, int branch) {
+double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x,
+                                  const torch::Tensor& ctx, bool full, int branch) {
     if (!mac_fn) {
         const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.size(1));
         const double f = double(b.full().total()), sh = double(b.shallow(branch).total());
@@ -166,8 +172,7 @@ double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const to
     return mac_fn(full);
 }
 
-FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
-    : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
+FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
     if (!(p.tau >= 0)) throw UsageError("freq: tau must be >= 0, got " + fmt_num(p.tau));
     if (!(p.thr > 0)) throw UsageError("freq: thr must be > 0, got " + fmt_num(p.thr));
     if (p.max_reuse < 0) throw UsageError("freq: max must be >= 0, got " + std::to_string(p.max_reuse));
@@ -176,14 +181,19 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
 }
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
-    return {{"tau", p_.tau},   {"thr", p_.thr},         {"max", p_.max_reuse},
-            {"band", p_.band}, {"extrapolate", p_.extrapolate}, {"branch", p_.branch}};
+    return {{"tau", p_.tau},
+            {"thr", p_.thr},
+            {"max", p_.max_reuse},
+            {"band", p_.band},
+            {"extrapolate", p_.extrapolate},
+            {"branch", p_.branch}};
 }
 
 void FreqAnchorDenoiser::begin(int num_steps) {
     num_steps_ = num_steps;
     policy_.reset();
-    if (!p_.profile_ranges.empty()) policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
+    if (!p_.profile_ranges.empty())
+        policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
     probe_.reset();
     log_.clear();
     F1_ = X1_ = X0_ = Tensor();
@@ -199,7 +209,8 @@ Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, con
                                          double tau, bool extrapolate, double* anchored_fraction) {
     if (anchored_fraction) *anchored_fraction = 1.0;
     if (!extrapolate || !X0.defined() || s1 <= s0) {
-        if (anchored_fraction && X0.defined()) *anchored_fraction = anchored_mask(X1, X0, tau).to(torch::kDouble).mean().item<double>();
+        if (anchored_fraction && X0.defined())
+            *anchored_fraction = anchored_mask(X1, X0, tau).to(torch::kDouble).mean().item<double>();
         return F1;
     }
     auto mask = anchored_mask(X1, X0, tau);
@@ -211,8 +222,8 @@ Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, con
     return cache::idct2(Xk).to(F1.scalar_type());
 }
 
-Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t,
-                                   const Tensor& ctx, int step) {
+Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+                                   int step) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
     CacheStepLog rec;
@@ -392,14 +403,9 @@ nlohmann::json cache_log_json(const CacheController& c) {
         ms += r.ms;
     }
     const size_t n = c.log().size();
-    return {{"mode", c.spec()},
-            {"kind", c.name()},
-            {"params", c.params_json()},
-            {"full_steps", full},
-            {"total_steps", n},
-            {"macs_per_step", n ? macs / double(n) : 0.0},
-            {"unet_ms", ms},
-            {"steps", steps}};
+    return {{"mode", c.spec()},   {"kind", c.name()}, {"params", c.params_json()},
+            {"full_steps", full}, {"total_steps", n}, {"macs_per_step", n ? macs / double(n) : 0.0},
+            {"unet_ms", ms},      {"steps", steps}};
 }
 
 } // namespace anchor::unet

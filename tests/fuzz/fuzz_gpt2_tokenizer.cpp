@@ -16,9 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         const auto ids = tok.encode(s, special);
         if (tok.decode(ids) != s) std::abort(); // round trip must be exact for accepted input
-        const auto first = tok.encode_first(s, ids.size() / 2);
-        for (size_t i = 0; i < first.size(); ++i)
-            if (first[i] != ids[i]) std::abort(); // encode_first is a prefix of encode
+        if (!special) { // encode_first has no special-token mode: it is a prefix of the plain encoding
+            const auto first = tok.encode_first(s, ids.size() / 2);
+            for (size_t i = 0; i < first.size(); ++i)
+                if (first[i] != ids[i]) std::abort();
+        }
     } catch (const anchor::Error&) {
     }
     return 0;
