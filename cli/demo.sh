@@ -6,7 +6,7 @@
 #   3. anchor-text: text diffusion on the KJV MDLM, uncached vs anchor cache (--compare)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/cli/setup.sh"
+"$root/cli/setup.sh" --programs-only # the tests are tests/run.sh's
 bin="$root/build"
 out="$root/out/demo"
 rm -rf "$out" # outputs of an earlier run

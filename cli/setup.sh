@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian 12, as root), configures and builds Release into build/.
-# Idempotent and quiet when there is nothing to do.  Usage: cli/setup.sh [--sanitize] [--build-dir DIR]
+# Idempotent and quiet when there is nothing to do.
+# Usage: cli/setup.sh [--sanitize] [--build-dir DIR] [--programs-only (anchor-sd, anchor-text; no tests)]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="$root/build"
 cmake_extra=()
 sanitize=0
+targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     # One clang build serves the sanitizer test run and the libFuzzer targets (tests/fuzz.sh); gcc when no clang.
     --sanitize) build_dir="$root/build-asan"; sanitize=1
                 cmake_extra+=(-DANCHOR_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DANCHOR_CUDA=OFF) ;;
     --build-dir) build_dir="$2"; shift ;;
+    --programs-only) targets=(anchor-sd anchor-text) ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -44,7 +47,7 @@ if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_extra[@]}" >/dev/null
 fi
 # Two cores and ~1 GB per torch translation unit: build with every core.
-ninja -C "$build_dir" | grep -v -E '^\[[0-9]+/[0-9]+\]|^ninja: (Entering|Leaving)' || true
+ninja -C "$build_dir" "${targets[@]}" | grep -v -E '^\[[0-9]+/[0-9]+\]|^ninja: (Entering|Leaving)' || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "setup: build failed" >&2; exit 1; }
 end=$(date +%s)
 [ $((end - start)) -gt 5 ] && echo "setup: build finished in $((end - start)) s ($build_dir)"
