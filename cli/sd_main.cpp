@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "cli/sd_bench.h"
 #include "cli/sd_compare.h"
+#include "text/gpt2_tokenizer.h" // UTF-8 validation
 #include "unet/freq_cache.h"
 #include "unet/pipeline.h"
 
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -98,7 +100,8 @@ int run(const Options& o) {
     if (o.width < 0 || o.height < 0)
         throw UsageError("--width/--height must be positive (0 = the model's size), got " + std::to_string(o.width) +
                          "x" + std::to_string(o.height));
-    if (o.cfg_scale < 0) throw UsageError("--cfg-scale must be >= 0");
+    if (!std::isfinite(o.cfg_scale) || o.cfg_scale < 0)
+        throw UsageError("--cfg-scale must be a finite number >= 0, got " + std::to_string(o.cfg_scale));
     if (o.deepcache < 0) throw UsageError("--deepcache must be >= 0 (0 disables it)");
     if (!o.cache_mode.empty() && o.deepcache > 0) throw UsageError("--cache and --deepcache are exclusive");
     if (!o.cache_mode.empty()) parse_cache_mode(o.cache_mode); // validate before loading models
@@ -107,6 +110,16 @@ int run(const Options& o) {
     if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
     const std::vector<std::string> prompts =
         o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts_file(o.prompts_file);
+    // A prompt goes into the tokenizer and the JSON sidecar: reject invalid UTF-8 before anything runs.
+    for (size_t i = 0; i < prompts.size(); ++i)
+        if (const auto bad = text::utf8_first_invalid(prompts[i]); bad >= 0)
+            throw UsageError((o.prompts_file.empty()
+                                  ? std::string("the prompt")
+                                  : "line " + std::to_string(i + 1) + " of '" + o.prompts_file + "'") +
+                             " is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
+    if (const auto bad = text::utf8_first_invalid(o.negative); bad >= 0)
+        throw UsageError("the negative prompt is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) +
+                         ")");
     const int n_images = int(prompts.size()) * o.batch_count;
     std::vector<std::string> outputs, latents_out;
     for (int k = 0; k < n_images; ++k) {

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 using namespace anchor;
 namespace fs = std::filesystem;
@@ -29,7 +30,10 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 }
 
 // Copies the tiny SD model and rewrites its UNet weights: `drop` tensors removed, `reshape` replaced by a [3, 3].
-std::string broken_model(const std::string& dir, const std::vector<std::string>& drop, const std::string& reshape) {
+// A copy of the tiny SD model with tensors dropped, one reshaped to [3, 3], one filled with NaN (poison) and one
+// stored as int32 (as_int).
+std::string broken_model(const std::string& dir, const std::vector<std::string>& drop, const std::string& reshape,
+                         const std::string& poison = "", const std::string& as_int = "") {
     fs::copy("assets/models/sd15-tiny-random", dir, fs::copy_options::recursive);
     const std::string w = dir + "/unet/diffusion_pytorch_model.safetensors";
     auto f = SafeTensorsFile::open(w);
@@ -37,7 +41,10 @@ std::string broken_model(const std::string& dir, const std::vector<std::string>&
     for (const auto& info : f->tensors()) {
         const std::string& n = info.name;
         if (std::find(drop.begin(), drop.end(), n) != drop.end()) continue;
-        t.emplace_back(n, n == reshape ? torch::zeros({3, 3}) : f->tensor(n).clone());
+        auto v = n == reshape ? torch::zeros({3, 3}) : f->tensor(n).clone();
+        if (n == poison) v.fill_(std::numeric_limits<float>::quiet_NaN());
+        if (n == as_int) v = v.to(torch::kInt32);
+        t.emplace_back(n, v);
     }
     f.reset();
     save_safetensors(w, t);
@@ -72,22 +79,42 @@ TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]"
     const std::vector<Case> cases = {
         {"no prompt", "sd", {"-m", m, "-o", png}, 2, {"--prompt"}},
         {"empty prompt", "sd", {"-m", m, "-p", "", "-o", png}, 2, {"prompt is required", "not empty"}},
+        {"CFG NaN", "sd", {"-m", m, "-p", "a", "--cfg-scale", "nan", "-o", png}, 2, {"--cfg-scale", "finite"}},
+        {"prompt not UTF-8", "sd", {"-m", m, "-p", "caf\xe9", "-o", png}, 2, {"not valid UTF-8", "offset 3"}},
         {"prompts file missing", "sd", {"-m", m, "--prompts-file", out + "/nope.txt", "-o", png}, 2, {"nope.txt"}},
-        {"prompt and prompts file together", "sd", {"-m", m, "-p", "a", "--prompts-file", png, "-o", png}, 2,
+        {"prompt and prompts file together",
+         "sd",
+         {"-m", m, "-p", "a", "--prompts-file", png, "-o", png},
+         2,
          {"--prompts-file", "excludes"}},
         {"unknown option", "sd", {"-p", "a", "--bogus", "-o", png}, 2, {"--bogus"}},
         {"steps 0", "sd", {"-m", m, "-p", "a", "--steps", "0", "-o", png}, 2, {"--steps"}},
-        {"unknown sampler lists the valid ones", "sd", {"-m", m, "-p", "a", "--sampler", "heun2", "-o", png}, 2,
+        {"unknown sampler lists the valid ones",
+         "sd",
+         {"-m", m, "-p", "a", "--sampler", "heun2", "-o", png},
+         2,
          {"heun2", "ddim", "euler_a"}},
-        {"width not a multiple of the VAE factor", "sd", {"-m", m, "-p", "a", "-W", "17", "-H", "16", "-o", png}, 2,
+        {"width not a multiple of the VAE factor",
+         "sd",
+         {"-m", m, "-p", "a", "-W", "17", "-H", "16", "-o", png},
+         2,
          {"17x16", "multiples of 2"}},
         {"negative width", "sd", {"-m", m, "-p", "a", "-W", "-8", "-o", png}, 2, {"width"}},
-        {"unknown cache mode lists the forms", "sd", {"-m", m, "-p", "a", "--cache", "fast", "-o", png}, 2,
+        {"unknown cache mode lists the forms",
+         "sd",
+         {"-m", m, "-p", "a", "--cache", "fast", "-o", png},
+         2,
          {"fast", "deepcache:N"}},
-        {"malformed deepcache interval", "sd", {"-m", m, "-p", "a", "--cache", "deepcache:x", "-o", png}, 2,
+        {"malformed deepcache interval",
+         "sd",
+         {"-m", m, "-p", "a", "--cache", "deepcache:x", "-o", png},
+         2,
          {"deepcache:x"}},
-        {"cache and deepcache together", "sd", {"-m", m, "-p", "a", "--cache", "freq", "--deepcache", "3", "-o", png},
-         2, {"exclusive"}},
+        {"cache and deepcache together",
+         "sd",
+         {"-m", m, "-p", "a", "--cache", "freq", "--deepcache", "3", "-o", png},
+         2,
+         {"exclusive"}},
         {"f16 on the CPU", "sd", {"-m", m, "-p", "a", "--dtype", "f16", "-o", png}, 2, {"f16", "bf16"}},
         {"unknown dtype", "sd", {"-m", m, "-p", "a", "--dtype", "f8", "-o", png}, 2, {"f8"}},
         {"clip skip out of range", "sd", {"-m", m, "-p", "a", "--clip-skip", "9", "-o", png}, 2, {"--clip-skip"}},
@@ -113,24 +140,76 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
     write_bytes(work + "/truncated.safetensors", trunc + hdr + std::string(100, '\0'));
     const auto missing = broken_model(work + "/missing_tensors", {"conv_in.weight", "conv_out.bias"}, "");
     const auto wrong = broken_model(work + "/wrong_shape", {}, "conv_in.weight");
+    const auto nan_model = broken_model(work + "/nan_weights", {}, "", "conv_out.bias");
+    const auto int_model = broken_model(work + "/int_weights", {}, "", "", "conv_in.weight");
+    // A UNet config whose block lists disagree, and one that is not an object.
+    fs::copy("assets/models/sd15-tiny-random", work + "/bad_config", fs::copy_options::recursive);
+    write_bytes(work + "/bad_config/unet/config.json",
+                R"({"block_out_channels": [32, 64, 64, 64], "down_block_types": ["DownBlock2D"],
+                    "up_block_types": ["UpBlock2D"]})");
     fs::create_directories(work + "/empty_folder");
     const std::vector<Case> cases = {
         {"model path does not exist", "sd", {"-m", work + "/nowhere", "-p", "a", "-o", png}, 1, {"nowhere"}},
-        {"model file is not safetensors", "sd", {"-m", work + "/not_a_model.safetensors", "-p", "a", "-o", png}, 1,
+        {"model file is not safetensors",
+         "sd",
+         {"-m", work + "/not_a_model.safetensors", "-p", "a", "-o", png},
+         1,
          {"not_a_model.safetensors"}},
-        {"truncated safetensors", "sd", {"-m", work + "/truncated.safetensors", "-p", "a", "-o", png}, 1,
+        {"truncated safetensors",
+         "sd",
+         {"-m", work + "/truncated.safetensors", "-p", "a", "-o", png},
+         1,
          {"truncated.safetensors"}},
-        {"every missing tensor is listed", "sd", {"-m", missing, "-p", "a", "-o", png}, 1,
+        {"every missing tensor is listed",
+         "sd",
+         {"-m", missing, "-p", "a", "-o", png},
+         1,
          {"conv_in.weight", "conv_out.bias", "missing"}},
-        {"wrong shape names tensor, expected and actual", "sd", {"-m", wrong, "-p", "a", "-o", png}, 1,
+        {"wrong shape names tensor, expected and actual",
+         "sd",
+         {"-m", wrong, "-p", "a", "-o", png},
+         1,
          {"conv_in.weight", "[3, 3]", "[32, 4, 3, 3]"}},
+        {"NaN in the latents is reported with the step, no image written",
+         "sd",
+         {"-m", nan_model, "-p", "a", "--steps", "3", "-o", png},
+         1,
+         {"NaN/Inf in the latents", "step 1 of 3"}},
+        {"integer tensor where weights belong",
+         "sd",
+         {"-m", int_model, "-p", "a", "-o", png},
+         1,
+         {"conv_in.weight", "wrong dtype", "Int"}},
+        {"config with contradictory block lists",
+         "sd",
+         {"-m", work + "/bad_config", "-p", "a", "-o", png},
+         1,
+         {"config.json", "4 block_out_channels but 1 down / 1 up block types"}},
+        {"size too large for memory is refused before allocating",
+         "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-W", "65536", "-H", "65536", "-o", png},
+         2,
+         {"65536x65536 image needs about", "GiB available"}},
+        {"output directory not writable",
+         "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-o", "/proc/x.png"},
+         1,
+         {"/proc", "not writable"}},
         {"folder without a model", "sd", {"-m", work + "/empty_folder", "-p", "a", "-o", png}, 1, {"empty_folder"}},
-        {"output folder does not exist", "sd",
-         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-o", work + "/no/such/dir/x.png"}, 1, {"no/such/dir"}},
-        {"eval-fashion without a classifier file", "sd",
-         {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--classifier", work + "/none.safetensors"}, 1,
+        {"output folder does not exist",
+         "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-o", work + "/no/such/dir/x.png"},
+         1,
+         {"no/such/dir"}},
+        {"eval-fashion without a classifier file",
+         "sd",
+         {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--classifier", work + "/none.safetensors"},
+         1,
          {"none.safetensors"}},
-        {"train-vae without the dataset", "sd", {"train-vae", "-o", out + "/m", "--data", work + "/no_data"}, 1,
+        {"train-vae without the dataset",
+         "sd",
+         {"train-vae", "-o", out + "/m", "--data", work + "/no_data"},
+         1,
          {"no_data", "dataset-fashion-mnist"}},
     };
     run_cases(cases, out);
@@ -143,27 +222,63 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
     write_bytes(work + "/bad.safetensors", "garbage");
     fs::copy(g, work + "/bad_model", fs::copy_options::recursive);
     write_bytes(work + "/bad_model/config.json", "{ not json");
+    // NaN in the final layer norm: every logit is NaN from the first token on.
+    fs::create_directories(work + "/nan_model");
+    fs::copy(g + "/config.json", work + "/nan_model/config.json");
+    {
+        auto f = SafeTensorsFile::open(g + "/model.safetensors");
+        NamedTensors t;
+        for (const auto& info : f->tensors()) {
+            auto v = f->tensor(info.name).clone();
+            if (info.name == "ln_f.bias") v.fill_(std::numeric_limits<float>::quiet_NaN());
+            t.emplace_back(info.name, v);
+        }
+        save_safetensors(work + "/nan_model/model.safetensors", t);
+    }
     const std::vector<Case> cases = {
         {"no subcommand", "text", {}, 2, {"subcommand"}},
-        {"unknown kv mode", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "ring:4"}, 2, {"ring:4", "sink:S,W"}},
+        {"unknown kv mode",
+         "text",
+         {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "ring:4"},
+         2,
+         {"ring:4", "sink:S,W"}},
         {"malformed sink S,W", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "sink:4"}, 2, {"sink:4"}},
-        {"sink larger than positions with absolute", "text",
-         {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "sink:4,200", "--positions", "absolute"}, 2, {"absolute"}},
-        {"unknown positions policy", "text", {"gpt2", "ppl", "-m", g, "--file", txt, "--positions", "rope"}, 2,
+        {"sink larger than positions with absolute",
+         "text",
+         {"gpt2", "ppl", "-m", g, "--file", txt, "--kv", "sink:4,200", "--positions", "absolute"},
+         2,
+         {"absolute"}},
+        {"unknown positions policy",
+         "text",
+         {"gpt2", "ppl", "-m", g, "--file", txt, "--positions", "rope"},
+         2,
          {"rope"}},
         {"text file missing", "text", {"gpt2", "ppl", "-m", g, "--file", work + "/missing.txt"}, 1, {"missing.txt"}},
         {"model missing", "text", {"gpt2", "ppl", "-m", work + "/nope", "--file", txt}, 1, {"nope"}},
-        {"model file corrupt", "text", {"gpt2", "ppl", "-m", work + "/bad.safetensors", "--file", txt}, 1,
+        {"model file corrupt",
+         "text",
+         {"gpt2", "ppl", "-m", work + "/bad.safetensors", "--file", txt},
+         1,
          {"bad.safetensors"}},
-        {"config.json not JSON", "text", {"gpt2", "ppl", "-m", work + "/bad_model", "--file", txt}, 1,
-         {"config.json"}},
+        {"config.json not JSON", "text", {"gpt2", "ppl", "-m", work + "/bad_model", "--file", txt}, 1, {"config.json"}},
         {"empty prompt", "text", {"gpt2", "generate", "-m", g, "-p", "", "--max-new", "4"}, 2, {"prompt"}},
-        {"soak JSON without --report-every", "text",
-         {"gpt2", "generate", "-m", g, "-p", "a", "--max-new", "4", "--report-json", work + "/soak.json"}, 2,
+        {"NaN in the logits is reported with the token",
+         "text",
+         {"gpt2", "generate", "-m", work + "/nan_model", "--vocab", "tests/golden/text/vocab/gpt2", "-p", "In the",
+          "--max-new", "4"},
+         1,
+         {"NaN/Inf in the logits at stream token 1"}},
+        {"soak JSON without --report-every",
+         "text",
+         {"gpt2", "generate", "-m", g, "-p", "a", "--max-new", "4", "--report-json", work + "/soak.json"},
+         2,
          {"--report-json needs --report-every"}},
         {"diffusion model missing", "text", {"diffusion", "generate", "-m", work + "/nope", "-p", "a"}, 1, {"nope"}},
-        {"diffusion unknown cache mode", "text",
-         {"diffusion", "generate", "-m", "assets/models/kjv-mdlm", "-p", "a", "--cache", "bogus"}, 2, {"bogus"}},
+        {"diffusion unknown cache mode",
+         "text",
+         {"diffusion", "generate", "-m", "assets/models/kjv-mdlm", "-p", "a", "--cache", "bogus"},
+         2,
+         {"bogus"}},
     };
     run_cases(cases, out);
 }

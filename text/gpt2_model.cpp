@@ -551,6 +551,17 @@ torch::Tensor Gpt2Stream::feed(int64_t token) {
     return feed(std::vector<int64_t>{token});
 }
 
+namespace {
+// Logits with a NaN/Inf (broken weights, overflow) are reported at the token where they appear instead of being
+// sampled from or averaged into a perplexity. One reduction over V floats per token.
+torch::Tensor checked_logits(torch::Tensor logits, int64_t stream_index) {
+    if (!torch::isfinite(logits).all().item<bool>())
+        throw Error("NaN/Inf in the logits at stream token " + std::to_string(stream_index) +
+                    "; check the model weights");
+    return logits;
+}
+} // namespace
+
 torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
     if (tokens.empty()) throw Error("GPT-2 stream: nothing to feed");
     const int64_t V = model_->config().vocab_size;
@@ -566,7 +577,7 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         }
         count_ += static_cast<int64_t>(tokens.size());
         auto ids = torch::tensor(std::vector<int64_t>(recent_.begin(), recent_.end()), torch::kLong);
-        return model_->forward(ids, false, true).logits.reshape({V});
+        return checked_logits(model_->forward(ids, false, true).logits.reshape({V}), count_ - 1);
     }
     if (spec_.mode == KvMode::Full && count_ + static_cast<int64_t>(tokens.size()) > capacity_)
         throw Error("KV mode full: " + std::to_string(count_ + tokens.size()) + " tokens exceed the model's " +
@@ -582,7 +593,7 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         count_ += n;
         i += n;
     }
-    return logits.reshape({V});
+    return checked_logits(logits.reshape({V}), count_ - 1);
 }
 
 StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,

@@ -53,8 +53,8 @@ int to_int(const std::string& s, const std::string& name) {
 std::string resnet_ldm(const std::string& rest, bool unet) {
     // diffusers ResnetBlock2D -> LDM ResBlock (UNet) / ResnetBlock (VAE)
     static const std::vector<std::pair<std::string, std::string>> unet_map = {
-        {"norm1.", "in_layers.0."},     {"conv1.", "in_layers.2."},  {"time_emb_proj.", "emb_layers.1."},
-        {"norm2.", "out_layers.0."},    {"conv2.", "out_layers.3."}, {"conv_shortcut.", "skip_connection."}};
+        {"norm1.", "in_layers.0."},  {"conv1.", "in_layers.2."},  {"time_emb_proj.", "emb_layers.1."},
+        {"norm2.", "out_layers.0."}, {"conv2.", "out_layers.3."}, {"conv_shortcut.", "skip_connection."}};
     static const std::vector<std::pair<std::string, std::string>> vae_map = {{"conv_shortcut.", "nin_shortcut."}};
     for (const auto& [d, l] : unet ? unet_map : vae_map)
         if (rest.rfind(d, 0) == 0) return l + rest.substr(d.size());
@@ -89,7 +89,8 @@ std::string unet_ldm_name(const std::string& name, const UNetConfig& c) {
     }
     if (p[0] == "mid_block" && p.size() >= 4) {
         const int j = to_int(p[2], name);
-        if (p[1] == "resnets") return "middle_block." + std::to_string(j == 0 ? 0 : 2) + "." + resnet_ldm(join(p, 3), true);
+        if (p[1] == "resnets")
+            return "middle_block." + std::to_string(j == 0 ? 0 : 2) + "." + resnet_ldm(join(p, 3), true);
         if (p[1] == "attentions") return "middle_block.1." + join(p, 3);
         return fail();
     }
@@ -97,14 +98,16 @@ std::string unet_ldm_name(const std::string& name, const UNetConfig& c) {
         const int i = to_int(p[1], name), j = to_int(p[3], name);
         if (p[0] == "down_blocks") {
             const int start = input_block_start(c, i);
-            if (p[2] == "resnets") return "input_blocks." + std::to_string(start + j) + ".0." + resnet_ldm(join(p, 4), true);
+            if (p[2] == "resnets")
+                return "input_blocks." + std::to_string(start + j) + ".0." + resnet_ldm(join(p, 4), true);
             if (p[2] == "attentions") return "input_blocks." + std::to_string(start + j) + ".1." + join(p, 4);
             if (p[2] == "downsamplers" && p[4] == "conv")
                 return "input_blocks." + std::to_string(start + c.layers_per_block[size_t(i)]) + ".0.op." + join(p, 5);
             return fail();
         }
         const int start = output_block_start(c, i);
-        if (p[2] == "resnets") return "output_blocks." + std::to_string(start + j) + ".0." + resnet_ldm(join(p, 4), true);
+        if (p[2] == "resnets")
+            return "output_blocks." + std::to_string(start + j) + ".0." + resnet_ldm(join(p, 4), true);
         if (p[2] == "attentions") return "output_blocks." + std::to_string(start + j) + ".1." + join(p, 4);
         if (p[2] == "upsamplers" && p[4] == "conv") {
             const int n = c.num_levels();
@@ -129,7 +132,8 @@ std::string vae_ldm_name(const std::string& name, const VaeConfig& c) {
     if (p[1] == "conv_norm_out") return part + ".norm_out." + join(p, 2);
     if (p[1] == "mid_block" && p.size() >= 5) {
         const int j = to_int(p[3], name);
-        if (p[2] == "resnets") return part + ".mid.block_" + std::to_string(j + 1) + "." + resnet_ldm(join(p, 4), false);
+        if (p[2] == "resnets")
+            return part + ".mid.block_" + std::to_string(j + 1) + "." + resnet_ldm(join(p, 4), false);
         if (p[2] == "attentions") {
             static const std::map<std::string, std::string> attn = {
                 {"group_norm", "norm"}, {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}};
@@ -163,14 +167,15 @@ std::string list(const std::vector<std::string>& v) {
 }
 
 // Builds a diffusers-named map for `module` from the original-layout names in `file`, recording problems.
-WeightMap gather(const WeightMap& file, torch::nn::Module& module, const std::function<std::string(const std::string&)>& to_ldm,
-                 const std::string& prefix, const std::string& what, std::vector<std::string>& missing,
-                 std::set<std::string>& used) {
+WeightMap gather(const WeightMap& file, torch::nn::Module& module,
+                 const std::function<std::string(const std::string&)>& to_ldm, const std::string& prefix,
+                 const std::string& what, std::vector<std::string>& missing, std::set<std::string>& used) {
     WeightMap out;
     for (const auto& p : module.named_parameters(true)) {
         const std::string ln = prefix + to_ldm(p.key());
         if (!file.has(ln)) {
-            missing.push_back(what + " " + p.key() + " (expected '" + ln + "' " + shape_str(p.value().sizes().vec()) + ")");
+            missing.push_back(what + " " + p.key() + " (expected '" + ln + "' " + shape_str(p.value().sizes().vec()) +
+                              ")");
             continue;
         }
         auto t = file.get(ln);
@@ -220,7 +225,8 @@ WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::
             if (!file.has(n)) continue;
             auto qkv = file.get(n).chunk(3, 0);
             const char* names[3] = {"q_proj", "k_proj", "v_proj"};
-            for (int k = 0; k < 3; ++k) out.insert(h + "self_attn." + names[k] + "." + kind, qkv[size_t(k)], file.source(n));
+            for (int k = 0; k < 3; ++k)
+                out.insert(h + "self_attn." + names[k] + "." + kind, qkv[size_t(k)], file.source(n));
             used.insert(n);
         }
     }
@@ -230,8 +236,7 @@ WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::
     return out;
 }
 
-template <typename M>
-M finish(M m, torch::ScalarType dtype) {
+template <typename M> M finish(M m, torch::ScalarType dtype) {
     m->eval();
     if (dtype != torch::kFloat) m->to(dtype);
     return m;
@@ -304,9 +309,8 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
     if (n == 0) throw Error("UNet weights have no input_blocks.1 tensors");
     for (int i = 0; i < n; ++i) {
         const int start = output_block_start(c, i);
-        c.up_block_types.push_back(w.has("output_blocks." + std::to_string(start) + ".1.norm.weight")
-                                       ? "CrossAttnUpBlock2D"
-                                       : "UpBlock2D");
+        c.up_block_types.push_back(
+            w.has("output_blocks." + std::to_string(start) + ".1.norm.weight") ? "CrossAttnUpBlock2D" : "UpBlock2D");
     }
     if (cross < 0 && w.has("middle_block.1.transformer_blocks.0.attn2.to_k.weight"))
         cross = int(w.shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1]);
@@ -319,7 +323,9 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
     return c;
 }
 
-VaeConfig detect_ldm_vae_config(const WeightMap& w) { return detect_vae_config(w, "encoder.down.", ".block."); }
+VaeConfig detect_ldm_vae_config(const WeightMap& w) {
+    return detect_vae_config(w, "encoder.down.", ".block.");
+}
 
 std::string component_weights_path(const std::string& dir) {
     fs::path d(dir);
@@ -346,7 +352,8 @@ std::string component_weights_path(const std::string& dir) {
 UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype) {
     auto w = WeightMap::load(component_weights_path(dir));
     auto cfg_path = fs::path(dir) / "config.json";
-    UNetConfig cfg = fs::exists(cfg_path) ? UNetConfig::from_json_file(cfg_path.string()) : UNetConfig::detect_from_weights(w);
+    UNetConfig cfg =
+        fs::exists(cfg_path) ? UNetConfig::from_json_file(cfg_path.string()) : UNetConfig::detect_from_weights(w);
     UNet2DConditionModel m(cfg);
     m->load(w);
     return finish(m, dtype);
@@ -355,7 +362,8 @@ UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType 
 AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype) {
     auto w = WeightMap::load(component_weights_path(dir));
     auto cfg_path = fs::path(dir) / "config.json";
-    VaeConfig cfg = fs::exists(cfg_path) ? VaeConfig::from_json_file(cfg_path.string()) : VaeConfig::detect_from_weights(w);
+    VaeConfig cfg =
+        fs::exists(cfg_path) ? VaeConfig::from_json_file(cfg_path.string()) : VaeConfig::detect_from_weights(w);
     AutoencoderKL m(cfg);
     m->load(w);
     return finish(m, dtype);
@@ -383,8 +391,10 @@ SDModels load_diffusers(const fs::path& root, const LoadOptions& o) {
     if (o.unet) m.unet = load_unet_folder((root / "unet").string(), o.dtype);
     if (o.vae) m.vae = load_vae_folder((root / "vae").string(), o.dtype);
     bool sd2 = false;
-    if (m.text_encoder) sd2 = m.text_encoder->config().hidden_size == 1024;
-    else if (m.unet) sd2 = m.unet->config().cross_attention_dim == 1024;
+    if (m.text_encoder)
+        sd2 = m.text_encoder->config().hidden_size == 1024;
+    else if (m.unet)
+        sd2 = m.unet->config().cross_attention_dim == 1024;
     m.family = sd2 ? "sd2" : "sd1";
     m.tokenizer = tokenizer_for((root / "tokenizer").string(), sd2);
     auto sched = root / "scheduler" / "scheduler_config.json";
@@ -406,14 +416,16 @@ SDModels load_single_file(const std::string& path, const LoadOptions& o) {
     WeightMap uw, vw, tw;
     if (o.unet) {
         m.unet = UNet2DConditionModel(ucfg);
-        uw = gather(file, *m.unet, [&](const std::string& n) { return unet_ldm_name(n, ucfg); }, up, "unet", missing, used);
+        uw = gather(
+            file, *m.unet, [&](const std::string& n) { return unet_ldm_name(n, ucfg); }, up, "unet", missing, used);
     } else {
         for (const auto& [n, t] : file.all())
             if (n.rfind(up, 0) == 0) used.insert(n);
     }
     if (o.vae) {
         m.vae = AutoencoderKL(vcfg);
-        vw = gather(file, *m.vae, [&](const std::string& n) { return vae_ldm_name(n, vcfg); }, vp, "vae", missing, used);
+        vw = gather(
+            file, *m.vae, [&](const std::string& n) { return vae_ldm_name(n, vcfg); }, vp, "vae", missing, used);
     } else {
         for (const auto& [n, t] : file.all())
             if (n.rfind(vp, 0) == 0) used.insert(n);
@@ -493,7 +505,8 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
             for (const auto& e : fs::directory_iterator(p))
                 if (e.path().extension() == ".safetensors") files.push_back(e.path());
             if (files.size() != 1)
-                throw Error("'" + path + "' is neither a diffusers folder (model_index.json, unet/, vae/, "
+                throw Error("'" + path +
+                            "' is neither a diffusers folder (model_index.json, unet/, vae/, "
                             "text_encoder/) nor a folder with exactly one single-file checkpoint");
             m = load_single_file(files[0].string(), opts);
         }

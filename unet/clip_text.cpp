@@ -28,7 +28,8 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j) {
     geti("num_attention_heads", c.num_attention_heads);
     geti("max_position_embeddings", c.max_position_embeddings);
     if (t.contains("hidden_act") && t["hidden_act"].is_string()) c.hidden_act = t["hidden_act"].get<std::string>();
-    if (t.contains("layer_norm_eps") && t["layer_norm_eps"].is_number()) c.layer_norm_eps = t["layer_norm_eps"].get<double>();
+    if (t.contains("layer_norm_eps") && t["layer_norm_eps"].is_number())
+        c.layer_norm_eps = t["layer_norm_eps"].get<double>();
     if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
         throw Error("CLIP text config: unsupported hidden_act '" + c.hidden_act + "' (quick_gelu or gelu)");
     if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)
@@ -44,6 +45,8 @@ ClipTextConfig ClipTextConfig::from_json_file(const std::string& path) {
         return from_json(nlohmann::json::parse(f));
     } catch (const nlohmann::json::exception& e) {
         throw Error("cannot parse '" + path + "': " + e.what());
+    } catch (const Error& e) { // a value the reader rejects: say in which file
+        throw Error("'" + path + "': " + e.what());
     }
 }
 
@@ -146,8 +149,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
                     std::to_string(cfg_.max_position_embeddings) + " positions of the model");
     auto ids = input_ids.to(torch::kLong);
     auto& emb = text_model->embeddings;
-    auto x = emb->token_embedding->forward(ids) +
-             emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
+    auto x = emb->token_embedding->forward(ids) + emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
     auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
     ClipTextOutput out;
     out.hidden_states.reserve(text_model->encoder->items.size() + 1);
@@ -170,6 +172,8 @@ torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip
     return text_model->final_layer_norm->forward(out.hidden_states[n - 1 - size_t(clip_skip)]);
 }
 
-void ClipTextModelImpl::load(const WeightMap& w) { w.load_into(*this, {"text_model\\.embeddings\\.position_ids"}); }
+void ClipTextModelImpl::load(const WeightMap& w) {
+    w.load_into(*this, {"text_model\\.embeddings\\.position_ids"});
+}
 
 } // namespace anchor::unet

@@ -21,9 +21,9 @@
 #include <fstream>
 #include <limits>
 #include <locale.h>
-#include <wctype.h>
 #include <sstream>
 #include <unistd.h>
+#include <wctype.h>
 
 namespace anchor::unet {
 
@@ -39,7 +39,8 @@ struct ClipTokenizer::Regex {
 namespace {
 
 // The openai CLIP split pattern (applied case-insensitively, Unicode properties on).
-const char* kPattern = "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
+const char* kPattern =
+    "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
 
 void append_utf8(std::string& out, uint32_t cp) {
     if (cp < 0x80) {
@@ -247,7 +248,8 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
     }
     if (!vocab.is_object()) throw Error("'" + vocab_path.string() + "' is not a JSON object");
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-        if (!it.value().is_number_integer()) throw Error("'" + vocab_path.string() + "': id of '" + it.key() + "' is not an integer");
+        if (!it.value().is_number_integer())
+            throw Error("'" + vocab_path.string() + "': id of '" + it.key() + "' is not an integer");
         t.encoder_.emplace(it.key(), it.value().get<int64_t>());
     }
     std::ifstream mf(merges_path, std::ios::binary);
@@ -269,7 +271,8 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
             if (!j.contains("pad_token")) return "";
             const auto& v = j["pad_token"];
             if (v.is_string()) return v.get<std::string>();
-            if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+            if (v.is_object() && v.contains("content") && v["content"].is_string())
+                return v["content"].get<std::string>();
         } catch (const std::exception& e) {
             throw Error("cannot parse '" + p.string() + "': " + e.what());
         }
@@ -289,7 +292,9 @@ std::string ClipTokenizer::bundled_vocab_path() {
     return find_asset("vocab/clip/bpe_simple_vocab_16e6.txt.gz", "CLIP BPE vocabulary");
 }
 
-ClipTokenizer ClipTokenizer::bundled() { return from_bpe_file(bundled_vocab_path()); }
+ClipTokenizer ClipTokenizer::bundled() {
+    return from_bpe_file(bundled_vocab_path());
+}
 
 int64_t ClipTokenizer::token_id(const std::string& token) const {
     auto it = encoder_.find(token);

@@ -9,7 +9,10 @@
 #include <stb_image_write.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 namespace anchor::unet {
 
@@ -21,8 +24,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 } // namespace
 
-Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
-                             int) {
+Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx, int) {
     return unet.forward(x, t, ctx);
 }
 
@@ -65,6 +67,51 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     return p;
 }
 
+namespace {
+std::string fmt_gib(double bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", bytes / double(1LL << 30));
+    return b;
+}
+} // namespace
+
+int64_t available_memory_bytes() {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (f >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return -1;
+}
+
+int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
+    const Txt2ImgParams p = resolved(p_in);
+    const int f = m_.vae_scale_factor();
+    const double B = double(p.prompts.size()), rows = B * (p.guidance_scale > 1.0 ? 2.0 : 1.0);
+    const double h = double(p.height) / f, w = double(p.width) / f;
+    // UNet: the skip connections of every down level are alive at once ((layers + 1) maps per level, SD's layout),
+    // plus ~6 working maps of the widest level; the attention score buffer is chunked to <= 256 MiB.
+    const auto& uc = m_.unet->config();
+    double skips = 0, widest = 0;
+    for (int i = 0; i < uc.num_levels(); ++i) {
+        const double px = (h / double(1 << i)) * (w / double(1 << i));
+        skips += double(uc.layers_per_block[size_t(i)] + 1) * uc.block_out_channels[size_t(i)] * px;
+        widest = std::max(widest, uc.block_out_channels[size_t(i)] * px);
+    }
+    const double unet = rows * 4.0 * (skips + 6.0 * widest) + 256.0 * (1 << 20);
+    // VAE decoder: ~4 maps of the widest level at image resolution (channels reversed: the last level is full size).
+    const auto& vc = m_.vae->config();
+    double vae = 0;
+    const int nl = int(vc.block_out_channels.size());
+    for (int i = 0; i < nl; ++i) {
+        const double scale = double(1 << (nl - 1 - i));
+        vae = std::max(vae, vc.block_out_channels[size_t(i)] * (p.height / scale) * (p.width / scale));
+    }
+    vae *= B * 4.0 * 4.0;
+    return int64_t(std::max(unet, vae));
+}
+
 void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
@@ -74,9 +121,18 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
                          " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
                          std::to_string(p.height));
     if (p.prompts.empty()) throw UsageError("no prompt");
+    if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
+        throw UsageError("--cfg-scale must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
+    // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
+    const double need = double(estimate_peak_bytes(p)), avail = double(available_memory_bytes());
+    if (avail > 0 && need > avail)
+        throw UsageError("a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image needs about " +
+                         fmt_gib(need) + " GiB of memory, this machine has " + fmt_gib(avail) +
+                         " GiB available; choose a smaller --width/--height");
     if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
-        throw UsageError("--clip-skip must be in [0, " + std::to_string(m_.text_encoder->config().num_hidden_layers - 1) +
-                         "], got " + std::to_string(p.clip_skip));
+        throw UsageError("--clip-skip must be in [0, " +
+                         std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
+                         std::to_string(p.clip_skip));
 }
 
 Tensor Txt2ImgPipeline::encode_prompts(const std::vector<std::string>& prompts, const std::string& negative,
@@ -162,6 +218,11 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     StepRecord rec;
     for (int i = 0; i < n; ++i) {
         latents = step(*sched, i, latents, r.prompt_embeds, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr);
+        // A NaN/Inf (broken weights, fp overflow) never becomes an image: stop at the step where it appears. One
+        // reduction over the latents per step, negligible next to a UNet call.
+        if (!torch::isfinite(latents).all().item<bool>())
+            throw Error("NaN/Inf in the latents after denoising step " + std::to_string(i + 1) + " of " +
+                        std::to_string(n) + "; no image is written. Check the model weights and the guidance scale");
         r.full_steps += ctl.last_step_was_full() ? 1 : 0;
         if (on_step) on_step(rec);
         if (progress) progress({i + 1, n, seconds_since(t0)});
@@ -171,6 +232,8 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.final_latents = latents;
     t0 = std::chrono::steady_clock::now();
     auto d = decode(latents);
+    if (!torch::isfinite(d[0]).all().item<bool>())
+        throw Error("NaN/Inf in the VAE decoder output; no image is written. Check the VAE weights");
     r.decoded = d[0];
     r.image = d[1];
     r.image_uint8 = d[2];

@@ -26,7 +26,8 @@ struct Txt2ImgParams {
     int steps = 20;
     int64_t seed = 42;
     // 0 = the model's own size, unet sample_size x VAE factor (as diffusers does): 512 for SD 1.x, 768 for SD 2.x-v,
-    // 64 for the golden tiny model, whose VAE factor is 2 (512 there means 256x256 latents and a 65536-token attention).
+    // 64 for the golden tiny model, whose VAE factor is 2 (512 there means 256x256 latents and a 65536-token
+    // attention).
     int width = 0;
     int height = 0;
     SamplerKind sampler = SamplerKind::EulerAncestral;
@@ -89,9 +90,9 @@ struct ProgressInfo {
 
 struct Txt2ImgResult {
     torch::Tensor initial_noise, initial_latents, prompt_embeds, final_latents;
-    torch::Tensor decoded;     // raw VAE output [B,3,H,W]
-    torch::Tensor image;       // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
-    torch::Tensor image_uint8; // round(image*255) NHWC uint8 [B,H,W,3]
+    torch::Tensor decoded;             // raw VAE output [B,3,H,W]
+    torch::Tensor image;               // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
+    torch::Tensor image_uint8;         // round(image*255) NHWC uint8 [B,H,W,3]
     std::vector<std::string> warnings; // e.g. prompt truncation
     int full_steps = 0, total_steps = 0;
     double text_s = 0, denoise_s = 0, decode_s = 0;
@@ -104,6 +105,10 @@ public:
     // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
     SchedulerConfig scheduler_config() const;
     // Checks width/height against the VAE factor, steps >= 1 ... (UsageError).
+    // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
+    // working maps, the chunked attention buffer, the VAE decoder's widest map. validate() refuses sizes above the
+    // machine's available memory with it.
+    int64_t estimate_peak_bytes(const Txt2ImgParams& p) const;
     void validate(const Txt2ImgParams& p) const;
     // p with width/height 0 replaced by the model's default size.
     Txt2ImgParams resolved(Txt2ImgParams p) const;
@@ -133,6 +138,9 @@ private:
 // Classifier-free guidance (Ho & Salimans 2022) on a CFG batch [uncond rows; cond rows]: u + g * (c - u), the
 // operation order of diffusers.
 torch::Tensor cfg_combine(const torch::Tensor& noise_pred, double guidance);
+
+// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
+int64_t available_memory_bytes();
 
 // Writes an RGB uint8 NHWC image (one batch row) as PNG through write_via_temp.
 void write_png(const std::string& path, const torch::Tensor& image_uint8_hwc, bool overwrite);

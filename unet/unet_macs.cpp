@@ -30,9 +30,9 @@ struct Walker {
         (c.use_linear_projection ? m.linear : m.conv) += proj;
         const int64_t ctx = c.cross_attention_dim;
         for (int64_t d = 0; d < depth; ++d) {
-            m.linear += 4 * ch * ch * n;                    // attn1 to_q, to_k, to_v, to_out.0
+            m.linear += 4 * ch * ch * n;                         // attn1 to_q, to_k, to_v, to_out.0
             m.linear += 2 * ch * ch * n + 2 * ctx * ch * tokens; // attn2 to_q, to_out.0 on n; to_k, to_v on context
-            m.linear += ch * 8 * ch * n + 4 * ch * ch * n;  // GEGLU proj (dim -> 2 * 4 dim), ff.net.2 (4 dim -> dim)
+            m.linear += ch * 8 * ch * n + 4 * ch * ch * n; // GEGLU proj (dim -> 2 * 4 dim), ff.net.2 (4 dim -> dim)
             m.attention += 2 * n * n * ch + 2 * n * tokens * ch; // (q k^T, p v) for self- and cross-attention
         }
     }
@@ -51,8 +51,8 @@ MacCount UNetMacBreakdown::full() const {
 
 MacCount UNetMacBreakdown::shallow(int branch) const {
     if (branch < 0 || branch >= num_skips())
-        throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " +
-                    std::to_string(num_skips()) + ")");
+        throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
+                    ")");
     MacCount m = stem;
     for (int k = 1; k <= branch; ++k) m += down[size_t(k)];
     for (int k = 0; k <= branch; ++k) m += up[size_t(k)];
@@ -62,8 +62,8 @@ MacCount UNetMacBreakdown::shallow(int branch) const {
 
 UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64_t latent_w, int64_t tokens) {
     const size_t nb = c.block_out_channels.size();
-    if (nb == 0 || c.down_block_types.size() != nb || c.up_block_types.size() != nb || c.layers_per_block.size() != nb ||
-        c.transformer_layers_per_block.size() != nb)
+    if (nb == 0 || c.down_block_types.size() != nb || c.up_block_types.size() != nb ||
+        c.layers_per_block.size() != nb || c.transformer_layers_per_block.size() != nb)
         throw Error("UNet config: per-block lists must all have " + std::to_string(nb) + " entries");
     if (latent_h <= 0 || latent_w <= 0) throw UsageError("MAC count: latent size must be positive");
     const int64_t ch0 = c.block_out_channels[0];

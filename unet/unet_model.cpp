@@ -79,7 +79,8 @@ Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, i
     return out.view({B, N, C});
 }
 
-// ---- building blocks -------------------------------------------------------------------------------------------------
+// ---- building blocks
+// -------------------------------------------------------------------------------------------------
 
 ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps) {
     norm1 = register_module("norm1", group_norm(groups, in, eps));
@@ -112,7 +113,9 @@ Tensor Downsample2DImpl::forward(const Tensor& x) {
     return perf::conv2d(conv, x);
 }
 
-Upsample2DImpl::Upsample2DImpl(int64_t channels) { conv = register_module("conv", unet::conv(channels, channels, 3)); }
+Upsample2DImpl::Upsample2DImpl(int64_t channels) {
+    conv = register_module("conv", unet::conv(channels, channels, 3));
+}
 
 Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_t>> size) {
     auto opts = F::InterpolateFuncOptions().mode(torch::kNearest);
@@ -123,7 +126,8 @@ Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_
     return perf::conv2d(conv, F::interpolate(x, opts));
 }
 
-// ---- transformer -----------------------------------------------------------------------------------------------------
+// ---- transformer
+// -----------------------------------------------------------------------------------------------------
 
 CrossAttentionImpl::CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads_, int64_t head_dim)
     : heads(heads_) {
@@ -160,7 +164,9 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
     net->push_back(out);
 }
 
-Tensor FeedForwardImpl::forward(const Tensor& x) { return out->forward(geglu->forward(x)); }
+Tensor FeedForwardImpl::forward(const Tensor& x) {
+    return out->forward(geglu->forward(x));
+}
 
 BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim,
                                                      int64_t context_dim) {
@@ -187,8 +193,8 @@ Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, 
                                                int64_t groups, bool linear)
     : linear_projection(linear) {
     if (heads <= 0 || channels % heads != 0)
-        throw Error("transformer: " + std::to_string(channels) + " channels not divisible by " +
-                    std::to_string(heads) + " heads");
+        throw Error("transformer: " + std::to_string(channels) + " channels not divisible by " + std::to_string(heads) +
+                    " heads");
     const int64_t head_dim = channels / heads, inner = channels;
     norm = register_module("norm", group_norm(groups, channels, 1e-6));
     if (linear)
@@ -244,8 +250,8 @@ std::vector<int> int_or_list(const nlohmann::json& j, const char* key, size_t n,
             out.push_back(e.get<int>());
         }
         if (out.size() != n)
-            throw Error(std::string("UNet config: '") + key + "' has " + std::to_string(out.size()) +
-                        " entries for " + std::to_string(n) + " blocks");
+            throw Error(std::string("UNet config: '") + key + "' has " + std::to_string(out.size()) + " entries for " +
+                        std::to_string(n) + " blocks");
         return out;
     }
     throw Error(std::string("UNet config: '") + key + "' must be an integer or a list");
@@ -298,9 +304,11 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
             throw Error("UNet config: mid_block_type '" + j["mid_block_type"].get<std::string>() + "' not supported");
     }
     for (const auto& t : c.down_block_types)
-        if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D") throw Error("UNet config: down block '" + t + "' not supported");
+        if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D")
+            throw Error("UNet config: down block '" + t + "' not supported");
     for (const auto& t : c.up_block_types)
-        if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") throw Error("UNet config: up block '" + t + "' not supported");
+        if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D")
+            throw Error("UNet config: up block '" + t + "' not supported");
     require_unset(j, "class_embed_type", "class-conditioned UNets");
     require_unset(j, "addition_embed_type", "SDXL-style added conditions");
     require_unset(j, "time_cond_proj_dim", "LCM guidance embedding");
@@ -311,9 +319,11 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
         throw Error("UNet config: resnet_time_scale_shift other than 'default' is not supported");
     if (j.contains("time_embedding_type") && j["time_embedding_type"] != "positional")
         throw Error("UNet config: time_embedding_type other than 'positional' is not supported");
-    if (j.contains("act_fn") && j["act_fn"] != "silu") throw Error("UNet config: act_fn other than silu is not supported");
+    if (j.contains("act_fn") && j["act_fn"] != "silu")
+        throw Error("UNet config: act_fn other than silu is not supported");
     if (j.contains("conv_in_kernel") && j["conv_in_kernel"] != 3) throw Error("UNet config: conv_in_kernel must be 3");
-    if (j.contains("conv_out_kernel") && j["conv_out_kernel"] != 3) throw Error("UNet config: conv_out_kernel must be 3");
+    if (j.contains("conv_out_kernel") && j["conv_out_kernel"] != 3)
+        throw Error("UNet config: conv_out_kernel must be 3");
     return c;
 }
 
@@ -324,6 +334,8 @@ UNetConfig UNetConfig::from_json_file(const std::string& path) {
         return from_json(nlohmann::json::parse(f));
     } catch (const nlohmann::json::exception& e) {
         throw Error("cannot parse '" + path + "': " + e.what());
+    } catch (const Error& e) { // a value the reader rejects: say in which file
+        throw Error("'" + path + "': " + e.what());
     }
 }
 
@@ -361,9 +373,8 @@ UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
     const size_t n = c.block_out_channels.size();
     if (n == 0) throw Error("UNet weights have no down_blocks.0.resnets.0 tensors");
     for (size_t i = 0; i < n; ++i)
-        c.up_block_types.push_back(w.has("up_blocks." + std::to_string(i) + ".attentions.0.norm.weight")
-                                       ? "CrossAttnUpBlock2D"
-                                       : "UpBlock2D");
+        c.up_block_types.push_back(
+            w.has("up_blocks." + std::to_string(i) + ".attentions.0.norm.weight") ? "CrossAttnUpBlock2D" : "UpBlock2D");
     if (cross < 0 && w.has("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight"))
         cross = int(w.shape("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight")[1]);
     if (cross > 0) c.cross_attention_dim = cross;
@@ -407,7 +418,9 @@ TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim) {
     linear_2 = register_module("linear_2", torch::nn::Linear(dim, dim));
 }
 
-Tensor TimestepEmbeddingImpl::forward(const Tensor& x) { return linear_2->forward(torch::silu(linear_1->forward(x))); }
+Tensor TimestepEmbeddingImpl::forward(const Tensor& x) {
+    return linear_2->forward(torch::silu(linear_1->forward(x)));
+}
 
 UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c) {
     const size_t n = c.block_out_channels.size();
@@ -500,7 +513,9 @@ int UNet2DConditionModelImpl::num_skips() const {
     return n;
 }
 
-void UNet2DConditionModelImpl::load(const WeightMap& w) { w.load_into(*this); }
+void UNet2DConditionModelImpl::load(const WeightMap& w) {
+    w.load_into(*this);
+}
 
 Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,
                                          UNetFeatures* features) {

@@ -19,7 +19,9 @@ constexpr double kEps = 1e-6; // every VAE norm (resnets, attention, conv_norm_o
 torch::nn::Conv2d conv3(int64_t in, int64_t out) {
     return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
-torch::nn::Conv2d conv1(int64_t in, int64_t out) { return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1)); }
+torch::nn::Conv2d conv1(int64_t in, int64_t out) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1));
+}
 
 } // namespace
 
@@ -54,6 +56,8 @@ VaeConfig VaeConfig::from_json_file(const std::string& path) {
         return from_json(nlohmann::json::parse(f));
     } catch (const nlohmann::json::exception& e) {
         throw Error("cannot parse '" + path + "': " + e.what());
+    } catch (const Error& e) { // a value the reader rejects: say in which file
+        throw Error("'" + path + "': " + e.what());
     }
 }
 
@@ -138,8 +142,8 @@ VaeEncoderImpl::VaeEncoderImpl(const VaeConfig& c) {
         down_blocks->push_back(b);
     }
     mid_block = register_module("mid_block", VaeMidBlock(boc.back(), g));
-    conv_norm_out = register_module("conv_norm_out",
-                                    torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, boc.back()).eps(kEps)));
+    conv_norm_out =
+        register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, boc.back()).eps(kEps)));
     conv_out = register_module("conv_out", conv3(boc.back(), 2 * c.latent_channels));
 }
 
@@ -238,6 +242,8 @@ LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f,
     return d;
 }
 
-void AutoencoderKLImpl::load(const WeightMap& w) { w.load_into(*this); }
+void AutoencoderKLImpl::load(const WeightMap& w) {
+    w.load_into(*this);
+}
 
 } // namespace anchor::unet

@@ -74,6 +74,13 @@ void check_output_path(const std::string& path, bool overwrite) {
     fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     if (!fs::is_directory(dir, ec)) throw Error("output directory '" + dir.string() + "' does not exist");
     if (::access(dir.c_str(), W_OK) != 0) throw Error("output directory '" + dir.string() + "' is not writable");
+    // access() says yes to root everywhere, also on /proc or a read-only mount: create and remove a probe file, so
+    // that a run fails before its work instead of at its end.
+    const std::string probe = temp_path_for(path) + ".probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw Error("output directory '" + dir.string() + "' is not writable (" + std::strerror(errno) + ")");
+    ::close(fd);
+    ::unlink(probe.c_str());
 }
 
 void write_via_temp(const std::string& path, const std::function<void(const std::string&)>& writer, bool overwrite) {

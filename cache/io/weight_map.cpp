@@ -48,16 +48,21 @@ WeightMap WeightMap::load(const std::string& path) {
         std::vector<std::string> loose, indexes;
         for (const auto& e : fs::directory_iterator(path)) {
             const std::string p = e.path().string();
-            if (ends_with(p, ".safetensors.index.json")) indexes.push_back(p);
-            else if (ends_with(p, ".safetensors")) loose.push_back(p);
+            if (ends_with(p, ".safetensors.index.json"))
+                indexes.push_back(p);
+            else if (ends_with(p, ".safetensors"))
+                loose.push_back(p);
         }
         std::sort(loose.begin(), loose.end());
         std::sort(indexes.begin(), indexes.end());
         if (indexes.size() > 1)
             throw Error("directory '" + path + "' holds several *.safetensors.index.json files; name one");
-        if (!indexes.empty()) index = indexes[0];
-        else if (loose.empty()) throw Error("directory '" + path + "' holds no .safetensors file");
-        else files = loose;
+        if (!indexes.empty())
+            index = indexes[0];
+        else if (loose.empty())
+            throw Error("directory '" + path + "' holds no .safetensors file");
+        else
+            files = loose;
     } else if (ends_with(path, ".index.json")) {
         index = path;
     } else {
@@ -89,8 +94,10 @@ WeightMap WeightMap::load(const std::string& path) {
         std::vector<std::string> absent;
         for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
             auto& f = opened[it.value().get<std::string>()];
-            if (!f->has(it.key())) absent.push_back(it.key() + " (expected in " + f->path() + ")");
-            else wm.insert(it.key(), f->tensor(it.key()), f->path());
+            if (!f->has(it.key()))
+                absent.push_back(it.key() + " (expected in " + f->path() + ")");
+            else
+                wm.insert(it.key(), f->tensor(it.key()), f->path());
         }
         if (!absent.empty())
             throw Error("sharded checkpoint index '" + index + "' names " + std::to_string(absent.size()) +
@@ -146,7 +153,9 @@ torch::Tensor WeightMap::get(const std::string& name, const std::vector<int64_t>
     return t;
 }
 
-std::vector<int64_t> WeightMap::shape(const std::string& name) const { return get(name).sizes().vec(); }
+std::vector<int64_t> WeightMap::shape(const std::string& name) const {
+    return get(name).sizes().vec();
+}
 
 WeightMap WeightMap::with_prefix_stripped(const std::string& prefix) const {
     WeightMap out;
@@ -185,24 +194,31 @@ void WeightMap::load_into(torch::nn::Module& module, const std::vector<std::stri
         targets[b.key()] = b.value();
         buffer_names.insert(b.key());
     }
-    std::vector<std::string> missing, unexpected, bad_shape;
+    std::vector<std::string> missing, unexpected, bad_shape, bad_dtype;
     for (const auto& [name, t] : targets) {
         auto it = tensors_.find(name);
         if (it == tensors_.end()) {
-            if (!(buffer_names.count(name) && matches(opt, name))) missing.push_back(name + " " + shape_str(t.sizes().vec()));
+            if (!(buffer_names.count(name) && matches(opt, name)))
+                missing.push_back(name + " " + shape_str(t.sizes().vec()));
         } else if (it->second.sizes() != t.sizes()) {
             bad_shape.push_back(name + ": expected " + shape_str(t.sizes().vec()) + ", got " +
                                 shape_str(it->second.sizes().vec()) + " in '" + source(name) + "'");
+        } else if (t.is_floating_point() && !it->second.is_floating_point()) {
+            // Integer or bool data where weights belong would be converted silently into nonsense.
+            bad_dtype.push_back(name + ": expected a floating-point tensor (F32/F16/BF16), got " +
+                                std::string(c10::toString(it->second.scalar_type())) + " in '" + source(name) + "'");
         }
     }
     for (const auto& [name, t] : tensors_)
         if (!targets.count(name) && !matches(ign, name)) unexpected.push_back(name + " (" + source(name) + ")");
-    if (!missing.empty() || !unexpected.empty() || !bad_shape.empty()) {
+    if (!missing.empty() || !unexpected.empty() || !bad_shape.empty() || !bad_dtype.empty()) {
         std::string msg = "weights do not fit the model (" + describe() + "):";
         if (!missing.empty())
             msg += "\n" + std::to_string(missing.size()) + " missing tensor(s):" + list_names(missing);
         if (!bad_shape.empty())
             msg += "\n" + std::to_string(bad_shape.size()) + " tensor(s) with the wrong shape:" + list_names(bad_shape);
+        if (!bad_dtype.empty())
+            msg += "\n" + std::to_string(bad_dtype.size()) + " tensor(s) with the wrong dtype:" + list_names(bad_dtype);
         if (!unexpected.empty())
             msg += "\n" + std::to_string(unexpected.size()) + " unexpected tensor(s):" + list_names(unexpected);
         throw Error(msg);
