@@ -113,6 +113,19 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
 }
 
 namespace cli {
+std::vector<std::string> read_prompts_file(const std::string& path, int max_n) {
+    std::ifstream f(path);
+    if (!f) throw Error("cannot read the prompts file '" + path + "'");
+    std::vector<std::string> out;
+    std::string line;
+    while (int(out.size()) < max_n && std::getline(f, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (!line.empty() && line[0] != '#') out.push_back(line);
+    }
+    if (out.empty()) throw Error("the prompts file '" + path + "' has no prompts");
+    return out;
+}
+
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option) {
     std::vector<int64_t> out;
     size_t b = 0;

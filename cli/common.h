@@ -36,6 +36,11 @@ namespace cli {
 // "64,128,256" -> {64, 128, 256}; UsageError naming `option` on an empty list, an empty item or a non-number.
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);
 
+// Prompts of a prompts file (anchor-sd --prompts-file, bench-cache, calibrate; assets/prompts/*.txt): one per line,
+// empty lines and '#' comment lines skipped, a trailing '\r' dropped, at most `max_n`. Throws anchor::Error naming
+// the file when it cannot be read or holds no prompt.
+std::vector<std::string> read_prompts_file(const std::string& path, int max_n = 1 << 30);
+
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.
 std::string default_sd_model();

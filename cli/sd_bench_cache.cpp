@@ -36,7 +36,8 @@ namespace {
 using namespace bench;
 
 struct Options {
-    std::string model, prompts = "assets/prompts/sd_bench.txt", modes = "off,deepcache:2,deepcache:3,deepcache:5,freq:thr=0.5,freq,freq:thr=2";
+    std::string model, prompts = "assets/prompts/sd_bench.txt",
+                       modes = "off,deepcache:2,deepcache:3,deepcache:5,freq:thr=0.5,freq,freq:thr=2";
     std::string unet_config, device = "cpu", output, sampler = "ddim";
     int width = 0, height = 0, steps = 20, repeat = 3, seeds = 1, max_prompts = 4;
     double cfg_scale = 7.5;
@@ -48,8 +49,8 @@ struct ModeResult {
     std::string mode;
     std::vector<double> wall;
     int full_steps = 0, total_steps = 0;
-    double macs_per_step = 0;           // per sample, mean over the loop
-    std::vector<double> psnr, ssim;     // vs off, per (prompt, seed) or per repeat
+    double macs_per_step = 0;       // per sample, mean over the loop
+    std::vector<double> psnr, ssim; // vs off, per (prompt, seed) or per repeat
 };
 
 // Mean per-step MACs and full-step count from a controller's per-step log.
@@ -69,17 +70,6 @@ double mean_of(const std::vector<double>& v) {
     size_t n = 0;
     for (double x : v) n += std::isinf(x) ? 0 : 1;
     return n ? s / double(n) : INFINITY; // all identical -> inf
-}
-
-std::vector<std::string> read_prompts(const std::string& path, int max_n) {
-    std::ifstream f(path);
-    if (!f) throw Error("bench-cache: cannot read prompts file '" + path + "'");
-    std::vector<std::string> out;
-    std::string line;
-    while (std::getline(f, line) && int(out.size()) < max_n)
-        if (!line.empty() && line[0] != '#') out.push_back(line);
-    if (out.empty()) throw Error("bench-cache: no prompts in '" + path + "'");
-    return out;
 }
 
 // Random-weight UNet loop (CFG batch 2) with the scheduler on the CPU and the UNet on `dev`.
@@ -172,7 +162,7 @@ int run_bench_cache(const Options& o) {
     } else {
         auto models = unet::load_sd_models(o.model);
         unet::Txt2ImgPipeline pipe(models);
-        const auto prompts = read_prompts(o.prompts, o.max_prompts);
+        const auto prompts = read_prompts_file(o.prompts, o.max_prompts);
         unet::Txt2ImgParams p;
         p.steps = o.steps;
         p.sampler = sampler;
@@ -212,7 +202,8 @@ int run_bench_cache(const Options& o) {
     for (const auto& m : res) wmode = std::max(wmode, m.mode.size());
     char line[512];
     std::snprintf(line, sizeof line, "%-*s %6s %10s %8s %24s %9s %10s %7s", int(wmode), "mode", "full", "GMACs/step",
-                  "MAC red.", "wall s min/median/max", "speed-up", images ? "PSNR" : "latentPSNR", images ? "SSIM" : "");
+                  "MAC red.", "wall s min/median/max", "speed-up", images ? "PSNR" : "latentPSNR",
+                  images ? "SSIM" : "");
     emit(line);
     nlohmann::json rep = {{"benchmark", "anchor-sd bench-cache"}, {"setup", what}, {"modes", nlohmann::json::array()}};
     const double macs0 = res[0].macs_per_step;
@@ -226,23 +217,23 @@ int run_bench_cache(const Options& o) {
                       base.median / s.median, std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(),
                       images ? fmt("%.4f", ssim).c_str() : "");
         emit(line);
-        rep["modes"].push_back({{"mode", m.mode},
-                                {"full_steps", m.full_steps},
-                                {"total_steps", m.total_steps},
-                                {"gmacs_per_step", m.macs_per_step / 1e9},
-                                {"wall_s", m.wall},
-                                {"wall_s_median", s.median},
-                                {"speedup_vs_first_median", base.median / s.median},
-                                {images ? "psnr_db" : "latent_psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
-                                {"ssim", images ? nlohmann::json(ssim) : nlohmann::json(nullptr)}});
+        rep["modes"].push_back(
+            {{"mode", m.mode},
+             {"full_steps", m.full_steps},
+             {"total_steps", m.total_steps},
+             {"gmacs_per_step", m.macs_per_step / 1e9},
+             {"wall_s", m.wall},
+             {"wall_s_median", s.median},
+             {"speedup_vs_first_median", base.median / s.median},
+             {images ? "psnr_db" : "latent_psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
+             {"ssim", images ? nlohmann::json(ssim) : nlohmann::json(nullptr)}});
     }
     emit("");
     emit("speed-up = median wall of the first mode / median wall of the mode, " + std::to_string(res[0].wall.size()) +
          " interleaved runs each; MACs = conv + linear layers per sample (DeepCache's definition)");
     const auto b512 = unet::unet_mac_breakdown(unet::UNetConfig{}, 64, 64);
-    emit("DeepCache reference (SD 1.5, 512x512): deepcache:5 analytic " +
-         fmt("%.2f", b512.full().total() / 1e9) + " G -> " +
-         fmt("%.2f", unet::deepcache_macs_per_step(b512, 5, 0) / 1e9) +
+    emit("DeepCache reference (SD 1.5, 512x512): deepcache:5 analytic " + fmt("%.2f", b512.full().total() / 1e9) +
+         " G -> " + fmt("%.2f", unet::deepcache_macs_per_step(b512, 5, 0) / 1e9) +
          " G per step here, published 338.83 G -> 130.45 G");
     emit("peak RSS (VmHWM): " + fmt("%.0f", peak_rss_mib()) + " MiB; load average at end: " + load_average());
     if (!o.output.empty()) {
@@ -260,8 +251,8 @@ void add_sd_bench_cache_command(CLI::App& app, std::vector<std::pair<CLI::App*, 
     cmd->fallthrough();
     auto o = std::make_shared<Options>();
     cmd->add_option("-m,--model", o->model, "SD model (diffusers folder or single file); default: random SD 1.5 UNet");
-    cmd->add_option("--modes", o->modes, "comma-separated cache modes, the first is the reference:\n" +
-                                             unet::cache_mode_help())
+    cmd->add_option("--modes", o->modes,
+                    "comma-separated cache modes, the first is the reference:\n" + unet::cache_mode_help())
         ->capture_default_str();
     cmd->add_option("--prompts", o->prompts, "prompt file (one per line, # comments) for -m")->capture_default_str();
     cmd->add_option("--max-prompts", o->max_prompts, "use at most this many prompts")->capture_default_str();

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 #include <unistd.h>
@@ -39,20 +38,6 @@ struct Options {
     std::string save_latents;
     std::string prompts_file; // one prompt per line; every line runs --batch-count images
 };
-
-// Prompts of --prompts-file: one per non-empty line (trailing '\r' dropped); UsageError when unreadable or empty.
-std::vector<std::string> read_prompts_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw UsageError("cannot read the prompts file '" + path + "'");
-    std::vector<std::string> out;
-    std::string line;
-    while (std::getline(f, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (!line.empty()) out.push_back(line);
-    }
-    if (out.empty()) throw UsageError("the prompts file '" + path + "' has no prompts");
-    return out;
-}
 
 std::string output_path(const std::string& base, int k) {
     if (k == 0) return base;
@@ -109,13 +94,13 @@ int run(const Options& o) {
         for (const auto& m : split_mode_list(o.compare)) parse_cache_mode(m);
     if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
     const std::vector<std::string> prompts =
-        o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts_file(o.prompts_file);
+        o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : cli::read_prompts_file(o.prompts_file);
     // A prompt goes into the tokenizer and the JSON sidecar: reject invalid UTF-8 before anything runs.
     for (size_t i = 0; i < prompts.size(); ++i)
         if (const auto bad = text::utf8_first_invalid(prompts[i]); bad >= 0)
             throw UsageError((o.prompts_file.empty()
                                   ? std::string("the prompt")
-                                  : "line " + std::to_string(i + 1) + " of '" + o.prompts_file + "'") +
+                                  : "prompt " + std::to_string(i + 1) + " of '" + o.prompts_file + "'") +
                              " is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
     if (const auto bad = text::utf8_first_invalid(o.negative); bad >= 0)
         throw UsageError("the negative prompt is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) +

@@ -47,8 +47,9 @@ void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, doubl
 }
 
 struct EvalOptions {
-    std::string model = "assets/models/fashion-sd", classifier, modes = "off,deepcache:2,deepcache:3,deepcache:4,"
-                                                                       "deepcache:5,deepcache:6,freq:thr=0.5,freq,freq:thr=2";
+    std::string model = "assets/models/fashion-sd", classifier,
+                modes = "off,deepcache:2,deepcache:3,deepcache:4,"
+                        "deepcache:5,deepcache:6,freq:thr=0.5,freq,freq:thr=2";
     std::string out;
     int seeds = 4, steps = 20;
     double cfg = 5.0;
@@ -61,8 +62,8 @@ int run_eval(const EvalOptions& o) {
     const auto modes = unet::split_mode_list(o.modes);
     for (const auto& m : modes) unet::parse_cache_mode(m);
     if (o.seeds < 1) throw UsageError("eval-fashion: --seeds must be >= 1");
-    const std::string cls_path = o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string()
-                                                      : o.classifier;
+    const std::string cls_path =
+        o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string() : o.classifier;
     auto classifier = unet::train::load_fashion_classifier(cls_path);
     auto models = unet::load_sd_models(o.model);
     unet::Txt2ImgPipeline pipe(models);
@@ -77,9 +78,14 @@ int run_eval(const EvalOptions& o) {
     fs::create_directories(out);
     pipe.run(p); // warm-up
 
-    nlohmann::json rep = {{"model", o.model},        {"classifier", cls_path}, {"steps", o.steps},
-                          {"sampler", "ddim"},        {"cfg_scale", o.cfg},     {"seeds", o.seeds},
-                          {"images_per_mode", 10 * o.seeds}, {"modes", nlohmann::json::array()}};
+    nlohmann::json rep = {{"model", o.model},
+                          {"classifier", cls_path},
+                          {"steps", o.steps},
+                          {"sampler", "ddim"},
+                          {"cfg_scale", o.cfg},
+                          {"seeds", o.seeds},
+                          {"images_per_mode", 10 * o.seeds},
+                          {"modes", nlohmann::json::array()}};
     std::vector<std::vector<torch::Tensor>> ref(size_t(o.seeds)); // off images per seed
     std::printf("%-58s %6s %9s %9s %10s %8s %10s\n", "mode", "full", "wall s", "speed-up", "PSNR", "SSIM", "adherence");
     double wall0 = 0;
@@ -112,8 +118,8 @@ int run_eval(const EvalOptions& o) {
         if (k == 0) wall0 = wall;
         const double psnr = psnr_n ? psnr_sum / psnr_n : INFINITY, ssim = ssim_sum / (10.0 * o.seeds);
         const double adherence = double(correct) / (10.0 * o.seeds);
-        std::printf("%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%%\n", spec.c_str(), full, total, wall,
-                    wall0 / wall, std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(), ssim, 100 * adherence);
+        std::printf("%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%%\n", spec.c_str(), full, total, wall, wall0 / wall,
+                    std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(), ssim, 100 * adherence);
         std::fflush(stdout);
         // Sample sheet: one row per seed, one column per class.
         std::vector<torch::Tensor> rows;
@@ -151,18 +157,11 @@ struct CalibrateOptions {
 // `target` steps of typical change for that part of the trajectory. r_k falls by ~10x from the first to the last
 // steps, so one fixed threshold reuses little early and too much late; the profile evens that out.
 int run_calibrate(const CalibrateOptions& o) {
-    if (o.ranges < 1 || o.steps < 2 || !(o.target > 0)) throw UsageError("calibrate: --ranges >= 1, --steps >= 2, --target > 0");
+    if (o.ranges < 1 || o.steps < 2 || !(o.target > 0))
+        throw UsageError("calibrate: --ranges >= 1, --steps >= 2, --target > 0");
     if (o.out.empty()) throw UsageError("calibrate: -o PROFILE.json is required");
     check_output_path(o.out, o.overwrite);
-    std::vector<std::string> prompts;
-    {
-        std::ifstream f(o.prompts);
-        if (!f) throw Error("calibrate: cannot read prompts file '" + o.prompts + "'");
-        std::string line;
-        while (std::getline(f, line) && int(prompts.size()) < o.max_prompts)
-            if (!line.empty() && line[0] != '#') prompts.push_back(line);
-        if (prompts.empty()) throw Error("calibrate: no prompts in '" + o.prompts + "'");
-    }
+    const auto prompts = read_prompts_file(o.prompts, o.max_prompts);
     auto models = unet::load_sd_models(o.model);
     unet::Txt2ImgPipeline pipe(models);
     unet::Txt2ImgParams p;
@@ -253,7 +252,8 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     ck->add_option("-m,--model", cal->model, "model (default: the embedded one)");
     ck->add_option("--prompts", cal->prompts, "prompt file, one per line")->capture_default_str();
     ck->add_option("--max-prompts", cal->max_prompts, "use at most this many prompts")->capture_default_str();
-    ck->add_option("--steps", cal->steps, "sampling steps (the profile is in fractions of the loop)")->capture_default_str();
+    ck->add_option("--steps", cal->steps, "sampling steps (the profile is in fractions of the loop)")
+        ->capture_default_str();
     ck->add_option("--sampler", cal->sampler, "sampler")->capture_default_str();
     ck->add_option("--cfg-scale", cal->cfg, "guidance scale")->capture_default_str();
     ck->add_option("--ranges", cal->ranges, "number of equal step ranges")->capture_default_str();

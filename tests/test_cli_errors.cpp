@@ -81,7 +81,7 @@ TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]"
         {"empty prompt", "sd", {"-m", m, "-p", "", "-o", png}, 2, {"prompt is required", "not empty"}},
         {"CFG NaN", "sd", {"-m", m, "-p", "a", "--cfg-scale", "nan", "-o", png}, 2, {"--cfg-scale", "finite"}},
         {"prompt not UTF-8", "sd", {"-m", m, "-p", "caf\xe9", "-o", png}, 2, {"not valid UTF-8", "offset 3"}},
-        {"prompts file missing", "sd", {"-m", m, "--prompts-file", out + "/nope.txt", "-o", png}, 2, {"nope.txt"}},
+        {"prompts file missing", "sd", {"-m", m, "--prompts-file", out + "/nope.txt", "-o", png}, 1, {"nope.txt"}},
         {"prompt and prompts file together",
          "sd",
          {"-m", m, "-p", "a", "--prompts-file", png, "-o", png},
