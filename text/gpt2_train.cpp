@@ -107,6 +107,12 @@ std::vector<std::string> kjv_documents(const std::vector<KjvVerse>& verses) {
     return docs;
 }
 
+void write_kjv_text(const std::string& path, const std::vector<KjvVerse>& verses) {
+    std::string text;
+    for (const auto& d : kjv_documents(verses)) text += (text.empty() ? "" : "\n") + d;
+    write_file_atomic(path, text);
+}
+
 std::vector<int64_t> kjv_token_stream(const std::vector<KjvVerse>& verses, const Gpt2Tokenizer& tok) {
     std::vector<int64_t> ids;
     for (const auto& d : kjv_documents(verses)) {
@@ -310,11 +316,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
     const auto tok = Gpt2Tokenizer::load_default(o.vocab_dir);
     const auto train_ids = kjv_token_stream(split.train, tok);
     const auto val_ids = kjv_token_stream(split.val, tok);
-    {
-        std::string held;
-        for (const auto& d : kjv_documents(split.val)) held += (held.empty() ? "" : "\n") + d;
-        write_file_atomic((fs::path(o.out_dir) / "heldout.txt").string(), held);
-    }
+    write_kjv_text((fs::path(o.out_dir) / "heldout.txt").string(), split.val);
 
     // Model, optimizer, EMA: fresh or from the checkpoint.
     Gpt2Config cfg = o.config;

@@ -52,6 +52,10 @@ KjvSplit split_kjv(const std::vector<KjvVerse>& verses, const HoldoutSpec& spec)
 // without the tags, every line ending in '\n'.
 std::vector<std::string> kjv_documents(const std::vector<KjvVerse>& verses);
 
+// Writes the documents as one plain text file (documents joined by '\n'), atomically: the held-out split as
+// `heldout.txt` of a training run, for `anchor-text gpt2 ppl --file`.
+void write_kjv_text(const std::string& path, const std::vector<KjvVerse>& verses);
+
 // GPT-2 ids of the documents, each followed by <|endoftext|> (50256).
 std::vector<int64_t> kjv_token_stream(const std::vector<KjvVerse>& verses, const Gpt2Tokenizer& tok);
 

@@ -120,9 +120,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
         const auto split = split_kjv(read_kjv(o.kjv_path), o.holdout);
         const auto tok = Gpt2Tokenizer::load_default(o.vocab_dir);
         corpus = kjv_token_stream(split.train, tok);
-        std::string held;
-        for (const auto& d : kjv_documents(split.val)) held += (held.empty() ? "" : "\n") + d;
-        write_file_atomic((fs::path(o.out_dir) / "heldout.txt").string(), held);
+        write_kjv_text((fs::path(o.out_dir) / "heldout.txt").string(), split.val);
         write_token_file((fs::path(o.out_dir) / "heldout_tokens.bin").string(), kjv_token_stream(split.val, tok));
         source = "KJV (held out " + o.holdout.str() + ")";
         log("corpus: " + source + ", " + std::to_string(corpus.size()) + " training tokens");
