@@ -3,6 +3,7 @@
 #include "unet/clip_text.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
 
 #include <nlohmann/json.hpp>
@@ -39,15 +40,7 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j) {
 }
 
 ClipTextConfig ClipTextConfig::from_json_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open text encoder config '" + path + "'");
-    try {
-        return from_json(nlohmann::json::parse(f));
-    } catch (const nlohmann::json::exception& e) {
-        throw Error("cannot parse '" + path + "': " + e.what());
-    } catch (const Error& e) { // a value the reader rejects: say in which file
-        throw Error("'" + path + "': " + e.what());
-    }
+    return read_json_config(path, "text encoder config", [](const nlohmann::json& j) { return from_json(j); });
 }
 
 ClipTextConfig ClipTextConfig::detect_from_weights(const WeightMap& w) {

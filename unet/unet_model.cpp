@@ -2,6 +2,7 @@
 #include "unet/unet_model.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
 #include "unet/unet_perf.h"
 
@@ -328,15 +329,7 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
 }
 
 UNetConfig UNetConfig::from_json_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open UNet config '" + path + "'");
-    try {
-        return from_json(nlohmann::json::parse(f));
-    } catch (const nlohmann::json::exception& e) {
-        throw Error("cannot parse '" + path + "': " + e.what());
-    } catch (const Error& e) { // a value the reader rejects: say in which file
-        throw Error("'" + path + "': " + e.what());
-    }
+    return read_json_config(path, "UNet config", [](const nlohmann::json& j) { return from_json(j); });
 }
 
 UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {

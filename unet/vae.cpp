@@ -2,6 +2,7 @@
 #include "unet/vae.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
 
 #include <nlohmann/json.hpp>
@@ -50,15 +51,7 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& j) {
 }
 
 VaeConfig VaeConfig::from_json_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open VAE config '" + path + "'");
-    try {
-        return from_json(nlohmann::json::parse(f));
-    } catch (const nlohmann::json::exception& e) {
-        throw Error("cannot parse '" + path + "': " + e.what());
-    } catch (const Error& e) { // a value the reader rejects: say in which file
-        throw Error("'" + path + "': " + e.what());
-    }
+    return read_json_config(path, "VAE config", [](const nlohmann::json& j) { return from_json(j); });
 }
 
 VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets) {
