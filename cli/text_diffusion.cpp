@@ -346,6 +346,7 @@ struct BenchRow {
     int64_t steps = 0;
     bench::Stats off_s, cached_s;
     double reused = 0, agreement = 0, gen_ppl_off = -1, gen_ppl_cached = -1;
+    double speedup() const { return off_s.median / cached_s.median; } // median wall time, off over cached
 };
 
 int run_bench(const BenchArgs& a) {
@@ -425,8 +426,8 @@ int run_bench(const BenchArgs& a) {
             std::cout << std::fixed << std::setprecision(3) << row.cache << " | " << T << " | " << row.off_s.min
                       << " / " << row.off_s.median << " / " << row.off_s.max << " | " << row.cached_s.min << " / "
                       << row.cached_s.median << " / " << row.cached_s.max << " | " << std::setprecision(2)
-                      << row.off_s.median / row.cached_s.median << "x | " << std::setprecision(1) << 100 * row.reused
-                      << "% | " << 100 * row.agreement << "%";
+                      << row.speedup() << "x | " << std::setprecision(1) << 100 * row.reused << "% | "
+                      << 100 * row.agreement << "%";
             if (scorer) std::cout << std::setprecision(2) << " | " << row.gen_ppl_off << " | " << row.gen_ppl_cached;
             std::cout << std::endl;
             rows.push_back(row);
@@ -438,7 +439,7 @@ int run_bench(const BenchArgs& a) {
         for (auto T : steps) {
             std::vector<std::pair<double, double>> pts;
             for (const auto& r : rows)
-                if (r.steps == T) pts.emplace_back(r.off_s.median / r.cached_s.median, 100.0 * r.agreement);
+                if (r.steps == T) pts.emplace_back(r.speedup(), 100.0 * r.agreement);
             std::sort(pts.begin(), pts.end());
             LossSeries s;
             s.label = "T = " + std::to_string(T);
@@ -470,7 +471,7 @@ int run_bench(const BenchArgs& a) {
                                 {"steps", r.steps},
                                 {"off_s", {r.off_s.min, r.off_s.median, r.off_s.max}},
                                 {"cached_s", {r.cached_s.min, r.cached_s.median, r.cached_s.max}},
-                                {"speedup_median", r.off_s.median / r.cached_s.median},
+                                {"speedup_median", r.speedup()},
                                 {"reused_fraction", r.reused},
                                 {"token_agreement", r.agreement}};
             if (scorer) o["gen_ppl_off"] = r.gen_ppl_off, o["gen_ppl_cached"] = r.gen_ppl_cached;
@@ -569,7 +570,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--seed", b.seed, "Seed")->capture_default_str();
     be->add_option("--json", b.json_out, "Write every row to this JSON file");
     be->add_option("--plot", b.plot_out, "Write the agreement vs speed-up curve to this PNG");
-    be->add_flag("--overwrite", b.overwrite, "Replace an existing --json file");
+    be->add_flag("--overwrite", b.overwrite, "Replace existing --json / --plot files");
     runners.emplace_back(be, [] { return run_bench(b); });
 }
 

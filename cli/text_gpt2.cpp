@@ -440,8 +440,7 @@ std::vector<double> time_steps(text::Gpt2Stream& stream, int steps, std::mt19937
 
 int run_bench(const BenchOptions& o) {
     if (o.repeats < 1) throw UsageError("--repeats must be >= 1");
-    std::vector<int64_t> stream_counts;
-    stream_counts = parse_int_list(o.stream_tokens, "--stream-tokens");
+    auto stream_counts = parse_int_list(o.stream_tokens, "--stream-tokens");
     if (o.long_stream) stream_counts.push_back(100000);
     text::Gpt2Model model{nullptr};
     std::string what;
