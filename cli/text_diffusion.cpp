@@ -4,6 +4,7 @@
 // Text I/O goes through the GPT-2 tokenizer (text/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
 // --prompt-ids / --ids work with raw ids.
 #include "cache/io/atomic_file.h"
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 #include "cli/bench_util.h"
 #include "cli/common.h"
@@ -97,9 +98,7 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 std::string table_choices() {
-    std::string s;
-    for (const auto& [n, r] : unmask_rule_table()) s += (s.empty() ? "" : "|") + n;
-    return s;
+    return enum_choices(unmask_rule_table(), "|");
 }
 
 std::string cache_help() {
@@ -299,6 +298,7 @@ struct TrainArgs {
     TrainOptions o;
     int64_t layers = 4, dim = 128, heads = 4, cond = 64;
     std::string gate = "time_anchor", export_dtype = "f16", holdout = "books:Ruth,Eccl,Jonah,Titus";
+    std::string loss_weight = "nelbo";
     bool full_vocab = false, no_resume = false;
 };
 
@@ -317,6 +317,7 @@ int run_train(TrainArgs a) {
     a.o.compact_vocab = !a.full_vocab;
     a.o.resume = !a.no_resume;
     a.o.holdout = text::HoldoutSpec::parse(a.holdout);
+    a.o.loss_weight = enum_from_string(mdlm_loss_weight_table(), a.loss_weight, "--loss-weight");
     if (a.export_dtype == "f16")
         a.o.export_dtype = torch::kFloat16;
     else if (a.export_dtype == "f32")
@@ -537,6 +538,11 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     tr->add_option("--lr", t.o.lr, "Peak learning rate")->capture_default_str();
     tr->add_option("--warmup", t.o.warmup, "Warm-up steps")->capture_default_str();
     tr->add_option("--weight-decay", t.o.weight_decay, "AdamW weight decay")->capture_default_str();
+    tr->add_option("--loss-weight", t.loss_weight,
+                   "Masked-token weight: nelbo (1/t, MDLM) or masked_mean (1/#masked per sequence, lower variance "
+                   "for small batches): " +
+                       enum_choices(mdlm_loss_weight_table(), "|"))
+        ->capture_default_str();
     tr->add_option("--seed", t.o.seed, "Seed")->capture_default_str();
     tr->add_option("--checkpoint-every", t.o.checkpoint_every, "Checkpoint interval")->capture_default_str();
     tr->add_option("--log-every", t.o.log_every, "Log interval")->capture_default_str();

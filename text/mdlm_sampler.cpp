@@ -1,5 +1,6 @@
 #include "text/mdlm_sampler.h"
 
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 
 #include <chrono>
@@ -13,18 +14,11 @@ const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table() {
 }
 
 UnmaskRule unmask_rule_from_string(const std::string& s) {
-    std::string all;
-    for (const auto& [n, r] : unmask_rule_table()) {
-        if (n == s) return r;
-        all += (all.empty() ? "" : ", ") + n;
-    }
-    throw UsageError("unknown unmasking rule '" + s + "' (choices: " + all + ")");
+    return enum_from_string(unmask_rule_table(), s, "unmasking rule");
 }
 
 std::string unmask_rule_name(UnmaskRule r) {
-    for (const auto& [n, v] : unmask_rule_table())
-        if (v == r) return n;
-    return "?";
+    return enum_name(unmask_rule_table(), r);
 }
 
 void SamplerOptions::validate() const {

@@ -60,7 +60,13 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& ids) 
     write_file_atomic(path, bytes);
 }
 
-torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen) {
+const EnumTable<MdlmLossWeight>& mdlm_loss_weight_table() {
+    static const EnumTable<MdlmLossWeight> t = {{"nelbo", MdlmLossWeight::kNelbo},
+                                                {"masked_mean", MdlmLossWeight::kMaskedMean}};
+    return t;
+}
+
+torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen, MdlmLossWeight weight) {
     const int64_t B = ids.size(0), L = ids.size(1);
     const double eps = model->config().noise_eps;
     // Low-discrepancy times (MDLM's antithetic sampling): t_b = eps + (1 - eps) ((u + b / B) mod 1).
@@ -80,6 +86,10 @@ torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generato
     auto target = ids.reshape(-1).index_select(0, flat);
     auto nll = torch::nn::functional::cross_entropy(
         logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    if (weight == MdlmLossWeight::kMaskedMean) {
+        auto count = masked.sum(1).clamp_min(1).to(torch::kFloat32); // [B]
+        return (nll / count.index_select(0, batch_of)).sum() / double(B);
+    }
     auto w = 1.0 / t.index_select(0, batch_of);
     return (nll * w).sum() / double(B * L);
 }
@@ -182,7 +192,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
         auto idx = offs.unsqueeze(1) + torch::arange(o.seq_len, torch::kInt64).unsqueeze(0);
         auto batch = data.index_select(0, idx.reshape(-1)).view({o.batch, o.seq_len});
         for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-        auto loss = mdlm_loss(model, batch, gen);
+        auto loss = mdlm_loss(model, batch, gen, o.loss_weight);
         loss.backward();
         if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
         double lr = lr_at(o, step);

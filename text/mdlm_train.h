@@ -1,6 +1,7 @@
 // Offline tools for the masked diffusion LM: training with the MDLM objective and anchor-profile calibration.
 #pragma once
 
+#include "cache/io/enum_table.h"
 #include "text/gpt2_train.h"
 #include "text/mdlm_sampler.h"
 
@@ -22,7 +23,16 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& ids);
 //   t_b low-discrepancy in [eps, 1], mask each token with probability 1 - alpha_t = (1 - eps) t,
 //   L = sum over masked tokens of (1 / t_b) * -log p_theta(x0 | x_t)  /  (B * L),
 // the weight -alpha'_t / (1 - alpha_t) = 1 / t. `ids`: internal ids [B, L] (clean); `gen` draws t and the masks.
-torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen);
+//
+// kMaskedMean replaces the 1 / t weight by 1 / (number of tokens masked in that sequence): the same expectation up to
+// the masked-count noise, but a sequence drawn at t ~ eps no longer puts weight ~1/eps on its one or two masked tokens.
+// With batches of 8 that weight dominates the gradient (one token at t = 1e-3 outweighs a whole sequence at t = 0.5)
+// and training stalls at the unigram loss; at MDLM's batch 512 it averages out. This is the per-sequence normalisation
+// of the masked cross-entropy used by MaskGIT-style trainers; evaluation still reports the NELBO.
+enum class MdlmLossWeight { kNelbo, kMaskedMean };
+const EnumTable<MdlmLossWeight>& mdlm_loss_weight_table();
+torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen,
+                        MdlmLossWeight weight = MdlmLossWeight::kNelbo);
 
 struct TrainOptions {
     // Corpus: a token file, or (use_kjv) the King James Version tokenized with the GPT-2 tokenizer, split by
@@ -40,6 +50,7 @@ struct TrainOptions {
     int64_t seq_len = 128;
     double lr = 1e-3, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8, grad_clip = 1.0;
     int64_t warmup = 100;
+    MdlmLossWeight loss_weight = MdlmLossWeight::kNelbo;
     int64_t checkpoint_every = 100;
     int64_t log_every = 10;
     uint64_t seed = 0;

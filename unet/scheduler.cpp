@@ -11,6 +11,7 @@
 // the goldens to the last bit or nearly so.
 #include "unet/scheduler.h"
 
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 
 #include <nlohmann/json.hpp>
@@ -44,17 +45,11 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
 }
 
 SamplerKind sampler_from_string(const std::string& s) {
-    for (const auto& [name, kind] : sampler_table())
-        if (name == s) return kind;
-    std::string valid;
-    for (const auto& [name, kind] : sampler_table()) valid += (valid.empty() ? "" : ", ") + name;
-    throw UsageError("unknown sampler '" + s + "' (valid: " + valid + ")");
+    return enum_from_string(sampler_table(), s, "sampler");
 }
 
 std::string sampler_name(SamplerKind k) {
-    for (const auto& [name, kind] : sampler_table())
-        if (kind == k) return name;
-    throw Error("sampler_name: invalid SamplerKind " + std::to_string(static_cast<int>(k)));
+    return enum_name(sampler_table(), k);
 }
 
 SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigmas) {
