@@ -196,7 +196,8 @@ void FreqAnchorDenoiser::begin(int num_steps) {
         policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
     probe_.reset();
     log_.clear();
-    F1_ = X1_ = X0_ = Tensor();
+    F1_ = X1_ = X0_ = slope_ = Tensor();
+    anchored_fraction_ = 1.0;
     s1_ = s0_ = -1;
     last_full_ = true;
 }
@@ -205,21 +206,22 @@ Tensor FreqAnchorDenoiser::anchored_mask(const Tensor& X1, const Tensor& X0, dou
     return cache::energy_change_rate(X1.square(), X0.square()) < tau;
 }
 
-Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, int s1, int s0, int k,
-                                         double tau, bool extrapolate, double* anchored_fraction) {
+Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X0, int s1, int s0, double tau,
+                                               double* anchored_fraction) {
     if (anchored_fraction) *anchored_fraction = 1.0;
-    if (!extrapolate || !X0.defined() || s1 <= s0) {
-        if (anchored_fraction && X0.defined())
-            *anchored_fraction = anchored_mask(X1, X0, tau).to(torch::kDouble).mean().item<double>();
-        return F1;
-    }
+    if (!X0.defined() || s1 <= s0) return Tensor();
     auto mask = anchored_mask(X1, X0, tau);
     const double frac = mask.to(torch::kDouble).mean().item<double>();
     if (anchored_fraction) *anchored_fraction = frac;
-    if (frac >= 1.0) return F1;
-    const double a = double(k - s1) / double(s1 - s0);
-    auto Xk = torch::where(mask, X1, X1 + (X1 - X0) * a);
-    return cache::idct2(Xk).to(F1.scalar_type());
+    if (frac >= 1.0) return Tensor();
+    return cache::idct2(torch::where(mask, torch::zeros_like(X1), X1 - X0)) / double(s1 - s0);
+}
+
+Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, int s1, int s0, int k,
+                                         double tau, bool extrapolate, double* anchored_fraction) {
+    auto slope = extrapolation_slope(X1, X0, s1, s0, tau, anchored_fraction);
+    if (!extrapolate || !slope.defined()) return F1;
+    return (F1.to(torch::kFloat) + slope * double(k - s1)).to(F1.scalar_type());
 }
 
 Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
@@ -250,9 +252,15 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         F1_ = f.cache_feature;
         X1_ = cache::dct2(F1_.to(torch::kFloat));
         s1_ = step;
+        // The anchor mask and the extrapolation are fixed until the next full step: work them out once here, so that
+        // a reuse step costs one axpy on top of the shallow path. (A quadratic through three full steps was tried and
+        // lost 1.8 dB on fashion-sd at 20/80 full steps: the curvature estimate overshoots.)
+        slope_ = extrapolation_slope(X1_, X0_, s1_, s0_, p_.tau, &anchored_fraction_);
+        if (!p_.extrapolate) slope_ = Tensor();
         rec.anchored_fraction = 0.0;
     } else {
-        auto F = reuse_feature(F1_, X1_, X0_, s1_, s0_, step, p_.tau, p_.extrapolate, &rec.anchored_fraction);
+        auto F = slope_.defined() ? (F1_.to(torch::kFloat) + slope_ * double(step - s1_)).to(F1_.scalar_type()) : F1_;
+        rec.anchored_fraction = anchored_fraction_;
         out = unet.forward_shallow(x, t, ctx, p_.branch, F);
     }
     last_full_ = full;

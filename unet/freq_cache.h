@@ -62,15 +62,15 @@ const std::vector<CacheModeInfo>& cache_mode_table();
 std::string cache_mode_help(); // one line per mode
 
 struct FreqParams {
-    double tau = 0.01;      // anchoring threshold on the per-coefficient energy change rate
+    double tau = 0.01; // anchoring threshold on the per-coefficient energy change rate
     // Full-step threshold on the accumulated low-band change A_k. Calibrated on the tiny SD model, DDIM 20 steps:
     // r_k falls from 0.65 to 0.06 (mean ~0.3); thr = 1.0 needs ~3 steps of mean change per full step, i.e. about
     // 3x fewer full steps (0.3 gave 14/20 full there). r_k scales ~1/steps, so longer runs reuse more (max caps it).
     double thr = 1.0;
-    int max_reuse = 4;      // at most this many consecutive reuses
-    int band = 4;           // low band u + v < band of the probe spectrum
+    int max_reuse = 4; // at most this many consecutive reuses
+    int band = 4;      // low band u + v < band of the probe spectrum
     bool extrapolate = true;
-    int branch = 0;         // DeepCache branch of the cached feature
+    int branch = 0; // DeepCache branch of the cached feature
     // profile=FILE (anchor-sd calibrate): thresholds per range of the loop, [begin, end) as fractions of the steps,
     // replacing thr where they apply.
     std::string profile;
@@ -128,8 +128,12 @@ public:
     // The feature for a reuse at step k from the last two full steps (exposed for tests): spectra X0 (step s0) and
     // X1 (step s1) and the cached feature F1. Sets *anchored_fraction. X0 undefined: F1 as it is.
     static torch::Tensor reuse_feature(const torch::Tensor& F1, const torch::Tensor& X1, const torch::Tensor& X0,
-                                       int s1, int s0, int k, double tau, bool extrapolate,
-                                       double* anchored_fraction);
+                                       int s1, int s0, int k, double tau, bool extrapolate, double* anchored_fraction);
+    // Per-step change of the feature from its non-anchored coefficients, in the spatial domain:
+    // idct2(where(anchored, 0, X1 - X0)) / (s1 - s0). By linearity of the DCT the reuse feature at step k is
+    // F1 + slope (k - s1). Undefined when X0 is undefined or every coefficient is anchored. Sets *anchored_fraction.
+    static torch::Tensor extrapolation_slope(const torch::Tensor& X1, const torch::Tensor& X0, int s1, int s0,
+                                             double tau, double* anchored_fraction);
     // Boolean mask of anchored coefficients: |X1^2 - X0^2| / (X0^2 + eps) < tau.
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
@@ -140,6 +144,8 @@ private:
     int num_steps_ = 0;
     bool last_full_ = true;
     torch::Tensor F1_, X1_, X0_;
+    torch::Tensor slope_; // extrapolation_slope of the last two full steps (undefined: reuse F1 as it is)
+    double anchored_fraction_ = 1.0;
     int s1_ = -1, s0_ = -1;
 };
 
