@@ -41,7 +41,7 @@ echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
 
 echo
 echo "== 3. Text diffusion, uncached vs anchor cache (assets/models/kjv-mdlm)"
-"$bin/anchor-text" diffusion generate -m assets/models/kjv-mdlm -p "Ex3:14 And God said unto Moses," --length 64 --steps 64 \
+"$bin/anchor-text" diffusion generate -m assets/models/kjv-mdlm -p "And God said unto Moses," --length 64 --steps 64 --temperature 0.8 \
   --compare off,anchor
 
 echo

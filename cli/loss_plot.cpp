@@ -25,11 +25,17 @@ LossSeries read_loss_log(const std::string& path, const std::string& label) {
     std::string line;
     while (std::getline(f, line)) {
         if (line.empty() || line[0] == '#') continue;
-        std::istringstream is(line);
         double step, loss;
+        const auto at = line.find(" loss ");
+        if (line.rfind("step ", 0) == 0 && at != std::string::npos) { // trainers' "step N/M loss X ..." lines
+            std::istringstream a(line.substr(5)), b(line.substr(at + 6));
+            if (a >> step && b >> loss) s.steps.push_back(step), s.losses.push_back(loss);
+            continue;
+        }
+        std::istringstream is(line);
         if (is >> step >> loss) s.steps.push_back(step), s.losses.push_back(loss);
     }
-    if (s.steps.empty()) throw Error("training log '" + path + "' has no 'step loss' lines");
+    if (s.steps.empty()) throw Error("training log '" + path + "' has no 'step loss' or 'step N/M loss X' lines");
     return s;
 }
 

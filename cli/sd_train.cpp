@@ -274,7 +274,8 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     auto pl = std::make_shared<PlotOptions>();
     auto* cp = app.add_subcommand("plot-loss", "loss-curve PNG of one or more train_*_log.txt files");
     cp->fallthrough();
-    cp->add_option("logs", pl->logs, "training logs (\"step loss ...\" lines)")->required();
+    cp->add_option("logs", pl->logs, "training logs (\"step loss\" or the trainers' \"step N/M loss X ...\" lines)")
+        ->required();
     cp->add_option("-o,--output", pl->out, "PNG to write")->required();
     cp->add_option("--title", pl->title, "title")->capture_default_str();
     runners.emplace_back(cp, [pl]() {

@@ -97,6 +97,11 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
     return out;
 }
 
+// Prompt windows must use tokens the model knows (held-out text may hold tokens a compact vocabulary lacks).
+std::function<bool(const std::vector<int64_t>&)> known_by(const MdlmModel& model) {
+    return [model](const std::vector<int64_t>& w) { return model->in_vocabulary(w); };
+}
+
 std::string table_choices() {
     return enum_choices(unmask_rule_table(), "|");
 }
@@ -265,7 +270,8 @@ int run_calibrate(const CalibrateArgs& a) {
     CalibrateOptions co;
     for (const auto& p : a.prompt_id_lists) co.prompts.push_back(parse_ids(p, "--prompt-ids"));
     if (!a.prompts_from.empty())
-        for (auto& p : token_file_windows(a.prompts_from, a.n_prompts, a.prompt_len)) co.prompts.push_back(p);
+        for (auto& p : token_file_windows(a.prompts_from, a.n_prompts, a.prompt_len, known_by(model)))
+            co.prompts.push_back(p);
     if (!a.s.prompt.empty()) co.prompts.push_back(encode_text(a.s.prompt));
     if (co.prompts.empty())
         throw UsageError("calibrate needs prompts: --prompt-ids (repeatable) or --prompts-from TOKENS");
@@ -364,7 +370,7 @@ int run_bench(const BenchArgs& a) {
     // Prompts: windows of a token file (e.g. held-out text), else random tokens of the model's vocabulary.
     std::vector<std::vector<int64_t>> prompts;
     if (!a.prompts_from.empty()) {
-        prompts = token_file_windows(a.prompts_from, a.repeats, a.prompt_len);
+        prompts = token_file_windows(a.prompts_from, a.repeats, a.prompt_len, known_by(model));
     } else {
         for (int64_t r = 0; r < a.repeats; ++r) {
             auto gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(r));

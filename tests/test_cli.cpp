@@ -19,19 +19,40 @@ const char* kGoldenPrompt = "a photo of an astronaut riding a horse on mars";
 void check_golden_run(const std::string& model, const std::string& sampler, const std::string& run) {
     const auto dir = test::scratch_dir("cli_sd_" + run + "_" + fs::path(model).stem().string());
     const std::string png = dir + "/out.png", lat = dir + "/latents.safetensors";
-    auto r = test::run_program(test::sd_bin(), {"-m", model, "-p", kGoldenPrompt, "--steps", "10", "--sampler", sampler,
-                                                "-s", "42", "--cfg-scale", "7.5", "-W", "16", "-H", "16", "-o", png,
-                                                "--save-latents", lat, "--threads", "1"});
+    auto r = test::run_program(test::sd_bin(), {"-m",
+                                                model,
+                                                "-p",
+                                                kGoldenPrompt,
+                                                "--steps",
+                                                "10",
+                                                "--sampler",
+                                                sampler,
+                                                "-s",
+                                                "42",
+                                                "--cfg-scale",
+                                                "7.5",
+                                                "-W",
+                                                "16",
+                                                "-H",
+                                                "16",
+                                                "-o",
+                                                png,
+                                                "--save-latents",
+                                                lat,
+                                                "--threads",
+                                                "1"});
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     REQUIRE(fs::exists(png));
     REQUIRE(fs::exists(png + ".json"));
-    auto ours_f = SafeTensorsFile::open(lat), golden_f = SafeTensorsFile::open(test::golden("sd/pipeline_tiny/" + run + ".safetensors"));
+    auto ours_f = SafeTensorsFile::open(lat),
+         golden_f = SafeTensorsFile::open(test::golden("sd/pipeline_tiny/" + run + ".safetensors"));
     auto& ours = *ours_f;
     auto& golden = *golden_f;
     // Seed parity: torch.Generator('cpu').manual_seed(42) noise, bit for bit.
     CHECK(torch::equal(ours.tensor("initial_noise"), golden.tensor("initial_noise")));
-    const auto fl = ours.tensor("final_latents").to(torch::kFloat64), gl = golden.tensor("final_latents").to(torch::kFloat64);
+    const auto fl = ours.tensor("final_latents").to(torch::kFloat64),
+               gl = golden.tensor("final_latents").to(torch::kFloat64);
     const double lat_err = (fl - gl).abs().max().item<double>(), lat_max = gl.abs().max().item<double>();
     INFO(run << " final latents max|a-b| " << lat_err << " (golden max " << lat_max << ")");
     CHECK(lat_err <= 5e-2 * lat_max);
@@ -79,4 +100,22 @@ TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intac
     std::string content;
     std::getline(f, content);
     CHECK(content == "user data");
+}
+
+#include "cli/loss_plot.h"
+
+TEST_CASE("loss log reader takes plain 'step loss' lines and the trainers' progress lines", "[cli]") {
+    const std::string dir = test::scratch_dir("loss_log");
+    const std::string plain = dir + "/plain.txt", progress = dir + "/progress.txt", empty = dir + "/empty.txt";
+    std::ofstream(plain) << "# step loss\n10 2.5\n20 2.0\n";
+    std::ofstream(progress) << "corpus: KJV\nstep 20/1600 loss 8.6033 lr 6.67e-04 elapsed 42.8s\n"
+                               "step 40/1600 loss 6.7237 lr 1.33e-03 elapsed 79.0s\ntrained steps 0..40\n";
+    std::ofstream(empty) << "nothing here\n";
+    auto a = cli::read_loss_log(plain, "a");
+    CHECK(a.steps == std::vector<double>{10, 20});
+    CHECK(a.losses == std::vector<double>{2.5, 2.0});
+    auto b = cli::read_loss_log(progress, "b");
+    CHECK(b.steps == std::vector<double>{20, 40});
+    CHECK(b.losses == std::vector<double>{8.6033, 6.7237});
+    CHECK_THROWS_WITH(cli::read_loss_log(empty, "c"), Catch::Contains("has no 'step loss'"));
 }

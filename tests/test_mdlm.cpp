@@ -377,6 +377,14 @@ TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]")
     CHECK(win[0] == std::vector<int64_t>(all.begin(), all.begin() + 100));
     CHECK(win[1] == std::vector<int64_t>(all.begin() + 966, all.begin() + 1066)); // (3000 - 100) * 1 / 3
     CHECK_THROWS_WITH(token_file_windows(dir + "/tiny.bin", 1, 5000), Catch::Contains("fewer than the prompt length"));
+    // A predicate slides each window to the first accepted offset (here: windows starting with the token at 1000).
+    const int64_t mark = all[1000];
+    auto starts_at_mark = [&](const std::vector<int64_t>& w) { return w[0] == mark; };
+    auto slid = token_file_windows(dir + "/tiny.bin", 1, 100, starts_at_mark);
+    REQUIRE(slid.size() == 1);
+    CHECK(slid[0][0] == mark);
+    CHECK_THROWS_WITH(token_file_windows(dir + "/tiny.bin", 3, 100, [](const std::vector<int64_t>&) { return false; }),
+                      Catch::Contains("only 0 of 3 windows"));
     TrainOptions o;
     o.tokens_path = dir + "/tiny.bin";
     o.out_dir = dir + "/run";

@@ -293,14 +293,26 @@ void MdlmModelImpl::set_vocab_ids(const torch::Tensor& ids) {
     ext_to_int_.index_copy_(0, v, torch::arange(cfg_.vocab_size, torch::kInt64));
 }
 
+torch::Tensor MdlmModelImpl::internal_or_minus_one(const torch::Tensor& ids) const {
+    if (!cfg_.compact_vocab) return ids;
+    if (ext_to_int_[cfg_.mask_token_id].item<int64_t>() < 0) // buffer loaded after construction: rebuild map
+        const_cast<MdlmModelImpl*>(this)->set_vocab_ids(vocab_ids.clone());
+    return ext_to_int_.index_select(0, ids.reshape(-1)).view(ids.sizes());
+}
+
+bool MdlmModelImpl::in_vocabulary(const std::vector<int64_t>& gpt2_ids) const {
+    for (auto id : gpt2_ids)
+        if (id < 0 || id >= cfg_.mask_token_id) return false; // [MASK] is not a prompt token either
+    auto ids = torch::tensor(gpt2_ids, torch::kInt64);
+    return ids.numel() == 0 || internal_or_minus_one(ids).min().item<int64_t>() >= 0;
+}
+
 torch::Tensor MdlmModelImpl::to_internal(const torch::Tensor& gpt2_ids) const {
     auto ids = gpt2_ids.to(torch::kInt64);
     if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() > cfg_.mask_token_id))
         throw Error("token id out of range [0, " + std::to_string(cfg_.mask_token_id) + "]");
     if (!cfg_.compact_vocab) return ids;
-    if (ext_to_int_[cfg_.mask_token_id].item<int64_t>() < 0) // buffer loaded after construction: rebuild map
-        const_cast<MdlmModelImpl*>(this)->set_vocab_ids(vocab_ids.clone());
-    auto r = ext_to_int_.index_select(0, ids.reshape(-1)).view(ids.sizes());
+    auto r = internal_or_minus_one(ids);
     if (r.numel() && r.min().item<int64_t>() < 0) {
         auto bad = ids.reshape(-1).index_select(0, torch::nonzero(r.reshape(-1) < 0).reshape(-1));
         throw Error("token id " + std::to_string(bad[0].item<int64_t>()) +

@@ -188,6 +188,8 @@ public:
     // GPT-2-side ids <-> internal ids (identity unless compact). Unknown GPT-2 ids throw anchor::Error.
     torch::Tensor to_internal(const torch::Tensor& gpt2_ids) const;
     torch::Tensor to_external(const torch::Tensor& internal_ids) const;
+    // True when every id is an ordinary token of this model (in the compact vocabulary, not [MASK]).
+    bool in_vocabulary(const std::vector<int64_t>& gpt2_ids) const;
     int64_t internal_mask_id() const { return cfg_.compact_vocab ? cfg_.vocab_size - 1 : cfg_.mask_token_id; }
     // Sets the compact vocabulary (sorted GPT-2 ids, last = mask id); only for compact models.
     void set_vocab_ids(const torch::Tensor& ids);
@@ -204,7 +206,8 @@ public:
 private:
     MdlmConfig cfg_;
     torch::Tensor ext_to_int_; // [mask_token_id + 1] int64, -1 for absent (compact only)
-    torch::Tensor mask_bias_;  // [V] 0 / -inf at the mask column
+    torch::Tensor internal_or_minus_one(const torch::Tensor& ids) const; // ids in range; -1 where absent
+    torch::Tensor mask_bias_;                                            // [V] 0 / -inf at the mask column
 };
 TORCH_MODULE(MdlmModel);
 

@@ -35,16 +35,28 @@ std::vector<int64_t> load_token_file(const std::string& path) {
     return ids;
 }
 
-std::vector<std::vector<int64_t>> token_file_windows(const std::string& path, int64_t n, int64_t len) {
+std::vector<std::vector<int64_t>> token_file_windows(const std::string& path, int64_t n, int64_t len,
+                                                     const std::function<bool(const std::vector<int64_t>&)>& accept) {
     const auto toks = load_token_file(path);
     const int64_t size = static_cast<int64_t>(toks.size());
     if (len < 1 || size < len)
         throw Error("token file '" + path + "' has " + std::to_string(size) + " ids, fewer than the prompt length " +
                     std::to_string(len));
     std::vector<std::vector<int64_t>> out;
+    int64_t next_free = 0; // accepted windows never share a start offset
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t off = (size - len) * i / std::max<int64_t>(1, n);
-        out.emplace_back(toks.begin() + off, toks.begin() + off + len);
+        int64_t off = std::max(next_free, (size - len) * i / std::max<int64_t>(1, n));
+        for (; off <= size - len; ++off) {
+            std::vector<int64_t> w(toks.begin() + off, toks.begin() + off + len);
+            if (!accept || accept(w)) {
+                out.push_back(std::move(w));
+                break;
+            }
+        }
+        if (off > size - len)
+            throw Error("token file '" + path + "': only " + std::to_string(out.size()) + " of " + std::to_string(n) +
+                        " windows of " + std::to_string(len) + " ids use only tokens this model knows");
+        next_free = off + 1;
     }
     return out;
 }
