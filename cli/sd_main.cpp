@@ -1,5 +1,6 @@
 // anchor-sd: Stable Diffusion txt2img with anchor caches. Flags follow stable-diffusion.cpp's names.
 #include "cache/io/atomic_file.h"
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cli/bench_util.h"
@@ -256,8 +257,7 @@ int main(int argc, char** argv) {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         Options o;
         anchor::add_common_options(app, o.threads, "anchor-sd");
-        std::string samplers;
-        for (const auto& [name, kind] : sampler_table()) samplers += (samplers.empty() ? "" : ", ") + name;
+        const std::string samplers = anchor::enum_choices(sampler_table());
         app.add_option("-m,--model", o.model,
                        "model: diffusers folder or single-file .safetensors checkpoint (default: the embedded demo "
                        "model, assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
