@@ -511,6 +511,7 @@ int run_bench(const BenchOptions& o) {
         text::Gpt2Stream s(model, text::KvSpec::parse(sink_spec), cache::PositionPolicy::Wrap);
         std::cout << "  KV cache: " << human_bytes(static_cast<double>(s.kv_bytes())) << " preallocated\n";
         int64_t done = 0;
+        double first_median = 0, first_rss = 0;
         for (int64_t target : stream_counts) {
             std::vector<double> lat;
             const auto t0 = Clock::now();
@@ -521,14 +522,19 @@ int run_bench(const BenchOptions& o) {
                 ++done;
             }
             const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-            // The last `repeats`-many (at least 16) steps are the steady state at this stream length.
-            const size_t tail = std::min(lat.size(), std::max<size_t>(16, o.repeats));
+            // The last 256 (or `repeats`, if more) steps are the steady state at this stream length: enough that one
+            // scheduler hiccup does not move the median.
+            const size_t tail = std::min(lat.size(), std::max<size_t>(256, o.repeats));
             auto sm = summarize(std::vector<double>(lat.end() - tail, lat.end()));
+            if (first_median == 0) first_median = sm.median;
             sink_median = sm.median;
+            const double rss = static_cast<double>(rss_now_bytes());
+            if (first_rss == 0) first_rss = rss;
             std::cout << "  after " << std::setw(6) << done << " tokens: " << fmt_ms(sm) << " per token (last " << tail
                       << "), " << std::setprecision(1) << (lat.empty() ? 0.0 : lat.size() / secs)
-                      << " tokens/s over the segment, RSS " << human_bytes(static_cast<double>(rss_now_bytes()))
-                      << "\n";
+                      << " tokens/s over the segment, RSS " << human_bytes(rss) << std::showpos << "  (latency "
+                      << 100.0 * (sm.median / first_median - 1.0) << " %, RSS " << 100.0 * (rss / first_rss - 1.0)
+                      << " % vs the first)" << std::noshowpos << "\n";
         }
     }
 
