@@ -5,8 +5,10 @@
 namespace anchor::cache {
 
 const std::vector<std::pair<PositionPolicy, std::string>>& position_policy_names() {
-    static const std::vector<std::pair<PositionPolicy, std::string>> t = {
-        {PositionPolicy::Wrap, "wrap"}, {PositionPolicy::Cache, "cache"}, {PositionPolicy::Absolute, "absolute"}};
+    static const std::vector<std::pair<PositionPolicy, std::string>> t = {{PositionPolicy::Wrap, "wrap"},
+                                                                          {PositionPolicy::Cache, "cache"},
+                                                                          {PositionPolicy::Absolute, "absolute"},
+                                                                          {PositionPolicy::Reencode, "reencode"}};
     return t;
 }
 
@@ -27,7 +29,8 @@ PositionPolicy position_policy_from_string(const std::string& s) {
 
 int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t n_positions) {
     switch (policy) {
-    case PositionPolicy::Wrap: return i % n_positions;
+    case PositionPolicy::Wrap:
+        return i % n_positions;
     case PositionPolicy::Cache: {
         const int64_t p = std::min(i, capacity - 1);
         if (p >= n_positions)
@@ -35,6 +38,8 @@ int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t 
                         std::to_string(n_positions) + " (use a smaller cache)");
         return p;
     }
+    case PositionPolicy::Reencode:
+        throw Error("position policy 'reencode' is decided by the stream (it re-encodes its window)");
     case PositionPolicy::Absolute:
         if (i >= n_positions)
             throw Error("position policy 'absolute': token " + std::to_string(i) + " is past the model's n_positions " +
@@ -120,8 +125,12 @@ std::vector<int64_t> SinkRollingKV::append(const torch::Tensor& k, const torch::
     return slots;
 }
 
-torch::Tensor SinkRollingKV::keys() const { return k_.narrow(2, 0, filled_); }
-torch::Tensor SinkRollingKV::values() const { return v_.narrow(2, 0, filled_); }
+torch::Tensor SinkRollingKV::keys() const {
+    return k_.narrow(2, 0, filled_);
+}
+torch::Tensor SinkRollingKV::values() const {
+    return v_.narrow(2, 0, filled_);
+}
 
 std::vector<int64_t> SinkRollingKV::stream_indices() const {
     return std::vector<int64_t>(slot_stream_.begin(), slot_stream_.begin() + filled_);

@@ -27,6 +27,12 @@ enum class PositionPolicy {
     Wrap,     // i % n_positions
     Cache,    // min(i, capacity - 1): the slot the token is written to, the last slot once the buffer is full
     Absolute, // i; an error once i >= n_positions
+    // The stream keeps its KV in order with positions 0, 1, ...; when the S + W buffer is full, the S sink tokens and
+    // the most recent floor(W/2) tokens are encoded again at positions 0 .. S + floor(W/2) - 1 (one batched forward)
+    // and the stream continues after them. Every token is seen in order at positions the model was trained on, for
+    // a batched re-encode of S + W/2 tokens per ceil(W/2) tokens. (Learned absolute positions cannot be shifted
+    // inside a rolling cache the way RoPE keys can; this is the exact alternative.) Stream-level: Gpt2Stream.
+    Reencode,
 };
 
 // "wrap" / "cache" / "absolute" and back (the table also drives --help).
@@ -41,9 +47,9 @@ struct SinkRollingKVOptions {
     int64_t batch = 1;
     int64_t heads = 1;
     int64_t head_dim = 1;
-    int64_t sinks = 0;   // S
-    int64_t window = 0;  // W (ring slots)
-    bool evict = true;   // false: `full` mode, appending past S + W throws
+    int64_t sinks = 0;  // S
+    int64_t window = 0; // W (ring slots)
+    bool evict = true;  // false: `full` mode, appending past S + W throws
     torch::ScalarType dtype = torch::kFloat32;
     torch::Device device = torch::kCPU;
 };
@@ -69,8 +75,8 @@ public:
     torch::Tensor values() const;
     std::pair<int64_t, int64_t> view_range() const { return {0, filled()}; }
 
-    int64_t filled() const { return filled_; }           // slots in use, min(count, capacity)
-    int64_t count() const { return count_; }             // tokens appended so far (stream length)
+    int64_t filled() const { return filled_; } // slots in use, min(count, capacity)
+    int64_t count() const { return count_; }   // tokens appended so far (stream length)
     int64_t capacity() const { return opt_.sinks + opt_.window; }
     int64_t sinks() const { return opt_.sinks; }
     int64_t window() const { return opt_.window; }

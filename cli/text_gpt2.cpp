@@ -78,7 +78,9 @@ void add_model_options(CLI::App* sub, ModelOptions& o, bool kv = true) {
         sub->add_option("--kv", o.kv, "KV cache: " + text::KvSpec::syntax_help())->capture_default_str();
         sub->add_option("--positions", o.positions,
                         "Position ids past the cache (" + policy_help() +
-                            "): wrap = i % n_positions, cache = min(i, S+W-1), absolute = i (error past n_positions)")
+                            "): wrap = i % n_positions, cache = min(i, S+W-1), absolute = i (error past n_positions), "
+                            "reencode = in-order positions; when the S+W buffer is full the sinks and the newest W/2 "
+                            "tokens are encoded again at 0.. (window/sink modes; matches recompute:S+W perplexity)")
             ->capture_default_str();
     }
 }
@@ -155,7 +157,7 @@ int run_ppl(const PplOptions& o) {
         if (policy == cache::PositionPolicy::Absolute && N > P)
             throw UsageError("--positions absolute cannot go past n_positions=" + std::to_string(P) +
                              " (the text has " + std::to_string(N) +
-                             " tokens); use --positions wrap|cache or --max-tokens " + std::to_string(P));
+                             " tokens); use --positions reencode|wrap|cache or --max-tokens " + std::to_string(P));
     }
     for (const auto& spec : specs) {
         std::cout << std::left << std::setw(18) << spec.str() << std::right << std::flush;
@@ -268,7 +270,7 @@ int run_generate(const GenOptions& o) {
         throw UsageError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-new " +
                          std::to_string(o.max_new) + " exceeds n_positions " + std::to_string(P) + " with --kv " +
                          spec.str() + " --positions " + cache::to_string(policy) +
-                         "; use --kv sink:S,W with --positions wrap or cache to go further");
+                         "; use --kv sink:S,W with --positions reencode, wrap or cache to go further");
     if (o.report_every < 0) throw UsageError("--report-every must be >= 0");
     if (!o.report_json.empty()) {
         if (o.report_every == 0) throw UsageError("--report-json needs --report-every N");

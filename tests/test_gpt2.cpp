@@ -180,6 +180,39 @@ TEST_CASE("GPT-2 tiny: KV-cached incremental decoding matches the reference", "[
     CHECK_THROWS_AS(s.feed(std::vector<int64_t>(100, 1)), anchor::Error); // past n_positions in full mode
 }
 
+TEST_CASE("GPT-2 tiny: --positions reencode equals a fresh forward over the kept tokens at every step", "[gpt2][kv]") {
+    // sink:2,9 keeps the 2 first tokens and re-encodes them with the newest floor(9/2) = 4 when the 11 slots are full.
+    auto& m = tiny();
+    const int64_t S = 2, W = 9, C = S + W;
+    auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids")); // 40 tokens
+    Gpt2Stream s(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
+    std::vector<int64_t> sinks;
+    std::deque<int64_t> rest;
+    double worst = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (static_cast<int64_t>(sinks.size() + rest.size()) == C)
+            while (static_cast<int64_t>(rest.size()) > W / 2) rest.pop_front();
+        (static_cast<int64_t>(sinks.size()) < S ? sinks.push_back(ids[i]) : rest.push_back(ids[i]));
+        std::vector<int64_t> ctx(sinks);
+        ctx.insert(ctx.end(), rest.begin(), rest.end());
+        CHECK(s.position_of(static_cast<int64_t>(i)) == static_cast<int64_t>(ctx.size()) - 1);
+        auto got = s.feed(ids[i]);
+        torch::NoGradGuard ng;
+        auto want = m.model->forward(torch::tensor(ctx, torch::kLong), false, true).logits.reshape({-1});
+        worst = std::max(worst, test::max_abs_diff(got, want));
+    }
+    INFO("max |logit difference| " << worst);
+    CHECK(worst < 1e-4);
+    // A batched feed takes the same path.
+    Gpt2Stream b(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
+    Gpt2Stream one(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
+    torch::Tensor l1;
+    for (auto t : ids) l1 = one.feed(t);
+    CHECK(test::max_abs_diff(b.feed(ids), l1) < 1e-5);
+    CHECK_THROWS_AS(Gpt2Stream(m.model, KvSpec::parse("sink:4,200"), cache::PositionPolicy::Reencode),
+                    anchor::UsageError);
+}
+
 TEST_CASE("GPT-2 tiny: greedy generation matches the reference tokens", "[gpt2][model]") {
     auto& m = tiny();
     auto j = nlohmann::json::parse(slurp(test::golden("text/gpt2_tiny/generation.json")));
@@ -288,8 +321,8 @@ TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
 
 TEST_CASE("gemv kernel matches the reference for f32 and f16 weights", "[gemv][kernels]") {
     torch::manual_seed(7);
-    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 13}, {64, 256}, {768, 768},
-                                                                       {3072, 768}, {50257, 64}, {33, 1031}}) {
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {7, 13}, {64, 256}, {768, 768}, {3072, 768}, {50257, 64}, {33, 1031}}) {
         auto w = torch::randn({rows, cols});
         auto x = torch::randn({cols});
         auto b = torch::randn({rows});
@@ -307,8 +340,8 @@ TEST_CASE("gemv kernel matches the reference for f32 and f16 weights", "[gemv][k
         auto wh = w.to(torch::kHalf);
         auto want16 = torch::addmv(b.to(torch::kDouble), wh.to(torch::kDouble), x.to(torch::kDouble));
         auto got16 = kernels::gemv(wh, x, b);
-        double e16 = ((got16.to(torch::kDouble) - want16).abs().max() / want16.abs().max().clamp_min(1e-12))
-                         .item<double>();
+        double e16 =
+            ((got16.to(torch::kDouble) - want16).abs().max() / want16.abs().max().clamp_min(1e-12)).item<double>();
         INFO("f16 rel err " << e16);
         CHECK(e16 < 1e-5);
         CHECK(kernels::gemv(w, x).size(0) == rows); // no bias

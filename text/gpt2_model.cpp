@@ -516,6 +516,15 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
     case KvMode::Window:
     case KvMode::Sink:
         capacity_ = spec_.sinks + spec_.window;
+        if (policy_ == cache::PositionPolicy::Reencode) {
+            if (capacity_ > P || spec_.window < 2)
+                throw UsageError("KV mode " + spec_.str() +
+                                 " with --positions reencode needs 2 <= W and S+W <= the "
+                                 "model's n_positions " +
+                                 std::to_string(P));
+            caches_ = model_->make_caches(0, capacity_, false);
+            break;
+        }
         if (policy_ != cache::PositionPolicy::Wrap && capacity_ > P)
             throw UsageError("KV mode " + spec_.str() + ": S+W = " + std::to_string(capacity_) +
                              " exceeds the model's n_positions " + std::to_string(P) + " with --positions " +
@@ -532,6 +541,11 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
 
 int64_t Gpt2Stream::position_of(int64_t i) const {
     if (spec_.mode == KvMode::Recompute) return std::min(i, capacity_ - 1);
+    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) {
+        // Fill 0 .. C-1, then cycles of ceil(W/2) new tokens after the S + floor(W/2) re-encoded ones.
+        const int64_t keep = spec_.sinks + spec_.window / 2, room = capacity_ - keep;
+        return i < capacity_ ? i : keep + (i - capacity_) % room;
+    }
     return cache::position_id(policy_, i, capacity_, model_->config().n_positions);
 }
 
@@ -579,6 +593,7 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         auto ids = torch::tensor(std::vector<int64_t>(recent_.begin(), recent_.end()), torch::kLong);
         return checked_logits(model_->forward(ids, false, true).logits.reshape({V}), count_ - 1);
     }
+    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) return feed_reencode(tokens);
     if (spec_.mode == KvMode::Full && count_ + static_cast<int64_t>(tokens.size()) > capacity_)
         throw Error("KV mode full: " + std::to_string(count_ + tokens.size()) + " tokens exceed the model's " +
                     "n_positions " + std::to_string(capacity_) + " (use sink:S,W or window:W to stream further)");
@@ -592,6 +607,39 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         logits = model_->step(torch::tensor(chunk, torch::kLong).unsqueeze(0), pos, caches_, true);
         count_ += n;
         i += n;
+    }
+    return checked_logits(logits.reshape({V}), count_ - 1);
+}
+
+torch::Tensor Gpt2Stream::feed_reencode(const std::vector<int64_t>& tokens) {
+    const int64_t V = model_->config().vocab_size, S = spec_.sinks, W = spec_.window;
+    torch::Tensor logits;
+    size_t i = 0;
+    while (i < tokens.size()) {
+        if (cached_ == capacity_) {
+            // Full: encode the sinks and the newest floor(W/2) tokens again at positions 0.. (in order), drop the rest.
+            while (static_cast<int64_t>(recent_.size()) > W / 2) recent_.pop_front();
+            std::vector<int64_t> keep(sink_ids_);
+            keep.insert(keep.end(), recent_.begin(), recent_.end());
+            for (auto& c : caches_) c.clear();
+            std::vector<int64_t> pos(keep.size());
+            for (size_t j = 0; j < keep.size(); ++j) pos[j] = static_cast<int64_t>(j);
+            model_->step(torch::tensor(keep, torch::kLong).unsqueeze(0), pos, caches_, true);
+            cached_ = static_cast<int64_t>(keep.size());
+        }
+        const int64_t n = std::min<int64_t>(capacity_ - cached_, static_cast<int64_t>(tokens.size() - i));
+        std::vector<int64_t> pos(n), chunk(tokens.begin() + i, tokens.begin() + i + n);
+        for (int64_t j = 0; j < n; ++j) pos[j] = cached_ + j;
+        logits = model_->step(torch::tensor(chunk, torch::kLong).unsqueeze(0), pos, caches_, true);
+        for (auto t : chunk) {
+            if (static_cast<int64_t>(sink_ids_.size()) < S)
+                sink_ids_.push_back(t);
+            else
+                recent_.push_back(t);
+        }
+        cached_ += n;
+        count_ += n;
+        i += static_cast<size_t>(n);
     }
     return checked_logits(logits.reshape({V}), count_ - 1);
 }

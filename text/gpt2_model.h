@@ -202,7 +202,11 @@ private:
     int64_t capacity_ = 0;
     int64_t count_ = 0;
     std::vector<cache::SinkRollingKV> caches_;
-    std::deque<int64_t> recent_; // recompute mode
+    std::deque<int64_t> recent_; // recompute mode; reencode: the non-sink tokens of the buffer, oldest first
+    // --positions reencode (window/sink modes): an in-order buffer of S + W slots, re-encoded when full.
+    std::vector<int64_t> sink_ids_;
+    int64_t cached_ = 0; // tokens in the buffer
+    torch::Tensor feed_reencode(const std::vector<int64_t>& tokens);
 };
 
 // StreamingLLM evaluation protocol: one token per step, score the next one.

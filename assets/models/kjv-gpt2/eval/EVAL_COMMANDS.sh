@@ -19,3 +19,8 @@ $BIN --threads 1 gpt2 ppl -m $M --file $E/heldout.txt --compare window:224,sink:
     --json $E/ppl_w224.json --overwrite > $E/ppl_w224.txt
 $BIN --threads 1 gpt2 ppl -m $M --file $E/heldout.txt --positions cache --compare window:224,sink:4,220 \
     --json $E/ppl_w224_positions_cache.json --overwrite > $E/ppl_w224_positions_cache.txt
+# In-order positions with re-encoding when the buffer is full (--positions reencode), next to recompute above.
+$BIN --threads 1 gpt2 ppl -m $M --file $E/heldout.txt --positions reencode --compare window:128,sink:4,124,recompute:128 \
+    --json $E/ppl_w128_positions_reencode.json --overwrite > $E/ppl_w128_positions_reencode.txt
+$BIN --threads 1 gpt2 ppl -m $M --file $E/heldout.txt --positions reencode --compare window:224,sink:4,220,sink:4,252 \
+    --json $E/ppl_w224_positions_reencode.json --overwrite > $E/ppl_w224_positions_reencode.txt
