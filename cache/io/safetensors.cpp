@@ -17,40 +17,23 @@ namespace anchor {
 
 namespace {
 
-// The torch side of the dtype table in safetensors_header.cpp.
-torch::ScalarType torch_type(DType t) {
-    switch (t) {
-    case DType::F32:
-        return torch::kFloat32;
-    case DType::F16:
-        return torch::kFloat16;
-    case DType::BF16:
-        return torch::kBFloat16;
-    case DType::F64:
-        return torch::kFloat64;
-    case DType::I64:
-        return torch::kInt64;
-    case DType::I32:
-        return torch::kInt32;
-    case DType::U8:
-        return torch::kUInt8;
-    case DType::BOOL:
-        return torch::kBool;
-    }
-    throw Error("internal: unknown DType");
-}
-
-const DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64,
-                            DType::I64, DType::I32, DType::U8,   DType::BOOL};
+// The torch side of the dtype table in safetensors_header.cpp: one row per DType, read both ways.
+const std::pair<DType, torch::ScalarType> kTorchTypes[] = {
+    {DType::F32, torch::kFloat32}, {DType::F16, torch::kFloat16}, {DType::BF16, torch::kBFloat16},
+    {DType::F64, torch::kFloat64}, {DType::I64, torch::kInt64},   {DType::I32, torch::kInt32},
+    {DType::U8, torch::kUInt8},    {DType::BOOL, torch::kBool},
+};
 
 } // namespace
 
 torch::ScalarType to_torch(DType t) {
-    return torch_type(t);
+    for (const auto& [d, st] : kTorchTypes)
+        if (d == t) return st;
+    throw Error("internal: unknown DType");
 }
 DType from_torch(torch::ScalarType st) {
-    for (auto t : kAllDTypes)
-        if (torch_type(t) == st) return t;
+    for (const auto& [d, s] : kTorchTypes)
+        if (s == st) return d;
     throw Error(std::string("safetensors cannot store torch dtype ") + c10::toString(st));
 }
 
