@@ -217,11 +217,15 @@ Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X
     return cache::idct2(torch::where(mask, torch::zeros_like(X1), X1 - X0)) / double(s1 - s0);
 }
 
+Tensor FreqAnchorDenoiser::extrapolate_feature(const Tensor& F1, const Tensor& slope, int steps_since_full) {
+    if (!slope.defined()) return F1;
+    return (F1.to(torch::kFloat) + slope * double(steps_since_full)).to(F1.scalar_type());
+}
+
 Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, int s1, int s0, int k,
                                          double tau, bool extrapolate, double* anchored_fraction) {
     auto slope = extrapolation_slope(X1, X0, s1, s0, tau, anchored_fraction);
-    if (!extrapolate || !slope.defined()) return F1;
-    return (F1.to(torch::kFloat) + slope * double(k - s1)).to(F1.scalar_type());
+    return extrapolate ? extrapolate_feature(F1, slope, k - s1) : F1;
 }
 
 Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
@@ -259,7 +263,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         if (!p_.extrapolate) slope_ = Tensor();
         rec.anchored_fraction = 0.0;
     } else {
-        auto F = slope_.defined() ? (F1_.to(torch::kFloat) + slope_ * double(step - s1_)).to(F1_.scalar_type()) : F1_;
+        auto F = extrapolate_feature(F1_, slope_, step - s1_);
         rec.anchored_fraction = anchored_fraction_;
         out = unet.forward_shallow(x, t, ctx, p_.branch, F);
     }

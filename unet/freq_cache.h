@@ -134,6 +134,8 @@ public:
     // F1 + slope (k - s1). Undefined when X0 is undefined or every coefficient is anchored. Sets *anchored_fraction.
     static torch::Tensor extrapolation_slope(const torch::Tensor& X1, const torch::Tensor& X0, int s1, int s0,
                                              double tau, double* anchored_fraction);
+    // F1 + slope * steps_since_full in float, back in F1's dtype; F1 itself when the slope is undefined.
+    static torch::Tensor extrapolate_feature(const torch::Tensor& F1, const torch::Tensor& slope, int steps_since_full);
     // Boolean mask of anchored coefficients: |X1^2 - X0^2| / (X0^2 + eps) < tau.
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
