@@ -196,6 +196,8 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
     CHECK(rule_active(ids, torch::tensor({1, 3, 3, 3}), torch::tensor({5, 6, 0, 8}), 50257, 4, 2, false)
               .equal(torch::tensor({true, false, true, false})));
     CHECK(rule_active(ids, stamp, token, 50257, 4, 2, true).all().item<bool>());
+    // masked=reuse drops the [MASK] term: pos2 (masked, age 1) is anchored like a decoded token.
+    CHECK(rule_active(ids, stamp, token, 50257, 4, 2, false, false).equal(torch::tensor({false, true, false, true})));
 
     // The denoiser over 9 steps with fixed tokens: stale=2, refresh=4, no V check.
     auto m = tiny_model();
@@ -223,6 +225,19 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
     run("anchor:tau=-1,stale=1,stale_high=3,rho=0", {L, 1, 1, 1, L, 1});
     // V check: rho=0.5 re-verifies half of the 11 anchored candidates (ceil) each step.
     run("anchor:tau=2,stale=10,rho=0.5", {L, 7, 7});
+    // masked=reuse: the [MASK] position is anchored too, except at the steps where its logits are asked for.
+    {
+        MdlmDenoiser d(m, parse_cache_spec("anchor:tau=2,stale=10,rho=0,masked=reuse"));
+        d.reset(L);
+        d.logits(x, 0.9, 0, pos);
+        d.logits(x, 0.8, 1, torch::tensor({0}, torch::kInt64)); // asks for position 0 only
+        auto act = d.last_decisions()[0].active;
+        CHECK(act[0].item<bool>());
+        CHECK(act.sum().item<int64_t>() == 1); // L - 1 (masked) is anchored
+        d.logits(x, 0.7, 2, pos);
+        CHECK(d.last_decisions()[0].active.sum().item<int64_t>() == 1);
+        CHECK(d.last_decisions()[0].active[L - 1].item<bool>());
+    }
     // A token change re-activates that position.
     {
         MdlmDenoiser d(m, parse_cache_spec("anchor:tau=2,stale=10,rho=0"));
@@ -251,6 +266,10 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), UsageError);
     CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), UsageError);
     CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), UsageError);
+    CHECK(parse_cache_spec("anchor:masked=reuse").anchor.reuse_masked);
+    CHECK(!parse_cache_spec("anchor:masked=active").anchor.reuse_masked);
+    CHECK(parse_cache_spec(parse_cache_spec("anchor:masked=reuse").to_string()).anchor.reuse_masked);
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:masked=yes"), Catch::Contains("'active' or 'reuse'"));
 }
 
 TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]") {
@@ -288,6 +307,10 @@ TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]")
     for (auto n : a1.unmasked_per_step) total += n;
     CHECK(total == 26);
     CHECK(a1.unmasked_per_step.size() == 8);
+    // The unmasking draw comes before the model: only steps that unmask something run a forward pass.
+    int64_t steps_with_unmasking = 0;
+    for (auto n : a1.unmasked_per_step) steps_with_unmasking += n > 0;
+    CHECK(a1.forward_passes == steps_with_unmasking);
     so.seed = 4;
     CHECK(sample(den, so).tokens != a1.tokens);
     // Ancestral unmask probability (t - s) / t: with many positions the counts follow 1/8, 1/7, ... of the rest.

@@ -21,6 +21,7 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
         {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
         {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0.05)"},
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
+        {"masked", "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
         {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
     return keys;
 }
@@ -31,6 +32,7 @@ std::string CacheSpec::to_string() const {
     os << "anchor:tau=" << anchor.tau_gate << ",stale=" << anchor.stale;
     if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
     os << ",rho=" << anchor.rho << ",refresh=" << anchor.refresh;
+    if (anchor.reuse_masked) os << ",masked=reuse";
     if (!anchor.profile.empty()) os << ",profile=" << anchor.profile;
     return os.str();
 }
@@ -84,7 +86,11 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.rho = num(0.0, 1.0);
         else if (k == "refresh")
             spec.anchor.refresh = integer(0);
-        else if (k == "profile") {
+        else if (k == "masked") {
+            if (v != "active" && v != "reuse")
+                throw UsageError("cache option masked=" + v + ": expected 'active' or 'reuse'");
+            spec.anchor.reuse_masked = v == "reuse";
+        } else if (k == "profile") {
             if (v.empty()) throw UsageError("cache option profile= needs a file");
             spec.anchor.profile = v;
         } else
@@ -274,9 +280,10 @@ std::unique_ptr<MdlmLatentStore> make_dense_latent_store() {
 // ---- denoiser -------------------------------------------------------------------------------------------------------
 
 torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
-                          int64_t mask_id, int64_t step, int64_t staleness, bool full) {
+                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active) {
     if (full) return torch::ones(ids.sizes(), torch::kBool);
-    return (ids == mask_id) | (ids != token) | (stamp < 0) | ((step - stamp) > staleness);
+    auto a = (ids != token) | (stamp < 0) | ((step - stamp) > staleness);
+    return masked_active ? a | (ids == mask_id) : a;
 }
 
 MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<MdlmLatentStore> store)
@@ -306,7 +313,7 @@ torch::Tensor MdlmDenoiser::logits(const torch::Tensor& ids, double t, int64_t s
     if (ids.size(0) != length_) reset(ids.size(0));
     auto c = model_->conditioning(torch::full({1}, t, torch::kFloat32));
     auto x0 = model_->embed(ids.unsqueeze(0));
-    auto h = spec_.mode == CacheMode::Off ? dense_hidden(ids, x0, c, step) : cached_hidden(ids, x0, c, t, step);
+    auto h = spec_.mode == CacheMode::Off ? dense_hidden(ids, x0, c, step) : cached_hidden(ids, x0, c, step, positions);
     return model_->head(h.index_select(1, positions), c).squeeze(0);
 }
 
@@ -326,7 +333,7 @@ torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::
 }
 
 torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
-                                          double, int64_t step) {
+                                          int64_t step, const torch::Tensor& positions) {
     const auto& a = spec_.anchor;
     const auto& cfg = model_->config();
     const int64_t mask_id = model_->internal_mask_id();
@@ -341,7 +348,9 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         int64_t stale = has_profile_ ? profile_.staleness(l, step, total_steps_) : a.stale;
         if (gate_mean > a.tau_gate) stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
         bool layer_full = full || store_->stamp(l).lt(0).any().item<bool>();
-        auto active = rule_active(ids, store_->stamp(l), store_->token(l), mask_id, step, stale, layer_full);
+        auto active =
+            rule_active(ids, store_->stamp(l), store_->token(l), mask_id, step, stale, layer_full, !a.reuse_masked);
+        if (a.reuse_masked) active.index_fill_(0, positions, true);
         // V-verify (dLLM-Cache): among anchored candidates re-activate the rho fraction whose value vectors moved
         // most (lowest cosine similarity between the current V and the cached V).
         if (!layer_full && a.rho > 0) {

@@ -8,7 +8,10 @@
 //   * its entry is older than the layer's staleness (s - stamp > stale_l),
 //   * or it is among the top-rho anchored candidates whose value vector changed most (V-verify as dLLM-Cache: the
 //     current V is computed for every position, cosine similarity to the cached V ranks them),
-// and ANCHORED otherwise: its cached attention/FFN outputs are reused with the CURRENT step's gates,
+// and ANCHORED otherwise. With `masked=reuse` the first rule shrinks to the positions whose logits the sampler asks
+// for (ancestral: those it unmasks now; confidence: every masked one of the block): a [MASK] position's input never
+// changes, only its attention context and the time conditioning do, so like dLLM-Cache's response cache it can be
+// reused for a few steps; ANCHORED positions: its cached attention/FFN outputs are reused with the CURRENT step's gates,
 //   x += g_attn(t_s) * attn_cache,  x += g_ffn(t_s) * ffn_cache,
 // which is exact with respect to the gate because the gate depends on t only. Queries, FFN and fresh K/V are
 // computed for active positions only (gather/scatter); their queries attend over all keys (anchored ones from the
@@ -36,6 +39,9 @@ struct AnchorCacheSettings {
     double rho = 0.05;       // fraction of anchored candidates re-verified by value change
     int64_t refresh = 0;     // full recompute every R steps (0 = only step 0)
     std::string profile;     // calibrated anchor profile (JSON) giving per-layer, per-time staleness
+    // masked=reuse: a [MASK] position whose logits are not asked for this step is anchored like a decoded one
+    // (dLLM-Cache caches the whole response, masks included); the positions being decoded stay active.
+    bool reuse_masked = false;
 };
 
 struct CacheSpec {
@@ -44,7 +50,8 @@ struct CacheSpec {
     std::string to_string() const;
 };
 
-// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,profile=FILE" (any subset of keys).
+// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=reuse,profile=FILE" (any
+// subset of keys).
 // Throws UsageError naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // key -> help (for --help)
@@ -135,8 +142,8 @@ public:
 
 private:
     torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, double t,
-                                int64_t step);
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
+                                int64_t step, const torch::Tensor& positions);
 
     MdlmModel model_;
     CacheSpec spec_;
@@ -155,8 +162,9 @@ public:
 };
 
 // The per-position activity rule for one layer, separated so tests can script it:
-// active = masked | token changed | (step - stamp > staleness) | stamp < 0 | full.
+// active = masked | token changed | (step - stamp > staleness) | stamp < 0 | full; `masked_active` = false drops the
+// first term (masked=reuse).
 torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
-                          int64_t mask_id, int64_t step, int64_t staleness, bool full);
+                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active = true);
 
 } // namespace anchor::text

@@ -103,22 +103,32 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
             const double t = 1.0 - double(j) / double(S), s = 1.0 - double(j + 1) / double(S);
             auto pos = torch::nonzero(ids.eq(mask) & in_block).reshape(-1);
             int64_t unmasked = 0;
-            if (pos.size(0) > 0) {
+            if (pos.size(0) > 0 && opt.rule == UnmaskRule::Ancestral) {
+                // MDLM's reverse step keeps a masked token masked with probability (1 - alpha_s) / (1 - alpha_t),
+                // whatever x_theta says (Sahoo et al. 2024, eq. 7), so the unmasking draw comes first and only the
+                // positions it picks need logits; a step that unmasks nothing needs no forward pass at all. Same
+                // distribution as drawing x0 everywhere and discarding it, at a fraction of the cost.
+                const double p = j == S - 1 ? 1.0 : (t - s) / t;
+                auto u = torch::rand({pos.size(0)}, gen, torch::kFloat64);
+                auto chosen = pos.index_select(0, torch::nonzero(u < p).reshape(-1));
+                if (chosen.size(0) > 0) {
+                    auto logits = den.logits(ids, t, step, chosen);
+                    torch::Tensor x0, conf;
+                    draw(logits, opt.temperature, opt.top_k, gen, x0, conf);
+                    ids.index_copy_(0, chosen, x0);
+                    unmasked = chosen.size(0);
+                    res.forward_passes++;
+                }
+            } else if (pos.size(0) > 0) {
                 auto logits = den.logits(ids, t, step, pos);
                 torch::Tensor x0, conf;
                 draw(logits, opt.temperature, opt.top_k, gen, x0, conf);
-                torch::Tensor chosen;
-                if (opt.rule == UnmaskRule::Ancestral) {
-                    const double p = j == S - 1 ? 1.0 : (t - s) / t;
-                    auto u = torch::rand({pos.size(0)}, gen, torch::kFloat64);
-                    chosen = torch::nonzero(u < p).reshape(-1);
-                } else {
-                    int64_t k = std::min<int64_t>(schedule[static_cast<size_t>(j)], pos.size(0));
-                    if (j == S - 1) k = pos.size(0);
-                    chosen = std::get<1>(torch::topk(conf, k, 0, true, true));
-                }
+                int64_t k = std::min<int64_t>(schedule[static_cast<size_t>(j)], pos.size(0));
+                if (j == S - 1) k = pos.size(0);
+                auto chosen = std::get<1>(torch::topk(conf, k, 0, true, true));
                 ids.index_copy_(0, pos.index_select(0, chosen), x0.index_select(0, chosen));
                 unmasked = chosen.size(0);
+                res.forward_passes++;
             } else {
                 // Nothing left to decode in this block: the step is still counted (the schedule is fixed).
             }

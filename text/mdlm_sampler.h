@@ -3,8 +3,9 @@
 //
 // Time grid: a block decoded in S steps uses t_j = 1 - j / S (j = 0..S-1) and s_j = t_j - 1 / S.
 //   ancestral (MDLM, Sahoo et al. 2024, eq. 7 with the log-linear alpha_t = 1 - t): every masked position of the
-//     current block draws x0 ~ p_theta(. | x_t) and is unmasked with probability (alpha_s - alpha_t) / (1 - alpha_t)
-//     = (t - s) / t (1 at the last step, so everything is decoded);
+//     current block is unmasked with probability (alpha_s - alpha_t) / (1 - alpha_t) = (t - s) / t (1 at the last
+//     step, so everything is decoded), independently of the model, and only the unmasked ones draw
+//     x0 ~ p_theta(. | x_t) (so only they need logits, and a step unmasking nothing skips the forward);
 //   confidence (LLaDA, Nie et al. 2025, low-confidence remasking): every masked position of the block draws x0, and
 //     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S.
 // Unmasked tokens are never changed again (MDLM's carry-over). Sampling: temperature (0 = argmax), top-k (0 = all),
@@ -48,6 +49,7 @@ struct SampleResult {
     std::vector<int64_t> tokens; // GPT-2-side ids, prompt included
     std::vector<int64_t> unmasked_per_step;
     CacheStats cache;
+    int64_t forward_passes = 0; // denoiser calls (ancestral steps that unmask nothing need none)
     double seconds = 0.0;
 };
 
