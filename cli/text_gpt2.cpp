@@ -3,6 +3,7 @@
 #include "cli/text_commands.h"
 
 #include "cache/io/atomic_file.h"
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 #include "cache/sink_rolling_kv.h"
 #include "cli/bench_util.h"
@@ -64,7 +65,20 @@ struct ModelOptions {
     int64_t n_head = 0;
     std::string kv = "full";
     std::string positions = "wrap";
+    std::string decode_weights = "f32";
 };
+
+const EnumTable<torch::ScalarType>& decode_weight_table() {
+    static const EnumTable<torch::ScalarType> t = {{"f32", torch::kFloat32}, {"f16", torch::kFloat16}};
+    return t;
+}
+
+// Loads the model and applies --decode-weights (parsed by the caller before anything is loaded).
+text::LoadedGpt2 load_model(const ModelOptions& o, torch::ScalarType decode) {
+    auto loaded = text::load_gpt2(o.model, o.n_head);
+    loaded.model->set_decode_weights(decode);
+    return loaded;
+}
 
 void add_model_options(CLI::App* sub, ModelOptions& o, bool kv = true) {
     sub->add_option("-m,--model", o.model, "GPT-2 model: folder (config.json + any *.safetensors), file or index")
@@ -74,6 +88,10 @@ void add_model_options(CLI::App* sub, ModelOptions& o, bool kv = true) {
                     "if it has one, else " +
                         text::Gpt2Tokenizer::default_dir());
     sub->add_option("--n-head", o.n_head, "Head count when the model has no config.json (default n_embd/64)");
+    sub->add_option("--decode-weights", o.decode_weights,
+                    "Weights one-token steps read (" + enum_choices(decode_weight_table(), "|") +
+                        "): f16 keeps a half-size copy and halves the bytes per token (logits move by ~1e-3)")
+        ->capture_default_str();
     if (kv) {
         sub->add_option("--kv", o.kv, "KV cache: " + text::KvSpec::syntax_help())->capture_default_str();
         sub->add_option("--positions", o.positions,
@@ -127,8 +145,9 @@ int run_ppl(const PplOptions& o) {
     }
     if (o.max_tokens < 0) throw UsageError("--max-tokens must be >= 0");
     if (!o.json_out.empty()) check_output_path(o.json_out, o.overwrite);
+    const auto decode = enum_from_string(decode_weight_table(), o.m.decode_weights, "--decode-weights");
     const std::string text = read_text_file(o.file);
-    auto loaded = text::load_gpt2(o.m.model, o.m.n_head);
+    auto loaded = load_model(o.m, decode);
     auto tok = load_tokenizer(o.m.vocab, loaded);
     auto ids = o.max_tokens > 0 ? tok.encode_first(text, static_cast<size_t>(o.max_tokens)) : tok.encode(text);
     if (ids.size() < 2) throw Error("text file '" + o.file + "' encodes to fewer than 2 tokens; nothing to score");
@@ -262,7 +281,8 @@ int run_generate(const GenOptions& o) {
     if (o.temperature < 0.0) throw UsageError("--temperature must be >= 0");
     if (o.top_k < 0) throw UsageError("--top-k must be >= 0");
     if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw UsageError("--top-p must be in (0, 1]");
-    auto loaded = text::load_gpt2(o.m.model, o.m.n_head);
+    const auto decode = enum_from_string(decode_weight_table(), o.m.decode_weights, "--decode-weights");
+    auto loaded = load_model(o.m, decode);
     auto tok = load_tokenizer(o.m.vocab, loaded);
     auto prompt = tok.encode(o.prompt, o.allow_special);
     const int64_t P = loaded.config.n_positions, total = static_cast<int64_t>(prompt.size()) + o.max_new;
@@ -418,15 +438,6 @@ text::Gpt2Model random_gpt2_small() {
     return m;
 }
 
-// Bytes a batch-1 decode step streams from memory: every Conv1D weight and the LM head.
-int64_t decode_weight_bytes(text::Gpt2Model& m) {
-    int64_t b = m->lm_head().numel() * static_cast<int64_t>(m->lm_head().element_size());
-    for (auto& p : m->named_parameters())
-        if (p.key().find(".c_") != std::string::npos && p.key().find("weight") != std::string::npos)
-            b += p.value().numel() * static_cast<int64_t>(p.value().element_size());
-    return b;
-}
-
 // Per-token latency of `steps` single-token steps on `stream` (after whatever it was fed).
 std::vector<double> time_steps(text::Gpt2Stream& stream, int steps, std::mt19937_64& rng, int64_t vocab) {
     std::vector<double> t;
@@ -469,7 +480,7 @@ int run_bench(const BenchOptions& o) {
               << ", decode matrix-vector kernel: " << (kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv")
               << ", repeats: " << o.repeats << " (min / median / max)\n";
     const auto copy = copy_bandwidth_gbs(o.repeats);
-    const double wbytes = static_cast<double>(decode_weight_bytes(model));
+    const double wbytes = static_cast<double>(model->decode_weight_bytes());
     std::cout << std::fixed << std::setprecision(2) << "memcpy bandwidth (read+write): " << copy.min << " / "
               << copy.median << " / " << copy.max << " GB/s\n"
               << "weights streamed per decode step: " << human_bytes(wbytes) << "\n";
@@ -489,20 +500,36 @@ int run_bench(const BenchOptions& o) {
                   << prompt_len / s.median << " tokens/s (median)\n";
     }
 
-    // Decode latency at several contexts (full KV cache).
-    std::cout << "decode latency, full KV cache (per token):\n";
-    for (int64_t ctx : {int64_t(16), int64_t(256), int64_t(900)}) {
-        if (ctx + o.repeats > P) {
-            std::cout << "  context " << ctx << ": skipped (n_positions " << P << ")\n";
-            continue;
+    // Decode latency at several contexts (full KV cache), with float32 weights and with the float16 copy
+    // (--decode-weights f16), measured in the same run.
+    std::vector<double> f32_median;
+    for (auto dtype : {torch::kFloat32, torch::kFloat16}) {
+        model->set_decode_weights(dtype);
+        const double bytes = static_cast<double>(model->decode_weight_bytes());
+        const bool f16 = dtype == torch::kFloat16;
+        std::cout << "decode latency, full KV cache, " << enum_name(decode_weight_table(), dtype) << " weights ("
+                  << human_bytes(bytes) << " per token; per token):\n";
+        size_t row = 0;
+        for (int64_t ctx : {int64_t(16), int64_t(256), int64_t(900)}) {
+            if (ctx + o.repeats > P) {
+                std::cout << "  context " << ctx << ": skipped (n_positions " << P << ")\n";
+                continue;
+            }
+            text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+            s.feed(random_tokens(ctx));
+            auto t = summarize(time_steps(s, o.repeats, rng, V));
+            std::cout << "  context " << std::setw(4) << ctx << ": " << fmt_ms(t) << "  -> " << std::setprecision(2)
+                      << bytes / t.median / 1e9 << " GB/s of weights (" << std::setprecision(0)
+                      << 100.0 * (bytes / t.median / 1e9) / (copy.median / 2.0) << "% of memcpy read bandwidth)";
+            if (!f16)
+                f32_median.push_back(t.median);
+            else if (row < f32_median.size())
+                std::cout << std::setprecision(2) << ", " << f32_median[row] / t.median << "x the f32 speed";
+            std::cout << "\n";
+            ++row;
         }
-        text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
-        s.feed(random_tokens(ctx));
-        auto t = summarize(time_steps(s, o.repeats, rng, V));
-        std::cout << "  context " << std::setw(4) << ctx << ": " << fmt_ms(t) << "  -> " << std::setprecision(2)
-                  << wbytes / t.median / 1e9 << " GB/s of weights (" << std::setprecision(0)
-                  << 100.0 * (wbytes / t.median / 1e9) / (copy.median / 2.0) << "% of memcpy read bandwidth)\n";
     }
+    model->set_decode_weights(torch::kFloat32);
 
     // Attention-sink streaming: latency and RSS stay flat however long the stream.
     const int64_t S = 4, W = std::max<int64_t>(1, std::min<int64_t>(1020, P - 4));

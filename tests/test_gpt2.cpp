@@ -362,6 +362,35 @@ TEST_CASE("GPT-2 decode with the gemv kernel equals the torch reference path", "
     CHECK(test::max_abs_diff(run(true), run(false)) < 2e-5);
 }
 
+TEST_CASE("GPT-2 decode with f16 decode weights stays within their rounding of the f32 path", "[gemv][gpt2]") {
+    auto& m = tiny();
+    auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
+    auto run = [&](torch::ScalarType dtype) {
+        m.model->set_decode_weights(dtype);
+        Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+        std::vector<torch::Tensor> out;
+        for (auto t : ids) out.push_back(s.feed(t));
+        return torch::stack(out);
+    };
+    const int64_t f32_bytes = m.model->decode_weight_bytes();
+    auto ref = run(torch::kFloat32);
+    auto half = run(torch::kFloat16);
+    CHECK(m.model->decode_weight_bytes() * 2 == f32_bytes);
+    auto back = run(torch::kFloat32); // switching back drops the copies: bit-identical f32 path again
+    CHECK(m.model->decode_weight_bytes() == f32_bytes);
+    CHECK(torch::equal(back, ref));
+    const double rel = test::max_abs_diff(half, ref) / ref.abs().max().item<double>();
+    INFO("f16 decode weights: max |logit diff| / max |logit| = " << rel);
+    CHECK(rel > 0.0);  // the copy is really used
+    CHECK(rel < 5e-3); // f16 has 11 significant bits; the golden model's large weights amplify little beyond that
+    // Batched forwards keep float32 weights.
+    m.model->set_decode_weights(torch::kFloat16);
+    auto batched = m.model->forward(torch::tensor(ids, torch::kInt64)).logits;
+    m.model->set_decode_weights(torch::kFloat32);
+    CHECK(torch::equal(batched, m.model->forward(torch::tensor(ids, torch::kInt64)).logits));
+    CHECK_THROWS_AS(m.model->set_decode_weights(torch::kBFloat16), anchor::Error);
+}
+
 TEST_CASE("encode_first equals the start of encode", "[gpt2][tokenizer]") {
     const std::string text = slurp(test::golden("text/eval/kjv_text.txt")).substr(0, 60000);
     auto all = tokenizer().encode(text);

@@ -161,12 +161,18 @@ void Conv1DImpl::finalize() {
     weight.set_data(w_rows_.t());
 }
 
+void Conv1DImpl::set_decode_f16(bool on) {
+    torch::NoGradGuard ng;
+    w_rows_f16_ = on && w_rows_.defined() ? w_rows_.to(torch::kFloat16) : torch::Tensor();
+}
+
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     const int64_t in = weight.size(0), out = weight.size(1);
     auto shape = x.sizes().vec();
     shape.back() = out;
     if (x.numel() == in && w_rows_.defined()) { // one token: matrix-vector over contiguous rows
-        if (g_fast_decode) return kernels::gemv(w_rows_, x.reshape({in}), bias).view(shape);
+        if (g_fast_decode)
+            return kernels::gemv(w_rows_f16_.defined() ? w_rows_f16_ : w_rows_, x.reshape({in}), bias).view(shape);
         return torch::addmv(bias, w_rows_, x.reshape({in})).view(shape);
     }
     return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
@@ -267,12 +273,36 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
     for (auto& p : parameters()) p.set_requires_grad(false);
 }
 
+void Gpt2ModelImpl::set_decode_weights(torch::ScalarType dtype) {
+    if (dtype != torch::kFloat32 && dtype != torch::kFloat16)
+        throw Error(std::string("decode weights must be float32 or float16, not ") + c10::toString(dtype));
+    const bool f16 = dtype == torch::kFloat16;
+    for (auto& b : blocks_) {
+        b->attn->c_attn->set_decode_f16(f16);
+        b->attn->c_proj->set_decode_f16(f16);
+        b->mlp->c_fc->set_decode_f16(f16);
+        b->mlp->c_proj->set_decode_f16(f16);
+    }
+    torch::NoGradGuard ng;
+    lm_head_f16_ = f16 ? lm_head_.to(torch::kFloat16).contiguous() : torch::Tensor();
+    decode_dtype_ = dtype;
+}
+
+int64_t Gpt2ModelImpl::decode_weight_bytes() const {
+    const int64_t per = decode_dtype_ == torch::kFloat16 ? 2 : 4;
+    int64_t n = lm_head_.numel();
+    for (const auto& b : blocks_)
+        n += b->attn->c_attn->weight.numel() + b->attn->c_proj->weight.numel() + b->mlp->c_fc->weight.numel() +
+             b->mlp->c_proj->weight.numel();
+    return n * per;
+}
+
 torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     const int64_t C = cfg_.n_embd;
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
         shape.back() = lm_head_.size(0);
-        if (g_fast_decode) return kernels::gemv(lm_head_, x.reshape({C})).view(shape);
+        if (g_fast_decode) return kernels::gemv(lm_head_f16_.defined() ? lm_head_f16_ : lm_head_, x.reshape({C})).view(shape);
         return torch::mv(lm_head_, x.reshape({C})).view(shape);
     }
     return torch::matmul(x, lm_head_.t());

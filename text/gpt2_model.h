@@ -60,11 +60,13 @@ public:
     Conv1DImpl(int64_t in, int64_t out);
     torch::Tensor forward(const torch::Tensor& x);
     void finalize(); // re-lays the loaded weight out as [out, in] rows (once, after loading)
+    // Batch-1 steps read a float16 copy of the rows (half the bytes) when on; batched forwards keep float32.
+    void set_decode_f16(bool on);
     const torch::Tensor& w_rows() const { return w_rows_; }
     torch::Tensor weight, bias;
 
 private:
-    torch::Tensor w_rows_;
+    torch::Tensor w_rows_, w_rows_f16_;
 };
 TORCH_MODULE(Conv1D);
 
@@ -127,6 +129,13 @@ public:
     void finalize(const torch::Tensor& explicit_lm_head = {});
     const torch::Tensor& lm_head() const { return lm_head_; }
     bool lm_head_tied() const { return tied_; }
+    // Decode weights (`--decode-weights f16`): batch-1 steps are bound by the bytes of weights read per token, so a
+    // float16 copy of every Conv1D and the LM head (F16C-widened in kernels::gemv) halves that traffic, as
+    // llama.cpp's f16 models do. Costs a second, half-size copy of those weights; prompts and batched forwards stay
+    // float32. Logits move by the f16 rounding of the weights (relative ~1e-3). Only with the fast decode kernel.
+    void set_decode_weights(torch::ScalarType dtype); // kFloat32 (default, drops the copies) or kFloat16
+    torch::ScalarType decode_weights() const { return decode_dtype_; }
+    int64_t decode_weight_bytes() const; // bytes one batch-1 step streams: every Conv1D weight and the LM head
     const Gpt2Config& config() const { return cfg_; }
 
     torch::nn::Embedding wte{nullptr}, wpe{nullptr};
@@ -137,7 +146,8 @@ private:
     torch::Tensor logits_of(const torch::Tensor& x); // ln_f already applied
     Gpt2Config cfg_;
     std::vector<Gpt2Block> blocks_;
-    torch::Tensor lm_head_;
+    torch::Tensor lm_head_, lm_head_f16_;
+    torch::ScalarType decode_dtype_ = torch::kFloat32;
     bool tied_ = true;
 };
 TORCH_MODULE(Gpt2Model);
