@@ -45,8 +45,9 @@ echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
 
 echo
 echo "== 3. Text diffusion, uncached vs anchor cache (assets/models/kjv-mdlm)"
-"$bin/anchor-text" diffusion generate -m assets/models/kjv-mdlm -p "And God said unto Moses," --length 64 --steps 64 --temperature 0.8 \
-  --compare off,anchor
+# masked=reuse anchors [MASK] positions that are not being decoded too (dLLM-Cache); stale=16 keeps entries 16 steps.
+"$bin/anchor-text" diffusion generate -m assets/models/kjv-mdlm -p "And God said unto Moses," --length 128 --steps 128 \
+  --temperature 0.8 --compare off,anchor:stale=16,rho=0,masked=reuse --score-with assets/models/kjv-gpt2
 
 echo
 echo "demo outputs:"
