@@ -257,6 +257,30 @@ TEST_CASE("single-file loading lists every missing tensor", "[sd][single_file]")
     CHECK_THROWS_AS(load_sd_models(dir + "/nope.safetensors"), anchor::Error);
 }
 
+TEST_CASE("prompt K/V reuse across steps is exact and drops with its scope", "[sd][unet]") {
+    auto unet = load_unet_folder(test::golden("sd/unet_sd15_tiny"));
+    auto in = golden_map("sd/unet_sd15_tiny/golden_inputs.safetensors");
+    const auto x = in.get("sample"), ctx = in.get("encoder_hidden_states");
+    auto ref_a = unet->forward(x, in.get("timesteps_a"), ctx);
+    auto ref_b = unet->forward(x, in.get("timestep_b"), ctx);
+    auto other = ctx * 0.5; // a different context inside the same scope: recomputed, not a stale hit
+    auto ref_o = unet->forward(x, in.get("timestep_b"), other);
+    const auto attn = unet->cross_attentions();
+    REQUIRE(attn.size() > 2);
+    {
+        UNet2DConditionModelImpl::ContextKvScope scope(*unet);
+        CHECK(torch::equal(unet->forward(x, in.get("timesteps_a"), ctx), ref_a));
+        CHECK(torch::equal(unet->forward(x, in.get("timestep_b"), ctx), ref_b));
+        for (auto* a : attn) CHECK(a->context_kv_hits() == 1);
+        CHECK(torch::equal(unet->forward(x, in.get("timestep_b"), other), ref_o));
+        for (auto* a : attn) CHECK(a->context_kv_hits() == 1);
+        CHECK(torch::equal(unet->forward(x, in.get("timestep_b"), other), ref_o));
+        for (auto* a : attn) CHECK(a->context_kv_hits() == 2);
+    }
+    for (auto* a : attn) CHECK(a->context_kv_hits() == 0); // reset and released with the scope
+    CHECK(torch::equal(unet->forward(x, in.get("timesteps_a"), ctx), ref_a));
+}
+
 TEST_CASE("DeepCache shallow path equals the full forward's tail", "[sd][unet][deepcache]") {
     auto unet = load_unet_folder(test::golden("sd/unet_sd15_tiny"));
     auto in = golden_map("sd/unet_sd15_tiny/golden_inputs.safetensors");

@@ -214,6 +214,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.initial_latents = latents;
     const int n = sched->num_loop_steps();
     ctl.begin(n);
+    UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     t0 = std::chrono::steady_clock::now();
     StepRecord rec;
     for (int i = 0; i < n; ++i) {

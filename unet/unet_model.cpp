@@ -143,7 +143,20 @@ CrossAttentionImpl::CrossAttentionImpl(int64_t query_dim, int64_t context_dim, i
 
 Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
     const Tensor& c = context.defined() ? context : x;
+    if (kv_reuse_ && context.defined()) {
+        if (kv_ctx_.defined() && kv_ctx_.is_same(context))
+            ++kv_hits_;
+        else
+            kv_ctx_ = context, k_ctx_ = to_k->forward(context), v_ctx_ = to_v->forward(context);
+        return out_linear->forward(multi_head_attention(to_q->forward(x), k_ctx_, v_ctx_, heads));
+    }
     return out_linear->forward(multi_head_attention(to_q->forward(x), to_k->forward(c), to_v->forward(c), heads));
+}
+
+void CrossAttentionImpl::set_context_kv_reuse(bool on) {
+    kv_reuse_ = on;
+    kv_hits_ = 0;
+    kv_ctx_ = k_ctx_ = v_ctx_ = Tensor(); // released at the end of the loop
 }
 
 GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
@@ -508,6 +521,25 @@ int UNet2DConditionModelImpl::num_skips() const {
 
 void UNet2DConditionModelImpl::load(const WeightMap& w) {
     w.load_into(*this);
+}
+
+std::vector<CrossAttentionImpl*> UNet2DConditionModelImpl::cross_attentions() {
+    std::vector<CrossAttentionImpl*> out;
+    for (const auto& m : named_modules("", false)) {
+        const auto& k = m.key();
+        if (k.size() >= 5 && k.compare(k.size() - 5, 5, "attn2") == 0)
+            if (auto* a = dynamic_cast<CrossAttentionImpl*>(m.value().get())) out.push_back(a);
+    }
+    return out;
+}
+
+UNet2DConditionModelImpl::ContextKvScope::ContextKvScope(UNet2DConditionModelImpl& unet)
+    : attn_(unet.cross_attentions()) {
+    for (auto* a : attn_) a->set_context_kv_reuse(true);
+}
+
+UNet2DConditionModelImpl::ContextKvScope::~ContextKvScope() {
+    for (auto* a : attn_) a->set_context_kv_reuse(false);
 }
 
 Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,

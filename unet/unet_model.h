@@ -64,6 +64,18 @@ struct CrossAttentionImpl : torch::nn::Module {
     torch::nn::ModuleList to_out; // [0] Linear (to_out.1 is dropout in diffusers and has no weights)
     torch::nn::Linear out_linear{nullptr}; // = to_out[0]
     int64_t heads;
+
+    // Prompt K/V reuse: the text context is the same tensor at every denoising step, so to_k(context) and
+    // to_v(context) are too. While enabled (UNet2DConditionModelImpl::ContextKvScope), the first call with a context
+    // stores its K/V and later calls with the same tensor (identity: the stored handle keeps its storage alive, so it
+    // cannot be another context at the same address) reuse them. Exact: the same products, computed once.
+    void set_context_kv_reuse(bool on);
+    int64_t context_kv_hits() const { return kv_hits_; }
+
+private:
+    bool kv_reuse_ = false;
+    int64_t kv_hits_ = 0;
+    torch::Tensor kv_ctx_, k_ctx_, v_ctx_;
 };
 TORCH_MODULE(CrossAttention);
 
@@ -198,6 +210,18 @@ public:
                                   const torch::Tensor& context, int branch, const torch::Tensor& cached_feature);
     // Number of skip tensors (conv_in + every down layer + every downsampler): valid branches are 0..n-1.
     int num_skips() const;
+    // For the length of one sampling loop, every cross-attention computes the prompt's K/V once (see CrossAttention).
+    class ContextKvScope {
+    public:
+        explicit ContextKvScope(UNet2DConditionModelImpl& unet);
+        ~ContextKvScope();
+        ContextKvScope(const ContextKvScope&) = delete;
+        ContextKvScope& operator=(const ContextKvScope&) = delete;
+
+    private:
+        std::vector<CrossAttentionImpl*> attn_;
+    };
+    std::vector<CrossAttentionImpl*> cross_attentions(); // every attn2 (the text cross-attentions)
     const UNetConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
 
