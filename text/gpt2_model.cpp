@@ -234,6 +234,12 @@ Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c) {
     mlp = register_module("mlp", Gpt2Mlp(c));
 }
 
+std::array<Conv1DImpl*, 4> Gpt2BlockImpl::conv1ds() const {
+    // ptr(): the holders hand out the modules themselves, also from a const block (byte counts are const).
+    return {attn.ptr()->c_attn.ptr().get(), attn.ptr()->c_proj.ptr().get(), mlp.ptr()->c_fc.ptr().get(),
+            mlp.ptr()->c_proj.ptr().get()};
+}
+
 torch::Tensor Gpt2BlockImpl::forward(const torch::Tensor& x, cache::SinkRollingKV* kv,
                                      const std::vector<int64_t>& pos_ids) {
     auto h = x + attn(ln_1(x), kv, pos_ids);
@@ -258,10 +264,7 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : cfg_(c) {
 void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
     torch::NoGradGuard ng;
     for (auto& b : blocks_) {
-        b->attn->c_attn->finalize();
-        b->attn->c_proj->finalize();
-        b->mlp->c_fc->finalize();
-        b->mlp->c_proj->finalize();
+        for (auto* c : b->conv1ds()) c->finalize();
     }
     if (explicit_lm_head.defined() && !explicit_lm_head.equal(wte->weight.detach())) {
         lm_head_ = explicit_lm_head.detach().to(torch::kFloat32).contiguous();
@@ -277,12 +280,8 @@ void Gpt2ModelImpl::set_decode_weights(torch::ScalarType dtype) {
     if (dtype != torch::kFloat32 && dtype != torch::kFloat16)
         throw Error(std::string("decode weights must be float32 or float16, not ") + c10::toString(dtype));
     const bool f16 = dtype == torch::kFloat16;
-    for (auto& b : blocks_) {
-        b->attn->c_attn->set_decode_f16(f16);
-        b->attn->c_proj->set_decode_f16(f16);
-        b->mlp->c_fc->set_decode_f16(f16);
-        b->mlp->c_proj->set_decode_f16(f16);
-    }
+    for (auto& b : blocks_)
+        for (auto* c : b->conv1ds()) c->set_decode_f16(f16);
     torch::NoGradGuard ng;
     lm_head_f16_ = f16 ? lm_head_.to(torch::kFloat16).contiguous() : torch::Tensor();
     decode_dtype_ = dtype;
@@ -292,8 +291,7 @@ int64_t Gpt2ModelImpl::decode_weight_bytes() const {
     const int64_t per = decode_dtype_ == torch::kFloat16 ? 2 : 4;
     int64_t n = lm_head_.numel();
     for (const auto& b : blocks_)
-        n += b->attn->c_attn->weight.numel() + b->attn->c_proj->weight.numel() + b->mlp->c_fc->weight.numel() +
-             b->mlp->c_proj->weight.numel();
+        for (const auto* c : b->conv1ds()) n += c->weight.numel();
     return n * per;
 }
 
@@ -302,7 +300,8 @@ torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
         shape.back() = lm_head_.size(0);
-        if (g_fast_decode) return kernels::gemv(lm_head_f16_.defined() ? lm_head_f16_ : lm_head_, x.reshape({C})).view(shape);
+        if (g_fast_decode)
+            return kernels::gemv(lm_head_f16_.defined() ? lm_head_f16_ : lm_head_, x.reshape({C})).view(shape);
         return torch::mv(lm_head_, x.reshape({C})).view(shape);
     }
     return torch::matmul(x, lm_head_.t());

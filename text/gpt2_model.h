@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <array>
 #include <vector>
 
 namespace anchor {
@@ -103,6 +104,9 @@ public:
     torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
     Gpt2Attention attn{nullptr};
     Gpt2Mlp mlp{nullptr};
+    // The block's four Conv1D layers (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj): re-layout, decode copies and
+    // byte counts all walk this one list.
+    std::array<Conv1DImpl*, 4> conv1ds() const;
 };
 TORCH_MODULE(Gpt2Block);
 

@@ -143,14 +143,17 @@ CrossAttentionImpl::CrossAttentionImpl(int64_t query_dim, int64_t context_dim, i
 
 Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
     const Tensor& c = context.defined() ? context : x;
+    Tensor k, v;
     if (kv_reuse_ && context.defined()) {
         if (kv_ctx_.defined() && kv_ctx_.is_same(context))
             ++kv_hits_;
         else
             kv_ctx_ = context, k_ctx_ = to_k->forward(context), v_ctx_ = to_v->forward(context);
-        return out_linear->forward(multi_head_attention(to_q->forward(x), k_ctx_, v_ctx_, heads));
+        k = k_ctx_, v = v_ctx_;
+    } else {
+        k = to_k->forward(c), v = to_v->forward(c);
     }
-    return out_linear->forward(multi_head_attention(to_q->forward(x), to_k->forward(c), to_v->forward(c), heads));
+    return out_linear->forward(multi_head_attention(to_q->forward(x), k, v, heads));
 }
 
 void CrossAttentionImpl::set_context_kv_reuse(bool on) {
@@ -525,11 +528,8 @@ void UNet2DConditionModelImpl::load(const WeightMap& w) {
 
 std::vector<CrossAttentionImpl*> UNet2DConditionModelImpl::cross_attentions() {
     std::vector<CrossAttentionImpl*> out;
-    for (const auto& m : named_modules("", false)) {
-        const auto& k = m.key();
-        if (k.size() >= 5 && k.compare(k.size() - 5, 5, "attn2") == 0)
-            if (auto* a = dynamic_cast<CrossAttentionImpl*>(m.value().get())) out.push_back(a);
-    }
+    for (const auto& m : modules(false))
+        if (auto* b = dynamic_cast<BasicTransformerBlockImpl*>(m.get())) out.push_back(b->attn2.get());
     return out;
 }
 
