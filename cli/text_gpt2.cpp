@@ -504,6 +504,10 @@ int run_bench(const BenchOptions& o) {
     // (--decode-weights f16), measured in the same run.
     std::vector<double> f32_median;
     for (auto dtype : {torch::kFloat32, torch::kFloat16}) {
+        if (dtype == torch::kFloat16 && !text::fast_decode_kernel()) {
+            std::cout << "decode latency, f16 weights: skipped (the --reference-kernel path reads f32 weights)\n";
+            continue;
+        }
         model->set_decode_weights(dtype);
         const double bytes = static_cast<double>(model->decode_weight_bytes());
         const bool f16 = dtype == torch::kFloat16;
