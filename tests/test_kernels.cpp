@@ -1,5 +1,6 @@
 #include "cache/dct.h"
 #include "cache/io/error.h"
+#include "kernels/attention.h"
 #include "kernels/dct_energy.h"
 #include "kernels/dispatch.h"
 #include "kernels/ring_write.h"
@@ -132,6 +133,48 @@ TEST_CASE("CUDA kernels match the CPU references", "[kernels][cuda]") {
 // "ours" is the dispatched kernel (cuFFT / fused ring write on a GPU; on a CPU-only build the float32 basis-matrix
 // DCT and the row loop), "torch" the same computation written with plain torch ops on the same device (basis-matrix
 // GEMMs for the DCT, a slice assignment for the ring write), "CPU" the float64 reference of kernels/dct_energy.h.
+TEST_CASE("small_attention matches matmul-softmax-matmul on both paths", "[kernels][attention]") {
+    torch::manual_seed(7);
+    // (B, N, M, heads, D): the fashion UNet's self/cross shapes, keys and widths off the 8-lane grid, one head,
+    // a key count of 1 and a large-magnitude case (softmax close to one-hot).
+    struct Case {
+        int64_t B, N, M, H, D;
+        double mag = 1.0;
+    };
+    for (const auto& c : std::vector<Case>{{20, 64, 64, 4, 8},
+                                           {20, 64, 77, 4, 8},
+                                           {3, 16, 77, 4, 16},
+                                           {2, 13, 13, 3, 5},
+                                           {1, 8, 1, 1, 40},
+                                           {2, 11, 4, 1, 64},
+                                           {2, 9, 23, 2, 12, 30.0}}) {
+        const int64_t C = c.H * c.D;
+        auto q = torch::randn({c.B, c.N, C}) * c.mag, k = torch::randn({c.B, c.M, C}), v = torch::randn({c.B, c.M, C});
+        const double scale = 1.0 / std::sqrt(double(c.D));
+        auto ref = attention_torch(q, k, v, c.H, scale);
+        CAPTURE(c.B, c.N, c.M, c.H, c.D, c.mag);
+        CHECK(small_attention_applies(q, k, v, c.H));
+        CHECK(rel_err(small_attention(q, k, v, c.H, scale), ref) < 2e-6);
+        CHECK(rel_err(small_attention(q, k, v, c.H, scale, /*portable=*/true), ref) < 2e-6);
+        // a key/value view into a wider tensor (cached prompt K/V are views): strides are honoured
+        auto kw = torch::randn({c.B, c.M, 2 * C}), vw = torch::randn({c.B, c.M, 2 * C});
+        auto ks = kw.narrow(2, C, C), vs = vw.narrow(2, 0, C);
+        CHECK(rel_err(small_attention(q, ks, vs, c.H, scale), attention_torch(q, ks, vs, c.H, scale)) < 2e-6);
+    }
+    // what stays on the BLAS path: large heads, autograd, other dtypes
+    auto big = torch::randn({1, 1024, 320});
+    CHECK_FALSE(small_attention_applies(big, big, big, 8));
+    auto qg = torch::randn({1, 8, 8}).requires_grad_(true);
+    CHECK_FALSE(small_attention_applies(qg, qg, qg, 2));
+    auto qd = torch::randn({1, 8, 8}, torch::kDouble);
+    CHECK_FALSE(small_attention_applies(qd, qd, qd, 2));
+    auto q7 = torch::randn({1, 7, 8}); // fewer queries than one tile
+    CHECK_FALSE(small_attention_applies(q7, q7, q7, 2));
+    CHECK(rel_err(small_attention(q7, q7, q7, 2, 0.5), attention_torch(q7, q7, q7, 2, 0.5)) < 2e-6); // still correct
+    CHECK_THROWS_WITH(small_attention(torch::randn({1, 4, 6}), torch::randn({1, 3, 6}), torch::randn({1, 4, 6}), 2, 1.0),
+                      Catch::Contains("do not match"));
+}
+
 TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
     const bool gpu = cuda_ready();
     const torch::Device dev = gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
@@ -169,6 +212,19 @@ TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
         CHECK(rel_err(dct_energy(x), dct_energy_cpu(x_cpu)) < 1e-4);
         row("dct_energy", shape_str(s), ours, tor, cpu);
     }
+    // Attention of the fashion UNet's 8x8 level (batch 20 = 10 prompts x guidance, 4 heads of 8; self and cross with
+    // 77 prompt tokens) and of SD 1.5's 16x16 level at 128x128 (heads of 40): fused kernel vs matmul-softmax-matmul.
+    if (!gpu)
+        for (const auto& s : std::vector<std::vector<int64_t>>{{20, 64, 64, 4, 8}, {20, 64, 77, 4, 8}, {2, 256, 77, 8, 40}}) {
+            const int64_t C = s[3] * s[4];
+            auto q = torch::randn({s[0], s[1], C}), k = torch::randn({s[0], s[2], C}), v = torch::randn({s[0], s[2], C});
+            const double sc = 1.0 / std::sqrt(double(s[4]));
+            const double ours = time_ms([&] { (void)small_attention(q, k, v, s[3], sc); }, 50);
+            const double tor = time_ms([&] { (void)attention_torch(q, k, v, s[3], sc); }, 50);
+            const double port = time_ms([&] { (void)small_attention(q, k, v, s[3], sc, true); }, 20);
+            CHECK(rel_err(small_attention(q, k, v, s[3], sc), attention_torch(q, k, v, s[3], sc)) < 2e-6);
+            row("small_attention", shape_str(s), ours, tor, port);
+        }
     // One decode step of GPT-2 small (12 heads x 64) and of a large model (32 x 128), every layer: the per-token
     // cache write of sink-rolling KV.
     for (const auto& s : std::vector<std::vector<int64_t>>{{1, 12, 1024, 64}, {8, 32, 4096, 128}}) {

@@ -1,0 +1,38 @@
+// Fused softmax attention for many small heads (CPU float32).
+//
+// Why: in a small UNet (the fashion demo: 8x8 latents, 32 channels, 4 heads of 8, batch 20 with guidance) each head's
+// q k^T is a 64x8 by 8x77 product. torch::matmul turns the [B, H, N, D] x [B, H, D, M] product into a bmm that LibTorch
+// 1.13 runs as one select + mm dispatch per (batch, head): 80 dispatches, then a softmax pass and a second bmm, plus
+// the head permute copies. The arithmetic is a few tens of kFLOPs per head, so dispatch and copies are the cost; the
+// shallow DeepCache/freq step pays it at full price (same head count, a seventh of the MACs). This kernel reads q, k, v
+// in their [B, tokens, H*D] projection layout, keeps one head's K^T and V in a thread-local buffer, and computes
+// scores, softmax and the weighted sum of V row by row, heads split over OpenMP threads.
+//
+// out[b, i, h*D + d] = sum_j softmax_j(scale * q[b,i,h,:] . k[b,j,h,:]) v[b, j, h*D + d]   (Vaswani et al. 2017, eq. 1)
+//
+// Large heads (SD 1.5 at 512x512: 4096x4096 scores of width 40) stay on BLAS: small_attention_applies() says which.
+// The AVX2/FMA path (exp by a Cephes-style polynomial, ~1 ulp) is chosen at run time; the portable loop uses std::exp.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace anchor::kernels {
+
+// True where the fused kernel is used: float32 CPU, no autograd, at least kMinQueries queries, per-head work N*M*D at
+// most kSmallAttentionWork (above it BLAS wins).
+constexpr int64_t kSmallAttentionWork = int64_t(1) << 18;
+constexpr int64_t kMinQueries = 8;
+bool small_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads);
+
+// q [B, N, H*D], k and v [B, M, H*D] (any strides with a unit last stride are copied as needed) -> [B, N, H*D].
+// portable = true runs the plain-loop path even where AVX2 exists (tests check both).
+torch::Tensor small_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                              double scale, bool portable = false);
+// The same through torch ops (permute, matmul, softmax, matmul): the reference tests compare against.
+torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                              double scale);
+bool small_attention_uses_avx2();
+
+} // namespace anchor::kernels
