@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace anchor::cache {
 
@@ -18,6 +19,18 @@ size_t dct_basis_cache_entries();
 
 torch::Tensor dct2(const torch::Tensor& x);  // DCT-II over the last two dims of [.., H, W] (floating point)
 torch::Tensor idct2(const torch::Tensor& X); // DCT-III (the inverse)
+
+// The 2-D transform as one matrix on row-major flattened maps: K = C_H (x) C_W [H W, H W], K[(u, v), (i, j)] =
+// C_H[u][i] C_W[v][j]; band >= 0 keeps only the rows with u + v < band (row-major (u, v) order), band < 0 all. Cached.
+// dct2/idct2 use it for maps of up to 16x16 pixels (one GEMM instead of a per-map batched product).
+torch::Tensor dct2_kron_basis(int64_t h, int64_t w, int64_t band, torch::ScalarType dtype = torch::kFloat32,
+                              torch::Device device = torch::kCPU);
+// Row-major flat indices u * W + v of the coefficients with u + v < band (all for band < 0): the rows of the banded
+// basis above, and the entries of a full [.., H W] spectrum that dct2_low_band returns.
+std::vector<int64_t> low_band_indices(int64_t h, int64_t w, int64_t band);
+// The low-band DCT-II coefficients (u + v < band) of x [.., H, W] -> [.., L] in row-major (u, v) order: what a
+// low-band energy probe needs, without computing the other H W - L coefficients.
+torch::Tensor dct2_low_band(const torch::Tensor& x, int64_t band);
 
 // Per-coefficient energy E(u, v) = X(u, v)^2 of the 2-D DCT.
 torch::Tensor spectral_energy(const torch::Tensor& x);

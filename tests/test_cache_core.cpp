@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -362,6 +363,35 @@ TEST_CASE("DCT-II matches the direct formula, inverts, and preserves energy", "[
     CHECK(dct_basis_cache_entries() == n0 + 1);
     CHECK_THROWS_AS(dct2(torch::randn({5})), Error);
     CHECK_THROWS_AS(dct2(torch::ones({3, 3}, torch::kInt64)), Error);
+}
+
+TEST_CASE("Kronecker DCT path, low-band coefficients and the float32 change rate", "[cache][dct]") {
+    torch::manual_seed(12);
+    // Maps up to 16x16 take the one-GEMM Kronecker path, larger ones the two-matmul path: both equal the definition.
+    for (const auto& hw : std::vector<std::pair<int64_t, int64_t>>{{16, 16}, {8, 8}, {3, 11}, {17, 16}}) {
+        auto x = torch::randn({2, 3, hw.first, hw.second}, torch::kFloat64);
+        auto X = dct2(x);
+        CHECK(test::max_abs_diff(X[1][2], direct_dct2(x[1][2])) < 1e-12);
+        CHECK(test::max_abs_diff(idct2(X), x) < 1e-12);
+    }
+    // The banded basis: rows u + v < band in row-major (u, v) order, so the low band is a gather of the full spectrum.
+    CHECK(low_band_indices(4, 4, 2) == std::vector<int64_t>{0, 1, 4});
+    CHECK(low_band_indices(2, 3, -1).size() == 6);
+    for (const auto& c : std::vector<std::array<int64_t, 3>>{{8, 8, 4}, {6, 5, 3}, {8, 8, 1}, {4, 4, 9}}) {
+        auto x = torch::randn({3, 2, c[0], c[1]}, torch::kFloat64);
+        const auto idx = low_band_indices(c[0], c[1], c[2]);
+        auto want = dct2(x).flatten(-2).index_select(-1, torch::tensor(idx, torch::kInt64));
+        auto got = dct2_low_band(x, c[2]);
+        CHECK(got.sizes() == want.sizes());
+        CHECK(test::max_abs_diff(got, want) < 1e-12);
+    }
+    CHECK(dct2_kron_basis(8, 8, 4).size(0) == 10);
+    CHECK_THROWS_AS(dct2_low_band(torch::randn({4, 4}), 0), Error);
+    CHECK_THROWS_AS(dct2_kron_basis(128, 128, -1), Error); // 16384^2 would be 1 GiB: refused
+    // relative_spectral_change: the one-pass float32 loop equals the float64 tensor formula.
+    auto e0 = torch::rand({20, 32, 10}), e1 = e0 + 0.1 * torch::randn({20, 32, 10});
+    CHECK(relative_spectral_change(e1, e0) ==
+          Approx(relative_spectral_change(e1.to(torch::kFloat64), e0.to(torch::kFloat64))).epsilon(1e-12));
 }
 
 TEST_CASE("band energies and change rates", "[cache][dct]") {

@@ -80,6 +80,22 @@ TEST_CASE("reuse feature: anchored coefficients are reused, the others extrapola
     // Only one full step so far: F1.
     auto r3 = FreqAnchorDenoiser::reuse_feature(F1, X1, torch::Tensor(), 0, -1, 1, 0.0, true, &frac);
     CHECK(r3.data_ptr() == F1.data_ptr());
+    // The one-pass float32 slope equals the tensor formula bit for bit (mask, fraction and values), here with a
+    // tau that anchors about half of the coefficients; float64 spectra take the tensor formula.
+    auto Xa = X0 * (1 + 0.01 * torch::randn_like(X0));
+    for (double tau : {0.0, 0.01, 0.02, 1e30}) {
+        double f32 = -1, f64 = -1;
+        auto s32 = FreqAnchorDenoiser::extrapolation_slope(Xa, X0, 6, 3, tau, &f32);
+        auto mask = FreqAnchorDenoiser::anchored_mask(Xa, X0, tau);
+        CHECK(f32 == mask.to(torch::kDouble).mean().item<double>());
+        if (f32 >= 1.0) {
+            CHECK_FALSE(s32.defined());
+            continue;
+        }
+        CHECK(torch::equal(s32, cache::idct2(torch::where(mask, torch::zeros_like(Xa), Xa - X0)) / 3.0));
+        auto s64 = FreqAnchorDenoiser::extrapolation_slope(Xa.to(torch::kDouble), X0.to(torch::kDouble), 6, 3, tau, &f64);
+        CHECK(torch::allclose(s64.to(torch::kFloat), s32, 1e-4, 1e-5));
+    }
 }
 
 namespace {

@@ -300,6 +300,14 @@ TEST_CASE("DeepCache shallow path equals the full forward's tail", "[sd][unet][d
     f0.record_inner = true;
     unet->forward(x, t, ctx, &f0);
     CHECK(torch::equal(f0.cache_feature, f0.named.at("up_blocks.3.attentions.1")));
+    // A probe's conv_in output handed over as `stem` gives the very same result, full and shallow.
+    const auto stem = unet->stem(x);
+    CHECK(torch::equal(stem, f0.named.at("conv_in")));
+    CHECK(torch::equal(unet->forward(x, t, ctx, nullptr, stem), unet->forward(x, t, ctx)));
+    CHECK(torch::equal(unet->forward_shallow(x, t, ctx, 0, f0.cache_feature, stem),
+                       unet->forward_shallow(x, t, ctx, 0, f0.cache_feature)));
+    CHECK_THROWS_WITH(unet->forward(x, t, ctx, nullptr, stem.narrow(1, 0, 3)),
+                      Catch::Contains("conv_in output has shape") && Catch::Contains("expected"));
 }
 
 TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) round-trips", "[sd][single_file]") {

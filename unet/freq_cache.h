@@ -105,13 +105,16 @@ protected:
 class ShallowProbe {
 public:
     explicit ShallowProbe(int band) : band_(band) {}
-    void reset() { prev_ = torch::Tensor(); }
+    void reset() { prev_ = stem_ = torch::Tensor(); }
     // Returns r_k (0 on the first call).
     double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x);
+    // conv_in(x) of the last update: handed to the UNet so that it is computed once per step.
+    const torch::Tensor& stem() const { return stem_; }
 
 private:
     int band_;
-    torch::Tensor prev_; // masked energy map of the previous step
+    torch::Tensor prev_; // low-band energies [B, C, L] of the previous step
+    torch::Tensor stem_;
 };
 
 class FreqAnchorDenoiser : public CacheController {
@@ -122,7 +125,7 @@ public:
     nlohmann::json params_json() const override;
     void begin(int num_steps) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step) override;
+                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
 
     // The feature for a reuse at step k from the last two full steps (exposed for tests): spectra X0 (step s0) and
@@ -161,7 +164,7 @@ public:
     nlohmann::json params_json() const override;
     void begin(int num_steps) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step) override;
+                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return inner_->last_step_was_full(); }
 
 private:

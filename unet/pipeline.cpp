@@ -24,8 +24,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 } // namespace
 
-Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx, int) {
-    return unet.forward(x, t, ctx);
+Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx, int,
+                             const Tensor& stem) {
+    return unet.forward(x, t, ctx, nullptr, stem);
 }
 
 DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch) : interval_(interval), branch_(branch) {
@@ -39,16 +40,16 @@ void DeepCacheDenoiser::begin(int) {
 }
 
 Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
-                                  int step) {
+                                  int step, const Tensor& stem) {
     last_full_ = step % interval_ == 0 || !cached_.defined();
     if (last_full_) {
         UNetFeatures f;
         f.cache_branch = branch_;
-        auto out = unet.forward(x, t, ctx, &f);
+        auto out = unet.forward(x, t, ctx, &f, stem);
         cached_ = f.cache_feature;
         return out;
     }
-    return unet.forward_shallow(x, t, ctx, branch_, cached_);
+    return unet.forward_shallow(x, t, ctx, branch_, cached_, stem);
 }
 
 Txt2ImgPipeline::Txt2ImgPipeline(SDModels& models) : m_(models) {

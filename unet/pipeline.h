@@ -43,8 +43,11 @@ public:
     // Called once before the loop with the number of loop steps.
     virtual void begin(int num_steps) { (void)num_steps; }
     // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
+    // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
+    // Every override declares the same default.
     virtual torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& model_input,
-                                  const torch::Tensor& timestep, const torch::Tensor& context, int step) = 0;
+                                  const torch::Tensor& timestep, const torch::Tensor& context, int step,
+                                  const torch::Tensor& stem = {}) = 0;
     // Whether step `step` ran the full UNet (for logs/JSON); controllers without a cache always do.
     virtual bool last_step_was_full() const { return true; }
 };
@@ -54,7 +57,7 @@ class FullDenoiser : public DenoiseController {
 public:
     std::string name() const override { return "none"; }
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step) override;
+                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
 };
 
 // DeepCache (Ma et al. 2023, uniform skip mode): step i is full when i % interval == 0 and stores the feature entering
@@ -65,7 +68,7 @@ public:
     std::string name() const override { return "deepcache"; }
     void begin(int num_steps) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step) override;
+                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     const torch::Tensor& cached_feature() const { return cached_; }
 

@@ -546,21 +546,26 @@ UNet2DConditionModelImpl::ContextKvScope::~ContextKvScope() {
 }
 
 Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,
-                                         UNetFeatures* features) {
-    return run(sample, timestep, context, features, -1, Tensor());
+                                         UNetFeatures* features, const Tensor& stem) {
+    return run(sample, timestep, context, features, -1, Tensor(), stem);
+}
+
+Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
+    c10::InferenceMode guard(!is_training());
+    return perf::conv2d(conv_in, sample.to(conv_in->weight.scalar_type()));
 }
 
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const Tensor& context,
-                                                 int branch, const Tensor& cached_feature) {
+                                                 int branch, const Tensor& cached_feature, const Tensor& stem) {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
                     ")");
     if (!cached_feature.defined()) throw Error("DeepCache shallow step without a cached feature");
-    return run(sample, timestep, context, nullptr, branch, cached_feature);
+    return run(sample, timestep, context, nullptr, branch, cached_feature, stem);
 }
 
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
-                                     UNetFeatures* f, int shallow, const Tensor& cached) {
+                                     UNetFeatures* f, int shallow, const Tensor& cached, const Tensor& stem) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     const auto dtype = conv_in->weight.scalar_type();
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
@@ -579,7 +584,13 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     auto temb_act = torch::silu(temb); // every resnet applies silu to temb first: do it once
     if (rec) put("time_proj", tproj), put("time_embedding", temb);
 
-    auto h = perf::conv2d(conv_in, x);
+    if (stem.defined()) {
+        const std::vector<int64_t> want{B, conv_in->weight.size(0), x.size(2), x.size(3)};
+        if (stem.sizes().vec() != want)
+            throw Error("UNet: the given conv_in output has shape " + shape_str(stem.sizes().vec()) + ", expected " +
+                        shape_str(want));
+    }
+    auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x);
     if (rec) put("conv_in", h);
     const size_t target = shallow >= 0 ? size_t(shallow) + 1 : SIZE_MAX;
     std::vector<Tensor> res{h};

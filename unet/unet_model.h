@@ -201,13 +201,18 @@ public:
     explicit UNet2DConditionModelImpl(const UNetConfig& cfg);
 
     // sample [B, C, H, W]; timestep: 0-dim (broadcast) or [B], integer or floating; context [B, T, D].
+    // `stem`, when given, is conv_in(sample) as stem() computes it: a cache probe that has looked at it already hands
+    // it over instead of the UNet computing it a second time.
     torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
-                          UNetFeatures* features = nullptr);
+                          UNetFeatures* features = nullptr, const torch::Tensor& stem = {});
     // DeepCache shallow path for `branch` B: conv_in, time embedding, the down layers producing skips 0..B, then only
     // the up layers consuming skips B..0, starting from `cached_feature` (the feature a full forward stores with
     // features->cache_branch = B). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
     torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep,
-                                  const torch::Tensor& context, int branch, const torch::Tensor& cached_feature);
+                                  const torch::Tensor& context, int branch, const torch::Tensor& cached_feature,
+                                  const torch::Tensor& stem = {});
+    // conv_in(sample) exactly as the forwards compute it (the first skip tensor; what the cache probes look at).
+    torch::Tensor stem(const torch::Tensor& sample);
     // Number of skip tensors (conv_in + every down layer + every downsampler): valid branches are 0..n-1.
     int num_skips() const;
     // For the length of one sampling loop, every cross-attention computes the prompt's K/V once (see CrossAttention).
@@ -235,7 +240,7 @@ public:
 
 private:
     torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
-                      UNetFeatures* f, int shallow_branch, const torch::Tensor& cached);
+                      UNetFeatures* f, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem);
     UNetConfig cfg_;
 };
 TORCH_MODULE(UNet2DConditionModel);
