@@ -190,8 +190,17 @@ int run_bench(const BenchOptions& o) {
     if (!o.profile.empty()) {
 #ifdef ANCHOR_HAVE_RECORD_PROFILE
         // One more step under LibTorch's profiler: a chrome://tracing file with every aten op (per-op costs).
-        torch::autograd::profiler::RecordProfile prof(o.profile);
-        model->forward(sample, timestep, context);
+        {
+            torch::autograd::profiler::RecordProfile prof(o.profile);
+            model->forward(sample, timestep, context);
+        }
+        if (feats.cache_feature.defined()) { // and one shallow (DeepCache) step next to it
+            const auto dot = o.profile.rfind('.');
+            const std::string path = dot == std::string::npos ? o.profile + "_shallow"
+                                                              : o.profile.substr(0, dot) + "_shallow" + o.profile.substr(dot);
+            torch::autograd::profiler::RecordProfile prof(path);
+            model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
+        }
 #else
         throw UsageError("bench: --profile needs LibTorch's legacy profiler header");
 #endif
@@ -231,7 +240,7 @@ void add_options(CLI::App& cmd, BenchOptions& o) {
     cmd.add_option("--gemm-size", o.gemm_n, "n of the n x n x n reference GEMM")->capture_default_str();
     cmd.add_option("--seed", o.seed, "seed for weights and inputs")->capture_default_str();
     cmd.add_option("-o,--output", o.output, "also write the report to this file");
-    cmd.add_option("--profile", o.profile, "write a chrome trace of one extra UNet step (aten ops) to this file");
+    cmd.add_option("--profile", o.profile, "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one shallow step to <stem>_shallow<ext>");
     cmd.add_flag("--overwrite", o.overwrite, "replace an existing --output file");
 }
 

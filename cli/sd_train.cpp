@@ -86,6 +86,8 @@ int run_eval(const EvalOptions& o) {
     struct ModeResult {
         std::string spec;
         std::vector<double> wall; // per seed: fastest of the repeats
+        double full_ms = 0, reuse_ms = 0; // controller time of full / reuse steps (UNet + probe), fastest repeats
+        int full_n = 0, reuse_n = 0;
         double psnr_sum = 0, ssim_sum = 0;
         int psnr_n = 0, correct = 0, full = 0, total = 0;
         std::vector<torch::Tensor> tiles;
@@ -98,13 +100,18 @@ int run_eval(const EvalOptions& o) {
             auto& m = res[k];
             unet::Txt2ImgResult r;
             double best = INFINITY;
+            std::vector<unet::CacheStepLog> best_log;
             for (int rep = 0; rep < o.repeats; ++rep) {
                 auto ctl = unet::parse_cache_mode(modes[k]);
                 m.spec = ctl->spec();
                 r = pipe.run(p, ctl.get());
-                best = std::min(best, r.denoise_s);
+                if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
             }
             m.wall.push_back(best);
+            for (const auto& st : best_log) {
+                (st.full ? m.full_ms : m.reuse_ms) += st.ms;
+                ++(st.full ? m.full_n : m.reuse_n);
+            }
             m.full += r.full_steps, m.total += r.total_steps;
             {
                 c10::InferenceMode im;
@@ -132,15 +139,18 @@ int run_eval(const EvalOptions& o) {
                           {"timing", "modes interleaved per seed; per (seed, mode) the fastest of the repeats"},
                           {"images_per_mode", 10 * o.seeds},
                           {"modes", nlohmann::json::array()}};
-    std::printf("%-58s %6s %9s %9s %10s %8s %10s\n", "mode", "full", "wall s", "speed-up", "PSNR", "SSIM", "adherence");
+    std::printf("%-58s %6s %9s %9s %10s %8s %10s %8s %8s\n", "mode", "full", "wall s", "speed-up", "PSNR", "SSIM",
+                "adherence", "full ms", "reuse ms");
     auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
     const double wall0 = sum(res[0].wall);
     for (auto& m : res) {
         const double wall = sum(m.wall);
         const double psnr = m.psnr_n ? m.psnr_sum / m.psnr_n : INFINITY, ssim = m.ssim_sum / (10.0 * o.seeds);
         const double adherence = double(m.correct) / (10.0 * o.seeds);
-        std::printf("%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%%\n", m.spec.c_str(), m.full, m.total, wall,
-                    wall0 / wall, std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(), ssim, 100 * adherence);
+        const double full_ms = m.full_n ? m.full_ms / m.full_n : 0, reuse_ms = m.reuse_n ? m.reuse_ms / m.reuse_n : 0;
+        std::printf("%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%% %8.2f %8s\n", m.spec.c_str(), m.full, m.total, wall,
+                    wall0 / wall, std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(), ssim, 100 * adherence,
+                    full_ms, m.reuse_n ? fmt("%.2f", reuse_ms).c_str() : "-");
         // Sample sheet: one row per seed, one column per class.
         std::vector<torch::Tensor> rows;
         for (auto& t : m.tiles) rows.push_back(torch::cat(t.unbind(0), 1));
@@ -155,6 +165,8 @@ int run_eval(const EvalOptions& o) {
                                 {"wall_s", wall},
                                 {"wall_s_per_seed", m.wall},
                                 {"speedup_vs_first", wall0 / wall},
+                                {"full_step_ms", full_ms},
+                                {"reuse_step_ms", reuse_ms},
                                 {"psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
                                 {"ssim", ssim},
                                 {"classifier_adherence", adherence},
