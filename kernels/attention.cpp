@@ -73,10 +73,15 @@ void head_plain(const HeadArgs& a, HeadBuffers& b) {
 
 #if defined(__x86_64__)
 // exp(x) for x <= 0 (scores minus their maximum): Cephes' expf (Moshier), range reduction x = n ln2 + r with ln2 split
-// in two, degree-6 polynomial for e^r on |r| <= ln2/2, 2^n built in the exponent bits. Relative error ~1e-7; below
-// -87.3 (e^x < 1.2e-38) it returns about 1e-38, which the softmax sum cannot notice.
+// in two, degree-6 polynomial for e^r on |r| <= ln2/2, 2^n built in the exponent bits; relative error ~1e-7.
+// Below -60 it returns exactly 0: e^-60 = 8.8e-27 is invisible next to the maximum's term 1 in float32, and values
+// near the bottom of the float range would make the probabilities (e / sum) denormal, which costs a microcode assist
+// per FMA in the weighted sum (large-magnitude scores, e.g. random weights, would run several times slower).
 __attribute__((target("avx2,fma"))) inline __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    // NaN stays NaN (unordered compare keeps it, max_ps returns its second operand when one is NaN), so a broken
+    // model still reaches the pipeline's NaN check.
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-60.f), _CMP_NLE_UQ);
+    x = _mm256_max_ps(_mm256_set1_ps(-60.f), x);
     __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
@@ -88,7 +93,7 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_ps(__m256 x) {
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
 }
 
 __attribute__((target("avx2,fma"))) inline float hmax8(__m256 v) {
@@ -137,13 +142,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const HeadArgs& a, HeadBuffer
             _mm256_storeu_ps(sr + j, e);
             vsum = _mm256_add_ps(vsum, e);
         }
-        float sum = hsum8(vsum);
-        if (a.M < Mp) { // the padded lanes hold ~1e-38 each (exp clamps at -87.3): zero them, sum again
-            for (int64_t j = a.M; j < Mp; ++j) sr[j] = 0.f;
-            __m256 v2 = _mm256_setzero_ps();
-            for (int64_t j = 0; j < Mp; j += 8) v2 = _mm256_add_ps(v2, _mm256_loadu_ps(sr + j));
-            sum = hsum8(v2);
-        }
+        const float sum = hsum8(vsum); // padded keys: exp(-inf - max) is exactly 0 (below -60)
         const __m256 inv = _mm256_set1_ps(1.f / sum);
         for (int64_t j = 0; j < Mp; j += 8) _mm256_storeu_ps(sr + j, _mm256_mul_ps(_mm256_loadu_ps(sr + j), inv));
     }

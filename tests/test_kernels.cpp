@@ -14,6 +14,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 
 using namespace anchor;
 using namespace anchor::kernels;
@@ -160,6 +161,21 @@ TEST_CASE("small_attention matches matmul-softmax-matmul on both paths", "[kerne
         auto kw = torch::randn({c.B, c.M, 2 * C}), vw = torch::randn({c.B, c.M, 2 * C});
         auto ks = kw.narrow(2, C, C), vs = vw.narrow(2, 0, C);
         CHECK(rel_err(small_attention(q, ks, vs, c.H, scale), attention_torch(q, ks, vs, c.H, scale)) < 2e-6);
+    }
+    // Large-magnitude scores (softmax nearly one-hot, most exponentials far below float range): still exact.
+    {
+        auto q = torch::randn({2, 16, 32}) * 1000, k = torch::randn({2, 40, 32}), v = torch::randn({2, 40, 32});
+        auto ref = attention_torch(q, k, v, 4, 0.125);
+        CHECK(rel_err(small_attention(q, k, v, 4, 0.125), ref) < 2e-6);
+        CHECK(rel_err(small_attention(q, k, v, 4, 0.125, true), ref) < 2e-6);
+    }
+    // A NaN in q reaches the output of its head (the pipeline's NaN check must see broken models).
+    {
+        auto q = torch::randn({1, 8, 8}), k = torch::randn({1, 9, 8}), v = torch::randn({1, 9, 8});
+        q[0][3][1] = std::numeric_limits<float>::quiet_NaN();
+        auto o = small_attention(q, k, v, 2, 0.5);
+        CHECK(std::isnan(o[0][3][0].item<float>()));
+        CHECK_FALSE(std::isnan(o[0][3][4].item<float>())); // the other head of that row
     }
     // what stays on the BLAS path: large heads, autograd, other dtypes
     auto big = torch::randn({1, 1024, 320});
