@@ -45,7 +45,7 @@ struct HeadBuffers {
     }
 };
 
-// Portable path (and the non-AVX2 fallback): the same order of operations as the vector path.
+// Portable path (and the non-AVX2 fallback): the same formulas in scalar loops (std::exp, no e^-60 cut-off).
 void head_plain(const HeadArgs& a, HeadBuffers& b) {
     float* s = b.s.data();
     for (int64_t i = 0; i < a.N; ++i) {
