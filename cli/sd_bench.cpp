@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -31,6 +32,12 @@
 namespace anchor::cli {
 
 namespace {
+
+// trace.json -> trace_shallow.json (only the file name's extension counts, not a dot in a folder name).
+std::string shallow_profile_path(const std::string& profile) {
+    const std::filesystem::path p(profile);
+    return (p.parent_path() / (p.stem().string() + "_shallow" + p.extension().string())).string();
+}
 
 using unet::UNetConfig;
 using namespace bench;
@@ -72,6 +79,11 @@ int run_bench(const BenchOptions& o) {
     for (int n : o.deepcache)
         if (n < 1) throw UsageError("bench: --deepcache intervals must be >= 1");
     if (!o.output.empty()) check_output_path(o.output, o.overwrite);
+    // --profile writes a second trace, of one shallow step, when --deepcache gives it a cached feature.
+    const bool profile_shallow = !o.profile.empty() && o.time_shallow && !o.deepcache.empty();
+    const std::string shallow_profile = profile_shallow ? shallow_profile_path(o.profile) : std::string();
+    if (!o.profile.empty()) check_output_path(o.profile, o.overwrite);
+    if (profile_shallow) check_output_path(shallow_profile, o.overwrite);
 
     const UNetConfig cfg = o.unet_config.empty() ? UNetConfig{} : UNetConfig::from_json_file(o.unet_config);
     const int64_t lh = o.height / o.vae_factor, lw = o.width / o.vae_factor;
@@ -117,7 +129,8 @@ int run_bench(const BenchOptions& o) {
     emit("  published (DeepCache, SD 1.5 512x512): 338.83 G -> 130.45 G per step for deepcache:5");
 
     unet::perf::set_fast(!o.baseline);
-    emit(std::string("  forward: ") + (o.baseline ? "plain module forwards (--baseline)" : "fast paths (unet/unet_perf.h)"));
+    emit(std::string("  forward: ") +
+         (o.baseline ? "plain module forwards (--baseline)" : "fast paths (unet/unet_perf.h)"));
     torch::manual_seed(uint64_t(o.seed));
     double t0 = now_s();
     unet::UNet2DConditionModel model(cfg);
@@ -194,11 +207,8 @@ int run_bench(const BenchOptions& o) {
             torch::autograd::profiler::RecordProfile prof(o.profile);
             model->forward(sample, timestep, context);
         }
-        if (feats.cache_feature.defined()) { // and one shallow (DeepCache) step next to it
-            const auto dot = o.profile.rfind('.');
-            const std::string path = dot == std::string::npos ? o.profile + "_shallow"
-                                                              : o.profile.substr(0, dot) + "_shallow" + o.profile.substr(dot);
-            torch::autograd::profiler::RecordProfile prof(path);
+        if (profile_shallow) { // and one shallow (DeepCache) step next to it
+            torch::autograd::profiler::RecordProfile prof(shallow_profile);
             model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
         }
 #else
@@ -240,7 +250,9 @@ void add_options(CLI::App& cmd, BenchOptions& o) {
     cmd.add_option("--gemm-size", o.gemm_n, "n of the n x n x n reference GEMM")->capture_default_str();
     cmd.add_option("--seed", o.seed, "seed for weights and inputs")->capture_default_str();
     cmd.add_option("-o,--output", o.output, "also write the report to this file");
-    cmd.add_option("--profile", o.profile, "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one shallow step to <stem>_shallow<ext>");
+    cmd.add_option("--profile", o.profile,
+                   "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one "
+                   "shallow step to <stem>_shallow<ext>");
     cmd.add_flag("--overwrite", o.overwrite, "replace an existing --output file");
 }
 
