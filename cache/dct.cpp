@@ -166,7 +166,8 @@ double relative_spectral_change(const torch::Tensor& e1, const torch::Tensor& e0
         const float* a = e1.data_ptr<float>();
         const float* b = e0.data_ptr<float>();
         double num = 0, den = 0;
-        for (int64_t i = 0, n = e1.numel(); i < n; ++i) num += std::abs(double(a[i]) - double(b[i])), den += double(b[i]);
+        for (int64_t i = 0, n = e1.numel(); i < n; ++i)
+            num += std::abs(double(a[i]) - double(b[i])), den += double(b[i]);
         return num / (den + eps);
     }
     const double num = (e1.to(torch::kFloat64) - e0.to(torch::kFloat64)).abs().sum().item<double>();

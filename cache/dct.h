@@ -43,11 +43,14 @@ struct BandEnergy {
 // Band split of an energy map [.., H, W]; cutoff >= 0 (0: everything is high).
 BandEnergy band_energies(const torch::Tensor& energy, int64_t cutoff);
 
+// Guards the change rates below against zero energy; fused loops that restate the formula use it too.
+constexpr double kEnergyRateEps = 1e-8;
+
 // Per-coefficient change rate |E1 - E0| / (E0 + eps), elementwise on [.., H, W].
-torch::Tensor energy_change_rate(const torch::Tensor& e1, const torch::Tensor& e0, double eps = 1e-8);
+torch::Tensor energy_change_rate(const torch::Tensor& e1, const torch::Tensor& e0, double eps = kEnergyRateEps);
 
 // Scalar summary used by DctChangePolicy: sum |E1 - E0| / (sum E0 + eps) over all coefficients (an E0-weighted mean
 // of the per-coefficient rates, insensitive to the overall feature scale).
-double relative_spectral_change(const torch::Tensor& e1, const torch::Tensor& e0, double eps = 1e-8);
+double relative_spectral_change(const torch::Tensor& e1, const torch::Tensor& e0, double eps = kEnergyRateEps);
 
 } // namespace anchor::cache

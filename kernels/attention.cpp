@@ -112,8 +112,7 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
 
 // R query rows at once: R independent FMA chains hide the 4-cycle FMA latency that one row's chain of D (scores) or
 // M (weighted sum) dependent FMAs would expose; with one row at a time the kernel ran at a quarter of this speed.
-template <int R>
-__attribute__((target("avx2,fma"))) void rows_avx2(const HeadArgs& a, HeadBuffers& b, int64_t i0) {
+template <int R> __attribute__((target("avx2,fma"))) void rows_avx2(const HeadArgs& a, HeadBuffers& b, int64_t i0) {
     const int64_t Mp = b.Mp, Dp = b.Dp;
     float* s = b.s.data(); // R rows of Mp scores
     const float* q[R];
@@ -184,11 +183,15 @@ bool use_avx2() {
 #endif
 }
 
-torch::Tensor unit_last(const torch::Tensor& t) { return t.stride(2) == 1 ? t : t.contiguous(); }
+torch::Tensor unit_last(const torch::Tensor& t) {
+    return t.stride(2) == 1 ? t : t.contiguous();
+}
 
 } // namespace
 
-bool small_attention_uses_avx2() { return use_avx2(); }
+bool small_attention_uses_avx2() {
+    return use_avx2();
+}
 
 bool small_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads) {
     if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || heads < 1 || q.size(2) % heads != 0) return false;

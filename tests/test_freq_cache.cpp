@@ -93,7 +93,8 @@ TEST_CASE("reuse feature: anchored coefficients are reused, the others extrapola
             continue;
         }
         CHECK(torch::equal(s32, cache::idct2(torch::where(mask, torch::zeros_like(Xa), Xa - X0)) / 3.0));
-        auto s64 = FreqAnchorDenoiser::extrapolation_slope(Xa.to(torch::kDouble), X0.to(torch::kDouble), 6, 3, tau, &f64);
+        auto s64 =
+            FreqAnchorDenoiser::extrapolation_slope(Xa.to(torch::kDouble), X0.to(torch::kDouble), 6, 3, tau, &f64);
         CHECK(torch::allclose(s64.to(torch::kFloat), s32, 1e-4, 1e-5));
     }
 }
@@ -172,7 +173,8 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         // reuse but stay close (the extrapolation is a correction, not a different model).
         CHECK(fq->log()[7].anchored_fraction < 1.0);
         CHECK_FALSE(torch::equal(r.latents, ref.latents));
-        const double rel = (r.latents - ref.latents).abs().max().item<double>() / ref.latents.abs().max().item<double>();
+        const double rel =
+            (r.latents - ref.latents).abs().max().item<double>() / ref.latents.abs().max().item<double>();
         CHECK(rel < 0.5);
     }
     SECTION("default freq: the energy rule fires and logs the probe") {
@@ -199,7 +201,8 @@ TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files 
     CHECK(t[3] == 0.5);
     CHECK(unet::profile_thresholds({{0.0, 0.25, 3.0}}, 4, 1.0)[3] == 1.0); // no range: the fixed threshold
     const auto dir = test::scratch_dir("freq_profile");
-    std::ofstream(dir + "/good.json") << R"({"ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
+    std::ofstream(dir + "/good.json")
+        << R"({"ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
     std::ofstream(dir + "/bad.json") << "{ nope";
     std::ofstream(dir + "/empty.json") << R"({"ranges":[]})";
     const bool same = unet::read_freq_profile(dir + "/good.json") == ranges;
@@ -208,7 +211,8 @@ TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files 
     CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/empty.json"), Catch::Contains("ranges"));
     CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/missing.json"), Catch::Contains("missing.json"));
     // The mode string accepts it and the policy uses it: a huge early threshold, a tiny late one.
-    std::ofstream(dir + "/steep.json") << R"({"ranges":[{"begin":0,"end":0.5,"threshold":1e9},{"begin":0.5,"end":1,"threshold":1e-9}]})";
+    std::ofstream(dir + "/steep.json")
+        << R"({"ranges":[{"begin":0,"end":0.5,"threshold":1e9},{"begin":0.5,"end":1,"threshold":1e-9}]})";
     auto c = unet::parse_cache_mode("freq:max=100,profile=" + dir + "/steep.json");
     CHECK(c->spec().find("profile=") != std::string::npos);
 }

@@ -187,8 +187,9 @@ TEST_CASE("small_attention matches matmul-softmax-matmul on both paths", "[kerne
     auto q7 = torch::randn({1, 7, 8}); // fewer queries than one tile
     CHECK_FALSE(small_attention_applies(q7, q7, q7, 2));
     CHECK(rel_err(small_attention(q7, q7, q7, 2, 0.5), attention_torch(q7, q7, q7, 2, 0.5)) < 2e-6); // still correct
-    CHECK_THROWS_WITH(small_attention(torch::randn({1, 4, 6}), torch::randn({1, 3, 6}), torch::randn({1, 4, 6}), 2, 1.0),
-                      Catch::Contains("do not match"));
+    CHECK_THROWS_WITH(
+        small_attention(torch::randn({1, 4, 6}), torch::randn({1, 3, 6}), torch::randn({1, 4, 6}), 2, 1.0),
+        Catch::Contains("do not match"));
 }
 
 TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
@@ -217,8 +218,8 @@ TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
                   << "\n";
     };
     // SD feature maps: conv_in at 256 and 512 (CFG batch 2), the mid block at 512 (8x8), a deep 16x16 level.
-    for (const auto& s : std::vector<std::vector<int64_t>>{{2, 320, 32, 32}, {2, 320, 64, 64}, {2, 1280, 8, 8},
-                                                            {2, 1280, 16, 16}}) {
+    for (const auto& s :
+         std::vector<std::vector<int64_t>>{{2, 320, 32, 32}, {2, 320, 64, 64}, {2, 1280, 8, 8}, {2, 1280, 16, 16}}) {
         auto x_cpu = torch::randn(s);
         auto x = x_cpu.to(dev);
         const int reps = gpu ? 50 : 5;
@@ -231,9 +232,11 @@ TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
     // Attention of the fashion UNet's 8x8 level (batch 20 = 10 prompts x guidance, 4 heads of 8; self and cross with
     // 77 prompt tokens) and of SD 1.5's 16x16 level at 128x128 (heads of 40): fused kernel vs matmul-softmax-matmul.
     if (!gpu)
-        for (const auto& s : std::vector<std::vector<int64_t>>{{20, 64, 64, 4, 8}, {20, 64, 77, 4, 8}, {2, 256, 77, 8, 40}}) {
+        for (const auto& s :
+             std::vector<std::vector<int64_t>>{{20, 64, 64, 4, 8}, {20, 64, 77, 4, 8}, {2, 256, 77, 8, 40}}) {
             const int64_t C = s[3] * s[4];
-            auto q = torch::randn({s[0], s[1], C}), k = torch::randn({s[0], s[2], C}), v = torch::randn({s[0], s[2], C});
+            auto q = torch::randn({s[0], s[1], C}), k = torch::randn({s[0], s[2], C}),
+                 v = torch::randn({s[0], s[2], C});
             const double sc = 1.0 / std::sqrt(double(s[4]));
             const double ours = time_ms([&] { (void)small_attention(q, k, v, s[3], sc); }, 50);
             const double tor = time_ms([&] { (void)attention_torch(q, k, v, s[3], sc); }, 50);

@@ -209,7 +209,7 @@ Tensor FreqAnchorDenoiser::anchored_mask(const Tensor& X1, const Tensor& X0, dou
 
 namespace {
 // where(anchored_mask(X1, X0, tau), 0, X1 - X0) and the anchored count in one pass over float32 CPU spectra, with the
-// float32 operations of the tensor formula in the same order (rate = |X1^2 - X0^2| / (X0^2 + 1e-8f) < tau): a full
+// float32 operations of the tensor formula in the same order (rate = |X1^2 - X0^2| / (X0^2 + eps) < tau): a full
 // step of freq ran ~15 tensor ops over the cached feature's spectrum for this, ~4 % of its time on fashion-sd.
 Tensor unanchored_difference(const Tensor& X1, const Tensor& X0, double tau, int64_t* anchored) {
     auto a = X1.contiguous(), b = X0.contiguous();
@@ -217,7 +217,7 @@ Tensor unanchored_difference(const Tensor& X1, const Tensor& X0, double tau, int
     const float* p1 = a.data_ptr<float>();
     const float* p0 = b.data_ptr<float>();
     float* pd = d.data_ptr<float>();
-    const float eps = 1e-8f, t = float(tau);
+    const float eps = float(cache::kEnergyRateEps), t = float(tau); // the tensor formula adds eps in float32
     int64_t n_anchored = 0;
     for (int64_t i = 0, n = a.numel(); i < n; ++i) {
         const float e1 = p1[i] * p1[i], e0 = p0[i] * p0[i];
