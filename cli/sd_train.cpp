@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -64,9 +65,24 @@ struct EvalOptions {
 // is timed R times and the fastest counts (the work is deterministic: the spread is the machine's, not the code's).
 int run_eval(const EvalOptions& o) {
     const auto modes = unet::split_mode_list(o.modes);
-    for (const auto& m : modes) unet::parse_cache_mode(m);
     if (o.seeds < 1) throw UsageError("eval-fashion: --seeds must be >= 1");
     if (o.repeats < 1) throw UsageError("eval-fashion: --repeats must be >= 1");
+    // Every output is known before the first image: refuse existing ones now, not after minutes of generation.
+    const fs::path out = o.out.empty() ? fs::path(o.model) / "eval" : fs::path(o.out);
+    fs::create_directories(out);
+    const std::string report = (out / "cache_eval.json").string();
+    std::vector<std::string> sheets;
+    for (const auto& m : modes) {
+        std::string safe = unet::parse_cache_mode(m)->spec(); // a file name of letters, digits, '.', '_' and '-'
+        for (char& ch : safe)
+            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
+        const std::string sheet = (out / ("samples_" + safe + ".png")).string();
+        if (std::find(sheets.begin(), sheets.end(), sheet) != sheets.end())
+            throw UsageError("eval-fashion: --modes lists '" + m + "' twice (as " + safe + ")");
+        sheets.push_back(sheet);
+        check_output_path(sheet, o.overwrite);
+    }
+    check_output_path(report, o.overwrite);
     const std::string cls_path =
         o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string() : o.classifier;
     auto classifier = unet::train::load_fashion_classifier(cls_path);
@@ -79,8 +95,6 @@ int run_eval(const EvalOptions& o) {
     p.sampler = unet::SamplerKind::DDIM;
     p.guidance_scale = o.cfg;
     p = pipe.resolved(p);
-    const fs::path out = o.out.empty() ? fs::path(o.model) / "eval" : fs::path(o.out);
-    fs::create_directories(out);
     pipe.run(p); // warm-up
 
     struct ModeResult {
@@ -143,7 +157,8 @@ int run_eval(const EvalOptions& o) {
                 "adherence", "full ms", "reuse ms");
     auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
     const double wall0 = sum(res[0].wall);
-    for (auto& m : res) {
+    for (size_t k = 0; k < res.size(); ++k) {
+        const auto& m = res[k];
         const double wall = sum(m.wall);
         const double psnr = m.psnr_n ? m.psnr_sum / m.psnr_n : INFINITY, ssim = m.ssim_sum / (10.0 * o.seeds);
         const double adherence = double(m.correct) / (10.0 * o.seeds);
@@ -154,11 +169,8 @@ int run_eval(const EvalOptions& o) {
         // Sample sheet: one row per seed, one column per class.
         std::vector<torch::Tensor> rows;
         for (auto& t : m.tiles) rows.push_back(torch::cat(t.unbind(0), 1));
-        std::string safe = m.spec; // a file name of letters, digits, '.', '_' and '-'
-        for (char& ch : safe)
-            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
-        const std::string sheet = (out / ("samples_" + safe + ".png")).string();
-        unet::write_png(sheet, torch::cat(rows, 0), true);
+        const std::string& sheet = sheets[k];
+        unet::write_png(sheet, torch::cat(rows, 0), o.overwrite);
         rep["modes"].push_back({{"mode", m.spec},
                                 {"full_steps", m.full},
                                 {"total_steps", m.total},
@@ -173,8 +185,8 @@ int run_eval(const EvalOptions& o) {
                                 {"samples", sheet}});
     }
     std::fflush(stdout);
-    write_file_atomic((out / "cache_eval.json").string(), rep.dump(2) + "\n", true);
-    std::printf("wrote %s\n", (out / "cache_eval.json").c_str());
+    write_file_atomic(report, rep.dump(2) + "\n", o.overwrite);
+    std::printf("wrote %s\n", report.c_str());
     return 0;
 }
 
@@ -278,6 +290,7 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     ce->add_option("--repeats", ev->repeats, "timed runs per seed and mode; the fastest counts")->capture_default_str();
     ce->add_option("--cfg-scale", ev->cfg, "guidance scale")->capture_default_str();
     ce->add_option("-o,--output", ev->out, "output folder (default: <model>/eval)");
+    ce->add_flag("--overwrite", ev->overwrite, "replace cache_eval.json and samples_<mode>.png already in the folder");
     runners.emplace_back(ce, [ev]() { return run_eval(*ev); });
 
     auto cal = std::make_shared<CalibrateOptions>();

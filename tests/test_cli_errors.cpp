@@ -148,6 +148,8 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
                 R"({"block_out_channels": [32, 64, 64, 64], "down_block_types": ["DownBlock2D"],
                     "up_block_types": ["UpBlock2D"]})");
     fs::create_directories(work + "/empty_folder");
+    fs::create_directories(work + "/eval_done"); // an earlier eval-fashion report
+    write_bytes(work + "/eval_done/cache_eval.json", "{}\n");
     const std::vector<Case> cases = {
         {"model path does not exist", "sd", {"-m", work + "/nowhere", "-p", "a", "-o", png}, 1, {"nowhere"}},
         {"model file is not safetensors",
@@ -206,6 +208,16 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
          {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--classifier", work + "/none.safetensors"},
          1,
          {"none.safetensors"}},
+        {"eval-fashion does not replace earlier results without --overwrite",
+         "sd",
+         {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--modes", "off,freq", "-o", work + "/eval_done"},
+         1,
+         {"eval_done/cache_eval.json", "already exists", "--overwrite"}},
+        {"eval-fashion with one mode listed twice",
+         "sd",
+         {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--modes", "off,freq,freq:thr=1", "-o", out},
+         2,
+         {"--modes lists 'freq:thr=1' twice"}},
         {"train-vae without the dataset",
          "sd",
          {"train-vae", "-o", out + "/m", "--data", work + "/no_data"},
