@@ -189,10 +189,6 @@ torch::Tensor unit_last(const torch::Tensor& t) {
 
 } // namespace
 
-bool small_attention_uses_avx2() {
-    return use_avx2();
-}
-
 bool small_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads) {
     if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || heads < 1 || q.size(2) % heads != 0) return false;
     for (const auto* t : {&q, &k, &v})

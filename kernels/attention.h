@@ -33,6 +33,5 @@ torch::Tensor small_attention(const torch::Tensor& q, const torch::Tensor& k, co
 // The same through torch ops (permute, matmul, softmax, matmul): the reference tests compare against.
 torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                               double scale);
-bool small_attention_uses_avx2();
 
 } // namespace anchor::kernels
