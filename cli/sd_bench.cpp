@@ -8,6 +8,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/bench_util.h"
+#include "cli/enum_option.h"
 #include "cli/common.h"
 #include "unet/unet_macs.h"
 #include "unet/unet_model.h"
@@ -48,6 +49,7 @@ struct BenchOptions {
     int repeat = 3, warmup = 1, batch = 2;
     bool macs_only = false;
     bool baseline = false, ab = false;
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
     std::vector<int> deepcache{2, 3, 5, 10};
     int branch = 0;
     bool time_shallow = true;
@@ -135,6 +137,8 @@ int run_bench(const BenchOptions& o) {
     double t0 = now_s();
     unet::UNet2DConditionModel model(cfg);
     model->eval();
+    model->set_attention_kernel(o.attention);
+    emit("  attention: " + enum_name(kernels::attention_kernel_table(), o.attention));
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     int64_t nparams = 0;
     for (const auto& p : model->parameters()) nparams += p.numel();
@@ -242,6 +246,8 @@ void add_options(CLI::App& cmd, BenchOptions& o) {
     cmd.add_option("--batch", o.batch, "UNet batch (2 = one classifier-free-guidance step)")->capture_default_str();
     cmd.add_flag("--baseline", o.baseline, "time the plain module forwards instead of the fast paths");
     cmd.add_flag("--ab", o.ab, "also time plain and fast forwards interleaved and report the speed-up");
+    add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
+                    "attention arithmetic of the fast paths (kernels/attention.h)");
     cmd.add_flag("--macs-only", o.macs_only, "print only the analytic MAC count per sample (e.g. '338.6 GMACs')");
     cmd.add_option("--deepcache", o.deepcache, "DeepCache intervals N whose MACs (and cached-step times) are shown")
         ->capture_default_str();

@@ -14,6 +14,8 @@
 // The AVX2/FMA path (exp by a Cephes-style polynomial, ~1 ulp) is chosen at run time; the portable loop uses std::exp.
 #pragma once
 
+#include "cache/io/enum_table.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -33,5 +35,46 @@ torch::Tensor small_attention(const torch::Tensor& q, const torch::Tensor& k, co
 // The same through torch ops (permute, matmul, softmax, matmul): the reference tests compare against.
 torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                               double scale);
+
+// ---- the entry point --------------------------------------------------------------------------------------------
+
+// Which arithmetic attention() runs.
+// * Exact: the reference's (attention_reference: diffusers' AttnProcessor on LibTorch), bit for bit, through
+//   blas_attention where it is available. The tiny reference models amplify a last-bit difference ~1000x at their 1x1
+//   levels (GroupNorm over 2 values), so only bit parity is inside their tolerance on every input.
+// * Fused: the fused small-head kernel (small_attention) where it applies, else Exact. Other summation order and
+//   exponential: within 2e-6 relative of the reference, 2-3x faster for many small heads; for models whose outputs do
+//   not hinge on the last bit.
+// * Reference: attention_reference itself (the module forwards' reference path).
+enum class AttentionKernel { Exact, Fused, Reference };
+
+// Names for options and reports ("exact", "fused", "reference").
+const EnumTable<AttentionKernel>& attention_kernel_table();
+
+struct AttentionOptions {
+    int64_t heads = 1;
+    double scale = -1; // < 0: head_dim^-0.5
+    AttentionKernel kernel = AttentionKernel::Exact;
+    int64_t chunk_bytes = int64_t(16) << 20; // score-buffer bound of the reference path's query chunks
+};
+
+// q [B, N, H*D], k/v [B, M, H*D] -> [B, N, H*D] (projection layout, heads side by side).
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionOptions& opts);
+
+// ---- exact paths ------------------------------------------------------------------------------------------------
+
+// The reference: diffusers' AttnProcessor on LibTorch (heads folded into the batch, baddbmm(q, k^T, beta 0, alpha =
+// scale) into a zero-filled buffer, softmax, bmm), queries chunked so the score buffer stays below `chunk_bytes`.
+// q [B, N, H*D], k/v [B, M, H*D]; reduced precision is upcast to float32 for scores and softmax.
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                                  double scale, int64_t chunk_bytes = int64_t(256) << 20);
+// The same arithmetic without the per-head dispatch (kernels/blas_attention.cpp): bit-identical to
+// attention_reference where LibTorch's bmm runs on the BLAS sgemm this process resolved. Available when that sgemm
+// is found and LibTorch does not use MKL; applies to float32 CPU tensors outside autograd.
+bool blas_attention_available();
+bool blas_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads);
+torch::Tensor blas_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                             double scale);
 
 } // namespace anchor::kernels

@@ -36,7 +36,9 @@ double require_close(const std::string& what, const torch::Tensor& actual, const
     return max_abs;
 }
 
-WeightMap golden_map(const std::string& rel) { return WeightMap::load(test::golden(rel)); }
+WeightMap golden_map(const std::string& rel) {
+    return WeightMap::load(test::golden(rel));
+}
 
 ClipTokenizer& tiny_tokenizer() {
     static ClipTokenizer t = ClipTokenizer::from_bpe_file(test::golden("sd/vocab/bpe_simple_vocab_16e6.txt.gz"));
@@ -98,7 +100,8 @@ TEST_CASE("CLIP text encoder matches golden hidden states", "[sd][clip]") {
     require_close("last_hidden_state", r.last_hidden_state, out.get("last_hidden_state"));
     REQUIRE(r.hidden_states.size() == 3);
     for (size_t i = 0; i < 3; ++i)
-        require_close("hidden_states." + std::to_string(i), r.hidden_states[i], out.get("hidden_states." + std::to_string(i)));
+        require_close("hidden_states." + std::to_string(i), r.hidden_states[i],
+                      out.get("hidden_states." + std::to_string(i)));
     require_close("clip_skip_1", te->encode(in.get("input_ids"), 1), out.get("clip_skip_1"));
     require_close("encode(clip_skip 0)", te->encode(in.get("input_ids"), 0), out.get("last_hidden_state"));
 }
@@ -339,7 +342,8 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
         file.emplace_back(ldm_name(Component::Unet, p.key(), uc, vc), p.value().detach().to(torch::kHalf));
     for (const auto& p : vae->named_parameters(true)) {
         auto t = p.value().detach();
-        if (p.key().find("mid_block.attentions.0.to_") != std::string::npos && t.dim() == 2) t = t.unsqueeze(-1).unsqueeze(-1);
+        if (p.key().find("mid_block.attentions.0.to_") != std::string::npos && t.dim() == 2)
+            t = t.unsqueeze(-1).unsqueeze(-1);
         file.emplace_back(ldm_name(Component::Vae, p.key(), uc, vc), t);
     }
     // Open CLIP layout: fused in_proj, one more resblock than the model SD 2.x uses (penultimate layer).
@@ -362,7 +366,8 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
             file.emplace_back(r + "attn.out_proj." + k, P(h + "self_attn.out_proj." + k));
             file.emplace_back(r + "attn.in_proj_" + k,
                               torch::cat({P(h + "self_attn.q_proj." + k), P(h + "self_attn.k_proj." + k),
-                                          P(h + "self_attn.v_proj." + k)}, 0));
+                                          P(h + "self_attn.v_proj." + k)},
+                                         0));
         }
     }
     auto dir = test::scratch_dir("sd2_single_file");
@@ -381,7 +386,8 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
     UNet2DConditionModel ref(uc);
     {
         torch::NoGradGuard ng;
-        for (auto& p : ref->named_parameters(true)) p.value().copy_(unet->named_parameters(true)[p.key()].to(torch::kHalf));
+        for (auto& p : ref->named_parameters(true))
+            p.value().copy_(unet->named_parameters(true)[p.key()].to(torch::kHalf));
     }
     // Both in eval mode, as loaded models are: train mode keeps autograd and with it the torch attention path, whose
     // rounding differs from the fused kernel's (kernels/attention.h).
@@ -393,4 +399,35 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
     auto ids = torch::randint(0, 1000, {1, 77}, torch::kLong);
     torch::NoGradGuard ng;
     CHECK(torch::equal(m.text_encoder->encode(ids), te->encode(ids)));
+}
+
+TEST_CASE("the attention arithmetic is the model's: exact by default, a model folder may ask for fused", "[sd][unet]") {
+    namespace fs = std::filesystem;
+    // the golden tiny model: no anchorcache.json, exact
+    auto tiny = unet::load_sd_models(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/sd15-tiny-random");
+    CHECK(tiny.attention == kernels::AttentionKernel::Exact);
+    // the demo model trained here asks for the fused kernel; an explicit choice wins
+    const std::string fashion = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/fashion-sd";
+    if (fs::exists(fashion)) {
+        auto fm = unet::load_sd_models(fashion);
+        CHECK(fm.attention == kernels::AttentionKernel::Fused);
+        unet::LoadOptions lo;
+        lo.attention = kernels::AttentionKernel::Exact;
+        CHECK(unet::load_sd_models(fashion, lo).attention == kernels::AttentionKernel::Exact);
+        // On a trained model the fused kernel's other summation order stays at the rounding level.
+        c10::InferenceMode guard;
+        torch::manual_seed(1);
+        auto x = torch::randn({20, 4, 8, 8}), ctx = torch::randn({20, 77, 64});
+        auto t = torch::tensor(500.0, torch::kFloat).reshape({});
+        auto fused = fm.unet->forward(x, t, ctx);
+        fm.unet->set_attention_kernel(kernels::AttentionKernel::Exact);
+        auto exact = fm.unet->forward(x, t, ctx);
+        CHECK(test::max_abs_diff(fused, exact) <= 1e-5 * exact.abs().max().item<double>());
+    }
+    // a malformed hint file is an error naming the file and the field
+    const auto dir = test::scratch_dir("model_hints");
+    std::ofstream(dir + "/anchorcache.json") << R"({"attention": "fastest"})";
+    CHECK_THROWS_WITH(unet::read_model_hints(dir), Catch::Contains("anchorcache.json") && Catch::Contains("fastest"));
+    std::ofstream(dir + "/anchorcache.json") << R"({"attention": "exact", "threads": 4})";
+    CHECK_THROWS_WITH(unet::read_model_hints(dir), Catch::Contains("threads"));
 }

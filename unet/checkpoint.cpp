@@ -4,6 +4,7 @@
 #include "unet/checkpoint.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
 
 #include <filesystem>
@@ -514,7 +515,33 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
         m = load_single_file(path, opts);
     }
     m.source = path;
+    m.attention = opts.attention ? *opts.attention
+                                 : (fs::is_directory(p) ? read_model_hints(path).attention : std::nullopt)
+                                       .value_or(kernels::AttentionKernel::Exact);
+    if (m.unet) m.unet->set_attention_kernel(m.attention);
+    if (m.vae) m.vae->set_attention_kernel(m.attention);
     return m;
+}
+
+ModelHints read_model_hints(const std::string& dir) {
+    const fs::path f = fs::path(dir) / "anchorcache.json";
+    if (!fs::exists(f)) return {};
+    return read_json_config(f.string(), "model hints", [](const nlohmann::json& j) {
+        ModelHints h;
+        for (const auto& [key, value] : j.items()) {
+            if (key == "attention") {
+                const std::string name = value.get<std::string>();
+                for (const auto& [n, k] : kernels::attention_kernel_table())
+                    if (n == name) h.attention = k;
+                if (!h.attention)
+                    throw Error("\"attention\" is '" + name +
+                                "' (choices: " + enum_choices(kernels::attention_kernel_table()) + ")");
+            } else if (key != "why") {
+                throw Error("unknown field \"" + key + "\" (known: attention, why)");
+            }
+        }
+        return h;
+    });
 }
 
 } // namespace anchor::unet

@@ -38,17 +38,29 @@ struct LoadOptions {
     bool text_encoder = true;
     bool unet = true;
     bool vae = true;
+    // Attention arithmetic of the UNet and the VAE (kernels/attention.h). Unset: the model's own choice, the
+    // "attention" of anchorcache.json in a diffusers folder (written for the models this project trains, which have
+    // no reference outputs to match), else Exact, which gives the reference's bits.
+    std::optional<kernels::AttentionKernel> attention;
 };
 
+// Engine settings a model folder asks for (anchorcache.json next to model_index.json); throws anchor::Error naming
+// the file and field when it is malformed.
+struct ModelHints {
+    std::optional<kernels::AttentionKernel> attention;
+};
+ModelHints read_model_hints(const std::string& model_dir);
+
 struct SDModels {
-    std::string source;            // the path given
-    std::string layout;            // "diffusers" | "single-file"
-    std::string family;            // "sd1" | "sd2" (from tensor shapes: text width 1024 / OpenCLIP layout -> sd2)
+    std::string source; // the path given
+    std::string layout; // "diffusers" | "single-file"
+    std::string family; // "sd1" | "sd2" (from tensor shapes: text width 1024 / OpenCLIP layout -> sd2)
     ClipTokenizer tokenizer;
     ClipTextModel text_encoder{nullptr};
     UNet2DConditionModel unet{nullptr};
     AutoencoderKL vae{nullptr};
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // in effect (LoadOptions::attention)
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 

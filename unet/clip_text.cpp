@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
+#include "kernels/linear.h"
 
 #include <nlohmann/json.hpp>
 
@@ -74,14 +75,14 @@ torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     const auto B = x.size(0), T = x.size(1), C = x.size(2);
     const double scale = 1.0 / std::sqrt(double(head_dim));
     auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
-    auto q = split(q_proj->forward(x) * scale);
-    auto k = split(k_proj->forward(x));
-    auto v = split(v_proj->forward(x));
+    auto q = split(kernels::linear(q_proj, x) * scale);
+    auto k = split(kernels::linear(k_proj, x));
+    auto v = split(kernels::linear(v_proj, x));
     auto scores = torch::matmul(q, k.transpose(-1, -2));
     scores.add_(mask);
     auto probs = scores.softmax(-1);
     auto o = torch::matmul(probs, v).transpose(1, 2).reshape({B, T, C});
-    return out_proj->forward(o);
+    return kernels::linear(out_proj, o);
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : quick_gelu(c.hidden_act == "quick_gelu") {
@@ -90,9 +91,9 @@ ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : quick_gelu(c.hidden_act == "
 }
 
 torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
-    auto h = fc1->forward(x);
+    auto h = kernels::linear(fc1, x);
     h = quick_gelu ? h * torch::sigmoid(h * 1.702) : torch::gelu(h);
-    return fc2->forward(h);
+    return kernels::linear(fc2, h);
 }
 
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextConfig& c) {

@@ -5,6 +5,7 @@
 #include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
+#include "kernels/linear.h"
 #include "unet/unet_perf.h"
 
 #include <nlohmann/json.hpp>
@@ -41,46 +42,15 @@ torch::nn::LayerNorm layer_norm(int64_t dim, double eps = 1e-5) {
 
 // ---- attention core ------------------------------------------------------------------------------------------------
 
-Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads) {
-    const int64_t B = q.size(0), N = q.size(1), C = q.size(2), M = k.size(1);
-    TORCH_CHECK(C % heads == 0, "attention: width ", C, " not divisible by ", heads, " heads");
-    const int64_t D = C / heads;
-    const double scale = 1.0 / std::sqrt(double(D));
-    const bool reduced = q.scalar_type() != torch::kFloat && q.scalar_type() != torch::kDouble;
-    // Fast path (unet_perf.h): small query chunks (heap-reused score buffers). Scaling q instead of the scores
-    // would save a pass but changes rounding by 1.8e-5 relative on the ill-conditioned tiny golden UNet.
-    const bool fast = perf::fast() && !reduced;
-    // Many small heads (kernels/attention.h): one fused pass instead of a bmm dispatch per head.
-    if (fast && kernels::small_attention_applies(q, k, v, heads)) return kernels::small_attention(q, k, v, heads, scale);
-    auto qh = q.view({B, N, heads, D}).permute({0, 2, 1, 3}); // [B,H,N,D]
-    auto kt = k.view({B, M, heads, D}).permute({0, 2, 3, 1}); // [B,H,D,M]
-    auto vh = v.view({B, M, heads, D}).permute({0, 2, 1, 3}); // [B,H,M,D]
-    if (reduced) {
-        qh = qh.to(torch::kFloat);
-        kt = kt.to(torch::kFloat);
-    }
-    auto probs_of = [&](const Tensor& qc) {
-        // scale * (q k^T) like diffusers' baddbmm(alpha=scale), but without an uninitialised input buffer.
-        auto s = torch::matmul(qc, kt);
-        s.mul_(scale);
-        auto p = s.softmax(-1);
-        return reduced ? p.to(v.scalar_type()) : p;
-    };
-    // Bound the [B,H,n,M] score buffer to ~256 MiB by chunking the queries.
-    const int64_t budget = fast ? perf::kAttentionChunkBytes : int64_t(256) << 20;
-    const int64_t per_query = B * heads * M * 4;
-    const int64_t chunk = std::max<int64_t>(1, budget / std::max<int64_t>(per_query, 1));
-    if (chunk >= N) {
-        auto o = torch::matmul(probs_of(qh), vh); // [B,H,N,D]
-        return o.permute({0, 2, 1, 3}).reshape({B, N, C});
-    }
-    auto out = torch::empty({B, N, heads, D}, v.options());
-    auto out_h = out.permute({0, 2, 1, 3});
-    for (int64_t s = 0; s < N; s += chunk) {
-        const int64_t n = std::min(chunk, N - s);
-        out_h.narrow(2, s, n).copy_(torch::matmul(probs_of(qh.narrow(2, s, n)), vh));
-    }
-    return out.view({B, N, C});
+Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
+                            kernels::AttentionKernel kernel) {
+    kernels::AttentionOptions o;
+    o.heads = heads;
+    // The plain module forwards (perf::fast() off) are the reference; the fast paths chunk the queries so the score
+    // buffer stays small (unet_perf.h).
+    o.kernel = perf::fast() ? kernel : kernels::AttentionKernel::Reference;
+    o.chunk_bytes = perf::fast() ? perf::kAttentionChunkBytes : int64_t(256) << 20;
+    return kernels::attention(q, k, v, o);
 }
 
 // ---- building blocks
@@ -99,13 +69,13 @@ Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
     auto h = norm1->forward(x);
     torch::silu_(h);
     h = perf::conv2d(conv1, h);
-    if (time_emb_proj && temb_act.defined()) h.add_(time_emb_proj->forward(temb_act).unsqueeze(-1).unsqueeze(-1));
+    if (time_emb_proj && temb_act.defined())
+        h.add_(kernels::linear(time_emb_proj, temb_act).unsqueeze(-1).unsqueeze(-1));
     h = norm2->forward(h);
     torch::silu_(h);
     h = perf::conv2d(conv2, h);
     // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
-    if (perf::fast()) return h.add_(conv_shortcut ? perf::conv2d(conv_shortcut, x) : x);
-    return (conv_shortcut ? conv_shortcut->forward(x) : x) + h;
+    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x) : x, h, h);
 }
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding(padding_) {
@@ -151,12 +121,12 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
         if (kv_ctx_.defined() && kv_ctx_.is_same(context))
             ++kv_hits_;
         else
-            kv_ctx_ = context, k_ctx_ = to_k->forward(context), v_ctx_ = to_v->forward(context);
+            kv_ctx_ = context, k_ctx_ = kernels::linear(to_k, context), v_ctx_ = kernels::linear(to_v, context);
         k = k_ctx_, v = v_ctx_;
     } else {
-        k = to_k->forward(c), v = to_v->forward(c);
+        k = kernels::linear(to_k, c), v = kernels::linear(to_v, c);
     }
-    return out_linear->forward(multi_head_attention(to_q->forward(x), k, v, heads));
+    return kernels::linear(out_linear, multi_head_attention(kernels::linear(to_q, x), k, v, heads, kernel));
 }
 
 void CrossAttentionImpl::set_context_kv_reuse(bool on) {
@@ -170,8 +140,7 @@ GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
 }
 
 Tensor GegluImpl::forward(const Tensor& x) {
-    auto hg = proj->forward(x).chunk(2, -1);
-    if (perf::fast()) return torch::gelu(hg[1]).mul_(hg[0]);
+    auto hg = kernels::linear(proj, x).chunk(2, -1);
     return hg[0] * torch::gelu(hg[1]);
 }
 
@@ -185,7 +154,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
 }
 
 Tensor FeedForwardImpl::forward(const Tensor& x) {
-    return out->forward(geglu->forward(x));
+    return kernels::linear(out, geglu->forward(x));
 }
 
 BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim,
@@ -199,14 +168,12 @@ BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads,
 }
 
 Tensor BasicTransformerBlockImpl::forward(Tensor x, const Tensor& context) {
-    if (perf::fast()) { // same sums, added in place into the fresh sublayer outputs
-        x = attn1->forward(norm1->forward(x), Tensor()).add_(x);
-        x = attn2->forward(norm2->forward(x), context).add_(x);
-        return ff->forward(norm3->forward(x)).add_(x);
-    }
-    x = attn1->forward(norm1->forward(x), Tensor()) + x;
-    x = attn2->forward(norm2->forward(x), context) + x;
-    return ff->forward(norm3->forward(x)) + x;
+    auto a1 = attn1->forward(norm1->forward(x), Tensor());
+    x = perf::reference_add(a1, x, a1);
+    auto a2 = attn2->forward(norm2->forward(x), context);
+    x = perf::reference_add(a2, x, a2);
+    auto f = ff->forward(norm3->forward(x));
+    return perf::reference_add(f, x, f);
 }
 
 Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim,
@@ -242,17 +209,17 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
         h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner});
     } else {
         inner = h.size(1);
-        h = proj_in_linear->forward(h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}));
+        h = kernels::linear(proj_in_linear, h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}));
     }
     for (auto& blk : blocks) h = blk->forward(h, context);
     if (!linear_projection) {
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
         h = perf::conv2d(proj_out_conv, h);
     } else {
-        h = proj_out_linear->forward(h);
+        h = kernels::linear(proj_out_linear, h);
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
     }
-    return perf::fast() ? h.add_(x) : h + x;
+    return perf::reference_add(h, x, h);
 }
 
 // ---- config ------------------------------------------------------------------------------------------------------
@@ -431,7 +398,7 @@ TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim) {
 }
 
 Tensor TimestepEmbeddingImpl::forward(const Tensor& x) {
-    return linear_2->forward(torch::silu(linear_1->forward(x)));
+    return kernels::linear(linear_2, torch::silu(kernels::linear(linear_1, x)));
 }
 
 UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c) {
@@ -527,6 +494,11 @@ int UNet2DConditionModelImpl::num_skips() const {
 
 void UNet2DConditionModelImpl::load(const WeightMap& w) {
     w.load_into(*this);
+}
+
+void UNet2DConditionModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
+    for (const auto& m : modules(false))
+        if (auto* a = dynamic_cast<CrossAttentionImpl*>(m.get())) a->kernel = k;
 }
 
 std::vector<CrossAttentionImpl*> UNet2DConditionModelImpl::cross_attentions() {

@@ -6,6 +6,8 @@
 // so that a feature cache can stop early: forward_shallow() implements DeepCache (Ma et al. 2023) for any branch.
 #pragma once
 
+#include "kernels/attention.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json_fwd.hpp>
@@ -20,10 +22,11 @@ class WeightMap;
 
 namespace anchor::unet {
 
-// Multi-head scaled dot-product attention written with matmul + softmax (LibTorch 1.13 has no fused kernel).
-// q [B, N, C], k/v [B, M, C] -> [B, N, C]; scores = scale * q k^T (scale = head_dim^-0.5), softmax in float32 when
-// the inputs are reduced precision. Large score matrices are processed in chunks of (batch*head) to bound memory.
-torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads);
+// Multi-head scaled dot-product attention of the UNet and VAE (diffusers' AttnProcessor): q [B, N, C], k/v [B, M, C]
+// -> [B, N, C], scale head_dim^-0.5, through kernels::attention with `kernel` (the reference ops when the module fast
+// paths are off, unet_perf.h).
+torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   int64_t heads, kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact);
 
 // ---- building blocks shared with the VAE ----------------------------------------------------------------------------
 
@@ -61,9 +64,10 @@ struct CrossAttentionImpl : torch::nn::Module {
     CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads, int64_t head_dim);
     torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context); // context undefined: self-attention
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
-    torch::nn::ModuleList to_out; // [0] Linear (to_out.1 is dropout in diffusers and has no weights)
+    torch::nn::ModuleList to_out;          // [0] Linear (to_out.1 is dropout in diffusers and has no weights)
     torch::nn::Linear out_linear{nullptr}; // = to_out[0]
     int64_t heads;
+    kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact; // the model's choice (set_attention_kernel)
 
     // Prompt K/V reuse: the text context is the same tensor at every denoising step, so to_k(context) and
     // to_v(context) are too. While enabled (UNet2DConditionModelImpl::ContextKvScope), the first call with a context
@@ -128,8 +132,8 @@ struct UNetConfig {
     std::vector<std::string> up_block_types{"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
                                             "CrossAttnUpBlock2D"};
     std::vector<int> block_out_channels{320, 640, 1280, 1280};
-    std::vector<int> layers_per_block{2, 2, 2, 2};          // per down block (up blocks have one more)
-    std::vector<int> heads{8, 8, 8, 8};                     // per down block; mid uses heads.back()
+    std::vector<int> layers_per_block{2, 2, 2, 2}; // per down block (up blocks have one more)
+    std::vector<int> heads{8, 8, 8, 8};            // per down block; mid uses heads.back()
     std::vector<int> transformer_layers_per_block{1, 1, 1, 1};
     int cross_attention_dim = 768;
     bool use_linear_projection = false;
@@ -227,6 +231,8 @@ public:
         std::vector<CrossAttentionImpl*> attn_;
     };
     std::vector<CrossAttentionImpl*> cross_attentions(); // every attn2 (the text cross-attentions)
+    // The attention arithmetic of every attention layer (kernels/attention.h); Exact unless the model asks otherwise.
+    void set_attention_kernel(kernels::AttentionKernel k);
     const UNetConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
 

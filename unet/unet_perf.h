@@ -17,6 +17,9 @@
 
 #include <ATen/Config.h>
 #include <torch/version.h>
+#if TORCH_VERSION_MAJOR < 2
+#include <ATen/native/ConvUtils.h>
+#endif
 
 #include <atomic>
 #include <mutex>
@@ -29,8 +32,12 @@ inline std::atomic<bool>& fast_flag() {
     return flag;
 }
 // true (default): fast paths; false: the plain module forwards (reference).
-inline bool fast() { return fast_flag().load(std::memory_order_relaxed); }
-inline void set_fast(bool on) { fast_flag().store(on); }
+inline bool fast() {
+    return fast_flag().load(std::memory_order_relaxed);
+}
+inline void set_fast(bool on) {
+    fast_flag().store(on);
+}
 
 // Score-buffer bound of the attention's query chunks in fast mode.
 constexpr int64_t kAttentionChunkBytes = int64_t(16) << 20;
@@ -64,9 +71,38 @@ inline PackedConvCache& cache() {
     return c;
 }
 
-inline int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? 0 : int64_t(w._version()); }
+inline int64_t version_of(const torch::Tensor& w) {
+    return w.is_inference() ? 0 : int64_t(w._version());
+}
+
+// LibTorch's own backend choice for conv2d(x, w) (at::native::select_conv_backend, exposed for testing in 1.x; its
+// signature changed in 2.x, where the plain forward is used).
+inline bool torch_picks_mkldnn(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                               const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                               const std::vector<int64_t>& dilation, int64_t groups) {
+#if TORCH_VERSION_MAJOR < 2
+    const c10::optional<torch::Tensor> b = bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt;
+    return at::native::select_conv_backend(x, w, b, stride, padding, dilation, false, {0, 0}, groups) ==
+           at::native::ConvBackend::Mkldnn;
+#else
+    (void)x, (void)w, (void)bias, (void)stride, (void)padding, (void)dilation, (void)groups;
+    return false;
+#endif
+}
 
 } // namespace detail
+
+// lhs + rhs in the reference's operand order (diffusers writes each residual as `lhs + rhs`), in place into
+// `scratch` (lhs or rhs: a fresh temporary of the caller) when that gives the same tensor, i.e. both operands have the
+// same sizes and strides. Otherwise `lhs + rhs` lets LibTorch choose the output layout exactly as the reference does:
+// [B, C, 1, 1] maps whose size-1 dimensions carry channels-last strides are such a case, and the layout decides later
+// kernels (GroupNorm has a channels-last kernel that sums in another order).
+inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor& rhs, torch::Tensor scratch) {
+    if (fast() && lhs.strides() == rhs.strides() && lhs.sizes() == rhs.sizes() &&
+        lhs.scalar_type() == rhs.scalar_type() && !lhs.requires_grad() && !rhs.requires_grad())
+        return scratch.add_(scratch.is_same(lhs) ? rhs : lhs);
+    return lhs + rhs;
+}
 
 // conv->forward(x) with a once-reordered oneDNN weight where possible (float32 CPU, zero padding given as numbers,
 // LibTorch built with oneDNN); otherwise exactly conv->forward(x).
@@ -82,6 +118,10 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { //
         return conv->forward(x);
     const std::vector<int64_t> padding = at::IntArrayRef(*pad).vec(), stride = at::IntArrayRef(o.stride()).vec(),
                                dilation = at::IntArrayRef(o.dilation()).vec();
+    // Only where LibTorch itself would run this convolution on oneDNN (batch size, 1x1 kernels on one thread, small
+    // inputs go to its own im2col path): then the packed weight gives the same algorithm and the same bits as the
+    // reference; elsewhere the plain forward is the reference.
+    if (!detail::torch_picks_mkldnn(x, w, conv->bias, stride, padding, dilation, o.groups())) return conv->forward(x);
     torch::Tensor packed;
     {
         std::lock_guard<std::mutex> lock(c.mu);
@@ -95,8 +135,8 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { //
         if (!packed.defined()) {
             try {
                 c10::InferenceMode guard;
-                packed = at::mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
-                                                          o.groups());
+                packed =
+                    at::mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation, o.groups());
             } catch (const std::exception&) {
                 c.disabled = true;
                 return conv->forward(x);
@@ -104,9 +144,11 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { //
             // Drop entries whose model is gone before adding this one.
             for (auto e = c.entries.begin(); e != c.entries.end();)
                 e = e->second.owner.expired() ? c.entries.erase(e) : std::next(e);
-            c.entries.insert_or_assign(w.unsafeGetTensorImpl(), detail::PackedConv{
-                c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w.data_ptr(),
-                detail::version_of(w), packed});
+            c.entries.insert_or_assign(
+                w.unsafeGetTensorImpl(),
+                detail::PackedConv{
+                    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()),
+                    w.data_ptr(), detail::version_of(w), packed});
         }
     }
     c10::optional<torch::Tensor> bias;

@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
+#include "kernels/linear.h"
 
 #include <nlohmann/json.hpp>
 
@@ -89,8 +90,9 @@ VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
 Tensor VaeAttentionImpl::forward(const Tensor& x) {
     const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
-    auto o = multi_head_attention(to_q->forward(h), to_k->forward(h), to_v->forward(h), 1);
-    o = out_linear->forward(o).transpose(1, 2).reshape({B, C, H, W});
+    auto o =
+        multi_head_attention(kernels::linear(to_q, h), kernels::linear(to_k, h), kernels::linear(to_v, h), 1, kernel);
+    o = kernels::linear(out_linear, o).transpose(1, 2).reshape({B, C, H, W});
     return o + x;
 }
 
@@ -237,6 +239,11 @@ LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f,
 
 void AutoencoderKLImpl::load(const WeightMap& w) {
     w.load_into(*this);
+}
+
+void AutoencoderKLImpl::set_attention_kernel(kernels::AttentionKernel k) {
+    for (const auto& m : modules(false))
+        if (auto* a = dynamic_cast<VaeAttentionImpl*>(m.get())) a->kernel = k;
 }
 
 } // namespace anchor::unet

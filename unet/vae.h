@@ -47,6 +47,7 @@ struct VaeAttentionImpl : torch::nn::Module {
     torch::nn::GroupNorm group_norm{nullptr};
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, out_linear{nullptr};
     torch::nn::ModuleList to_out;
+    kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
 };
 TORCH_MODULE(VaeAttention);
 
@@ -106,6 +107,7 @@ public:
     LatentDistribution encode(const torch::Tensor& image, FeatureMap* f = nullptr, const std::string& prefix = "");
     const VaeConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
+    void set_attention_kernel(kernels::AttentionKernel k); // kernels/attention.h; Exact by default
 
     VaeEncoder encoder{nullptr};
     VaeDecoder decoder{nullptr};
