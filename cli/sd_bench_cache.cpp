@@ -81,7 +81,7 @@ torch::Tensor run_random(unet::UNet2DConditionModelImpl& model, unet::Scheduler&
     const int n = sched.num_loop_steps();
     torch::Generator gen = at::detail::createCPUGenerator(0);
     auto latents = init * sched.init_noise_sigma();
-    ctl.begin(n);
+    ctl.begin(n, int(init.size(0)));
     const double t0 = now_s();
     for (int i = 0; i < n; ++i) {
         auto x = sched.scale_model_input(torch::cat({latents, latents}, 0), i).to(dev);

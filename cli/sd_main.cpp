@@ -31,9 +31,10 @@ namespace {
 struct Options {
     std::string model, prompt, negative, output = "output.png", sampler = "euler_a", dtype = "f32";
     double cfg_scale = 7.5;
-    int steps = 20, width = 0, height = 0, batch_count = 1, clip_skip = -1, threads = 0;
+    int steps = 20, width = 0, height = 0, batch_count = 1, batch_size = 1, clip_skip = -1, threads = 0;
     int64_t seed = 42;
     bool overwrite = false;
+    std::optional<kernels::AttentionKernel> attention; // unset: the model's own (anchorcache.json), else exact
     int deepcache = 0, deepcache_branch = 0;
     std::string cache_mode, compare; // --cache MODE, --compare MODE,MODE,...
     std::string save_latents;
@@ -67,6 +68,12 @@ void progress_bar(const ProgressInfo& p, const std::string& label) {
     std::fflush(stderr);
 }
 
+// The rows of image i in a batch of n images: [uncond i; cond i] with guidance (2n rows), else row i.
+torch::Tensor image_rows(const torch::Tensor& t, int i, int n) {
+    if (t.size(0) == 2 * int64_t(n)) return torch::cat({t.narrow(0, i, 1), t.narrow(0, n + i, 1)}, 0);
+    return t.narrow(0, i, 1);
+}
+
 torch::ScalarType parse_dtype(const std::string& s) {
     if (s == "f32") return torch::kFloat;
     // The pipeline runs on the CPU, where LibTorch has no float16 convolutions: say so instead of failing mid-run.
@@ -83,6 +90,8 @@ int run(const Options& o) {
     const auto dtype = parse_dtype(o.dtype);
     if (o.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(o.steps));
     if (o.batch_count < 1) throw UsageError("--batch-count must be >= 1, got " + std::to_string(o.batch_count));
+    if (o.batch_size < 1) throw UsageError("--batch-size must be >= 1, got " + std::to_string(o.batch_size));
+    if (o.batch_size > 1 && !o.compare.empty()) throw UsageError("--batch-size and --compare are exclusive");
     if (o.width < 0 || o.height < 0)
         throw UsageError("--width/--height must be positive (0 = the model's size), got " + std::to_string(o.width) +
                          "x" + std::to_string(o.height));
@@ -106,7 +115,13 @@ int run(const Options& o) {
     if (const auto bad = text::utf8_first_invalid(o.negative); bad >= 0)
         throw UsageError("the negative prompt is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) +
                          ")");
-    const int n_images = int(prompts.size()) * o.batch_count;
+    int64_t seed = o.seed;
+    if (seed < 0) {
+        std::random_device rd;
+        seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
+    }
+    const auto jobs = plan_batches(prompts, o.batch_size, o.batch_count, seed);
+    const int n_images = jobs.back().first_image + jobs.back().images();
     std::vector<std::string> outputs, latents_out;
     for (int k = 0; k < n_images; ++k) {
         const std::string png = output_path(o.output, k);
@@ -124,25 +139,22 @@ int run(const Options& o) {
             latents_out.push_back(lat);
         }
     }
-    int64_t seed = o.seed;
-    if (seed < 0) {
-        std::random_device rd;
-        seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
-    }
     std::fprintf(stderr, "seed: %lld\n", (long long)seed);
 
     auto t0 = std::chrono::steady_clock::now();
     LoadOptions lo;
     lo.dtype = dtype;
+    lo.attention = o.attention;
     SDModels models = load_sd_models(o.model, lo);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "loaded %s (%s, %s) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
-                 models.family.c_str(), fmt_s(load_s).c_str(), models.unet->config().describe().c_str());
+    std::fprintf(stderr, "loaded %s (%s, %s, %s attention) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
+                 models.family.c_str(), enum_name(kernels::attention_kernel_table(), models.attention).c_str(),
+                 fmt_s(load_s).c_str(), models.unet->config().describe().c_str());
 
     Txt2ImgPipeline pipe(models);
     Txt2ImgParams p;
-    p.prompts = {o.prompt};
-    p.negative_prompt = o.negative;
+    p.prompts = {prompts[0]};
+    p.negative_prompts = {o.negative};
     p.guidance_scale = o.cfg_scale;
     p.steps = o.steps;
     p.width = o.width;
@@ -173,67 +185,81 @@ int run(const Options& o) {
     }
     // Memory of back-to-back runs in one process (issue 8's soak): RSS after every image, growth from the first.
     int64_t rss_first = -1, rss_max = -1;
-    for (int k = 0; k < n_images; ++k) {
-        p.prompts = {prompts[size_t(k / o.batch_count)]};
-        p.seed = seed + k % o.batch_count;
+    for (const auto& job : jobs) {
+        p.prompts = job.prompts;
+        p.images_per_prompt = job.images_per_prompt;
+        p.seed = job.seed;
         std::unique_ptr<DenoiseController> ctl;
         if (o.deepcache > 0) ctl = std::make_unique<DeepCacheDenoiser>(o.deepcache, o.deepcache_branch);
         if (!o.cache_mode.empty()) ctl = parse_cache_mode(o.cache_mode);
-        const std::string label =
-            n_images > 1 ? "image " + std::to_string(k + 1) + "/" + std::to_string(n_images) + " " : "";
+        const int nb = job.images(), k0 = job.first_image;
+        const std::string label = n_images > 1
+                                      ? (nb > 1 ? "images " + std::to_string(k0 + 1) + "-" + std::to_string(k0 + nb)
+                                                : "image " + std::to_string(k0 + 1)) +
+                                            "/" + std::to_string(n_images) + " "
+                                      : "";
         auto r = pipe.run(p, ctl.get(), [&](const ProgressInfo& pi) { progress_bar(pi, label); });
-        if (k == 0)
+        if (k0 == 0)
             for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-        write_png(outputs[size_t(k)], r.image_uint8[0], o.overwrite);
-        if (!latents_out.empty())
-            save_safetensors(latents_out[size_t(k)],
-                             {{"initial_noise", r.initial_noise},
-                              {"initial_latents", r.initial_latents},
-                              {"final_latents", r.final_latents},
-                              {"prompt_embeds", r.prompt_embeds},
-                              {"decoded", r.decoded},
-                              {"image", r.image},
-                              {"image_uint8", r.image_uint8}},
-                             {{"program", "anchor-sd"}, {"seed", std::to_string(p.seed)}}, o.overwrite);
-        nlohmann::json j;
-        j["program"] = "anchor-sd";
-        j["version"] = ANCHOR_VERSION;
-        j["model"] = o.model;
-        j["model_layout"] = models.layout;
-        j["model_family"] = models.family;
-        j["prompt"] = p.prompts[0];
-        j["negative_prompt"] = o.negative;
-        j["cfg_scale"] = o.cfg_scale;
-        j["steps"] = o.steps;
-        j["sampler"] = sampler_name(sampler);
-        j["seed"] = p.seed;
-        j["base_seed"] = seed;
-        j["batch_index"] = k % o.batch_count;
-        j["image_index"] = k;
-        j["width"] = p.width;
-        j["height"] = p.height;
-        j["clip_skip"] = o.clip_skip;
-        j["dtype"] = o.dtype;
-        j["threads"] = o.threads;
-        j["cache"] =
-            o.deepcache > 0
-                ? nlohmann::json{{"kind", "deepcache"}, {"interval", o.deepcache}, {"branch", o.deepcache_branch}}
-                : nlohmann::json{{"kind", "none"}};
-        if (auto* cc = dynamic_cast<CacheController*>(ctl.get())) j["cache"] = cache_log_json(*cc);
-        j["unet_full_steps"] = r.full_steps;
-        j["unet_steps"] = r.total_steps;
-        j["warnings"] = r.warnings;
-        j["timings_s"] = {{"load", k == 0 ? load_s : 0.0},
-                          {"text_encoder", r.text_s},
-                          {"denoise", r.denoise_s},
-                          {"vae_decode", r.decode_s},
-                          {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
-        j["output"] = outputs[size_t(k)];
-        write_file_atomic(outputs[size_t(k)] + ".json", j.dump(2) + "\n", o.overwrite);
+        for (int i = 0; i < nb; ++i) {
+            const int k = k0 + i;
+            write_png(outputs[size_t(k)], r.image_uint8[i], o.overwrite);
+            if (!latents_out.empty())
+                save_safetensors(
+                    latents_out[size_t(k)],
+                    {{"initial_noise", r.initial_noise.narrow(0, i, 1)},
+                     {"initial_latents", r.initial_latents.narrow(0, i, 1)},
+                     {"final_latents", r.final_latents.narrow(0, i, 1)},
+                     {"prompt_embeds", image_rows(r.prompt_embeds, i, nb)},
+                     {"decoded", r.decoded.narrow(0, i, 1)},
+                     {"image", r.image.narrow(0, i, 1)},
+                     {"image_uint8", r.image_uint8.narrow(0, i, 1)}},
+                    {{"program", "anchor-sd"}, {"seed", std::to_string(p.seed)}, {"index_in_batch", std::to_string(i)}},
+                    o.overwrite);
+            nlohmann::json j;
+            j["program"] = "anchor-sd";
+            j["version"] = ANCHOR_VERSION;
+            j["model"] = o.model;
+            j["model_layout"] = models.layout;
+            j["model_family"] = models.family;
+            j["prompt"] = p.prompts[size_t(i / p.images_per_prompt)];
+            j["negative_prompt"] = o.negative;
+            j["cfg_scale"] = o.cfg_scale;
+            j["steps"] = o.steps;
+            j["sampler"] = sampler_name(sampler);
+            j["seed"] = p.seed;
+            j["base_seed"] = seed;
+            j["batch_index"] = job.repeat;
+            j["batch_size"] = nb;
+            j["index_in_batch"] = i;
+            j["image_index"] = k;
+            j["width"] = p.width;
+            j["height"] = p.height;
+            j["clip_skip"] = o.clip_skip;
+            j["dtype"] = o.dtype;
+            j["attention"] = enum_name(kernels::attention_kernel_table(), models.attention);
+            j["threads"] = o.threads;
+            j["cache"] =
+                o.deepcache > 0
+                    ? nlohmann::json{{"kind", "deepcache"}, {"interval", o.deepcache}, {"branch", o.deepcache_branch}}
+                    : nlohmann::json{{"kind", "none"}};
+            if (auto* cc = dynamic_cast<CacheController*>(ctl.get())) j["cache"] = cache_log_json(*cc);
+            j["unet_full_steps"] = r.full_steps;
+            j["unet_steps"] = r.total_steps;
+            j["warnings"] = r.warnings;
+            j["timings_s"] = {{"load", k == 0 ? load_s : 0.0},
+                              {"text_encoder", r.text_s},
+                              {"denoise", r.denoise_s},
+                              {"vae_decode", r.decode_s},
+                              {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
+            j["output"] = outputs[size_t(k)];
+            write_file_atomic(outputs[size_t(k)] + ".json", j.dump(2) + "\n", o.overwrite);
+        }
         const int64_t rss = cli::bench::rss_now_bytes();
-        if (k == 0) rss_first = rss;
+        if (k0 == 0) rss_first = rss;
         rss_max = std::max(rss_max, rss);
-        std::fprintf(stderr, "saved %s (seed %lld, denoise %s, decode %s, RSS %.1f MiB)\n", outputs[size_t(k)].c_str(),
+        std::fprintf(stderr, "saved %s%s (seed %lld, denoise %s, decode %s, RSS %.1f MiB)\n",
+                     outputs[size_t(k0)].c_str(), nb > 1 ? (" .. " + outputs[size_t(k0 + nb - 1)]).c_str() : "",
                      (long long)p.seed, fmt_s(r.denoise_s).c_str(), fmt_s(r.decode_s).c_str(), double(rss) / 1048576.0);
     }
     if (n_images > 1 && rss_first > 0)
@@ -263,7 +289,8 @@ int main(int argc, char** argv) {
                        "model, assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
         auto* prompt_opt = app.add_option("-p,--prompt", o.prompt, "the prompt");
         app.add_option("--prompts-file", o.prompts_file,
-                       "one prompt per line, each run --batch-count times in this process (outputs get _k suffixes)")
+                       "one prompt per line, run --batch-size lines at a time, each batch --batch-count times, in this "
+                       "process (outputs get _k suffixes)")
             ->excludes(prompt_opt);
         app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)");
         app.add_option("--cfg-scale", o.cfg_scale, "classifier-free guidance scale; <= 1 disables guidance")
@@ -275,7 +302,12 @@ int main(int argc, char** argv) {
                        "image width, a multiple of the VAE factor (8 for SD); default: the model's size "
                        "(UNet sample_size x VAE factor: 512 for SD 1.x)");
         app.add_option("-H,--height", o.height, "image height; default: the model's size");
-        app.add_option("-b,--batch-count", o.batch_count, "number of images; image k uses seed + k")
+        app.add_option("-b,--batch-count", o.batch_count, "number of batches; batch k uses seed + k")
+            ->capture_default_str();
+        app.add_option("--batch-size", o.batch_size,
+                       "images per UNet batch: N images of the prompt, or N lines of --prompts-file at a time; a "
+                       "batch draws its initial noise from one generator seeded with the seed, as diffusers does for "
+                       "prompt=[...] / num_images_per_prompt (image i of a batch is not the image of seed + i)")
             ->capture_default_str();
         app.add_option("-o,--output", o.output,
                        "output PNG; a JSON sidecar <output>.json is written next to it, "
@@ -296,6 +328,16 @@ int main(int argc, char** argv) {
         app.add_option("--deepcache-branch", o.deepcache_branch, "DeepCache skip branch (0 = shallowest)")
             ->capture_default_str();
         app.add_option("--cache", o.cache_mode, "cache mode:\n" + cache_mode_help());
+        app.add_option_function<std::string>(
+               "--attention",
+               [&o](const std::string& s) {
+                   o.attention = enum_from_string(anchor::kernels::attention_kernel_table(), s, "--attention");
+               },
+               "attention arithmetic (" + enum_choices(anchor::kernels::attention_kernel_table(), "|") +
+                   "): exact = the reference's bits (diffusers on this LibTorch), fused = one fused kernel for many "
+                   "small heads with another summation order (within 2e-6 relative), faster for small models; "
+                   "default: the model folder's anchorcache.json, else exact")
+            ->type_name("NAME");
         app.add_option("--compare", o.compare,
                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
                        "the labelled grid to <output> itself, plus <stem>_timeline.png and <stem>_report.json");

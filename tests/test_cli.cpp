@@ -5,6 +5,7 @@
 #include "tests/test_util.h"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 
@@ -103,6 +104,58 @@ TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intac
 }
 
 #include "cli/loss_plot.h"
+
+TEST_CASE("anchor-sd --batch-size runs a batch of prompts as diffusers does, one PNG and sidecar per image",
+          "[cli][sd]") {
+    // tests/golden/sd/anchorcache_cases/pipeline_batch: two prompts in one batch, DDIM 8 steps, seed 1234, 24x16.
+    const auto dir = test::scratch_dir("cli_sd_batch");
+    const std::string prompts = dir + "/prompts.txt";
+    std::ofstream(prompts) << "a red fox in the snow\nan old lighthouse at dusk, oil painting\n";
+    const std::string png = dir + "/out.png", lat = dir + "/lat.safetensors";
+    auto r =
+        test::run_program(test::sd_bin(), {"-m",
+                                           test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"),
+                                           "--prompts-file",
+                                           prompts,
+                                           "--batch-size",
+                                           "2",
+                                           "--sampler",
+                                           "ddim",
+                                           "--steps",
+                                           "8",
+                                           "-s",
+                                           "1234",
+                                           "--cfg-scale",
+                                           "6",
+                                           "-W",
+                                           "24",
+                                           "-H",
+                                           "16",
+                                           "-o",
+                                           png,
+                                           "--save-latents",
+                                           lat,
+                                           "--threads",
+                                           "1"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    auto golden = SafeTensorsFile::open(test::golden("sd/anchorcache_cases/pipeline_batch/ddim8.safetensors"));
+    for (int i = 0; i < 2; ++i) {
+        const std::string p = i ? dir + "/out_1.png" : png, l = i ? dir + "/lat_1.safetensors" : lat;
+        REQUIRE(fs::exists(p));
+        REQUIRE(fs::exists(p + ".json"));
+        auto ours = SafeTensorsFile::open(l);
+        CHECK(torch::equal(ours->tensor("initial_noise"), golden->tensor("initial_noise").narrow(0, i, 1)));
+        const auto gl = golden->tensor("final_latents").narrow(0, i, 1);
+        CHECK(test::max_abs_diff(ours->tensor("final_latents"), gl) <= 5e-2 * gl.abs().max().item<double>());
+        std::ifstream js(p + ".json");
+        const auto j = nlohmann::json::parse(js);
+        CHECK(j["batch_size"] == 2);
+        CHECK(j["index_in_batch"] == i);
+        CHECK(j["seed"] == 1234);
+        CHECK(j["prompt"] == (i ? "an old lighthouse at dusk, oil painting" : "a red fox in the snow"));
+    }
+}
 
 TEST_CASE("loss log reader takes plain 'step loss' lines and the trainers' progress lines", "[cli]") {
     const std::string dir = test::scratch_dir("loss_log");

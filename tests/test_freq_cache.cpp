@@ -191,6 +191,31 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
     }
 }
 
+TEST_CASE("freq probe: one decision for a batch, from the image that changes most", "[freq]") {
+    // Two images (rows 0, 1 uncond; 2, 3 cond): image 1's rows stay the same, image 0's change. The batch's change is
+    // image 0's alone, not the pooled change of both (which the unchanged image would dilute).
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    torch::manual_seed(3);
+    auto x0 = torch::randn({4, 4, 8, 8}), x1 = x0.clone();
+    x1.index_put_({torch::tensor({0, 2})}, x0.index({torch::tensor({0, 2})}) * 1.7 + 0.3);
+    ShallowProbe batch(4), alone(4), pooled(4);
+    batch.reset(2);
+    alone.reset(1);
+    pooled.reset(1);
+    batch.update(*models.unet, x0);
+    const double r = batch.update(*models.unet, x1);
+    const auto rows0 = torch::tensor({0, 2});
+    alone.update(*models.unet, x0.index_select(0, rows0));
+    const double r0 = alone.update(*models.unet, x1.index_select(0, rows0));
+    pooled.update(*models.unet, x0);
+    const double rp = pooled.update(*models.unet, x1);
+    CHECK(r == Approx(r0).epsilon(1e-12));
+    CHECK(r > rp * 1.2);
+}
+
 TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files are named", "[freq]") {
     const std::vector<std::tuple<double, double, double>> ranges = {{0.0, 0.5, 2.0}, {0.5, 1.0, 0.5}};
     const auto t = unet::profile_thresholds(ranges, 4, 1.0);

@@ -156,7 +156,17 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
         e = cache::dct2_low_band(s, band_).square();
     }
     double r = 0.0;
-    if (prev_.defined() && prev_.sizes() == e.sizes()) r = cache::relative_spectral_change(e, prev_);
+    if (prev_.defined() && prev_.sizes() == e.sizes()) {
+        const int64_t rows = e.size(0), n = images_;
+        if (n <= 1 || rows % n != 0) {
+            r = cache::relative_spectral_change(e, prev_);
+        } else { // image b owns rows b, n + b, 2n + b, ...
+            for (int64_t b = 0; b < n; ++b) {
+                auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(e.device()));
+                r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), prev_.index_select(0, idx)));
+            }
+        }
+    }
     prev_ = e;
     return r;
 }
@@ -190,12 +200,12 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"branch", p_.branch}};
 }
 
-void FreqAnchorDenoiser::begin(int num_steps) {
+void FreqAnchorDenoiser::begin(int num_steps, int images) {
     num_steps_ = num_steps;
     policy_.reset();
     if (!p_.profile_ranges.empty())
         policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
-    probe_.reset();
+    probe_.reset(images);
     log_.clear();
     F1_ = X1_ = X0_ = slope_ = Tensor();
     anchored_fraction_ = 1.0;
@@ -331,9 +341,9 @@ nlohmann::json LoggedDenoiser::params_json() const {
     return {{"interval", interval_}, {"branch", branch_}};
 }
 
-void LoggedDenoiser::begin(int num_steps) {
-    inner_->begin(num_steps);
-    probe_.reset();
+void LoggedDenoiser::begin(int num_steps, int images) {
+    inner_->begin(num_steps, images);
+    probe_.reset(images);
     log_.clear();
 }
 

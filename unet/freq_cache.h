@@ -102,10 +102,18 @@ protected:
 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
+//
+// A batch of several images gets one decision (the UNet runs the whole batch in one call; a full step for some rows
+// and a shallow one for others would be two calls): r_k is the largest of the images' changes, each pooled over the
+// image's rows (uncond and cond), so the image that moves most decides and no image is reused past its threshold.
+// For one image this is the change of the whole batch.
 class ShallowProbe {
 public:
     explicit ShallowProbe(int band) : band_(band) {}
-    void reset() { prev_ = stem_ = torch::Tensor(); }
+    void reset(int images = 1) {
+        prev_ = stem_ = torch::Tensor();
+        images_ = std::max(images, 1);
+    }
     // Returns r_k (0 on the first call).
     double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x);
     // conv_in(x) of the last update: handed to the UNet so that it is computed once per step.
@@ -113,7 +121,8 @@ public:
 
 private:
     int band_;
-    torch::Tensor prev_; // low-band energies [B, C, L] of the previous step
+    int images_ = 1;
+    torch::Tensor prev_; // low-band energies [rows, C, L] of the previous step
     torch::Tensor stem_;
 };
 
@@ -123,7 +132,7 @@ public:
     std::string name() const override { return "freq"; }
     std::string spec() const override { return p_.describe(); }
     nlohmann::json params_json() const override;
-    void begin(int num_steps) override;
+    void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
@@ -162,7 +171,7 @@ public:
     std::string name() const override { return kind_ == CacheKind::Off ? "off" : "deepcache"; }
     std::string spec() const override;
     nlohmann::json params_json() const override;
-    void begin(int num_steps) override;
+    void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return inner_->last_step_was_full(); }

@@ -34,7 +34,7 @@ DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch) : interval_(inter
     if (branch < 0) throw UsageError("DeepCache branch must be >= 0, got " + std::to_string(branch));
 }
 
-void DeepCacheDenoiser::begin(int) {
+void DeepCacheDenoiser::begin(int, int) {
     cached_ = Tensor();
     last_full_ = true;
 }
@@ -89,7 +89,8 @@ int64_t available_memory_bytes() {
 int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
-    const double B = double(p.prompts.size()), rows = B * (p.guidance_scale > 1.0 ? 2.0 : 1.0);
+    const double B = double(p.prompts.size()) * std::max(p.images_per_prompt, 1),
+                 rows = B * (p.guidance_scale > 1.0 ? 2.0 : 1.0);
     const double h = double(p.height) / f, w = double(p.width) / f;
     // UNet: the skip connections of every down level are alive at once ((layers + 1) maps per level, SD's layout),
     // plus ~6 working maps of the widest level; the attention score buffer is chunked to <= 256 MiB.
@@ -122,6 +123,11 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
                          " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
                          std::to_string(p.height));
     if (p.prompts.empty()) throw UsageError("no prompt");
+    if (p.images_per_prompt < 1)
+        throw UsageError("images_per_prompt must be >= 1, got " + std::to_string(p.images_per_prompt));
+    if (p.negative_prompts.size() > 1 && p.negative_prompts.size() != p.prompts.size())
+        throw UsageError("negative_prompts has " + std::to_string(p.negative_prompts.size()) + " entries for " +
+                         std::to_string(p.prompts.size()) + " prompts (give one for all, or one per prompt)");
     if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
         throw UsageError("--cfg-scale must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
     // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
@@ -136,24 +142,34 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
                          std::to_string(p.clip_skip));
 }
 
-Tensor Txt2ImgPipeline::encode_prompts(const std::vector<std::string>& prompts, const std::string& negative,
-                                       int clip_skip, bool cfg, std::vector<std::string>* warnings) {
+std::vector<std::string> Txt2ImgPipeline::negatives_of(const Txt2ImgParams& p) {
+    if (p.negative_prompts.empty()) return std::vector<std::string>(p.prompts.size(), "");
+    if (p.negative_prompts.size() == 1) return std::vector<std::string>(p.prompts.size(), p.negative_prompts[0]);
+    return p.negative_prompts;
+}
+
+Tensor Txt2ImgPipeline::prompt_ids(const std::vector<std::string>& prompts, std::vector<std::string>* warnings) const {
     const int max_len = m_.text_encoder->config().max_position_embeddings;
-    auto ids_of = [&](const std::string& text) {
+    std::vector<Tensor> rows;
+    for (const auto& text : prompts) {
         auto t = m_.tokenizer.tokenize(text, max_len);
         if (t.truncated && warnings)
             warnings->push_back("prompt has " + std::to_string(t.num_bpe_tokens) + " tokens, only the first " +
                                 std::to_string(max_len - 2) + " are used: \"" +
                                 (text.size() > 60 ? text.substr(0, 57) + "..." : text) + "\"");
-        return torch::tensor(t.ids, torch::kLong).unsqueeze(0);
-    };
-    std::vector<Tensor> rows;
-    for (const auto& p : prompts) rows.push_back(ids_of(p));
+        rows.push_back(torch::tensor(t.ids, torch::kLong).unsqueeze(0));
+    }
+    return torch::cat(rows, 0);
+}
+
+Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings) {
     torch::NoGradGuard ng;
-    auto cond = m_.text_encoder->encode(torch::cat(rows, 0), clip_skip);
+    const int64_t n = p.images_per_prompt;
+    auto cond = m_.text_encoder->encode(prompt_ids(p.prompts, warnings), p.clip_skip);
+    if (n > 1) cond = cond.repeat_interleave(n, 0);
     if (!cfg) return cond;
-    // diffusers encodes the negative prompt once and repeats it for every image.
-    auto uncond = m_.text_encoder->encode(ids_of(negative), clip_skip).expand({int64_t(prompts.size()), -1, -1});
+    auto uncond = m_.text_encoder->encode(prompt_ids(negatives_of(p), warnings), p.clip_skip);
+    if (n > 1) uncond = uncond.repeat_interleave(n, 0);
     return torch::cat({uncond, cond}, 0);
 }
 
@@ -186,6 +202,31 @@ std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
     return {decoded, image, u8};
 }
 
+std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int batch_size, int batch_count,
+                                   int64_t seed) {
+    if (prompts.empty()) throw UsageError("no prompt");
+    if (batch_size < 1) throw UsageError("batch_size must be >= 1, got " + std::to_string(batch_size));
+    if (batch_count < 1) throw UsageError("batch_count must be >= 1, got " + std::to_string(batch_count));
+    std::vector<BatchJob> jobs;
+    int next = 0;
+    auto add = [&](std::vector<std::string> group, int per_prompt) {
+        for (int k = 0; k < batch_count; ++k) {
+            BatchJob j{group, per_prompt, seed + k, next, k};
+            next += j.images();
+            jobs.push_back(std::move(j));
+        }
+    };
+    if (prompts.size() == 1) {
+        add(prompts, batch_size);
+    } else {
+        for (size_t i = 0; i < prompts.size(); i += size_t(batch_size))
+            add(std::vector<std::string>(prompts.begin() + long(i),
+                                         prompts.begin() + long(std::min(prompts.size(), i + size_t(batch_size)))),
+                1);
+    }
+    return jobs;
+}
+
 Tensor cfg_combine(const Tensor& noise_pred, double guidance) {
     auto uc = noise_pred.chunk(2, 0);
     return uc[0] + guidance * (uc[1] - uc[0]);
@@ -201,20 +242,20 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     Txt2ImgResult r;
     const bool cfg = p.guidance_scale > 1.0;
     auto t0 = std::chrono::steady_clock::now();
-    r.prompt_embeds = encode_prompts(p.prompts, p.negative_prompt, p.clip_skip, cfg, &r.warnings);
+    r.prompt_embeds = encode_prompts(p, cfg, &r.warnings);
     r.text_s = seconds_since(t0);
 
     auto sched = make_scheduler(p.sampler, sched_cfg ? *sched_cfg : scheduler_config(), p.eta);
     sched->set_timesteps(p.steps);
     const int f = m_.vae_scale_factor();
-    const int64_t B = int64_t(p.prompts.size());
+    const int64_t B = int64_t(p.prompts.size()) * p.images_per_prompt;
     const int64_t C = m_.unet->config().in_channels;
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
     r.initial_noise = torch::randn({B, C, p.height / f, p.width / f}, gen, torch::TensorOptions().dtype(torch::kFloat));
     auto latents = r.initial_noise * sched->init_noise_sigma();
     r.initial_latents = latents;
     const int n = sched->num_loop_steps();
-    ctl.begin(n);
+    ctl.begin(n, int(B));
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     t0 = std::chrono::steady_clock::now();
     StepRecord rec;

@@ -20,8 +20,12 @@
 namespace anchor::unet {
 
 struct Txt2ImgParams {
-    std::vector<std::string> prompts{""}; // one image per prompt (batched in one UNet call)
-    std::string negative_prompt;
+    // One batch, as diffusers' `prompt=[p1, p2, ...]`: every prompt's rows in one UNet call, one generator for the
+    // whole batch (initial latents [B, C, h, w] drawn at once), so image b is not the image of a run of prompt b alone.
+    std::vector<std::string> prompts{""};
+    // Empty: "" for every prompt (diffusers' negative_prompt=None); one entry: for every prompt; else one per prompt.
+    std::vector<std::string> negative_prompts;
+    int images_per_prompt = 1;   // diffusers' num_images_per_prompt: prompt b's rows repeated, images b*n .. b*n+n-1
     double guidance_scale = 7.5; // <= 1 disables classifier-free guidance (no uncond rows), as in diffusers
     int steps = 20;
     int64_t seed = 42;
@@ -40,8 +44,9 @@ class DenoiseController {
 public:
     virtual ~DenoiseController() = default;
     virtual std::string name() const = 0;
-    // Called once before the loop with the number of loop steps.
-    virtual void begin(int num_steps) { (void)num_steps; }
+    // Called once before the loop with the number of loop steps and the number of images in the batch (the UNet
+    // batch is [uncond rows; cond rows] with guidance, image b in rows b and images + b).
+    virtual void begin(int num_steps, int images) { (void)num_steps, (void)images; }
     // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
     // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
     // Every override declares the same default.
@@ -66,7 +71,7 @@ class DeepCacheDenoiser : public DenoiseController {
 public:
     DeepCacheDenoiser(int interval, int branch);
     std::string name() const override { return "deepcache"; }
-    void begin(int num_steps) override;
+    void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
@@ -116,10 +121,15 @@ public:
     // p with width/height 0 replaced by the model's default size.
     Txt2ImgParams resolved(Txt2ImgParams p) const;
 
-    // [uncond rows (negative prompt repeated), cond rows] when guidance is on, else the cond rows only. Truncation
-    // warnings are appended to `warnings`.
-    torch::Tensor encode_prompts(const std::vector<std::string>& prompts, const std::string& negative, int clip_skip,
-                                 bool cfg, std::vector<std::string>* warnings);
+    // [uncond rows, cond rows] when guidance is on, else the cond rows only, as diffusers' encode_prompt: the prompts
+    // encoded as one batch, the negative prompts (p.negative_prompts, broadcast) as another, each row repeated
+    // p.images_per_prompt times. Truncation warnings are appended to `warnings`.
+    torch::Tensor encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings);
+    // The negative prompt of every prompt of p (p.negative_prompts broadcast; "" when empty).
+    static std::vector<std::string> negatives_of(const Txt2ImgParams& p);
+    // Token ids of the prompts of p, [B, 77] (what diffusers' tokenizer returns).
+    torch::Tensor prompt_ids(const std::vector<std::string>& prompts,
+                             std::vector<std::string>* warnings = nullptr) const;
     // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
     torch::Tensor step(Scheduler& sched, int i, const torch::Tensor& latents, const torch::Tensor& context,
                        double guidance, bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec);
@@ -137,6 +147,21 @@ public:
 private:
     SDModels& m_;
 };
+
+// One pipeline run of a job of many images.
+struct BatchJob {
+    std::vector<std::string> prompts; // Txt2ImgParams::prompts
+    int images_per_prompt = 1;
+    int64_t seed = 0;
+    int first_image = 0; // index of the batch's first image in the job
+    int repeat = 0;      // k of the batch count (seed = base seed + k)
+    int images() const { return int(prompts.size()) * images_per_prompt; }
+};
+// The batches of a job, A1111's batch size / batch count: one prompt gives batches of `batch_size` images of it
+// (images_per_prompt); several prompts (a prompts file) give consecutive groups of `batch_size` prompts, one image
+// each. Every batch runs `batch_count` times with seed + k, k = 0 .. batch_count - 1.
+std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int batch_size, int batch_count,
+                                   int64_t seed);
 
 // Classifier-free guidance (Ho & Salimans 2022) on a CFG batch [uncond rows; cond rows]: u + g * (c - u), the
 // operation order of diffusers.
