@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -43,16 +45,79 @@ inline std::string scheduler_golden_class(const nlohmann::json& j) {
     return "";
 }
 
-// Runs `<dir>/<run>.json` + `<run>.safetensors` (+ `common.safetensors` for the initial noise).
+// The N of the first "manual_seed(N)" in `text`, or -1.
+inline int64_t manual_seed_in(const std::string& text) {
+    std::smatch m;
+    static const std::regex re(R"(manual_seed\(\s*(-?\d+)\s*\))");
+    return std::regex_search(text, m, re) ? std::stoll(m[1].str()) : -1;
+}
+
+// The fake model of the scheduler cases, eps = a * model_input + b * t / c, with a, b, c read from the folder's
+// config.json "fake_model" text (tests/golden/sd/schedulers/README.md).
+struct FakeModel {
+    double a = 0, b = 0, c = 1;
+    torch::Tensor operator()(const torch::Tensor& model_input, double t) const { return model_input * a + (b * t / c); }
+};
+
+inline FakeModel fake_model_of(const std::filesystem::path& dir) {
+    const auto cfg_path = dir / "config.json";
+    if (!std::filesystem::exists(cfg_path))
+        throw Error("'" + cfg_path.string() + "' is missing: no fake_model formula");
+    const auto cfg = read_json_file(cfg_path);
+    if (!cfg.contains("fake_model") || !cfg["fake_model"].is_string())
+        throw Error("'" + cfg_path.string() + "' has no \"fake_model\" formula");
+    const std::string f = cfg["fake_model"].get<std::string>();
+    std::smatch m;
+    static const std::regex re(
+        R"(^\s*eps\s*=\s*([0-9.eE+-]+)\s*\*\s*model_input\s*\+\s*([0-9.eE+-]+)\s*\*\s*t\s*/\s*([0-9.eE+-]+)(\s|$|\())");
+    if (!std::regex_search(f, m, re))
+        throw Error("'" + cfg_path.string() + "': fake_model '" + f +
+                    "' is not of the form 'eps = A * model_input + B * t / C' this checker implements");
+    return {std::stod(m[1].str()), std::stod(m[2].str()), std::stod(m[3].str())};
+}
+
+// Runs `<dir>/<run>.json` + `<run>.safetensors` (+ `common.safetensors` for the initial noise). Every parameter comes
+// from the case: the scheduler config, eta, the generator seed (the run's step_kwargs "manual_seed(N)" text, else
+// config.json "ancestral_generator_seed"), the fake model's coefficients. A step argument this checker does not know,
+// or a generator without a seed, is an error (the case FAILs with the reason), never a default.
 inline void run_scheduler_golden(const std::filesystem::path& dir, const std::string& run,
                                  const SchedulerGoldenSink& sink) {
     using namespace anchor::unet;
-    const auto j = read_json_file(dir / (run + ".json"));
-    SchedulerConfig cfg = SchedulerConfig::from_json_text(j.at("config").dump(), (dir / (run + ".json")).string());
+    const auto run_path = dir / (run + ".json");
+    const auto j = read_json_file(run_path);
+    static const std::set<std::string> known = {
+        "scheduler", "config",           "num_inference_steps", "num_loop_steps", "timesteps", "timesteps_dtype",
+        "sigmas",    "init_noise_sigma", "step_kwargs",         "final_mean",     "final_std"};
+    for (const auto& [key, value] : j.items())
+        if (!known.count(key)) throw Error(run_path.string() + ": '" + key + "' is not understood by this checker");
+    SchedulerConfig cfg = SchedulerConfig::from_json_text(j.at("config").dump(), run_path.string());
     cfg.class_name = scheduler_golden_class(j);
     const SamplerKind kind = sampler_from_class_name(cfg.class_name, cfg.use_karras_sigmas);
+    const FakeModel model = fake_model_of(dir);
     double eta = 0.0;
-    if (j.contains("step_kwargs") && j["step_kwargs"].contains("eta")) eta = j["step_kwargs"]["eta"].get<double>();
+    int64_t seed = -1;
+    if (j.contains("step_kwargs")) {
+        for (const auto& [key, value] : j["step_kwargs"].items()) {
+            if (key == "eta") {
+                eta = value.get<double>();
+            } else if (key == "generator") {
+                seed = manual_seed_in(value.is_string() ? value.get<std::string>() : value.dump());
+                if (seed < 0)
+                    throw Error(run_path.string() + ": step_kwargs.generator '" + value.dump() +
+                                "' names no manual_seed(N)");
+            } else {
+                throw Error(run_path.string() + ": step argument '" + key + "' is not understood by this checker");
+            }
+        }
+    }
+    const auto folder_cfg = read_json_file(dir / "config.json");
+    if (folder_cfg.contains("ancestral_generator_seed")) {
+        const int64_t s = folder_cfg["ancestral_generator_seed"].get<int64_t>();
+        if (seed >= 0 && s != seed)
+            throw Error(run_path.string() + ": step_kwargs.generator seeds " + std::to_string(seed) +
+                        " but config.json ancestral_generator_seed is " + std::to_string(s));
+        if (seed < 0 && (kind == SamplerKind::EulerAncestral || j.contains("step_kwargs"))) seed = s;
+    }
     auto sched = make_scheduler(kind, cfg, eta);
     sched->set_timesteps(j.at("num_inference_steps").get<int>());
 
@@ -82,10 +147,14 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
     auto ref = SafeTensorsFile::open((dir / (run + ".safetensors")).string());
     const double atol = 1e-4, rtol = 1e-4;
 
-    // Ancestral runs: one generator seeded 7 per run; a twin generator reproduces each step's draw for comparison.
+    // Runs with a generator: one generator per run, seeded from the case; a twin generator reproduces each step's
+    // draw for comparison with the stored noise.
     const bool uses_generator = ref->has("noise.0");
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-    auto twin = at::make_generator<at::CPUGeneratorImpl>(7);
+    if ((uses_generator || kind == SamplerKind::EulerAncestral) && seed < 0)
+        throw Error(run_path.string() + ": the run draws noise but neither step_kwargs.generator nor config.json "
+                                        "ancestral_generator_seed gives its seed");
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(std::max<int64_t>(seed, 0)));
+    auto twin = at::make_generator<at::CPUGeneratorImpl>(uint64_t(std::max<int64_t>(seed, 0)));
 
     torch::Tensor x = common->tensor("initial_noise").clone() * sched->init_noise_sigma();
     sink.tensor("sample_0", x, ref->tensor("sample_0"), atol, rtol);
@@ -94,7 +163,7 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
         auto mi = sched->scale_model_input(x, i);
         sink.tensor("model_input." + s, mi, ref->tensor("model_input." + s), atol, rtol);
         const double t = sched->timestep(i);
-        auto eps = mi * 0.1 + (0.01 * t / 1000.0);
+        auto eps = model(mi, t);
         if (uses_generator) {
             auto noise = torch::randn(x.sizes(), twin, torch::kFloat32);
             sink.tensor("noise." + s, noise, ref->tensor("noise." + s), 0.0, 0.0);

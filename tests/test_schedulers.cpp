@@ -72,6 +72,45 @@ TEST_CASE("scheduler golden loops match diffusers 0.27.2 (21 runs)", "[scheduler
     }
 }
 
+TEST_CASE("scheduler loops with another noise seed, batch and ancestral generator seed match diffusers",
+          "[schedulers][golden]") {
+    // tests/golden/sd/anchorcache_cases/schedulers_seed123: [2, 4, 6, 8] noise from seed 5, Euler ancestral's generator
+    // seeded 123 (config.json ancestral_generator_seed and each run's step_kwargs), step counts the public set lacks.
+    const std::filesystem::path dir = test::golden("sd/anchorcache_cases/schedulers_seed123");
+    for (const char* run : {"euler_ancestral_7", "euler_ancestral_30", "ddim_13", "pndm_9", "euler_15", "dpmpp_2m_12",
+                            "dpmpp_2m_karras_25", "lms_11"}) {
+        DYNAMIC_SECTION(run) {
+            int tensors = 0;
+            test::SchedulerGoldenSink sink;
+            sink.tensor = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& g, double atol,
+                              double rtol) {
+                INFO(run << " " << what);
+                REQUIRE(a.sizes() == g.sizes());
+                CHECK(excess(a, g, atol, rtol) <= 0.0);
+                ++tensors;
+            };
+            sink.fact = [&](const std::string& what, bool ok, const std::string& detail) {
+                INFO(run << " " << what << ": " << detail);
+                CHECK(ok);
+            };
+            test::run_scheduler_golden(dir, run, sink);
+            CHECK(tensors > 15);
+        }
+    }
+    // The seed is the case's: a generator text and ancestral_generator_seed that disagree are refused, naming both.
+    const auto scratch = test::scratch_dir("sched_seed_conflict");
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        std::filesystem::copy_file(e.path(), scratch / e.path().filename());
+    auto cfg = test::read_json_file(dir / "config.json");
+    cfg["ancestral_generator_seed"] = 8;
+    std::ofstream(std::filesystem::path(scratch) / "config.json") << cfg.dump();
+    test::SchedulerGoldenSink quiet;
+    quiet.tensor = [](const std::string&, const torch::Tensor&, const torch::Tensor&, double, double) {};
+    quiet.fact = [](const std::string&, bool, const std::string&) {};
+    CHECK_THROWS_WITH(test::run_scheduler_golden(scratch, "euler_ancestral_7", quiet),
+                      Catch::Contains("seeds 123") && Catch::Contains("is 8"));
+}
+
 TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly", "[schedulers]") {
     auto common = SafeTensorsFile::open(test::golden("sd/schedulers/common.safetensors"));
     SchedulerConfig cfg;

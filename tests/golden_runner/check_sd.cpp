@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <regex>
 
 namespace anchor::golden {
 namespace {
@@ -77,18 +78,24 @@ void check_vae_outputs(AutoencoderKLImpl& vae, const fs::path& dir, Stats& st, b
     st.check("encode.logvar", d.logvar, out.get("encode.logvar"), kAtol, kRtol);
     st.check("encode.std", d.std, out.get("encode.std"), kAtol, kRtol);
     if (out.has("encode.sample")) {
-        // Seed recorded in golden.json ("manual_seed(23)").
-        int64_t seed = 23;
+        // The generator's seed as golden.json records it ("... manual_seed(23) ..."); without it the case cannot be
+        // reproduced and FAILs.
+        int64_t seed = -1;
         if (fs::exists(dir / "golden.json")) {
-            auto j = read_json(dir / "golden.json");
+            const auto j = read_json(dir / "golden.json");
             if (j.contains("encode.sample") && j["encode.sample"].is_string()) {
-                const std::string s = j["encode.sample"].get<std::string>();
-                auto p = s.find("manual_seed(");
-                if (p != std::string::npos) seed = std::stoll(s.substr(p + 12));
+                static const std::regex re(R"(manual_seed\(\s*(\d+)\s*\))");
+                std::smatch m;
+                const std::string text = j["encode.sample"].get<std::string>();
+                if (std::regex_search(text, m, re)) seed = std::stoll(m[1].str());
             }
         }
-        auto gen = at::detail::createCPUGenerator(uint64_t(seed));
-        st.check("encode.sample", d.sample(&gen), out.get("encode.sample"), kAtol, kRtol);
+        if (seed < 0) {
+            st.fail("encode.sample: golden.json gives no \"encode.sample\" generator seed (manual_seed(N))");
+        } else {
+            auto gen = at::detail::createCPUGenerator(uint64_t(seed));
+            st.check("encode.sample", d.sample(&gen), out.get("encode.sample"), kAtol, kRtol);
+        }
     }
     if (!features || !fs::exists(dir / "golden_features.safetensors")) return;
     auto feats = WeightMap::load((dir / "golden_features.safetensors").string());
@@ -131,14 +138,22 @@ const bool reg_tok = register_checker(
          return std::vector<CaseResult>{guarded(relative_name(dir, ctx) + ":tokenizer", [&](Stats& st) {
              auto j = read_json(dir / "tokenizer_golden.json");
              auto tok = ClipTokenizer::from_bpe_file(find_vocab(dir));
-             if (j.contains("pad_token_id")) tok.set_pad_id(j["pad_token_id"].get<int64_t>());
-             const int max_len = j.value("max_length", 77);
+             if (!j.contains("max_length") || !j.contains("pad_token_id"))
+                 throw Error("tokenizer_golden.json needs \"max_length\" and \"pad_token_id\"");
+             tok.set_pad_id(j["pad_token_id"].get<int64_t>());
+             const int max_len = j["max_length"].get<int>();
+             for (const auto& [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", ClipTokenizer::kBos},
+                                           {"eos_token_id", ClipTokenizer::kEos}})
+                 if (j.contains(key))
+                     st.check_true(key, j[key].get<int64_t>() == id,
+                                   "the case says " + j[key].dump() + ", CLIP's vocabulary has " + std::to_string(id));
              int i = 0;
              for (const auto& c : j["cases"]) {
                  const std::string prompt = c["prompt"].get<std::string>();
                  auto t = tok.tokenize(prompt, max_len);
                  const std::string tag = "case " + std::to_string(i++);
-                 st.check_equal(tag + " input_ids", torch::tensor(t.ids), torch::tensor(c["input_ids"].get<std::vector<int64_t>>()));
+                 st.check_equal(tag + " input_ids", torch::tensor(t.ids),
+                                torch::tensor(c["input_ids"].get<std::vector<int64_t>>()));
                  st.check_equal(tag + " bpe_ids", torch::tensor(tok.encode(prompt), torch::kLong),
                                 torch::tensor(c["bpe_ids"].get<std::vector<int64_t>>(), torch::kLong));
                  st.check_true(tag + " truncated", t.truncated == c.value("truncated", false));
@@ -147,9 +162,8 @@ const bool reg_tok = register_checker(
      }});
 
 const bool reg_clip = register_checker(
-    {"sd-clip-text", [](const fs::path& d) {
-         return config_class(d) == "CLIPTextModel" && has_file(d, "golden_outputs.safetensors");
-     },
+    {"sd-clip-text",
+     [](const fs::path& d) { return config_class(d) == "CLIPTextModel" && has_file(d, "golden_outputs.safetensors"); },
      [](const fs::path& dir, const Context& ctx) {
          return std::vector<CaseResult>{guarded(relative_name(dir, ctx), [&](Stats& st) {
              auto te = load_text_encoder_folder(dir.string());
@@ -157,21 +171,21 @@ const bool reg_clip = register_checker(
          })};
      }});
 
-const bool reg_unet = register_checker(
-    {"sd-unet", [](const fs::path& d) {
-         return config_class(d) == "UNet2DConditionModel" && has_file(d, "golden_outputs.safetensors");
-     },
-     [](const fs::path& dir, const Context& ctx) {
-         return std::vector<CaseResult>{guarded(relative_name(dir, ctx), [&](Stats& st) {
-             auto unet = load_unet_folder(dir.string());
-             check_unet_outputs(*unet, dir, st, true);
-         })};
-     }});
+const bool reg_unet =
+    register_checker({"sd-unet",
+                      [](const fs::path& d) {
+                          return config_class(d) == "UNet2DConditionModel" && has_file(d, "golden_outputs.safetensors");
+                      },
+                      [](const fs::path& dir, const Context& ctx) {
+                          return std::vector<CaseResult>{guarded(relative_name(dir, ctx), [&](Stats& st) {
+                              auto unet = load_unet_folder(dir.string());
+                              check_unet_outputs(*unet, dir, st, true);
+                          })};
+                      }});
 
 const bool reg_vae = register_checker(
-    {"sd-vae", [](const fs::path& d) {
-         return config_class(d) == "AutoencoderKL" && has_file(d, "golden_outputs.safetensors");
-     },
+    {"sd-vae",
+     [](const fs::path& d) { return config_class(d) == "AutoencoderKL" && has_file(d, "golden_outputs.safetensors"); },
      [](const fs::path& dir, const Context& ctx) {
          return std::vector<CaseResult>{guarded(relative_name(dir, ctx), [&](Stats& st) {
              auto vae = load_vae_folder(dir.string());
@@ -194,8 +208,9 @@ const bool reg_single = register_checker(
                  const std::string key = it.key();
                  const auto colon = key.find(':');
                  const std::string comp = key.substr(0, colon), name = key.substr(colon + 1);
-                 const Component c = comp == "unet" ? Component::Unet : comp == "vae" ? Component::Vae
-                                                                                      : Component::TextEncoder;
+                 const Component c = comp == "unet"  ? Component::Unet
+                                     : comp == "vae" ? Component::Vae
+                                                     : Component::TextEncoder;
                  const std::string got = ldm_name(c, name, m.unet->config(), m.vae->config());
                  st.check_true(key, got == it.value().get<std::string>(), got);
              }
@@ -203,12 +218,15 @@ const bool reg_single = register_checker(
          if (!m.unet) return out;
          // The goldens of the source folders apply (config.json "sources": component -> folder next to this one).
          nlohmann::json sources;
-         if (has_file(dir, "config.json")) sources = read_json(dir / "config.json").value("sources", nlohmann::json::object());
+         if (has_file(dir, "config.json"))
+             sources = read_json(dir / "config.json").value("sources", nlohmann::json::object());
          auto src = [&](const char* k) { return dir.parent_path() / sources.value(k, std::string()); };
          if (sources.contains("unet"))
-             out.push_back(guarded(base + ":unet", [&](Stats& st) { check_unet_outputs(*m.unet, src("unet"), st, false); }));
+             out.push_back(
+                 guarded(base + ":unet", [&](Stats& st) { check_unet_outputs(*m.unet, src("unet"), st, false); }));
          if (sources.contains("vae"))
-             out.push_back(guarded(base + ":vae", [&](Stats& st) { check_vae_outputs(*m.vae, src("vae"), st, false); }));
+             out.push_back(
+                 guarded(base + ":vae", [&](Stats& st) { check_vae_outputs(*m.vae, src("vae"), st, false); }));
          if (sources.contains("text_encoder"))
              out.push_back(guarded(base + ":text_encoder",
                                    [&](Stats& st) { check_clip_outputs(*m.text_encoder, src("text_encoder"), st); }));

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -32,7 +33,9 @@ std::vector<int64_t> to_vec(const torch::Tensor& t) {
     return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-torch::Tensor ids_tensor(const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong); }
+torch::Tensor ids_tensor(const std::vector<int64_t>& v) {
+    return torch::tensor(v, torch::kLong);
+}
 
 // The vocabulary for a case folder: in it, in its vocab/gpt2, in a parent's vocab/gpt2, else the repository's copy.
 Gpt2Tokenizer find_tokenizer(const fs::path& dir) {
@@ -295,7 +298,8 @@ fs::path find_stream_model(const fs::path& dir, const std::string& hint) {
     }
     for (const auto& c : cands)
         if (!hint.empty() && hint.find(c.filename().string()) != std::string::npos) return c;
-    if (cands.empty()) throw Error("no GPT-2 model folder (config.json model_type gpt2) next to '" + dir.string() + "'");
+    if (cands.empty())
+        throw Error("no GPT-2 model folder (config.json model_type gpt2) next to '" + dir.string() + "'");
     return cands.front();
 }
 
@@ -309,11 +313,21 @@ std::vector<CaseResult> run_streaming(const fs::path& dir, const Context& ctx) {
             auto j = nlohmann::json::parse(read_text(js));
             auto st = SafeTensorsFile::open(file.string());
             auto& m = load_model(find_stream_model(dir, j.value("model", std::string())));
-            const int64_t S = j.value("S", 4), W = j.value("W", 28);
+            if (!j.contains("S") || !j.contains("W"))
+                throw Error(js.string() + " gives no sink count \"S\" and window \"W\"");
+            const int64_t S = j["S"].get<int64_t>(), W = j["W"].get<int64_t>();
             auto ids = to_vec(st->tensor("stream_ids"));
             std::vector<int64_t> probes;
             if (st->has("probe_steps")) probes = to_vec(st->tensor("probe_steps"));
-            for (const auto& v : variants(S, W)) {
+            const auto known = variants(S, W);
+            if (j.contains("variants"))
+                for (const auto& [name, what] : j["variants"].items())
+                    if (std::none_of(known.begin(), known.end(), [&](const Variant& v) { return v.name == name; })) {
+                        CaseResult r{base + "/" + name, {}};
+                        r.stats.fail("variant '" + name + "' (" + what.dump() + ") is not understood by this checker");
+                        out.push_back(r);
+                    }
+            for (const auto& v : known) {
                 CaseResult r{base + "/" + v.name, {}};
                 if (!st->has(v.name + ".logprob_next")) continue;
                 try {
@@ -348,13 +362,14 @@ std::vector<CaseResult> run_streaming(const fs::path& dir, const Context& ctx) {
 }
 
 bool claims_model(const fs::path& dir) {
-    return is_gpt2_config(dir) && (has_file(dir, "generation.json") ||
-                                   !file_with_tensors(dir, {"input_ids", "logits_last8", "incremental_argmax"}).empty());
+    return is_gpt2_config(dir) &&
+           (has_file(dir, "generation.json") ||
+            !file_with_tensors(dir, {"input_ids", "logits_last8", "incremental_argmax"}).empty());
 }
 
 const bool registered = [] {
-    register_checker({"gpt2-tokenizer", [](const fs::path& d) { return has_file(d, "tokenizer_cases.json"); },
-                      run_tokenizer});
+    register_checker(
+        {"gpt2-tokenizer", [](const fs::path& d) { return has_file(d, "tokenizer_cases.json"); }, run_tokenizer});
     register_checker({"gpt2-eval-text", [](const fs::path& d) { return !token_text_pairs(d).empty(); }, run_eval_text});
     register_checker({"gpt2-model", claims_model, run_model});
     register_checker({"gpt2-streaming", [](const fs::path& d) { return !streaming_files(d).empty(); }, run_streaming});
