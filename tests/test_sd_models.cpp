@@ -106,6 +106,28 @@ TEST_CASE("CLIP text encoder matches golden hidden states", "[sd][clip]") {
     require_close("encode(clip_skip 0)", te->encode(in.get("input_ids"), 0), out.get("last_hidden_state"));
 }
 
+TEST_CASE("CLIP text encoder agrees with its float64 evaluation on random prompts of many shapes", "[sd][clip]") {
+    // The reference's own rounding is the only difference: float32 vs float64 of the same equations, within the golden
+    // tolerance (atol 1e-4 + rtol 1e-4), for batches of 1-4 random id rows, causal mask over 77 positions, and
+    // every clip_skip.
+    auto te = load_text_encoder_folder(test::golden("sd/clip_tiny"));
+    auto te64 = load_text_encoder_folder(test::golden("sd/clip_tiny"));
+    te64->to(torch::kDouble);
+    torch::NoGradGuard ng;
+    torch::manual_seed(21);
+    for (int i = 0; i < 20; ++i) {
+        const int64_t B = 1 + i % 4;
+        auto ids = torch::randint(0, 49406, {B, 77}, torch::kLong);
+        ids.select(1, 0).fill_(49406);
+        const int64_t eos = 1 + (i * 13) % 76; // prompt length, then padding with <|endoftext|>
+        ids.narrow(1, eos, 77 - eos).fill_(49407);
+        const int skip = i % te->config().num_hidden_layers;
+        auto a = te->encode(ids, skip), b = te64->encode(ids, skip);
+        INFO("batch " << B << ", eos at " << eos << ", clip_skip " << skip);
+        CHECK(((a.to(torch::kDouble) - b).abs() <= 1e-4 + 1e-4 * b.abs()).all().item<bool>());
+    }
+}
+
 TEST_CASE("CLIP config detected from shapes equals config.json", "[sd][clip]") {
     auto w = golden_map("sd/clip_tiny/model.safetensors");
     auto d = ClipTextConfig::detect_from_weights(w);
