@@ -183,11 +183,27 @@ bool use_avx2() {
 #endif
 }
 
-torch::Tensor unit_last(const torch::Tensor& t) {
-    return t.stride(2) == 1 ? t : t.contiguous();
+} // namespace
+
+namespace detail {
+
+void check_projection_layout(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                             const char* kernel) {
+    TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, kernel, ": q, k, v must be [B, tokens, C]");
+    TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
+                    v.scalar_type() == torch::kFloat,
+                kernel, ": float32 only");
+    const int64_t B = q.size(0), C = q.size(2), M = k.size(1);
+    TORCH_CHECK(heads >= 1 && C % heads == 0, kernel, ": width ", C, " not divisible by ", heads, " heads");
+    TORCH_CHECK(k.size(0) == B && v.size(0) == B && k.size(2) == C && v.size(2) == C && v.size(1) == M, kernel, ": k ",
+                k.sizes(), " and v ", v.sizes(), " do not match q ", q.sizes());
 }
 
-} // namespace
+torch::Tensor unit_last(const torch::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(1) >= t.size(2) ? t : t.contiguous();
+}
+
+} // namespace detail
 
 bool small_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads) {
     if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || heads < 1 || q.size(2) % heads != 0) return false;
@@ -206,15 +222,9 @@ bool small_attention_applies(const torch::Tensor& q, const torch::Tensor& k, con
 
 torch::Tensor small_attention(const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_, int64_t heads,
                               double scale, bool portable) {
-    TORCH_CHECK(q_.dim() == 3 && k_.dim() == 3 && v_.dim() == 3, "small_attention: q, k, v must be [B, tokens, C]");
-    TORCH_CHECK(q_.scalar_type() == torch::kFloat && k_.scalar_type() == torch::kFloat &&
-                    v_.scalar_type() == torch::kFloat,
-                "small_attention: float32 only");
+    detail::check_projection_layout(q_, k_, v_, heads, "small_attention");
     const int64_t B = q_.size(0), N = q_.size(1), C = q_.size(2), M = k_.size(1);
-    TORCH_CHECK(heads >= 1 && C % heads == 0, "small_attention: width ", C, " not divisible by ", heads, " heads");
-    TORCH_CHECK(k_.size(0) == B && v_.size(0) == B && k_.size(2) == C && v_.size(2) == C && v_.size(1) == M,
-                "small_attention: k ", k_.sizes(), " and v ", v_.sizes(), " do not match q ", q_.sizes());
-    const auto q = unit_last(q_), k = unit_last(k_), v = unit_last(v_);
+    const auto q = detail::unit_last(q_), k = detail::unit_last(k_), v = detail::unit_last(v_);
     auto out = torch::empty({B, N, C}, q.options().memory_format(torch::MemoryFormat::Contiguous));
     if (B == 0 || N == 0) return out;
     TORCH_CHECK(M > 0, "small_attention: no keys");

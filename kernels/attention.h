@@ -77,4 +77,13 @@ bool blas_attention_applies(const torch::Tensor& q, const torch::Tensor& k, cons
 torch::Tensor blas_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                              double scale);
 
+namespace detail {
+// The checks every projection-layout kernel makes (TORCH_CHECK naming `kernel`): q [B, N, C], k and v [B, M, C],
+// float32, C divisible by `heads`.
+void check_projection_layout(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                             const char* kernel);
+// t itself when its rows are unit-stride and do not overlap, else a contiguous copy.
+torch::Tensor unit_last(const torch::Tensor& t);
+} // namespace detail
+
 } // namespace anchor::kernels

@@ -67,10 +67,6 @@ __attribute__((optimize("fp-contract=off"))) void naive_output(const float* p, c
         }
 }
 
-torch::Tensor unit_last(const torch::Tensor& t) {
-    return t.stride(2) == 1 && t.stride(1) >= t.size(2) ? t : t.contiguous();
-}
-
 } // namespace
 
 bool blas_attention_available() {
@@ -92,15 +88,9 @@ bool blas_attention_applies(const torch::Tensor& q, const torch::Tensor& k, cons
 torch::Tensor blas_attention(const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_, int64_t heads,
                              double scale) {
     TORCH_CHECK(blas_attention_available(), "blas_attention: no BLAS sgemm shared with LibTorch");
-    TORCH_CHECK(q_.dim() == 3 && k_.dim() == 3 && v_.dim() == 3, "blas_attention: q, k, v must be [B, tokens, C]");
-    TORCH_CHECK(q_.scalar_type() == torch::kFloat && k_.scalar_type() == torch::kFloat &&
-                    v_.scalar_type() == torch::kFloat,
-                "blas_attention: float32 only");
+    detail::check_projection_layout(q_, k_, v_, heads, "blas_attention");
     const int64_t B = q_.size(0), N = q_.size(1), C = q_.size(2), M = k_.size(1);
-    TORCH_CHECK(heads >= 1 && C % heads == 0, "blas_attention: width ", C, " not divisible by ", heads, " heads");
-    TORCH_CHECK(k_.size(0) == B && v_.size(0) == B && k_.size(2) == C && v_.size(2) == C && v_.size(1) == M,
-                "blas_attention: k ", k_.sizes(), " and v ", v_.sizes(), " do not match q ", q_.sizes());
-    const auto q = unit_last(q_), k = unit_last(k_), v = unit_last(v_);
+    const auto q = detail::unit_last(q_), k = detail::unit_last(k_), v = detail::unit_last(v_);
     auto out = torch::empty({B, N, C}, q.options().memory_format(torch::MemoryFormat::Contiguous));
     if (B == 0 || N == 0) return out;
     if (M == 0) return out.zero_(); // bmm over an empty contraction

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <sstream>
 
 using namespace anchor;
 namespace fs = std::filesystem;
@@ -16,32 +17,40 @@ namespace {
 
 const char* kGoldenPrompt = "a photo of an astronaut riding a horse on mars";
 
+// anchor-sd arguments of a golden txt2img run, one thread, latents saved next to the PNG.
+std::vector<std::string> txt2img_args(const std::string& model, const std::string& sampler, int steps, int64_t seed,
+                                      double cfg, int w, int h, const std::string& png, const std::string& latents) {
+    std::ostringstream cfg_s;
+    cfg_s << cfg;
+    return {"-m",
+            model,
+            "--sampler",
+            sampler,
+            "--steps",
+            std::to_string(steps),
+            "-s",
+            std::to_string(seed),
+            "--cfg-scale",
+            cfg_s.str(),
+            "-W",
+            std::to_string(w),
+            "-H",
+            std::to_string(h),
+            "-o",
+            png,
+            "--save-latents",
+            latents,
+            "--threads",
+            "1"};
+}
+
 // Runs anchor-sd like the golden pipeline_tiny case (16x16, CFG 7.5, seed 42, 10 steps) and compares.
 void check_golden_run(const std::string& model, const std::string& sampler, const std::string& run) {
     const auto dir = test::scratch_dir("cli_sd_" + run + "_" + fs::path(model).stem().string());
     const std::string png = dir + "/out.png", lat = dir + "/latents.safetensors";
-    auto r = test::run_program(test::sd_bin(), {"-m",
-                                                model,
-                                                "-p",
-                                                kGoldenPrompt,
-                                                "--steps",
-                                                "10",
-                                                "--sampler",
-                                                sampler,
-                                                "-s",
-                                                "42",
-                                                "--cfg-scale",
-                                                "7.5",
-                                                "-W",
-                                                "16",
-                                                "-H",
-                                                "16",
-                                                "-o",
-                                                png,
-                                                "--save-latents",
-                                                lat,
-                                                "--threads",
-                                                "1"});
+    auto args = txt2img_args(model, sampler, 10, 42, 7.5, 16, 16, png, lat);
+    args.insert(args.end(), {"-p", kGoldenPrompt});
+    auto r = test::run_program(test::sd_bin(), args);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     REQUIRE(fs::exists(png));
@@ -112,31 +121,10 @@ TEST_CASE("anchor-sd --batch-size runs a batch of prompts as diffusers does, one
     const std::string prompts = dir + "/prompts.txt";
     std::ofstream(prompts) << "a red fox in the snow\nan old lighthouse at dusk, oil painting\n";
     const std::string png = dir + "/out.png", lat = dir + "/lat.safetensors";
-    auto r =
-        test::run_program(test::sd_bin(), {"-m",
-                                           test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"),
-                                           "--prompts-file",
-                                           prompts,
-                                           "--batch-size",
-                                           "2",
-                                           "--sampler",
-                                           "ddim",
-                                           "--steps",
-                                           "8",
-                                           "-s",
-                                           "1234",
-                                           "--cfg-scale",
-                                           "6",
-                                           "-W",
-                                           "24",
-                                           "-H",
-                                           "16",
-                                           "-o",
-                                           png,
-                                           "--save-latents",
-                                           lat,
-                                           "--threads",
-                                           "1"});
+    auto args = txt2img_args(test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"), "ddim", 8,
+                             1234, 6, 24, 16, png, lat);
+    args.insert(args.end(), {"--prompts-file", prompts, "--batch-size", "2"});
+    auto r = test::run_program(test::sd_bin(), args);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     auto golden = SafeTensorsFile::open(test::golden("sd/anchorcache_cases/pipeline_batch/ddim8.safetensors"));

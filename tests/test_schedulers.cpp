@@ -41,35 +41,45 @@ double excess(const torch::Tensor& a, const torch::Tensor& g, double atol, doubl
     return ((a64 - g64).abs() - (atol + rtol * g64.abs())).max().item<double>();
 }
 
-} // namespace
+// A sink that CHECKs every tensor (within atol + rtol * |golden|) and fact of one run, counting the tensors and
+// keeping the largest absolute difference.
+test::SchedulerGoldenSink checking_sink(const std::string& run, int& tensors, double& max_abs) {
+    test::SchedulerGoldenSink sink;
+    sink.tensor = [&tensors, &max_abs, run](const std::string& what, const torch::Tensor& a, const torch::Tensor& g,
+                                            double atol, double rtol) {
+        INFO(run << " " << what);
+        REQUIRE(a.sizes() == g.sizes());
+        CHECK(excess(a, g, atol, rtol) <= 0.0);
+        max_abs = std::max(max_abs, test::max_abs_diff(a, g));
+        ++tensors;
+    };
+    sink.fact = [run](const std::string& what, bool ok, const std::string& detail) {
+        INFO(run << " " << what << ": " << detail);
+        CHECK(ok);
+    };
+    return sink;
+}
 
-TEST_CASE("scheduler golden loops match diffusers 0.27.2 (21 runs)", "[schedulers][golden]") {
-    const std::filesystem::path dir = test::golden("sd/schedulers");
-    double worst_abs = 0.0;
-    for (const char* run : kRuns) {
+// Every run of `dir` through checking_sink: at least `min_tensors` compared per run; returns the worst |diff|.
+double check_runs(const std::filesystem::path& dir, const std::vector<std::string>& runs, int min_tensors) {
+    double worst = 0.0;
+    for (const auto& run : runs) {
         DYNAMIC_SECTION(run) {
             double run_abs = 0.0;
             int tensors = 0;
-            test::SchedulerGoldenSink sink;
-            sink.tensor = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& g, double atol,
-                              double rtol) {
-                INFO(run << " " << what);
-                REQUIRE(a.sizes() == g.sizes());
-                const double e = excess(a, g, atol, rtol);
-                CHECK(e <= 0.0);
-                run_abs = std::max(run_abs, test::max_abs_diff(a, g));
-                ++tensors;
-            };
-            sink.fact = [&](const std::string& what, bool ok, const std::string& detail) {
-                INFO(run << " " << what << ": " << detail);
-                CHECK(ok);
-            };
-            test::run_scheduler_golden(dir, run, sink);
-            CHECK(tensors > 20);
+            test::run_scheduler_golden(dir, run, checking_sink(run, tensors, run_abs));
+            CHECK(tensors > min_tensors);
             WARN(run << ": max |diff| = " << run_abs << " over " << tensors << " tensors");
-            worst_abs = std::max(worst_abs, run_abs);
+            worst = std::max(worst, run_abs);
         }
     }
+    return worst;
+}
+
+} // namespace
+
+TEST_CASE("scheduler golden loops match diffusers 0.27.2 (21 runs)", "[schedulers][golden]") {
+    check_runs(test::golden("sd/schedulers"), std::vector<std::string>(std::begin(kRuns), std::end(kRuns)), 20);
 }
 
 TEST_CASE("scheduler loops with another noise seed, batch and ancestral generator seed match diffusers",
@@ -77,26 +87,10 @@ TEST_CASE("scheduler loops with another noise seed, batch and ancestral generato
     // tests/golden/sd/anchorcache_cases/schedulers_seed123: [2, 4, 6, 8] noise from seed 5, Euler ancestral's generator
     // seeded 123 (config.json ancestral_generator_seed and each run's step_kwargs), step counts the public set lacks.
     const std::filesystem::path dir = test::golden("sd/anchorcache_cases/schedulers_seed123");
-    for (const char* run : {"euler_ancestral_7", "euler_ancestral_30", "ddim_13", "pndm_9", "euler_15", "dpmpp_2m_12",
-                            "dpmpp_2m_karras_25", "lms_11"}) {
-        DYNAMIC_SECTION(run) {
-            int tensors = 0;
-            test::SchedulerGoldenSink sink;
-            sink.tensor = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& g, double atol,
-                              double rtol) {
-                INFO(run << " " << what);
-                REQUIRE(a.sizes() == g.sizes());
-                CHECK(excess(a, g, atol, rtol) <= 0.0);
-                ++tensors;
-            };
-            sink.fact = [&](const std::string& what, bool ok, const std::string& detail) {
-                INFO(run << " " << what << ": " << detail);
-                CHECK(ok);
-            };
-            test::run_scheduler_golden(dir, run, sink);
-            CHECK(tensors > 15);
-        }
-    }
+    check_runs(dir,
+               {"euler_ancestral_7", "euler_ancestral_30", "ddim_13", "pndm_9", "euler_15", "dpmpp_2m_12",
+                "dpmpp_2m_karras_25", "lms_11"},
+               15);
     // The seed is the case's: a generator text and ancestral_generator_seed that disagree are refused, naming both.
     const auto scratch = test::scratch_dir("sched_seed_conflict");
     for (const auto& e : std::filesystem::directory_iterator(dir))
