@@ -2,6 +2,7 @@
 // (unet/train/sd_train.h) and its evaluation with the real caches.
 #include "cli/sd_train.h"
 
+#include "cache/calibration.h"
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/metrics.h"
@@ -226,33 +227,20 @@ int run_calibrate(const CalibrateOptions& o) {
         for (size_t k = 0; k < log.size(); ++k) mean[k] += log[k].energy_change / double(prompts.size());
         std::fprintf(stderr, "calibrate: %zu/%zu \"%s\"\n", i + 1, prompts.size(), prompts[i].c_str());
     }
-    const int n = int(mean.size());
-    nlohmann::json ranges = nlohmann::json::array();
-    for (int r = 0; r < o.ranges; ++r) {
-        const double b = double(r) / o.ranges, e = double(r + 1) / o.ranges;
-        double sum = 0;
-        int cnt = 0;
-        for (int k = 1; k < n; ++k) { // step 0 has no change (always full)
-            const double x = (k + 0.5) / n;
-            if (x >= b && x < e) sum += mean[size_t(k)], ++cnt;
-        }
-        const double m = cnt ? sum / cnt : 0.0;
-        ranges.push_back({{"begin", b}, {"end", e}, {"mean_change", m}, {"threshold", std::max(1e-6, o.target * m)}});
-    }
-    nlohmann::json j = {{"kind", "anchor-sd freq profile"},
-                        {"model", o.model},
-                        {"steps", o.steps},
-                        {"sampler", o.sampler},
-                        {"cfg_scale", o.cfg},
-                        {"prompts", prompts.size()},
-                        {"target_steps_of_change", o.target},
-                        {"mean_energy_change_per_step", mean},
-                        {"ranges", ranges},
-                        {"use", "--cache freq:profile=" + o.out}};
-    write_file_atomic(o.out, j.dump(2) + "\n", o.overwrite);
-    for (const auto& r : ranges)
-        std::printf("steps [%.2f, %.2f): mean change %.4f -> threshold %.4f\n", r["begin"].get<double>(),
-                    r["end"].get<double>(), r["mean_change"].get<double>(), r["threshold"].get<double>());
+    auto profile = cache::build_step_profile(mean, o.ranges, o.target);
+    profile.meta = {{"written_by", "anchor-sd calibrate"},
+                    {"model", o.model},
+                    {"steps", o.steps},
+                    {"sampler", o.sampler},
+                    {"cfg_scale", o.cfg},
+                    {"prompts", prompts.size()},
+                    {"target_steps_of_change", o.target},
+                    {"mean_energy_change_per_step", mean},
+                    {"use", "--cache freq:profile=" + o.out}};
+    profile.save(o.out, o.overwrite);
+    for (const auto& r : profile.step_ranges)
+        std::printf("steps [%.2f, %.2f): mean change %.4f -> threshold %.4f\n", r.begin, r.end, r.mean_change,
+                    r.threshold);
     std::printf("wrote %s (use --cache freq:profile=%s)\n", o.out.c_str(), o.out.c_str());
     return 0;
 }

@@ -217,24 +217,33 @@ TEST_CASE("freq probe: one decision for a batch, from the image that changes mos
 }
 
 TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files are named", "[freq]") {
-    const std::vector<std::tuple<double, double, double>> ranges = {{0.0, 0.5, 2.0}, {0.5, 1.0, 0.5}};
-    const auto t = unet::profile_thresholds(ranges, 4, 1.0);
+    cache::AnchorProfile p;
+    p.step_ranges = {{0.0, 0.5, 2.0, 0}, {0.5, 1.0, 0.5, 0}};
+    const auto t = p.step_thresholds(4, 1.0);
     REQUIRE(t.size() == 4);
     CHECK(t[0] == 2.0);
     CHECK(t[1] == 2.0);
     CHECK(t[2] == 0.5);
     CHECK(t[3] == 0.5);
-    CHECK(unet::profile_thresholds({{0.0, 0.25, 3.0}}, 4, 1.0)[3] == 1.0); // no range: the fixed threshold
+    cache::AnchorProfile early;
+    early.step_ranges = {{0.0, 0.25, 3.0, 0}};
+    CHECK(early.step_thresholds(4, 1.0)[3] == 1.0); // no range: the fixed threshold
     const auto dir = test::scratch_dir("freq_profile");
-    std::ofstream(dir + "/good.json")
-        << R"({"ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
+    // the format written by anchor-sd calibrate before profiles were shared, the shared one, and broken ones
+    std::ofstream(dir + "/old.json")
+        << R"({"kind":"anchor-sd freq profile","ranges":[{"begin":0,"end":0.5,"threshold":2},{"begin":0.5,"end":1,"threshold":0.5}]})";
+    p.save(dir + "/new.json", false);
     std::ofstream(dir + "/bad.json") << "{ nope";
-    std::ofstream(dir + "/empty.json") << R"({"ranges":[]})";
-    const bool same = unet::read_freq_profile(dir + "/good.json") == ranges;
-    CHECK(same);
-    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/bad.json"), Catch::Contains("bad.json"));
-    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/empty.json"), Catch::Contains("ranges"));
-    CHECK_THROWS_WITH(unet::read_freq_profile(dir + "/missing.json"), Catch::Contains("missing.json"));
+    std::ofstream(dir + "/empty.json") << R"({"kind":"anchor-sd freq profile","ranges":[]})";
+    for (const char* f : {"/old.json", "/new.json"}) {
+        const auto q = cache::AnchorProfile::load(dir + f);
+        REQUIRE(q.step_ranges.size() == 2);
+        CHECK(q.step_thresholds(4, 1.0) == t);
+    }
+    CHECK_THROWS_WITH(cache::AnchorProfile::load(dir + "/bad.json"), Catch::Contains("bad.json"));
+    CHECK_THROWS_WITH(cache::AnchorProfile::load(dir + "/empty.json"), Catch::Contains("step ranges"));
+    CHECK_THROWS_WITH(cache::AnchorProfile::load(dir + "/missing.json"), Catch::Contains("missing.json"));
+    CHECK_THROWS_WITH(unet::parse_cache_mode("freq:profile=" + dir + "/bad.json"), Catch::Contains("bad.json"));
     // The mode string accepts it and the policy uses it: a huge early threshold, a tiny late one.
     std::ofstream(dir + "/steep.json")
         << R"({"ranges":[{"begin":0,"end":0.5,"threshold":1e9},{"begin":0.5,"end":1,"threshold":1e-9}]})";

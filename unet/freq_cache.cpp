@@ -96,45 +96,6 @@ std::string FreqParams::describe() const {
            ",branch=" + std::to_string(branch) + (profile.empty() ? "" : ",profile=" + profile);
 }
 
-std::vector<std::tuple<double, double, double>> read_freq_profile(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot read anchor profile '" + path + "'");
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-        throw Error("anchor profile '" + path + "' is not JSON: " + e.what());
-    }
-    if (!j.contains("ranges") || !j["ranges"].is_array() || j["ranges"].empty())
-        throw Error("anchor profile '" + path + "' has no \"ranges\" list (write it with anchor-sd calibrate)");
-    std::vector<std::tuple<double, double, double>> r;
-    for (const auto& e : j["ranges"]) {
-        double b = 0, en = 0, t = 0;
-        try {
-            b = e.at("begin").get<double>(), en = e.at("end").get<double>(), t = e.at("threshold").get<double>();
-        } catch (const nlohmann::json::exception& ex) {
-            throw Error("anchor profile '" + path + "': range " + std::to_string(r.size()) +
-                        " needs numbers \"begin\", \"end\", \"threshold\" (" + ex.what() + ")");
-        }
-        if (!(b >= 0 && en > b && en <= 1.0 + 1e-9 && t > 0))
-            throw Error("anchor profile '" + path + "': bad range [" + fmt_num(b) + ", " + fmt_num(en) +
-                        ") threshold " + fmt_num(t));
-        r.emplace_back(b, en, t);
-    }
-    return r;
-}
-
-std::vector<double> profile_thresholds(const std::vector<std::tuple<double, double, double>>& ranges, int num_steps,
-                                       double fallback) {
-    std::vector<double> t(size_t(std::max(num_steps, 0)), fallback);
-    for (int k = 0; k < num_steps; ++k) {
-        const double x = (k + 0.5) / num_steps; // the step's centre as a fraction of the loop
-        for (const auto& [b, e, thr] : ranges)
-            if (x >= b && x < e) t[size_t(k)] = thr;
-    }
-    return t;
-}
-
 nlohmann::json CacheController::params_json() const {
     return nlohmann::json::object();
 }
@@ -203,8 +164,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
     num_steps_ = num_steps;
     policy_.reset();
-    if (!p_.profile_ranges.empty())
-        policy_.set_step_thresholds(profile_thresholds(p_.profile_ranges, num_steps, p_.thr));
+    if (p_.profile_data.has_step_ranges()) policy_.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
     probe_.reset(images);
     log_.clear();
     F1_ = X1_ = X0_ = slope_ = Tensor();
@@ -413,7 +373,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.branch = parse_int(spec, k, v);
                 else if (k == "profile") {
                     p.profile = v;
-                    p.profile_ranges = read_freq_profile(v);
+                    p.profile_data = cache::AnchorProfile::load(v);
+                    if (!p.profile_data.has_step_ranges())
+                        throw Error("anchor profile '" + v + "' has no step ranges (write one with anchor-sd calibrate)");
                 } else if (k == "extrapolate") {
                     if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
                     p.extrapolate = v == "1";

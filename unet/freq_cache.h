@@ -26,6 +26,7 @@
 #pragma once
 
 #include "cache/anchor_policy.h"
+#include "cache/anchor_profile.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -71,18 +72,12 @@ struct FreqParams {
     int band = 4;      // low band u + v < band of the probe spectrum
     bool extrapolate = true;
     int branch = 0; // DeepCache branch of the cached feature
-    // profile=FILE (anchor-sd calibrate): thresholds per range of the loop, [begin, end) as fractions of the steps,
-    // replacing thr where they apply.
+    // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
+    // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
-    std::vector<std::tuple<double, double, double>> profile_ranges; // (begin, end, threshold)
+    cache::AnchorProfile profile_data;
     std::string describe() const;
 };
-
-// Reads an anchor profile written by `anchor-sd calibrate` (throws anchor::Error naming the file).
-std::vector<std::tuple<double, double, double>> read_freq_profile(const std::string& path);
-// Per-step thresholds of a loop of `num_steps` steps from profile ranges (`fallback` where no range applies).
-std::vector<double> profile_thresholds(const std::vector<std::tuple<double, double, double>>& ranges, int num_steps,
-                                       double fallback);
 
 // A DenoiseController that keeps a per-step log.
 class CacheController : public DenoiseController {

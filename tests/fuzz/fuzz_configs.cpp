@@ -2,6 +2,7 @@
 // formats). The first byte picks the reader, the rest is written to a file and read as a user's file would be.
 // Contract: a reader returns a valid config or throws anchor::Error (which names the file) — no other exception type
 // (a bare nlohmann message would not say which file or field is wrong), no crash, no unbounded allocation.
+#include "cache/anchor_profile.h"
 #include "cache/io/error.h"
 #include "text/gpt2_model.h"
 #include "text/mdlm_cache.h"
@@ -57,11 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case 5:
             (void)unet::SchedulerConfig::from_json_text(text, "fuzz.json");
             break;
-        case 6:
-            (void)unet::read_freq_profile(path);
-            break;
-        default:
-            (void)text::AnchorProfile::load(path);
+        default: // both profile kinds (SD step ranges, text layer classes) are one type
+            (void)cache::AnchorProfile::load(path);
             break;
         }
     } catch (const anchor::Error&) {
