@@ -16,6 +16,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/weight_map.h"
+#include "unet/freq_cache.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json.hpp>

@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <fstream>
 #include <tuple>
 
@@ -189,6 +191,37 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         CHECK(fq->log()[1].energy_change > 0.0);
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
+}
+
+TEST_CASE("the feature caches keep their state in the shared LatentCache, with the mode's staleness", "[freq][sd]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    // deepcache:3 over 10 steps: 6 reuses, each one hit of the stored feature; the JSON record carries the store's
+    // statistics.
+    auto dc = parse_cache_mode("deepcache:3");
+    auto ref = run_tiny(models, *dc, 10);
+    const auto st = dc->features().store().stats();
+    CHECK(st.hits == 6);
+    CHECK(st.puts == 4);
+    CHECK(cache_log_json(*dc)["store"]["hits"] == 6);
+    // One store shared by two modes (a server's), each run in its namespace: the same results as stores of their own.
+    auto shared = std::make_shared<cache::LatentCache>();
+    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,extrapolate=0");
+    a->set_store(shared, "request-a");
+    b->set_store(shared, "request-b");
+    CHECK(torch::equal(run_tiny(models, *a, 10).latents, ref.latents));
+    CHECK(torch::equal(run_tiny(models, *b, 10).latents, ref.latents));
+    // 6 feature reuses each, and freq's 3 reads of the previous full step's spectrum
+    CHECK(shared->stats().hits == 6 + 6 + 3);
+    // A store that cannot hold the feature (byte budget below it): every step is full, nothing stale is ever used.
+    auto tiny = std::make_shared<cache::LatentCache>(cache::LatentCacheOptions{16, 2, false});
+    auto c = parse_cache_mode("deepcache:3");
+    c->set_store(tiny, "request-c");
+    auto r = run_tiny(models, *c, 10);
+    CHECK(std::all_of(r.full.begin(), r.full.end(), [](bool f) { return f; }));
+    CHECK(tiny->stats().oversize_rejections == 10);
 }
 
 TEST_CASE("freq probe: one decision for a batch, from the image that changes most", "[freq]") {

@@ -9,10 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace anchor::unet {
@@ -100,6 +102,66 @@ nlohmann::json CacheController::params_json() const {
     return nlohmann::json::object();
 }
 
+// ---- store ------------------------------------------------------------------------------------------------------
+
+namespace {
+std::string fresh_namespace() {
+    static std::atomic<uint64_t> next{0};
+    return "sd/run" + std::to_string(next++);
+}
+} // namespace
+
+BatchFeatureStore::BatchFeatureStore() : store_(std::make_shared<cache::LatentCache>()), ns_(fresh_namespace()) {}
+
+BatchFeatureStore::BatchFeatureStore(std::shared_ptr<cache::LatentCache> store, std::string ns)
+    : store_(std::move(store)), ns_(std::move(ns)) {
+    if (!store_) throw Error("BatchFeatureStore: no store");
+}
+
+cache::CacheKey BatchFeatureStore::key(int b, int32_t layer, int32_t slot, int64_t anchor) const {
+    return {ns_ + "/" + std::to_string(b), layer, slot, anchor};
+}
+
+void BatchFeatureStore::begin(int images) {
+    for (int b = 0; b < images_; ++b) store_->erase_namespace(ns_ + "/" + std::to_string(b));
+    images_ = std::max(images, 1);
+}
+
+void BatchFeatureStore::put(int32_t layer, int32_t slot, int64_t anchor, const Tensor& batch, int64_t step) {
+    const int64_t n = images_, rows = batch.size(0);
+    if (n == 1 || rows % n != 0) {
+        if (rows % n != 0)
+            throw Error("feature store: " + std::to_string(rows) + " rows for " + std::to_string(n) + " images");
+        store_->put(key(0, layer, slot, anchor), batch, step);
+        return;
+    }
+    for (int64_t b = 0; b < n; ++b) {
+        auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(batch.device()));
+        store_->put(key(int(b), layer, slot, anchor), batch.index_select(0, idx), step);
+    }
+}
+
+std::optional<Tensor> BatchFeatureStore::get(int32_t layer, int32_t slot, int64_t anchor, int64_t step,
+                                             int max_staleness) {
+    std::vector<Tensor> parts;
+    for (int b = 0; b < images_; ++b) {
+        auto t = store_->get(key(b, layer, slot, anchor), step, max_staleness);
+        if (!t) return std::nullopt;
+        parts.push_back(*t);
+    }
+    if (parts.size() == 1) return parts[0];
+    // Back to the batch order: row r of image b was row r * n + b.
+    return torch::stack(parts, 1).flatten(0, 1);
+}
+
+void BatchFeatureStore::erase(int32_t layer, int32_t slot, int64_t anchor) {
+    for (int b = 0; b < images_; ++b) store_->erase(key(b, layer, slot, anchor));
+}
+
+void CacheController::set_store(std::shared_ptr<cache::LatentCache> store, std::string ns) {
+    features_ = BatchFeatureStore(std::move(store), std::move(ns));
+}
+
 // ---- probe ------------------------------------------------------------------------------------------------------
 
 double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
@@ -164,10 +226,12 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
     num_steps_ = num_steps;
     policy_.reset();
-    if (p_.profile_data.has_step_ranges()) policy_.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
+    if (p_.profile_data.has_step_ranges())
+        policy_.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
     probe_.reset(images);
+    features_.begin(images);
     log_.clear();
-    F1_ = X1_ = X0_ = slope_ = Tensor();
+    have_slope_ = false;
     anchored_fraction_ = 1.0;
     s1_ = s0_ = -1;
     last_full_ = true;
@@ -245,7 +309,11 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     sig.energy_change = rec.energy_change;
     bool full = policy_.decide(sig).action == cache::Action::Full;
     rec.accumulated = full ? 0.0 : policy_.accumulated();
-    if (!F1_.defined() || F1_.size(0) != x.size(0)) full = true;
+    // The reuse reads the feature of the last full step, at most max_reuse steps old (the policy's own bound): when
+    // the store has no such entry (first step, a new batch size, an eviction) the step is full.
+    std::optional<Tensor> F1;
+    if (!full) F1 = features_.get(p_.branch, kFeature, 0, step, p_.max_reuse);
+    if (!F1 || F1->size(0) != x.size(0)) full = true;
     Tensor out;
     if (full) {
         UNetFeatures f;
@@ -254,20 +322,31 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         if (!f.cache_feature.defined())
             throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
                         " (it has " + std::to_string(unet.num_skips()) + " skips)");
-        // Keep the previous spectrum (s0) and the new one (s1).
-        X0_ = X1_;
+        // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0).
+        if (s0_ >= 0) features_.erase(p_.branch, kSpectrum, s0_);
         s0_ = s1_;
-        F1_ = f.cache_feature;
-        X1_ = cache::dct2(F1_.to(torch::kFloat));
         s1_ = step;
+        const auto X1 = cache::dct2(f.cache_feature.to(torch::kFloat));
+        features_.put(p_.branch, kFeature, 0, f.cache_feature, step);
+        features_.put(p_.branch, kSpectrum, s1_, X1, step);
         // The anchor mask and the extrapolation are fixed until the next full step: work them out once here, so that
         // a reuse step costs one axpy on top of the shallow path. (A quadratic through three full steps was tried and
         // lost 1.8 dB on fashion-sd at 20/80 full steps: the curvature estimate overshoots.)
-        slope_ = extrapolation_slope(X1_, X0_, s1_, s0_, p_.tau, &anchored_fraction_);
-        if (!p_.extrapolate) slope_ = Tensor();
+        Tensor X0;
+        if (s0_ >= 0)
+            if (auto prev = features_.get(p_.branch, kSpectrum, s0_, step, std::numeric_limits<int>::max())) X0 = *prev;
+        auto slope = extrapolation_slope(X1, X0, s1_, s0_, p_.tau, &anchored_fraction_);
+        have_slope_ = p_.extrapolate && slope.defined();
+        if (have_slope_)
+            features_.put(p_.branch, kSlope, 0, slope, step);
+        else
+            features_.erase(p_.branch, kSlope, 0);
         rec.anchored_fraction = 0.0;
     } else {
-        auto F = extrapolate_feature(F1_, slope_, step - s1_);
+        Tensor slope;
+        if (have_slope_)
+            if (auto sl = features_.get(p_.branch, kSlope, 0, step, p_.max_reuse)) slope = *sl;
+        auto F = extrapolate_feature(*F1, slope, step - s1_);
         rec.anchored_fraction = anchored_fraction_;
         out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
     }
@@ -281,43 +360,55 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
 
 // ---- off / deepcache --------------------------------------------------------------------------------------------
 
-LoggedDenoiser::LoggedDenoiser(CacheKind kind, int interval, int branch, int band)
-    : kind_(kind), interval_(interval), branch_(branch), probe_(band) {
-    if (kind == CacheKind::Off)
-        inner_ = std::make_unique<FullDenoiser>();
-    else if (kind == CacheKind::DeepCache)
-        inner_ = std::make_unique<DeepCacheDenoiser>(interval, branch);
-    else
-        throw Error("LoggedDenoiser: freq has its own controller");
+DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch, int band)
+    : interval_(interval), branch_(branch), probe_(band) {
+    if (interval < 0) throw Error("deepcache: interval must be >= 1 (0 = off), got " + std::to_string(interval));
+    if (branch < 0) throw Error("deepcache: branch must be >= 0, got " + std::to_string(branch));
+    if (interval > 0) policy_ = std::make_unique<cache::FixedIntervalPolicy>(interval);
 }
 
-std::string LoggedDenoiser::spec() const {
-    if (kind_ == CacheKind::Off) return "off";
+std::string DeepCacheDenoiser::spec() const {
+    if (interval_ == 0) return "off";
     return "deepcache:" + std::to_string(interval_) + (branch_ ? ",branch=" + std::to_string(branch_) : "");
 }
 
-nlohmann::json LoggedDenoiser::params_json() const {
-    if (kind_ == CacheKind::Off) return nlohmann::json::object();
+nlohmann::json DeepCacheDenoiser::params_json() const {
+    if (interval_ == 0) return nlohmann::json::object();
     return {{"interval", interval_}, {"branch", branch_}};
 }
 
-void LoggedDenoiser::begin(int num_steps, int images) {
-    inner_->begin(num_steps, images);
+void DeepCacheDenoiser::begin(int num_steps, int images) {
+    num_steps_ = num_steps;
     probe_.reset(images);
+    features_.begin(images);
     log_.clear();
+    last_full_ = true;
 }
 
-Tensor LoggedDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
-                               int step, const Tensor&) {
+Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+                                  int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
     CacheStepLog rec;
     rec.step = step;
     rec.energy_change = probe_.update(unet, x);
-    auto out = inner_->predict(unet, x, t, ctx, step, probe_.stem());
-    rec.full = inner_->last_step_was_full();
-    rec.anchored_fraction = rec.full ? 0.0 : 1.0;
-    rec.macs = step_macs(unet, x, ctx, rec.full, branch_);
+    bool full = !policy_ || policy_->decide({step, num_steps_, {}, rec.energy_change}).action == cache::Action::Full;
+    // The feature of the last full step serves the interval - 1 steps after it.
+    std::optional<Tensor> cached;
+    if (!full) cached = features_.get(branch_, kFeature, 0, step, interval_ - 1);
+    if (!cached || cached->size(0) != x.size(0)) full = true;
+    Tensor out;
+    if (full) {
+        UNetFeatures f;
+        f.cache_branch = policy_ ? branch_ : -1;
+        out = unet.forward(x, t, ctx, policy_ ? &f : nullptr, probe_.stem());
+        if (policy_) features_.put(branch_, kFeature, 0, f.cache_feature, step);
+    } else {
+        out = unet.forward_shallow(x, t, ctx, branch_, *cached, probe_.stem());
+    }
+    last_full_ = rec.full = full;
+    rec.anchored_fraction = full ? 0.0 : 1.0;
+    rec.macs = step_macs(unet, x, ctx, full, branch_);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -338,7 +429,7 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
     switch (info->kind) {
     case CacheKind::Off:
         if (colon != std::string::npos) bad_mode(spec, "'off' takes no parameters");
-        return std::make_unique<LoggedDenoiser>(CacheKind::Off, 1, 0);
+        return std::make_unique<DeepCacheDenoiser>(0, 0);
     case CacheKind::DeepCache: {
         if (rest.empty()) bad_mode(spec, "deepcache needs an interval N");
         auto items = split(rest, ',');
@@ -352,7 +443,7 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
             branch = parse_int(spec, "branch", items[i].substr(eq + 1));
             if (branch < 0) bad_mode(spec, "branch must be >= 0");
         }
-        return std::make_unique<LoggedDenoiser>(CacheKind::DeepCache, n, branch);
+        return std::make_unique<DeepCacheDenoiser>(n, branch);
     }
     case CacheKind::Freq: {
         FreqParams p;
@@ -375,7 +466,8 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.profile = v;
                     p.profile_data = cache::AnchorProfile::load(v);
                     if (!p.profile_data.has_step_ranges())
-                        throw Error("anchor profile '" + v + "' has no step ranges (write one with anchor-sd calibrate)");
+                        throw Error("anchor profile '" + v +
+                                    "' has no step ranges (write one with anchor-sd calibrate)");
                 } else if (k == "extrapolate") {
                     if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
                     p.extrapolate = v == "1";
@@ -421,9 +513,15 @@ nlohmann::json cache_log_json(const CacheController& c) {
         ms += r.ms;
     }
     const size_t n = c.log().size();
-    return {{"mode", c.spec()},   {"kind", c.name()}, {"params", c.params_json()},
-            {"full_steps", full}, {"total_steps", n}, {"macs_per_step", n ? macs / double(n) : 0.0},
-            {"unet_ms", ms},      {"steps", steps}};
+    return {{"mode", c.spec()},
+            {"kind", c.name()},
+            {"params", c.params_json()},
+            {"full_steps", full},
+            {"total_steps", n},
+            {"macs_per_step", n ? macs / double(n) : 0.0},
+            {"unet_ms", ms},
+            {"store", c.features().store().stats_json()},
+            {"steps", steps}};
 }
 
 } // namespace anchor::unet

@@ -23,16 +23,27 @@
 //    extrapolation would only add noise; the moving ones carry a trend that plain reuse (DeepCache) freezes. With
 //    extrapolate=0, or before two full steps exist, or when every coefficient is anchored, the cached feature F1 is
 //    passed unchanged (bit-identical to DeepCache reuse for the same schedule).
+//
+// Where the state lives: every mode keeps what it caches (the deep feature, its spectra, the extrapolation slope) in
+// the shared store cache::LatentCache (cache/latent_cache.h), the same store the text-diffusion cache uses, under
+// (namespace = this run / image b of the batch, layer = the DeepCache branch, slot, anchor = the full step that made a
+// spectrum, 0 for the feature and slope of the latest one), each entry stamped with the step that wrote it. A reuse
+// reads its entries with the mode's staleness bound (DeepCache: interval - 1, freq: max reuses), so a schedule can
+// never reuse a feature older than the mode allows: a missing or stale entry makes the step full. The store's
+// statistics (hits, misses, stale rejections, bytes) go into the JSON record. The decisions come from the core's
+// policies: FixedIntervalPolicy for DeepCache, DctChangePolicy for freq (cache/anchor_policy.h).
 #pragma once
 
 #include "cache/anchor_policy.h"
 #include "cache/anchor_profile.h"
+#include "cache/latent_cache.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json_fwd.hpp>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -79,7 +90,29 @@ struct FreqParams {
     std::string describe() const;
 };
 
-// A DenoiseController that keeps a per-step log.
+// The tensors of a batch in the store, one entry per image: image b owns rows b, n + b, ... of a batch of n images
+// (with guidance the UNet batch is [uncond rows; cond rows]). One image: the whole tensor, no copy.
+class BatchFeatureStore {
+public:
+    BatchFeatureStore();                                                          // a store of its own
+    BatchFeatureStore(std::shared_ptr<cache::LatentCache> store, std::string ns); // a shared one (e.g. a server's)
+    // Drops this run's entries; the next run has `images` images.
+    void begin(int images);
+    void put(int32_t layer, int32_t slot, int64_t anchor, const torch::Tensor& batch, int64_t step);
+    // The batch tensor when every image's entry is present and at most `max_staleness` steps old, else nullopt.
+    std::optional<torch::Tensor> get(int32_t layer, int32_t slot, int64_t anchor, int64_t step, int max_staleness);
+    void erase(int32_t layer, int32_t slot, int64_t anchor);
+    const cache::LatentCache& store() const { return *store_; }
+    const std::string& ns() const { return ns_; }
+
+private:
+    cache::CacheKey key(int b, int32_t layer, int32_t slot, int64_t anchor) const;
+    std::shared_ptr<cache::LatentCache> store_;
+    std::string ns_;
+    int images_ = 1;
+};
+
+// A DenoiseController that keeps a per-step log (and the probe's energy change for the timeline).
 class CacheController : public DenoiseController {
 public:
     const std::vector<CacheStepLog>& log() const { return log_; }
@@ -89,12 +122,19 @@ public:
     // MACs of a step: full = true -> full forward, else the shallow path (per sample). When unset, the analytic count
     // of unet/unet_macs.h for the UNet and latent size of the first call is attached on that call.
     std::function<double(bool full)> mac_fn;
+    // The store this mode caches in (its own unless set_store is called before the run).
+    void set_store(std::shared_ptr<cache::LatentCache> store, std::string ns);
+    const BatchFeatureStore& features() const { return features_; }
 
 protected:
     std::vector<CacheStepLog> log_;
+    BatchFeatureStore features_;
     double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& ctx, bool full,
                      int branch);
 };
+
+// Slots of the feature caches' store entries.
+enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
 //
@@ -152,30 +192,32 @@ private:
     ShallowProbe probe_;
     int num_steps_ = 0;
     bool last_full_ = true;
-    torch::Tensor F1_, X1_, X0_;
-    torch::Tensor slope_; // extrapolation_slope of the last two full steps (undefined: reuse F1 as it is)
+    bool have_slope_ = false; // the store holds an extrapolation slope of the last two full steps
     double anchored_fraction_ = 1.0;
     int s1_ = -1, s0_ = -1;
 };
 
-// "off" and "deepcache:N[,branch=B]" with the same per-step log (the probe runs too, so the compare timeline shows
-// the energy curve for every mode).
-class LoggedDenoiser : public CacheController {
+// DeepCache (Ma et al. 2023, uniform skip mode; "deepcache:N[,branch=B]"): FixedIntervalPolicy makes step i full
+// when i % N == 0; a full step stores the feature entering the up layer of skip `branch`, the other steps run
+// UNet2DConditionModelImpl::forward_shallow with it. interval 0 is "off": every step full. Both log the probe's
+// energy change too, so the compare timeline shows the energy curve for every mode.
+class DeepCacheDenoiser : public CacheController {
 public:
-    LoggedDenoiser(CacheKind kind, int interval, int branch, int band = 4);
-    std::string name() const override { return kind_ == CacheKind::Off ? "off" : "deepcache"; }
+    DeepCacheDenoiser(int interval, int branch, int band = 4);
+    std::string name() const override { return interval_ == 0 ? "off" : "deepcache"; }
     std::string spec() const override;
     nlohmann::json params_json() const override;
     void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
-    bool last_step_was_full() const override { return inner_->last_step_was_full(); }
+    bool last_step_was_full() const override { return last_full_; }
 
 private:
-    CacheKind kind_;
     int interval_, branch_;
-    std::unique_ptr<DenoiseController> inner_;
+    std::unique_ptr<cache::FixedIntervalPolicy> policy_; // null for "off"
     ShallowProbe probe_;
+    int num_steps_ = 0;
+    bool last_full_ = true;
 };
 
 // "off" | "deepcache:N[,branch=B]" | "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]".

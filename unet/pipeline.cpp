@@ -29,29 +29,6 @@ Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, co
     return unet.forward(x, t, ctx, nullptr, stem);
 }
 
-DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch) : interval_(interval), branch_(branch) {
-    if (interval < 1) throw UsageError("DeepCache interval must be >= 1, got " + std::to_string(interval));
-    if (branch < 0) throw UsageError("DeepCache branch must be >= 0, got " + std::to_string(branch));
-}
-
-void DeepCacheDenoiser::begin(int, int) {
-    cached_ = Tensor();
-    last_full_ = true;
-}
-
-Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
-                                  int step, const Tensor& stem) {
-    last_full_ = step % interval_ == 0 || !cached_.defined();
-    if (last_full_) {
-        UNetFeatures f;
-        f.cache_branch = branch_;
-        auto out = unet.forward(x, t, ctx, &f, stem);
-        cached_ = f.cache_feature;
-        return out;
-    }
-    return unet.forward_shallow(x, t, ctx, branch_, cached_, stem);
-}
-
 Txt2ImgPipeline::Txt2ImgPipeline(SDModels& models) : m_(models) {
     if (!m_.unet || !m_.vae || !m_.text_encoder) throw Error("txt2img needs the UNet, the VAE and the text encoder");
 }

@@ -65,24 +65,6 @@ public:
                           const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
 };
 
-// DeepCache (Ma et al. 2023, uniform skip mode): step i is full when i % interval == 0 and stores the feature entering
-// the up layer of skip `branch`; other steps run UNet2DConditionModelImpl::forward_shallow with that feature.
-class DeepCacheDenoiser : public DenoiseController {
-public:
-    DeepCacheDenoiser(int interval, int branch);
-    std::string name() const override { return "deepcache"; }
-    void begin(int num_steps, int images) override;
-    torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
-    bool last_step_was_full() const override { return last_full_; }
-    const torch::Tensor& cached_feature() const { return cached_; }
-
-private:
-    int interval_, branch_;
-    torch::Tensor cached_;
-    bool last_full_ = true;
-};
-
 // Everything a step produced (for golden checks and debugging).
 struct StepRecord {
     int index = 0;
