@@ -5,6 +5,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/json_file.h"
+#include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
 
 #include <filesystem>
@@ -328,69 +329,44 @@ VaeConfig detect_ldm_vae_config(const WeightMap& w) {
     return detect_vae_config(w, "encoder.down.", ".block.");
 }
 
-std::string component_weights_path(const std::string& dir) {
-    fs::path d(dir);
-    if (!fs::is_directory(d)) throw Error("model folder '" + dir + "' does not exist");
-    for (const char* base : {"diffusion_pytorch_model", "model"}) {
-        for (const char* variant : {"", ".fp16"}) {
-            const std::string b = std::string(base) + variant;
-            if (fs::exists(d / (b + ".safetensors.index.json"))) return (d / (b + ".safetensors.index.json")).string();
-            if (fs::exists(d / (b + ".safetensors"))) return (d / (b + ".safetensors")).string();
-        }
-    }
-    std::vector<fs::path> found;
-    for (const auto& e : fs::directory_iterator(d))
-        if (e.path().extension() == ".safetensors") found.push_back(e.path());
-    if (found.size() == 1) return found[0].string();
-    bool has_bin = false;
-    for (const auto& e : fs::directory_iterator(d))
-        if (e.path().extension() == ".bin" || e.path().extension() == ".ckpt") has_bin = true;
-    throw Error("no safetensors weights in '" + dir + "'" +
-                (has_bin ? " (only pickle .bin/.ckpt files, which are not read: convert them to safetensors)" : "") +
-                (found.size() > 1 ? " (several unrelated .safetensors files)" : ""));
-}
-
-UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype) {
-    auto w = WeightMap::load(component_weights_path(dir));
-    auto cfg_path = fs::path(dir) / "config.json";
-    UNetConfig cfg =
-        fs::exists(cfg_path) ? UNetConfig::from_json_file(cfg_path.string()) : UNetConfig::detect_from_weights(w);
-    UNet2DConditionModel m(cfg);
+namespace {
+// A component folder: its weights and its config.json (or the config its shapes give).
+template <typename Model, typename Config> Model load_component(const ModelSource& src, torch::ScalarType dtype) {
+    auto w = src.load_weights();
+    Config cfg = src.config_file.empty() ? Config::detect_from_weights(w) : Config::from_json_file(src.config_file);
+    Model m(cfg);
     m->load(w);
     return finish(m, dtype);
+}
+ModelSource component_source(const std::string& dir) {
+    if (!fs::is_directory(dir)) throw Error("model folder '" + dir + "' does not exist");
+    return resolve_model(dir, {nullptr, "model component"});
+}
+} // namespace
+
+UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype) {
+    return load_component<UNet2DConditionModel, UNetConfig>(component_source(dir), dtype);
 }
 
 AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype) {
-    auto w = WeightMap::load(component_weights_path(dir));
-    auto cfg_path = fs::path(dir) / "config.json";
-    VaeConfig cfg =
-        fs::exists(cfg_path) ? VaeConfig::from_json_file(cfg_path.string()) : VaeConfig::detect_from_weights(w);
-    AutoencoderKL m(cfg);
-    m->load(w);
-    return finish(m, dtype);
+    return load_component<AutoencoderKL, VaeConfig>(component_source(dir), dtype);
 }
 
 ClipTextModel load_text_encoder_folder(const std::string& dir, torch::ScalarType dtype) {
-    auto w = WeightMap::load(component_weights_path(dir));
-    auto cfg_path = fs::path(dir) / "config.json";
-    ClipTextConfig cfg = fs::exists(cfg_path) ? ClipTextConfig::from_json_file(cfg_path.string())
-                                              : ClipTextConfig::detect_from_weights(w);
-    ClipTextModel m(cfg);
-    m->load(w);
-    return finish(m, dtype);
+    return load_component<ClipTextModel, ClipTextConfig>(component_source(dir), dtype);
 }
 
 namespace {
 
-SDModels load_diffusers(const fs::path& root, const LoadOptions& o) {
+SDModels load_diffusers(const ModelSource& src, const LoadOptions& o) {
     SDModels m;
     m.layout = "diffusers";
-    for (const char* sub : {"unet", "vae", "text_encoder"})
-        if (!fs::is_directory(root / sub))
-            throw Error("diffusers folder '" + root.string() + "' has no '" + sub + "/' subfolder");
-    if (o.text_encoder) m.text_encoder = load_text_encoder_folder((root / "text_encoder").string(), o.dtype);
-    if (o.unet) m.unet = load_unet_folder((root / "unet").string(), o.dtype);
-    if (o.vae) m.vae = load_vae_folder((root / "vae").string(), o.dtype);
+    const fs::path root(src.path);
+    for (const char* sub : {"unet", "vae", "text_encoder"}) (void)src.component(sub);
+    if (o.text_encoder)
+        m.text_encoder = load_component<ClipTextModel, ClipTextConfig>(src.component("text_encoder"), o.dtype);
+    if (o.unet) m.unet = load_component<UNet2DConditionModel, UNetConfig>(src.component("unet"), o.dtype);
+    if (o.vae) m.vae = load_component<AutoencoderKL, VaeConfig>(src.component("vae"), o.dtype);
     bool sd2 = false;
     if (m.text_encoder)
         sd2 = m.text_encoder->config().hidden_size == 1024;
@@ -398,15 +374,15 @@ SDModels load_diffusers(const fs::path& root, const LoadOptions& o) {
         sd2 = m.unet->config().cross_attention_dim == 1024;
     m.family = sd2 ? "sd2" : "sd1";
     m.tokenizer = tokenizer_for((root / "tokenizer").string(), sd2);
-    auto sched = root / "scheduler" / "scheduler_config.json";
-    if (fs::exists(sched)) m.scheduler_config_path = sched.string();
+    m.scheduler_config_path = src.file("scheduler_config");
     return m;
 }
 
-SDModels load_single_file(const std::string& path, const LoadOptions& o) {
+SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
     SDModels m;
     m.layout = "single-file";
-    auto file = WeightMap::load(path);
+    const std::string& path = src.path;
+    auto file = src.load_weights();
     std::vector<std::string> missing;
     std::set<std::string> used;
     const std::string up = "model.diffusion_model.", vp = "first_stage_model.";
@@ -496,24 +472,20 @@ SDModels load_single_file(const std::string& path, const LoadOptions& o) {
 
 SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
     fs::path p(path);
-    if (!fs::exists(p)) throw Error("model '" + path + "' does not exist");
-    SDModels m;
-    if (fs::is_directory(p)) {
-        if (fs::exists(p / "model_index.json") || fs::is_directory(p / "unet")) {
-            m = load_diffusers(p, opts);
-        } else {
-            std::vector<fs::path> files;
-            for (const auto& e : fs::directory_iterator(p))
-                if (e.path().extension() == ".safetensors") files.push_back(e.path());
-            if (files.size() != 1)
-                throw Error("'" + path +
-                            "' is neither a diffusers folder (model_index.json, unet/, vae/, "
-                            "text_encoder/) nor a folder with exactly one single-file checkpoint");
-            m = load_single_file(files[0].string(), opts);
-        }
-    } else {
-        m = load_single_file(path, opts);
+    // A folder holding exactly one single-file checkpoint is that checkpoint.
+    std::string target = path;
+    if (fs::is_directory(p) && !fs::exists(p / "model_index.json") && !fs::is_directory(p / "unet")) {
+        std::vector<fs::path> files;
+        for (const auto& e : fs::directory_iterator(p))
+            if (e.path().extension() == ".safetensors") files.push_back(e.path());
+        if (files.size() != 1)
+            throw Error("'" + path +
+                        "' is neither a diffusers folder (model_index.json, unet/, vae/, "
+                        "text_encoder/) nor a folder with exactly one single-file checkpoint");
+        target = files[0].string();
     }
+    const ModelSource src = resolve_model(target, {nullptr, "Stable Diffusion model"});
+    SDModels m = src.layout == ModelLayout::DiffusersPipeline ? load_diffusers(src, opts) : load_single_file(src, opts);
     m.source = path;
     m.attention = opts.attention ? *opts.attention
                                  : (fs::is_directory(p) ? read_model_hints(path).attention : std::nullopt)

@@ -73,7 +73,5 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts = {});
 UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
 AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
 ClipTextModel load_text_encoder_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
-// The weights file(s) of a component folder (what WeightMap::load should read).
-std::string component_weights_path(const std::string& dir);
 
 } // namespace anchor::unet

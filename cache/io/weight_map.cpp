@@ -1,5 +1,7 @@
 #include "cache/io/weight_map.h"
 
+#include "cache/io/model_source.h"
+
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 
@@ -39,71 +41,49 @@ std::string list_names(const std::vector<std::string>& names, size_t max_show = 
 } // namespace
 
 WeightMap WeightMap::load(const std::string& path) {
+    return resolve_model(path, {nullptr, "weights"}).load_weights();
+}
+
+WeightMap WeightMap::load_index(const std::string& index) {
     WeightMap wm;
-    std::error_code ec;
-    if (!fs::exists(path, ec)) throw Error("weights '" + path + "' do not exist");
-    std::vector<std::string> files;
-    std::string index;
-    if (fs::is_directory(path, ec)) {
-        std::vector<std::string> loose, indexes;
-        for (const auto& e : fs::directory_iterator(path)) {
-            const std::string p = e.path().string();
-            if (ends_with(p, ".safetensors.index.json"))
-                indexes.push_back(p);
-            else if (ends_with(p, ".safetensors"))
-                loose.push_back(p);
-        }
-        std::sort(loose.begin(), loose.end());
-        std::sort(indexes.begin(), indexes.end());
-        if (indexes.size() > 1)
-            throw Error("directory '" + path + "' holds several *.safetensors.index.json files; name one");
-        if (!indexes.empty())
-            index = indexes[0];
-        else if (loose.empty())
-            throw Error("directory '" + path + "' holds no .safetensors file");
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(read_text(index));
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("sharded checkpoint index '" + index + "': invalid JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw Error("sharded checkpoint index '" + index + "' has no \"weight_map\" object");
+    std::set<std::string> shards;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        if (!it.value().is_string())
+            throw Error("sharded checkpoint index '" + index + "': shard of '" + it.key() + "' is not a string");
+        shards.insert(it.value().get<std::string>());
+    }
+    fs::path dir = fs::path(index).parent_path();
+    std::map<std::string, std::shared_ptr<SafeTensorsFile>> opened;
+    for (const auto& s : shards) {
+        if (s.find("..") != std::string::npos || (!s.empty() && s[0] == '/'))
+            throw Error("sharded checkpoint index '" + index + "': shard name '" + s + "' leaves the folder");
+        opened[s] = SafeTensorsFile::open((dir / s).string());
+        wm.files_.push_back(opened[s]);
+    }
+    std::vector<std::string> absent;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        auto& f = opened[it.value().get<std::string>()];
+        if (!f->has(it.key()))
+            absent.push_back(it.key() + " (expected in " + f->path() + ")");
         else
-            files = loose;
-    } else if (ends_with(path, ".index.json")) {
-        index = path;
-    } else {
-        files.push_back(path);
+            wm.insert(it.key(), f->tensor(it.key()), f->path());
     }
-    if (!index.empty()) {
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(read_text(index));
-        } catch (const nlohmann::json::exception& e) {
-            throw Error("sharded checkpoint index '" + index + "': invalid JSON: " + e.what());
-        }
-        if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-            throw Error("sharded checkpoint index '" + index + "' has no \"weight_map\" object");
-        std::set<std::string> shards;
-        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-            if (!it.value().is_string())
-                throw Error("sharded checkpoint index '" + index + "': shard of '" + it.key() + "' is not a string");
-            shards.insert(it.value().get<std::string>());
-        }
-        fs::path dir = fs::path(index).parent_path();
-        std::map<std::string, std::shared_ptr<SafeTensorsFile>> opened;
-        for (const auto& s : shards) {
-            if (s.find("..") != std::string::npos || (!s.empty() && s[0] == '/'))
-                throw Error("sharded checkpoint index '" + index + "': shard name '" + s + "' leaves the folder");
-            opened[s] = SafeTensorsFile::open((dir / s).string());
-            wm.files_.push_back(opened[s]);
-        }
-        std::vector<std::string> absent;
-        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-            auto& f = opened[it.value().get<std::string>()];
-            if (!f->has(it.key()))
-                absent.push_back(it.key() + " (expected in " + f->path() + ")");
-            else
-                wm.insert(it.key(), f->tensor(it.key()), f->path());
-        }
-        if (!absent.empty())
-            throw Error("sharded checkpoint index '" + index + "' names " + std::to_string(absent.size()) +
-                        " tensors missing from their shards:" + list_names(absent));
-        return wm;
-    }
+    if (!absent.empty())
+        throw Error("sharded checkpoint index '" + index + "' names " + std::to_string(absent.size()) +
+                    " tensors missing from their shards:" + list_names(absent));
+    return wm;
+}
+
+WeightMap WeightMap::load_files(const std::vector<std::string>& files) {
+    WeightMap wm;
     for (const auto& f : files) {
         auto st = SafeTensorsFile::open(f);
         wm.files_.push_back(st);

@@ -20,9 +20,13 @@ class WeightMap {
 public:
     WeightMap() = default;
 
-    // `path`: a .safetensors file, a *.safetensors.index.json, or a directory holding exactly one of those (an index
-    // is preferred; several loose .safetensors files are all read). Throws anchor::Error naming the file.
+    // `path`: anything resolve_model (cache/io/model_source.h) understands: a .safetensors file, a
+    // *.safetensors.index.json, a diffusers component folder, a folder of weights. Throws anchor::Error naming the file.
     static WeightMap load(const std::string& path);
+    // The tensors of these safetensors files (a name in two files is an error).
+    static WeightMap load_files(const std::vector<std::string>& files);
+    // The tensors a sharded checkpoint's index names, each from its shard (every absent one reported at once).
+    static WeightMap load_index(const std::string& index);
 
     // Adds a tensor under `name` (the source is recorded for error messages).
     void insert(const std::string& name, torch::Tensor t, const std::string& source = "<memory>");
