@@ -148,7 +148,7 @@ int run(const Options& o) {
     SDModels models = load_sd_models(o.model, lo);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded %s (%s, %s, %s attention) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
-                 models.family.c_str(), enum_name(kernels::attention_kernel_table(), models.attention).c_str(),
+                 enum_name(sd_family_table(), models.family).c_str(), enum_name(kernels::attention_kernel_table(), models.attention).c_str(),
                  fmt_s(load_s).c_str(), models.unet->config().describe().c_str());
 
     Txt2ImgPipeline pipe(models);
@@ -221,7 +221,7 @@ int run(const Options& o) {
             j["version"] = ANCHOR_VERSION;
             j["model"] = o.model;
             j["model_layout"] = models.layout;
-            j["model_family"] = models.family;
+            j["model_family"] = enum_name(sd_family_table(), models.family);
             j["prompt"] = p.prompts[size_t(i / p.images_per_prompt)];
             j["negative_prompt"] = o.negative;
             j["cfg_scale"] = o.cfg_scale;

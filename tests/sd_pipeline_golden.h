@@ -89,7 +89,7 @@ inline unet::SDModels load_run_models(const std::filesystem::path& dir, const nl
     fs::path vocab = root / "vocab" / "bpe_simple_vocab_16e6.txt.gz";
     m.tokenizer =
         fs::exists(vocab) ? unet::ClipTokenizer::from_bpe_file(vocab.string()) : unet::ClipTokenizer::bundled();
-    m.family = "sd1";
+    m.family = unet::SdFamily::SD1;
     return m;
 }
 

@@ -205,7 +205,7 @@ TEST_CASE("VAE decode and encode match golden outputs and features", "[sd][vae]"
 TEST_CASE("single-file checkpoint gives the same outputs as the diffusers folders", "[sd][single_file]") {
     auto m = load_sd_models(test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"));
     CHECK(m.layout == "single-file");
-    CHECK(m.family == "sd1");
+    CHECK(m.family == unet::SdFamily::SD1);
     CHECK(m.vae_scale_factor() == 2);
     auto unet = load_unet_folder(test::golden("sd/unet_sd15_tiny"));
     auto vae = load_vae_folder(test::golden("sd/vae_tiny"));
@@ -395,7 +395,7 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
     auto dir = test::scratch_dir("sd2_single_file");
     save_safetensors(dir + "/sd2_tiny.safetensors", file);
     auto m = load_sd_models(dir + "/sd2_tiny.safetensors");
-    CHECK(m.family == "sd2");
+    CHECK(m.family == unet::SdFamily::SD2);
     CHECK(m.tokenizer.pad_id() == 0);
     CHECK(m.unet->config().use_linear_projection);
     CHECK(m.unet->config().heads == uc.heads);
@@ -452,4 +452,25 @@ TEST_CASE("the attention arithmetic is the model's: exact by default, a model fo
     CHECK_THROWS_WITH(unet::read_model_hints(dir), Catch::Contains("anchorcache.json") && Catch::Contains("fastest"));
     std::ofstream(dir + "/anchorcache.json") << R"({"attention": "exact", "threads": 4})";
     CHECK_THROWS_WITH(unet::read_model_hints(dir), Catch::Contains("threads"));
+}
+
+TEST_CASE("SD family from tensor shapes: one rule for every layout", "[sd][family]") {
+    using unet::SdFamily;
+    using unet::SdShapes;
+    CHECK(unet::sd_family(SdShapes{768, false, 0, 768, false, false, ""}) == SdFamily::SD1);
+    CHECK(unet::sd_family(SdShapes{1024, false, 0, 1024, true, false, ""}) == SdFamily::SD2);
+    CHECK(unet::sd_family(SdShapes{32, true, 0, 32, false, false, ""}) == SdFamily::SD2); // OpenCLIP layout
+    CHECK(unet::sd_family(SdShapes{768, false, 1280, 2048, true, true, "label_emb"}) == SdFamily::SDXL);
+    CHECK(unet::sd_family(SdShapes{0, false, 1280, 1280, true, true, "label_emb"}) == SdFamily::SDXLRefiner);
+    // the golden single files: SD 1.x, and an SDXL one that this build refuses, naming the tensor that showed it
+    auto sd1 = WeightMap::load(test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"));
+    CHECK(unet::sd_family(unet::sd_shapes_of_single_file(sd1)) == SdFamily::SD1);
+    const std::string xl = "/work/shared/golden/sd/sdxl_tiny_single_file/sdxl_tiny_single_file.safetensors";
+    if (std::filesystem::exists(xl)) {
+        auto shapes = unet::sd_shapes_of_single_file(WeightMap::load(xl));
+        CHECK(unet::sd_family(shapes) == SdFamily::SDXL);
+        CHECK_THROWS_WITH(unet::load_sd_models(xl), Catch::Contains("label_emb") && Catch::Contains("sdxl"));
+    }
+    CHECK(unet::default_unet_heads({320, 640, 1280}, false) == std::vector<int>{8, 8, 8});
+    CHECK(unet::default_unet_heads({320, 640, 1280}, true) == std::vector<int>{5, 10, 20});
 }

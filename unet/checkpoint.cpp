@@ -319,9 +319,7 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
     if (cross > 0) c.cross_attention_dim = cross;
     c.use_linear_projection = linear;
     c.mid_block = w.has("middle_block.0.in_layers.0.weight");
-    const bool sd2 = linear || cross == 1024;
-    c.heads.clear();
-    for (int i = 0; i < n; ++i) c.heads.push_back(sd2 ? std::max(1, c.block_out_channels[size_t(i)] / 64) : 8);
+    c.heads = default_unet_heads(c.block_out_channels, linear || cross == 1024);
     return c;
 }
 
@@ -367,12 +365,14 @@ SDModels load_diffusers(const ModelSource& src, const LoadOptions& o) {
         m.text_encoder = load_component<ClipTextModel, ClipTextConfig>(src.component("text_encoder"), o.dtype);
     if (o.unet) m.unet = load_component<UNet2DConditionModel, UNetConfig>(src.component("unet"), o.dtype);
     if (o.vae) m.vae = load_component<AutoencoderKL, VaeConfig>(src.component("vae"), o.dtype);
-    bool sd2 = false;
-    if (m.text_encoder)
-        sd2 = m.text_encoder->config().hidden_size == 1024;
-    else if (m.unet)
-        sd2 = m.unet->config().cross_attention_dim == 1024;
-    m.family = sd2 ? "sd2" : "sd1";
+    SdShapes shapes;
+    if (m.text_encoder) shapes.text_width = m.text_encoder->config().hidden_size;
+    if (m.unet) {
+        shapes.cross_attention_dim = m.unet->config().cross_attention_dim;
+        shapes.linear_projection = m.unet->config().use_linear_projection;
+    }
+    m.family = sd_family(shapes);
+    const bool sd2 = m.family == SdFamily::SD2;
     m.tokenizer = tokenizer_for((root / "tokenizer").string(), sd2);
     m.scheduler_config_path = src.file("scheduler_config");
     return m;
@@ -388,6 +388,13 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
     const std::string up = "model.diffusion_model.", vp = "first_stage_model.";
     if (!has_prefix(file, up) || !has_prefix(file, vp))
         throw Error("'" + path + "' is not a Stable Diffusion checkpoint: no '" + up + "*' / '" + vp + "*' tensors");
+    const SdShapes shapes = sd_shapes_of_single_file(file);
+    m.family = sd_family(shapes);
+    if (m.family == SdFamily::SDXL || m.family == SdFamily::SDXLRefiner)
+        throw Error("'" + path + "' is an " + enum_name(sd_family_table(), m.family) + " checkpoint (tensor '" +
+                    shapes.added_conditioning_tensor +
+                    "': text/time added conditioning), which this build cannot "
+                    "load yet");
     UNetConfig ucfg = detect_ldm_unet_config(file.with_prefix_stripped(up));
     VaeConfig vcfg = detect_ldm_vae_config(file.with_prefix_stripped(vp));
     WeightMap uw, vw, tw;
@@ -408,9 +415,7 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
             if (n.rfind(vp, 0) == 0) used.insert(n);
     }
     const std::string sd1_text = "cond_stage_model.transformer.", sd2_text = "cond_stage_model.model.";
-    bool sd2 = false;
     if (has_prefix(file, sd2_text)) {
-        sd2 = true;
         auto converted = convert_open_clip(file, sd2_text, used);
         if (o.text_encoder) {
             auto tcfg = ClipTextConfig::detect_from_weights(converted);
@@ -425,8 +430,6 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         if (!nested) text = text.renamed([](const std::string& n) { return "text_model." + n; });
         for (const auto& [n, t] : file.all())
             if (n.rfind(sd1_text, 0) == 0) used.insert(n);
-        sd2 = text.has("text_model.embeddings.token_embedding.weight") &&
-              text.shape("text_model.embeddings.token_embedding.weight")[1] == 1024;
         if (o.text_encoder) {
             m.text_encoder = ClipTextModel(ClipTextConfig::detect_from_weights(text));
             tw = text;
@@ -435,7 +438,6 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         missing.push_back("text encoder: no 'cond_stage_model.transformer.*' (SD 1.x) or 'cond_stage_model.model.*' "
                           "(SD 2.x) tensors");
     }
-    sd2 = sd2 || ucfg.cross_attention_dim == 1024 || ucfg.use_linear_projection;
     // Tensors of the three prefixes that nothing consumed are reported (other top-level entries such as
     // model_ema.*, betas or alphas_cumprod belong to training and are ignored).
     std::vector<std::string> unexpected;
@@ -463,8 +465,7 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         m.text_encoder->load(tw);
         m.text_encoder = finish(m.text_encoder, o.dtype);
     }
-    m.family = sd2 ? "sd2" : "sd1";
-    m.tokenizer = tokenizer_for("", sd2);
+    m.tokenizer = tokenizer_for("", m.family == SdFamily::SD2);
     return m;
 }
 

@@ -7,6 +7,7 @@
 #include "unet/clip_text.h"
 #include "unet/clip_tokenizer.h"
 #include "unet/unet_model.h"
+#include "unet/sd_family.h"
 #include "unet/vae.h"
 
 #include <torch/torch.h>
@@ -54,7 +55,7 @@ ModelHints read_model_hints(const std::string& model_dir);
 struct SDModels {
     std::string source; // the path given
     std::string layout; // "diffusers" | "single-file"
-    std::string family; // "sd1" | "sd2" (from tensor shapes: text width 1024 / OpenCLIP layout -> sd2)
+    SdFamily family = SdFamily::SD1; // from tensor shapes only (unet/sd_family.h)
     ClipTokenizer tokenizer;
     ClipTextModel text_encoder{nullptr};
     UNet2DConditionModel unet{nullptr};

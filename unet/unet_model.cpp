@@ -6,6 +6,7 @@
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
+#include "unet/sd_family.h"
 #include "unet/unet_perf.h"
 
 #include <nlohmann/json.hpp>
@@ -359,9 +360,7 @@ UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
     if (cross > 0) c.cross_attention_dim = cross;
     c.use_linear_projection = linear;
     c.mid_block = w.has("mid_block.resnets.0.conv1.weight");
-    c.heads.clear();
-    const bool sd2 = linear || cross == 1024;
-    for (size_t i = 0; i < n; ++i) c.heads.push_back(sd2 ? std::max(1, c.block_out_channels[i] / 64) : 8);
+    c.heads = default_unet_heads(c.block_out_channels, linear || cross == 1024);
     return c;
 }
 
