@@ -465,7 +465,8 @@ TEST_CASE("SD family from tensor shapes: one rule for every layout", "[sd][famil
     // the golden single files: SD 1.x, and an SDXL one that this build refuses, naming the tensor that showed it
     auto sd1 = WeightMap::load(test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"));
     CHECK(unet::sd_family(unet::sd_shapes_of_single_file(sd1)) == SdFamily::SD1);
-    const std::string xl = "/work/shared/golden/sd/sdxl_tiny_single_file/sdxl_tiny_single_file.safetensors";
+    const std::string xl =
+        std::string(ANCHOR_SOURCE_DIR) + "/../shared/golden/sd/sdxl_tiny_single_file/sdxl_tiny_single_file.safetensors";
     if (std::filesystem::exists(xl)) {
         auto shapes = unet::sd_shapes_of_single_file(WeightMap::load(xl));
         CHECK(unet::sd_family(shapes) == SdFamily::SDXL);

@@ -6,8 +6,9 @@
 
 #include "unet/clip_text.h"
 #include "unet/clip_tokenizer.h"
-#include "unet/unet_model.h"
+#include "unet/name_conversion.h"
 #include "unet/sd_family.h"
+#include "unet/unet_model.h"
 #include "unet/vae.h"
 
 #include <torch/torch.h>
@@ -20,19 +21,6 @@ class WeightMap;
 }
 
 namespace anchor::unet {
-
-enum class Component { Unet, Vae, TextEncoder };
-
-// The original-layout (CompVis/LDM, single-file) name of a diffusers tensor name of `component`, for a model with the
-// given layout; the text encoder uses the SD 1.x layout (`cond_stage_model.transformer.` + HF name). Throws for
-// names the table does not know.
-std::string ldm_name(Component component, const std::string& diffusers_name, const UNetConfig& unet,
-                     const VaeConfig& vae);
-
-// Configs from original-layout tensor shapes (names without the `model.diffusion_model.` / `first_stage_model.`
-// prefixes).
-UNetConfig detect_ldm_unet_config(const WeightMap& ldm_unet);
-VaeConfig detect_ldm_vae_config(const WeightMap& ldm_vae);
 
 struct LoadOptions {
     torch::ScalarType dtype = torch::kFloat; // compute dtype; fp16/bf16 files are converted at load
@@ -53,8 +41,8 @@ struct ModelHints {
 ModelHints read_model_hints(const std::string& model_dir);
 
 struct SDModels {
-    std::string source; // the path given
-    std::string layout; // "diffusers" | "single-file"
+    std::string source;              // the path given
+    std::string layout;              // "diffusers" | "single-file"
     SdFamily family = SdFamily::SD1; // from tensor shapes only (unet/sd_family.h)
     ClipTokenizer tokenizer;
     ClipTextModel text_encoder{nullptr};
