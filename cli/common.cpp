@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -67,6 +68,8 @@ std::string runtime_info(const std::string& program) {
 }
 
 void add_common_options(CLI::App& app, int& threads, const std::string& program) {
+    // Every program's outputs refuse to replace files unless --overwrite is given (cache/io/atomic_file.h).
+    bind_field("overwrite", "--overwrite");
     app.add_option("-t,--threads", threads, "Intra-op threads (default: all cores)")->check(CLI::NonNegativeNumber);
     app.add_flag_callback(
         "--version",
@@ -78,10 +81,30 @@ void add_common_options(CLI::App& app, int& threads, const std::string& program)
         "Print versions, BLAS in use, threads and CUDA status, then exit");
 }
 
+namespace {
+std::map<std::string, std::string>& field_options() {
+    static std::map<std::string, std::string> m;
+    return m;
+}
+} // namespace
+
+void bind_field(const std::string& field, const std::string& option) {
+    field_options()[field] = option;
+}
+
+std::string option_of_field(const std::string& field) {
+    auto it = field_options().find(field);
+    return it == field_options().end() ? std::string() : it->second;
+}
+
 int run_program(const std::function<int()>& body) {
     install_interrupt_cleanup();
     try {
         return body();
+    } catch (const ParamError& e) {
+        const std::string opt = option_of_field(e.field());
+        std::cerr << "error: " << (opt.empty() ? e.field() : opt) << ": " << e.detail() << "\n";
+        return 2;
     } catch (const UsageError& e) {
         std::cerr << "error: " << e.what() << "\n";
         return 2;

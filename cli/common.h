@@ -24,9 +24,14 @@ int configure_threads(int n);
 // Adds --threads and --version to `app`; `threads` receives the option value (default 0 = all cores).
 void add_common_options(CLI::App& app, int& threads, const std::string& program);
 
-// Runs `body` and maps exceptions to exit codes: UsageError and CLI parse errors 2, other errors 1; prints
-// "error: ..." on stderr.
+// Runs `body` and maps exceptions to exit codes: UsageError, ParamError (a library parameter, reported under the
+// option bound to its field, see bind_field) and CLI parse errors 2, other errors 1; prints "error: ..." on stderr.
 int run_program(const std::function<int()>& body);
+
+// Library parameters are named by their params struct field; the option tables say which option sets which field,
+// so an error about field "steps" reads "--steps: must be >= 1, got 0".
+void bind_field(const std::string& field, const std::string& option);
+std::string option_of_field(const std::string& field); // "" when none is bound
 
 // app.parse with the programs' conventions: returns -1 to go on, or the exit code after --help/--version (0);
 // parse errors throw UsageError (exit 2 through run_program).

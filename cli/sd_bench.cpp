@@ -7,7 +7,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
-#include "cli/bench_util.h"
+#include "cache/util/bench.h"
 #include "cli/enum_option.h"
 #include "cli/common.h"
 #include "unet/unet_macs.h"
@@ -41,7 +41,7 @@ std::string shallow_profile_path(const std::string& profile) {
 }
 
 using unet::UNetConfig;
-using namespace bench;
+using namespace util;
 
 struct BenchOptions {
     int width = 256, height = 256;
@@ -270,24 +270,6 @@ void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::f
     auto o = std::make_shared<BenchOptions>();
     add_options(*cmd, *o);
     runners.emplace_back(cmd, [o]() { return run_bench(*o); });
-}
-
-int sd_bench_main(int argc, char** argv) {
-    return run_program([&]() -> int {
-        CLI::App app{"anchor-sd subcommands (bench, bench-cache, train-*, eval-fashion)"};
-        int threads = 0;
-        add_common_options(app, threads, "anchor-sd");
-        std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
-        add_sd_bench_command(app, runners);
-        add_sd_bench_cache_command(app, runners);
-        add_sd_train_commands(app, runners);
-        app.require_subcommand(1);
-        if (const int rc = parse_command_line(app, argc, argv); rc >= 0) return rc;
-        configure_threads(threads);
-        for (auto& [sub, run] : runners)
-            if (sub->parsed()) return run();
-        return 2;
-    });
 }
 
 } // namespace anchor::cli

@@ -15,8 +15,4 @@ namespace anchor::cli {
 // the subcommand that was parsed (runner returns the exit code).
 void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
 
-// Self-contained entry for `anchor-sd bench ...` (argv[1] == "bench"): its own top-level app with --threads and
-// --version plus the bench subcommand; errors map to exit codes like run_program.
-int sd_bench_main(int argc, char** argv);
-
 } // namespace anchor::cli

@@ -12,7 +12,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/metrics.h"
-#include "cli/bench_util.h"
+#include "cache/util/bench.h"
 #include "cli/common.h"
 #include "unet/checkpoint.h"
 #include "unet/freq_cache.h"
@@ -33,7 +33,7 @@ namespace anchor::cli {
 
 namespace {
 
-using namespace bench;
+using namespace util;
 
 struct Options {
     std::string model, prompts = "assets/prompts/sd_bench.txt",

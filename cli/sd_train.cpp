@@ -6,7 +6,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/metrics.h"
-#include "cli/bench_util.h"
+#include "cache/util/bench.h"
 #include "cli/common.h"
 #include "cli/loss_plot.h"
 #include "unet/checkpoint.h"
@@ -32,7 +32,7 @@ namespace anchor::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using namespace bench;
+using namespace util;
 using unet::train::TrainOptions;
 
 void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, double lr) {

@@ -211,7 +211,7 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
         {"eval-fashion does not replace earlier results without --overwrite",
          "sd",
          {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--modes", "off,freq", "-o", work + "/eval_done"},
-         1,
+         2, // a usage error, as for anchor-sd's own outputs: the user must ask for --overwrite
          {"eval_done/cache_eval.json", "already exists", "--overwrite"}},
         {"eval-fashion with one mode listed twice",
          "sd",

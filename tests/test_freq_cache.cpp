@@ -29,7 +29,7 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
 }
 
-TEST_CASE("cache mode parsing: malformed forms are usage errors listing the valid forms", "[freq]") {
+TEST_CASE("cache mode parsing: malformed forms are errors of the cache field listing the valid forms", "[freq]") {
     for (const char* bad : {"", "on", "deepcache", "deepcache:", "deepcache:0", "deepcache:x", "deepcache:3,foo=1",
                             "deepcache:3,branch=-1", "off:1", "freq:", "freq:tau", "freq:tau=abc", "freq:max=-1",
                             "freq:band=0", "freq:thr=0", "freq:extrapolate=2", "freq:speed=3", "freq:tau=nan"}) {
@@ -37,7 +37,8 @@ TEST_CASE("cache mode parsing: malformed forms are usage errors listing the vali
         try {
             parse_cache_mode(bad);
             FAIL("accepted");
-        } catch (const UsageError& e) {
+        } catch (const ParamError& e) {
+            CHECK(e.field() == "cache");
             const std::string m = e.what();
             CHECK(m.find("deepcache:N[,branch=B]") != std::string::npos);
             CHECK(m.find("freq[:tau=") != std::string::npos);

@@ -145,7 +145,7 @@ TEST_CASE("anchor-text gpt2 train/ppl: usage errors exit 2, ppl writes its table
     CHECK(j["runs"][1]["kv"] == "window:16");
     CHECK(j["runs"][2]["ppl"].get<double>() > 1.0);
     CHECK(j["tokens"] == 80);
-    // The report is not replaced without --overwrite.
+    // The report is not replaced without --overwrite (a usage error: exit 2).
     r = test::run_program(test::text_bin(), args);
-    CHECK(r.exit_code == 1);
+    CHECK(r.exit_code == 2);
 }

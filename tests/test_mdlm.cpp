@@ -327,7 +327,7 @@ TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]")
     so.steps = 7;
     so.block_length = 300; // 4 blocks do not divide 7 steps
     CHECK_THROWS_AS(sample(den, so), UsageError);
-    CHECK_THROWS_AS(unmask_rule_from_string("greedy"), UsageError);
+    CHECK_THROWS_AS(unmask_rule_from_string("greedy"), Error);
 }
 
 TEST_CASE("mdlm cache: anchor sampling reuses work and stays close to off", "[mdlm]") {

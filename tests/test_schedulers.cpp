@@ -110,16 +110,18 @@ TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly"
     SchedulerConfig cfg;
     CHECK(torch::equal(make_betas(cfg), common->tensor("betas")));
     CHECK(torch::equal(make_alphas_cumprod(cfg), common->tensor("alphas_cumprod")));
-    cfg.beta_schedule = "linear";
+    cfg.beta_schedule = BetaSchedule::Linear;
     auto lin = make_betas(cfg);
     CHECK(lin[0].item<float>() == Approx(0.00085f));
     CHECK(lin[999].item<float>() == Approx(0.012f));
-    cfg.beta_schedule = "squaredcos_cap_v2";
+    cfg.beta_schedule = BetaSchedule::SquaredCosCapV2;
     auto cos = make_betas(cfg);
     CHECK(cos.max().item<float>() <= 0.999f);
     CHECK(cos[0].item<float>() > 0.0f);
-    cfg.beta_schedule = "cubic";
-    CHECK_THROWS_AS(make_betas(cfg), UsageError);
+    // an unknown schedule is refused where it is read, naming the file, the field and the choices
+    CHECK_THROWS_WITH(SchedulerConfig::from_json_text(R"({"beta_schedule": "cubic"})", "sched.json"),
+                      Catch::Contains("sched.json") && Catch::Contains("beta_schedule") &&
+                          Catch::Contains("squaredcos_cap_v2"));
 }
 
 TEST_CASE("sampler names drive parsing and errors list the valid names", "[schedulers]") {
@@ -130,15 +132,16 @@ TEST_CASE("sampler names drive parsing and errors list the valid names", "[sched
     }
     try {
         sampler_from_string("heun");
-        FAIL("expected UsageError");
-    } catch (const UsageError& e) {
+        FAIL("expected ParamError");
+    } catch (const ParamError& e) {
+        CHECK(e.field() == "sampler");
         std::string msg = e.what();
         CHECK(msg.find("heun") != std::string::npos);
         CHECK(msg.find("dpmpp_2m_karras") != std::string::npos);
     }
     CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", true) == SamplerKind::DPMPP2MKarras);
     CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", false) == SamplerKind::DPMPP2M);
-    CHECK_THROWS_AS(sampler_from_class_name("HeunDiscreteScheduler"), UsageError);
+    CHECK_THROWS_AS(sampler_from_class_name("HeunDiscreteScheduler"), Error);
 }
 
 TEST_CASE("SchedulerConfig reads diffusers' scheduler_config.json", "[schedulers]") {
@@ -154,8 +157,8 @@ TEST_CASE("SchedulerConfig reads diffusers' scheduler_config.json", "[schedulers
     }
     auto c = SchedulerConfig::from_json_file(path);
     CHECK(c.class_name == "EulerDiscreteScheduler");
-    CHECK(c.prediction_type == "v_prediction");
-    CHECK(c.timestep_spacing == "trailing");
+    CHECK(c.prediction_type == PredictionType::VPrediction);
+    CHECK(c.timestep_spacing == TimestepSpacing::Trailing);
     CHECK(c.use_karras_sigmas);
     CHECK(c.steps_offset == 1);
     CHECK_THROWS_AS(SchedulerConfig::from_json_file(dir + "/missing.json"), Error);
@@ -163,17 +166,17 @@ TEST_CASE("SchedulerConfig reads diffusers' scheduler_config.json", "[schedulers
     CHECK_THROWS_AS(SchedulerConfig::from_json_text("[1, 2"), Error);
     // Missing fields keep SD 1.5's defaults.
     auto d = SchedulerConfig::from_json_text("{}");
-    CHECK(d.beta_schedule == "scaled_linear");
+    CHECK(d.beta_schedule == BetaSchedule::ScaledLinear);
     CHECK(d.steps_offset == 1);
 }
 
 TEST_CASE("timestep spacings follow diffusers' numpy formulas", "[schedulers]") {
     SchedulerConfig cfg;
-    cfg.timestep_spacing = "trailing";
+    cfg.timestep_spacing = TimestepSpacing::Trailing;
     auto ddim = make_scheduler(SamplerKind::DDIM, cfg);
     ddim->set_timesteps(10);
     CHECK(ddim->timesteps() == std::vector<double>{999, 899, 799, 699, 599, 499, 399, 299, 199, 99});
-    cfg.timestep_spacing = "linspace";
+    cfg.timestep_spacing = TimestepSpacing::Linspace;
     auto ddim_l = make_scheduler(SamplerKind::DDIM, cfg);
     ddim_l->set_timesteps(4);
     CHECK(ddim_l->timesteps() == std::vector<double>{999, 666, 333, 0});
@@ -182,9 +185,14 @@ TEST_CASE("timestep spacings follow diffusers' numpy formulas", "[schedulers]") 
     euler->set_timesteps(4);
     CHECK(euler->timesteps()[1] == Approx(666.0));
     CHECK(euler->init_noise_sigma() == Approx(euler->sigmas()[0])); // linspace: sigma_max, not sqrt(s^2 + 1)
-    cfg.timestep_spacing = "bogus";
-    CHECK_THROWS_AS(make_scheduler(SamplerKind::DDIM, cfg)->set_timesteps(10), UsageError);
-    CHECK_THROWS_AS(make_scheduler(SamplerKind::DDIM)->set_timesteps(0), UsageError);
+    CHECK_THROWS_WITH(SchedulerConfig::from_json_text(R"({"timestep_spacing": "bogus"})"),
+                      Catch::Contains("timestep_spacing") && Catch::Contains("linspace"));
+    try {
+        make_scheduler(SamplerKind::DDIM)->set_timesteps(0);
+        FAIL("expected ParamError");
+    } catch (const ParamError& e) {
+        CHECK(e.field() == "steps");
+    }
     CHECK_THROWS_AS(make_scheduler(SamplerKind::DDIM)->step(torch::zeros({1}), 0, torch::zeros({1}), nullptr), Error);
 }
 
@@ -232,7 +240,7 @@ TEST_CASE("v_prediction parameterisation agrees with epsilon", "[schedulers]") {
     // trajectories legitimately differ.)
     for (auto kind : {SamplerKind::DDIM, SamplerKind::Euler, SamplerKind::DPMPP2M, SamplerKind::LMS}) {
         SchedulerConfig ce, cv;
-        cv.prediction_type = "v_prediction";
+        cv.prediction_type = PredictionType::VPrediction;
         auto se = make_scheduler(kind, ce), sv = make_scheduler(kind, cv);
         se->set_timesteps(8);
         sv->set_timesteps(8);

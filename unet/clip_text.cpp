@@ -158,7 +158,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
 
 torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip_skip) {
     if (clip_skip < 0 || clip_skip >= cfg_.num_hidden_layers)
-        throw UsageError("clip skip " + std::to_string(clip_skip) + " out of range for a text encoder with " +
+        throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) + " layers is out of range for a text encoder with " +
                          std::to_string(cfg_.num_hidden_layers) + " layers");
     auto out = forward(input_ids);
     if (clip_skip == 0) return out.last_hidden_state;

@@ -34,7 +34,7 @@ std::string fmt_num(double v) {
 }
 
 [[noreturn]] void bad_mode(const std::string& spec, const std::string& why) {
-    throw UsageError("invalid cache mode '" + spec + "': " + why + "; valid forms:\n" + cache_mode_help());
+    throw ParamError("cache", "invalid cache mode '" + spec + "': " + why + "; valid forms:\n" + cache_mode_help());
 }
 
 double parse_double(const std::string& spec, const std::string& key, const std::string& v) {
@@ -207,11 +207,11 @@ double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const to
 }
 
 FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
-    if (!(p.tau >= 0)) throw UsageError("freq: tau must be >= 0, got " + fmt_num(p.tau));
-    if (!(p.thr > 0)) throw UsageError("freq: thr must be > 0, got " + fmt_num(p.thr));
-    if (p.max_reuse < 0) throw UsageError("freq: max must be >= 0, got " + std::to_string(p.max_reuse));
-    if (p.band < 1) throw UsageError("freq: band must be >= 1, got " + std::to_string(p.band));
-    if (p.branch < 0) throw UsageError("freq: branch must be >= 0, got " + std::to_string(p.branch));
+    if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + fmt_num(p.tau));
+    if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + fmt_num(p.thr));
+    if (p.max_reuse < 0) throw ParamError("cache", "freq: max must be >= 0, got " + std::to_string(p.max_reuse));
+    if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
+    if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
@@ -476,8 +476,8 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
             }
         try {
             return std::make_unique<FreqAnchorDenoiser>(p);
-        } catch (const UsageError& e) {
-            bad_mode(spec, e.what());
+        } catch (const ParamError& e) {
+            bad_mode(spec, e.detail());
         }
     }
     }

@@ -221,7 +221,7 @@ private:
 };
 
 // "off" | "deepcache:N[,branch=B]" | "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]".
-// Malformed specs throw UsageError listing the valid forms.
+// Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode
 // before them).

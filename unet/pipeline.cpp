@@ -94,27 +94,28 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
 void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
-    if (p.steps < 1) throw UsageError("--steps must be >= 1, got " + std::to_string(p.steps));
+    if (p.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p.steps));
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
-        throw UsageError("width and height must be positive multiples of " + std::to_string(f) +
+        throw ParamError(p.width <= 0 || p.width % f != 0 ? "width" : "height",
+                         "width and height must be positive multiples of " + std::to_string(f) +
                          " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
                          std::to_string(p.height));
-    if (p.prompts.empty()) throw UsageError("no prompt");
+    if (p.prompts.empty()) throw ParamError("prompts", "no prompt");
     if (p.images_per_prompt < 1)
-        throw UsageError("images_per_prompt must be >= 1, got " + std::to_string(p.images_per_prompt));
+        throw ParamError("images_per_prompt", "must be >= 1, got " + std::to_string(p.images_per_prompt));
     if (p.negative_prompts.size() > 1 && p.negative_prompts.size() != p.prompts.size())
-        throw UsageError("negative_prompts has " + std::to_string(p.negative_prompts.size()) + " entries for " +
+        throw ParamError("negative_prompts", std::to_string(p.negative_prompts.size()) + " entries for " +
                          std::to_string(p.prompts.size()) + " prompts (give one for all, or one per prompt)");
     if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
-        throw UsageError("--cfg-scale must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
+        throw ParamError("guidance_scale", "must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
     // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
     const double need = double(estimate_peak_bytes(p)), avail = double(available_memory_bytes());
     if (avail > 0 && need > avail)
-        throw UsageError("a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image needs about " +
+        throw ParamError("width", "a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image needs about " +
                          fmt_gib(need) + " GiB of memory, this machine has " + fmt_gib(avail) +
-                         " GiB available; choose a smaller --width/--height");
+                         " GiB available; choose a smaller width/height");
     if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
-        throw UsageError("--clip-skip must be in [0, " +
+        throw ParamError("clip_skip", "must be in [0, " +
                          std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
                          std::to_string(p.clip_skip));
 }
@@ -181,9 +182,9 @@ std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
 
 std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int batch_size, int batch_count,
                                    int64_t seed) {
-    if (prompts.empty()) throw UsageError("no prompt");
-    if (batch_size < 1) throw UsageError("batch_size must be >= 1, got " + std::to_string(batch_size));
-    if (batch_count < 1) throw UsageError("batch_count must be >= 1, got " + std::to_string(batch_count));
+    if (prompts.empty()) throw ParamError("prompts", "no prompt");
+    if (batch_size < 1) throw ParamError("batch_size", "must be >= 1, got " + std::to_string(batch_size));
+    if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
     std::vector<BatchJob> jobs;
     int next = 0;
     auto add = [&](std::vector<std::string> group, int per_prompt) {

@@ -94,7 +94,7 @@ public:
 
     // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
     SchedulerConfig scheduler_config() const;
-    // Checks width/height against the VAE factor, steps >= 1 ... (UsageError).
+    // Checks width/height against the VAE factor, steps >= 1 ... (ParamError naming the field).
     // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
     // working maps, the chunked attention buffer, the VAE decoder's widest map. validate() refuses sizes above the
     // machine's available memory with it.

@@ -13,6 +13,7 @@
 
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,27 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
     return table;
 }
 
+const EnumTable<BetaSchedule>& beta_schedule_table() {
+    static const EnumTable<BetaSchedule> t = {{"scaled_linear", BetaSchedule::ScaledLinear},
+                                              {"linear", BetaSchedule::Linear},
+                                              {"squaredcos_cap_v2", BetaSchedule::SquaredCosCapV2}};
+    return t;
+}
+
+const EnumTable<PredictionType>& prediction_type_table() {
+    static const EnumTable<PredictionType> t = {{"epsilon", PredictionType::Epsilon},
+                                                {"v_prediction", PredictionType::VPrediction},
+                                                {"sample", PredictionType::Sample}};
+    return t;
+}
+
+const EnumTable<TimestepSpacing>& timestep_spacing_table() {
+    static const EnumTable<TimestepSpacing> t = {{"leading", TimestepSpacing::Leading},
+                                                 {"trailing", TimestepSpacing::Trailing},
+                                                 {"linspace", TimestepSpacing::Linspace}};
+    return t;
+}
+
 SamplerKind sampler_from_string(const std::string& s) {
     return enum_from_string(sampler_table(), s, "sampler");
 }
@@ -60,9 +82,9 @@ SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigm
     if (cls == "DPMSolverMultistepScheduler")
         return use_karras_sigmas ? SamplerKind::DPMPP2MKarras : SamplerKind::DPMPP2M;
     if (cls == "LMSDiscreteScheduler") return SamplerKind::LMS;
-    throw UsageError("unsupported scheduler class '" + cls +
-                     "' (supported: DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, "
-                     "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, LMSDiscreteScheduler)");
+    throw Error("unsupported scheduler class '" + cls +
+                "' (supported: DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, "
+                "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, LMSDiscreteScheduler)");
 }
 
 SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
@@ -74,39 +96,21 @@ SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
 }
 
 SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const std::string& path) {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text);
-    } catch (const std::exception& e) {
-        throw Error("scheduler config '" + path + "': invalid JSON: " + e.what());
-    }
-    if (!j.is_object()) throw Error("scheduler config '" + path + "': expected a JSON object");
+    const auto j = JsonConfig::parse(text, path);
     SchedulerConfig c;
-    auto get = [&](const char* key, auto& field) {
-        auto it = j.find(key);
-        if (it == j.end() || it->is_null()) return;
-        try {
-            it->get_to(field);
-        } catch (const std::exception& e) {
-            throw Error("scheduler config '" + path + "': field '" + key + "' has the wrong type: " + e.what());
-        }
-    };
-    get("num_train_timesteps", c.num_train_timesteps);
-    get("beta_start", c.beta_start);
-    get("beta_end", c.beta_end);
-    get("beta_schedule", c.beta_schedule);
-    get("steps_offset", c.steps_offset);
-    get("set_alpha_to_one", c.set_alpha_to_one);
-    get("clip_sample", c.clip_sample);
-    get("prediction_type", c.prediction_type);
-    get("timestep_spacing", c.timestep_spacing);
-    get("_class_name", c.class_name);
-    get("use_karras_sigmas", c.use_karras_sigmas);
-    if (j.contains("trained_betas") && !j["trained_betas"].is_null())
-        throw Error("scheduler config '" + path + "': trained_betas is not supported");
-    if (c.num_train_timesteps < 2)
-        throw Error("scheduler config '" + path + "': num_train_timesteps must be >= 2, got " +
-                    std::to_string(c.num_train_timesteps));
+    c.num_train_timesteps = j.get_int("num_train_timesteps", c.num_train_timesteps);
+    c.beta_start = j.get_double("beta_start", c.beta_start);
+    c.beta_end = j.get_double("beta_end", c.beta_end);
+    c.beta_schedule = j.get_enum("beta_schedule", beta_schedule_table(), c.beta_schedule);
+    c.steps_offset = j.get_int("steps_offset", c.steps_offset);
+    c.set_alpha_to_one = j.get_bool("set_alpha_to_one", c.set_alpha_to_one);
+    c.clip_sample = j.get_bool("clip_sample", c.clip_sample);
+    c.prediction_type = j.get_enum("prediction_type", prediction_type_table(), c.prediction_type);
+    c.timestep_spacing = j.get_enum("timestep_spacing", timestep_spacing_table(), c.timestep_spacing);
+    c.class_name = j.get_string("_class_name", c.class_name);
+    c.use_karras_sigmas = j.get_bool("use_karras_sigmas", c.use_karras_sigmas);
+    j.reject("trained_betas", "the betas come from beta_schedule");
+    if (c.num_train_timesteps < 2) j.fail("num_train_timesteps", "must be >= 2", j.json().at("num_train_timesteps"));
     return c;
 }
 
@@ -117,10 +121,10 @@ SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const s
 torch::Tensor make_betas(const SchedulerConfig& cfg) {
     const int64_t n = cfg.num_train_timesteps;
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-    if (cfg.beta_schedule == "scaled_linear")
+    if (cfg.beta_schedule == BetaSchedule::ScaledLinear)
         return torch::linspace(std::sqrt(cfg.beta_start), std::sqrt(cfg.beta_end), n, f32).pow(2);
-    if (cfg.beta_schedule == "linear") return torch::linspace(cfg.beta_start, cfg.beta_end, n, f32);
-    if (cfg.beta_schedule == "squaredcos_cap_v2") {
+    if (cfg.beta_schedule == BetaSchedule::Linear) return torch::linspace(cfg.beta_start, cfg.beta_end, n, f32);
+    if (cfg.beta_schedule == BetaSchedule::SquaredCosCapV2) {
         // Improved DDPM (Nichol & Dhariwal 2021) eq. 17: alpha_bar(t) = cos((t + s) / (1 + s) * pi / 2)^2, s = 0.008.
         auto alpha_bar = [](double t) { return std::pow(std::cos((t + 0.008) / 1.008 * M_PI / 2), 2); };
         std::vector<float> b(n);
@@ -130,8 +134,7 @@ torch::Tensor make_betas(const SchedulerConfig& cfg) {
         }
         return torch::tensor(b, f32);
     }
-    throw UsageError("unsupported beta_schedule '" + cfg.beta_schedule +
-                     "' (supported: scaled_linear, linear, squaredcos_cap_v2)");
+    throw Error("unknown beta schedule");
 }
 
 torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg) {
@@ -188,13 +191,12 @@ double np_interp_index(double x, const std::vector<float>& fp) {
 
 void check_num_steps(const SchedulerConfig& cfg, int n, const char* who) {
     if (n < 1 || n > cfg.num_train_timesteps)
-        throw UsageError(std::string(who) + ": num_inference_steps must be in [1, " +
-                         std::to_string(cfg.num_train_timesteps) + "], got " + std::to_string(n));
+        throw ParamError("steps", std::string(who) + ": num_inference_steps must be in [1, " +
+                                      std::to_string(cfg.num_train_timesteps) + "], got " + std::to_string(n));
 }
 
-[[noreturn]] void bad_spacing(const SchedulerConfig& cfg) {
-    throw UsageError("unsupported timestep_spacing '" + cfg.timestep_spacing +
-                     "' (supported: leading, trailing, linspace)");
+[[noreturn]] void bad_spacing(const SchedulerConfig&) {
+    throw Error("unknown timestep spacing"); // the enum has no other value
 }
 
 // Descending discrete timesteps shared by DDIM / PNDM (PNDM keeps them ascending) / Euler / LMS (as float):
@@ -204,12 +206,12 @@ void check_num_steps(const SchedulerConfig& cfg, int n, const char* who) {
 std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rounded_linspace) {
     const int N = cfg.num_train_timesteps;
     std::vector<double> t;
-    if (cfg.timestep_spacing == "leading") {
+    if (cfg.timestep_spacing == TimestepSpacing::Leading) {
         const int ratio = N / n;
         for (int i = n - 1; i >= 0; --i) t.push_back(double(i * ratio + cfg.steps_offset));
-    } else if (cfg.timestep_spacing == "trailing") {
+    } else if (cfg.timestep_spacing == TimestepSpacing::Trailing) {
         for (double v : np_arange_down(N, 0, -double(N) / n)) t.push_back(np_round(v) - 1);
-    } else if (cfg.timestep_spacing == "linspace") {
+    } else if (cfg.timestep_spacing == TimestepSpacing::Linspace) {
         auto v = np_linspace(0, N - 1, n);
         for (int i = n - 1; i >= 0; --i)
             t.push_back(rounded_linspace ? np_round(v[i]) : double(static_cast<float>(v[i])));
@@ -218,9 +220,9 @@ std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rou
     }
     for (double x : t)
         if (x < 0 || x > N - 1)
-            throw UsageError("timestep spacing '" + cfg.timestep_spacing + "' with " + std::to_string(n) +
-                             " steps gives timestep " + std::to_string(x) + " outside [0, " + std::to_string(N - 1) +
-                             "]");
+            throw ParamError("steps", "timestep spacing '" + enum_name(timestep_spacing_table(), cfg.timestep_spacing) +
+                                          "' with " + std::to_string(n) + " steps gives timestep " + std::to_string(x) +
+                                          " outside [0, " + std::to_string(N - 1) + "]");
     return t;
 }
 
@@ -228,32 +230,26 @@ std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rou
 // 2. Parameterisation
 // ================================================================================================================
 
-void check_prediction_type(const SchedulerConfig& cfg) {
-    if (cfg.prediction_type != "epsilon" && cfg.prediction_type != "v_prediction" && cfg.prediction_type != "sample")
-        throw UsageError("unsupported prediction_type '" + cfg.prediction_type +
-                         "' (supported: epsilon, v_prediction, sample)");
-}
-
 struct X0Eps {
     torch::Tensor x0, eps;
 };
 
 // VP form x_t = sqrt(abar) x0 + sqrt(1 - abar) eps (DDPM, Ho et al. 2020 eq. 4); v = sqrt(abar) eps - sqrt(1-abar) x0
 // (Salimans & Ho 2022, sec. 4).
-X0Eps vp_predict(const std::string& type, const torch::Tensor& out, const torch::Tensor& x, float abar) {
+X0Eps vp_predict(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float abar) {
     const float beta = 1.0f - abar;
     const double sa = std::sqrt(abar), sb = std::sqrt(beta);
-    if (type == "epsilon") return {(x - sb * out) / sa, out};
-    if (type == "v_prediction") return {sa * x - sb * out, sa * out + sb * x};
+    if (type == PredictionType::Epsilon) return {(x - sb * out) / sa, out};
+    if (type == PredictionType::VPrediction) return {sa * x - sb * out, sa * out + sb * x};
     auto x0 = out; // "sample"
     return {x0, (x - sa * x0) / sb};
 }
 
 // VE/EDM form x = x0 + sigma eps on the scaled input x / sqrt(sigma^2 + 1) (Karras et al. 2022, table 1).
-torch::Tensor ve_x0(const std::string& type, const torch::Tensor& out, const torch::Tensor& x, float sigma_hat,
+torch::Tensor ve_x0(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float sigma_hat,
                     float sigma) {
-    if (type == "epsilon") return x - double(sigma_hat) * out;
-    if (type == "v_prediction") {
+    if (type == PredictionType::Epsilon) return x - double(sigma_hat) * out;
+    if (type == PredictionType::VPrediction) {
         const float s2p1 = sigma * sigma + 1.0f;
         return out * double(-sigma / std::sqrt(s2p1)) + x / double(s2p1);
     }
@@ -292,7 +288,6 @@ torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen) {
 class SchedulerBase : public Scheduler {
 public:
     SchedulerBase(const SchedulerConfig& cfg, const char* name) : cfg_(cfg), name_(name) {
-        check_prediction_type(cfg_);
         abar_ = to_floats(make_alphas_cumprod(cfg_));
     }
     std::vector<double> timesteps() const override { return ts_; }
@@ -331,7 +326,7 @@ protected:
 class DdimScheduler final : public SchedulerBase {
 public:
     DdimScheduler(const SchedulerConfig& cfg, double eta) : SchedulerBase(cfg, "DDIM"), eta_(eta) {
-        if (eta < 0) throw UsageError("DDIM eta must be >= 0, got " + std::to_string(eta));
+        if (eta < 0) throw ParamError("eta", "DDIM eta must be >= 0, got " + std::to_string(eta));
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
     void set_timesteps(int n) override {
@@ -426,11 +421,11 @@ private:
     torch::Tensor prev_sample_from(const torch::Tensor& x, int64_t t, int64_t prev, torch::Tensor eps) const {
         const float a_t = abar_at(t, final_alpha_), a_prev = abar_at(prev, final_alpha_);
         const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
-        if (cfg_.prediction_type == "v_prediction")
+        if (cfg_.prediction_type == PredictionType::VPrediction)
             eps = double(std::sqrt(a_t)) * eps + double(std::sqrt(b_t)) * x;
-        else if (cfg_.prediction_type != "epsilon")
-            throw UsageError("PNDM supports prediction_type epsilon or v_prediction, not '" + cfg_.prediction_type +
-                             "'");
+        else if (cfg_.prediction_type != PredictionType::Epsilon)
+            throw Error("PNDM supports prediction_type epsilon or v_prediction, not '" +
+                        enum_name(prediction_type_table(), cfg_.prediction_type) + "'");
         const float sample_coeff = std::sqrt(a_prev / a_t);
         const float denom = a_t * std::sqrt(b_prev) + std::sqrt(a_t * b_t * a_prev);
         return double(sample_coeff) * x - double(a_prev - a_t) * eps / double(denom);
@@ -451,7 +446,8 @@ public:
     double init_noise_sigma() const override {
         if (sig_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
         const float m = *std::max_element(sig_.begin(), sig_.end());
-        if (cfg_.timestep_spacing == "linspace" || cfg_.timestep_spacing == "trailing") return m;
+        if (cfg_.timestep_spacing == TimestepSpacing::Linspace || cfg_.timestep_spacing == TimestepSpacing::Trailing)
+            return m;
         return std::sqrt(m * m + 1.0f);
     }
     // x / sqrt(sigma^2 + 1): the VP-normalised input the UNet was trained on.
@@ -587,14 +583,14 @@ public:
         const int N = cfg_.num_train_timesteps;
         const int last = N; // lambda_min_clipped = -inf clips nothing
         std::vector<double> t;
-        if (cfg_.timestep_spacing == "leading") {
+        if (cfg_.timestep_spacing == TimestepSpacing::Leading) {
             // DPM's own 'leading': step_ratio = last // (n + 1), drop the final 0.
             const int ratio = last / (n + 1);
             for (int i = n; i >= 1; --i) t.push_back(double(i * ratio + cfg_.steps_offset));
-        } else if (cfg_.timestep_spacing == "linspace") {
+        } else if (cfg_.timestep_spacing == TimestepSpacing::Linspace) {
             auto v = np_linspace(0, last - 1, n + 1);
             for (int i = n; i >= 1; --i) t.push_back(np_round(v[i]));
-        } else if (cfg_.timestep_spacing == "trailing") {
+        } else if (cfg_.timestep_spacing == TimestepSpacing::Trailing) {
             for (double v : np_arange_down(last, 0, -double(N) / n)) t.push_back(np_round(v) - 1);
         } else {
             bad_spacing(cfg_);
@@ -618,8 +614,8 @@ public:
         } else {
             for (double v : t) {
                 if (v < 0 || v > N - 1)
-                    throw UsageError("DPMSolver++2M: timestep " + std::to_string(v) + " outside [0, " +
-                                     std::to_string(N - 1) + "]");
+                    throw ParamError("steps", "DPMSolver++2M: timestep " + std::to_string(v) + " outside [0, " +
+                                                  std::to_string(N - 1) + "]");
                 sig_.push_back(static_cast<float>(np_interp_index(v, full)));
             }
         }
@@ -668,8 +664,8 @@ private:
     // Data prediction x0 (DPM-Solver++ works on x0, Lu et al. 2022b eq. 9).
     torch::Tensor convert_model_output(const torch::Tensor& out, const torch::Tensor& x, int i) const {
         const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[i]);
-        if (cfg_.prediction_type == "epsilon") return (x - double(sigma) * out) / double(alpha);
-        if (cfg_.prediction_type == "v_prediction") return double(alpha) * x - double(sigma) * out;
+        if (cfg_.prediction_type == PredictionType::Epsilon) return (x - double(sigma) * out) / double(alpha);
+        if (cfg_.prediction_type == PredictionType::VPrediction) return double(alpha) * x - double(sigma) * out;
         return out;
     }
 

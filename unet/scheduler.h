@@ -6,6 +6,8 @@
 // tests/golden/sd/schedulers/README.md), including PNDM's repeated timestep and DPM's own 'leading' spacing.
 #pragma once
 
+#include "cache/io/enum_table.h"
+
 #include <torch/torch.h>
 
 #include <memory>
@@ -19,27 +21,38 @@ enum class SamplerKind { DDIM, PNDM, Euler, EulerAncestral, DPMPP2M, DPMPP2MKarr
 
 // Enum <-> string table that drives CLI parsing and --help: "ddim", "pndm", "euler", "euler_a", "dpmpp_2m",
 // "dpmpp_2m_karras", "lms".
-const std::vector<std::pair<std::string, SamplerKind>>& sampler_table();
-SamplerKind sampler_from_string(const std::string& s); // throws UsageError listing the valid names
+const EnumTable<SamplerKind>& sampler_table();
+SamplerKind sampler_from_string(const std::string& s); // throws ParamError("sampler") listing the valid names
 std::string sampler_name(SamplerKind k);
+
+// The training noise schedule (diffusers' beta_schedule).
+enum class BetaSchedule { ScaledLinear, Linear, SquaredCosCapV2 };
+const EnumTable<BetaSchedule>& beta_schedule_table(); // "scaled_linear", "linear", "squaredcos_cap_v2"
+// What the model predicts (diffusers' prediction_type).
+enum class PredictionType { Epsilon, VPrediction, Sample };
+const EnumTable<PredictionType>& prediction_type_table(); // "epsilon", "v_prediction", "sample"
+// How inference timesteps are spread over the training ones (diffusers' timestep_spacing).
+enum class TimestepSpacing { Leading, Trailing, Linspace };
+const EnumTable<TimestepSpacing>& timestep_spacing_table(); // "leading", "trailing", "linspace"
 
 // The fields of diffusers' scheduler_config.json that matter; defaults are SD 1.5's.
 struct SchedulerConfig {
     int num_train_timesteps = 1000;
     double beta_start = 0.00085;
     double beta_end = 0.012;
-    std::string beta_schedule = "scaled_linear"; // "linear" | "scaled_linear"
+    BetaSchedule beta_schedule = BetaSchedule::ScaledLinear;
     int steps_offset = 1;
     bool set_alpha_to_one = false;
     bool clip_sample = false;
-    std::string prediction_type = "epsilon";  // "epsilon" | "v_prediction"
-    std::string timestep_spacing = "leading"; // "leading" | "trailing" | "linspace"
+    PredictionType prediction_type = PredictionType::Epsilon;
+    TimestepSpacing timestep_spacing = TimestepSpacing::Leading;
     // Additions (not in the original contract): the diffusers class that wrote the file ("" when absent) and the
     // DPM-Solver Karras switch, so a scheduler_config.json alone identifies the sampler (see sampler_from_config).
     std::string class_name;
     bool use_karras_sigmas = false;
 
-    // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults).
+    // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
+    // not know is an anchor::Error naming the file, the field and the choices).
     static SchedulerConfig from_json_file(const std::string& path);
     // Addition: the same from JSON text (`label` names the source in errors).
     static SchedulerConfig from_json_text(const std::string& text, const std::string& label = "<json>");
@@ -75,8 +88,8 @@ std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfi
 torch::Tensor make_betas(const SchedulerConfig& cfg);
 torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg);
 // diffusers class name (+ use_karras_sigmas) -> sampler: "DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
-// "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "LMSDiscreteScheduler". Throws UsageError for
-// an unknown class.
+// "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "LMSDiscreteScheduler". Throws anchor::Error
+// for an unknown class.
 SamplerKind sampler_from_class_name(const std::string& class_name, bool use_karras_sigmas = false);
 
 } // namespace anchor::unet

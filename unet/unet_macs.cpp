@@ -65,7 +65,7 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
     if (nb == 0 || c.down_block_types.size() != nb || c.up_block_types.size() != nb ||
         c.layers_per_block.size() != nb || c.transformer_layers_per_block.size() != nb)
         throw Error("UNet config: per-block lists must all have " + std::to_string(nb) + " entries");
-    if (latent_h <= 0 || latent_w <= 0) throw UsageError("MAC count: latent size must be positive");
+    if (latent_h <= 0 || latent_w <= 0) throw Error("MAC count: latent size must be positive");
     const int64_t ch0 = c.block_out_channels[0];
     Walker w{c, 4 * ch0, tokens};
     UNetMacBreakdown b;
@@ -132,7 +132,7 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
 }
 
 double deepcache_macs_per_step(const UNetMacBreakdown& b, int interval, int branch, int steps) {
-    if (interval < 1) throw UsageError("DeepCache interval must be >= 1");
+    if (interval < 1) throw Error("DeepCache interval must be >= 1");
     const double full = double(b.full().total()), shallow = double(b.shallow(branch).total());
     if (steps <= 0) return (full + double(interval - 1) * shallow) / double(interval);
     const int n_full = (steps + interval - 1) / interval;

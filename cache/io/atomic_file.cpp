@@ -66,10 +66,10 @@ void install_interrupt_cleanup() {
 }
 
 void check_output_path(const std::string& path, bool overwrite) {
-    if (path.empty()) throw UsageError("output path is empty");
+    if (path.empty()) throw ParamError("output", "the output path is empty");
     std::error_code ec;
     if (fs::exists(path, ec) && !overwrite)
-        throw Error("output file '" + path + "' already exists (pass --overwrite to replace it)");
+        throw ParamError("overwrite", "output file '" + path + "' already exists (replacing it must be asked for)");
     fs::path p(path);
     fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     if (!fs::is_directory(dir, ec)) throw Error("output directory '" + dir.string() + "' does not exist");

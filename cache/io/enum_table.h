@@ -18,11 +18,11 @@ template <class E> std::string enum_choices(const EnumTable<E>& table, const std
     return s;
 }
 
-// The value named `s`; otherwise a UsageError "unknown <what> '<s>' (choices: ...)".
+// The value named `s`; otherwise a ParamError for field `what`: "unknown value '<s>' (choices: ...)".
 template <class E> E enum_from_string(const EnumTable<E>& table, const std::string& s, const std::string& what) {
     for (const auto& [name, value] : table)
         if (name == s) return value;
-    throw UsageError("unknown " + what + " '" + s + "' (choices: " + enum_choices(table) + ")");
+    throw ParamError(what, "unknown value '" + s + "' (choices: " + enum_choices(table) + ")");
 }
 
 // The name of `v`; "?" for a value missing from the table (a programming error, never user input).

@@ -50,7 +50,7 @@ torch::Tensor parse_idx_u8(const std::string& b, const std::string& label) {
 }
 
 FashionMnist load_fashion_mnist(const std::string& dir, const std::string& split) {
-    if (split != "train" && split != "t10k") throw UsageError("Fashion-MNIST split must be train or t10k");
+    if (split != "train" && split != "t10k") throw Error("Fashion-MNIST split must be train or t10k, got '" + split + "'");
     const auto ip = idx_path(dir, split + "-images-idx3-ubyte"), lp = idx_path(dir, split + "-labels-idx1-ubyte");
     FashionMnist d;
     d.images = parse_idx_u8(read_gzip_or_plain(ip, "Fashion-MNIST images"), ip);

@@ -83,8 +83,8 @@ struct Loop {
     std::vector<double> window_means;
 
     Loop(const TrainOptions& opt, const std::string& w) : o(opt), what(w) {
-        if (o.out.empty()) throw UsageError("train: an output folder is required (-o)");
-        if (o.steps < 1 || o.batch < 1) throw UsageError("train: --steps and --batch must be >= 1");
+        if (o.out.empty()) throw ParamError("out", "train: an output folder is required");
+        if (o.steps < 1 || o.batch < 1) throw ParamError(o.steps < 1 ? "steps" : "batch", "train: steps and batch must be >= 1");
         ckpt = fs::path(o.out) / "checkpoint" / what; // created by begin(), once the inputs have loaded
     }
     std::string log_path() const { return (fs::path(o.out) / ("train_" + what + "_log.txt")).string(); }

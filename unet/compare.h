@@ -14,17 +14,18 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
-namespace anchor::cli {
+namespace anchor::unet {
 
 struct CompareEntry {
     std::string mode;          // canonical mode string
     double wall_s = 0;         // denoise wall time (seconds)
     torch::Tensor image_uint8; // [H, W, 3] uint8
-    std::vector<unet::CacheStepLog> steps;
-    nlohmann::json log; // unet::cache_log_json
+    std::vector<CacheStepLog> steps;
+    nlohmann::json log; // cache_log_json
 };
 
 struct CompareFigures {
@@ -42,12 +43,13 @@ std::string render_timeline(const std::vector<CompareEntry>& entries);
 // copied into the report (prompt, seed, ...). Returns the report.
 nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
                              const nlohmann::json& meta, bool overwrite);
-// Runs `pipe` once per mode of `modes_list` ("off,deepcache:3,freq", see unet::split_mode_list) with the same
-// parameters and seed, then write_compare(base). Progress goes to stderr.
-nlohmann::json run_compare(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParams& p, const std::string& modes_list,
-                           const std::string& base, nlohmann::json meta, bool overwrite);
+// Runs `pipe` once per mode of `modes_list` ("off,deepcache:3,freq", see split_mode_list) with the same parameters
+// and seed (one image), then write_compare(base); `on_mode` hears each mode before it runs. Returns the report.
+nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+                           const std::string& base, const nlohmann::json& meta, bool overwrite,
+                           const std::function<void(const std::string& mode)>& on_mode = {});
 
 // The three paths write_compare uses for `base`.
 std::vector<std::string> compare_output_paths(const std::string& base);
 
-} // namespace anchor::cli
+} // namespace anchor::unet

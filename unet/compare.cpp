@@ -1,5 +1,5 @@
-// Side-by-side compare of cache modes (see sd_compare.h).
-#include "cli/sd_compare.h"
+// Side-by-side compare of cache modes (see compare.h).
+#include "unet/compare.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -19,7 +19,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace anchor::cli {
+namespace anchor::unet {
 
 namespace {
 
@@ -54,7 +54,9 @@ void put(cv::Mat& m, const std::string& s, int x, int y, double scale = 0.45, cv
 std::string encode_png_rgb(const torch::Tensor& hwc) {
     auto img = hwc.to(torch::kUInt8).contiguous();
     std::string out;
-    auto sink = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append((const char*)data, size); };
+    auto sink = [](void* ctx, void* data, int size) {
+        static_cast<std::string*>(ctx)->append((const char*)data, size);
+    };
     if (!stbi_write_png_to_func(sink, &out, int(img.size(1)), int(img.size(0)), 3, img.data_ptr<uint8_t>(),
                                 int(img.size(1)) * 3))
         throw Error("cannot encode PNG");
@@ -97,8 +99,9 @@ std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::v
         if (e[i].mode.size() > 30) put(grid, e[i].mode.substr(30, 32), x, ly += 15, 0.4, {0, 0, 0});
         int full = 0;
         for (const auto& s : e[i].steps) full += s.full ? 1 : 0;
-        put(grid, fmt("%.2fs", e[i].wall_s) + "  x" + fmt("%.2f", f[i].speedup) + "  full " + std::to_string(full) +
-                      "/" + std::to_string(e[i].steps.size()),
+        put(grid,
+            fmt("%.2fs", e[i].wall_s) + "  x" + fmt("%.2f", f[i].speedup) + "  full " + std::to_string(full) + "/" +
+                std::to_string(e[i].steps.size()),
             x, ly += 17);
         const std::string p = std::isinf(f[i].psnr) ? "PSNR inf" : "PSNR " + fmt("%.2f dB", f[i].psnr);
         put(grid, p + "  SSIM " + fmt("%.4f", f[i].ssim), x, ly += 17);
@@ -146,7 +149,8 @@ std::string render_timeline(const std::vector<CompareEntry>& e) {
 std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::vector<CompareFigures>&) {
     if (e.empty()) throw Error("compare: no entries");
     std::vector<torch::Tensor> tiles;
-    for (const auto& x : e) tiles.push_back(x.image_uint8), tiles.push_back(torch::full({x.image_uint8.size(0), 4, 3}, 255, torch::kUInt8));
+    for (const auto& x : e)
+        tiles.push_back(x.image_uint8), tiles.push_back(torch::full({x.image_uint8.size(0), 4, 3}, 255, torch::kUInt8));
     tiles.pop_back();
     return encode_png_rgb(torch::cat(tiles, 1)); // labels need OpenCV: the figures are in the JSON report
 }
@@ -199,41 +203,32 @@ nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::stri
     return rep;
 }
 
-nlohmann::json run_compare(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParams& p, const std::string& modes_list,
-                           const std::string& base, nlohmann::json meta, bool overwrite) {
-    const auto specs = unet::split_mode_list(modes_list);
-    if (specs.empty()) throw UsageError("--compare needs at least one mode");
-    std::vector<std::unique_ptr<unet::CacheController>> ctls;
-    for (const auto& s : specs) ctls.push_back(unet::parse_cache_mode(s)); // all parsed before any work
+nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+                           const std::string& base, const nlohmann::json& meta, bool overwrite,
+                           const std::function<void(const std::string& mode)>& on_mode) {
+    const auto specs = split_mode_list(modes_list);
+    if (specs.empty()) throw ParamError("compare", "needs at least one mode");
+    if (p.prompts.size() * size_t(p.images_per_prompt) != 1)
+        throw ParamError("batch_size", "a compare runs one image per mode");
+    std::vector<std::unique_ptr<CacheController>> ctls;
+    for (const auto& s : specs) ctls.push_back(parse_cache_mode(s)); // all parsed before any work
     for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
     std::vector<CompareEntry> entries;
     for (auto& c : ctls) {
-        std::fprintf(stderr, "compare: %s\n", c->spec().c_str());
+        if (on_mode) on_mode(c->spec());
         auto r = pipe.run(p, c.get());
         CompareEntry e;
         e.mode = c->spec();
         e.wall_s = r.denoise_s;
         e.image_uint8 = r.image_uint8[0];
         e.steps = c->log();
-        e.log = unet::cache_log_json(*c);
+        e.log = cache_log_json(*c);
         e.log["denoise_s"] = r.denoise_s;
         e.log["decode_s"] = r.decode_s;
         e.log["text_s"] = r.text_s;
         entries.push_back(std::move(e));
     }
-    auto rep = write_compare(entries, base, meta, overwrite);
-    size_t width = 4;
-    for (const auto& m : rep["modes"]) width = std::max(width, m["mode"].get<std::string>().size());
-    std::fprintf(stderr, "  %-*s %8s %8s %8s %10s %7s\n", int(width), "mode", "wall", "speed-up", "full", "PSNR", "SSIM");
-    for (const auto& m : rep["modes"]) {
-        const auto& psnr = m["psnr_vs_first_db"];
-        const double db = psnr.is_number() ? psnr.get<double>() : INFINITY;
-        const std::string full = std::to_string(m["full_steps"].get<int>()) + "/" + std::to_string(m["total_steps"].get<int>());
-        std::fprintf(stderr, "  %-*s %7.2fs %7.2fx %8s %10s %7.4f\n", int(width), m["mode"].get<std::string>().c_str(),
-                     m["wall_s"].get<double>(), m["speedup_vs_first"].get<double>(), full.c_str(),
-                     std::isinf(db) ? "inf" : fmt("%.2f dB", db).c_str(), m["ssim_vs_first"].get<double>());
-    }
-    return rep;
+    return write_compare(entries, base, meta, overwrite);
 }
 
-} // namespace anchor::cli
+} // namespace anchor::unet

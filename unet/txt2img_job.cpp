@@ -1,0 +1,136 @@
+#include "unet/txt2img_job.h"
+
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "cache/util/bench.h"
+#include "kernels/attention.h"
+#include "unet/freq_cache.h"
+
+#include <filesystem>
+#include <memory>
+
+namespace anchor::unet {
+
+namespace fs = std::filesystem;
+
+void Txt2ImgJob::validate() const {
+    if (prompts.empty()) throw ParamError("prompts", "no prompt");
+    if (batch_size < 1) throw ParamError("batch_size", "must be >= 1, got " + std::to_string(batch_size));
+    if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
+    if (output.empty()) throw ParamError("output", "no output file");
+    (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
+}
+
+std::string Txt2ImgJob::numbered(const std::string& base, int k) {
+    if (k == 0) return base;
+    const fs::path p(base);
+    return (p.parent_path() / (p.stem().string() + "_" + std::to_string(k) + p.extension().string())).string();
+}
+
+namespace {
+
+// The rows of image i in a batch of n images: [uncond i; cond i] with guidance (2n rows), else row i.
+torch::Tensor image_rows(const torch::Tensor& t, int i, int n) {
+    if (t.size(0) == 2 * int64_t(n)) return torch::cat({t.narrow(0, i, 1), t.narrow(0, n + i, 1)}, 0);
+    return t.narrow(0, i, 1);
+}
+
+void save_image_tensors(const std::string& path, const Txt2ImgResult& r, int i, int n, int64_t seed, bool overwrite) {
+    save_safetensors(path,
+                     {{"initial_noise", r.initial_noise.narrow(0, i, 1)},
+                      {"initial_latents", r.initial_latents.narrow(0, i, 1)},
+                      {"final_latents", r.final_latents.narrow(0, i, 1)},
+                      {"prompt_embeds", image_rows(r.prompt_embeds, i, n)},
+                      {"decoded", r.decoded.narrow(0, i, 1)},
+                      {"image", r.image.narrow(0, i, 1)},
+                      {"image_uint8", r.image_uint8.narrow(0, i, 1)}},
+                     {{"program", "anchor-sd"}, {"seed", std::to_string(seed)}, {"index_in_batch", std::to_string(i)}},
+                     overwrite);
+}
+
+} // namespace
+
+nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl) {
+    nlohmann::json j;
+    j["prompt"] = p.prompts.at(size_t(i / std::max(p.images_per_prompt, 1)));
+    const auto negatives = Txt2ImgPipeline::negatives_of(p);
+    j["negative_prompt"] = negatives.at(size_t(i / std::max(p.images_per_prompt, 1)));
+    j["cfg_scale"] = p.guidance_scale;
+    j["steps"] = p.steps;
+    j["sampler"] = sampler_name(p.sampler);
+    j["seed"] = p.seed;
+    j["batch_size"] = int(p.prompts.size()) * p.images_per_prompt;
+    j["index_in_batch"] = i;
+    j["width"] = p.width;
+    j["height"] = p.height;
+    j["cache"] = nlohmann::json{{"kind", "none"}};
+    if (auto* cc = dynamic_cast<const CacheController*>(ctl)) j["cache"] = cache_log_json(*cc);
+    j["unet_full_steps"] = r.full_steps;
+    j["unet_steps"] = r.total_steps;
+    j["warnings"] = r.warnings;
+    j["timings_s"] = {{"text_encoder", r.text_s},
+                      {"denoise", r.denoise_s},
+                      {"vae_decode", r.decode_s},
+                      {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
+    return j;
+}
+
+Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb) {
+    job.validate();
+    const auto batches = plan_batches(job.prompts, job.batch_size, job.batch_count, job.params.seed);
+    const int n_images = batches.back().first_image + batches.back().images();
+    // Every output is checked before the first image: a job never stops half-way on an existing file.
+    std::vector<std::string> pngs, latents;
+    for (int k = 0; k < n_images; ++k) {
+        pngs.push_back(Txt2ImgJob::numbered(job.output, k));
+        for (const auto& f : {pngs.back(), pngs.back() + ".json"}) check_output_path(f, job.overwrite);
+        if (!job.save_latents.empty()) {
+            latents.push_back(Txt2ImgJob::numbered(job.save_latents, k));
+            check_output_path(latents.back(), job.overwrite);
+        }
+    }
+    Txt2ImgParams p = pipe.resolved(job.params);
+    Txt2ImgJobResult out;
+    for (const auto& batch : batches) {
+        p.prompts = batch.prompts;
+        p.images_per_prompt = batch.images_per_prompt;
+        p.seed = batch.seed;
+        auto ctl = parse_cache_mode(job.cache);
+        const int nb = batch.images(), k0 = batch.first_image;
+        const std::string label = n_images == 1 ? ""
+                                  : nb > 1 ? "images " + std::to_string(k0 + 1) + "-" + std::to_string(k0 + nb) + "/" +
+                                                 std::to_string(n_images) + " "
+                                           : "image " + std::to_string(k0 + 1) + "/" + std::to_string(n_images) + " ";
+        auto r = pipe.run(p, ctl.get(),
+                          cb.progress ? [&](const ProgressInfo& pi) { cb.progress(pi, label); }
+                                      : Txt2ImgPipeline::ProgressFn{});
+        if (k0 == 0) out.warnings = r.warnings;
+        std::vector<Txt2ImgJobImage> done;
+        for (int i = 0; i < nb; ++i) {
+            const int k = k0 + i;
+            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite);
+            if (!latents.empty()) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
+            auto rec = job.facts;
+            rec.update(image_record(p, r, i, ctl.get()));
+            rec["version"] = ANCHOR_VERSION;
+            rec["model_layout"] = pipe.models().layout;
+            rec["model_family"] = enum_name(sd_family_table(), pipe.models().family);
+            rec["attention"] = enum_name(kernels::attention_kernel_table(), pipe.models().attention);
+            rec["base_seed"] = job.params.seed;
+            rec["batch_index"] = batch.repeat;
+            rec["image_index"] = k;
+            rec["output"] = pngs[size_t(k)];
+            write_file_atomic(pngs[size_t(k)] + ".json", rec.dump(2) + "\n", job.overwrite);
+            done.push_back({pngs[size_t(k)], rec});
+        }
+        const int64_t rss = util::rss_now_bytes();
+        if (k0 == 0) out.rss_first = rss;
+        out.rss_max = std::max(out.rss_max, rss);
+        if (cb.batch_done) cb.batch_done(done, r.denoise_s, r.decode_s, rss);
+        out.images.insert(out.images.end(), done.begin(), done.end());
+    }
+    return out;
+}
+
+} // namespace anchor::unet

@@ -1,0 +1,56 @@
+// What `anchor-sd` does with a prompt or a prompts file: the batches of plan_batches, each run through the pipeline
+// with its cache mode, every image written as a PNG with a JSON sidecar (and optionally its tensors), outputs
+// checked before anything runs. A library call, so that a server or an MPI job runs the same thing.
+#pragma once
+
+#include "unet/pipeline.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anchor::unet {
+
+struct Txt2ImgJob {
+    Txt2ImgParams params;              // the settings of every batch (prompts and seed are set per batch)
+    std::vector<std::string> prompts;  // one prompt, or the lines of a prompts file
+    int batch_size = 1;                // images per UNet batch (plan_batches)
+    int batch_count = 1;               // batches per prompt group, batch k with seed + k
+    std::string cache = "off";         // cache mode (unet/freq_cache.h)
+    std::string output = "output.png"; // image k > 0 gets a _k suffix; every image a <png>.json sidecar
+    std::string save_latents;          // "": none; else initial noise, latents, embeddings, image per image
+    bool overwrite = false;
+    nlohmann::json facts = nlohmann::json::object(); // copied into every sidecar (program, model, threads, ...)
+
+    // ParamError naming the field (the pipeline validates its own params when it runs).
+    void validate() const;
+    // The output file of image k of the job: `base` itself for k = 0, <stem>_k<ext> after.
+    static std::string numbered(const std::string& base, int k);
+};
+
+struct Txt2ImgJobImage {
+    std::string png;
+    nlohmann::json record; // what the sidecar holds
+};
+
+struct Txt2ImgJobResult {
+    std::vector<Txt2ImgJobImage> images;
+    std::vector<std::string> warnings;    // of the first batch (prompt truncation, ...)
+    int64_t rss_first = -1, rss_max = -1; // resident set size after the first batch, and its maximum
+};
+
+struct Txt2ImgJobCallbacks {
+    std::function<void(const ProgressInfo&, const std::string& label)> progress;
+    std::function<void(const std::vector<Txt2ImgJobImage>& batch, double denoise_s, double decode_s, int64_t rss)>
+        batch_done;
+};
+
+// Checks every output path first (none is replaced without job.overwrite), then runs the batches.
+Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb = {});
+
+// The sidecar record of image i of a run: every parameter, the seed, timings, the cache mode's per-step record.
+nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl);
+
+} // namespace anchor::unet
