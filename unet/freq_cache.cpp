@@ -478,6 +478,8 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
             return std::make_unique<FreqAnchorDenoiser>(p);
         } catch (const ParamError& e) {
             bad_mode(spec, e.detail());
+        } catch (const Error& e) { // the policy's own checks (cache/anchor_policy.h)
+            bad_mode(spec, e.what());
         }
     }
     }
