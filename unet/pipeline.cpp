@@ -30,7 +30,7 @@ Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, co
 }
 
 Txt2ImgPipeline::Txt2ImgPipeline(SDModels& models) : m_(models) {
-    if (!m_.unet || !m_.vae || !m_.text_encoder) throw Error("txt2img needs the UNet, the VAE and the text encoder");
+    if (!m_.unet) throw Error("txt2img needs a UNet");
 }
 
 SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
@@ -40,6 +40,7 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
 
 Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     const int size = int(m_.unet->config().sample_size) * m_.vae_scale_factor();
+    if (p.device.is_cuda() && p.device.index() < 0) p.device = torch::Device(torch::kCUDA, 0);
     if (p.width == 0) p.width = size;
     if (p.height == 0) p.height = size;
     return p;
@@ -80,6 +81,7 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
     }
     const double unet = rows * 4.0 * (skips + 6.0 * widest) + 256.0 * (1 << 20);
     // VAE decoder: ~4 maps of the widest level at image resolution (channels reversed: the last level is full size).
+    if (!m_.vae || !p.decode) return int64_t(unet);
     const auto& vc = m_.vae->config();
     double vae = 0;
     const int nl = int(vc.block_out_channels.size());
@@ -98,26 +100,37 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
         throw ParamError(p.width <= 0 || p.width % f != 0 ? "width" : "height",
                          "width and height must be positive multiples of " + std::to_string(f) +
-                         " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
-                         std::to_string(p.height));
+                             " (the VAE factor of this model), got " + std::to_string(p.width) + "x" +
+                             std::to_string(p.height));
     if (p.prompts.empty()) throw ParamError("prompts", "no prompt");
     if (p.images_per_prompt < 1)
         throw ParamError("images_per_prompt", "must be >= 1, got " + std::to_string(p.images_per_prompt));
     if (p.negative_prompts.size() > 1 && p.negative_prompts.size() != p.prompts.size())
         throw ParamError("negative_prompts", std::to_string(p.negative_prompts.size()) + " entries for " +
-                         std::to_string(p.prompts.size()) + " prompts (give one for all, or one per prompt)");
+                                                 std::to_string(p.prompts.size()) +
+                                                 " prompts (give one for all, or one per prompt)");
     if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
         throw ParamError("guidance_scale", "must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
     // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
     const double need = double(estimate_peak_bytes(p)), avail = double(available_memory_bytes());
     if (avail > 0 && need > avail)
-        throw ParamError("width", "a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image needs about " +
-                         fmt_gib(need) + " GiB of memory, this machine has " + fmt_gib(avail) +
-                         " GiB available; choose a smaller width/height");
+        throw ParamError("width", "a " + std::to_string(p.width) + "x" + std::to_string(p.height) +
+                                      " image needs about " + fmt_gib(need) + " GiB of memory, this machine has " +
+                                      fmt_gib(avail) + " GiB available; choose a smaller width/height");
+    if (!p.device.is_cpu() && !(p.device.is_cuda() && torch::cuda::is_available()))
+        throw ParamError("device", "'" + p.device.str() + "' is not available to this LibTorch (CUDA " +
+                                       (torch::cuda::is_available() ? "present" : "absent") + ")");
+    if (m_.unet->conv_in->weight.device() != p.device)
+        throw ParamError("device",
+                         "the UNet is on " + m_.unet->conv_in->weight.device().str() + ", not " + p.device.str());
+    if (!p.prompt_embeds.defined() && !m_.text_encoder)
+        throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
+    if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
+    if (!m_.text_encoder) return;
     if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
         throw ParamError("clip_skip", "must be in [0, " +
-                         std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
-                         std::to_string(p.clip_skip));
+                                          std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
+                                          std::to_string(p.clip_skip));
 }
 
 std::vector<std::string> Txt2ImgPipeline::negatives_of(const Txt2ImgParams& p) {
@@ -157,8 +170,10 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
     const double tv = sched.timestep(i);
     auto x = cfg ? torch::cat({latents, latents}, 0) : latents;
     auto model_input = sched.scale_model_input(x, i);
-    auto t = torch::tensor(tv, torch::kFloat).reshape({});
-    auto noise_pred = ctl.predict(*m_.unet, model_input, t, context, i).to(latents.scalar_type());
+    const auto dev = context.device();
+    auto t = torch::tensor(tv, torch::kFloat).reshape({}).to(dev);
+    // .to(CPU) waits for the device: the one synchronisation per step
+    auto noise_pred = ctl.predict(*m_.unet, model_input.to(dev), t, context, i).to(torch::kCPU, latents.scalar_type());
     Tensor guided = cfg ? cfg_combine(noise_pred, guidance) : noise_pred;
     auto next = sched.step(guided, i, latents, &gen);
     if (rec) {
@@ -220,8 +235,9 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     Txt2ImgResult r;
     const bool cfg = p.guidance_scale > 1.0;
     auto t0 = std::chrono::steady_clock::now();
-    r.prompt_embeds = encode_prompts(p, cfg, &r.warnings);
+    r.prompt_embeds = p.prompt_embeds.defined() ? p.prompt_embeds : encode_prompts(p, cfg, &r.warnings);
     r.text_s = seconds_since(t0);
+    const auto context = r.prompt_embeds.to(p.device);
 
     auto sched = make_scheduler(p.sampler, sched_cfg ? *sched_cfg : scheduler_config(), p.eta);
     sched->set_timesteps(p.steps);
@@ -238,7 +254,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     t0 = std::chrono::steady_clock::now();
     StepRecord rec;
     for (int i = 0; i < n; ++i) {
-        latents = step(*sched, i, latents, r.prompt_embeds, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr);
+        latents = step(*sched, i, latents, context, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr);
         // A NaN/Inf (broken weights, fp overflow) never becomes an image: stop at the step where it appears. One
         // reduction over the latents per step, negligible next to a UNet call.
         if (!torch::isfinite(latents).all().item<bool>())
@@ -251,6 +267,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);
     r.final_latents = latents;
+    if (!p.decode) return r;
     t0 = std::chrono::steady_clock::now();
     auto d = decode(latents);
     if (!torch::isfinite(d[0]).all().item<bool>())

@@ -37,6 +37,14 @@ struct Txt2ImgParams {
     SamplerKind sampler = SamplerKind::EulerAncestral;
     double eta = 0.0; // DDIM only
     int clip_skip = 0;
+    // Where the UNet runs (the models must be there); the scheduler, the generator and the initial noise stay on the
+    // CPU, so a seed gives the same noise on every device (as diffusers with a CPU generator). Only the CPU and a
+    // CUDA device of a CUDA build.
+    torch::Device device = torch::kCPU;
+    // Given text conditioning ([uncond rows; cond rows] with guidance): the text encoder is not used (a random-weight
+    // UNet benchmark has none).
+    torch::Tensor prompt_embeds;
+    bool decode = true; // false: stop at the final latents (no VAE needed)
 };
 
 // Per-step evaluation of the (CFG-batched) UNet.
