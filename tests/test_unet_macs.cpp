@@ -133,10 +133,13 @@ TEST_CASE("tiny golden UNet MACs equal the count from its parameters", "[unet_ma
 
 namespace {
 
-struct FastPathsOff {
-    FastPathsOff() { perf::set_fast(false); }
-    ~FastPathsOff() { perf::set_fast(true); }
+// The plain module forwards of `m` (a UNet or a VAE) for the scope's length: the reference path.
+template <typename Model> struct FastPathsOff {
+    explicit FastPathsOff(Model& m) : m_(m) { m_->set_fast_paths(false); }
+    ~FastPathsOff() { m_->set_fast_paths(true); }
+    Model& m_;
 };
+template <typename Model> FastPathsOff(Model&) -> FastPathsOff<Model>;
 
 double max_rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
     return test::max_abs_diff(a, b) / std::max(1e-30, b.abs().max().item<double>());
@@ -150,7 +153,7 @@ TEST_CASE("UNet fast paths agree with the plain forward and the golden outputs",
     const auto gold = WeightMap::load(test::golden("sd/unet_sd15_tiny/golden_outputs.safetensors"));
     const auto sample = in.get("sample"), ctx = in.get("encoder_hidden_states"), t = in.get("timesteps_a");
     UNet2DConditionModel model(cfg);
-    REQUIRE(perf::fast());
+    REQUIRE(model->fast);
     // A first fast forward with the random init weights packs them; loading the golden weights afterwards must
     // invalidate the packed copies (the weights are updated in place).
     auto before = model->forward(sample, t, ctx);
@@ -158,7 +161,7 @@ TEST_CASE("UNet fast paths agree with the plain forward and the golden outputs",
     auto fast = model->forward(sample, t, ctx);
     torch::Tensor plain;
     {
-        FastPathsOff off;
+        FastPathsOff off(model);
         plain = model->forward(sample, t, ctx);
     }
     const double rel_plain = max_rel_diff(fast, plain), rel_gold = max_rel_diff(fast, gold.get("a.out"));
@@ -174,7 +177,7 @@ TEST_CASE("UNet fast paths agree with the plain forward and the golden outputs",
     auto big = torch::randn({2, 4, 48, 40}, torch::TensorOptions().dtype(torch::kFloat));
     auto fast_sh = model->forward_shallow(sample, t, ctx, 0, f.cache_feature);
     auto fast_big = model->forward(big, t, ctx);
-    FastPathsOff off;
+    FastPathsOff off(model);
     CHECK(max_rel_diff(fast_sh, model->forward_shallow(sample, t, ctx, 0, f.cache_feature)) <= 1e-5);
     CHECK(max_rel_diff(fast_big, model->forward(big, t, ctx)) <= 1e-5);
 }
@@ -196,11 +199,12 @@ void randomise(torch::nn::Module& m, uint64_t seed) {
 // The fast paths (packed convolutions where LibTorch picks oneDNN, blas_attention, residual adds in place where the
 // layout allows) must give the reference forward's bits: the tiny reference models amplify a last-bit difference
 // ~1000x at their 1x1 levels, so "close" is not inside their tolerance on every input.
-template <typename F> void check_fast_equals_reference(const F& forward, const std::string& what) {
+template <typename Model, typename F>
+void check_fast_equals_reference(Model& model, const F& forward, const std::string& what) {
     const auto fast = forward();
     torch::Tensor plain;
     {
-        FastPathsOff off;
+        FastPathsOff off(model);
         plain = forward();
     }
     INFO(what << ": max |fast - reference| = " << test::max_abs_diff(fast, plain));
@@ -237,13 +241,14 @@ TEST_CASE("UNet, VAE fast paths give the reference forward's bits on random inpu
         std::ostringstream what;
         what << (i % 2 ? "sd2-style" : "sd1") << " UNet x " << x.sizes() << " ctx " << ctx.sizes() << " threads "
              << threads;
-        check_fast_equals_reference([&] { return u->forward(x, t, ctx); }, what.str());
+        check_fast_equals_reference(
+            u, [&] { return u->forward(x, t, ctx); }, what.str());
         if (i % 4 == 0) {
             UNetFeatures f;
             f.cache_branch = 0;
             u->forward(x, t, ctx, &f);
-            check_fast_equals_reference([&] { return u->forward_shallow(x, t, ctx, 0, f.cache_feature); },
-                                        "shallow " + what.str());
+            check_fast_equals_reference(
+                u, [&] { return u->forward_shallow(x, t, ctx, 0, f.cache_feature); }, "shallow " + what.str());
         }
     }
     const auto vcfg = VaeConfig::from_json_file(test::golden("sd/vae_tiny/config.json"));
@@ -256,9 +261,11 @@ TEST_CASE("UNet, VAE fast paths give the reference forward's bits on random inpu
         auto z = torch::randn({B, 4, H, W});
         std::ostringstream what;
         what << "VAE decode " << z.sizes() << " threads " << torch::get_num_threads();
-        check_fast_equals_reference([&] { return vae->decode(z); }, what.str());
+        check_fast_equals_reference(
+            vae, [&] { return vae->decode(z); }, what.str());
         auto img = torch::rand({B, 3, 2 * H, 2 * W}) * 2 - 1;
-        check_fast_equals_reference([&] { return vae->encode(img).moments; }, "VAE encode " + what.str());
+        check_fast_equals_reference(
+            vae, [&] { return vae->encode(img).moments; }, "VAE encode " + what.str());
     }
     torch::set_num_threads(1);
 }

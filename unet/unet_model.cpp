@@ -44,13 +44,13 @@ torch::nn::LayerNorm layer_norm(int64_t dim, double eps = 1e-5) {
 // ---- attention core ------------------------------------------------------------------------------------------------
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                            kernels::AttentionKernel kernel) {
+                            kernels::AttentionKernel kernel, bool fast) {
     kernels::AttentionOptions o;
     o.heads = heads;
-    // The plain module forwards (perf::fast() off) are the reference; the fast paths chunk the queries so the score
+    // The plain module forwards (fast paths off) are the reference; the fast paths chunk the queries so the score
     // buffer stays small (unet_perf.h).
-    o.kernel = perf::fast() ? kernel : kernels::AttentionKernel::Reference;
-    o.chunk_bytes = perf::fast() ? perf::kAttentionChunkBytes : int64_t(256) << 20;
+    o.kernel = fast ? kernel : kernels::AttentionKernel::Reference;
+    o.chunk_bytes = fast ? perf::kAttentionChunkBytes : int64_t(256) << 20;
     return kernels::attention(q, k, v, o);
 }
 
@@ -69,14 +69,14 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_chann
 Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
     auto h = norm1->forward(x);
     torch::silu_(h);
-    h = perf::conv2d(conv1, h);
+    h = perf::conv2d(conv1, h, fast);
     if (time_emb_proj && temb_act.defined())
         h.add_(kernels::linear(time_emb_proj, temb_act).unsqueeze(-1).unsqueeze(-1));
     h = norm2->forward(h);
     torch::silu_(h);
-    h = perf::conv2d(conv2, h);
+    h = perf::conv2d(conv2, h, fast);
     // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
-    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x) : x, h, h);
+    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x, fast) : x, h, h, fast);
 }
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding(padding_) {
@@ -84,8 +84,8 @@ Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding
 }
 
 Tensor Downsample2DImpl::forward(const Tensor& x) {
-    if (padding == 0) return perf::conv2d(conv, F::pad(x, F::PadFuncOptions({0, 1, 0, 1})));
-    return perf::conv2d(conv, x);
+    if (padding == 0) return perf::conv2d(conv, F::pad(x, F::PadFuncOptions({0, 1, 0, 1})), fast);
+    return perf::conv2d(conv, x, fast);
 }
 
 Upsample2DImpl::Upsample2DImpl(int64_t channels) {
@@ -98,7 +98,7 @@ Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_
         opts.size(*size);
     else
         opts.scale_factor(std::vector<double>{2.0, 2.0});
-    return perf::conv2d(conv, F::interpolate(x, opts));
+    return perf::conv2d(conv, F::interpolate(x, opts), fast);
 }
 
 // ---- transformer
@@ -127,7 +127,7 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
     } else {
         k = kernels::linear(to_k, c), v = kernels::linear(to_v, c);
     }
-    return kernels::linear(out_linear, multi_head_attention(kernels::linear(to_q, x), k, v, heads, kernel));
+    return kernels::linear(out_linear, multi_head_attention(kernels::linear(to_q, x), k, v, heads, kernel, fast));
 }
 
 void CrossAttentionImpl::set_context_kv_reuse(bool on) {
@@ -170,11 +170,11 @@ BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads,
 
 Tensor BasicTransformerBlockImpl::forward(Tensor x, const Tensor& context) {
     auto a1 = attn1->forward(norm1->forward(x), Tensor());
-    x = perf::reference_add(a1, x, a1);
+    x = perf::reference_add(a1, x, a1, fast);
     auto a2 = attn2->forward(norm2->forward(x), context);
-    x = perf::reference_add(a2, x, a2);
+    x = perf::reference_add(a2, x, a2, fast);
     auto f = ff->forward(norm3->forward(x));
-    return perf::reference_add(f, x, f);
+    return perf::reference_add(f, x, f, fast);
 }
 
 Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim,
@@ -205,7 +205,7 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
     auto h = norm->forward(x);
     int64_t inner;
     if (!linear_projection) {
-        h = perf::conv2d(proj_in_conv, h);
+        h = perf::conv2d(proj_in_conv, h, fast);
         inner = h.size(1);
         h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner});
     } else {
@@ -215,12 +215,12 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
     for (auto& blk : blocks) h = blk->forward(h, context);
     if (!linear_projection) {
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
-        h = perf::conv2d(proj_out_conv, h);
+        h = perf::conv2d(proj_out_conv, h, fast);
     } else {
         h = kernels::linear(proj_out_linear, h);
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
     }
-    return perf::reference_add(h, x, h);
+    return perf::reference_add(h, x, h, fast);
 }
 
 // ---- config ------------------------------------------------------------------------------------------------------
@@ -495,6 +495,11 @@ void UNet2DConditionModelImpl::load(const WeightMap& w) {
     w.load_into(*this);
 }
 
+void UNet2DConditionModelImpl::set_fast_paths(bool on) {
+    for (const auto& m : modules(true))
+        if (auto* f = dynamic_cast<perf::FastPaths*>(m.get())) f->fast = on;
+}
+
 void UNet2DConditionModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
     for (const auto& m : modules(false))
         if (auto* a = dynamic_cast<CrossAttentionImpl*>(m.get())) a->kernel = k;
@@ -523,7 +528,7 @@ Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& tim
 
 Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
     c10::InferenceMode guard(!is_training());
-    return perf::conv2d(conv_in, sample.to(conv_in->weight.scalar_type()));
+    return perf::conv2d(conv_in, sample.to(conv_in->weight.scalar_type()), fast);
 }
 
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const Tensor& context,
@@ -561,7 +566,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
             throw Error("UNet: the given conv_in output has shape " + shape_str(stem.sizes().vec()) + ", expected " +
                         shape_str(want));
     }
-    auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x);
+    auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x, fast);
     if (rec) put("conv_in", h);
     const size_t target = shallow >= 0 ? size_t(shallow) + 1 : SIZE_MAX;
     std::vector<Tensor> res{h};
@@ -634,7 +639,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     }
     h = conv_norm_out->forward(h);
     if (rec) put("conv_norm_out", h);
-    h = perf::conv2d(conv_out, torch::silu(h));
+    h = perf::conv2d(conv_out, torch::silu(h), fast);
     if (rec) put("conv_out", h);
     return h;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "kernels/attention.h"
+#include "unet/unet_perf.h"
 
 #include <torch/torch.h>
 
@@ -26,11 +27,12 @@ namespace anchor::unet {
 // -> [B, N, C], scale head_dim^-0.5, through kernels::attention with `kernel` (the reference ops when the module fast
 // paths are off, unet_perf.h).
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   int64_t heads, kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact);
+                                   int64_t heads, kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact,
+                                   bool fast = true);
 
 // ---- building blocks shared with the VAE ----------------------------------------------------------------------------
 
-struct ResnetBlock2DImpl : torch::nn::Module {
+struct ResnetBlock2DImpl : torch::nn::Module, perf::FastPaths {
     // temb_channels <= 0: no time embedding projection (VAE).
     ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps);
     // temb_act: silu(temb) (already activated, computed once per UNet call), or undefined.
@@ -41,7 +43,7 @@ struct ResnetBlock2DImpl : torch::nn::Module {
 };
 TORCH_MODULE(ResnetBlock2D);
 
-struct Downsample2DImpl : torch::nn::Module {
+struct Downsample2DImpl : torch::nn::Module, perf::FastPaths {
     // padding 1 (UNet) or 0 with an asymmetric (0,1,0,1) pad first (VAE encoder).
     Downsample2DImpl(int64_t channels, int64_t padding);
     torch::Tensor forward(const torch::Tensor& x);
@@ -50,7 +52,7 @@ struct Downsample2DImpl : torch::nn::Module {
 };
 TORCH_MODULE(Downsample2D);
 
-struct Upsample2DImpl : torch::nn::Module {
+struct Upsample2DImpl : torch::nn::Module, perf::FastPaths {
     explicit Upsample2DImpl(int64_t channels);
     // Nearest 2x (or to `size` when given: diffusers' upsample_size for odd shapes), then a 3x3 conv.
     torch::Tensor forward(const torch::Tensor& x, c10::optional<std::vector<int64_t>> size = c10::nullopt);
@@ -60,7 +62,7 @@ TORCH_MODULE(Upsample2D);
 
 // ---- transformer -------------------------------------------------------------------------------------------------
 
-struct CrossAttentionImpl : torch::nn::Module {
+struct CrossAttentionImpl : torch::nn::Module, perf::FastPaths {
     CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads, int64_t head_dim);
     torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context); // context undefined: self-attention
     torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
@@ -99,7 +101,7 @@ struct FeedForwardImpl : torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
-struct BasicTransformerBlockImpl : torch::nn::Module {
+struct BasicTransformerBlockImpl : torch::nn::Module, perf::FastPaths {
     BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim, int64_t context_dim);
     torch::Tensor forward(torch::Tensor x, const torch::Tensor& context);
     torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
@@ -108,7 +110,7 @@ struct BasicTransformerBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(BasicTransformerBlock);
 
-struct Transformer2DModelImpl : torch::nn::Module {
+struct Transformer2DModelImpl : torch::nn::Module, perf::FastPaths {
     Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim, int64_t groups,
                            bool linear_projection);
     torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
@@ -200,7 +202,7 @@ TORCH_MODULE(TimestepEmbedding);
 // Sinusoidal timestep embedding exactly as diffusers' get_timestep_embedding (float32): t [B] -> [B, dim].
 torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift);
 
-class UNet2DConditionModelImpl : public torch::nn::Module {
+class UNet2DConditionModelImpl : public torch::nn::Module, public perf::FastPaths {
 public:
     explicit UNet2DConditionModelImpl(const UNetConfig& cfg);
 
@@ -233,6 +235,8 @@ public:
     std::vector<CrossAttentionImpl*> cross_attentions(); // every attn2 (the text cross-attentions)
     // The attention arithmetic of every attention layer (kernels/attention.h); Exact unless the model asks otherwise.
     void set_attention_kernel(kernels::AttentionKernel k);
+    // Fast paths (unet_perf.h) on every module, or the plain module forwards (the reference; training).
+    void set_fast_paths(bool on);
     const UNetConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
 

@@ -1,6 +1,7 @@
-// Inference fast paths of the UNet / VAE forwards (CPU float32), kept behind one process-wide switch so that the plain
-// module forwards stay available as the reference: `anchor-sd bench --baseline` times them, and
-// tests/test_unet_macs.cpp checks that both paths agree to 1e-5 relative on the tiny golden UNet.
+// Inference fast paths of the UNet forward (CPU float32), chosen per model (UNet2DConditionModelImpl::set_fast_paths,
+// each module keeps its flag in FastPaths) so that the plain module forwards stay available as the reference in the
+// same process: `anchor-sd bench --baseline/--ab` times them, tests/test_unet_macs.cpp checks that both paths give
+// the same bits on random inputs. Training turns them off (the in-place adds would break autograd).
 //
 // What the fast paths change (measured in tests/bench/results/, see cli/sd_bench.cpp):
 // * Conv2d: the weight is reordered ONCE into oneDNN's blocked layout (at::mkldnn_reorder_conv2d_weight) and the
@@ -21,23 +22,15 @@
 #include <ATen/native/ConvUtils.h>
 #endif
 
-#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
 namespace anchor::unet::perf {
 
-inline std::atomic<bool>& fast_flag() {
-    static std::atomic<bool> flag{true};
-    return flag;
-}
-// true (default): fast paths; false: the plain module forwards (reference).
-inline bool fast() {
-    return fast_flag().load(std::memory_order_relaxed);
-}
-inline void set_fast(bool on) {
-    fast_flag().store(on);
-}
+// The per-module switch: true (default) runs the fast paths, false the plain module forwards (the reference).
+struct FastPaths {
+    bool fast = true;
+};
 
 // Score-buffer bound of the attention's query chunks in fast mode.
 constexpr int64_t kAttentionChunkBytes = int64_t(16) << 20;
@@ -97,8 +90,9 @@ inline bool torch_picks_mkldnn(const torch::Tensor& x, const torch::Tensor& w, c
 // same sizes and strides. Otherwise `lhs + rhs` lets LibTorch choose the output layout exactly as the reference does:
 // [B, C, 1, 1] maps whose size-1 dimensions carry channels-last strides are such a case, and the layout decides later
 // kernels (GroupNorm has a channels-last kernel that sums in another order).
-inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor& rhs, torch::Tensor scratch) {
-    if (fast() && lhs.strides() == rhs.strides() && lhs.sizes() == rhs.sizes() &&
+inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor& rhs, torch::Tensor scratch,
+                                   bool fast) {
+    if (fast && lhs.strides() == rhs.strides() && lhs.sizes() == rhs.sizes() &&
         lhs.scalar_type() == rhs.scalar_type() && !lhs.requires_grad() && !rhs.requires_grad())
         return scratch.add_(scratch.is_same(lhs) ? rhs : lhs);
     return lhs + rhs;
@@ -106,13 +100,13 @@ inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor
 
 // conv->forward(x) with a once-reordered oneDNN weight where possible (float32 CPU, zero padding given as numbers,
 // LibTorch built with oneDNN); otherwise exactly conv->forward(x).
-inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x) { // holder copy: non-const Impl
+inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, bool fast) { // holder: non-const Impl
 #if AT_MKLDNN_ENABLED()
     const auto& o = conv->options;
     const torch::Tensor& w = conv->weight;
     const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
     auto& c = detail::cache();
-    if (!fast() || c.disabled || pad == nullptr || !detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) ||
+    if (!fast || c.disabled || pad == nullptr || !detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) ||
         x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat || !x.device().is_cpu() ||
         !w.device().is_cpu() || x.dim() != 4 || x.requires_grad() || w.requires_grad() || !at::hasMKLDNN())
         return conv->forward(x);

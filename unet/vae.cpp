@@ -90,8 +90,8 @@ VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
 Tensor VaeAttentionImpl::forward(const Tensor& x) {
     const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
-    auto o =
-        multi_head_attention(kernels::linear(to_q, h), kernels::linear(to_k, h), kernels::linear(to_v, h), 1, kernel);
+    auto o = multi_head_attention(kernels::linear(to_q, h), kernels::linear(to_k, h), kernels::linear(to_v, h), 1,
+                                  kernel, fast);
     o = kernels::linear(out_linear, o).transpose(1, 2).reshape({B, C, H, W});
     return o + x;
 }
@@ -239,6 +239,11 @@ LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f,
 
 void AutoencoderKLImpl::load(const WeightMap& w) {
     w.load_into(*this);
+}
+
+void AutoencoderKLImpl::set_fast_paths(bool on) {
+    for (const auto& m : modules(false))
+        if (auto* a = dynamic_cast<VaeAttentionImpl*>(m.get())) a->fast = on;
 }
 
 void AutoencoderKLImpl::set_attention_kernel(kernels::AttentionKernel k) {

@@ -41,7 +41,7 @@ struct VaeConfig {
 // (diffusers: "encoder.down_blocks.", ".resnets."; original LDM: "encoder.down.", ".block.").
 VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets);
 
-struct VaeAttentionImpl : torch::nn::Module {
+struct VaeAttentionImpl : torch::nn::Module, perf::FastPaths {
     VaeAttentionImpl(int64_t channels, int64_t groups);
     torch::Tensor forward(const torch::Tensor& x);
     torch::nn::GroupNorm group_norm{nullptr};
@@ -108,6 +108,7 @@ public:
     const VaeConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
     void set_attention_kernel(kernels::AttentionKernel k); // kernels/attention.h; Exact by default
+    void set_fast_paths(bool on);                          // unet_perf.h (the VAE's attention)
 
     VaeEncoder encoder{nullptr};
     VaeDecoder decoder{nullptr};

@@ -84,7 +84,8 @@ struct Loop {
 
     Loop(const TrainOptions& opt, const std::string& w) : o(opt), what(w) {
         if (o.out.empty()) throw ParamError("out", "train: an output folder is required");
-        if (o.steps < 1 || o.batch < 1) throw ParamError(o.steps < 1 ? "steps" : "batch", "train: steps and batch must be >= 1");
+        if (o.steps < 1 || o.batch < 1)
+            throw ParamError(o.steps < 1 ? "steps" : "batch", "train: steps and batch must be >= 1");
         ckpt = fs::path(o.out) / "checkpoint" / what; // created by begin(), once the inputs have loaded
     }
     std::string log_path() const { return (fs::path(o.out) / ("train_" + what + "_log.txt")).string(); }
@@ -128,7 +129,8 @@ struct Loop {
                          per * double(o.steps - step - 1));
             std::fflush(stderr);
         }
-        if ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps) save_checkpoint(step + 1, m, ema, opt, elapsed);
+        if ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)
+            save_checkpoint(step + 1, m, ema, opt, elapsed);
     }
     void save_checkpoint(int step, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt, double elapsed) {
         save_safetensors((ckpt / "model.safetensors").string(), named_params(m));
@@ -169,17 +171,25 @@ void load_named(torch::nn::Module& m, const NamedTensors& t) {
     w.load_into(m);
 }
 
-void write_json(const fs::path& p, const nlohmann::json& j) { write_file_atomic(p.string(), j.dump(2) + "\n", true); }
+void write_json(const fs::path& p, const nlohmann::json& j) {
+    write_file_atomic(p.string(), j.dump(2) + "\n", true);
+}
 
 nlohmann::json vae_json(const VaeConfig& c) {
     std::vector<std::string> down(c.block_out_channels.size(), "DownEncoderBlock2D"),
         up(c.block_out_channels.size(), "UpDecoderBlock2D");
-    return {{"_class_name", "AutoencoderKL"},   {"act_fn", "silu"},
-            {"block_out_channels", c.block_out_channels}, {"down_block_types", down},
-            {"up_block_types", up},             {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels},   {"latent_channels", c.latent_channels},
-            {"layers_per_block", c.layers_per_block}, {"norm_num_groups", c.norm_num_groups},
-            {"sample_size", 32},                {"scaling_factor", c.scaling_factor}};
+    return {{"_class_name", "AutoencoderKL"},
+            {"act_fn", "silu"},
+            {"block_out_channels", c.block_out_channels},
+            {"down_block_types", down},
+            {"up_block_types", up},
+            {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels},
+            {"latent_channels", c.latent_channels},
+            {"layers_per_block", c.layers_per_block},
+            {"norm_num_groups", c.norm_num_groups},
+            {"sample_size", 32},
+            {"scaling_factor", c.scaling_factor}};
 }
 
 nlohmann::json unet_json(const UNetConfig& c) {
@@ -267,9 +277,9 @@ TrainResult train_vae(const TrainOptions& o) {
     torch::manual_seed(uint64_t(o.seed));
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 17);
     const auto data = load_fashion_mnist(o.data_dir, "train");
-    perf::set_fast(false); // the fast paths are inference-only (in-place ops)
     VaeConfig cfg = fashion_vae_config();
     AutoencoderKL vae(cfg);
+    vae->set_fast_paths(false); // the fast paths are inference-only (in-place ops)
     vae->train();
     auto opt = make_adamw(vae->parameters(), o);
     Ema ema(*vae, o.ema);
@@ -298,7 +308,6 @@ TrainResult train_vae(const TrainOptions& o) {
     final_vae->eval();
     {
         c10::InferenceMode im;
-        perf::set_fast(true);
         std::vector<Tensor> zs;
         for (int64_t i = 0; i < 4096; i += 512)
             zs.push_back(final_vae->encode(fashion_to_model_input(data.images.narrow(0, i, 512))).mean);
@@ -322,6 +331,7 @@ struct TextAndUnet : torch::nn::Module {
     TextAndUnet(const ClipTextConfig& tc, const UNetConfig& uc) {
         text_encoder = register_module("text_encoder", ClipTextModel(tc));
         unet = register_module("unet", UNet2DConditionModel(uc));
+        unet->set_fast_paths(false); // the fast paths are inference-only (in-place ops); the export runs them
     }
     ClipTextModel text_encoder{nullptr};
     UNet2DConditionModel unet{nullptr};
@@ -341,7 +351,6 @@ TrainResult train_unet(const TrainOptions& o) {
     torch::manual_seed(uint64_t(o.seed));
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 29);
     const auto data = load_fashion_mnist(o.data_dir, "train");
-    perf::set_fast(false);
     const fs::path vae_dir = fs::path(o.out) / "vae";
     if (!fs::exists(vae_dir / "config.json"))
         throw Error("train-unet needs the trained VAE in '" + vae_dir.string() + "' (run train-vae first)");
@@ -358,7 +367,6 @@ TrainResult train_unet(const TrainOptions& o) {
         lat_std = w.get("std");
     } else {
         c10::InferenceMode im;
-        perf::set_fast(true); // inference: the fast paths apply
         std::vector<Tensor> m, s;
         const int64_t n = data.images.size(0);
         for (int64_t i = 0; i < n; i += 1000) {
@@ -368,7 +376,6 @@ TrainResult train_unet(const TrainOptions& o) {
         }
         lat_mean = torch::cat(m);
         lat_std = torch::cat(s);
-        perf::set_fast(false);
         fs::create_directories(loop.ckpt);
         save_safetensors(lat_file.string(), {{"mean", lat_mean}, {"std", lat_std}});
     }
@@ -430,17 +437,21 @@ TrainResult train_unet(const TrainOptions& o) {
     write_json(root / "unet" / "config.json", unet_json(fashion_unet_config()));
     to_half_file((root / "text_encoder" / "model.safetensors").string(), with_prefix_removed(w, "text_encoder."));
     write_json(root / "text_encoder" / "config.json", text_json(fashion_text_config()));
-    write_json(root / "scheduler" / "scheduler_config.json",
-               {{"_class_name", "DDIMScheduler"}, {"num_train_timesteps", 1000}, {"beta_start", 0.00085},
-                {"beta_end", 0.012}, {"beta_schedule", "scaled_linear"}, {"steps_offset", 1},
-                {"set_alpha_to_one", false}, {"clip_sample", false}, {"prediction_type", "epsilon"},
-                {"timestep_spacing", "leading"}});
-    write_json(root / "model_index.json",
-               {{"_class_name", "StableDiffusionPipeline"},
-                {"scheduler", {"diffusers", "DDIMScheduler"}},
-                {"text_encoder", {"transformers", "CLIPTextModel"}},
-                {"unet", {"diffusers", "UNet2DConditionModel"}},
-                {"vae", {"diffusers", "AutoencoderKL"}}});
+    write_json(root / "scheduler" / "scheduler_config.json", {{"_class_name", "DDIMScheduler"},
+                                                              {"num_train_timesteps", 1000},
+                                                              {"beta_start", 0.00085},
+                                                              {"beta_end", 0.012},
+                                                              {"beta_schedule", "scaled_linear"},
+                                                              {"steps_offset", 1},
+                                                              {"set_alpha_to_one", false},
+                                                              {"clip_sample", false},
+                                                              {"prediction_type", "epsilon"},
+                                                              {"timestep_spacing", "leading"}});
+    write_json(root / "model_index.json", {{"_class_name", "StableDiffusionPipeline"},
+                                           {"scheduler", {"diffusers", "DDIMScheduler"}},
+                                           {"text_encoder", {"transformers", "CLIPTextModel"}},
+                                           {"unet", {"diffusers", "UNet2DConditionModel"}},
+                                           {"vae", {"diffusers", "AutoencoderKL"}}});
     // A model of our own has no reference outputs to reproduce bit for bit: let it run the fused small-head attention
     // (unet/checkpoint.h, LoadOptions::attention).
     write_json(root / "anchorcache.json",
@@ -462,8 +473,8 @@ FashionClassifierImpl::FashionClassifierImpl() {
 }
 
 Tensor FashionClassifierImpl::forward(const Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);  // 16x16
-    h = torch::max_pool2d(torch::relu(conv2->forward(h)), 2);       // 8x8
+    auto h = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);       // 16x16
+    h = torch::max_pool2d(torch::relu(conv2->forward(h)), 2);            // 8x8
     h = torch::max_pool2d(torch::relu(conv3->forward(h)), 2).flatten(1); // 4x4x128: keeps the layout
     return fc->forward(h);
 }

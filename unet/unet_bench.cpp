@@ -1,0 +1,191 @@
+#include "unet/unet_bench.h"
+
+#include "cache/io/error.h"
+#include "cache/util/bench.h"
+#include "unet/unet_macs.h"
+
+#include <torch/torch.h>
+
+#if __has_include(<torch/csrc/autograd/profiler_legacy.h>)
+#include <torch/csrc/autograd/profiler_legacy.h>
+#define ANCHOR_HAVE_RECORD_PROFILE 1
+#endif
+
+#include <algorithm>
+
+namespace anchor::unet {
+
+using namespace util;
+
+// fp32 GEMM rate of this process' BLAS on the threads in effect: min time of `repeat` n x n x n products.
+double gemm_gflops(int64_t n, int repeat) {
+    torch::NoGradGuard ng;
+    auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+    torch::mm_out(c, a, b); // warm-up (page faults, thread pool)
+    double best = 1e30;
+    for (int i = 0; i < repeat; ++i) {
+        const double t0 = now_s();
+        torch::mm_out(c, a, b);
+        best = std::min(best, now_s() - t0);
+    }
+    return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
+}
+
+void UNetBenchParams::validate() const {
+    if (width <= 0 || height <= 0 || width % vae_factor || height % vae_factor)
+        throw ParamError(width <= 0 || width % vae_factor ? "width" : "height",
+                         "must be positive multiples of the VAE factor " + std::to_string(vae_factor) + ", got " +
+                             std::to_string(width) + "x" + std::to_string(height));
+    if (repeat < 1) throw ParamError("repeat", "must be >= 1");
+    if (warmup < 0) throw ParamError("warmup", "must be >= 0");
+    if (batch < 1) throw ParamError("batch", "must be >= 1");
+    for (int n : deepcache)
+        if (n < 1) throw ParamError("deepcache", "intervals must be >= 1");
+#ifndef ANCHOR_HAVE_RECORD_PROFILE
+    if (!profile.empty()) throw ParamError("profile", "needs LibTorch's legacy profiler header");
+#endif
+}
+
+double unet_bench_macs(const UNetBenchParams& o) {
+    return double(unet_mac_breakdown(o.unet, o.height / o.vae_factor, o.width / o.vae_factor, 77).full().total());
+}
+
+void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std::string&)>& emit) {
+    o.validate();
+    const UNetConfig& cfg = o.unet;
+    const int64_t lh = o.height / o.vae_factor, lw = o.width / o.vae_factor;
+    const int64_t tokens = 77;
+    const auto macs = unet_mac_breakdown(cfg, lh, lw, tokens);
+    const auto full = macs.full();
+    if (o.branch < 0 || o.branch >= macs.num_skips())
+        throw ParamError("branch", "must be in [0, " + std::to_string(macs.num_skips()) + ")");
+
+    emit("anchor-sd bench: " + o.unet_name + " (random weights), " + std::to_string(o.width) + "x" +
+         std::to_string(o.height) + " (latent " + std::to_string(lw) + "x" + std::to_string(lh) + "), batch " +
+         std::to_string(o.batch) + (o.batch == 2 ? " (one CFG step)" : "") + ", float32, " +
+         std::to_string(torch::get_num_threads()) + " threads");
+    emit("  " + cfg.describe());
+    emit("  load average at start: " + load_average());
+    emit("MACs per UNet forward, one sample (conv + linear layers, DeepCache's definition): " +
+         format_gmacs(double(full.total())) + " GMACs");
+    emit("  conv " + format_gmacs(double(full.conv), 3) + " G + linear " + format_gmacs(double(full.linear), 3) +
+         " G = " + format_gmacs(double(full.total()), 3) + " G; attention matmuls (q k^T, p v; not counted above) " +
+         format_gmacs(double(full.attention), 3) + " G");
+    const double sd15_512 = double(unet_macs(UNetConfig{}, 64, 64).total());
+    emit("  reference: SD 1.5 at 512x512 = " + format_gmacs(sd15_512, 2) +
+         " G here vs 338.83 G in DeepCache (Ma et al. 2023), whose extra 0.22 G match conv-bias adds + 2 ops per "
+         "GroupNorm/LayerNorm element");
+    for (int n : o.deepcache) {
+        const double per = deepcache_macs_per_step(macs, n, o.branch);
+        emit("  deepcache:" + std::to_string(n) + " (branch " + std::to_string(o.branch) +
+             ", uniform): " + format_gmacs(per, 2) + " G per step (full " + format_gmacs(double(full.total()), 2) +
+             " G, cached step " + format_gmacs(double(macs.shallow(o.branch).total()), 2) + " G, " +
+             fmt("%.2fx fewer", double(full.total()) / per) + ")");
+    }
+    emit("  published (DeepCache, SD 1.5 512x512): 338.83 G -> 130.45 G per step for deepcache:5");
+
+    emit(std::string("  forward: ") +
+         (o.baseline ? "plain module forwards (--baseline)" : "fast paths (unet/unet_perf.h)"));
+    torch::manual_seed(uint64_t(o.seed));
+    double t0 = now_s();
+    UNet2DConditionModel model(cfg);
+    model->eval();
+    model->set_attention_kernel(o.attention);
+    model->set_fast_paths(!o.baseline);
+    emit("  attention: " + enum_name(kernels::attention_kernel_table(), o.attention));
+    for (auto& p : model->parameters()) p.set_requires_grad(false);
+    int64_t nparams = 0;
+    for (const auto& p : model->parameters()) nparams += p.numel();
+    emit("model: " + fmt("%.1f", double(nparams) / 1e6) + " M parameters, built in " + fmt("%.1f", now_s() - t0) +
+         " s");
+
+    auto sample = torch::randn({o.batch, cfg.in_channels, lh, lw});
+    auto context = torch::randn({o.batch, tokens, cfg.cross_attention_dim});
+    auto timestep = torch::tensor(int64_t(999));
+
+    UNetFeatures feats;
+    feats.cache_branch = o.branch;
+    for (int i = 0; i < o.warmup; ++i) model->forward(sample, timestep, context, &feats);
+    std::vector<double> times;
+    torch::Tensor y;
+    for (int i = 0; i < o.repeat; ++i) {
+        t0 = now_s();
+        y = model->forward(sample, timestep, context);
+        times.push_back(now_s() - t0);
+    }
+    if (!torch::isfinite(y).all().item<bool>()) throw Error("bench: the UNet output is not finite");
+    if (o.ab) {
+        // Interleaved plain / fast steps: on a loaded machine both see the same load.
+        std::vector<double> tp, tf;
+        torch::Tensor yp, yf;
+        for (int i = 0; i < o.repeat; ++i) {
+            model->set_fast_paths(false);
+            t0 = now_s();
+            yp = model->forward(sample, timestep, context);
+            tp.push_back(now_s() - t0);
+            model->set_fast_paths(true);
+            t0 = now_s();
+            yf = model->forward(sample, timestep, context);
+            tf.push_back(now_s() - t0);
+        }
+        model->set_fast_paths(!o.baseline);
+        const Stats sp = stats_of(tp), sf = stats_of(tf);
+        const double rel = (yf - yp).abs().max().item<double>() / yp.abs().max().item<double>();
+        emit("A/B interleaved: plain min " + fmt("%.3f", sp.min) + " s / median " + fmt("%.3f", sp.median) +
+             " s, fast min " + fmt("%.3f", sf.min) + " s / median " + fmt("%.3f", sf.median) + " s, speed-up " +
+             fmt("%.3fx", sp.min / sf.min) + " (min), " + fmt("%.3fx", sp.median / sf.median) +
+             " (median); max |fast - plain| / max |plain| = " + fmt("%.2e", rel));
+    }
+    const Stats st = stats_of(times);
+    emit("UNet step (batch " + std::to_string(o.batch) + "): min " + fmt("%.3f", st.min) + " s, median " +
+         fmt("%.3f", st.median) + " s, max " + fmt("%.3f", st.max) + " s over " + std::to_string(o.repeat) +
+         " runs after " + std::to_string(o.warmup) + " warm-up");
+
+    Stats sh{};
+    if (o.time_shallow && !o.deepcache.empty()) {
+        if (!feats.cache_feature.defined()) model->forward(sample, timestep, context, &feats);
+        std::vector<double> ts;
+        for (int i = 0; i < o.repeat + 1; ++i) { // first one warms the shallow shapes
+            t0 = now_s();
+            model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
+            if (i > 0) ts.push_back(now_s() - t0);
+        }
+        sh = stats_of(ts);
+        emit("  cached (shallow, branch " + std::to_string(o.branch) + ") step: min " + fmt("%.3f", sh.min) +
+             " s, median " + fmt("%.3f", sh.median) + " s");
+        for (int n : o.deepcache)
+            emit("  deepcache:" + std::to_string(n) + " -> " + fmt("%.3f", (st.min + (n - 1) * sh.min) / n) +
+                 " s per step (" + fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
+    }
+
+    if (!o.profile.empty()) {
+#ifdef ANCHOR_HAVE_RECORD_PROFILE
+        // One more step under LibTorch's profiler: a chrome://tracing file with every aten op (per-op costs).
+        {
+            torch::autograd::profiler::RecordProfile prof(o.profile);
+            model->forward(sample, timestep, context);
+        }
+        if (!o.profile_shallow.empty()) { // and one shallow (DeepCache) step next to it
+            torch::autograd::profiler::RecordProfile prof(o.profile_shallow);
+            model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
+        }
+#endif
+    }
+
+    const double flops = 2.0 * double(full.total()) * double(o.batch);
+    const double flops_attn = 2.0 * double(full.total() + full.attention) * double(o.batch);
+    const double achieved = flops / st.min / 1e9, achieved_med = flops / st.median / 1e9;
+    const double gemm = gemm_gflops(o.gemm_n, o.gemm_repeat);
+    emit("achieved: " + fmt("%.1f", achieved) + " GFLOP/s (2 x MACs x batch / min time; median " +
+         fmt("%.1f", achieved_med) + "), with attention matmuls " + fmt("%.1f", flops_attn / st.min / 1e9) +
+         " GFLOP/s");
+    emit("GEMM " + std::to_string(o.gemm_n) + "x" + std::to_string(o.gemm_n) + " fp32 (torch::mm, min of " +
+         std::to_string(o.gemm_repeat) + "): " + fmt("%.1f", gemm) + " GFLOP/s");
+    emit("ratio: " + fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
+         fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
+         fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
+    emit("peak RSS (VmHWM): " + fmt("%.0f", peak_rss_mib()) + " MiB");
+    emit("load average at end: " + load_average());
+}
+
+} // namespace anchor::unet

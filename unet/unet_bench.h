@@ -1,0 +1,43 @@
+// `anchor-sd bench` as a library call: times classifier-free-guidance UNet steps of a UNet with random weights (SD 1.5
+// shapes unless a config says otherwise; no download) and relates them to the analytic MAC count (unet/unet_macs.h)
+// and to the GEMM rate this machine reaches in the same process, so the number says how close the UNet step is to
+// what the BLAS can do.
+#pragma once
+
+#include "kernels/attention.h"
+#include "unet/unet_model.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anchor::unet {
+
+struct UNetBenchParams {
+    UNetConfig unet; // the shapes (random weights)
+    std::string unet_name = "SD 1.5 UNet";
+    int width = 256, height = 256; // image size; latents are width / vae_factor
+    int vae_factor = 8;
+    int repeat = 3, warmup = 1, batch = 2; // batch 2 = one classifier-free-guidance step
+    bool baseline = false;                 // time the plain module forwards (the reference) instead of the fast paths
+    bool ab = false;                       // also time plain and fast forwards interleaved
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
+    std::vector<int> deepcache{2, 3, 5, 10}; // DeepCache intervals whose MACs and cached-step times are shown
+    int branch = 0;
+    bool time_shallow = true;
+    int gemm_n = 2048, gemm_repeat = 5;
+    int64_t seed = 0;
+    std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
+    void validate() const;                // ParamError naming the field
+};
+
+// The analytic MAC count per sample of a full UNet forward at the params' size.
+double unet_bench_macs(const UNetBenchParams& p);
+
+// Runs the benchmark; every line of the report goes to `emit` as it is known (the program prints and keeps them).
+void run_unet_bench(const UNetBenchParams& p, const std::function<void(const std::string&)>& emit);
+
+// fp32 GEMM rate of this process' BLAS on the threads in effect: GFLOP/s of the fastest of `repeat` n^3 products.
+double gemm_gflops(int64_t n, int repeat);
+
+} // namespace anchor::unet
