@@ -2,16 +2,18 @@
 // (unet/train/sd_train.h) and its evaluation with the real caches.
 #include "cli/sd_train.h"
 
-#include "cache/calibration.h"
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/metrics.h"
 #include "cache/util/bench.h"
 #include "cli/common.h"
+#include "cli/enum_option.h"
 #include "cli/loss_plot.h"
 #include "unet/checkpoint.h"
 #include "unet/freq_cache.h"
+#include "unet/freq_calibration.h"
 #include "unet/pipeline.h"
+#include "unet/train/fashion_eval.h"
 #include "unet/train/fashion_mnist.h"
 #include "unet/train/sd_train.h"
 
@@ -50,193 +52,37 @@ void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, doubl
 }
 
 struct EvalOptions {
-    std::string model = "assets/models/fashion-sd", classifier,
-                modes = "off,deepcache:2,deepcache:3,deepcache:4,"
-                        "deepcache:5,deepcache:6,freq:thr=0.5,freq,freq:thr=2";
-    std::string out;
-    int seeds = 4, steps = 20, repeats = 1;
-    double cfg = 5.0;
-    bool overwrite = false;
+    unet::train::FashionEvalParams eval;
+    std::string modes = "off,deepcache:2,deepcache:3,deepcache:4,deepcache:5,deepcache:6,freq:thr=0.5,freq,freq:thr=2";
 };
 
-// Generates one image per class and seed for every mode (batched: the 10 class prompts in one pipeline run per seed)
-// and reports prompt adherence (classifier), PSNR/SSIM vs the first mode and wall time.
-// Timing on a shared 2-core VM: the modes are interleaved per seed (off, A, B, ... for seed 1, then seed 2, ...), so a
-// slow period of the machine hits every mode alike instead of one whole mode; with --repeats R each (seed, mode) run
-// is timed R times and the fastest counts (the work is deterministic: the spread is the machine's, not the code's).
-int run_eval(const EvalOptions& o) {
-    const auto modes = unet::split_mode_list(o.modes);
-    if (o.seeds < 1) throw UsageError("eval-fashion: --seeds must be >= 1");
-    if (o.repeats < 1) throw UsageError("eval-fashion: --repeats must be >= 1");
-    // Every output is known before the first image: refuse existing ones now, not after minutes of generation.
-    const fs::path out = o.out.empty() ? fs::path(o.model) / "eval" : fs::path(o.out);
-    fs::create_directories(out);
-    const std::string report = (out / "cache_eval.json").string();
-    std::vector<std::string> sheets;
-    for (const auto& m : modes) {
-        std::string safe = unet::parse_cache_mode(m)->spec(); // a file name of letters, digits, '.', '_' and '-'
-        for (char& ch : safe)
-            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
-        const std::string sheet = (out / ("samples_" + safe + ".png")).string();
-        if (std::find(sheets.begin(), sheets.end(), sheet) != sheets.end())
-            throw UsageError("eval-fashion: --modes lists '" + m + "' twice (as " + safe + ")");
-        sheets.push_back(sheet);
-        check_output_path(sheet, o.overwrite);
-    }
-    check_output_path(report, o.overwrite);
-    const std::string cls_path =
-        o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string() : o.classifier;
-    auto classifier = unet::train::load_fashion_classifier(cls_path);
-    auto models = unet::load_sd_models(o.model);
-    unet::Txt2ImgPipeline pipe(models);
-    unet::Txt2ImgParams p;
-    p.prompts.clear(); // the default is one empty prompt
-    for (int c = 0; c < 10; ++c) p.prompts.push_back(unet::train::fashion_prompt(c, 0));
-    p.steps = o.steps;
-    p.sampler = unet::SamplerKind::DDIM;
-    p.guidance_scale = o.cfg;
-    p = pipe.resolved(p);
-    pipe.run(p); // warm-up
-
-    struct ModeResult {
-        std::string spec;
-        std::vector<double> wall; // per seed: fastest of the repeats
-        double full_ms = 0, reuse_ms = 0; // controller time of full / reuse steps (UNet + probe), fastest repeats
-        int full_n = 0, reuse_n = 0;
-        double psnr_sum = 0, ssim_sum = 0;
-        int psnr_n = 0, correct = 0, full = 0, total = 0;
-        std::vector<torch::Tensor> tiles;
-    };
-    std::vector<ModeResult> res(modes.size());
-    std::vector<std::vector<torch::Tensor>> ref(size_t(o.seeds)); // first-mode images per seed
-    for (int s = 0; s < o.seeds; ++s) {
-        p.seed = 1000 + s;
-        for (size_t k = 0; k < modes.size(); ++k) {
-            auto& m = res[k];
-            unet::Txt2ImgResult r;
-            double best = INFINITY;
-            std::vector<unet::CacheStepLog> best_log;
-            for (int rep = 0; rep < o.repeats; ++rep) {
-                auto ctl = unet::parse_cache_mode(modes[k]);
-                m.spec = ctl->spec();
-                r = pipe.run(p, ctl.get());
-                if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
-            }
-            m.wall.push_back(best);
-            for (const auto& st : best_log) {
-                (st.full ? m.full_ms : m.reuse_ms) += st.ms;
-                ++(st.full ? m.full_n : m.reuse_n);
-            }
-            m.full += r.full_steps, m.total += r.total_steps;
-            {
-                c10::InferenceMode im;
-                auto pred = classifier->forward(unet::train::rgb_to_classifier_input(r.image, true)).argmax(1);
-                m.correct += (pred == torch::arange(10)).sum().item<int>();
-            }
-            for (int c = 0; c < 10; ++c) {
-                auto img = r.image[c].permute({1, 2, 0}).contiguous();
-                if (k == 0) ref[size_t(s)].push_back(img);
-                const double ps = cache::psnr(img, ref[size_t(s)][size_t(c)], 1.0);
-                if (!std::isinf(ps)) m.psnr_sum += ps, ++m.psnr_n;
-                m.ssim_sum += cache::ssim(img, ref[size_t(s)][size_t(c)], 1.0);
-            }
-            m.tiles.push_back(r.image_uint8); // [10, H, W, 3]
-        }
-    }
-
-    nlohmann::json rep = {{"model", o.model},
-                          {"classifier", cls_path},
-                          {"steps", o.steps},
-                          {"sampler", "ddim"},
-                          {"cfg_scale", o.cfg},
-                          {"seeds", o.seeds},
-                          {"repeats", o.repeats},
-                          {"timing", "modes interleaved per seed; per (seed, mode) the fastest of the repeats"},
-                          {"images_per_mode", 10 * o.seeds},
-                          {"modes", nlohmann::json::array()}};
-    std::printf("%-58s %6s %9s %9s %10s %8s %10s %8s %8s\n", "mode", "full", "wall s", "speed-up", "PSNR", "SSIM",
-                "adherence", "full ms", "reuse ms");
-    auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
-    const double wall0 = sum(res[0].wall);
-    for (size_t k = 0; k < res.size(); ++k) {
-        const auto& m = res[k];
-        const double wall = sum(m.wall);
-        const double psnr = m.psnr_n ? m.psnr_sum / m.psnr_n : INFINITY, ssim = m.ssim_sum / (10.0 * o.seeds);
-        const double adherence = double(m.correct) / (10.0 * o.seeds);
-        const double full_ms = m.full_n ? m.full_ms / m.full_n : 0, reuse_ms = m.reuse_n ? m.reuse_ms / m.reuse_n : 0;
-        std::printf("%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%% %8.2f %8s\n", m.spec.c_str(), m.full, m.total, wall,
-                    wall0 / wall, std::isinf(psnr) ? "inf" : fmt("%.2f dB", psnr).c_str(), ssim, 100 * adherence,
-                    full_ms, m.reuse_n ? fmt("%.2f", reuse_ms).c_str() : "-");
-        // Sample sheet: one row per seed, one column per class.
-        std::vector<torch::Tensor> rows;
-        for (auto& t : m.tiles) rows.push_back(torch::cat(t.unbind(0), 1));
-        const std::string& sheet = sheets[k];
-        unet::write_png(sheet, torch::cat(rows, 0), o.overwrite);
-        rep["modes"].push_back({{"mode", m.spec},
-                                {"full_steps", m.full},
-                                {"total_steps", m.total},
-                                {"wall_s", wall},
-                                {"wall_s_per_seed", m.wall},
-                                {"speedup_vs_first", wall0 / wall},
-                                {"full_step_ms", full_ms},
-                                {"reuse_step_ms", reuse_ms},
-                                {"psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
-                                {"ssim", ssim},
-                                {"classifier_adherence", adherence},
-                                {"samples", sheet}});
-    }
-    std::fflush(stdout);
-    write_file_atomic(report, rep.dump(2) + "\n", o.overwrite);
-    std::printf("wrote %s\n", report.c_str());
+int run_eval(EvalOptions& o) {
+    o.eval.modes = unet::split_mode_list(o.modes);
+    const auto r = unet::train::run_fashion_eval(o.eval);
+    std::printf("%s", r.table().c_str());
+    std::printf("wrote %s\n", r.report_path.c_str());
     return 0;
 }
 
 struct CalibrateOptions {
-    std::string model, prompts = "assets/prompts/sd_bench.txt", out, sampler = "ddim";
-    int max_prompts = 8, steps = 20, ranges = 4;
-    double cfg = 7.5, target = 3.0;
-    int64_t seed = 0;
+    unet::FreqCalibrationParams cal;
+    std::string model, prompts = "assets/prompts/sd_bench.txt", out;
+    int max_prompts = 8;
     bool overwrite = false;
 };
 
-// Uncached generations; the mean per-step low-band energy change r_k of the shallow probe (freq_cache.h, rule 1)
-// over the prompts; thresholds per range of steps = target x mean r_k in the range, i.e. a full step after about
-// `target` steps of typical change for that part of the trajectory. r_k falls by ~10x from the first to the last
-// steps, so one fixed threshold reuses little early and too much late; the profile evens that out.
-int run_calibrate(const CalibrateOptions& o) {
-    if (o.ranges < 1 || o.steps < 2 || !(o.target > 0))
-        throw UsageError("calibrate: --ranges >= 1, --steps >= 2, --target > 0");
+int run_calibrate(CalibrateOptions& o) {
     if (o.out.empty()) throw UsageError("calibrate: -o PROFILE.json is required");
     check_output_path(o.out, o.overwrite);
-    const auto prompts = read_prompts_file(o.prompts, o.max_prompts);
+    o.cal.prompts = read_prompts_file(o.prompts, o.max_prompts);
+    o.cal.validate();
     auto models = unet::load_sd_models(o.model);
     unet::Txt2ImgPipeline pipe(models);
-    unet::Txt2ImgParams p;
-    p.steps = o.steps;
-    p.sampler = unet::sampler_from_string(o.sampler);
-    p.guidance_scale = o.cfg;
-    p = pipe.resolved(p);
-    std::vector<double> mean;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        p.prompts = {prompts[i]};
-        p.seed = o.seed + int64_t(i);
-        auto ctl = unet::parse_cache_mode("off");
-        pipe.run(p, ctl.get());
-        const auto& log = ctl->log();
-        mean.resize(log.size(), 0.0);
-        for (size_t k = 0; k < log.size(); ++k) mean[k] += log[k].energy_change / double(prompts.size());
-        std::fprintf(stderr, "calibrate: %zu/%zu \"%s\"\n", i + 1, prompts.size(), prompts[i].c_str());
-    }
-    auto profile = cache::build_step_profile(mean, o.ranges, o.target);
-    profile.meta = {{"written_by", "anchor-sd calibrate"},
-                    {"model", o.model},
-                    {"steps", o.steps},
-                    {"sampler", o.sampler},
-                    {"cfg_scale", o.cfg},
-                    {"prompts", prompts.size()},
-                    {"target_steps_of_change", o.target},
-                    {"mean_energy_change_per_step", mean},
-                    {"use", "--cache freq:profile=" + o.out}};
+    auto profile = unet::calibrate_freq_profile(pipe, o.cal, [&](size_t i, const std::string& prompt) {
+        std::fprintf(stderr, "calibrate: %zu/%zu \"%s\"\n", i + 1, o.cal.prompts.size(), prompt.c_str());
+    });
+    profile.meta["model"] = o.model;
+    profile.meta["use"] = "--cache freq:profile=" + o.out;
     profile.save(o.out, o.overwrite);
     for (const auto& r : profile.step_ranges)
         std::printf("steps [%.2f, %.2f): mean change %.4f -> threshold %.4f\n", r.begin, r.end, r.mean_change,
@@ -270,15 +116,25 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     auto ev = std::make_shared<EvalOptions>();
     auto* ce = app.add_subcommand("eval-fashion", "prompt adherence and cache speed/quality on the fashion model");
     ce->fallthrough();
-    ce->add_option("-m,--model", ev->model, "model folder")->capture_default_str();
-    ce->add_option("--classifier", ev->classifier, "classifier (default: <model>/eval/classifier.safetensors)");
+    ce->add_option("-m,--model", ev->eval.model, "model folder")->capture_default_str();
+    ce->add_option("--classifier", ev->eval.classifier, "classifier (default: <model>/eval/classifier.safetensors)");
     ce->add_option("--modes", ev->modes, "cache modes, the first is the reference")->capture_default_str();
-    ce->add_option("--seeds", ev->seeds, "seeds (each gives one image per class)")->capture_default_str();
-    ce->add_option("--steps", ev->steps, "DDIM steps")->capture_default_str();
-    ce->add_option("--repeats", ev->repeats, "timed runs per seed and mode; the fastest counts")->capture_default_str();
-    ce->add_option("--cfg-scale", ev->cfg, "guidance scale")->capture_default_str();
-    ce->add_option("-o,--output", ev->out, "output folder (default: <model>/eval)");
-    ce->add_flag("--overwrite", ev->overwrite, "replace cache_eval.json and samples_<mode>.png already in the folder");
+    ce->add_option("--seeds", ev->eval.seeds, "seeds (each gives one image per class)")->capture_default_str();
+    ce->add_option("--steps", ev->eval.steps, "DDIM steps")->capture_default_str();
+    ce->add_option("--repeats", ev->eval.repeats, "timed runs per seed and mode; the fastest counts")
+        ->capture_default_str();
+    ce->add_option("--cfg-scale", ev->eval.cfg, "guidance scale")->capture_default_str();
+    ce->add_option("-o,--output", ev->eval.out, "output folder (default: <model>/eval)");
+    ce->add_flag("--overwrite", ev->eval.overwrite,
+                 "replace cache_eval.json and samples_<mode>.png already in the folder");
+    for (const auto& [field, flag] : std::vector<std::pair<const char*, const char*>>{{"modes", "--modes"},
+                                                                                      {"seeds", "--seeds"},
+                                                                                      {"repeats", "--repeats"},
+                                                                                      {"ranges", "--ranges"},
+                                                                                      {"target", "--target"},
+                                                                                      {"steps", "--steps"},
+                                                                                      {"prompts", "--prompts"}})
+        bind_field(field, flag);
     runners.emplace_back(ce, [ev]() { return run_eval(*ev); });
 
     auto cal = std::make_shared<CalibrateOptions>();
@@ -288,14 +144,18 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     ck->add_option("-m,--model", cal->model, "model (default: the embedded one)");
     ck->add_option("--prompts", cal->prompts, "prompt file, one per line")->capture_default_str();
     ck->add_option("--max-prompts", cal->max_prompts, "use at most this many prompts")->capture_default_str();
-    ck->add_option("--steps", cal->steps, "sampling steps (the profile is in fractions of the loop)")
+    auto& base = cal->cal.base;
+    base.steps = 20;
+    base.sampler = unet::SamplerKind::DDIM;
+    base.seed = 0;
+    ck->add_option("--steps", base.steps, "sampling steps (the profile is in fractions of the loop)")
         ->capture_default_str();
-    ck->add_option("--sampler", cal->sampler, "sampler")->capture_default_str();
-    ck->add_option("--cfg-scale", cal->cfg, "guidance scale")->capture_default_str();
-    ck->add_option("--ranges", cal->ranges, "number of equal step ranges")->capture_default_str();
-    ck->add_option("--target", cal->target, "full step after about this many steps of typical change")
+    add_enum_option(*ck, "--sampler", base.sampler, unet::sampler_table(), "sampler");
+    ck->add_option("--cfg-scale", base.guidance_scale, "guidance scale")->capture_default_str();
+    ck->add_option("--ranges", cal->cal.ranges, "number of equal step ranges")->capture_default_str();
+    ck->add_option("--target", cal->cal.target, "full step after about this many steps of typical change")
         ->capture_default_str();
-    ck->add_option("-s,--seed", cal->seed, "first seed")->capture_default_str();
+    ck->add_option("-s,--seed", base.seed, "first seed")->capture_default_str();
     ck->add_option("-o,--output", cal->out, "profile JSON to write")->required();
     ck->add_flag("--overwrite", cal->overwrite, "replace an existing profile");
     runners.emplace_back(ck, [cal]() {

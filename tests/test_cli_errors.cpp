@@ -217,7 +217,7 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
          "sd",
          {"eval-fashion", "-m", "assets/models/sd15-tiny-random", "--modes", "off,freq,freq:thr=1", "-o", out},
          2,
-         {"--modes lists 'freq:thr=1' twice"}},
+         {"--modes: lists 'freq:thr=1' twice"}},
         {"train-vae without the dataset",
          "sd",
          {"train-vae", "-o", out + "/m", "--data", work + "/no_data"},
