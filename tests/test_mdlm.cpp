@@ -1,4 +1,5 @@
 // Masked diffusion LM: model layout, cross-step anchor cache, samplers, training, calibration profile.
+#include "cache/calibration.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
@@ -352,21 +353,23 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     std::vector<double> v = {0.1, 0.11, 0.12, 5.0, 5.1, 9.0, 9.2, 9.1};
     std::vector<double> c;
     std::vector<int64_t> a;
-    kmeans_1d(v, 3, c, a);
+    cache::kmeans_1d(v, 3, c, a);
     REQUIRE(c.size() == 3);
     CHECK(c[0] == Approx(0.11));
     CHECK(c[1] == Approx(5.05));
     CHECK(c[2] == Approx(9.1));
     CHECK(a == std::vector<int64_t>{0, 0, 0, 1, 1, 2, 2, 2});
-    auto p = build_profile({{0.1, 0.11, 0.12, 5.0}, {5.1, 9.0, 9.2, 9.1}}, 3, 8);
+    auto p = cache::build_layer_profile({{0.1, 0.11, 0.12, 5.0}, {5.1, 9.0, 9.2, 9.1}}, 3, 8);
     CHECK(p.class_stale == std::vector<int64_t>{8, 5, 1}); // stable -> long staleness
     CHECK(p.staleness(0, 0, 8) == 8);
     CHECK(p.staleness(1, 7, 8) == 1);
     auto dir = test::scratch_dir("mdlm_profile");
     p.save(dir + "/p.json", false);
     CHECK_THROWS_AS(p.save(dir + "/p.json", false), Error); // never overwrite silently
-    auto q = AnchorProfile::load(dir + "/p.json");
+    auto q = cache::AnchorProfile::load(dir + "/p.json");
     CHECK(q.class_of == p.class_of);
+    CHECK(q.class_stale == p.class_stale);
+    CHECK(q.centroids == p.centroids);
 
     // Calibration on the tiny model, then sampling with the profile.
     auto m = tiny_model();
@@ -386,6 +389,38 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     so.prompt = {464, 3290};
     auto r = sample(d, so);
     CHECK(r.tokens.size() == 24);
+}
+
+TEST_CASE("mdlm profile: the committed kjv-mdlm profile (format anchorcache-mdlm-profile-1) still drives the cache",
+          "[mdlm]") {
+    const std::string path = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm/anchor_profile.json";
+    std::ifstream f(path);
+    REQUIRE(f);
+    const auto j = nlohmann::json::parse(f);
+    REQUIRE(j.at("format") == "anchorcache-mdlm-profile-1");
+    const auto p = cache::AnchorProfile::load(path);
+    REQUIRE(p.has_layer_classes());
+    CHECK(p.n_layers == j.at("n_layers").get<int64_t>());
+    CHECK(p.time_bins == j.at("time_bins").get<int64_t>());
+    CHECK(p.class_of == j.at("class_of").get<std::vector<std::vector<int64_t>>>());
+    for (size_t c = 0; c < p.class_stale.size(); ++c) {
+        CHECK(p.class_stale[c] == j.at("classes")[c].at("staleness").get<int64_t>());
+        CHECK(p.centroids[c] == j.at("classes")[c].at("centroid").get<double>());
+    }
+    // staleness(l, step, T) reads class_of[l][step * time_bins / T]
+    const int64_t T = p.time_bins;
+    for (int64_t l = 0; l < p.n_layers; ++l)
+        for (int64_t s = 0; s < T; ++s)
+            CHECK(p.staleness(l, s, T) == p.class_stale[size_t(p.class_of[size_t(l)][size_t(s)])]);
+    // The model it was calibrated for takes it; a step-range profile (Stable Diffusion) is refused by name.
+    MdlmDenoiser d(load_mdlm(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm"),
+                   parse_cache_spec("anchor:profile=" + path));
+    auto dir = test::scratch_dir("mdlm_profile_kinds");
+    cache::AnchorProfile sd;
+    sd.step_ranges = {{0.0, 1.0, 0.2, 0.1}};
+    sd.save(dir + "/sd.json", true);
+    CHECK_THROWS_WITH(MdlmDenoiser(tiny_model(), parse_cache_spec("anchor:profile=" + dir + "/sd.json")),
+                      Catch::Contains("no layer classes"));
 }
 
 TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]") {

@@ -21,7 +21,8 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
         {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
         {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0.05)"},
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
-        {"masked", "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
+        {"masked",
+         "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
         {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
     return keys;
 }
@@ -99,147 +100,6 @@ CacheSpec parse_cache_spec(const std::string& s) {
     return spec;
 }
 
-// ---- profile --------------------------------------------------------------------------------------------------------
-
-int64_t AnchorProfile::staleness(int64_t layer, int64_t step, int64_t total_steps) const {
-    if (layer < 0 || layer >= n_layers) throw Error("anchor profile: layer " + std::to_string(layer) + " out of range");
-    int64_t bin = total_steps > 0 ? std::min<int64_t>(time_bins - 1, step * time_bins / total_steps) : 0;
-    return class_stale.at(static_cast<size_t>(class_of[layer][static_cast<size_t>(std::max<int64_t>(0, bin))]));
-}
-
-nlohmann::json AnchorProfile::to_json() const {
-    nlohmann::json classes = nlohmann::json::array();
-    for (size_t i = 0; i < centroids.size(); ++i)
-        classes.push_back({{"centroid", centroids[i]}, {"staleness", class_stale[i]}});
-    return {{"format", "anchorcache-mdlm-profile-1"},
-            {"n_layers", n_layers},
-            {"time_bins", time_bins},
-            {"classes", classes},
-            {"class_of", class_of},
-            {"meta", meta}};
-}
-
-AnchorProfile AnchorProfile::from_json(const nlohmann::json& j) {
-    AnchorProfile p;
-    try {
-        if (j.value("format", std::string()) != "anchorcache-mdlm-profile-1")
-            throw Error("not an MDLM anchor profile (format field)");
-        p.n_layers = j.at("n_layers").get<int64_t>();
-        p.time_bins = j.at("time_bins").get<int64_t>();
-        for (const auto& c : j.at("classes")) {
-            p.centroids.push_back(c.at("centroid").get<double>());
-            p.class_stale.push_back(c.at("staleness").get<int64_t>());
-        }
-        p.class_of = j.at("class_of").get<std::vector<std::vector<int64_t>>>();
-        if (j.contains("meta")) p.meta = j["meta"];
-    } catch (const nlohmann::json::exception& e) {
-        throw Error(std::string("anchor profile: ") + e.what());
-    }
-    if (p.n_layers <= 0 || p.time_bins <= 0 || static_cast<int64_t>(p.class_of.size()) != p.n_layers)
-        throw Error("anchor profile: n_layers/time_bins/class_of disagree");
-    for (const auto& row : p.class_of) {
-        if (static_cast<int64_t>(row.size()) != p.time_bins) throw Error("anchor profile: class_of row length");
-        for (auto c : row)
-            if (c < 0 || c >= static_cast<int64_t>(p.class_stale.size()))
-                throw Error("anchor profile: class index " + std::to_string(c) + " out of range");
-    }
-    for (auto s : p.class_stale)
-        if (s < 0) throw Error("anchor profile: negative staleness");
-    return p;
-}
-
-AnchorProfile AnchorProfile::load(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open anchor profile '" + path + "'");
-    nlohmann::json j;
-    try {
-        f >> j;
-    } catch (const std::exception& e) {
-        throw Error("anchor profile '" + path + "': invalid JSON: " + e.what());
-    }
-    try {
-        return from_json(j);
-    } catch (const Error& e) {
-        throw Error("'" + path + "': " + e.what());
-    }
-}
-
-void AnchorProfile::save(const std::string& path, bool overwrite) const {
-    write_file_atomic(path, to_json().dump(1) + "\n", overwrite);
-}
-
-void kmeans_1d(const std::vector<double>& values, int64_t k, std::vector<double>& centroids,
-               std::vector<int64_t>& assignment, int iterations) {
-    if (values.empty()) throw Error("k-means: no values");
-    std::vector<double> sorted = values;
-    std::sort(sorted.begin(), sorted.end());
-    std::vector<double> uniq = sorted;
-    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
-    k = std::max<int64_t>(1, std::min<int64_t>(k, static_cast<int64_t>(uniq.size())));
-    centroids.assign(static_cast<size_t>(k), 0.0);
-    for (int64_t i = 0; i < k; ++i) // quantile initialisation over the distinct values: deterministic
-        centroids[static_cast<size_t>(i)] = uniq[static_cast<size_t>((i * 2 + 1) * uniq.size() / (2 * k))];
-    assignment.assign(values.size(), 0);
-    auto assign = [&] {
-        bool changed = false;
-        for (size_t i = 0; i < values.size(); ++i) {
-            int64_t best = 0;
-            for (int64_t c = 1; c < k; ++c)
-                if (std::abs(values[i] - centroids[c]) < std::abs(values[i] - centroids[best])) best = c;
-            changed |= assignment[i] != best;
-            assignment[i] = best;
-        }
-        return changed;
-    };
-    assign();
-    for (int it = 0; it < iterations; ++it) {
-        std::vector<double> sum(static_cast<size_t>(k), 0.0);
-        std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
-        for (size_t i = 0; i < values.size(); ++i) sum[assignment[i]] += values[i], cnt[assignment[i]]++;
-        for (int64_t c = 0; c < k; ++c)
-            if (cnt[c]) centroids[c] = sum[c] / cnt[c];
-        if (!assign()) break;
-    }
-    // Sort classes by centroid and drop empty ones.
-    std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
-    for (auto a : assignment) cnt[a]++;
-    std::vector<int64_t> order;
-    for (int64_t c = 0; c < k; ++c)
-        if (cnt[c]) order.push_back(c);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return centroids[a] < centroids[b]; });
-    std::vector<int64_t> remap(static_cast<size_t>(k), -1);
-    std::vector<double> sorted_c;
-    for (size_t r = 0; r < order.size(); ++r)
-        remap[order[r]] = static_cast<int64_t>(r), sorted_c.push_back(centroids[order[r]]);
-    for (auto& a : assignment) a = remap[a];
-    centroids = sorted_c;
-}
-
-AnchorProfile build_profile(const std::vector<std::vector<double>>& deltas, int64_t k, int64_t max_stale) {
-    if (deltas.empty() || deltas[0].empty()) throw Error("build_profile: no deltas");
-    std::vector<double> flat;
-    for (const auto& row : deltas) {
-        if (row.size() != deltas[0].size()) throw Error("build_profile: ragged deltas");
-        flat.insert(flat.end(), row.begin(), row.end());
-    }
-    AnchorProfile p;
-    std::vector<int64_t> assign;
-    kmeans_1d(flat, k, p.centroids, assign);
-    p.n_layers = static_cast<int64_t>(deltas.size());
-    p.time_bins = static_cast<int64_t>(deltas[0].size());
-    const int64_t K = static_cast<int64_t>(p.centroids.size());
-    // Rank-based staleness: the most stable class (smallest Delta) may be reused for max_stale steps, the least
-    // stable one only for 1 (dLLM-Cache uses one interval per token group; here each class gets its own).
-    for (int64_t c = 0; c < K; ++c) {
-        double frac = K > 1 ? double(c) / double(K - 1) : 0.0;
-        p.class_stale.push_back(std::max<int64_t>(1, std::llround(max_stale - (max_stale - 1) * frac)));
-    }
-    p.class_of.assign(static_cast<size_t>(p.n_layers), std::vector<int64_t>(static_cast<size_t>(p.time_bins)));
-    for (int64_t l = 0; l < p.n_layers; ++l)
-        for (int64_t s = 0; s < p.time_bins; ++s) p.class_of[l][s] = assign[static_cast<size_t>(l * p.time_bins + s)];
-    return p;
-}
-
 // ---- storage --------------------------------------------------------------------------------------------------------
 
 namespace {
@@ -290,8 +150,12 @@ MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<Mdlm
     : model_(std::move(model)), spec_(std::move(spec)), store_(std::move(store)) {
     if (!store_) store_ = make_dense_latent_store();
     if (spec_.mode == CacheMode::Anchor && !spec_.anchor.profile.empty()) {
-        profile_ = AnchorProfile::load(spec_.anchor.profile);
+        profile_ = cache::AnchorProfile::load(spec_.anchor.profile);
         has_profile_ = true;
+        if (!profile_.has_layer_classes())
+            throw Error("anchor profile '" + spec_.anchor.profile +
+                        "' has no layer classes (a Stable Diffusion step-range profile?); calibrate one with "
+                        "'anchor-text diffusion calibrate'");
         if (profile_.n_layers != model_->config().n_blocks)
             throw Error("anchor profile '" + spec_.anchor.profile + "' has " + std::to_string(profile_.n_layers) +
                         " layers, the model " + std::to_string(model_->config().n_blocks));

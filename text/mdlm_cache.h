@@ -11,7 +11,8 @@
 // and ANCHORED otherwise. With `masked=reuse` the first rule shrinks to the positions whose logits the sampler asks
 // for (ancestral: those it unmasks now; confidence: every masked one of the block): a [MASK] position's input never
 // changes, only its attention context and the time conditioning do, so like dLLM-Cache's response cache it can be
-// reused for a few steps; ANCHORED positions: its cached attention/FFN outputs are reused with the CURRENT step's gates,
+// reused for a few steps; ANCHORED positions: its cached attention/FFN outputs are reused with the CURRENT step's
+// gates,
 //   x += g_attn(t_s) * attn_cache,  x += g_ffn(t_s) * ffn_cache,
 // which is exact with respect to the gate because the gate depends on t only. Queries, FFN and fresh K/V are
 // computed for active positions only (gather/scatter); their queries attend over all keys (anchored ones from the
@@ -21,6 +22,7 @@
 // step 0) everything is recomputed. Mode `off` is the exact reference (dense forward every step).
 #pragma once
 
+#include "cache/anchor_profile.h"
 #include "text/mdlm_model.h"
 
 #include <functional>
@@ -55,30 +57,6 @@ struct CacheSpec {
 // Throws UsageError naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // key -> help (for --help)
-
-// Calibrated anchor profile: k-means classes of per-(layer, time) hidden-state change, each with a staleness.
-struct AnchorProfile {
-    int64_t n_layers = 0;
-    int64_t time_bins = 0;                      // class_of[l] has one entry per time bin over t in (1, 0]
-    std::vector<double> centroids;              // per class: mean Delta
-    std::vector<int64_t> class_stale;           // per class: staleness
-    std::vector<std::vector<int64_t>> class_of; // [layer][bin]
-    nlohmann::json meta;                        // calibration facts (model, prompts, steps)
-
-    int64_t staleness(int64_t layer, int64_t step, int64_t total_steps) const;
-    nlohmann::json to_json() const;
-    static AnchorProfile from_json(const nlohmann::json& j); // throws Error on malformed input
-    static AnchorProfile load(const std::string& path);
-    void save(const std::string& path, bool overwrite) const; // atomic
-};
-
-// k-means (1-D, deterministic init at quantiles) of `values` into at most k classes; returns centroids sorted
-// ascending and the class of every value.
-void kmeans_1d(const std::vector<double>& values, int64_t k, std::vector<double>& centroids,
-               std::vector<int64_t>& assignment, int iterations = 100);
-// Builds a profile from deltas[layer][step] (mean hidden-state change): small change -> long staleness
-// (max_stale), large change -> 1.
-AnchorProfile build_profile(const std::vector<std::vector<double>>& deltas, int64_t k, int64_t max_stale);
 
 // Storage of the per-layer latents (K, V [H, L, d]; attention and FFN branch outputs [L, D]) with step stamps and the
 // token each entry was computed with. Kept behind this interface so a general latent cache (cache/latent_cache.h)
@@ -142,13 +120,13 @@ public:
 
 private:
     torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
-                                int64_t step, const torch::Tensor& positions);
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step,
+                                const torch::Tensor& positions);
 
     MdlmModel model_;
     CacheSpec spec_;
     std::unique_ptr<MdlmLatentStore> store_;
-    AnchorProfile profile_;
+    cache::AnchorProfile profile_; // layer classes (cache/anchor_profile.h)
     bool has_profile_ = false;
     int64_t length_ = 0;
     int64_t total_steps_ = 0;

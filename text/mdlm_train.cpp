@@ -1,6 +1,7 @@
 #include "text/mdlm_train.h"
 #include "cache/train/optim.h"
 
+#include "cache/calibration.h"
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
@@ -241,7 +242,8 @@ TrainResult train_mdlm(const TrainOptions& o) {
     return res;
 }
 
-AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt, std::vector<std::vector<double>>* out) {
+cache::AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
+                                    std::vector<std::vector<double>>* out) {
     if (opt.prompts.empty()) throw UsageError("calibrate: at least one prompt is needed");
     const int64_t nl = model->config().n_blocks, T = opt.sampler.steps;
     std::vector<std::vector<double>> sum(static_cast<size_t>(nl), std::vector<double>(static_cast<size_t>(T), 0.0));
@@ -275,7 +277,7 @@ AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt, std:
         for (int64_t s = 1; s < T; ++s) deltas[l][s] = cnt[l][s] ? sum[l][s] / double(cnt[l][s]) : 0.0;
         deltas[l][0] = T > 1 ? deltas[l][1] : 0.0; // no previous step: like the next one
     }
-    auto prof = build_profile(deltas, opt.classes, opt.max_stale);
+    auto prof = cache::build_layer_profile(deltas, opt.classes, opt.max_stale);
     prof.meta = {{"steps", T},
                  {"length", opt.sampler.length},
                  {"prompts", opt.prompts.size()},

@@ -80,8 +80,8 @@ struct CalibrateOptions {
 };
 
 // Uncached sampling on every prompt; Delta[l][s] = mean over positions decoded at both steps s-1 and s (same token)
-// of ||H_s - H_{s-1}|| after block l, averaged over prompts; then k-means classes (see build_profile).
-AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
-                             std::vector<std::vector<double>>* deltas_out = nullptr);
+// of ||H_s - H_{s-1}|| after block l, averaged over prompts; then k-means classes (cache::build_layer_profile).
+cache::AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
+                                    std::vector<std::vector<double>>* deltas_out = nullptr);
 
 } // namespace anchor::text
