@@ -21,8 +21,7 @@ size_t CacheKeyHash::operator()(const CacheKey& k) const noexcept {
 }
 
 LatentCache::LatentCache(LatentCacheOptions opts) : opts_(opts) {
-    if (opts_.max_staleness < 0)
-        throw UsageError("LatentCache: max_staleness must be >= 0, got " + std::to_string(opts_.max_staleness));
+    if (opts_.max_staleness < 0) throw Error("max_staleness must be >= 0, got " + std::to_string(opts_.max_staleness));
 }
 
 // ---- intrusive lists (indices into nodes_) --------------------------------------------------------------------
@@ -36,6 +35,7 @@ uint32_t LatentCache::alloc_node() {
     if (nodes_.size() >= kNil) throw Error("LatentCache: too many entries");
     nodes_.emplace_back();
     values_.emplace_back();
+    stamps_.emplace_back();
     return static_cast<uint32_t>(nodes_.size() - 1);
 }
 
@@ -100,6 +100,7 @@ void LatentCache::remove_node(uint32_t i) {
     n.used = false;
     n.meta = EntryMeta{};
     values_[i] = torch::Tensor();
+    stamps_[i] = torch::Tensor();
     free_.push_back(i);
 }
 
@@ -116,12 +117,29 @@ void LatentCache::evict_to_budget_locked() {
 
 bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t step) {
     if (!value.defined()) throw Error("LatentCache::put: undefined tensor for key " + key.str());
-    torch::Tensor stored = value;
     const bool to_fp16 = opts_.fp16_storage && value.is_floating_point() && value.scalar_type() != torch::kHalf;
-    if (to_fp16) stored = value.to(torch::kHalf);
-    const size_t bytes = static_cast<size_t>(stored.numel()) * stored.element_size();
-
+    torch::Tensor stored = to_fp16 ? value.to(torch::kHalf) : value;
     std::lock_guard<std::mutex> lock(mu_);
+    return put_locked(key, std::move(stored), value.scalar_type(), to_fp16, step, -1, {});
+}
+
+bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t step, RowVersioned rows) {
+    if (!value.defined()) throw Error("LatentCache::put: undefined tensor for key " + key.str());
+    if (rows.dim < 0 || rows.dim >= value.dim())
+        throw Error("LatentCache::put: row dimension " + std::to_string(rows.dim) + " of a " +
+                    std::to_string(value.dim()) + "-D tensor for key " + key.str());
+    const bool to_fp16 = opts_.fp16_storage && value.is_floating_point() && value.scalar_type() != torch::kHalf;
+    // A private, contiguous copy: put_rows writes into it.
+    torch::Tensor stored = to_fp16 ? value.to(torch::kHalf).contiguous() : value.clone(at::MemoryFormat::Contiguous);
+    auto stamps = torch::full({value.size(rows.dim)}, step, torch::kInt64);
+    std::lock_guard<std::mutex> lock(mu_);
+    return put_locked(key, std::move(stored), value.scalar_type(), to_fp16, step, rows.dim, std::move(stamps));
+}
+
+bool LatentCache::put_locked(const CacheKey& key, torch::Tensor stored, torch::ScalarType dtype, bool fp16,
+                             int64_t step, int64_t row_dim, torch::Tensor stamps) {
+    const size_t bytes = static_cast<size_t>(stored.numel()) * stored.element_size() +
+                         (stamps.defined() ? static_cast<size_t>(stamps.numel()) * sizeof(int64_t) : 0);
     ++stats_.puts;
     ++ops_.hash_lookups;
     auto it = index_.find(key);
@@ -150,14 +168,79 @@ bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t s
     Node& n = nodes_[i];
     n.meta.step = step;
     n.meta.bytes = bytes;
-    n.meta.dtype = value.scalar_type();
-    n.meta.stored_fp16 = to_fp16;
+    n.meta.dtype = dtype;
+    n.meta.stored_fp16 = fp16;
+    n.meta.row_dim = row_dim;
+    n.meta.rows = row_dim >= 0 ? stored.size(row_dim) : 0;
     values_[i] = std::move(stored);
+    stamps_[i] = std::move(stamps);
     lru_push_front(i);
     stats_.bytes += bytes;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
     evict_to_budget_locked();
     return true;
+}
+
+bool LatentCache::put_rows(const CacheKey& key, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+        ++stats_.misses;
+        return false;
+    }
+    const uint32_t i = it->second;
+    const EntryMeta& m = nodes_[i].meta;
+    if (m.row_dim < 0) throw Error("LatentCache::put_rows: " + key.str() + " is not a row-versioned entry");
+    const auto& stored = values_[i];
+    auto want = stored.sizes().vec();
+    want[size_t(m.row_dim)] = idx.numel();
+    if (idx.dim() != 1 || idx.scalar_type() != torch::kInt64 || rows.sizes().vec() != want)
+        throw Error("LatentCache::put_rows: " + key.str() + " takes int64 [n] indices and rows of shape " +
+                    shape_str(want) + ", got indices " + shape_str(idx.sizes().vec()) + " and rows " +
+                    shape_str(rows.sizes().vec()));
+    values_[i].index_copy_(m.row_dim, idx, m.stored_fp16 ? rows.to(torch::kHalf) : rows);
+    stamps_[i].index_fill_(0, idx, step);
+    nodes_[i].meta.step = step;
+    stats_.rows_written += uint64_t(idx.numel());
+    lru_unlink(i);
+    lru_push_front(i);
+    return true;
+}
+
+std::optional<torch::Tensor> LatentCache::row_steps(const CacheKey& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end() || !stamps_[it->second].defined()) return std::nullopt;
+    return stamps_[it->second].clone();
+}
+
+torch::Tensor LatentCache::rows_fresh(const torch::Tensor& stamps, int64_t step, int64_t max_staleness) {
+    // The age test of get_locked; kUnwritten rows are never fresh (a negative stamp, whatever the step).
+    return (stamps >= 0) & (stamps <= step) & ((step - stamps) <= max_staleness);
+}
+
+std::optional<torch::Tensor> LatentCache::fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+        ++stats_.misses;
+        return std::nullopt;
+    }
+    const uint32_t i = it->second;
+    const auto& stamps = stamps_[i];
+    if (!stamps.defined()) throw Error("LatentCache::fresh_rows: " + key.str() + " is not a row-versioned entry");
+    auto fresh = rows_fresh(stamps, step, max_staleness);
+    const int64_t n = stamps.numel(), unwritten = (stamps < 0).sum().item<int64_t>(),
+                  hits = fresh.sum().item<int64_t>();
+    stats_.row_hits += uint64_t(hits);
+    stats_.row_misses += uint64_t(unwritten);
+    stats_.row_stale_rejections += uint64_t(n - hits - unwritten);
+    lru_unlink(i);
+    lru_push_front(i);
+    return fresh;
 }
 
 std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_t step, int max_staleness) {
@@ -169,7 +252,8 @@ std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_
     }
     const uint32_t i = it->second;
     const int64_t age = step - nodes_[i].meta.step;
-    if (age < 0 || age > max_staleness) {
+    // A row-versioned entry is served whatever its age: its rows carry their own versions (fresh_rows).
+    if (nodes_[i].meta.row_dim < 0 && (age < 0 || age > max_staleness)) {
         ++stats_.stale_rejections;
         return std::nullopt;
     }
@@ -236,6 +320,7 @@ void LatentCache::clear() {
     std::lock_guard<std::mutex> lock(mu_);
     nodes_.clear();
     values_.clear();
+    stamps_.clear();
     free_.clear();
     index_.clear();
     namespaces_.clear();
@@ -251,7 +336,7 @@ void LatentCache::set_byte_budget(size_t bytes) {
 }
 
 void LatentCache::set_max_staleness(int steps) {
-    if (steps < 0) throw UsageError("LatentCache: max_staleness must be >= 0, got " + std::to_string(steps));
+    if (steps < 0) throw Error("max_staleness must be >= 0, got " + std::to_string(steps));
     std::lock_guard<std::mutex> lock(mu_);
     opts_.max_staleness = steps;
 }
@@ -303,6 +388,11 @@ nlohmann::json LatentCache::stats_json() const {
         {"byte_budget", opts_.byte_budget},
         {"max_staleness", opts_.max_staleness},
         {"fp16_storage", opts_.fp16_storage},
+        {"rows",
+         {{"written", stats_.rows_written},
+          {"hits", stats_.row_hits},
+          {"stale_rejections", stats_.row_stale_rejections},
+          {"misses", stats_.row_misses}}},
         {"ops",
          {{"hash_lookups", ops_.hash_lookups},
           {"hash_inserts", ops_.hash_inserts},
