@@ -216,12 +216,34 @@ std::optional<torch::Tensor> LatentCache::row_steps(const CacheKey& key) const {
     return stamps_[it->second].clone();
 }
 
+namespace {
+// The age test of get_locked per row, in one pass over the stamps (a sequence's rows are a few hundred: a loop is
+// cheaper than the tensor ops' dispatch). kUnwritten rows are never fresh.
+RowFreshness freshness(const torch::Tensor& stamps, int64_t step, int64_t max_staleness) {
+    RowFreshness r;
+    const auto s = stamps.contiguous();
+    const int64_t n = s.numel();
+    r.fresh = torch::empty({n}, torch::kBool);
+    const int64_t* p = s.data_ptr<int64_t>();
+    bool* f = r.fresh.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t age = step - p[i];
+        f[i] = p[i] >= 0 && age >= 0 && age <= max_staleness;
+        r.hits += f[i];
+        r.unwritten += p[i] < 0;
+    }
+    r.stale = n - r.hits - r.unwritten;
+    return r;
+}
+} // namespace
+
 torch::Tensor LatentCache::rows_fresh(const torch::Tensor& stamps, int64_t step, int64_t max_staleness) {
-    // The age test of get_locked; kUnwritten rows are never fresh (a negative stamp, whatever the step).
-    return (stamps >= 0) & (stamps <= step) & ((step - stamps) <= max_staleness);
+    if (stamps.dim() != 1 || stamps.scalar_type() != torch::kInt64)
+        throw Error("LatentCache::rows_fresh: stamps must be int64 [rows], got " + shape_str(stamps.sizes().vec()));
+    return freshness(stamps, step, max_staleness).fresh;
 }
 
-std::optional<torch::Tensor> LatentCache::fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness) {
+std::optional<RowFreshness> LatentCache::fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness) {
     std::lock_guard<std::mutex> lock(mu_);
     ++ops_.hash_lookups;
     auto it = index_.find(key);
@@ -230,17 +252,14 @@ std::optional<torch::Tensor> LatentCache::fresh_rows(const CacheKey& key, int64_
         return std::nullopt;
     }
     const uint32_t i = it->second;
-    const auto& stamps = stamps_[i];
-    if (!stamps.defined()) throw Error("LatentCache::fresh_rows: " + key.str() + " is not a row-versioned entry");
-    auto fresh = rows_fresh(stamps, step, max_staleness);
-    const int64_t n = stamps.numel(), unwritten = (stamps < 0).sum().item<int64_t>(),
-                  hits = fresh.sum().item<int64_t>();
-    stats_.row_hits += uint64_t(hits);
-    stats_.row_misses += uint64_t(unwritten);
-    stats_.row_stale_rejections += uint64_t(n - hits - unwritten);
+    if (!stamps_[i].defined()) throw Error("LatentCache::fresh_rows: " + key.str() + " is not a row-versioned entry");
+    auto r = freshness(stamps_[i], step, max_staleness);
+    stats_.row_hits += uint64_t(r.hits);
+    stats_.row_misses += uint64_t(r.unwritten);
+    stats_.row_stale_rejections += uint64_t(r.stale);
     lru_unlink(i);
     lru_push_front(i);
-    return fresh;
+    return r;
 }
 
 std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_t step, int max_staleness) {
@@ -370,37 +389,48 @@ void LatentCache::reset_stats() {
     ops_ = CacheOpCounters{};
 }
 
+nlohmann::json to_json(const CacheStats& s) {
+    const uint64_t lookups = s.hits + s.misses + s.stale_rejections;
+    return nlohmann::json{
+        {"hits", s.hits},
+        {"misses", s.misses},
+        {"stale_rejections", s.stale_rejections},
+        {"evictions", s.evictions},
+        {"puts", s.puts},
+        {"replacements", s.replacements},
+        {"oversize_rejections", s.oversize_rejections},
+        {"bytes", s.bytes},
+        {"peak_bytes", s.peak_bytes},
+        {"entries", s.entries},
+        {"hit_rate", lookups ? double(s.hits) / double(lookups) : 0.0},
+        {"rows",
+         {{"written", s.rows_written},
+          {"hits", s.row_hits},
+          {"stale_rejections", s.row_stale_rejections},
+          {"misses", s.row_misses}}},
+    };
+}
+
+CacheStats& CacheStats::operator+=(const CacheStats& o) {
+    hits += o.hits, misses += o.misses, stale_rejections += o.stale_rejections, evictions += o.evictions;
+    puts += o.puts, replacements += o.replacements, oversize_rejections += o.oversize_rejections;
+    bytes = std::max(bytes, o.bytes), peak_bytes = std::max(peak_bytes, o.peak_bytes);
+    entries = std::max(entries, o.entries);
+    rows_written += o.rows_written, row_hits += o.row_hits, row_stale_rejections += o.row_stale_rejections;
+    row_misses += o.row_misses;
+    return *this;
+}
+
 nlohmann::json LatentCache::stats_json() const {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t lookups = stats_.hits + stats_.misses + stats_.stale_rejections;
-    return nlohmann::json{
-        {"hits", stats_.hits},
-        {"misses", stats_.misses},
-        {"stale_rejections", stats_.stale_rejections},
-        {"evictions", stats_.evictions},
-        {"puts", stats_.puts},
-        {"replacements", stats_.replacements},
-        {"oversize_rejections", stats_.oversize_rejections},
-        {"bytes", stats_.bytes},
-        {"peak_bytes", stats_.peak_bytes},
-        {"entries", stats_.entries},
-        {"hit_rate", lookups ? double(stats_.hits) / double(lookups) : 0.0},
-        {"byte_budget", opts_.byte_budget},
-        {"max_staleness", opts_.max_staleness},
-        {"fp16_storage", opts_.fp16_storage},
-        {"rows",
-         {{"written", stats_.rows_written},
-          {"hits", stats_.row_hits},
-          {"stale_rejections", stats_.row_stale_rejections},
-          {"misses", stats_.row_misses}}},
-        {"ops",
-         {{"hash_lookups", ops_.hash_lookups},
-          {"hash_inserts", ops_.hash_inserts},
-          {"hash_erases", ops_.hash_erases},
-          {"list_links", ops_.list_links},
-          {"list_unlinks", ops_.list_unlinks},
-          {"nodes_visited", ops_.nodes_visited}}},
-    };
+    auto j = to_json(stats_);
+    j["byte_budget"] = opts_.byte_budget;
+    j["max_staleness"] = opts_.max_staleness;
+    j["fp16_storage"] = opts_.fp16_storage;
+    j["ops"] = {{"hash_lookups", ops_.hash_lookups}, {"hash_inserts", ops_.hash_inserts},
+                {"hash_erases", ops_.hash_erases},   {"list_links", ops_.list_links},
+                {"list_unlinks", ops_.list_unlinks}, {"nodes_visited", ops_.nodes_visited}};
+    return j;
 }
 
 std::vector<CacheKey> LatentCache::lru_keys() const {

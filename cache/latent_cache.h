@@ -70,6 +70,12 @@ struct RowVersioned {
     int64_t dim = 0;
 };
 
+// fresh_rows: which rows may serve a step, with the counts it added to the statistics.
+struct RowFreshness {
+    torch::Tensor fresh; // bool [rows]
+    int64_t hits = 0, stale = 0, unwritten = 0;
+};
+
 struct LatentCacheOptions {
     size_t byte_budget = 0; // 0: unlimited
     int max_staleness = 2;  // an entry written at step s serves steps s .. s + max_staleness
@@ -93,7 +99,11 @@ struct CacheStats {
     uint64_t row_hits = 0;
     uint64_t row_stale_rejections = 0;
     uint64_t row_misses = 0;
+    // Sums the counters of runs (bytes, peak_bytes and entries: the largest of the two).
+    CacheStats& operator+=(const CacheStats& o);
 };
+// Every statistic above as JSON (the keys of LatentCache::stats_json, without the options and operation counts).
+nlohmann::json to_json(const CacheStats& s);
 
 // Counts of the primitive operations the cache performed, for complexity tests.
 struct CacheOpCounters {
@@ -129,9 +139,9 @@ public:
     bool put_rows(const CacheKey& key, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step);
     // Copy of the per-row step stamps (int64 [rows], kUnwritten for rows never written); no statistics, no LRU change.
     std::optional<torch::Tensor> row_steps(const CacheKey& key) const;
-    // Which rows may serve `step`: bool [rows], rows_fresh() of the entry's stamps. Counts every row (hit, stale
-    // rejection or miss) and makes the entry most recent; nullopt (a miss) when the key is absent.
-    std::optional<torch::Tensor> fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness);
+    // Which rows may serve `step`: rows_fresh() of the entry's stamps. Counts every row (hit, stale rejection or
+    // miss) and makes the entry most recent; nullopt (a miss) when the key is absent.
+    std::optional<RowFreshness> fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness);
     // The staleness window per row, the rule get() applies to a whole entry: 0 <= step - stamp <= max_staleness, and
     // never for kUnwritten rows.
     static torch::Tensor rows_fresh(const torch::Tensor& stamps, int64_t step, int64_t max_staleness);

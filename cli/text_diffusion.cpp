@@ -353,6 +353,7 @@ struct BenchRow {
     int64_t steps = 0;
     bench::Stats off_s, cached_s;
     double reused = 0, agreement = 0, gen_ppl_off = -1, gen_ppl_cached = -1;
+    cache::CacheStats store; // the cached runs' latent store, summed over the repeats
     double speedup() const { return off_s.median / cached_s.median; } // median wall time, off over cached
 };
 
@@ -398,6 +399,7 @@ int run_bench(const BenchArgs& a) {
         std::vector<double> toff;
         std::vector<std::vector<double>> tc(specs.size());
         std::vector<double> reused(specs.size()), agree(specs.size()), ppl_c(specs.size());
+        std::vector<cache::CacheStats> store(specs.size());
         double ppl_off = 0;
         for (int64_t r = 0; r < a.repeats; ++r) {
             SamplerOptions so;
@@ -417,6 +419,7 @@ int run_bench(const BenchArgs& a) {
                 auto ra = sample(anc, so);
                 tc[k].push_back(ra.seconds);
                 reused[k] += ra.cache.reused_fraction() / double(a.repeats);
+                store[k] += ra.store;
                 agree[k] += agreement(ro.tokens, ra.tokens, a.prompt_len) / double(a.repeats);
                 if (scorer) ppl_c[k] += gen_ppl(ra.tokens) / double(a.repeats);
             }
@@ -429,6 +432,7 @@ int run_bench(const BenchArgs& a) {
             row.cached_s = bench::stats_of(tc[k]);
             row.reused = reused[k];
             row.agreement = agree[k];
+            row.store = store[k];
             if (scorer) row.gen_ppl_off = ppl_off, row.gen_ppl_cached = ppl_c[k];
             std::cout << std::fixed << std::setprecision(3) << row.cache << " | " << T << " | " << row.off_s.min
                       << " / " << row.off_s.median << " / " << row.off_s.max << " | " << row.cached_s.min << " / "
@@ -480,7 +484,8 @@ int run_bench(const BenchArgs& a) {
                                 {"cached_s", {r.cached_s.min, r.cached_s.median, r.cached_s.max}},
                                 {"speedup_median", r.speedup()},
                                 {"reused_fraction", r.reused},
-                                {"token_agreement", r.agreement}};
+                                {"token_agreement", r.agreement},
+                                {"store", cache::to_json(r.store)}};
             if (scorer) o["gen_ppl_off"] = r.gen_ppl_off, o["gen_ppl_cached"] = r.gen_ppl_cached;
             j["rows"].push_back(o);
         }

@@ -221,12 +221,15 @@ TEST_CASE("latent cache: row-versioned entries write rows in place and stamp eac
     // Staleness per row: at step 7 with window 2, rows of step 6 are fresh, rows of step 4 stale, unwritten missing.
     auto fresh = c.fresh_rows(k, 7, 2);
     REQUIRE(fresh.has_value());
-    CHECK(fresh->equal(torch::tensor({false, true, false, false, false})));
+    CHECK(fresh->fresh.equal(torch::tensor({false, true, false, false, false})));
+    CHECK(fresh->hits == 1);
+    CHECK(fresh->stale == 2);
+    CHECK(fresh->unwritten == 2);
     auto st = c.stats();
     CHECK(st.row_hits == 1);
     CHECK(st.row_stale_rejections == 2);
     CHECK(st.row_misses == 2);
-    CHECK(c.fresh_rows(k, 8, 4)->equal(torch::tensor({true, true, false, true, false})));
+    CHECK(c.fresh_rows(k, 8, 4)->fresh.equal(torch::tensor({true, true, false, true, false})));
     // The entry is served whatever its age (get's window does not apply: its rows carry their versions).
     CHECK(c.get(k, 100).has_value());
     CHECK_FALSE(c.fresh_rows(key("seq", 2), 0, 2).has_value()); // absent: a miss

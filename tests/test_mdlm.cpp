@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 using namespace anchor;
 using namespace anchor::text;
@@ -253,6 +254,66 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
     }
 }
 
+TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byte budget", "[mdlm]") {
+    auto m = tiny_model();
+    SamplerOptions so;
+    so.length = 40;
+    so.steps = 10;
+    so.prompt = {464, 3290, 286, 262, 4171};
+    so.seed = 2;
+    so.rule = UnmaskRule::Confidence;
+    so.temperature = 0;
+    const int64_t layers = m->config().n_blocks, L = so.length;
+    MdlmDenoiser den(m, parse_cache_spec("anchor:stale=3,rho=0.1"));
+    auto r = sample(den, so);
+    const int64_t active = r.cache.position_layers_total - r.cache.position_layers_reused;
+    // Five slots (K, V, Attn, Ffn, Token) per recomputed position and layer; every anchored row was a fresh row.
+    CHECK(r.store.rows_written == uint64_t(5 * active));
+    CHECK(r.store.row_hits >= uint64_t(r.cache.position_layers_reused));
+    CHECK(r.store.row_hits + r.store.row_stale_rejections + r.store.row_misses == uint64_t(layers * L * so.steps));
+    CHECK(r.store.row_misses == uint64_t(layers * L)); // step 0 finds every row unwritten
+    CHECK(r.store.entries == size_t(5 * layers));
+    CHECK(r.store.evictions == 0);
+    // One sequence per namespace: the next sample replaces the previous one's entries.
+    auto r2 = sample(den, so);
+    CHECK(r2.tokens == r.tokens);
+    CHECK(den.store().size() == size_t(5 * layers));
+    CHECK(r2.store.rows_written == r.store.rows_written);
+
+    // fp16 storage: about half the bytes, logits within float16 rounding of the float32 store.
+    MdlmDenoiser half(m, parse_cache_spec("anchor:stale=3,rho=0.1,fp16=1"));
+    auto rh = sample(half, so);
+    CHECK(rh.store.bytes < r.store.bytes * 6 / 10);
+    auto ids = scripted_ids(m, L);
+    auto pos = torch::arange(L, torch::kInt64);
+    MdlmDenoiser a(m, parse_cache_spec("anchor:stale=10,rho=0")),
+        b(m, parse_cache_spec("anchor:stale=10,rho=0,fp16=1"));
+    a.reset(L);
+    b.reset(L);
+    a.logits(ids, 0.7, 0, pos);
+    b.logits(ids, 0.7, 0, pos);
+    auto la = a.logits(ids, 0.6, 1, pos).narrow(1, 0, 50257), lb = b.logits(ids, 0.6, 1, pos).narrow(1, 0, 50257);
+    const double rel = test::max_abs_diff(la, lb) / la.abs().max().item<double>();
+    INFO("fp16 store: max relative logit difference " << rel);
+    CHECK(rel > 0.0);
+    CHECK(rel < 1e-2);
+
+    // A byte budget below the whole sequence's latents: layers are evicted and recomputed, the sample completes.
+    const double layer_mib = double(r.store.bytes) / double(layers) / (1024.0 * 1024.0);
+    std::ostringstream spec;
+    spec << "anchor:stale=3,rho=0.1,budget=" << 2.5 * layer_mib;
+    MdlmDenoiser tight(m, parse_cache_spec(spec.str()));
+    auto rt = sample(tight, so);
+    CHECK(rt.store.evictions > 0);
+    CHECK(rt.store.bytes <= size_t(2.5 * layer_mib * 1024 * 1024));
+    CHECK(rt.tokens.size() == size_t(L));
+    // One that cannot hold one layer is refused, naming the budget.
+    std::ostringstream tiny;
+    tiny << "anchor:budget=" << 0.5 * layer_mib;
+    MdlmDenoiser none(m, parse_cache_spec(tiny.str()));
+    CHECK_THROWS_WITH(sample(none, so), Catch::Contains("budget"));
+}
+
 TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     auto s = parse_cache_spec("anchor:tau=0.9,stale=3,rho=0.1,refresh=8");
     CHECK(s.mode == CacheMode::Anchor);
@@ -271,6 +332,11 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK(!parse_cache_spec("anchor:masked=active").anchor.reuse_masked);
     CHECK(parse_cache_spec(parse_cache_spec("anchor:masked=reuse").to_string()).anchor.reuse_masked);
     CHECK_THROWS_WITH(parse_cache_spec("anchor:masked=yes"), Catch::Contains("'active' or 'reuse'"));
+    auto st = parse_cache_spec("anchor:fp16=1,budget=64");
+    CHECK(st.anchor.fp16);
+    CHECK(st.anchor.budget_mib == 64);
+    CHECK(parse_cache_spec(st.to_string()).anchor.budget_mib == 64);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:budget=-1"), Error);
 }
 
 TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]") {

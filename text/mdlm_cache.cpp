@@ -23,6 +23,8 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
         {"masked",
          "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
+        {"fp16", "1: store the cached latents as float16 (half the bytes, results move by its rounding; default 0)"},
+        {"budget", "byte budget of the latent store in MiB, 0 = unlimited; an evicted layer is recomputed (default 0)"},
         {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
     return keys;
 }
@@ -34,6 +36,8 @@ std::string CacheSpec::to_string() const {
     if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
     os << ",rho=" << anchor.rho << ",refresh=" << anchor.refresh;
     if (anchor.reuse_masked) os << ",masked=reuse";
+    if (anchor.fp16) os << ",fp16=1";
+    if (anchor.budget_mib > 0) os << ",budget=" << anchor.budget_mib;
     if (!anchor.profile.empty()) os << ",profile=" << anchor.profile;
     return os.str();
 }
@@ -91,6 +95,10 @@ CacheSpec parse_cache_spec(const std::string& s) {
             if (v != "active" && v != "reuse")
                 throw UsageError("cache option masked=" + v + ": expected 'active' or 'reuse'");
             spec.anchor.reuse_masked = v == "reuse";
+        } else if (k == "fp16") {
+            spec.anchor.fp16 = integer(0) != 0;
+        } else if (k == "budget") {
+            spec.anchor.budget_mib = num(0.0, 1e9);
         } else if (k == "profile") {
             if (v.empty()) throw UsageError("cache option profile= needs a file");
             spec.anchor.profile = v;
@@ -100,55 +108,32 @@ CacheSpec parse_cache_spec(const std::string& s) {
     return spec;
 }
 
-// ---- storage --------------------------------------------------------------------------------------------------------
-
-namespace {
-class DenseLatentStore : public MdlmLatentStore {
-public:
-    void reset(int64_t n_layers, int64_t L, int64_t H, int64_t d, int64_t D) override {
-        slots_.assign(static_cast<size_t>(n_layers), {});
-        stamps_.clear();
-        tokens_.clear();
-        for (auto& s : slots_) {
-            // Zero-filled (never read before written: every position is active at step 0).
-            s[K] = torch::zeros({H, L, d});
-            s[V] = torch::zeros({H, L, d});
-            s[Attn] = torch::zeros({L, D});
-            s[Ffn] = torch::zeros({L, D});
-            stamps_.push_back(torch::full({L}, -1, torch::kInt64));
-            tokens_.push_back(torch::full({L}, -1, torch::kInt64));
-        }
-    }
-    torch::Tensor get(int64_t layer, Slot slot) override { return slots_.at(layer)[slot]; }
-    void put(int64_t layer, Slot slot, const torch::Tensor& idx, const torch::Tensor& values) override {
-        auto& t = slots_.at(layer)[slot];
-        t.index_copy_(slot == K || slot == V ? 1 : 0, idx, values);
-    }
-    torch::Tensor& stamp(int64_t layer) override { return stamps_.at(layer); }
-    torch::Tensor& token(int64_t layer) override { return tokens_.at(layer); }
-
-private:
-    std::vector<std::array<torch::Tensor, 4>> slots_;
-    std::vector<torch::Tensor> stamps_, tokens_;
-};
-} // namespace
-
-std::unique_ptr<MdlmLatentStore> make_dense_latent_store() {
-    return std::make_unique<DenseLatentStore>();
-}
-
 // ---- denoiser -------------------------------------------------------------------------------------------------------
 
-torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
-                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active) {
+torch::Tensor rule_active_fresh(const torch::Tensor& ids, const torch::Tensor& fresh, const torch::Tensor& token,
+                                int64_t mask_id, bool full, bool masked_active) {
     if (full) return torch::ones(ids.sizes(), torch::kBool);
-    auto a = (ids != token) | (stamp < 0) | ((step - stamp) > staleness);
+    auto a = (ids != token) | ~fresh;
     return masked_active ? a | (ids == mask_id) : a;
 }
 
-MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<MdlmLatentStore> store)
-    : model_(std::move(model)), spec_(std::move(spec)), store_(std::move(store)) {
-    if (!store_) store_ = make_dense_latent_store();
+torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
+                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active) {
+    return rule_active_fresh(ids, cache::LatentCache::rows_fresh(stamp, step, staleness), token, mask_id, full,
+                             masked_active);
+}
+
+namespace {
+cache::LatentCacheOptions store_options(const CacheSpec& spec) {
+    cache::LatentCacheOptions o;
+    o.fp16_storage = spec.anchor.fp16;
+    o.byte_budget = static_cast<size_t>(spec.anchor.budget_mib * 1024.0 * 1024.0);
+    return o;
+}
+} // namespace
+
+MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec)
+    : model_(std::move(model)), spec_(std::move(spec)), store_(store_options(spec_)) {
     if (spec_.mode == CacheMode::Anchor && !spec_.anchor.profile.empty()) {
         profile_ = cache::AnchorProfile::load(spec_.anchor.profile);
         has_profile_ = true;
@@ -162,11 +147,42 @@ MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<Mdlm
     }
 }
 
+void MdlmDenoiser::create_layer(int64_t l) {
+    const auto& c = model_->config();
+    const int64_t L = length_, H = c.n_heads, d = c.head_dim(), D = c.hidden_size;
+    const auto none = cache::LatentCache::kUnwritten;
+    // Zero-filled (never read before written: a layer without written rows is recomputed in full).
+    store_.put(key(l, MdlmSlot::K), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::V), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::Attn), torch::zeros({L, D}), none, cache::RowVersioned{0});
+    store_.put(key(l, MdlmSlot::Ffn), torch::zeros({L, D}), none, cache::RowVersioned{0});
+    store_.put(key(l, MdlmSlot::Token), torch::full({L}, -1, torch::kInt64), none, cache::RowVersioned{0});
+    for (auto slot : {MdlmSlot::K, MdlmSlot::V, MdlmSlot::Attn, MdlmSlot::Ffn, MdlmSlot::Token})
+        if (!store_.contains(key(l, slot)))
+            throw Error("the latent store's budget (" + std::to_string(store_.options().byte_budget) +
+                        " bytes) cannot hold one layer of a " + std::to_string(L) + "-token sequence");
+}
+
+torch::Tensor MdlmDenoiser::read(int64_t l, MdlmSlot slot) {
+    auto t = store_.get(key(l, slot), 0);
+    if (!t) throw Error("latent store: " + key(l, slot).str() + " was evicted while its layer was computed");
+    return *t;
+}
+
+void MdlmDenoiser::write(int64_t l, MdlmSlot slot, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step) {
+    if (!store_.put_rows(key(l, slot), idx, rows, step))
+        throw Error("latent store: " + key(l, slot).str() + " was evicted while its layer was computed");
+}
+
 void MdlmDenoiser::reset(int64_t length) {
     const auto& c = model_->config();
     length_ = length;
     rope_ = model_->rope(length, torch::TensorOptions().dtype(torch::kFloat32));
-    if (spec_.mode == CacheMode::Anchor) store_->reset(c.n_blocks, length, c.n_heads, c.head_dim(), c.hidden_size);
+    if (!ns_.empty()) store_.erase_namespace(ns_);
+    ns_ = "mdlm/seq" + std::to_string(sequence_++);
+    store_.reset_stats();
+    if (spec_.mode == CacheMode::Anchor)
+        for (int64_t l = 0; l < c.n_blocks; ++l) create_layer(l);
     stats_ = CacheStats{};
     decisions_.clear();
 }
@@ -211,9 +227,16 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         double gate_mean = 0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>());
         int64_t stale = has_profile_ ? profile_.staleness(l, step, total_steps_) : a.stale;
         if (gate_mean > a.tau_gate) stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
-        bool layer_full = full || store_->stamp(l).lt(0).any().item<bool>();
+        // Per-position staleness from the store's row stamps. A layer with rows never written is recomputed in full,
+        // and so is one that lost an entry to the byte budget (created again, empty).
+        bool present = true;
+        for (auto slot : {MdlmSlot::K, MdlmSlot::V, MdlmSlot::Attn, MdlmSlot::Ffn, MdlmSlot::Token})
+            present = present && store_.contains(key(l, slot));
+        if (!present) create_layer(l);
+        const auto rows = *store_.fresh_rows(key(l, MdlmSlot::Token), step, stale);
+        const bool layer_full = full || rows.unwritten > 0;
         auto active =
-            rule_active(ids, store_->stamp(l), store_->token(l), mask_id, step, stale, layer_full, !a.reuse_masked);
+            rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
         if (a.reuse_masked) active.index_fill_(0, positions, true);
         // V-verify (dLLM-Cache): among anchored candidates re-activate the rho fraction whose value vectors moved
         // most (lowest cosine similarity between the current V and the cached V).
@@ -222,7 +245,7 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             int64_t nc = cidx.size(0), nv = static_cast<int64_t>(std::ceil(a.rho * static_cast<double>(nc)));
             if (nc > 0 && nv > 0) {
                 auto v_now = b->value(b->attn_input(x.index_select(1, cidx), m))[0]; // [H, nc, d]
-                auto v_old = store_->get(l, MdlmLatentStore::V).index_select(1, cidx);
+                auto v_old = read(l, MdlmSlot::V).index_select(1, cidx);
                 auto flat_now = v_now.permute({1, 0, 2}).reshape({nc, -1});
                 auto flat_old = v_old.permute({1, 0, 2}).reshape({nc, -1});
                 auto cos = torch::cosine_similarity(flat_now, flat_old, 1, 1e-8);
@@ -236,17 +259,15 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         if (na > 0) {
             torch::Tensor q, k, v;
             b->qkv(b->attn_input(x.index_select(1, idx), m), rope_.select(idx), q, k, v);
-            store_->put(l, MdlmLatentStore::K, idx, k[0]);
-            store_->put(l, MdlmLatentStore::V, idx, v[0]);
-            auto attn = b->attend(q, store_->get(l, MdlmLatentStore::K).unsqueeze(0),
-                                  store_->get(l, MdlmLatentStore::V).unsqueeze(0));
-            store_->put(l, MdlmLatentStore::Attn, idx, attn[0]);
+            write(l, MdlmSlot::K, idx, k[0], step);
+            write(l, MdlmSlot::V, idx, v[0], step);
+            auto attn = b->attend(q, read(l, MdlmSlot::K).unsqueeze(0), read(l, MdlmSlot::V).unsqueeze(0));
+            write(l, MdlmSlot::Attn, idx, attn[0], step);
         }
-        auto y = x + m.gate_attn * store_->get(l, MdlmLatentStore::Attn).unsqueeze(0);
-        if (na > 0) store_->put(l, MdlmLatentStore::Ffn, idx, b->ffn(y.index_select(1, idx), m)[0]);
-        x = y + m.gate_ffn * store_->get(l, MdlmLatentStore::Ffn).unsqueeze(0);
-        store_->stamp(l).index_fill_(0, idx, step);
-        store_->token(l).index_copy_(0, idx, ids.index_select(0, idx));
+        auto y = x + m.gate_attn * read(l, MdlmSlot::Attn).unsqueeze(0);
+        if (na > 0) write(l, MdlmSlot::Ffn, idx, b->ffn(y.index_select(1, idx), m)[0], step);
+        x = y + m.gate_ffn * read(l, MdlmSlot::Ffn).unsqueeze(0);
+        if (na > 0) write(l, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         active_total += na;
         decisions_.push_back({l, stale, gate_mean, layer_full, active});
