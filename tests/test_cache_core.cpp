@@ -371,6 +371,19 @@ TEST_CASE("time-gate policy anchors layers whose gate mean exceeds tau", "[cache
     auto d2 = p.decide({2, 10, {0.1, 0.3}, 0.0});
     CHECK(d2.action == Action::Reuse);
     CHECK_THROWS_AS(p.decide({3, 10, {}, 0.0}), Error);
+    CHECK_THROWS_WITH(TimeGatePolicy(1.5), Catch::Contains("tau must be in [0, 1]"));
+
+    // The other direction (the masked diffusion LM): a gate mean above tau means Reuse (the long staleness), no step
+    // is forced Full, and tau may lie outside [0, 1] (plain adaLN gates are unbounded).
+    TimeGatePolicy r(0.5, GateDirection::HighReuses);
+    CHECK(r.decide({0, 10, {0.7, 0.3}, 0.0}).layers == std::vector<Action>{Action::Reuse, Action::Full});
+    auto r1 = r.decide({1, 10, {0.9, 0.6}, 0.0});
+    CHECK(r1.layers == std::vector<Action>{Action::Reuse, Action::Reuse});
+    CHECK(r1.action == Action::Reuse);
+    CHECK(r.describe() == "gate:0.5:high-reuses");
+    CHECK(TimeGatePolicy(-1, GateDirection::HighReuses).decide({2, 0, {-0.5}, 0.0}).layers[0] == Action::Reuse);
+    CHECK(TimeGatePolicy(2, GateDirection::HighReuses).decide({2, 0, {1.5}, 0.0}).layers[0] == Action::Full);
+    CHECK_THROWS_AS(TimeGatePolicy(std::nan(""), GateDirection::HighReuses), Error);
 
     // g = sigmoid(W E + b): W [2, 3], E = [1, 0, -1], b = [0, 1] -> logits [w00 - w02, 1 + w10 - w12].
     auto W = torch::tensor({1.0, 5.0, -1.0, 0.5, 9.0, 0.5}).reshape({2, 3});

@@ -133,7 +133,8 @@ cache::LatentCacheOptions store_options(const CacheSpec& spec) {
 } // namespace
 
 MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec)
-    : model_(std::move(model)), spec_(std::move(spec)), store_(store_options(spec_)) {
+    : model_(std::move(model)), spec_(std::move(spec)), store_(store_options(spec_)),
+      gate_policy_(spec_.anchor.tau_gate, cache::GateDirection::HighReuses) {
     if (spec_.mode == CacheMode::Anchor && !spec_.anchor.profile.empty()) {
         profile_ = cache::AnchorProfile::load(spec_.anchor.profile);
         has_profile_ = true;
@@ -219,14 +220,26 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
     const int64_t mask_id = model_->internal_mask_id();
     bool full = step == 0 || (a.refresh > 0 && step % a.refresh == 0);
     decisions_.clear();
+    // The gates depend on t only: every layer's modulation and gate mean first, then one gate decision for the step.
+    std::vector<BlockModulation> mods;
+    cache::StepSignals signals;
+    signals.step = static_cast<int>(step);
+    signals.num_steps = static_cast<int>(total_steps_);
+    for (auto& b : model_->block_list) {
+        mods.push_back(b->modulation(c));
+        const auto& m = mods.back();
+        signals.layer_gates.push_back(0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>()));
+    }
+    const auto gate = gate_policy_.decide(signals);
     auto x = x0;
     int64_t active_total = 0;
     for (int64_t l = 0; l < cfg.n_blocks; ++l) {
         auto& b = model_->block_list[static_cast<size_t>(l)];
-        auto m = b->modulation(c);
-        double gate_mean = 0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>());
+        const auto& m = mods[static_cast<size_t>(l)];
+        const double gate_mean = signals.layer_gates[static_cast<size_t>(l)];
         int64_t stale = has_profile_ ? profile_.staleness(l, step, total_steps_) : a.stale;
-        if (gate_mean > a.tau_gate) stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
+        if (gate.layers[static_cast<size_t>(l)] == cache::Action::Reuse)
+            stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
         // Per-position staleness from the store's row stamps. A layer with rows never written is recomputed in full,
         // and so is one that lost an entry to the byte budget (created again, empty).
         bool present = true;

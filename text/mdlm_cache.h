@@ -18,10 +18,12 @@
 // computed for active positions only (gather/scatter); their queries attend over all keys (anchored ones from the
 // cache). stale_l is the base staleness (or the calibrated profile's class staleness for (l, t)); when the mean
 // gate of layer l at t exceeds tau_gate the layer may use `stale_high` (the branch output is passed through almost
-// unattenuated, so the residual stream is dominated by the stable cached branch). Every `refresh` steps (and at
+// unattenuated, so the residual stream is dominated by the stable cached branch): cache::TimeGatePolicy with
+// GateDirection::HighReuses decides it from the gate means the modulation computes. Every `refresh` steps (and at
 // step 0) everything is recomputed. Mode `off` is the exact reference (dense forward every step).
 #pragma once
 
+#include "cache/anchor_policy.h"
 #include "cache/anchor_profile.h"
 #include "cache/latent_cache.h"
 #include "text/mdlm_model.h"
@@ -133,6 +135,8 @@ private:
     MdlmModel model_;
     CacheSpec spec_;
     cache::LatentCache store_;
+    // A layer whose gate mean exceeds tau_gate uses stale_high (the policy's Reuse).
+    cache::TimeGatePolicy gate_policy_;
     std::string ns_;               // namespace of the current sequence
     int64_t sequence_ = 0;         // sequences started
     cache::AnchorProfile profile_; // layer classes (cache/anchor_profile.h)
