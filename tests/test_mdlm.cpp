@@ -8,8 +8,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 using namespace anchor;
@@ -124,6 +126,49 @@ TEST_CASE("mdlm: save, load, detect_from_weights, backbone prefix", "[mdlm]") {
         FAIL("expected an error");
     } catch (const Error& e) {
         CHECK(std::string(e.what()).find("blocks.1.attn_out.weight") != std::string::npos);
+    }
+}
+
+namespace {
+// The latents of one block in plain tensors (batch 1), for MdlmBlockImpl::forward_cached.
+struct DenseLatents : BlockLatents {
+    std::array<torch::Tensor, 4> t;
+    DenseLatents(int64_t H, int64_t L, int64_t d, int64_t D)
+        : t{torch::zeros({H, L, d}), torch::zeros({H, L, d}), torch::zeros({L, D}), torch::zeros({L, D})} {}
+    torch::Tensor read(BlockLatent w) override { return t[size_t(w)]; }
+    void write(BlockLatent w, const torch::Tensor& idx, const torch::Tensor& rows) override {
+        t[size_t(w)].index_copy_(w == BlockLatent::K || w == BlockLatent::V ? 1 : 0, idx, rows);
+    }
+};
+} // namespace
+
+TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row active, on random shapes", "[mdlm]") {
+    torch::NoGradGuard ng;
+    std::mt19937 rng(3);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    for (int trial = 0; trial < 24; ++trial) {
+        MdlmConfig c = tiny_config(trial % 2 ? GateKind::AdaLN : GateKind::TimeAnchor);
+        c.n_heads = pick({1, 2, 4});
+        c.hidden_size = c.n_heads * pick({2, 8, 16});
+        c.n_blocks = 1;
+        MdlmModel m(c);
+        randomize_mdlm_weights(m, uint64_t(trial));
+        const int64_t L = pick({1, 2, 7, 16, 33});
+        CAPTURE(trial, c.n_heads, c.hidden_size, L);
+        auto& b = m->block_list[0];
+        auto x = torch::randn({1, L, c.hidden_size});
+        auto mod = b->modulation(m->conditioning(torch::tensor({0.4f})));
+        auto rope = m->rope(L, x.options());
+        const auto dense = b->forward(x, mod, rope);
+        DenseLatents lat(c.n_heads, L, c.head_dim(), c.hidden_size);
+        CHECK(torch::equal(b->forward_cached(x, mod, rope, torch::arange(L, torch::kInt64), lat), dense));
+        // Anchored rows holding the current values: any subset gives the dense result (up to the gathered products).
+        auto subset = torch::nonzero(torch::rand({L}) < 0.5).reshape(-1);
+        auto got = b->forward_cached(x, mod, rope, subset, lat);
+        CHECK(test::max_abs_diff(got, dense) <= 2e-5 * std::max(1.0, dense.abs().max().item<double>()));
+        // No active row: every branch comes from the latents.
+        CHECK(test::max_abs_diff(b->forward_cached(x, mod, rope, torch::zeros({0}, torch::kInt64), lat), dense) <=
+              2e-5 * std::max(1.0, dense.abs().max().item<double>()));
     }
 }
 

@@ -175,6 +175,19 @@ void MdlmDenoiser::write(int64_t l, MdlmSlot slot, const torch::Tensor& idx, con
         throw Error("latent store: " + key(l, slot).str() + " was evicted while its layer was computed");
 }
 
+class MdlmDenoiser::LayerLatents final : public BlockLatents {
+public:
+    LayerLatents(MdlmDenoiser& d, int64_t layer, int64_t step) : d_(d), layer_(layer), step_(step) {}
+    torch::Tensor read(BlockLatent which) override { return d_.read(layer_, slot_of(which)); }
+    void write(BlockLatent which, const torch::Tensor& idx, const torch::Tensor& rows) override {
+        d_.write(layer_, slot_of(which), idx, rows, step_);
+    }
+
+private:
+    MdlmDenoiser& d_;
+    int64_t layer_, step_;
+};
+
 void MdlmDenoiser::reset(int64_t length) {
     const auto& c = model_->config();
     length_ = length;
@@ -269,17 +282,8 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         if (override_active) active = override_active(step, l, active);
         auto idx = torch::nonzero(active).reshape(-1);
         const int64_t na = idx.size(0);
-        if (na > 0) {
-            torch::Tensor q, k, v;
-            b->qkv(b->attn_input(x.index_select(1, idx), m), rope_.select(idx), q, k, v);
-            write(l, MdlmSlot::K, idx, k[0], step);
-            write(l, MdlmSlot::V, idx, v[0], step);
-            auto attn = b->attend(q, read(l, MdlmSlot::K).unsqueeze(0), read(l, MdlmSlot::V).unsqueeze(0));
-            write(l, MdlmSlot::Attn, idx, attn[0], step);
-        }
-        auto y = x + m.gate_attn * read(l, MdlmSlot::Attn).unsqueeze(0);
-        if (na > 0) write(l, MdlmSlot::Ffn, idx, b->ffn(y.index_select(1, idx), m)[0], step);
-        x = y + m.gate_ffn * read(l, MdlmSlot::Ffn).unsqueeze(0);
+        LayerLatents latents(*this, l, step);
+        x = b->forward_cached(x, m, rope_, idx, latents);
         if (na > 0) write(l, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         active_total += na;

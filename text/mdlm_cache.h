@@ -76,7 +76,11 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // ke
 //     four. One entry per position would cost a cat of L tensors before every attention.
 // The store's statistics (hits, misses, stale rejections, evictions, bytes, rows written) are part of each sample's
 // result (SampleResult::store).
+// The store's slots: the block's latents (BlockLatent, same values), then the token ids.
 enum class MdlmSlot : int32_t { K = 0, V = 1, Attn = 2, Ffn = 3, Token = 4 };
+inline MdlmSlot slot_of(BlockLatent b) {
+    return static_cast<MdlmSlot>(static_cast<int32_t>(b));
+}
 
 struct CacheStats {
     int64_t position_layers_total = 0;    // positions x layers over all steps
@@ -131,6 +135,7 @@ private:
     void create_layer(int64_t layer); // every slot of `layer` with no row written
     torch::Tensor read(int64_t layer, MdlmSlot slot);
     void write(int64_t layer, MdlmSlot slot, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step);
+    class LayerLatents; // one layer's latents at one step, for MdlmBlockImpl::forward_cached
 
     MdlmModel model_;
     CacheSpec spec_;

@@ -214,6 +214,22 @@ torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulati
     return y + m.gate_ffn * ffn(y, m);
 }
 
+torch::Tensor MdlmBlockImpl::forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
+                                            const torch::Tensor& active, BlockLatents& latents) {
+    const bool any = active.size(0) > 0;
+    if (any) {
+        torch::Tensor q, k, v;
+        qkv(attn_input(x.index_select(1, active), m), rope.select(active), q, k, v);
+        latents.write(BlockLatent::K, active, k[0]);
+        latents.write(BlockLatent::V, active, v[0]);
+        auto o = attend(q, latents.read(BlockLatent::K).unsqueeze(0), latents.read(BlockLatent::V).unsqueeze(0));
+        latents.write(BlockLatent::Attn, active, o[0]);
+    }
+    auto y = x + m.gate_attn * latents.read(BlockLatent::Attn).unsqueeze(0);
+    if (any) latents.write(BlockLatent::Ffn, active, ffn(y.index_select(1, active), m)[0]);
+    return y + m.gate_ffn * latents.read(BlockLatent::Ffn).unsqueeze(0);
+}
+
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t cond_dim, int64_t freq) : freq_size(freq) {
     mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(freq, cond_dim), torch::nn::SiLU(),
                                                        torch::nn::Linear(cond_dim, cond_dim)));
