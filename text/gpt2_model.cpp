@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "kernels/attention.h"
 #include "kernels/gemv.h"
 
 #include <nlohmann/json.hpp>
@@ -189,13 +190,14 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, cache::SinkRoll
     auto qkv = c_attn(x).split(C, 2);
     auto heads = [&](const torch::Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
     auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    // nanoGPT: (q k^T) / sqrt(D), causal mask by masked_fill(-inf), softmax, @ v.
+    kernels::AttentionOptions ao;
+    ao.layout = kernels::AttentionLayout::Heads;
+    ao.formula = kernels::ScoreFormula::ScaleAfter;
+    ao.causal = true;
     torch::Tensor y;
     if (!kv) {
-        auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
-        auto mask = torch::ones({T, T}, torch::kBool).triu(1);
-        att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
-        y = torch::matmul(att, v);
+        y = kernels::attention(q, k, v, ao);
     } else {
         // StreamingLLM order: the new token enters the buffer (evicting stream index i - W) before it attends, so
         // the filled slots are exactly A(i) u {i} (README sec. 3).
@@ -203,14 +205,9 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, cache::SinkRoll
         const int64_t L = kv->filled();
         if (T > 1 && (slots.front() != L - T || slots.back() != L - 1))
             throw Error("GPT-2 attention: several tokens per step are only supported while the cache fills");
-        auto att = torch::matmul(q, kv->keys().transpose(-2, -1)) * scale; // [B, H, T, L]
-        if (T > 1) {
-            // Query t (stream index count-T+t) sees slots <= L - T + t; earlier slots hold older tokens.
-            auto key_slot = torch::arange(L, torch::kLong).view({1, L});
-            auto limit = (torch::arange(T, torch::kLong) + (L - T)).view({T, 1});
-            att = att.masked_fill(key_slot > limit, -std::numeric_limits<float>::infinity());
-        }
-        y = torch::matmul(att.softmax(-1), kv->values());
+        // Query t (stream index count-T+t) sees slots <= L - T + t, earlier slots holding older tokens: the causal
+        // mask aligned to the last key.
+        y = kernels::attention(q, kv->keys(), kv->values(), ao); // [B, H, T, D]
     }
     y = y.transpose(1, 2).reshape({B, T, C});
     return c_proj(y);

@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "kernels/attention.h"
 
 #include <cmath>
 #include <filesystem>
@@ -196,9 +197,11 @@ torch::Tensor MdlmBlockImpl::value(const torch::Tensor& h) {
 }
 
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
-    auto scores = torch::matmul(q, k.transpose(-1, -2)) * scale; // [B, H, nq, nk]
-    auto o = torch::matmul(torch::softmax(scores, -1), v);       // [B, H, nq, d]
+    // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
+    kernels::AttentionOptions ao;
+    ao.layout = kernels::AttentionLayout::Heads;
+    ao.formula = kernels::ScoreFormula::ScaleAfter;
+    auto o = kernels::attention(q, k, v, ao); // [B, H, nq, d]
     o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
     return attn_out->forward(o);
 }
