@@ -38,9 +38,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string policy_help() {
-    std::string s;
-    for (const auto& [p, name] : cache::position_policy_names()) s += (s.empty() ? "" : "|") + name;
-    return s;
+    return enum_choices(text::position_mode_table(), "|");
 }
 
 std::string human_bytes(double b) {
@@ -125,7 +123,7 @@ struct PplOptions {
 
 int run_ppl(const PplOptions& o) {
     // Parse everything the user typed before loading anything.
-    const auto policy = cache::position_policy_from_string(o.m.positions);
+    const auto policy = enum_from_string(text::position_mode_table(), o.m.positions, "position policy");
     std::vector<text::KvSpec> specs;
     if (!o.compare.empty()) {
         std::string item;
@@ -154,12 +152,13 @@ int run_ppl(const PplOptions& o) {
     const int64_t P = loaded.config.n_positions;
     std::cout << "model: " << loaded.config.describe() << "\n";
     std::cout << "text: " << o.file << ", " << ids.size() << " tokens, scoring " << ids.size() - 1
-              << " next-token predictions (one token per forward), positions " << cache::to_string(policy) << "\n";
+              << " next-token predictions (one token per forward), positions "
+              << enum_name(text::position_mode_table(), policy) << "\n";
     nlohmann::json report = {{"model", o.m.model},
                              {"config", loaded.config.describe()},
                              {"file", o.file},
                              {"tokens", ids.size()},
-                             {"positions", cache::to_string(policy)},
+                             {"positions", enum_name(text::position_mode_table(), policy)},
                              {"threads", at::get_num_threads()},
                              {"runs", nlohmann::json::array()}};
     std::cout << std::left << std::setw(18) << "kv" << std::right << std::setw(10) << "tokens" << std::setw(14) << "ppl"
@@ -173,7 +172,7 @@ int run_ppl(const PplOptions& o) {
             throw UsageError("--kv full cannot go past n_positions=" + std::to_string(P) + " (the text has " +
                              std::to_string(N) + " tokens); use sink:S,W, window:W or recompute:W, or --max-tokens " +
                              std::to_string(P));
-        if (policy == cache::PositionPolicy::Absolute && N > P)
+        if (policy == text::PositionMode::Absolute && N > P)
             throw UsageError("--positions absolute cannot go past n_positions=" + std::to_string(P) +
                              " (the text has " + std::to_string(N) +
                              " tokens); use --positions reencode|wrap|cache or --max-tokens " + std::to_string(P));
@@ -187,7 +186,7 @@ int run_ppl(const PplOptions& o) {
             report["runs"].push_back({{"kv", spec.str()}, {"skipped", "the text is longer than n_positions"}});
             continue;
         }
-        if (policy == cache::PositionPolicy::Absolute && N > P) {
+        if (policy == text::PositionMode::Absolute && N > P) {
             std::cout << "  --positions absolute cannot go past n_positions=" << P << " (" << N << " tokens)\n";
             report["runs"].push_back({{"kv", spec.str()}, {"skipped", "--positions absolute past n_positions"}});
             continue;
@@ -274,7 +273,7 @@ int64_t sample(const torch::Tensor& logits, const GenOptions& o, std::mt19937_64
 }
 
 int run_generate(const GenOptions& o) {
-    const auto policy = cache::position_policy_from_string(o.m.positions);
+    const auto policy = enum_from_string(text::position_mode_table(), o.m.positions, "position policy");
     const auto spec = text::KvSpec::parse(o.m.kv);
     if (o.prompt.empty()) throw UsageError("the prompt is empty (-p TEXT)");
     if (o.max_new < 0) throw UsageError("--max-new must be >= 0");
@@ -286,10 +285,10 @@ int run_generate(const GenOptions& o) {
     auto tok = load_tokenizer(o.m.vocab, loaded);
     auto prompt = tok.encode(o.prompt, o.allow_special);
     const int64_t P = loaded.config.n_positions, total = static_cast<int64_t>(prompt.size()) + o.max_new;
-    if ((spec.mode == text::KvMode::Full || policy == cache::PositionPolicy::Absolute) && total > P)
+    if ((spec.mode == text::KvMode::Full || policy == text::PositionMode::Absolute) && total > P)
         throw UsageError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-new " +
                          std::to_string(o.max_new) + " exceeds n_positions " + std::to_string(P) + " with --kv " +
-                         spec.str() + " --positions " + cache::to_string(policy) +
+                         spec.str() + " --positions " + enum_name(text::position_mode_table(), policy) +
                          "; use --kv sink:S,W with --positions reencode, wrap or cache to go further");
     if (o.report_every < 0) throw UsageError("--report-every must be >= 0");
     if (!o.report_json.empty()) {
@@ -335,7 +334,7 @@ int run_generate(const GenOptions& o) {
     std::cerr << "prompt: " << prompt.size() << " tokens in " << std::fixed << std::setprecision(3) << prefill
               << " s; generated " << produced << " tokens, " << std::setprecision(1) << (gen > 0 ? produced / gen : 0.0)
               << " tok/s; kv " << spec.str() << " (" << human_bytes(static_cast<double>(stream.kv_bytes()))
-              << "), positions " << cache::to_string(policy) << "; peak RSS "
+              << "), positions " << enum_name(text::position_mode_table(), policy) << "; peak RSS "
               << human_bytes(static_cast<double>(peak_rss_bytes())) << "\n";
     if (windows.size() >= 2) {
         const auto& first = windows.front();
@@ -361,7 +360,7 @@ int run_generate(const GenOptions& o) {
             nlohmann::json j;
             j["model"] = o.m.model;
             j["kv"] = spec.str();
-            j["positions"] = cache::to_string(policy);
+            j["positions"] = enum_name(text::position_mode_table(), policy);
             j["threads"] = at::get_num_threads();
             j["report_every"] = o.report_every;
             j["generated"] = produced;
@@ -519,7 +518,7 @@ int run_bench(const BenchOptions& o) {
                 std::cout << "  context " << ctx << ": skipped (n_positions " << P << ")\n";
                 continue;
             }
-            text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+            text::Gpt2Stream s(model, text::KvSpec::parse("full"), text::PositionMode::Absolute);
             s.feed(random_tokens(ctx));
             auto t = summarize(time_steps(s, o.repeats, rng, V));
             std::cout << "  context " << std::setw(4) << ctx << ": " << fmt_ms(t) << "  -> " << std::setprecision(2)
@@ -541,7 +540,7 @@ int run_bench(const BenchOptions& o) {
     double sink_median = 0;
     std::cout << sink_spec << " --positions wrap, streaming:\n";
     {
-        text::Gpt2Stream s(model, text::KvSpec::parse(sink_spec), cache::PositionPolicy::Wrap);
+        text::Gpt2Stream s(model, text::KvSpec::parse(sink_spec), text::PositionMode::Wrap);
         std::cout << "  KV cache: " << human_bytes(static_cast<double>(s.kv_bytes())) << " preallocated\n";
         int64_t done = 0;
         double first_median = 0, first_rss = 0;
@@ -574,7 +573,7 @@ int run_bench(const BenchOptions& o) {
     // Sliding window with re-computation over the same window: one full forward per token.
     {
         const int64_t C = std::min<int64_t>(S + W, P);
-        text::Gpt2Stream s(model, text::KvSpec::parse("recompute:" + std::to_string(C)), cache::PositionPolicy::Wrap);
+        text::Gpt2Stream s(model, text::KvSpec::parse("recompute:" + std::to_string(C)), text::PositionMode::Wrap);
         s.feed(random_tokens(C));
         auto t = summarize(time_steps(s, std::max(1, o.recompute_repeats), rng, V));
         std::cout << "recompute:" << C << " (per token): " << fmt_ms(t);

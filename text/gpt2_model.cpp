@@ -5,6 +5,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemv.h"
 
 #include <nlohmann/json.hpp>
@@ -358,6 +359,7 @@ std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int6
         o.sinks = sinks;
         o.window = window;
         o.evict = evict;
+        o.device_writer = &kernels::ring_write; // the fused CUDA write for buffers on a GPU
         out.emplace_back(o);
     }
     return out;
@@ -531,7 +533,29 @@ std::string KvSpec::str() const {
     return "?";
 }
 
-Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy policy)
+const EnumTable<PositionMode>& position_mode_table() {
+    static const EnumTable<PositionMode> t = {{"wrap", PositionMode::Wrap},
+                                              {"cache", PositionMode::Cache},
+                                              {"absolute", PositionMode::Absolute},
+                                              {"reencode", PositionMode::Reencode}};
+    return t;
+}
+
+std::optional<cache::PositionPolicy> buffer_policy(PositionMode mode) {
+    switch (mode) {
+    case PositionMode::Wrap:
+        return cache::PositionPolicy::Wrap;
+    case PositionMode::Cache:
+        return cache::PositionPolicy::Cache;
+    case PositionMode::Absolute:
+        return cache::PositionPolicy::Absolute;
+    case PositionMode::Reencode:
+        break;
+    }
+    return std::nullopt;
+}
+
+Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, PositionMode policy)
     : model_(std::move(model)), spec_(spec), policy_(policy) {
     const int64_t P = model_->config().n_positions;
     switch (spec_.mode) {
@@ -542,7 +566,7 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
     case KvMode::Window:
     case KvMode::Sink:
         capacity_ = spec_.sinks + spec_.window;
-        if (policy_ == cache::PositionPolicy::Reencode) {
+        if (policy_ == PositionMode::Reencode) {
             if (capacity_ > P || spec_.window < 2)
                 throw UsageError("KV mode " + spec_.str() +
                                  " with --positions reencode needs 2 <= W and S+W <= the "
@@ -551,10 +575,10 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
             caches_ = model_->make_caches(0, capacity_, false);
             break;
         }
-        if (policy_ != cache::PositionPolicy::Wrap && capacity_ > P)
+        if (policy_ != PositionMode::Wrap && capacity_ > P)
             throw UsageError("KV mode " + spec_.str() + ": S+W = " + std::to_string(capacity_) +
                              " exceeds the model's n_positions " + std::to_string(P) + " with --positions " +
-                             cache::to_string(policy_) + " (use --positions wrap or a smaller cache)");
+                             enum_name(position_mode_table(), policy_) + " (use --positions wrap or a smaller cache)");
         caches_ = model_->make_caches(spec_.sinks, spec_.window, true);
         break;
     case KvMode::Recompute:
@@ -567,17 +591,17 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
 
 int64_t Gpt2Stream::position_of(int64_t i) const {
     if (spec_.mode == KvMode::Recompute) return std::min(i, capacity_ - 1);
-    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) {
+    if (policy_ == PositionMode::Reencode && spec_.mode != KvMode::Full) {
         // Fill 0 .. C-1, then cycles of ceil(W/2) new tokens after the S + floor(W/2) re-encoded ones.
         const int64_t keep = spec_.sinks + spec_.window / 2, room = capacity_ - keep;
         return i < capacity_ ? i : keep + (i - capacity_) % room;
     }
-    return cache::position_id(policy_, i, capacity_, model_->config().n_positions);
+    return cache::position_id(*buffer_policy(policy_), i, capacity_, model_->config().n_positions);
 }
 
 int64_t Gpt2Stream::remaining() const {
     if (spec_.mode == KvMode::Full) return capacity_ - count_;
-    if (policy_ == cache::PositionPolicy::Absolute) return model_->config().n_positions - count_;
+    if (policy_ == PositionMode::Absolute) return model_->config().n_positions - count_;
     return -1;
 }
 
@@ -619,7 +643,7 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         auto ids = torch::tensor(std::vector<int64_t>(recent_.begin(), recent_.end()), torch::kLong);
         return checked_logits(model_->forward(ids, false, true).logits.reshape({V}), count_ - 1);
     }
-    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) return feed_reencode(tokens);
+    if (policy_ == PositionMode::Reencode && spec_.mode != KvMode::Full) return feed_reencode(tokens);
     if (spec_.mode == KvMode::Full && count_ + static_cast<int64_t>(tokens.size()) > capacity_)
         throw Error("KV mode full: " + std::to_string(count_ + tokens.size()) + " tokens exceed the model's " +
                     "n_positions " + std::to_string(capacity_) + " (use sink:S,W or window:W to stream further)");
@@ -670,9 +694,8 @@ torch::Tensor Gpt2Stream::feed_reencode(const std::vector<int64_t>& tokens) {
     return checked_logits(logits.reshape({V}), count_ - 1);
 }
 
-StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,
-                           cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps,
-                           const std::function<void(int64_t)>& on_step) {
+StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec, PositionMode policy,
+                           const std::vector<int64_t>& probe_steps, const std::function<void(int64_t)>& on_step) {
     torch::NoGradGuard ng;
     const int64_t N = static_cast<int64_t>(ids.size());
     if (N < 1) throw Error("stream evaluation: no tokens");

@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             (void)unet::sampler_from_string(s);
             break;
         case 5:
-            (void)cache::position_policy_from_string(s);
+            (void)enum_from_string(text::position_mode_table(), s, "position policy");
             break;
         default:
             (void)text::unmask_rule_from_string(s);
