@@ -118,7 +118,7 @@ struct SampleArgs {
     std::string model;
     std::string prompt, prompt_ids;
     int64_t length = 128, steps = 64, top_k = 0, block_length = 0, n_heads = 0;
-    double temperature = 1.0;
+    double temperature = 1.0, top_p = 1.0, min_p = 0.0;
     uint64_t seed = 0;
     std::string unmask = "ancestral";
 
@@ -136,6 +136,9 @@ struct SampleArgs {
         app->add_option("--unmask", unmask, "Unmasking rule: " + table_choices())->capture_default_str();
         app->add_option("--temperature", temperature, "Sampling temperature (0 = argmax)")->capture_default_str();
         app->add_option("--top-k", top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str();
+        app->add_option("--top-p", top_p, "Nucleus cut after the temperature (1 = off)")->capture_default_str();
+        app->add_option("--min-p", min_p, "Keep tokens with probability >= min-p x the most likely one's (0 = off)")
+            ->capture_default_str();
         app->add_option("--seed", seed, "Random seed (torch CPU generator)")->capture_default_str();
         app->add_option("--block-length", block_length, "Semi-autoregressive block length (0 = one block)")
             ->capture_default_str();
@@ -154,6 +157,8 @@ struct SampleArgs {
         o.rule = unmask_rule_from_string(unmask);
         o.temperature = temperature;
         o.top_k = top_k;
+        o.top_p = top_p;
+        o.min_p = min_p;
         o.seed = seed;
         o.block_length = block_length;
         o.validate();

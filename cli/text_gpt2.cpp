@@ -13,6 +13,8 @@
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
 #include "text/gpt2_train.h"
+#include "text/params.h"
+#include "text/sampler_chain.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -231,10 +233,7 @@ struct GenOptions {
     ModelOptions m;
     std::string prompt;
     int64_t max_new = 64;
-    double temperature = 0.0;
-    int64_t top_k = 0;
-    double top_p = 1.0;
-    uint64_t seed = 0;
+    text::SamplingParams sampling;
     bool stop_at_eos = false;
     bool allow_special = false;
     int64_t report_every = 0; // soak: RSS and latency every N generated tokens
@@ -242,44 +241,21 @@ struct GenOptions {
     bool overwrite = false;
 };
 
-// Greedy when temperature == 0; else softmax(logits / T) restricted to the top-k and to the smallest set whose
-// probability reaches top-p (Holtzman et al. 2019, nucleus sampling), drawn with a seeded mt19937_64.
-int64_t sample(const torch::Tensor& logits, const GenOptions& o, std::mt19937_64& rng) {
-    if (o.temperature <= 0.0) return logits.argmax().item<int64_t>();
-    auto sorted = (logits.to(torch::kFloat64) / o.temperature).sort(0, true);
-    auto vals = std::get<0>(sorted), idx = std::get<1>(sorted);
-    int64_t keep = vals.size(0);
-    if (o.top_k > 0) keep = std::min(keep, o.top_k);
-    auto probs = torch::softmax(vals.narrow(0, 0, keep), 0);
-    auto p = probs.accessor<double, 1>();
-    if (o.top_p < 1.0) {
-        double cum = 0.0;
-        int64_t n = 0;
-        while (n < keep) {
-            cum += p[n++];
-            if (cum >= o.top_p) break;
-        }
-        keep = std::max<int64_t>(1, n);
-    }
-    double total = 0.0;
-    for (int64_t i = 0; i < keep; ++i) total += p[i];
-    std::uniform_real_distribution<double> u(0.0, total);
-    double r = u(rng), acc = 0.0;
-    for (int64_t i = 0; i < keep; ++i) {
-        acc += p[i];
-        if (r < acc) return idx[i].item<int64_t>();
-    }
-    return idx[keep - 1].item<int64_t>();
-}
-
 int run_generate(const GenOptions& o) {
     const auto policy = enum_from_string(text::position_mode_table(), o.m.positions, "position policy");
     const auto spec = text::KvSpec::parse(o.m.kv);
     if (o.prompt.empty()) throw UsageError("the prompt is empty (-p TEXT)");
     if (o.max_new < 0) throw UsageError("--max-new must be >= 0");
-    if (o.temperature < 0.0) throw UsageError("--temperature must be >= 0");
-    if (o.top_k < 0) throw UsageError("--top-k must be >= 0");
-    if (!(o.top_p > 0.0 && o.top_p <= 1.0)) throw UsageError("--top-p must be in (0, 1]");
+    try {
+        o.sampling.validate();
+    } catch (const text::ParamError& e) {
+        throw UsageError(text::with_flags(e, {{"temperature", "--temperature"},
+                                              {"top_k", "--top-k"},
+                                              {"top_p", "--top-p"},
+                                              {"min_p", "--min-p"},
+                                              {"repeat_penalty", "--repeat-penalty"},
+                                              {"repeat_last_n", "--repeat-last-n"}}));
+    }
     const auto decode = enum_from_string(decode_weight_table(), o.m.decode_weights, "--decode-weights");
     auto loaded = load_model(o.m, decode);
     auto tok = load_tokenizer(o.m.vocab, loaded);
@@ -296,7 +272,8 @@ int run_generate(const GenOptions& o) {
         check_output_path(o.report_json, o.overwrite);
     }
     text::Gpt2Stream stream(loaded.model, spec, policy);
-    std::mt19937_64 rng(o.seed);
+    auto chain = text::make_sampler_chain(o.sampling);
+    for (auto t : prompt) chain.accept(t);
     // Soak report: per window of `report_every` tokens, the mean latency and the RSS at its end. Growth and drift are
     // measured from the first window (warm-up: allocator pools and the ring fill) to the worst later one.
     struct Window {
@@ -314,7 +291,8 @@ int run_generate(const GenOptions& o) {
     const auto t1 = Clock::now();
     int64_t produced = 0;
     for (int64_t k = 0; k < o.max_new; ++k) {
-        const int64_t id = sample(logits, o, rng);
+        const int64_t id = chain.sample(logits);
+        chain.accept(id);
         ++produced;
         std::cout << dec.push(tok.token_bytes(id)) << std::flush;
         if (o.stop_at_eos && id == text::Gpt2Tokenizer::kEndOfText) break;
@@ -683,10 +661,18 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     g->add_option("-p,--prompt", gen->prompt, "Prompt text")->required();
     g->add_option("--max-new", gen->max_new, "New tokens (may exceed n_positions with sink/window modes)")
         ->capture_default_str();
-    g->add_option("--temperature", gen->temperature, "0 = greedy")->capture_default_str();
-    g->add_option("--top-k", gen->top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
-    g->add_option("--top-p", gen->top_p, "Nucleus sampling threshold")->capture_default_str();
-    g->add_option("--seed", gen->seed, "Sampling seed")->capture_default_str();
+    auto& sp = gen->sampling;
+    g->add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();
+    g->add_option("--top-k", sp.top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
+    g->add_option("--top-p", sp.top_p, "Nucleus sampling threshold")->capture_default_str();
+    g->add_option("--min-p", sp.min_p, "Keep tokens with probability >= min-p x the most likely one's (0: off)")
+        ->capture_default_str();
+    g->add_option("--repeat-penalty", sp.repeat_penalty,
+                  "CTRL repetition penalty on the last --repeat-last-n tokens, prompt included (1: off)")
+        ->capture_default_str();
+    g->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the repetition penalty looks back over")
+        ->capture_default_str();
+    g->add_option("--seed", sp.seed, "Sampling seed")->capture_default_str();
     g->add_flag("--stop-at-eos", gen->stop_at_eos, "Stop after <|endoftext|> (id 50256)");
     g->add_flag("--allow-special", gen->allow_special, "Encode a literal <|endoftext|> in the prompt as id 50256");
     g->add_option("--report-every", gen->report_every,

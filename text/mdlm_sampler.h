@@ -8,11 +8,13 @@
 //     x0 ~ p_theta(. | x_t) (so only they need logits, and a step unmasking nothing skips the forward);
 //   confidence (LLaDA, Nie et al. 2025, low-confidence remasking): every masked position of the block draws x0, and
 //     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S.
-// Unmasked tokens are never changed again (MDLM's carry-over). Sampling: temperature (0 = argmax), top-k (0 = all),
-// torch CPU generator seeded with `seed`; all draws of a step come from it in a fixed order.
+// Unmasked tokens are never changed again (MDLM's carry-over). Sampling (text/sampler_chain.h): top-k (0 = all),
+// temperature (0 = argmax), top-p, min-p, torch CPU generator seeded with `seed`; all draws of a step come from it in
+// a fixed order.
 #pragma once
 
 #include "text/mdlm_cache.h"
+#include "text/sampler_chain.h"
 
 #include <functional>
 #include <string>
@@ -32,6 +34,8 @@ struct SamplerOptions {
     UnmaskRule rule = UnmaskRule::Ancestral;
     double temperature = 1.0;
     int64_t top_k = 0;
+    double top_p = 1.0; // nucleus cut after the temperature (1 = off)
+    double min_p = 0.0; // min-p cut after the temperature (0 = off)
     uint64_t seed = 0;
     int64_t block_length = 0; // 0 = one block (all generated positions)
     void validate() const;    // UsageError for impossible combinations
