@@ -12,7 +12,9 @@
 #include "cli/text_commands.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
-#include "text/mdlm_train.h"
+#include "text/mdlm_calibrate.h"
+#include "text/token_file.h"
+#include "text/train/mdlm_train.h"
 
 #include <CLI/CLI.hpp>
 

@@ -12,9 +12,9 @@
 #include "kernels/gemv.h"
 #include "text/gpt2_model.h"
 #include "text/gpt2_tokenizer.h"
-#include "text/gpt2_train.h"
 #include "text/params.h"
 #include "text/sampler_chain.h"
+#include "text/train/gpt2_train.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

@@ -4,7 +4,7 @@
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "text/gpt2_tokenizer.h"
-#include "text/gpt2_train.h"
+#include "text/train/gpt2_train.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

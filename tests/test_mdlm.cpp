@@ -4,7 +4,9 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
-#include "text/mdlm_train.h"
+#include "text/mdlm_calibrate.h"
+#include "text/token_file.h"
+#include "text/train/mdlm_train.h"
 
 #include <catch2/catch.hpp>
 

@@ -4,9 +4,9 @@
 #include "cache/io/error.h"
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
-#include "text/gpt2_train.h"
 #include "text/mdlm_cache.h"
 #include "text/mdlm_sampler.h"
+#include "text/train/gpt2_train.h"
 #include "unet/freq_cache.h"
 #include "unet/scheduler.h"
 

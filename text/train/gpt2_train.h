@@ -1,4 +1,4 @@
-// Training a small GPT-2 on the King James Version (text/kjv_reader.h) with the real GPT-2 tokenizer.
+// Training a small GPT-2 on the King James Version (text/train/kjv_reader.h) with the real GPT-2 tokenizer.
 //
 // The result is an ordinary HF GPT-2 checkpoint (config.json + model.safetensors, the names of text/gpt2_model.h,
 // tied LM head, 50257 rows) that load_gpt2 reads and that produces real GPT-2 token ids.
@@ -13,7 +13,7 @@
 #pragma once
 
 #include "text/gpt2_model.h"
-#include "text/kjv_reader.h"
+#include "text/train/kjv_reader.h"
 
 #include <functional>
 #include <string>

@@ -1,4 +1,4 @@
-#include "text/gpt2_train.h"
+#include "text/train/gpt2_train.h"
 #include "cache/train/optim.h"
 
 #include "cache/io/atomic_file.h"
