@@ -1,6 +1,7 @@
 // GPT-2 tokenizer, model, KV cache and streaming against tests/golden/text (README there gives the semantics).
 #include "tests/test_util.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/params.h"
 
 #include "cache/io/error.h"
 
@@ -213,7 +214,7 @@ TEST_CASE("GPT-2 tiny: --positions reencode equals a fresh forward over the kept
     CHECK_FALSE(buffer_policy(PositionMode::Reencode).has_value());
     CHECK(buffer_policy(PositionMode::Cache) == cache::PositionPolicy::Cache);
     CHECK(enum_choices(position_mode_table(), "|") == "wrap|cache|absolute|reencode");
-    CHECK_THROWS_AS(Gpt2Stream(m.model, KvSpec::parse("sink:4,200"), PositionMode::Reencode), anchor::UsageError);
+    CHECK_THROWS_AS(Gpt2Stream(m.model, KvSpec::parse("sink:4,200"), PositionMode::Reencode), ParamError);
 }
 
 TEST_CASE("GPT-2 tiny: greedy generation matches the reference tokens", "[gpt2][model]") {
@@ -311,9 +312,9 @@ TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
     CHECK_THROWS_AS(load_gpt2(dir + "/nope"), anchor::Error);
     CHECK_THROWS_AS(load_gpt2(test::golden("text/streaming")), anchor::Error);
     for (const char* bad : {"ful", "sink:4", "sink:a,b", "window:", "window:0", "recompute:4,5", "full:3", "sink:4,"})
-        CHECK_THROWS_AS(KvSpec::parse(bad), anchor::UsageError);
+        CHECK_THROWS_AS(KvSpec::parse(bad), ParamError);
     CHECK(KvSpec::parse("sink:4,1020").str() == "sink:4,1020");
-    CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), PositionMode::Absolute), anchor::UsageError);
+    CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), PositionMode::Absolute), ParamError);
 }
 
 // ---- decode kernel ---------------------------------------------------------------------------------------------

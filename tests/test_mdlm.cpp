@@ -4,6 +4,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
+#include "text/params.h"
 #include "text/mdlm_calibrate.h"
 #include "text/token_file.h"
 #include "text/train/mdlm_train.h"
@@ -370,11 +371,11 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK(parse_cache_spec(s.to_string()).anchor.rho == Approx(0.1));
     CHECK(parse_cache_spec("off").mode == CacheMode::Off);
     CHECK(parse_cache_spec("anchor").anchor.stale == 2);
-    CHECK_THROWS_AS(parse_cache_spec("anchr"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale=-1"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), UsageError);
+    CHECK_THROWS_AS(parse_cache_spec("anchr"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:stale=-1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), ParamError);
     CHECK(parse_cache_spec("anchor:masked=reuse").anchor.reuse_masked);
     CHECK(!parse_cache_spec("anchor:masked=active").anchor.reuse_masked);
     CHECK(parse_cache_spec(parse_cache_spec("anchor:masked=reuse").to_string()).anchor.reuse_masked);
@@ -440,8 +441,8 @@ TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]")
 
     so.steps = 7;
     so.block_length = 300; // 4 blocks do not divide 7 steps
-    CHECK_THROWS_AS(sample(den, so), UsageError);
-    CHECK_THROWS_AS(unmask_rule_from_string("greedy"), UsageError);
+    CHECK_THROWS_AS(sample(den, so), ParamError);
+    CHECK_THROWS_AS(enum_from_string(unmask_rule_table(), "greedy", "unmasking rule"), UsageError);
 }
 
 TEST_CASE("mdlm cache: anchor sampling reuses work and stays close to off", "[mdlm]") {
@@ -620,5 +621,5 @@ TEST_CASE("mdlm training on the KJV: held-out books are written and not trained 
     CHECK(held_ids.back() == 50256); // every document ends with <|endoftext|>
     TrainOptions both = o;
     both.tokens_path = dir + "/x.bin";
-    CHECK_THROWS_AS(train_mdlm(both), UsageError);
+    CHECK_THROWS_AS(train_mdlm(both), ParamError);
 }

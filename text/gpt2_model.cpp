@@ -7,6 +7,7 @@
 #include "kernels/attention.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemv.h"
+#include "text/params.h"
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,10 @@ void set_fast_decode_kernel(bool on) {
 }
 bool fast_decode_kernel() {
     return g_fast_decode;
+}
+std::string decode_kernel() {
+    if (!g_fast_decode) return "torch::addmv/mv (reference)";
+    return kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv";
 }
 
 // ---- config ------------------------------------------------------------------------------------------------------
@@ -485,8 +490,8 @@ std::string KvSpec::syntax_help() {
 KvSpec KvSpec::parse(const std::string& s) {
     const auto colon = s.find(':');
     const std::string head = s.substr(0, colon), args = colon == std::string::npos ? "" : s.substr(colon + 1);
-    auto bad = [&](const std::string& why) -> UsageError {
-        return UsageError("bad KV mode '" + s + "': " + why + " (expected " + syntax_help() + ")");
+    auto bad = [&](const std::string& why) -> ParamError {
+        return ParamError("kv", "mode '" + s + "' is not valid: " + why + " (expected " + syntax_help() + ")");
     };
     auto number = [&](const std::string& t, const char* what) -> int64_t {
         if (t.empty() || t.size() > 12 || t.find_first_not_of("0123456789") != std::string::npos)
@@ -568,23 +573,24 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, PositionMode policy)
         capacity_ = spec_.sinks + spec_.window;
         if (policy_ == PositionMode::Reencode) {
             if (capacity_ > P || spec_.window < 2)
-                throw UsageError("KV mode " + spec_.str() +
-                                 " with --positions reencode needs 2 <= W and S+W <= the "
-                                 "model's n_positions " +
-                                 std::to_string(P));
+                throw ParamError("kv", spec_.str() +
+                                           " with positions reencode needs 2 <= W and S+W <= the model's "
+                                           "n_positions " +
+                                           std::to_string(P));
             caches_ = model_->make_caches(0, capacity_, false);
             break;
         }
         if (policy_ != PositionMode::Wrap && capacity_ > P)
-            throw UsageError("KV mode " + spec_.str() + ": S+W = " + std::to_string(capacity_) +
-                             " exceeds the model's n_positions " + std::to_string(P) + " with --positions " +
-                             enum_name(position_mode_table(), policy_) + " (use --positions wrap or a smaller cache)");
+            throw ParamError("kv", spec_.str() + ": S+W = " + std::to_string(capacity_) +
+                                       " exceeds the model's n_positions " + std::to_string(P) + " with positions " +
+                                       enum_name(position_mode_table(), policy_) +
+                                       " (use positions wrap or a smaller cache)");
         caches_ = model_->make_caches(spec_.sinks, spec_.window, true);
         break;
     case KvMode::Recompute:
         capacity_ = spec_.window;
         if (capacity_ > P)
-            throw UsageError("KV mode " + spec_.str() + ": W exceeds the model's n_positions " + std::to_string(P));
+            throw ParamError("kv", spec_.str() + ": W exceeds the model's n_positions " + std::to_string(P));
         break;
     }
 }

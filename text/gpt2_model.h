@@ -31,6 +31,8 @@ namespace anchor::text {
 // torch::addmv / torch::mv reference path. Process-wide (benchmarks compare both).
 void set_fast_decode_kernel(bool on);
 bool fast_decode_kernel();
+// The matrix-vector kernel batch-1 steps run now: "AVX2/FMA gemv", "portable gemv" or "torch::addmv/mv (reference)".
+std::string decode_kernel();
 
 struct Gpt2Config {
     int64_t n_layer = 12;
@@ -189,7 +191,7 @@ struct KvSpec {
     KvMode mode = KvMode::Full;
     int64_t sinks = 0;
     int64_t window = 0; // 0 with Full: n_positions
-    // "full" | "window:W" | "sink:S,W" | "recompute:W"; throws anchor::UsageError on anything else.
+    // "full" | "window:W" | "sink:S,W" | "recompute:W"; throws text::ParamError (field "kv") on anything else.
     static KvSpec parse(const std::string& s);
     static std::string syntax_help(); // for --help, generated from kv_mode_names()
     std::string str() const;
@@ -209,6 +211,7 @@ std::optional<cache::PositionPolicy> buffer_policy(PositionMode mode);
 // One stream through the model with a KV policy: feed tokens one at a time (or a prompt), get next-token logits.
 class Gpt2Stream {
 public:
+    // text::ParamError (field "kv") when the model cannot take the mode with these positions.
     Gpt2Stream(Gpt2Model model, KvSpec spec, PositionMode positions);
     // Feeds one token (stream index count()) and returns its logits [V].
     torch::Tensor feed(int64_t token);

@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "text/params.h"
 
 #include <algorithm>
 #include <array>
@@ -47,7 +48,7 @@ CacheSpec parse_cache_spec(const std::string& s) {
     if (s == "off") return spec;
     std::string head = s.substr(0, s.find(':'));
     if (head != "anchor")
-        throw UsageError("unknown cache mode '" + s + "' (expected 'off' or 'anchor[:key=value,...]')");
+        throw ParamError("cache", "mode '" + s + "' is unknown (expected 'off' or 'anchor[:key=value,...]')");
     spec.mode = CacheMode::Anchor;
     if (s.size() <= head.size() + 1) return spec;
     std::string rest = s.substr(head.size() + 1);
@@ -61,7 +62,7 @@ CacheSpec parse_cache_spec(const std::string& s) {
     while (std::getline(ss, item, ',')) {
         auto eq = item.find('=');
         if (eq == std::string::npos)
-            throw UsageError("cache option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
+            throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
         auto num = [&](double lo, double hi) {
             size_t used = 0;
@@ -72,13 +73,13 @@ CacheSpec parse_cache_spec(const std::string& s) {
                 used = 0;
             }
             if (used != v.size() || v.empty() || !(d >= lo && d <= hi))
-                throw UsageError("cache option " + k + "=" + v + ": expected a number in [" + std::to_string(lo) +
-                                 ", " + std::to_string(hi) + "]");
+                throw ParamError("cache", "option " + k + "=" + v + ": expected a number in [" + std::to_string(lo) +
+                                              ", " + std::to_string(hi) + "]");
             return d;
         };
         auto integer = [&](int64_t lo) {
             double d = num(static_cast<double>(lo), 1e9);
-            if (d != std::floor(d)) throw UsageError("cache option " + k + "=" + v + ": expected an integer");
+            if (d != std::floor(d)) throw ParamError("cache", "option " + k + "=" + v + ": expected an integer");
             return static_cast<int64_t>(d);
         };
         if (k == "tau")
@@ -93,17 +94,17 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.refresh = integer(0);
         else if (k == "masked") {
             if (v != "active" && v != "reuse")
-                throw UsageError("cache option masked=" + v + ": expected 'active' or 'reuse'");
+                throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
             spec.anchor.reuse_masked = v == "reuse";
         } else if (k == "fp16") {
             spec.anchor.fp16 = integer(0) != 0;
         } else if (k == "budget") {
             spec.anchor.budget_mib = num(0.0, 1e9);
         } else if (k == "profile") {
-            if (v.empty()) throw UsageError("cache option profile= needs a file");
+            if (v.empty()) throw ParamError("cache", "option profile= needs a file");
             spec.anchor.profile = v;
         } else
-            throw UsageError("unknown cache option '" + k + "' (keys: " + valid_keys() + ")");
+            throw ParamError("cache", "option '" + k + "' is unknown (keys: " + valid_keys() + ")");
     }
     return spec;
 }

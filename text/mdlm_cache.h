@@ -59,7 +59,7 @@ struct CacheSpec {
 
 // "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=reuse,fp16=1,budget=64,
 // profile=FILE" (any subset of keys).
-// Throws UsageError naming the bad key/value and listing the valid keys.
+// Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // key -> help (for --help)
 

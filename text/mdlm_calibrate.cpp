@@ -2,12 +2,24 @@
 
 #include "cache/calibration.h"
 #include "cache/io/error.h"
+#include "text/params.h"
 
 namespace anchor::text {
 
+void CalibrateOptions::validate() const {
+    if (prompts.empty()) throw ParamError("prompts", "is empty: at least one prompt is needed");
+    if (classes < 1) throw ParamError("classes", "must be >= 1, got " + std::to_string(classes));
+    if (max_stale < 1) throw ParamError("max_stale", "must be >= 1, got " + std::to_string(max_stale));
+    for (const auto& p : prompts) {
+        auto so = sampler;
+        so.prompt = p;
+        so.validate();
+    }
+}
+
 cache::AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
                                     std::vector<std::vector<double>>* out) {
-    if (opt.prompts.empty()) throw UsageError("calibrate: at least one prompt is needed");
+    opt.validate();
     const int64_t nl = model->config().n_blocks, T = opt.sampler.steps;
     std::vector<std::vector<double>> sum(static_cast<size_t>(nl), std::vector<double>(static_cast<size_t>(T), 0.0));
     std::vector<std::vector<int64_t>> cnt(static_cast<size_t>(nl), std::vector<int64_t>(static_cast<size_t>(T), 0));

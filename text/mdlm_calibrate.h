@@ -14,6 +14,7 @@ struct CalibrateOptions {
     SamplerOptions sampler;                    // prompt field ignored
     int64_t classes = 16;
     int64_t max_stale = 8;
+    void validate() const; // ParamError naming the field
 };
 
 // Uncached sampling on every prompt; Delta[l][s] = mean over positions decoded at both steps s-1 and s (same token)

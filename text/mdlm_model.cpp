@@ -19,10 +19,9 @@ const char* gate_kind_name(GateKind g) {
     return g == GateKind::TimeAnchor ? "time_anchor" : "adaln";
 }
 
-GateKind gate_kind_from_string(const std::string& s) {
-    if (s == "time_anchor" || s == "anchor") return GateKind::TimeAnchor;
-    if (s == "adaln" || s == "plain") return GateKind::AdaLN;
-    throw UsageError("unknown gate kind '" + s + "' (choices: time_anchor, adaln)");
+const EnumTable<GateKind>& gate_kind_table() {
+    static const EnumTable<GateKind> t = {{"time_anchor", GateKind::TimeAnchor}, {"adaln", GateKind::AdaLN}};
+    return t;
 }
 
 // ---- config ---------------------------------------------------------------------------------------------------------
@@ -65,7 +64,14 @@ MdlmConfig MdlmConfig::from_json(const nlohmann::json& j) {
         c.rope_base = j.value("rope_base", c.rope_base);
         c.norm_eps = j.value("norm_eps", c.norm_eps);
         c.noise_eps = j.value("noise_eps", c.noise_eps);
-        c.gate = gate_kind_from_string(j.value("gate", std::string(gate_kind_name(c.gate))));
+        // The table's names, and the aliases older configs were written with.
+        const std::string gate = j.value("gate", std::string(gate_kind_name(c.gate)));
+        if (gate == "time_anchor" || gate == "anchor")
+            c.gate = GateKind::TimeAnchor;
+        else if (gate == "adaln" || gate == "plain")
+            c.gate = GateKind::AdaLN;
+        else
+            throw Error("MDLM config: unknown gate '" + gate + "' (choices: " + enum_choices(gate_kind_table()) + ")");
         c.tie_word_embeddings = j.value("tie_word_embeddings", c.tie_word_embeddings);
         c.compact_vocab = j.value("compact_vocab", c.compact_vocab);
     } catch (const nlohmann::json::exception& e) {

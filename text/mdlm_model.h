@@ -40,6 +40,8 @@
 // id -> GPT-2 id; the last one is [MASK]); ids are translated at the edges by `to_internal` / `to_external`.
 #pragma once
 
+#include "cache/io/enum_table.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -58,7 +60,7 @@ constexpr int64_t kMdlmMaskId = 50257; // GPT-2 ids 0..50256, then [MASK]
 
 enum class GateKind { TimeAnchor, AdaLN };
 const char* gate_kind_name(GateKind g);
-GateKind gate_kind_from_string(const std::string& s); // throws UsageError listing the choices
+const EnumTable<GateKind>& gate_kind_table(); // "time_anchor", "adaln"
 
 struct MdlmConfig {
     int64_t vocab_size = kGpt2VocabSize + 1; // rows of the embedding / head (== vocab_ids length when compact)

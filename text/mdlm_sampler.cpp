@@ -2,19 +2,18 @@
 
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
+#include "text/params.h"
+
+#include <cmath>
 
 #include <chrono>
 
 namespace anchor::text {
 
-const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table() {
-    static const std::vector<std::pair<std::string, UnmaskRule>> t = {{"ancestral", UnmaskRule::Ancestral},
-                                                                      {"confidence", UnmaskRule::Confidence}};
+const EnumTable<UnmaskRule>& unmask_rule_table() {
+    static const EnumTable<UnmaskRule> t = {{"ancestral", UnmaskRule::Ancestral},
+                                            {"confidence", UnmaskRule::Confidence}};
     return t;
-}
-
-UnmaskRule unmask_rule_from_string(const std::string& s) {
-    return enum_from_string(unmask_rule_table(), s, "unmasking rule");
 }
 
 std::string unmask_rule_name(UnmaskRule r) {
@@ -23,25 +22,26 @@ std::string unmask_rule_name(UnmaskRule r) {
 
 void SamplerOptions::validate() const {
     const int64_t P = static_cast<int64_t>(prompt.size());
-    if (length <= 0) throw UsageError("--length must be positive");
+    if (length <= 0) throw ParamError("length", "must be positive, got " + std::to_string(length));
     if (P >= length)
-        throw UsageError("the prompt (" + std::to_string(P) + " tokens) leaves nothing to generate in --length " +
-                         std::to_string(length));
-    if (steps <= 0) throw UsageError("--steps must be positive");
-    if (temperature < 0) throw UsageError("--temperature must be >= 0");
-    if (top_k < 0) throw UsageError("--top-k must be >= 0");
-    if (!(top_p > 0 && top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
-    if (!(min_p >= 0 && min_p <= 1)) throw UsageError("--min-p must be in [0, 1]");
-    if (block_length < 0) throw UsageError("--block-length must be >= 0");
+        throw ParamError("prompt", "(" + std::to_string(P) + " tokens) leaves nothing to generate in length " +
+                                       std::to_string(length));
+    if (steps <= 0) throw ParamError("steps", "must be positive, got " + std::to_string(steps));
+    if (!(temperature >= 0) || !std::isfinite(temperature))
+        throw ParamError("temperature", "must be a finite number >= 0");
+    if (top_k < 0) throw ParamError("top_k", "must be >= 0, got " + std::to_string(top_k));
+    if (!(top_p > 0 && top_p <= 1)) throw ParamError("top_p", "must be in (0, 1]");
+    if (!(min_p >= 0 && min_p <= 1)) throw ParamError("min_p", "must be in [0, 1]");
+    if (block_length < 0) throw ParamError("block_length", "must be >= 0, got " + std::to_string(block_length));
     const int64_t gen = length - P;
     const int64_t bl = block_length > 0 ? std::min(block_length, gen) : gen;
     const int64_t nb = (gen + bl - 1) / bl;
     if (steps % nb != 0)
-        throw UsageError("--steps " + std::to_string(steps) + " must be a multiple of the number of blocks " +
-                         std::to_string(nb) + " (" + std::to_string(gen) + " generated tokens / block length " +
-                         std::to_string(bl) + ")");
+        throw ParamError("steps", std::to_string(steps) + " must be a multiple of the number of blocks " +
+                                      std::to_string(nb) + " (" + std::to_string(gen) +
+                                      " generated tokens / block_length " + std::to_string(bl) + ")");
     for (auto id : prompt)
-        if (id < 0 || id >= kMdlmMaskId) throw UsageError("prompt id " + std::to_string(id) + " out of range");
+        if (id < 0 || id >= kMdlmMaskId) throw ParamError("prompt", "id " + std::to_string(id) + " out of range");
 }
 
 std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps) {

@@ -13,6 +13,7 @@
 // a fixed order.
 #pragma once
 
+#include "cache/io/enum_table.h"
 #include "text/mdlm_cache.h"
 #include "text/sampler_chain.h"
 
@@ -23,8 +24,7 @@
 namespace anchor::text {
 
 enum class UnmaskRule { Ancestral, Confidence };
-const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table();
-UnmaskRule unmask_rule_from_string(const std::string& s); // UsageError listing the choices
+const EnumTable<UnmaskRule>& unmask_rule_table(); // "ancestral", "confidence"
 std::string unmask_rule_name(UnmaskRule r);
 
 struct SamplerOptions {
@@ -38,7 +38,7 @@ struct SamplerOptions {
     double min_p = 0.0; // min-p cut after the temperature (0 = off)
     uint64_t seed = 0;
     int64_t block_length = 0; // 0 = one block (all generated positions)
-    void validate() const;    // UsageError for impossible combinations
+    void validate() const;    // text::ParamError naming the field of an impossible value or combination
 };
 
 struct StepInfo {

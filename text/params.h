@@ -15,15 +15,20 @@ namespace anchor::text {
 // got 0"); field() is that name.
 class ParamError : public Error {
 public:
-    ParamError(const std::string& field, const std::string& rest) : Error(field + " " + rest), field_(field) {}
+    ParamError(const std::string& field, const std::string& rest)
+        : Error(field + " " + rest), field_(field), detail_(rest) {}
     const std::string& field() const { return field_; }
+    const std::string& detail() const { return detail_; } // the message after the field name
 
 private:
-    std::string field_;
+    std::string field_, detail_;
 };
 
-// The message of `e` with every field name of `flags` (field -> flag, e.g. {"max_new_tokens", "--max-new"}) that
-// stands as a whole word replaced by its flag: what a program prints for a ParamError.
-std::string with_flags(const ParamError& e, const std::vector<std::pair<std::string, std::string>>& flags);
+// `message` with every field name of `flags` (field -> flag, e.g. {"max_new_tokens", "--max-new"}) that stands as a
+// whole word replaced by its flag: what a program prints for a ParamError (or a report line naming fields).
+std::string with_flags(const std::string& message, const std::vector<std::pair<std::string, std::string>>& flags);
+inline std::string with_flags(const ParamError& e, const std::vector<std::pair<std::string, std::string>>& flags) {
+    return with_flags(std::string(e.what()), flags);
+}
 
 } // namespace anchor::text

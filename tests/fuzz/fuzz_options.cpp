@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             (void)enum_from_string(text::position_mode_table(), s, "position policy");
             break;
         default:
-            (void)text::unmask_rule_from_string(s);
+            (void)enum_from_string(text::unmask_rule_table(), s, "unmasking rule");
             break;
         }
     } catch (const anchor::Error&) {

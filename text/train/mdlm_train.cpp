@@ -6,6 +6,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/params.h"
 #include "text/token_file.h"
 
 #include <chrono>
@@ -74,14 +75,21 @@ void save_state(const std::string& path, AdamW& opt, int64_t step) {
 
 } // namespace
 
+void TrainOptions::validate() const {
+    if (out_dir.empty()) throw ParamError("out_dir", "is empty: an output directory is required");
+    if (batch <= 0) throw ParamError("batch", "must be >= 1, got " + std::to_string(batch));
+    if (seq_len <= 1) throw ParamError("seq_len", "must be >= 2, got " + std::to_string(seq_len));
+    if (steps <= 0) throw ParamError("steps", "must be >= 1, got " + std::to_string(steps));
+    if (use_kjv == !tokens_path.empty())
+        throw ParamError("tokens_path", use_kjv ? "and use_kjv are exclusive: give one corpus"
+                                                : "is empty: give a token file or use_kjv");
+}
+
 TrainResult train_mdlm(const TrainOptions& o) {
     auto log = [&](const std::string& s) {
         if (o.log) o.log(s);
     };
-    if (o.out_dir.empty()) throw UsageError("train: an output directory is required");
-    if (o.batch <= 0 || o.seq_len <= 1 || o.steps <= 0)
-        throw UsageError("train: batch, seq_len, steps must be positive");
-    if (o.use_kjv == !o.tokens_path.empty()) throw UsageError("train: give either a token file or the KJV corpus");
+    o.validate();
     fs::create_directories(o.out_dir);
     std::vector<int64_t> corpus;
     std::string source = o.tokens_path;

@@ -51,6 +51,7 @@ struct TrainOptions {
     std::string export_dir; // when set: final weights in `export_dtype` there
     torch::ScalarType export_dtype = torch::kFloat16;
     std::function<void(const std::string&)> log; // progress lines
+    void validate() const;                       // text::ParamError naming the field
 };
 
 struct TrainResult {
