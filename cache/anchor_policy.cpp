@@ -41,8 +41,10 @@ std::string FixedIntervalPolicy::describe() const {
 
 // ---- time gate --------------------------------------------------------------------------------------------------
 
-TimeGatePolicy::TimeGatePolicy(double tau) : tau_(tau) {
-    if (!(tau >= 0.0 && tau <= 1.0)) throw UsageError("gate threshold tau must be in [0, 1], got " + fmt(tau));
+TimeGatePolicy::TimeGatePolicy(double tau, GateDirection direction) : tau_(tau), direction_(direction) {
+    if (!std::isfinite(tau)) throw Error("tau must be a finite number, got " + fmt(tau));
+    if (direction == GateDirection::HighRecomputes && !(tau >= 0.0 && tau <= 1.0))
+        throw Error("tau must be in [0, 1], got " + fmt(tau));
 }
 
 Decision TimeGatePolicy::decide(const StepSignals& s) {
@@ -50,8 +52,11 @@ Decision TimeGatePolicy::decide(const StepSignals& s) {
     Decision d;
     d.action = Action::Reuse;
     d.layers.reserve(s.layer_gates.size());
+    const bool high_reuses = direction_ == GateDirection::HighReuses;
     for (double g : s.layer_gates) {
-        const Action a = (s.step == 0 || g > tau_) ? Action::Full : Action::Reuse;
+        const bool high = g > tau_;
+        const Action a = high_reuses ? (high ? Action::Reuse : Action::Full)
+                                     : ((s.step == 0 || high) ? Action::Full : Action::Reuse);
         if (a == Action::Full) d.action = Action::Full;
         d.layers.push_back(a);
     }
@@ -59,7 +64,7 @@ Decision TimeGatePolicy::decide(const StepSignals& s) {
 }
 
 std::string TimeGatePolicy::describe() const {
-    return "gate:" + fmt(tau_);
+    return "gate:" + fmt(tau_) + (direction_ == GateDirection::HighReuses ? ":high-reuses" : "");
 }
 
 std::vector<double> TimeGatePolicy::gate_means(const torch::Tensor& W, const torch::Tensor& b,
@@ -100,9 +105,8 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
         return {Action::Full, {}};
     }
     acc_ += s.energy_change;
-    const double thr = step_thresholds_.empty()
-                           ? threshold_
-                           : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];
+    const double thr =
+        step_thresholds_.empty() ? threshold_ : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];
     if (acc_ >= thr || reuses_ >= max_reuse_) {
         reset();
         return {Action::Full, {}};
@@ -143,7 +147,11 @@ std::unique_ptr<AnchorPolicy> make_policy(const std::string& spec) {
     };
     if (parts.empty()) throw bad("empty");
     if (parts[0] == "interval" && parts.size() == 2) return std::make_unique<FixedIntervalPolicy>(integer(parts[1]));
-    if (parts[0] == "gate" && parts.size() == 2) return std::make_unique<TimeGatePolicy>(num(parts[1]));
+    if (parts[0] == "gate" && parts.size() == 2) {
+        const double tau = num(parts[1]);
+        if (!(tau >= 0.0 && tau <= 1.0)) throw bad("the gate threshold must be in [0, 1]");
+        return std::make_unique<TimeGatePolicy>(tau);
+    }
     if (parts[0] == "dct" && (parts.size() == 2 || parts.size() == 3))
         return std::make_unique<DctChangePolicy>(num(parts[1]), parts.size() == 3 ? integer(parts[2]) : 4);
     throw bad("unknown kind or wrong number of fields");

@@ -60,12 +60,26 @@ private:
     int interval_;
 };
 
-// Time-anchor gate: layer l is anchored (recomputed) at a step when its gate mean g_l(t) > tau, where
-// g(t) = sigmoid(W E(t) + b) is a learned per-layer gate on the timestep embedding E(t) (a large gate means the
-// layer's features are moving at this t). Every layer is full at step 0 (nothing cached yet).
+// Which side of tau makes a layer Full.
+enum class GateDirection {
+    // g_l(t) > tau: the layer's features are moving at this t, recompute it (Full); every layer is Full at step 0
+    // (nothing cached yet). The gate-driven DiT caches.
+    HighRecomputes,
+    // g_l(t) > tau: Reuse, i.e. the layer's anchored entries may serve for the long staleness; Full = the normal one.
+    // The masked diffusion LM's residual gates (text/mdlm_cache.h): a gate near 1 passes the branch through almost
+    // unattenuated, so the residual stream is dominated by the stable cached branch. No step is forced Full: whether
+    // anything is cached yet is the cache's own test.
+    HighReuses,
+};
+
+// Time-anchor gate: per layer, compares the gate mean g_l(t) with tau, where g(t) = sigmoid(W E(t) + b) is a learned
+// per-layer gate on the timestep embedding E(t) (or, for plain adaLN gates, the modulation's gate chunk); the
+// direction says which side is Full.
 class TimeGatePolicy final : public AnchorPolicy {
 public:
-    explicit TimeGatePolicy(double tau);
+    // tau must be finite; in [0, 1] for HighRecomputes (sigmoid gates). HighReuses takes any tau: plain adaLN gates
+    // are not bounded, and a tau outside their range puts every layer on one side. Throws anchor::Error.
+    explicit TimeGatePolicy(double tau, GateDirection direction = GateDirection::HighRecomputes);
     Decision decide(const StepSignals& s) override;
     void reset() override {}
     std::string describe() const override;
@@ -76,6 +90,7 @@ public:
 
 private:
     double tau_;
+    GateDirection direction_;
 };
 
 // DCT-energy change rate: reuse while the change accumulated since the last full step,

@@ -21,8 +21,7 @@ size_t CacheKeyHash::operator()(const CacheKey& k) const noexcept {
 }
 
 LatentCache::LatentCache(LatentCacheOptions opts) : opts_(opts) {
-    if (opts_.max_staleness < 0)
-        throw UsageError("LatentCache: max_staleness must be >= 0, got " + std::to_string(opts_.max_staleness));
+    if (opts_.max_staleness < 0) throw Error("max_staleness must be >= 0, got " + std::to_string(opts_.max_staleness));
 }
 
 // ---- intrusive lists (indices into nodes_) --------------------------------------------------------------------
@@ -36,6 +35,7 @@ uint32_t LatentCache::alloc_node() {
     if (nodes_.size() >= kNil) throw Error("LatentCache: too many entries");
     nodes_.emplace_back();
     values_.emplace_back();
+    stamps_.emplace_back();
     return static_cast<uint32_t>(nodes_.size() - 1);
 }
 
@@ -100,6 +100,7 @@ void LatentCache::remove_node(uint32_t i) {
     n.used = false;
     n.meta = EntryMeta{};
     values_[i] = torch::Tensor();
+    stamps_[i] = torch::Tensor();
     free_.push_back(i);
 }
 
@@ -116,12 +117,29 @@ void LatentCache::evict_to_budget_locked() {
 
 bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t step) {
     if (!value.defined()) throw Error("LatentCache::put: undefined tensor for key " + key.str());
-    torch::Tensor stored = value;
     const bool to_fp16 = opts_.fp16_storage && value.is_floating_point() && value.scalar_type() != torch::kHalf;
-    if (to_fp16) stored = value.to(torch::kHalf);
-    const size_t bytes = static_cast<size_t>(stored.numel()) * stored.element_size();
-
+    torch::Tensor stored = to_fp16 ? value.to(torch::kHalf) : value;
     std::lock_guard<std::mutex> lock(mu_);
+    return put_locked(key, std::move(stored), value.scalar_type(), to_fp16, step, -1, {});
+}
+
+bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t step, RowVersioned rows) {
+    if (!value.defined()) throw Error("LatentCache::put: undefined tensor for key " + key.str());
+    if (rows.dim < 0 || rows.dim >= value.dim())
+        throw Error("LatentCache::put: row dimension " + std::to_string(rows.dim) + " of a " +
+                    std::to_string(value.dim()) + "-D tensor for key " + key.str());
+    const bool to_fp16 = opts_.fp16_storage && value.is_floating_point() && value.scalar_type() != torch::kHalf;
+    // A private, contiguous copy: put_rows writes into it.
+    torch::Tensor stored = to_fp16 ? value.to(torch::kHalf).contiguous() : value.clone(at::MemoryFormat::Contiguous);
+    auto stamps = torch::full({value.size(rows.dim)}, step, torch::kInt64);
+    std::lock_guard<std::mutex> lock(mu_);
+    return put_locked(key, std::move(stored), value.scalar_type(), to_fp16, step, rows.dim, std::move(stamps));
+}
+
+bool LatentCache::put_locked(const CacheKey& key, torch::Tensor stored, torch::ScalarType dtype, bool fp16,
+                             int64_t step, int64_t row_dim, torch::Tensor stamps) {
+    const size_t bytes = static_cast<size_t>(stored.numel()) * stored.element_size() +
+                         (stamps.defined() ? static_cast<size_t>(stamps.numel()) * sizeof(int64_t) : 0);
     ++stats_.puts;
     ++ops_.hash_lookups;
     auto it = index_.find(key);
@@ -150,14 +168,98 @@ bool LatentCache::put(const CacheKey& key, const torch::Tensor& value, int64_t s
     Node& n = nodes_[i];
     n.meta.step = step;
     n.meta.bytes = bytes;
-    n.meta.dtype = value.scalar_type();
-    n.meta.stored_fp16 = to_fp16;
+    n.meta.dtype = dtype;
+    n.meta.stored_fp16 = fp16;
+    n.meta.row_dim = row_dim;
+    n.meta.rows = row_dim >= 0 ? stored.size(row_dim) : 0;
     values_[i] = std::move(stored);
+    stamps_[i] = std::move(stamps);
     lru_push_front(i);
     stats_.bytes += bytes;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
     evict_to_budget_locked();
     return true;
+}
+
+bool LatentCache::put_rows(const CacheKey& key, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+        ++stats_.misses;
+        return false;
+    }
+    const uint32_t i = it->second;
+    const EntryMeta& m = nodes_[i].meta;
+    if (m.row_dim < 0) throw Error("LatentCache::put_rows: " + key.str() + " is not a row-versioned entry");
+    const auto& stored = values_[i];
+    auto want = stored.sizes().vec();
+    want[size_t(m.row_dim)] = idx.numel();
+    if (idx.dim() != 1 || idx.scalar_type() != torch::kInt64 || rows.sizes().vec() != want)
+        throw Error("LatentCache::put_rows: " + key.str() + " takes int64 [n] indices and rows of shape " +
+                    shape_str(want) + ", got indices " + shape_str(idx.sizes().vec()) + " and rows " +
+                    shape_str(rows.sizes().vec()));
+    values_[i].index_copy_(m.row_dim, idx, m.stored_fp16 ? rows.to(torch::kHalf) : rows);
+    stamps_[i].index_fill_(0, idx, step);
+    nodes_[i].meta.step = step;
+    stats_.rows_written += uint64_t(idx.numel());
+    lru_unlink(i);
+    lru_push_front(i);
+    return true;
+}
+
+std::optional<torch::Tensor> LatentCache::row_steps(const CacheKey& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end() || !stamps_[it->second].defined()) return std::nullopt;
+    return stamps_[it->second].clone();
+}
+
+namespace {
+// The age test of get_locked per row, in one pass over the stamps (a sequence's rows are a few hundred: a loop is
+// cheaper than the tensor ops' dispatch). kUnwritten rows are never fresh.
+RowFreshness freshness(const torch::Tensor& stamps, int64_t step, int64_t max_staleness) {
+    RowFreshness r;
+    const auto s = stamps.contiguous();
+    const int64_t n = s.numel();
+    r.fresh = torch::empty({n}, torch::kBool);
+    const int64_t* p = s.data_ptr<int64_t>();
+    bool* f = r.fresh.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t age = step - p[i];
+        f[i] = p[i] >= 0 && age >= 0 && age <= max_staleness;
+        r.hits += f[i];
+        r.unwritten += p[i] < 0;
+    }
+    r.stale = n - r.hits - r.unwritten;
+    return r;
+}
+} // namespace
+
+torch::Tensor LatentCache::rows_fresh(const torch::Tensor& stamps, int64_t step, int64_t max_staleness) {
+    if (stamps.dim() != 1 || stamps.scalar_type() != torch::kInt64)
+        throw Error("LatentCache::rows_fresh: stamps must be int64 [rows], got " + shape_str(stamps.sizes().vec()));
+    return freshness(stamps, step, max_staleness).fresh;
+}
+
+std::optional<RowFreshness> LatentCache::fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ops_.hash_lookups;
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+        ++stats_.misses;
+        return std::nullopt;
+    }
+    const uint32_t i = it->second;
+    if (!stamps_[i].defined()) throw Error("LatentCache::fresh_rows: " + key.str() + " is not a row-versioned entry");
+    auto r = freshness(stamps_[i], step, max_staleness);
+    stats_.row_hits += uint64_t(r.hits);
+    stats_.row_misses += uint64_t(r.unwritten);
+    stats_.row_stale_rejections += uint64_t(r.stale);
+    lru_unlink(i);
+    lru_push_front(i);
+    return r;
 }
 
 std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_t step, int max_staleness) {
@@ -169,7 +271,8 @@ std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_
     }
     const uint32_t i = it->second;
     const int64_t age = step - nodes_[i].meta.step;
-    if (age < 0 || age > max_staleness) {
+    // A row-versioned entry is served whatever its age: its rows carry their own versions (fresh_rows).
+    if (nodes_[i].meta.row_dim < 0 && (age < 0 || age > max_staleness)) {
         ++stats_.stale_rejections;
         return std::nullopt;
     }
@@ -236,6 +339,7 @@ void LatentCache::clear() {
     std::lock_guard<std::mutex> lock(mu_);
     nodes_.clear();
     values_.clear();
+    stamps_.clear();
     free_.clear();
     index_.clear();
     namespaces_.clear();
@@ -251,7 +355,7 @@ void LatentCache::set_byte_budget(size_t bytes) {
 }
 
 void LatentCache::set_max_staleness(int steps) {
-    if (steps < 0) throw UsageError("LatentCache: max_staleness must be >= 0, got " + std::to_string(steps));
+    if (steps < 0) throw Error("max_staleness must be >= 0, got " + std::to_string(steps));
     std::lock_guard<std::mutex> lock(mu_);
     opts_.max_staleness = steps;
 }
@@ -285,32 +389,48 @@ void LatentCache::reset_stats() {
     ops_ = CacheOpCounters{};
 }
 
+nlohmann::json to_json(const CacheStats& s) {
+    const uint64_t lookups = s.hits + s.misses + s.stale_rejections;
+    return nlohmann::json{
+        {"hits", s.hits},
+        {"misses", s.misses},
+        {"stale_rejections", s.stale_rejections},
+        {"evictions", s.evictions},
+        {"puts", s.puts},
+        {"replacements", s.replacements},
+        {"oversize_rejections", s.oversize_rejections},
+        {"bytes", s.bytes},
+        {"peak_bytes", s.peak_bytes},
+        {"entries", s.entries},
+        {"hit_rate", lookups ? double(s.hits) / double(lookups) : 0.0},
+        {"rows",
+         {{"written", s.rows_written},
+          {"hits", s.row_hits},
+          {"stale_rejections", s.row_stale_rejections},
+          {"misses", s.row_misses}}},
+    };
+}
+
+CacheStats& CacheStats::operator+=(const CacheStats& o) {
+    hits += o.hits, misses += o.misses, stale_rejections += o.stale_rejections, evictions += o.evictions;
+    puts += o.puts, replacements += o.replacements, oversize_rejections += o.oversize_rejections;
+    bytes = std::max(bytes, o.bytes), peak_bytes = std::max(peak_bytes, o.peak_bytes);
+    entries = std::max(entries, o.entries);
+    rows_written += o.rows_written, row_hits += o.row_hits, row_stale_rejections += o.row_stale_rejections;
+    row_misses += o.row_misses;
+    return *this;
+}
+
 nlohmann::json LatentCache::stats_json() const {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t lookups = stats_.hits + stats_.misses + stats_.stale_rejections;
-    return nlohmann::json{
-        {"hits", stats_.hits},
-        {"misses", stats_.misses},
-        {"stale_rejections", stats_.stale_rejections},
-        {"evictions", stats_.evictions},
-        {"puts", stats_.puts},
-        {"replacements", stats_.replacements},
-        {"oversize_rejections", stats_.oversize_rejections},
-        {"bytes", stats_.bytes},
-        {"peak_bytes", stats_.peak_bytes},
-        {"entries", stats_.entries},
-        {"hit_rate", lookups ? double(stats_.hits) / double(lookups) : 0.0},
-        {"byte_budget", opts_.byte_budget},
-        {"max_staleness", opts_.max_staleness},
-        {"fp16_storage", opts_.fp16_storage},
-        {"ops",
-         {{"hash_lookups", ops_.hash_lookups},
-          {"hash_inserts", ops_.hash_inserts},
-          {"hash_erases", ops_.hash_erases},
-          {"list_links", ops_.list_links},
-          {"list_unlinks", ops_.list_unlinks},
-          {"nodes_visited", ops_.nodes_visited}}},
-    };
+    auto j = to_json(stats_);
+    j["byte_budget"] = opts_.byte_budget;
+    j["max_staleness"] = opts_.max_staleness;
+    j["fp16_storage"] = opts_.fp16_storage;
+    j["ops"] = {{"hash_lookups", ops_.hash_lookups}, {"hash_inserts", ops_.hash_inserts},
+                {"hash_erases", ops_.hash_erases},   {"list_links", ops_.list_links},
+                {"list_unlinks", ops_.list_unlinks}, {"nodes_visited", ops_.nodes_visited}};
+    return j;
 }
 
 std::vector<CacheKey> LatentCache::lru_keys() const {

@@ -13,8 +13,17 @@
 // * Statistics (hits, misses, stale rejections, evictions, bytes, entries) export as JSON; operation counters (hash
 //   and list operations, nodes visited) let tests prove O(1) behaviour by counts rather than timing.
 //
-// The cache keeps a reference to the tensor given to put() (no copy unless fp16 storage converts it): callers must not
-// modify a tensor in place after caching it. All methods are thread-safe (one mutex).
+// * Row-versioned entries (put with RowVersioned{dim}): a tensor whose slices along `dim` ("rows", e.g. the positions
+//   of a sequence) are written and versioned one by one: put_rows writes some rows in place and stamps them with the
+//   step, fresh_rows applies the staleness window to every row's stamp. One entry then serves a whole sequence of a
+//   layer, however many positions a step recomputes, with per-position staleness (dLLM-Cache's per-token refresh,
+//   Liu et al. 2025) instead of one entry per position. The entry's own step is that of its latest write, and get()
+//   returns it whatever its age (its rows carry their own versions).
+//
+// The cache keeps a reference to the tensor given to the plain put() (no copy unless fp16 storage converts it): callers
+// must not modify a tensor in place after caching it. A row-versioned put takes a private copy (put_rows writes into
+// it), and get() of a row-versioned entry returns that storage itself (no copy unless stored as fp16): later put_rows
+// on the key are visible through it. All methods are thread-safe (one mutex).
 #pragma once
 
 #include <torch/torch.h>
@@ -48,10 +57,23 @@ struct CacheKeyHash {
 
 struct EntryMeta {
     CacheKey key;
-    int64_t step = 0;                          // loop step that wrote the entry
-    size_t bytes = 0;                          // bytes as stored (fp16 halves float32)
+    int64_t step = 0;                          // loop step that wrote the entry (row-versioned: its latest write)
+    size_t bytes = 0;                          // bytes as stored (fp16 halves float32), row stamps included
     torch::ScalarType dtype = torch::kFloat32; // dtype given to put() and returned by get()
     bool stored_fp16 = false;
+    int64_t row_dim = -1; // row-versioned entries: the dimension of the rows; -1 for a plain entry
+    int64_t rows = 0;     // row-versioned entries: the number of rows (size along row_dim)
+};
+
+// put() of a tensor whose rows along `dim` are written (put_rows) and versioned one by one.
+struct RowVersioned {
+    int64_t dim = 0;
+};
+
+// fresh_rows: which rows may serve a step, with the counts it added to the statistics.
+struct RowFreshness {
+    torch::Tensor fresh; // bool [rows]
+    int64_t hits = 0, stale = 0, unwritten = 0;
 };
 
 struct LatentCacheOptions {
@@ -71,7 +93,17 @@ struct CacheStats {
     size_t bytes = 0;
     size_t peak_bytes = 0;
     size_t entries = 0;
+    // Row-versioned entries, counted per row: rows written by put_rows, and the rows fresh_rows found fresh (hits),
+    // written but outside the staleness window (stale rejections) or never written (misses).
+    uint64_t rows_written = 0;
+    uint64_t row_hits = 0;
+    uint64_t row_stale_rejections = 0;
+    uint64_t row_misses = 0;
+    // Sums the counters of runs (bytes, peak_bytes and entries: the largest of the two).
+    CacheStats& operator+=(const CacheStats& o);
 };
+// Every statistic above as JSON (the keys of LatentCache::stats_json, without the options and operation counts).
+nlohmann::json to_json(const CacheStats& s);
 
 // Counts of the primitive operations the cache performed, for complexity tests.
 struct CacheOpCounters {
@@ -94,6 +126,25 @@ public:
     // least-recently-used entries until the budget holds. A tensor larger than the whole budget is not stored.
     // Returns false when the value was not stored.
     bool put(const CacheKey& key, const torch::Tensor& value, int64_t step);
+
+    // ---- row-versioned entries ----
+    // Row stamp of a row that no put_rows has written yet (loop steps start at 0).
+    static constexpr int64_t kUnwritten = -1;
+    // Stores a private copy of `value` (fp16 storage honoured) whose rows along `rows.dim` are versioned; every row is
+    // stamped `step` (kUnwritten: none written yet). Budget, LRU and replacement as put().
+    bool put(const CacheKey& key, const torch::Tensor& value, int64_t step, RowVersioned rows);
+    // Writes rows[j] into row idx[j] (int64 [n]; `rows` has the entry's shape with n along the row dimension) in place
+    // and stamps those rows `step`; the entry becomes most recent and its step `step`. False (counted as a miss) when
+    // the key is absent, e.g. evicted; anchor::Error when the entry is not row-versioned or the shapes disagree.
+    bool put_rows(const CacheKey& key, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step);
+    // Copy of the per-row step stamps (int64 [rows], kUnwritten for rows never written); no statistics, no LRU change.
+    std::optional<torch::Tensor> row_steps(const CacheKey& key) const;
+    // Which rows may serve `step`: rows_fresh() of the entry's stamps. Counts every row (hit, stale rejection or
+    // miss) and makes the entry most recent; nullopt (a miss) when the key is absent.
+    std::optional<RowFreshness> fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness);
+    // The staleness window per row, the rule get() applies to a whole entry: 0 <= step - stamp <= max_staleness, and
+    // never for kUnwritten rows.
+    static torch::Tensor rows_fresh(const torch::Tensor& stamps, int64_t step, int64_t max_staleness);
 
     // The entry when present and fresh: 0 <= step - entry.step <= max_staleness (the default or `max_staleness`).
     // A hit makes the entry most recent; a stale entry is counted and left in place (not touched).
@@ -140,11 +191,14 @@ private:
     void ns_push_front(uint32_t i);
     void remove_node(uint32_t i); // unlinks from both lists and the index, frees the slot
     void evict_to_budget_locked();
+    bool put_locked(const CacheKey& key, torch::Tensor stored, torch::ScalarType dtype, bool fp16, int64_t step,
+                    int64_t row_dim, torch::Tensor stamps);
     std::optional<torch::Tensor> get_locked(const CacheKey& key, int64_t step, int max_staleness);
 
     LatentCacheOptions opts_;
     std::vector<Node> nodes_;           // metadata slab
     std::vector<torch::Tensor> values_; // tensors, parallel to nodes_
+    std::vector<torch::Tensor> stamps_; // row stamps of row-versioned entries (int64 [rows]), parallel to nodes_
     std::vector<uint32_t> free_;
     std::unordered_map<CacheKey, uint32_t, CacheKeyHash> index_;
     std::unordered_map<std::string, NsList> namespaces_;

@@ -4,27 +4,10 @@
 
 namespace anchor::cache {
 
-const std::vector<std::pair<PositionPolicy, std::string>>& position_policy_names() {
-    static const std::vector<std::pair<PositionPolicy, std::string>> t = {{PositionPolicy::Wrap, "wrap"},
-                                                                          {PositionPolicy::Cache, "cache"},
-                                                                          {PositionPolicy::Absolute, "absolute"},
-                                                                          {PositionPolicy::Reencode, "reencode"}};
+const EnumTable<PositionPolicy>& position_policy_table() {
+    static const EnumTable<PositionPolicy> t = {
+        {"wrap", PositionPolicy::Wrap}, {"cache", PositionPolicy::Cache}, {"absolute", PositionPolicy::Absolute}};
     return t;
-}
-
-std::string to_string(PositionPolicy p) {
-    for (const auto& [v, s] : position_policy_names())
-        if (v == p) return s;
-    return "?";
-}
-
-PositionPolicy position_policy_from_string(const std::string& s) {
-    std::string choices;
-    for (const auto& [v, name] : position_policy_names()) {
-        if (name == s) return v;
-        choices += (choices.empty() ? "" : ", ") + name;
-    }
-    throw UsageError("unknown position policy '" + s + "' (choices: " + choices + ")");
 }
 
 int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t n_positions) {
@@ -38,8 +21,6 @@ int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t 
                         std::to_string(n_positions) + " (use a smaller cache)");
         return p;
     }
-    case PositionPolicy::Reencode:
-        throw Error("position policy 'reencode' is decided by the stream (it re-encodes its window)");
     case PositionPolicy::Absolute:
         if (i >= n_positions)
             throw Error("position policy 'absolute': token " + std::to_string(i) + " is past the model's n_positions " +
@@ -47,6 +28,26 @@ int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t 
         return i;
     }
     return i;
+}
+
+KvCells::KvCells(int64_t capacity)
+    : stream_(static_cast<size_t>(capacity), -1), pos_(static_cast<size_t>(capacity), -1) {}
+
+void KvCells::assign(int64_t slot, int64_t stream_index, int64_t position) {
+    auto& s = stream_.at(static_cast<size_t>(slot));
+    if (s < 0) ++live_;
+    s = stream_index;
+    pos_[static_cast<size_t>(slot)] = position;
+}
+
+void KvCells::clear() {
+    std::fill(stream_.begin(), stream_.end(), -1);
+    std::fill(pos_.begin(), pos_.end(), -1);
+    live_ = 0;
+}
+
+std::vector<int64_t> KvCells::stream_indices(int64_t n) const {
+    return std::vector<int64_t>(stream_.begin(), stream_.begin() + n);
 }
 
 SinkRollingKV::SinkRollingKV(const SinkRollingKVOptions& opt) : opt_(opt) {
@@ -59,8 +60,7 @@ SinkRollingKV::SinkRollingKV(const SinkRollingKVOptions& opt) : opt_(opt) {
     // Zero-filled so that no uninitialised memory ever reaches a kernel, even through a bug in the slot bookkeeping.
     k_ = torch::zeros({opt.batch, opt.heads, capacity(), opt.head_dim}, o);
     v_ = torch::zeros({opt.batch, opt.heads, capacity(), opt.head_dim}, o);
-    slot_stream_.assign(capacity(), -1);
-    slot_pos_.assign(capacity(), -1);
+    cells_ = KvCells(capacity());
 }
 
 SinkRollingKV SinkRollingKV::full(int64_t batch, int64_t heads, int64_t head_dim, int64_t capacity,
@@ -104,8 +104,7 @@ std::vector<int64_t> SinkRollingKV::append(const torch::Tensor& k, const torch::
         k_.narrow(2, first, t).copy_(k);
         v_.narrow(2, first, t).copy_(v);
         for (int64_t j = 0; j < t; ++j) {
-            slot_stream_[first + j] = count_ + j;
-            slot_pos_[first + j] = pos_ids[j];
+            cells_.assign(first + j, count_ + j, pos_ids[j]);
             slots.push_back(first + j);
         }
         count_ += t;
@@ -114,10 +113,13 @@ std::vector<int64_t> SinkRollingKV::append(const torch::Tensor& k, const torch::
     }
     for (int64_t j = 0; j < t; ++j) {
         const int64_t s = next_slot();
-        k_.narrow(2, s, 1).copy_(k.narrow(2, j, 1));
-        v_.narrow(2, s, 1).copy_(v.narrow(2, j, 1));
-        slot_stream_[s] = count_;
-        slot_pos_[s] = pos_ids[j];
+        if (opt_.device_writer && !k_.device().is_cpu()) {
+            opt_.device_writer(k_, v_, k.narrow(2, j, 1), v.narrow(2, j, 1), s);
+        } else {
+            k_.narrow(2, s, 1).copy_(k.narrow(2, j, 1));
+            v_.narrow(2, s, 1).copy_(v.narrow(2, j, 1));
+        }
+        cells_.assign(s, count_, pos_ids[j]);
         slots.push_back(s);
         ++count_;
         filled_ = std::min(count_, capacity());
@@ -133,13 +135,12 @@ torch::Tensor SinkRollingKV::values() const {
 }
 
 std::vector<int64_t> SinkRollingKV::stream_indices() const {
-    return std::vector<int64_t>(slot_stream_.begin(), slot_stream_.begin() + filled_);
+    return cells_.stream_indices(filled_);
 }
 
 void SinkRollingKV::clear() {
     count_ = filled_ = 0;
-    std::fill(slot_stream_.begin(), slot_stream_.end(), -1);
-    std::fill(slot_pos_.begin(), slot_pos_.end(), -1);
+    cells_.clear();
 }
 
 int64_t SinkRollingKV::bytes() const {

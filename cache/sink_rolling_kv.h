@@ -5,7 +5,8 @@
 // Storage is preallocated once as K, V = [batch, heads, S + W, head_dim]:
 //   slots [0, S)      sinks: stream tokens 0..S-1, in order, never evicted;
 //   slots [S, S + W)  ring: stream token i (i >= S) lives in slot S + (i - S) % W, overwriting token i - W.
-// `append` copies the new K/V into its slot (no allocation after construction), so the data pointers never change.
+// `append` copies the new K/V into its slot (no allocation after construction), so the data pointers never change; the
+// slot metadata (stream index, position id, live) is in a KvCells beside the tensors.
 // `full` mode is the same class with S = 0 and W = capacity and no eviction (appending past capacity throws).
 //
 // Semantics (tests/golden/text/README.md sec. 3): the new token i is appended *before* its attention; afterwards the
@@ -13,6 +14,8 @@
 // i - W happens when token i arrives, as in the reference's shift buffer. Attention is order-independent, so the
 // attention set is the slot range [0, filled) in slot order (not stream order; see stream_index()).
 #pragma once
+
+#include "cache/io/enum_table.h"
 
 #include <torch/torch.h>
 
@@ -22,26 +25,47 @@
 
 namespace anchor::cache {
 
-// Position ids for models with learned absolute positions (n_positions rows of wpe) while streaming past them.
+// Position ids for models with learned absolute positions (n_positions rows of wpe) while streaming past them. These
+// are the policies a buffer can execute alone; re-encoding the window in order is the stream's (text/gpt2_model.h,
+// PositionMode::Reencode).
 enum class PositionPolicy {
     Wrap,     // i % n_positions
     Cache,    // min(i, capacity - 1): the slot the token is written to, the last slot once the buffer is full
     Absolute, // i; an error once i >= n_positions
-    // The stream keeps its KV in order with positions 0, 1, ...; when the S + W buffer is full, the S sink tokens and
-    // the most recent floor(W/2) tokens are encoded again at positions 0 .. S + floor(W/2) - 1 (one batched forward)
-    // and the stream continues after them. Every token is seen in order at positions the model was trained on, for
-    // a batched re-encode of S + W/2 tokens per ceil(W/2) tokens. (Learned absolute positions cannot be shifted
-    // inside a rolling cache the way RoPE keys can; this is the exact alternative.) Stream-level: Gpt2Stream.
-    Reencode,
 };
 
-// "wrap" / "cache" / "absolute" and back (the table also drives --help).
-const std::vector<std::pair<PositionPolicy, std::string>>& position_policy_names();
-std::string to_string(PositionPolicy p);
-PositionPolicy position_policy_from_string(const std::string& s); // throws anchor::UsageError listing the choices
+// "wrap" / "cache" / "absolute" (the table also drives --help).
+const EnumTable<PositionPolicy>& position_policy_table();
 
 // Position id of stream token i under `policy` for a buffer of `capacity` slots and a model with `n_positions`.
 int64_t position_id(PositionPolicy policy, int64_t i, int64_t capacity, int64_t n_positions);
+
+// Slot metadata of a KV buffer, kept apart from the K/V tensors as llama.cpp keeps llama_kv_cells apart from
+// llama_kv_cache: which slots are live, and the stream index and position id each one holds. The buffer decides
+// where a token goes; the cells only record it, so bookkeeping never touches a tensor.
+class KvCells {
+public:
+    explicit KvCells(int64_t capacity = 0);
+    void assign(int64_t slot, int64_t stream_index, int64_t position); // the slot becomes live (or is overwritten)
+    void clear();                                                      // every slot empty
+    int64_t capacity() const { return static_cast<int64_t>(stream_.size()); }
+    int64_t live_count() const { return live_; }
+    bool live(int64_t slot) const { return stream_.at(static_cast<size_t>(slot)) >= 0; }
+    int64_t stream_index(int64_t slot) const { return stream_.at(static_cast<size_t>(slot)); } // -1 when empty
+    int64_t position(int64_t slot) const { return pos_.at(static_cast<size_t>(slot)); }        // -1 when empty
+    // Stream indices of slots [0, n) in slot order.
+    std::vector<int64_t> stream_indices(int64_t n) const;
+
+private:
+    std::vector<int64_t> stream_, pos_;
+    int64_t live_ = 0;
+};
+
+// Writes one token's K and V rows ([B, H, 1, D]) into `slot` of the [B, H, C, D] buffers in one step (the fused
+// kernel of kernels/dispatch.h on CUDA). cache/ sits below kernels/ among the libraries, so the model that owns the
+// buffers passes it in (Gpt2ModelImpl::make_caches passes kernels::ring_write).
+using RingWriter = void (*)(torch::Tensor& k_buf, torch::Tensor& v_buf, const torch::Tensor& k, const torch::Tensor& v,
+                            int64_t slot);
 
 struct SinkRollingKVOptions {
     int64_t batch = 1;
@@ -52,6 +76,8 @@ struct SinkRollingKVOptions {
     bool evict = true;  // false: `full` mode, appending past S + W throws
     torch::ScalarType dtype = torch::kFloat32;
     torch::Device device = torch::kCPU;
+    // One-token writes into buffers off the CPU go through it when set (CPU buffers: a slice copy_, as always).
+    RingWriter device_writer = nullptr;
 };
 
 class SinkRollingKV {
@@ -84,8 +110,9 @@ public:
     // Slot the next token goes to (throws in full mode when the buffer is full).
     int64_t next_slot() const;
     // Stream index / position id held in `slot` (-1 when empty).
-    int64_t stream_index(int64_t slot) const { return slot_stream_.at(slot); }
-    int64_t position(int64_t slot) const { return slot_pos_.at(slot); }
+    int64_t stream_index(int64_t slot) const { return cells_.stream_index(slot); }
+    int64_t position(int64_t slot) const { return cells_.position(slot); }
+    const KvCells& cells() const { return cells_; }
     // Stream indices of the filled slots in slot order (the order of keys()).
     std::vector<int64_t> stream_indices() const;
 
@@ -99,7 +126,7 @@ private:
     SinkRollingKVOptions opt_;
     torch::Tensor k_, v_;
     int64_t count_ = 0, filled_ = 0;
-    std::vector<int64_t> slot_stream_, slot_pos_;
+    KvCells cells_;
 };
 
 } // namespace anchor::cache

@@ -1,7 +1,12 @@
 // Subcommand groups of anchor-text; each group lives in its own file so the GPT-2 and diffusion paths stay apart.
 #pragma once
 
+#include "cache/io/error.h"
+#include "text/params.h"
+
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -13,7 +18,21 @@ namespace anchor::cli {
 // Each adder registers its subcommands on `app` and appends the callbacks that run them (a callback returns the exit
 // code; it is invoked after parsing when its subcommand was selected).
 using Runner = std::function<int()>;
-void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners);      // cli/text_gpt2.cpp
-void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_diffusion.cpp
+void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_gpt2.cpp
+void add_diffusion_commands(CLI::App& app,
+                            std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_diffusion.cpp
+
+// Library field -> the flag that fills it, for the messages of text::ParamError.
+using FlagNames = std::vector<std::pair<std::string, std::string>>;
+
+// Runs `body` (a subcommand's library call); a text::ParamError comes out as a usage error (exit 2) that names the
+// flags of `flags` where the library named its fields.
+template <class F> auto with_flag_errors(const FlagNames& flags, F&& body) -> decltype(body()) {
+    try {
+        return body();
+    } catch (const text::ParamError& e) {
+        throw UsageError(text::with_flags(e, flags));
+    }
+}
 
 } // namespace anchor::cli

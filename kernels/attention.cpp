@@ -268,6 +268,44 @@ torch::Tensor small_attention(const torch::Tensor& q_, const torch::Tensor& k_, 
     return out;
 }
 
+torch::Tensor attention_matmul(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                               const AttentionOptions& o) {
+    TORCH_CHECK(o.formula == ScoreFormula::ScaleAfter || o.formula == ScoreFormula::PreScaledQuery,
+                "attention_matmul: takes the ScaleAfter and PreScaledQuery formulations");
+    const bool projection = o.layout == AttentionLayout::Projection;
+    const int64_t rank = projection ? 3 : 4;
+    TORCH_CHECK(q_in.dim() == rank && k_in.dim() == rank && v_in.dim() == rank, "attention: q, k, v must be ",
+                projection ? "[B, tokens, heads * head_dim]" : "[B, heads, tokens, head_dim]", ", got q ", q_in.sizes(),
+                ", k ", k_in.sizes(), ", v ", v_in.sizes());
+    const int64_t B = q_in.size(0), N = q_in.size(projection ? 1 : 2), M = k_in.size(projection ? 1 : 2);
+    const int64_t H = projection ? o.heads : q_in.size(1);
+    TORCH_CHECK(H >= 1 && (!projection || q_in.size(2) % H == 0), "attention: width ", q_in.size(-1),
+                " not divisible by ", H, " heads");
+    const int64_t D = projection ? q_in.size(2) / H : q_in.size(3);
+    TORCH_CHECK(k_in.size(0) == B && v_in.size(0) == B && v_in.size(projection ? 1 : 2) == M &&
+                    (projection ? k_in.size(2) == H * D && v_in.size(2) == H * D
+                                : k_in.size(1) == H && v_in.size(1) == H && k_in.size(3) == D && v_in.size(3) == D),
+                "attention: k ", k_in.sizes(), " and v ", v_in.sizes(), " do not match q ", q_in.sizes());
+    const double scale = o.scale >= 0 ? o.scale : 1.0 / std::sqrt(double(D));
+    const bool prescaled = o.formula == ScoreFormula::PreScaledQuery;
+    // CLIP scales the projected query before splitting the heads; elementwise, so the layout does not change a bit.
+    const torch::Tensor q_scaled = prescaled ? q_in * scale : q_in;
+    auto heads = [&](const torch::Tensor& t, int64_t n) {
+        return projection ? t.reshape({B, n, H, D}).transpose(1, 2) : t;
+    };
+    const auto q = heads(q_scaled, N), k = heads(k_in, M), v = heads(v_in, M);
+    auto scores = torch::matmul(q, k.transpose(-2, -1)); // [B, H, N, M]
+    if (!prescaled) scores = scores * scale;
+    if (o.additive_mask.defined()) scores.add_(o.additive_mask);
+    if (o.causal && N > 1) {
+        auto key = torch::arange(M, torch::kLong).view({1, M});
+        auto last = (torch::arange(N, torch::kLong) + (M - N)).view({N, 1});
+        scores = scores.masked_fill((key > last).to(scores.device()), -std::numeric_limits<float>::infinity());
+    }
+    auto out = torch::matmul(scores.softmax(-1), v); // [B, H, N, D]
+    return projection ? out.transpose(1, 2).reshape({B, N, H * D}) : out;
+}
+
 torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                               double scale) {
     const int64_t B = q.size(0), N = q.size(1), C = q.size(2), M = k.size(1), D = C / heads;

@@ -51,16 +51,48 @@ enum class AttentionKernel { Exact, Fused, Reference };
 // Names for options and reports ("exact", "fused", "reference").
 const EnumTable<AttentionKernel>& attention_kernel_table();
 
+// Where the heads are.
+enum class AttentionLayout {
+    Projection, // q [B, N, H*D], k/v [B, M, H*D] -> [B, N, H*D]: heads side by side, as the projections give them
+    Heads,      // q [B, H, N, D], k/v [B, H, M, D] -> [B, H, N, D]: GPT-2's KV cache, the MDLM block
+};
+
+// The arithmetic of the scores, one per model family, each reproducing that family's reference bit for bit (the
+// products and roundings differ in order, so the last bits do too; the models' goldens hold to their own).
+enum class ScoreFormula {
+    // diffusers' AttnProcessor: baddbmm(q, k^T, beta 0, alpha = scale) into a zero-filled buffer, softmax, bmm. The
+    // UNet and the VAE; the only formulation with the Fused kernel. Projection layout, no mask.
+    Diffusers,
+    // nanoGPT (GPT-2) and SEDD/MDLM: (q @ k^T) * scale, masked_fill(-inf) where masked, softmax, @ v.
+    ScaleAfter,
+    // Hugging Face CLIPAttention: (q * scale) @ k^T + additive mask, softmax, @ v (the query scaled before the heads
+    // are split).
+    PreScaledQuery,
+};
+
 struct AttentionOptions {
-    int64_t heads = 1;
+    int64_t heads = 1; // projection layout (the heads layout has them in q)
     double scale = -1; // < 0: head_dim^-0.5
     AttentionKernel kernel = AttentionKernel::Exact;
     int64_t chunk_bytes = int64_t(16) << 20; // score-buffer bound of the reference path's query chunks
+    AttentionLayout layout = AttentionLayout::Projection;
+    ScoreFormula formula = ScoreFormula::Diffusers;
+    // Causal, aligned to the last key: query i sees keys j <= i + (M - N), i.e. every key for the last query, so the
+    // same mask serves a full forward (M = N) and new tokens after the M - N a KV cache holds. Masked scores are set
+    // to -inf with masked_fill (nanoGPT); a single query masks nothing (no mask is built).
+    bool causal = false;
+    // Added to the scores when defined (broadcast to [B, H, N, M]; e.g. CLIP's 0 / -inf causal mask), before `causal`.
+    torch::Tensor additive_mask;
 };
 
-// q [B, N, H*D], k/v [B, M, H*D] -> [B, N, H*D] (projection layout, heads side by side).
+// softmax(scores) @ v for q, k, v in `opts.layout`, with the formulation, mask and kernel of `opts`.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& opts);
+
+// The ScaleAfter and PreScaledQuery formulations (attention() runs these for them; matmul, softmax, matmul in torch
+// ops, which is each family's reference arithmetic): `opts.formula` must be one of the two.
+torch::Tensor attention_matmul(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const AttentionOptions& opts);
 
 // ---- exact paths ------------------------------------------------------------------------------------------------
 

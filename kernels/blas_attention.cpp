@@ -152,6 +152,9 @@ const EnumTable<AttentionKernel>& attention_kernel_table() {
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& o) {
+    if (o.formula != ScoreFormula::Diffusers) return attention_matmul(q, k, v, o);
+    TORCH_CHECK(o.layout == AttentionLayout::Projection && !o.causal && !o.additive_mask.defined(),
+                "attention: the diffusers formulation takes the projection layout and no mask");
     TORCH_CHECK(q.dim() == 3 && o.heads >= 1 && q.size(2) % o.heads == 0, "attention: q ", q.sizes(),
                 " is not [B, tokens, heads * head_dim] for ", o.heads, " heads");
     const double scale = o.scale >= 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2) / o.heads));

@@ -54,7 +54,7 @@ TEST_CASE("latent cache: hits, misses and staleness window", "[cache]") {
     CHECK(torch::equal(*c.get(key("unet", 3), 20), t * 2));
     CHECK(c.stats().replacements == 1);
     CHECK(c.meta(key("unet", 3))->step == 20);
-    CHECK_THROWS_AS(c.set_max_staleness(-1), UsageError);
+    CHECK_THROWS_WITH(c.set_max_staleness(-1), Catch::Contains("max_staleness must be >= 0"));
 }
 
 TEST_CASE("latent cache: LRU order and byte budget", "[cache]") {
@@ -191,6 +191,103 @@ TEST_CASE("latent cache: statistics export as JSON", "[cache]") {
     CHECK(c.op_counters().total() == 0);
 }
 
+TEST_CASE("latent cache: row-versioned entries write rows in place and stamp each one", "[cache][rows]") {
+    LatentCache c;
+    auto k = key("seq", 1, 0);
+    auto init = torch::zeros({2, 5, 3}); // rows along dim 1 (e.g. K [H, L, d] of 5 positions)
+    REQUIRE(c.put(k, init, LatentCache::kUnwritten, RowVersioned{1}));
+    init.fill_(9); // a private copy: the caller's tensor is not the cache's
+    auto m = c.meta(k);
+    REQUIRE(m.has_value());
+    CHECK(m->row_dim == 1);
+    CHECK(m->rows == 5);
+    CHECK(m->bytes == size_t(2 * 5 * 3 * 4 + 5 * 8)); // values + one int64 stamp per row
+    CHECK(c.row_steps(k)->equal(torch::full({5}, LatentCache::kUnwritten, torch::kInt64)));
+    CHECK(torch::equal(*c.get(k, 0), torch::zeros({2, 5, 3})));
+
+    auto rows = torch::arange(2 * 2 * 3, torch::kFloat32).view({2, 2, 3});
+    REQUIRE(c.put_rows(k, torch::tensor({3, 0}, torch::kInt64), rows, 4));
+    auto stored = *c.get(k, 4);
+    CHECK(torch::equal(stored.select(1, 3), rows.select(1, 0)));
+    CHECK(torch::equal(stored.select(1, 0), rows.select(1, 1)));
+    CHECK(stored.select(1, 2).abs().sum().item<double>() == 0.0);
+    CHECK(c.row_steps(k)->equal(torch::tensor({4, -1, -1, 4, -1}, torch::kInt64)));
+    CHECK(c.meta(k)->step == 4);
+    REQUIRE(c.put_rows(k, torch::tensor({1}, torch::kInt64), torch::ones({2, 1, 3}), 6));
+    // get() hands out the storage itself: it sees later writes.
+    CHECK(torch::equal(stored.select(1, 1), torch::ones({2, 3})));
+    CHECK(c.stats().rows_written == 3);
+
+    // Staleness per row: at step 7 with window 2, rows of step 6 are fresh, rows of step 4 stale, unwritten missing.
+    auto fresh = c.fresh_rows(k, 7, 2);
+    REQUIRE(fresh.has_value());
+    CHECK(fresh->fresh.equal(torch::tensor({false, true, false, false, false})));
+    CHECK(fresh->hits == 1);
+    CHECK(fresh->stale == 2);
+    CHECK(fresh->unwritten == 2);
+    auto st = c.stats();
+    CHECK(st.row_hits == 1);
+    CHECK(st.row_stale_rejections == 2);
+    CHECK(st.row_misses == 2);
+    CHECK(c.fresh_rows(k, 8, 4)->fresh.equal(torch::tensor({true, true, false, true, false})));
+    // The entry is served whatever its age (get's window does not apply: its rows carry their versions).
+    CHECK(c.get(k, 100).has_value());
+    CHECK_FALSE(c.fresh_rows(key("seq", 2), 0, 2).has_value()); // absent: a miss
+    CHECK_FALSE(c.put_rows(key("seq", 2), torch::tensor({0}, torch::kInt64), torch::ones({2, 1, 3}), 0));
+    CHECK(c.stats().misses == 2);
+    auto j = c.stats_json();
+    CHECK(j["rows"]["written"] == 3);
+    CHECK(j["rows"]["hits"] == 1 + 3);
+
+    // rows_fresh is get's window per row; an unwritten row or one written at a later step is never fresh.
+    auto stamps = torch::tensor({-1, 0, 3, 5, 6}, torch::kInt64);
+    CHECK(LatentCache::rows_fresh(stamps, 5, 2).equal(torch::tensor({false, false, true, true, false})));
+    CHECK(LatentCache::rows_fresh(stamps, 5, 0).equal(torch::tensor({false, false, false, true, false})));
+
+    // What put_rows refuses: a plain entry, rows of the wrong shape, non-int64 indices; put a bad row dimension.
+    c.put(key("plain", 0), torch::zeros({4}), 0);
+    CHECK_THROWS_WITH(c.put_rows(key("plain", 0), torch::tensor({0}, torch::kInt64), torch::zeros({1}), 1),
+                      Catch::Contains("not a row-versioned entry"));
+    CHECK_THROWS_WITH(c.put_rows(k, torch::tensor({0}, torch::kInt64), torch::zeros({2, 1, 4}), 1),
+                      Catch::Contains("[2, 1, 3]"));
+    CHECK_THROWS_AS(c.put_rows(k, torch::tensor({0}, torch::kInt32), torch::zeros({2, 1, 3}), 1), Error);
+    CHECK_THROWS_AS(c.put(key("x", 0), torch::zeros({2}), 0, RowVersioned{1}), Error);
+    CHECK_THROWS_AS(c.fresh_rows(key("plain", 0), 0, 1), Error);
+}
+
+TEST_CASE("latent cache: row-versioned entries honour fp16 storage, the byte budget and LRU", "[cache][rows]") {
+    LatentCacheOptions o;
+    o.fp16_storage = true;
+    o.byte_budget = 3 * (8 * 2 + 4 * 8); // three [4, 2] float32 entries stored as fp16, with their 4 stamps
+    LatentCache c(o);
+    torch::manual_seed(3);
+    for (int i = 0; i < 3; ++i) REQUIRE(c.put(key("r", i), torch::zeros({4, 2}), LatentCache::kUnwritten, {0}));
+    auto m = c.meta(key("r", 0));
+    CHECK(m->stored_fp16);
+    CHECK(m->dtype == torch::kFloat32);
+    CHECK(m->bytes == size_t(8 * 2 + 4 * 8));
+    CHECK(c.bytes() == o.byte_budget);
+    auto rows = torch::randn({2, 2});
+    REQUIRE(c.put_rows(key("r", 0), torch::tensor({1, 2}, torch::kInt64), rows, 0));
+    auto got = *c.get(key("r", 0), 0);
+    CHECK(got.scalar_type() == torch::kFloat32);
+    CHECK(torch::equal(got.narrow(0, 1, 2), rows.to(torch::kHalf).to(torch::kFloat32)));
+    // put_rows made r/0 most recent: the next entry evicts r/1, the least recently used.
+    REQUIRE(c.put(key("r", 3), torch::zeros({4, 2}), 0, {0}));
+    CHECK(c.stats().evictions == 1);
+    CHECK_FALSE(c.contains(key("r", 1)));
+    CHECK(c.contains(key("r", 0)));
+    CHECK(c.bytes() == o.byte_budget);
+    // An evicted entry takes no rows (the caller re-creates it).
+    CHECK_FALSE(c.put_rows(key("r", 1), torch::tensor({0}, torch::kInt64), torch::zeros({1, 2}), 1));
+    // Replacing a row-versioned entry by a plain one drops its stamps.
+    c.put(key("r", 0), torch::zeros({2}), 5);
+    CHECK_FALSE(c.row_steps(key("r", 0)).has_value());
+    CHECK(c.meta(key("r", 0))->row_dim == -1);
+    c.erase_namespace("r");
+    CHECK(c.bytes() == 0);
+}
+
 // O(1) by counts: with 1,000,000 entries every get / put / evict does the same small, fixed number of hash and list
 // operations as with 1,000, and eviction visits exactly one node per evicted entry (no scans).
 TEST_CASE("latent cache: O(1) get/put/evict at 1,000,000 entries by operation counts", "[cache][slow]") {
@@ -225,6 +322,17 @@ TEST_CASE("latent cache: O(1) get/put/evict at 1,000,000 entries by operation co
         for (int64_t i = 0; i < 1000; ++i) c.put(key("new", int(i)), v, 2);
         after = c.op_counters();
         costs.push_back(after.total() - before.total());
+        // 1000 row writes and row-staleness lookups on row-versioned entries.
+        for (int64_t i = 0; i < 10; ++i) c.put(key("rows", int(i)), torch::zeros({8}), 0, RowVersioned{0});
+        before = c.op_counters();
+        const auto idx = torch::tensor({1, 5}, torch::kInt64);
+        for (int64_t i = 0; i < 1000; ++i) {
+            REQUIRE(c.put_rows(key("rows", int(i % 10)), idx, v.expand({2}), 3));
+            REQUIRE(c.fresh_rows(key("rows", int(i % 10)), 3, 1).has_value());
+        }
+        after = c.op_counters();
+        costs.push_back(after.total() - before.total());
+        CHECK(after.nodes_visited == before.nodes_visited);
         return costs;
     };
     const auto small = per_op_costs(1000);
@@ -263,6 +371,19 @@ TEST_CASE("time-gate policy anchors layers whose gate mean exceeds tau", "[cache
     auto d2 = p.decide({2, 10, {0.1, 0.3}, 0.0});
     CHECK(d2.action == Action::Reuse);
     CHECK_THROWS_AS(p.decide({3, 10, {}, 0.0}), Error);
+    CHECK_THROWS_WITH(TimeGatePolicy(1.5), Catch::Contains("tau must be in [0, 1]"));
+
+    // The other direction (the masked diffusion LM): a gate mean above tau means Reuse (the long staleness), no step
+    // is forced Full, and tau may lie outside [0, 1] (plain adaLN gates are unbounded).
+    TimeGatePolicy r(0.5, GateDirection::HighReuses);
+    CHECK(r.decide({0, 10, {0.7, 0.3}, 0.0}).layers == std::vector<Action>{Action::Reuse, Action::Full});
+    auto r1 = r.decide({1, 10, {0.9, 0.6}, 0.0});
+    CHECK(r1.layers == std::vector<Action>{Action::Reuse, Action::Reuse});
+    CHECK(r1.action == Action::Reuse);
+    CHECK(r.describe() == "gate:0.5:high-reuses");
+    CHECK(TimeGatePolicy(-1, GateDirection::HighReuses).decide({2, 0, {-0.5}, 0.0}).layers[0] == Action::Reuse);
+    CHECK(TimeGatePolicy(2, GateDirection::HighReuses).decide({2, 0, {1.5}, 0.0}).layers[0] == Action::Full);
+    CHECK_THROWS_AS(TimeGatePolicy(std::nan(""), GateDirection::HighReuses), Error);
 
     // g = sigmoid(W E + b): W [2, 3], E = [1, 0, -1], b = [0, 1] -> logits [w00 - w02, 1 + w10 - w12].
     auto W = torch::tensor({1.0, 5.0, -1.0, 0.5, 9.0, 0.5}).reshape({2, 3});

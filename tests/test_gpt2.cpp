@@ -1,6 +1,7 @@
 // GPT-2 tokenizer, model, KV cache and streaming against tests/golden/text (README there gives the semantics).
 #include "tests/test_util.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/params.h"
 
 #include "cache/io/error.h"
 
@@ -162,7 +163,7 @@ TEST_CASE("GPT-2 tiny: KV-cached incremental decoding matches the reference", "[
     auto& m = tiny();
     const std::string F = "text/gpt2_tiny/forward.safetensors";
     auto ids = to_vec(golden_tensor(F, "input_ids"));
-    Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+    Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
     std::vector<torch::Tensor> steps;
     for (auto t : ids) steps.push_back(s.feed(t));
     auto logits = torch::stack(steps);
@@ -171,9 +172,9 @@ TEST_CASE("GPT-2 tiny: KV-cached incremental decoding matches the reference", "[
     CHECK(to_vec(std::get<1>(top)) == to_vec(golden_tensor(F, "incremental_top5_ids")));
     CHECK(test::max_abs_diff(std::get<0>(top), golden_tensor(F, "incremental_top5_logits")) < 1e-4);
     // A batched prompt prefill gives the same last logits as one token at a time.
-    Gpt2Stream b(m.model, KvSpec::parse("sink:4,28"), cache::PositionPolicy::Wrap);
+    Gpt2Stream b(m.model, KvSpec::parse("sink:4,28"), PositionMode::Wrap);
     auto last = b.feed(ids); // 40 tokens: 32 batched, then 8 one by one with eviction
-    Gpt2Stream one(m.model, KvSpec::parse("sink:4,28"), cache::PositionPolicy::Wrap);
+    Gpt2Stream one(m.model, KvSpec::parse("sink:4,28"), PositionMode::Wrap);
     torch::Tensor l1;
     for (auto t : ids) l1 = one.feed(t);
     CHECK(test::max_abs_diff(last, l1) < 1e-5);
@@ -185,7 +186,7 @@ TEST_CASE("GPT-2 tiny: --positions reencode equals a fresh forward over the kept
     auto& m = tiny();
     const int64_t S = 2, W = 9, C = S + W;
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids")); // 40 tokens
-    Gpt2Stream s(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
+    Gpt2Stream s(m.model, KvSpec::parse("sink:2,9"), PositionMode::Reencode);
     std::vector<int64_t> sinks;
     std::deque<int64_t> rest;
     double worst = 0;
@@ -204,13 +205,16 @@ TEST_CASE("GPT-2 tiny: --positions reencode equals a fresh forward over the kept
     INFO("max |logit difference| " << worst);
     CHECK(worst < 1e-4);
     // A batched feed takes the same path.
-    Gpt2Stream b(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
-    Gpt2Stream one(m.model, KvSpec::parse("sink:2,9"), cache::PositionPolicy::Reencode);
+    Gpt2Stream b(m.model, KvSpec::parse("sink:2,9"), PositionMode::Reencode);
+    Gpt2Stream one(m.model, KvSpec::parse("sink:2,9"), PositionMode::Reencode);
     torch::Tensor l1;
     for (auto t : ids) l1 = one.feed(t);
     CHECK(test::max_abs_diff(b.feed(ids), l1) < 1e-5);
-    CHECK_THROWS_AS(Gpt2Stream(m.model, KvSpec::parse("sink:4,200"), cache::PositionPolicy::Reencode),
-                    anchor::UsageError);
+    // Re-encoding is the stream's own position mode; the buffer policies are the other three.
+    CHECK_FALSE(buffer_policy(PositionMode::Reencode).has_value());
+    CHECK(buffer_policy(PositionMode::Cache) == cache::PositionPolicy::Cache);
+    CHECK(enum_choices(position_mode_table(), "|") == "wrap|cache|absolute|reencode");
+    CHECK_THROWS_AS(Gpt2Stream(m.model, KvSpec::parse("sink:4,200"), PositionMode::Reencode), ParamError);
 }
 
 TEST_CASE("GPT-2 tiny: greedy generation matches the reference tokens", "[gpt2][model]") {
@@ -219,7 +223,7 @@ TEST_CASE("GPT-2 tiny: greedy generation matches the reference tokens", "[gpt2][
     for (const auto& c : j["cases"]) {
         auto prompt = c["prompt_ids"].get<std::vector<int64_t>>();
         CHECK(tokenizer().encode(c["prompt"].get<std::string>()) == prompt);
-        Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+        Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
         auto logits = s.feed(prompt);
         std::vector<int64_t> gen;
         for (int k = 0; k < 64; ++k) {
@@ -239,13 +243,12 @@ TEST_CASE("GPT-2 tiny: attention-sink streaming variants match the reference (30
     struct V {
         const char* name;
         const char* spec;
-        cache::PositionPolicy pol;
+        PositionMode pol;
     };
-    for (auto v : {V{"sink_wrap", "sink:4,28", cache::PositionPolicy::Wrap},
-                   V{"sink_cache", "sink:4,28", cache::PositionPolicy::Cache},
-                   V{"recompute", "recompute:32", cache::PositionPolicy::Wrap},
-                   V{"nosink_wrap", "window:32", cache::PositionPolicy::Wrap},
-                   V{"nosink_cache", "window:32", cache::PositionPolicy::Cache}}) {
+    for (auto v :
+         {V{"sink_wrap", "sink:4,28", PositionMode::Wrap}, V{"sink_cache", "sink:4,28", PositionMode::Cache},
+          V{"recompute", "recompute:32", PositionMode::Wrap}, V{"nosink_wrap", "window:32", PositionMode::Wrap},
+          V{"nosink_cache", "window:32", PositionMode::Cache}}) {
         auto ev = evaluate_stream(m.model, ids, KvSpec::parse(v.spec), v.pol, probes);
         const std::string n = v.name;
         double e = test::max_abs_diff(ev.logprob_next, golden_tensor(F, n + ".logprob_next"));
@@ -309,10 +312,9 @@ TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
     CHECK_THROWS_AS(load_gpt2(dir + "/nope"), anchor::Error);
     CHECK_THROWS_AS(load_gpt2(test::golden("text/streaming")), anchor::Error);
     for (const char* bad : {"ful", "sink:4", "sink:a,b", "window:", "window:0", "recompute:4,5", "full:3", "sink:4,"})
-        CHECK_THROWS_AS(KvSpec::parse(bad), anchor::UsageError);
+        CHECK_THROWS_AS(KvSpec::parse(bad), ParamError);
     CHECK(KvSpec::parse("sink:4,1020").str() == "sink:4,1020");
-    CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), cache::PositionPolicy::Absolute),
-                    anchor::UsageError);
+    CHECK_THROWS_AS(Gpt2Stream(tiny().model, KvSpec::parse("sink:4,200"), PositionMode::Absolute), ParamError);
 }
 
 // ---- decode kernel ---------------------------------------------------------------------------------------------
@@ -353,7 +355,7 @@ TEST_CASE("GPT-2 decode with the gemv kernel equals the torch reference path", "
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
     auto run = [&](bool fast) {
         set_fast_decode_kernel(fast);
-        Gpt2Stream s(m.model, KvSpec::parse("sink:4,8"), cache::PositionPolicy::Wrap);
+        Gpt2Stream s(m.model, KvSpec::parse("sink:4,8"), PositionMode::Wrap);
         std::vector<torch::Tensor> out;
         for (auto t : ids) out.push_back(s.feed(t));
         set_fast_decode_kernel(true);
@@ -367,7 +369,7 @@ TEST_CASE("GPT-2 decode with f16 decode weights stays within their rounding of t
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
     auto run = [&](torch::ScalarType dtype) {
         m.model->set_decode_weights(dtype);
-        Gpt2Stream s(m.model, KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+        Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
         std::vector<torch::Tensor> out;
         for (auto t : ids) out.push_back(s.feed(t));
         return torch::stack(out);
@@ -408,7 +410,7 @@ TEST_CASE("generative perplexity equals exp of the mean streamed NLL of the scor
     REQUIRE(static_cast<int64_t>(ids.size()) > ctx);
     // Within the context: one causal forward, the same numbers as the full-KV stream (golden-checked above).
     std::vector<int64_t> head(ids.begin(), ids.begin() + ctx);
-    auto ev = evaluate_stream(m.model, head, KvSpec::parse("full"), cache::PositionPolicy::Wrap);
+    auto ev = evaluate_stream(m.model, head, KvSpec::parse("full"), PositionMode::Wrap);
     for (int64_t from : {1, 5, 17}) {
         auto lp = ev.logprob_next.narrow(0, from - 1, ctx - from).to(torch::kFloat64);
         const double expected = std::exp(-lp.mean().item<double>());

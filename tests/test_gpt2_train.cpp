@@ -4,7 +4,8 @@
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "text/gpt2_tokenizer.h"
-#include "text/gpt2_train.h"
+#include "text/params.h"
+#include "text/train/gpt2_train.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -68,10 +69,10 @@ TEST_CASE("KJV split and documents", "[kjv][train]") {
     CHECK(docs[1] == "Now it came to pass in the days when the judges ruled, that there was a famine in the land.\n"
                      "And the name of the man was Elimelech.\n");
     CHECK(HoldoutSpec::parse("books:Ecclesiastes,Titus").str() == "books:Eccl,Titus");
-    CHECK_THROWS_AS(HoldoutSpec::parse("books:Tobit"), UsageError);
-    CHECK_THROWS_AS(HoldoutSpec::parse("tail:100"), UsageError);
-    CHECK_THROWS_AS(HoldoutSpec::parse("chapters:3"), UsageError);
-    CHECK_THROWS_AS(split_kjv(verses, HoldoutSpec::parse("books:Mark")), UsageError);
+    CHECK_THROWS_AS(HoldoutSpec::parse("books:Tobit"), ParamError);
+    CHECK_THROWS_AS(HoldoutSpec::parse("tail:100"), ParamError);
+    CHECK_THROWS_AS(HoldoutSpec::parse("chapters:3"), ParamError);
+    CHECK_THROWS_AS(split_kjv(verses, HoldoutSpec::parse("books:Mark")), ParamError);
 }
 
 TEST_CASE("GPT-2 trainer: exported model loads with load_gpt2 and matches the trained one", "[kjv][train][gpt2]") {
@@ -103,7 +104,7 @@ TEST_CASE("GPT-2 trainer: exported model loads with load_gpt2 and matches the tr
     CHECK(std::filesystem::exists(o.out_dir + "/heldout.txt"));
 
     // Exporting again without --overwrite is refused before any training.
-    CHECK_THROWS_AS(train_gpt2(o), UsageError);
+    CHECK_THROWS_AS(train_gpt2(o), ParamError);
 
     // Resume: a longer schedule continues from step 6; the metrics file keeps the earlier rows.
     o.overwrite_export = true;

@@ -247,6 +247,120 @@ TEST_CASE("small_attention matches matmul-softmax-matmul on both paths", "[kerne
         Catch::Contains("do not match"));
 }
 
+namespace {
+// The attention the text models computed before kernels::attention served them, kept verbatim as references.
+// nanoGPT (GPT-2): full causal forward (M == N) and new tokens after a KV cache (M > N); SEDD/MDLM: no mask.
+torch::Tensor gpt2_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal) {
+    const int64_t T = q.size(2), L = k.size(2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+    if (causal && L == T) {
+        auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+        att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    } else if (causal && T > 1) {
+        auto key_slot = torch::arange(L, torch::kLong).view({1, L});
+        auto limit = (torch::arange(T, torch::kLong) + (L - T)).view({T, 1});
+        att = att.masked_fill(key_slot > limit, -std::numeric_limits<float>::infinity());
+    }
+    return torch::matmul(att.softmax(-1), v);
+}
+torch::Tensor mdlm_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    auto scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
+    return torch::matmul(torch::softmax(scores, -1), v);
+}
+// Hugging Face CLIPAttention on projections [B, T, C] with an additive mask.
+torch::Tensor clip_reference(const torch::Tensor& qp, const torch::Tensor& kp, const torch::Tensor& vp, int64_t heads,
+                             const torch::Tensor& mask) {
+    const auto B = qp.size(0), T = qp.size(1), C = qp.size(2), hd = C / heads;
+    const double scale = 1.0 / std::sqrt(double(hd));
+    auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
+    auto q = split(qp * scale), k = split(kp), v = split(vp);
+    auto scores = torch::matmul(q, k.transpose(-1, -2));
+    scores.add_(mask);
+    return torch::matmul(scores.softmax(-1), v).transpose(1, 2).reshape({B, T, C});
+}
+// softmax(q k^T scale + mask) v in float64, heads layout.
+torch::Tensor attention_f64(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal) {
+    auto s = torch::matmul(q.to(torch::kDouble), k.to(torch::kDouble).transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+    const int64_t N = q.size(2), M = k.size(2);
+    if (causal)
+        s = s.masked_fill(torch::arange(M).view({1, M}) > (torch::arange(N) + (M - N)).view({N, 1}),
+                          -std::numeric_limits<double>::infinity());
+    return torch::matmul(s.softmax(-1), v.to(torch::kDouble));
+}
+} // namespace
+
+TEST_CASE("attention formulations: each model family's bits, on random shapes", "[kernels][attention]") {
+    // The ScaleAfter and PreScaledQuery formulations have one path each (their reference arithmetic); the Diffusers
+    // one's fast paths are tested above. Here: attention() against the code each model ran before, bit for bit, and
+    // every formulation and layout against float64.
+    torch::manual_seed(3);
+    std::mt19937 rng(17);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    for (int t = 0; t < 60; ++t) {
+        const int64_t B = pick({1, 2}), H = pick({1, 2, 4, 12}), D = pick({1, 4, 8, 32, 64}),
+                      N = pick({1, 2, 5, 16, 33}), extra = pick({0, 0, 1, 7, 40}), M = N + extra;
+        const double mag = pick({1, 1, 20});
+        CAPTURE(B, H, D, N, M, mag);
+        auto q = torch::randn({B, H, N, D}) * mag, k = torch::randn({B, H, M, D}), v = torch::randn({B, H, M, D});
+        // GPT-2's KV cache hands over views of a larger buffer.
+        auto kbuf = torch::randn({B, H, M + 3, D}), vbuf = torch::randn({B, H, M + 3, D});
+        kbuf.narrow(2, 0, M).copy_(k);
+        vbuf.narrow(2, 0, M).copy_(v);
+        AttentionOptions gpt2;
+        gpt2.layout = AttentionLayout::Heads;
+        gpt2.formula = ScoreFormula::ScaleAfter;
+        gpt2.causal = true;
+        const auto ours = attention(q, kbuf.narrow(2, 0, M), vbuf.narrow(2, 0, M), gpt2);
+        CHECK(torch::equal(ours, gpt2_reference(q, kbuf.narrow(2, 0, M), vbuf.narrow(2, 0, M), true)));
+        const double tol = 2e-6 * std::max(1.0, mag);
+        CHECK(rel_err(ours, attention_f64(q, k, v, true)) < tol);
+        AttentionOptions mdlm = gpt2;
+        mdlm.causal = false;
+        const auto bidir = attention(q, k, v, mdlm);
+        CHECK(torch::equal(bidir, mdlm_reference(q, k, v)));
+        CHECK(rel_err(bidir, attention_f64(q, k, v, false)) < tol);
+
+        // Projection layout [B, T, H*D]: CLIP's formulation with its additive causal mask (self-attention, M = N).
+        auto to_proj = [&](const torch::Tensor& x) { return x.transpose(1, 2).reshape({B, x.size(2), H * D}); };
+        const auto qp = to_proj(q), kp = to_proj(k.narrow(2, 0, N)), vp = to_proj(v.narrow(2, 0, N));
+        auto mask = torch::full({N, N}, -std::numeric_limits<float>::infinity()).triu(1);
+        AttentionOptions clip;
+        clip.heads = H;
+        clip.formula = ScoreFormula::PreScaledQuery;
+        clip.additive_mask = mask;
+        const auto c = attention(qp, kp, vp, clip);
+        CHECK(torch::equal(c, clip_reference(qp, kp, vp, H, mask)));
+        const auto truth = to_proj(attention_f64(q, k.narrow(2, 0, N), v.narrow(2, 0, N), true));
+        CHECK(rel_err(c, truth) < tol);
+        // The same attention through the other formulations and layouts agrees up to rounding.
+        AttentionOptions proj_causal = clip;
+        proj_causal.formula = ScoreFormula::ScaleAfter;
+        proj_causal.additive_mask = torch::Tensor();
+        proj_causal.causal = true;
+        CHECK(rel_err(attention(qp, kp, vp, proj_causal), truth) < tol);
+        AttentionOptions diffusers;
+        diffusers.heads = H;
+        const auto full_truth = to_proj(attention_f64(q, k, v, false));
+        CHECK(rel_err(attention(qp, to_proj(k), to_proj(v), diffusers), full_truth) < tol);
+        AttentionOptions proj = diffusers;
+        proj.formula = ScoreFormula::ScaleAfter;
+        CHECK(rel_err(attention(qp, to_proj(k), to_proj(v), proj), full_truth) < tol);
+    }
+    // What the formulations refuse.
+    auto q = torch::randn({1, 4, 8}), k = torch::randn({1, 5, 8});
+    AttentionOptions bad;
+    bad.heads = 2;
+    bad.causal = true; // the diffusers formulation has no mask
+    CHECK_THROWS_WITH(attention(q, k, k, bad), Catch::Contains("no mask"));
+    bad.causal = false;
+    bad.formula = ScoreFormula::ScaleAfter;
+    CHECK_THROWS_WITH(attention(q, torch::randn({1, 5, 6}), k, bad), Catch::Contains("do not match"));
+    bad.layout = AttentionLayout::Heads;
+    CHECK_THROWS_WITH(attention(q, k, k, bad), Catch::Contains("[B, heads, tokens, head_dim]"));
+}
+
 TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
     const bool gpu = cuda_ready();
     const torch::Device dev = gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);

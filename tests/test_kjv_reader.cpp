@@ -1,7 +1,7 @@
 // KJV reader: the compress(1) LZW decoder against a reference encoder written here, its errors, and the text of
 // Debian's bible-kjv-text when it is installed.
 #include "cache/io/error.h"
-#include "text/kjv_reader.h"
+#include "text/train/kjv_reader.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,14 +1,21 @@
 // Masked diffusion LM: model layout, cross-step anchor cache, samplers, training, calibration profile.
+#include "cache/calibration.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
-#include "text/mdlm_train.h"
+#include "text/params.h"
+#include "text/mdlm_calibrate.h"
+#include "text/token_file.h"
+#include "text/train/mdlm_train.h"
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <sstream>
 
 using namespace anchor;
 using namespace anchor::text;
@@ -122,6 +129,49 @@ TEST_CASE("mdlm: save, load, detect_from_weights, backbone prefix", "[mdlm]") {
         FAIL("expected an error");
     } catch (const Error& e) {
         CHECK(std::string(e.what()).find("blocks.1.attn_out.weight") != std::string::npos);
+    }
+}
+
+namespace {
+// The latents of one block in plain tensors (batch 1), for MdlmBlockImpl::forward_cached.
+struct DenseLatents : BlockLatents {
+    std::array<torch::Tensor, 4> t;
+    DenseLatents(int64_t H, int64_t L, int64_t d, int64_t D)
+        : t{torch::zeros({H, L, d}), torch::zeros({H, L, d}), torch::zeros({L, D}), torch::zeros({L, D})} {}
+    torch::Tensor read(BlockLatent w) override { return t[size_t(w)]; }
+    void write(BlockLatent w, const torch::Tensor& idx, const torch::Tensor& rows) override {
+        t[size_t(w)].index_copy_(w == BlockLatent::K || w == BlockLatent::V ? 1 : 0, idx, rows);
+    }
+};
+} // namespace
+
+TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row active, on random shapes", "[mdlm]") {
+    torch::NoGradGuard ng;
+    std::mt19937 rng(3);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    for (int trial = 0; trial < 24; ++trial) {
+        MdlmConfig c = tiny_config(trial % 2 ? GateKind::AdaLN : GateKind::TimeAnchor);
+        c.n_heads = pick({1, 2, 4});
+        c.hidden_size = c.n_heads * pick({2, 8, 16});
+        c.n_blocks = 1;
+        MdlmModel m(c);
+        randomize_mdlm_weights(m, uint64_t(trial));
+        const int64_t L = pick({1, 2, 7, 16, 33});
+        CAPTURE(trial, c.n_heads, c.hidden_size, L);
+        auto& b = m->block_list[0];
+        auto x = torch::randn({1, L, c.hidden_size});
+        auto mod = b->modulation(m->conditioning(torch::tensor({0.4f})));
+        auto rope = m->rope(L, x.options());
+        const auto dense = b->forward(x, mod, rope);
+        DenseLatents lat(c.n_heads, L, c.head_dim(), c.hidden_size);
+        CHECK(torch::equal(b->forward_cached(x, mod, rope, torch::arange(L, torch::kInt64), lat), dense));
+        // Anchored rows holding the current values: any subset gives the dense result (up to the gathered products).
+        auto subset = torch::nonzero(torch::rand({L}) < 0.5).reshape(-1);
+        auto got = b->forward_cached(x, mod, rope, subset, lat);
+        CHECK(test::max_abs_diff(got, dense) <= 2e-5 * std::max(1.0, dense.abs().max().item<double>()));
+        // No active row: every branch comes from the latents.
+        CHECK(test::max_abs_diff(b->forward_cached(x, mod, rope, torch::zeros({0}, torch::kInt64), lat), dense) <=
+              2e-5 * std::max(1.0, dense.abs().max().item<double>()));
     }
 }
 
@@ -252,6 +302,66 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
     }
 }
 
+TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byte budget", "[mdlm]") {
+    auto m = tiny_model();
+    SamplerOptions so;
+    so.length = 40;
+    so.steps = 10;
+    so.prompt = {464, 3290, 286, 262, 4171};
+    so.seed = 2;
+    so.rule = UnmaskRule::Confidence;
+    so.temperature = 0;
+    const int64_t layers = m->config().n_blocks, L = so.length;
+    MdlmDenoiser den(m, parse_cache_spec("anchor:stale=3,rho=0.1"));
+    auto r = sample(den, so);
+    const int64_t active = r.cache.position_layers_total - r.cache.position_layers_reused;
+    // Five slots (K, V, Attn, Ffn, Token) per recomputed position and layer; every anchored row was a fresh row.
+    CHECK(r.store.rows_written == uint64_t(5 * active));
+    CHECK(r.store.row_hits >= uint64_t(r.cache.position_layers_reused));
+    CHECK(r.store.row_hits + r.store.row_stale_rejections + r.store.row_misses == uint64_t(layers * L * so.steps));
+    CHECK(r.store.row_misses == uint64_t(layers * L)); // step 0 finds every row unwritten
+    CHECK(r.store.entries == size_t(5 * layers));
+    CHECK(r.store.evictions == 0);
+    // One sequence per namespace: the next sample replaces the previous one's entries.
+    auto r2 = sample(den, so);
+    CHECK(r2.tokens == r.tokens);
+    CHECK(den.store().size() == size_t(5 * layers));
+    CHECK(r2.store.rows_written == r.store.rows_written);
+
+    // fp16 storage: about half the bytes, logits within float16 rounding of the float32 store.
+    MdlmDenoiser half(m, parse_cache_spec("anchor:stale=3,rho=0.1,fp16=1"));
+    auto rh = sample(half, so);
+    CHECK(rh.store.bytes < r.store.bytes * 6 / 10);
+    auto ids = scripted_ids(m, L);
+    auto pos = torch::arange(L, torch::kInt64);
+    MdlmDenoiser a(m, parse_cache_spec("anchor:stale=10,rho=0")),
+        b(m, parse_cache_spec("anchor:stale=10,rho=0,fp16=1"));
+    a.reset(L);
+    b.reset(L);
+    a.logits(ids, 0.7, 0, pos);
+    b.logits(ids, 0.7, 0, pos);
+    auto la = a.logits(ids, 0.6, 1, pos).narrow(1, 0, 50257), lb = b.logits(ids, 0.6, 1, pos).narrow(1, 0, 50257);
+    const double rel = test::max_abs_diff(la, lb) / la.abs().max().item<double>();
+    INFO("fp16 store: max relative logit difference " << rel);
+    CHECK(rel > 0.0);
+    CHECK(rel < 1e-2);
+
+    // A byte budget below the whole sequence's latents: layers are evicted and recomputed, the sample completes.
+    const double layer_mib = double(r.store.bytes) / double(layers) / (1024.0 * 1024.0);
+    std::ostringstream spec;
+    spec << "anchor:stale=3,rho=0.1,budget=" << 2.5 * layer_mib;
+    MdlmDenoiser tight(m, parse_cache_spec(spec.str()));
+    auto rt = sample(tight, so);
+    CHECK(rt.store.evictions > 0);
+    CHECK(rt.store.bytes <= size_t(2.5 * layer_mib * 1024 * 1024));
+    CHECK(rt.tokens.size() == size_t(L));
+    // One that cannot hold one layer is refused, naming the budget.
+    std::ostringstream tiny;
+    tiny << "anchor:budget=" << 0.5 * layer_mib;
+    MdlmDenoiser none(m, parse_cache_spec(tiny.str()));
+    CHECK_THROWS_WITH(sample(none, so), Catch::Contains("budget"));
+}
+
 TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     auto s = parse_cache_spec("anchor:tau=0.9,stale=3,rho=0.1,refresh=8");
     CHECK(s.mode == CacheMode::Anchor);
@@ -261,15 +371,20 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK(parse_cache_spec(s.to_string()).anchor.rho == Approx(0.1));
     CHECK(parse_cache_spec("off").mode == CacheMode::Off);
     CHECK(parse_cache_spec("anchor").anchor.stale == 2);
-    CHECK_THROWS_AS(parse_cache_spec("anchr"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale=-1"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), UsageError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), UsageError);
+    CHECK_THROWS_AS(parse_cache_spec("anchr"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:stale=-1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), ParamError);
     CHECK(parse_cache_spec("anchor:masked=reuse").anchor.reuse_masked);
     CHECK(!parse_cache_spec("anchor:masked=active").anchor.reuse_masked);
     CHECK(parse_cache_spec(parse_cache_spec("anchor:masked=reuse").to_string()).anchor.reuse_masked);
     CHECK_THROWS_WITH(parse_cache_spec("anchor:masked=yes"), Catch::Contains("'active' or 'reuse'"));
+    auto st = parse_cache_spec("anchor:fp16=1,budget=64");
+    CHECK(st.anchor.fp16);
+    CHECK(st.anchor.budget_mib == 64);
+    CHECK(parse_cache_spec(st.to_string()).anchor.budget_mib == 64);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:budget=-1"), Error);
 }
 
 TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]") {
@@ -326,8 +441,8 @@ TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]")
 
     so.steps = 7;
     so.block_length = 300; // 4 blocks do not divide 7 steps
-    CHECK_THROWS_AS(sample(den, so), UsageError);
-    CHECK_THROWS_AS(unmask_rule_from_string("greedy"), Error);
+    CHECK_THROWS_AS(sample(den, so), ParamError);
+    CHECK_THROWS_AS(enum_from_string(unmask_rule_table(), "greedy", "unmasking rule"), ParamError);
 }
 
 TEST_CASE("mdlm cache: anchor sampling reuses work and stays close to off", "[mdlm]") {
@@ -352,21 +467,23 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     std::vector<double> v = {0.1, 0.11, 0.12, 5.0, 5.1, 9.0, 9.2, 9.1};
     std::vector<double> c;
     std::vector<int64_t> a;
-    kmeans_1d(v, 3, c, a);
+    cache::kmeans_1d(v, 3, c, a);
     REQUIRE(c.size() == 3);
     CHECK(c[0] == Approx(0.11));
     CHECK(c[1] == Approx(5.05));
     CHECK(c[2] == Approx(9.1));
     CHECK(a == std::vector<int64_t>{0, 0, 0, 1, 1, 2, 2, 2});
-    auto p = build_profile({{0.1, 0.11, 0.12, 5.0}, {5.1, 9.0, 9.2, 9.1}}, 3, 8);
+    auto p = cache::build_layer_profile({{0.1, 0.11, 0.12, 5.0}, {5.1, 9.0, 9.2, 9.1}}, 3, 8);
     CHECK(p.class_stale == std::vector<int64_t>{8, 5, 1}); // stable -> long staleness
     CHECK(p.staleness(0, 0, 8) == 8);
     CHECK(p.staleness(1, 7, 8) == 1);
     auto dir = test::scratch_dir("mdlm_profile");
     p.save(dir + "/p.json", false);
     CHECK_THROWS_AS(p.save(dir + "/p.json", false), Error); // never overwrite silently
-    auto q = AnchorProfile::load(dir + "/p.json");
+    auto q = cache::AnchorProfile::load(dir + "/p.json");
     CHECK(q.class_of == p.class_of);
+    CHECK(q.class_stale == p.class_stale);
+    CHECK(q.centroids == p.centroids);
 
     // Calibration on the tiny model, then sampling with the profile.
     auto m = tiny_model();
@@ -386,6 +503,38 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     so.prompt = {464, 3290};
     auto r = sample(d, so);
     CHECK(r.tokens.size() == 24);
+}
+
+TEST_CASE("mdlm profile: the committed kjv-mdlm profile (format anchorcache-mdlm-profile-1) still drives the cache",
+          "[mdlm]") {
+    const std::string path = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm/anchor_profile.json";
+    std::ifstream f(path);
+    REQUIRE(f);
+    const auto j = nlohmann::json::parse(f);
+    REQUIRE(j.at("format") == "anchorcache-mdlm-profile-1");
+    const auto p = cache::AnchorProfile::load(path);
+    REQUIRE(p.has_layer_classes());
+    CHECK(p.n_layers == j.at("n_layers").get<int64_t>());
+    CHECK(p.time_bins == j.at("time_bins").get<int64_t>());
+    CHECK(p.class_of == j.at("class_of").get<std::vector<std::vector<int64_t>>>());
+    for (size_t c = 0; c < p.class_stale.size(); ++c) {
+        CHECK(p.class_stale[c] == j.at("classes")[c].at("staleness").get<int64_t>());
+        CHECK(p.centroids[c] == j.at("classes")[c].at("centroid").get<double>());
+    }
+    // staleness(l, step, T) reads class_of[l][step * time_bins / T]
+    const int64_t T = p.time_bins;
+    for (int64_t l = 0; l < p.n_layers; ++l)
+        for (int64_t s = 0; s < T; ++s)
+            CHECK(p.staleness(l, s, T) == p.class_stale[size_t(p.class_of[size_t(l)][size_t(s)])]);
+    // The model it was calibrated for takes it; a step-range profile (Stable Diffusion) is refused by name.
+    MdlmDenoiser d(load_mdlm(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm"),
+                   parse_cache_spec("anchor:profile=" + path));
+    auto dir = test::scratch_dir("mdlm_profile_kinds");
+    cache::AnchorProfile sd;
+    sd.step_ranges = {{0.0, 1.0, 0.2, 0.1}};
+    sd.save(dir + "/sd.json", true);
+    CHECK_THROWS_WITH(MdlmDenoiser(tiny_model(), parse_cache_spec("anchor:profile=" + dir + "/sd.json")),
+                      Catch::Contains("no layer classes"));
 }
 
 TEST_CASE("mdlm training: loss decreases, checkpoints resume exactly", "[mdlm]") {
@@ -472,5 +621,5 @@ TEST_CASE("mdlm training on the KJV: held-out books are written and not trained 
     CHECK(held_ids.back() == 50256); // every document ends with <|endoftext|>
     TrainOptions both = o;
     both.tokens_path = dir + "/x.bin";
-    CHECK_THROWS_AS(train_mdlm(both), UsageError);
+    CHECK_THROWS_AS(train_mdlm(both), ParamError);
 }

@@ -1,6 +1,7 @@
 // SinkRollingKV: slot layout, eviction order, position policies and allocation-free appends.
 #include "cache/sink_rolling_kv.h"
 
+#include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 
 #include <catch2/catch.hpp>
@@ -117,13 +118,71 @@ TEST_CASE("Position policies for learned absolute positions", "[kv]") {
     for (int64_t i = 0; i < 1000; ++i) {
         CHECK(position_id(PositionPolicy::Wrap, i, C, P) == i % P);
         CHECK(position_id(PositionPolicy::Cache, i, C, P) == std::min<int64_t>(i, C - 1));
-        if (i < P) CHECK(position_id(PositionPolicy::Absolute, i, C, P) == i);
-        else CHECK_THROWS_AS(position_id(PositionPolicy::Absolute, i, C, P), anchor::Error);
+        if (i < P)
+            CHECK(position_id(PositionPolicy::Absolute, i, C, P) == i);
+        else
+            CHECK_THROWS_AS(position_id(PositionPolicy::Absolute, i, C, P), anchor::Error);
     }
     CHECK_THROWS_AS(position_id(PositionPolicy::Cache, 500, 200, P), anchor::Error);
-    for (const auto& [p, name] : position_policy_names()) {
-        CHECK(position_policy_from_string(name) == p);
-        CHECK(to_string(p) == name);
+    // The buffer's own policies only: re-encoding is the stream's (text::PositionMode::Reencode).
+    CHECK(enum_choices(position_policy_table()) == "wrap, cache, absolute");
+    for (const auto& [name, p] : position_policy_table())
+        CHECK(enum_from_string(position_policy_table(), name, "") == p);
+}
+
+TEST_CASE("SinkRollingKV keeps its slot metadata in KvCells, apart from the tensors", "[kv]") {
+    KvCells cells(4);
+    CHECK(cells.capacity() == 4);
+    CHECK(cells.live_count() == 0);
+    cells.assign(2, 7, 3);
+    cells.assign(2, 9, 1); // overwriting a live slot keeps the count
+    cells.assign(0, 4, 0);
+    CHECK(cells.live_count() == 2);
+    CHECK(cells.live(2));
+    CHECK_FALSE(cells.live(1));
+    CHECK(cells.stream_index(2) == 9);
+    CHECK(cells.position(2) == 1);
+    CHECK(cells.stream_index(1) == -1);
+    CHECK(cells.stream_indices(3) == std::vector<int64_t>{4, -1, 9});
+    cells.clear();
+    CHECK(cells.live_count() == 0);
+    CHECK_FALSE(cells.live(2));
+
+    // The buffer records every append in its cells: live slots = filled, stream index and position id per slot.
+    auto kv = make(2, 3);
+    for (int64_t i = 0; i < 9; ++i) {
+        kv.append(k_of(i), v_of(i), 100 + i);
+        const auto& c = kv.cells();
+        REQUIRE(c.live_count() == kv.filled());
+        const int64_t slot = i < 2 ? i : 2 + (i - 2) % 3;
+        CHECK(c.stream_index(slot) == i);
+        CHECK(c.position(slot) == 100 + i);
     }
-    CHECK_THROWS_AS(position_policy_from_string("rope"), anchor::UsageError);
+    kv.clear();
+    CHECK(kv.cells().live_count() == 0);
+    CHECK_THROWS_AS(KvCells(2).stream_index(2), std::out_of_range);
+}
+
+namespace {
+int g_writer_calls = 0;
+void counting_writer(torch::Tensor&, torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t) {
+    ++g_writer_calls;
+}
+} // namespace
+
+TEST_CASE("SinkRollingKV: the device ring writer serves buffers off the CPU only", "[kv]") {
+    // Off the CPU a one-token write is the fused kernel (kernels::ring_write, CUDA); on the CPU it stays a slice copy.
+    // Without a GPU here only the CPU side runs: the writer must not be called, and the contents stay exact.
+    SinkRollingKVOptions o;
+    o.heads = 2;
+    o.head_dim = 3;
+    o.sinks = 1;
+    o.window = 2;
+    o.device_writer = &counting_writer;
+    SinkRollingKV kv(o);
+    for (int64_t i = 0; i < 7; ++i) {
+        kv.append(k_of(i), v_of(i), i);
+        check_contents(kv, i, 1, 2);
+    }
+    CHECK(g_writer_calls == 0);
 }

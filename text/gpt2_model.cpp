@@ -4,7 +4,10 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "kernels/attention.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemv.h"
+#include "text/params.h"
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +50,10 @@ void set_fast_decode_kernel(bool on) {
 }
 bool fast_decode_kernel() {
     return g_fast_decode;
+}
+std::string decode_kernel() {
+    if (!g_fast_decode) return "torch::addmv/mv (reference)";
+    return kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv";
 }
 
 // ---- config ------------------------------------------------------------------------------------------------------
@@ -189,13 +196,14 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, cache::SinkRoll
     auto qkv = c_attn(x).split(C, 2);
     auto heads = [&](const torch::Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
     auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    // nanoGPT: (q k^T) / sqrt(D), causal mask by masked_fill(-inf), softmax, @ v.
+    kernels::AttentionOptions ao;
+    ao.layout = kernels::AttentionLayout::Heads;
+    ao.formula = kernels::ScoreFormula::ScaleAfter;
+    ao.causal = true;
     torch::Tensor y;
     if (!kv) {
-        auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
-        auto mask = torch::ones({T, T}, torch::kBool).triu(1);
-        att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
-        y = torch::matmul(att, v);
+        y = kernels::attention(q, k, v, ao);
     } else {
         // StreamingLLM order: the new token enters the buffer (evicting stream index i - W) before it attends, so
         // the filled slots are exactly A(i) u {i} (README sec. 3).
@@ -203,14 +211,9 @@ torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x, cache::SinkRoll
         const int64_t L = kv->filled();
         if (T > 1 && (slots.front() != L - T || slots.back() != L - 1))
             throw Error("GPT-2 attention: several tokens per step are only supported while the cache fills");
-        auto att = torch::matmul(q, kv->keys().transpose(-2, -1)) * scale; // [B, H, T, L]
-        if (T > 1) {
-            // Query t (stream index count-T+t) sees slots <= L - T + t; earlier slots hold older tokens.
-            auto key_slot = torch::arange(L, torch::kLong).view({1, L});
-            auto limit = (torch::arange(T, torch::kLong) + (L - T)).view({T, 1});
-            att = att.masked_fill(key_slot > limit, -std::numeric_limits<float>::infinity());
-        }
-        y = torch::matmul(att.softmax(-1), kv->values());
+        // Query t (stream index count-T+t) sees slots <= L - T + t, earlier slots holding older tokens: the causal
+        // mask aligned to the last key.
+        y = kernels::attention(q, kv->keys(), kv->values(), ao); // [B, H, T, D]
     }
     y = y.transpose(1, 2).reshape({B, T, C});
     return c_proj(y);
@@ -361,6 +364,7 @@ std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int6
         o.sinks = sinks;
         o.window = window;
         o.evict = evict;
+        o.device_writer = &kernels::ring_write; // the fused CUDA write for buffers on a GPU
         out.emplace_back(o);
     }
     return out;
@@ -486,8 +490,8 @@ std::string KvSpec::syntax_help() {
 KvSpec KvSpec::parse(const std::string& s) {
     const auto colon = s.find(':');
     const std::string head = s.substr(0, colon), args = colon == std::string::npos ? "" : s.substr(colon + 1);
-    auto bad = [&](const std::string& why) -> UsageError {
-        return UsageError("bad KV mode '" + s + "': " + why + " (expected " + syntax_help() + ")");
+    auto bad = [&](const std::string& why) -> ParamError {
+        return ParamError("kv", "mode '" + s + "' is not valid: " + why + " (expected " + syntax_help() + ")");
     };
     auto number = [&](const std::string& t, const char* what) -> int64_t {
         if (t.empty() || t.size() > 12 || t.find_first_not_of("0123456789") != std::string::npos)
@@ -534,7 +538,29 @@ std::string KvSpec::str() const {
     return "?";
 }
 
-Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy policy)
+const EnumTable<PositionMode>& position_mode_table() {
+    static const EnumTable<PositionMode> t = {{"wrap", PositionMode::Wrap},
+                                              {"cache", PositionMode::Cache},
+                                              {"absolute", PositionMode::Absolute},
+                                              {"reencode", PositionMode::Reencode}};
+    return t;
+}
+
+std::optional<cache::PositionPolicy> buffer_policy(PositionMode mode) {
+    switch (mode) {
+    case PositionMode::Wrap:
+        return cache::PositionPolicy::Wrap;
+    case PositionMode::Cache:
+        return cache::PositionPolicy::Cache;
+    case PositionMode::Absolute:
+        return cache::PositionPolicy::Absolute;
+    case PositionMode::Reencode:
+        break;
+    }
+    return std::nullopt;
+}
+
+Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, PositionMode policy)
     : model_(std::move(model)), spec_(spec), policy_(policy) {
     const int64_t P = model_->config().n_positions;
     switch (spec_.mode) {
@@ -545,42 +571,43 @@ Gpt2Stream::Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy polic
     case KvMode::Window:
     case KvMode::Sink:
         capacity_ = spec_.sinks + spec_.window;
-        if (policy_ == cache::PositionPolicy::Reencode) {
+        if (policy_ == PositionMode::Reencode) {
             if (capacity_ > P || spec_.window < 2)
-                throw UsageError("KV mode " + spec_.str() +
-                                 " with --positions reencode needs 2 <= W and S+W <= the "
-                                 "model's n_positions " +
-                                 std::to_string(P));
+                throw ParamError("kv", spec_.str() +
+                                           " with positions reencode needs 2 <= W and S+W <= the model's "
+                                           "n_positions " +
+                                           std::to_string(P));
             caches_ = model_->make_caches(0, capacity_, false);
             break;
         }
-        if (policy_ != cache::PositionPolicy::Wrap && capacity_ > P)
-            throw UsageError("KV mode " + spec_.str() + ": S+W = " + std::to_string(capacity_) +
-                             " exceeds the model's n_positions " + std::to_string(P) + " with --positions " +
-                             cache::to_string(policy_) + " (use --positions wrap or a smaller cache)");
+        if (policy_ != PositionMode::Wrap && capacity_ > P)
+            throw ParamError("kv", spec_.str() + ": S+W = " + std::to_string(capacity_) +
+                                       " exceeds the model's n_positions " + std::to_string(P) + " with positions " +
+                                       enum_name(position_mode_table(), policy_) +
+                                       " (use positions wrap or a smaller cache)");
         caches_ = model_->make_caches(spec_.sinks, spec_.window, true);
         break;
     case KvMode::Recompute:
         capacity_ = spec_.window;
         if (capacity_ > P)
-            throw UsageError("KV mode " + spec_.str() + ": W exceeds the model's n_positions " + std::to_string(P));
+            throw ParamError("kv", spec_.str() + ": W exceeds the model's n_positions " + std::to_string(P));
         break;
     }
 }
 
 int64_t Gpt2Stream::position_of(int64_t i) const {
     if (spec_.mode == KvMode::Recompute) return std::min(i, capacity_ - 1);
-    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) {
+    if (policy_ == PositionMode::Reencode && spec_.mode != KvMode::Full) {
         // Fill 0 .. C-1, then cycles of ceil(W/2) new tokens after the S + floor(W/2) re-encoded ones.
         const int64_t keep = spec_.sinks + spec_.window / 2, room = capacity_ - keep;
         return i < capacity_ ? i : keep + (i - capacity_) % room;
     }
-    return cache::position_id(policy_, i, capacity_, model_->config().n_positions);
+    return cache::position_id(*buffer_policy(policy_), i, capacity_, model_->config().n_positions);
 }
 
 int64_t Gpt2Stream::remaining() const {
     if (spec_.mode == KvMode::Full) return capacity_ - count_;
-    if (policy_ == cache::PositionPolicy::Absolute) return model_->config().n_positions - count_;
+    if (policy_ == PositionMode::Absolute) return model_->config().n_positions - count_;
     return -1;
 }
 
@@ -622,7 +649,7 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         auto ids = torch::tensor(std::vector<int64_t>(recent_.begin(), recent_.end()), torch::kLong);
         return checked_logits(model_->forward(ids, false, true).logits.reshape({V}), count_ - 1);
     }
-    if (policy_ == cache::PositionPolicy::Reencode && spec_.mode != KvMode::Full) return feed_reencode(tokens);
+    if (policy_ == PositionMode::Reencode && spec_.mode != KvMode::Full) return feed_reencode(tokens);
     if (spec_.mode == KvMode::Full && count_ + static_cast<int64_t>(tokens.size()) > capacity_)
         throw Error("KV mode full: " + std::to_string(count_ + tokens.size()) + " tokens exceed the model's " +
                     "n_positions " + std::to_string(capacity_) + " (use sink:S,W or window:W to stream further)");
@@ -673,9 +700,8 @@ torch::Tensor Gpt2Stream::feed_reencode(const std::vector<int64_t>& tokens) {
     return checked_logits(logits.reshape({V}), count_ - 1);
 }
 
-StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,
-                           cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps,
-                           const std::function<void(int64_t)>& on_step) {
+StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec, PositionMode policy,
+                           const std::vector<int64_t>& probe_steps, const std::function<void(int64_t)>& on_step) {
     torch::NoGradGuard ng;
     const int64_t N = static_cast<int64_t>(ids.size());
     if (N < 1) throw Error("stream evaluation: no tokens");

@@ -7,17 +7,18 @@
 // registered parameter stays a [in, out] view of that storage (names and shapes keep matching the checkpoint).
 #pragma once
 
+#include "cache/io/enum_table.h"
 #include "cache/sink_rolling_kv.h"
 
 #include <torch/torch.h>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <optional>
 #include <string>
-#include <array>
 #include <vector>
 
 namespace anchor {
@@ -30,6 +31,8 @@ namespace anchor::text {
 // torch::addmv / torch::mv reference path. Process-wide (benchmarks compare both).
 void set_fast_decode_kernel(bool on);
 bool fast_decode_kernel();
+// The matrix-vector kernel batch-1 steps run now: "AVX2/FMA gemv", "portable gemv" or "torch::addmv/mv (reference)".
+std::string decode_kernel();
 
 struct Gpt2Config {
     int64_t n_layer = 12;
@@ -188,16 +191,28 @@ struct KvSpec {
     KvMode mode = KvMode::Full;
     int64_t sinks = 0;
     int64_t window = 0; // 0 with Full: n_positions
-    // "full" | "window:W" | "sink:S,W" | "recompute:W"; throws anchor::UsageError on anything else.
+    // "full" | "window:W" | "sink:S,W" | "recompute:W"; throws text::ParamError (field "kv") on anything else.
     static KvSpec parse(const std::string& s);
     static std::string syntax_help(); // for --help, generated from kv_mode_names()
     std::string str() const;
 };
 
+// Position ids of a stream past the model's context: the buffer's own policies (cache::PositionPolicy), or
+// Reencode, which the stream executes: it keeps its KV in order with positions 0, 1, ...; when the S + W buffer is
+// full, the S sink tokens and the most recent floor(W/2) tokens are encoded again at positions 0 .. S + floor(W/2) - 1
+// (one batched forward) and the stream continues after them. Every token is seen in order at positions the model was
+// trained on, for a batched re-encode of S + W/2 tokens per ceil(W/2) tokens. (Learned absolute positions cannot be
+// shifted inside a rolling cache the way RoPE keys can; this is the exact alternative.)
+enum class PositionMode { Wrap, Cache, Absolute, Reencode };
+const EnumTable<PositionMode>& position_mode_table(); // "wrap", "cache", "absolute", "reencode"
+// The buffer policy of a mode; nullopt for Reencode.
+std::optional<cache::PositionPolicy> buffer_policy(PositionMode mode);
+
 // One stream through the model with a KV policy: feed tokens one at a time (or a prompt), get next-token logits.
 class Gpt2Stream {
 public:
-    Gpt2Stream(Gpt2Model model, KvSpec spec, cache::PositionPolicy policy);
+    // text::ParamError (field "kv") when the model cannot take the mode with these positions.
+    Gpt2Stream(Gpt2Model model, KvSpec spec, PositionMode positions);
     // Feeds one token (stream index count()) and returns its logits [V].
     torch::Tensor feed(int64_t token);
     // Feeds several tokens (batched while they fit without eviction) and returns the logits of the last [V].
@@ -212,7 +227,7 @@ public:
 private:
     Gpt2Model model_;
     KvSpec spec_;
-    cache::PositionPolicy policy_;
+    PositionMode policy_;
     int64_t capacity_ = 0;
     int64_t count_ = 0;
     std::vector<cache::SinkRollingKV> caches_;
@@ -233,8 +248,8 @@ struct StreamEval {
     int64_t tokens = 0;                      // steps run
 };
 // Runs `ids` through a fresh Gpt2Stream; `on_step(i)` (optional) is called after each step (progress).
-StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec,
-                           cache::PositionPolicy policy, const std::vector<int64_t>& probe_steps = {},
+StreamEval evaluate_stream(Gpt2Model model, const std::vector<int64_t>& ids, const KvSpec& spec, PositionMode positions,
+                           const std::vector<int64_t>& probe_steps = {},
                            const std::function<void(int64_t)>& on_step = {});
 
 // Generative perplexity, the figure MDLM/SEDD report for samples (Sahoo et al. 2024, sec. 4.1): exp of the mean NLL

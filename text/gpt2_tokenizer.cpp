@@ -55,14 +55,22 @@ void append_utf8(std::string& out, uint32_t cp) {
 bool lead_info(unsigned char b, int* need, unsigned char* lo, unsigned char* hi) {
     *lo = 0x80;
     *hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) *need = 1;
-    else if (b == 0xE0) *need = 2, *lo = 0xA0;
-    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) *need = 2;
-    else if (b == 0xED) *need = 2, *hi = 0x9F;
-    else if (b == 0xF0) *need = 3, *lo = 0x90;
-    else if (b >= 0xF1 && b <= 0xF3) *need = 3;
-    else if (b == 0xF4) *need = 3, *hi = 0x8F;
-    else return false;
+    if (b >= 0xC2 && b <= 0xDF)
+        *need = 1;
+    else if (b == 0xE0)
+        *need = 2, *lo = 0xA0;
+    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF)
+        *need = 2;
+    else if (b == 0xED)
+        *need = 2, *hi = 0x9F;
+    else if (b == 0xF0)
+        *need = 3, *lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3)
+        *need = 3;
+    else if (b == 0xF4)
+        *need = 3, *hi = 0x8F;
+    else
+        return false;
     return true;
 }
 
@@ -343,7 +351,9 @@ Gpt2Tokenizer Gpt2Tokenizer::from_dir(const std::string& dir) {
     throw Error("tokenizer folder '" + dir + "' holds neither encoder.json + vocab.bpe nor vocab.json + merges.txt");
 }
 
-std::string Gpt2Tokenizer::default_dir() { return find_asset("vocab/gpt2", "GPT-2 vocabulary (encoder.json, vocab.bpe)"); }
+std::string Gpt2Tokenizer::default_dir() {
+    return find_asset("vocab/gpt2", "GPT-2 vocabulary (encoder.json, vocab.bpe)");
+}
 
 Gpt2Tokenizer Gpt2Tokenizer::load_default(const std::string& explicit_dir) {
     return from_dir(explicit_dir.empty() ? default_dir() : explicit_dir);
@@ -351,7 +361,8 @@ Gpt2Tokenizer Gpt2Tokenizer::load_default(const std::string& explicit_dir) {
 
 std::vector<std::string> Gpt2Tokenizer::pretokenize(const std::string& text) const {
     int64_t bad = utf8_first_invalid(text);
-    if (bad >= 0) throw Error("input text is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
+    if (bad >= 0)
+        throw Error("input text is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
     std::vector<std::string> out;
     impl_->regex.find_all(text, [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
     return out;
@@ -359,7 +370,8 @@ std::vector<std::string> Gpt2Tokenizer::pretokenize(const std::string& text) con
 
 std::vector<int64_t> Gpt2Tokenizer::encode(const std::string& text, bool allow_special) const {
     int64_t bad = utf8_first_invalid(text);
-    if (bad >= 0) throw Error("input text is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
+    if (bad >= 0)
+        throw Error("input text is not valid UTF-8 (first invalid byte at offset " + std::to_string(bad) + ")");
     std::vector<int64_t> ids;
     auto encode_plain = [&](const std::string& part) {
         impl_->regex.find_all(part, [&](size_t b, size_t e) {
@@ -424,7 +436,11 @@ std::string Gpt2Tokenizer::decode(const std::vector<int64_t>& ids) const {
     return utf8_decode_replace(bytes);
 }
 
-size_t Gpt2Tokenizer::vocab_size() const { return impl_->id_bytes.size(); }
-size_t Gpt2Tokenizer::n_merges() const { return impl_->ranks.size(); }
+size_t Gpt2Tokenizer::vocab_size() const {
+    return impl_->id_bytes.size();
+}
+size_t Gpt2Tokenizer::n_merges() const {
+    return impl_->ranks.size();
+}
 
 } // namespace anchor::text

@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "text/params.h"
 
 #include <algorithm>
 #include <array>
@@ -21,7 +22,10 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
         {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
         {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0.05)"},
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
-        {"masked", "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
+        {"masked",
+         "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
+        {"fp16", "1: store the cached latents as float16 (half the bytes, results move by its rounding; default 0)"},
+        {"budget", "byte budget of the latent store in MiB, 0 = unlimited; an evicted layer is recomputed (default 0)"},
         {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
     return keys;
 }
@@ -33,6 +37,8 @@ std::string CacheSpec::to_string() const {
     if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
     os << ",rho=" << anchor.rho << ",refresh=" << anchor.refresh;
     if (anchor.reuse_masked) os << ",masked=reuse";
+    if (anchor.fp16) os << ",fp16=1";
+    if (anchor.budget_mib > 0) os << ",budget=" << anchor.budget_mib;
     if (!anchor.profile.empty()) os << ",profile=" << anchor.profile;
     return os.str();
 }
@@ -42,7 +48,7 @@ CacheSpec parse_cache_spec(const std::string& s) {
     if (s == "off") return spec;
     std::string head = s.substr(0, s.find(':'));
     if (head != "anchor")
-        throw UsageError("unknown cache mode '" + s + "' (expected 'off' or 'anchor[:key=value,...]')");
+        throw ParamError("cache", "mode '" + s + "' is unknown (expected 'off' or 'anchor[:key=value,...]')");
     spec.mode = CacheMode::Anchor;
     if (s.size() <= head.size() + 1) return spec;
     std::string rest = s.substr(head.size() + 1);
@@ -56,7 +62,7 @@ CacheSpec parse_cache_spec(const std::string& s) {
     while (std::getline(ss, item, ',')) {
         auto eq = item.find('=');
         if (eq == std::string::npos)
-            throw UsageError("cache option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
+            throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
         auto num = [&](double lo, double hi) {
             size_t used = 0;
@@ -67,13 +73,13 @@ CacheSpec parse_cache_spec(const std::string& s) {
                 used = 0;
             }
             if (used != v.size() || v.empty() || !(d >= lo && d <= hi))
-                throw UsageError("cache option " + k + "=" + v + ": expected a number in [" + std::to_string(lo) +
-                                 ", " + std::to_string(hi) + "]");
+                throw ParamError("cache", "option " + k + "=" + v + ": expected a number in [" + std::to_string(lo) +
+                                              ", " + std::to_string(hi) + "]");
             return d;
         };
         auto integer = [&](int64_t lo) {
             double d = num(static_cast<double>(lo), 1e9);
-            if (d != std::floor(d)) throw UsageError("cache option " + k + "=" + v + ": expected an integer");
+            if (d != std::floor(d)) throw ParamError("cache", "option " + k + "=" + v + ": expected an integer");
             return static_cast<int64_t>(d);
         };
         if (k == "tau")
@@ -88,221 +94,110 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.refresh = integer(0);
         else if (k == "masked") {
             if (v != "active" && v != "reuse")
-                throw UsageError("cache option masked=" + v + ": expected 'active' or 'reuse'");
+                throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
             spec.anchor.reuse_masked = v == "reuse";
+        } else if (k == "fp16") {
+            spec.anchor.fp16 = integer(0) != 0;
+        } else if (k == "budget") {
+            spec.anchor.budget_mib = num(0.0, 1e9);
         } else if (k == "profile") {
-            if (v.empty()) throw UsageError("cache option profile= needs a file");
+            if (v.empty()) throw ParamError("cache", "option profile= needs a file");
             spec.anchor.profile = v;
         } else
-            throw UsageError("unknown cache option '" + k + "' (keys: " + valid_keys() + ")");
+            throw ParamError("cache", "option '" + k + "' is unknown (keys: " + valid_keys() + ")");
     }
     return spec;
 }
 
-// ---- profile --------------------------------------------------------------------------------------------------------
-
-int64_t AnchorProfile::staleness(int64_t layer, int64_t step, int64_t total_steps) const {
-    if (layer < 0 || layer >= n_layers) throw Error("anchor profile: layer " + std::to_string(layer) + " out of range");
-    int64_t bin = total_steps > 0 ? std::min<int64_t>(time_bins - 1, step * time_bins / total_steps) : 0;
-    return class_stale.at(static_cast<size_t>(class_of[layer][static_cast<size_t>(std::max<int64_t>(0, bin))]));
-}
-
-nlohmann::json AnchorProfile::to_json() const {
-    nlohmann::json classes = nlohmann::json::array();
-    for (size_t i = 0; i < centroids.size(); ++i)
-        classes.push_back({{"centroid", centroids[i]}, {"staleness", class_stale[i]}});
-    return {{"format", "anchorcache-mdlm-profile-1"},
-            {"n_layers", n_layers},
-            {"time_bins", time_bins},
-            {"classes", classes},
-            {"class_of", class_of},
-            {"meta", meta}};
-}
-
-AnchorProfile AnchorProfile::from_json(const nlohmann::json& j) {
-    AnchorProfile p;
-    try {
-        if (j.value("format", std::string()) != "anchorcache-mdlm-profile-1")
-            throw Error("not an MDLM anchor profile (format field)");
-        p.n_layers = j.at("n_layers").get<int64_t>();
-        p.time_bins = j.at("time_bins").get<int64_t>();
-        for (const auto& c : j.at("classes")) {
-            p.centroids.push_back(c.at("centroid").get<double>());
-            p.class_stale.push_back(c.at("staleness").get<int64_t>());
-        }
-        p.class_of = j.at("class_of").get<std::vector<std::vector<int64_t>>>();
-        if (j.contains("meta")) p.meta = j["meta"];
-    } catch (const nlohmann::json::exception& e) {
-        throw Error(std::string("anchor profile: ") + e.what());
-    }
-    if (p.n_layers <= 0 || p.time_bins <= 0 || static_cast<int64_t>(p.class_of.size()) != p.n_layers)
-        throw Error("anchor profile: n_layers/time_bins/class_of disagree");
-    for (const auto& row : p.class_of) {
-        if (static_cast<int64_t>(row.size()) != p.time_bins) throw Error("anchor profile: class_of row length");
-        for (auto c : row)
-            if (c < 0 || c >= static_cast<int64_t>(p.class_stale.size()))
-                throw Error("anchor profile: class index " + std::to_string(c) + " out of range");
-    }
-    for (auto s : p.class_stale)
-        if (s < 0) throw Error("anchor profile: negative staleness");
-    return p;
-}
-
-AnchorProfile AnchorProfile::load(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open anchor profile '" + path + "'");
-    nlohmann::json j;
-    try {
-        f >> j;
-    } catch (const std::exception& e) {
-        throw Error("anchor profile '" + path + "': invalid JSON: " + e.what());
-    }
-    try {
-        return from_json(j);
-    } catch (const Error& e) {
-        throw Error("'" + path + "': " + e.what());
-    }
-}
-
-void AnchorProfile::save(const std::string& path, bool overwrite) const {
-    write_file_atomic(path, to_json().dump(1) + "\n", overwrite);
-}
-
-void kmeans_1d(const std::vector<double>& values, int64_t k, std::vector<double>& centroids,
-               std::vector<int64_t>& assignment, int iterations) {
-    if (values.empty()) throw Error("k-means: no values");
-    std::vector<double> sorted = values;
-    std::sort(sorted.begin(), sorted.end());
-    std::vector<double> uniq = sorted;
-    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
-    k = std::max<int64_t>(1, std::min<int64_t>(k, static_cast<int64_t>(uniq.size())));
-    centroids.assign(static_cast<size_t>(k), 0.0);
-    for (int64_t i = 0; i < k; ++i) // quantile initialisation over the distinct values: deterministic
-        centroids[static_cast<size_t>(i)] = uniq[static_cast<size_t>((i * 2 + 1) * uniq.size() / (2 * k))];
-    assignment.assign(values.size(), 0);
-    auto assign = [&] {
-        bool changed = false;
-        for (size_t i = 0; i < values.size(); ++i) {
-            int64_t best = 0;
-            for (int64_t c = 1; c < k; ++c)
-                if (std::abs(values[i] - centroids[c]) < std::abs(values[i] - centroids[best])) best = c;
-            changed |= assignment[i] != best;
-            assignment[i] = best;
-        }
-        return changed;
-    };
-    assign();
-    for (int it = 0; it < iterations; ++it) {
-        std::vector<double> sum(static_cast<size_t>(k), 0.0);
-        std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
-        for (size_t i = 0; i < values.size(); ++i) sum[assignment[i]] += values[i], cnt[assignment[i]]++;
-        for (int64_t c = 0; c < k; ++c)
-            if (cnt[c]) centroids[c] = sum[c] / cnt[c];
-        if (!assign()) break;
-    }
-    // Sort classes by centroid and drop empty ones.
-    std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
-    for (auto a : assignment) cnt[a]++;
-    std::vector<int64_t> order;
-    for (int64_t c = 0; c < k; ++c)
-        if (cnt[c]) order.push_back(c);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return centroids[a] < centroids[b]; });
-    std::vector<int64_t> remap(static_cast<size_t>(k), -1);
-    std::vector<double> sorted_c;
-    for (size_t r = 0; r < order.size(); ++r)
-        remap[order[r]] = static_cast<int64_t>(r), sorted_c.push_back(centroids[order[r]]);
-    for (auto& a : assignment) a = remap[a];
-    centroids = sorted_c;
-}
-
-AnchorProfile build_profile(const std::vector<std::vector<double>>& deltas, int64_t k, int64_t max_stale) {
-    if (deltas.empty() || deltas[0].empty()) throw Error("build_profile: no deltas");
-    std::vector<double> flat;
-    for (const auto& row : deltas) {
-        if (row.size() != deltas[0].size()) throw Error("build_profile: ragged deltas");
-        flat.insert(flat.end(), row.begin(), row.end());
-    }
-    AnchorProfile p;
-    std::vector<int64_t> assign;
-    kmeans_1d(flat, k, p.centroids, assign);
-    p.n_layers = static_cast<int64_t>(deltas.size());
-    p.time_bins = static_cast<int64_t>(deltas[0].size());
-    const int64_t K = static_cast<int64_t>(p.centroids.size());
-    // Rank-based staleness: the most stable class (smallest Delta) may be reused for max_stale steps, the least
-    // stable one only for 1 (dLLM-Cache uses one interval per token group; here each class gets its own).
-    for (int64_t c = 0; c < K; ++c) {
-        double frac = K > 1 ? double(c) / double(K - 1) : 0.0;
-        p.class_stale.push_back(std::max<int64_t>(1, std::llround(max_stale - (max_stale - 1) * frac)));
-    }
-    p.class_of.assign(static_cast<size_t>(p.n_layers), std::vector<int64_t>(static_cast<size_t>(p.time_bins)));
-    for (int64_t l = 0; l < p.n_layers; ++l)
-        for (int64_t s = 0; s < p.time_bins; ++s) p.class_of[l][s] = assign[static_cast<size_t>(l * p.time_bins + s)];
-    return p;
-}
-
-// ---- storage --------------------------------------------------------------------------------------------------------
-
-namespace {
-class DenseLatentStore : public MdlmLatentStore {
-public:
-    void reset(int64_t n_layers, int64_t L, int64_t H, int64_t d, int64_t D) override {
-        slots_.assign(static_cast<size_t>(n_layers), {});
-        stamps_.clear();
-        tokens_.clear();
-        for (auto& s : slots_) {
-            // Zero-filled (never read before written: every position is active at step 0).
-            s[K] = torch::zeros({H, L, d});
-            s[V] = torch::zeros({H, L, d});
-            s[Attn] = torch::zeros({L, D});
-            s[Ffn] = torch::zeros({L, D});
-            stamps_.push_back(torch::full({L}, -1, torch::kInt64));
-            tokens_.push_back(torch::full({L}, -1, torch::kInt64));
-        }
-    }
-    torch::Tensor get(int64_t layer, Slot slot) override { return slots_.at(layer)[slot]; }
-    void put(int64_t layer, Slot slot, const torch::Tensor& idx, const torch::Tensor& values) override {
-        auto& t = slots_.at(layer)[slot];
-        t.index_copy_(slot == K || slot == V ? 1 : 0, idx, values);
-    }
-    torch::Tensor& stamp(int64_t layer) override { return stamps_.at(layer); }
-    torch::Tensor& token(int64_t layer) override { return tokens_.at(layer); }
-
-private:
-    std::vector<std::array<torch::Tensor, 4>> slots_;
-    std::vector<torch::Tensor> stamps_, tokens_;
-};
-} // namespace
-
-std::unique_ptr<MdlmLatentStore> make_dense_latent_store() {
-    return std::make_unique<DenseLatentStore>();
-}
-
 // ---- denoiser -------------------------------------------------------------------------------------------------------
 
-torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
-                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active) {
+torch::Tensor rule_active_fresh(const torch::Tensor& ids, const torch::Tensor& fresh, const torch::Tensor& token,
+                                int64_t mask_id, bool full, bool masked_active) {
     if (full) return torch::ones(ids.sizes(), torch::kBool);
-    auto a = (ids != token) | (stamp < 0) | ((step - stamp) > staleness);
+    auto a = (ids != token) | ~fresh;
     return masked_active ? a | (ids == mask_id) : a;
 }
 
-MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<MdlmLatentStore> store)
-    : model_(std::move(model)), spec_(std::move(spec)), store_(std::move(store)) {
-    if (!store_) store_ = make_dense_latent_store();
+torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
+                          int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active) {
+    return rule_active_fresh(ids, cache::LatentCache::rows_fresh(stamp, step, staleness), token, mask_id, full,
+                             masked_active);
+}
+
+namespace {
+cache::LatentCacheOptions store_options(const CacheSpec& spec) {
+    cache::LatentCacheOptions o;
+    o.fp16_storage = spec.anchor.fp16;
+    o.byte_budget = static_cast<size_t>(spec.anchor.budget_mib * 1024.0 * 1024.0);
+    return o;
+}
+} // namespace
+
+MdlmDenoiser::MdlmDenoiser(MdlmModel model, CacheSpec spec)
+    : model_(std::move(model)), spec_(std::move(spec)), store_(store_options(spec_)),
+      gate_policy_(spec_.anchor.tau_gate, cache::GateDirection::HighReuses) {
     if (spec_.mode == CacheMode::Anchor && !spec_.anchor.profile.empty()) {
-        profile_ = AnchorProfile::load(spec_.anchor.profile);
+        profile_ = cache::AnchorProfile::load(spec_.anchor.profile);
         has_profile_ = true;
+        if (!profile_.has_layer_classes())
+            throw Error("anchor profile '" + spec_.anchor.profile +
+                        "' has no layer classes (a Stable Diffusion step-range profile?); calibrate one with "
+                        "'anchor-text diffusion calibrate'");
         if (profile_.n_layers != model_->config().n_blocks)
             throw Error("anchor profile '" + spec_.anchor.profile + "' has " + std::to_string(profile_.n_layers) +
                         " layers, the model " + std::to_string(model_->config().n_blocks));
     }
 }
 
+void MdlmDenoiser::create_layer(int64_t l) {
+    const auto& c = model_->config();
+    const int64_t L = length_, H = c.n_heads, d = c.head_dim(), D = c.hidden_size;
+    const auto none = cache::LatentCache::kUnwritten;
+    // Zero-filled (never read before written: a layer without written rows is recomputed in full).
+    store_.put(key(l, MdlmSlot::K), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::V), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::Attn), torch::zeros({L, D}), none, cache::RowVersioned{0});
+    store_.put(key(l, MdlmSlot::Ffn), torch::zeros({L, D}), none, cache::RowVersioned{0});
+    store_.put(key(l, MdlmSlot::Token), torch::full({L}, -1, torch::kInt64), none, cache::RowVersioned{0});
+    for (auto slot : {MdlmSlot::K, MdlmSlot::V, MdlmSlot::Attn, MdlmSlot::Ffn, MdlmSlot::Token})
+        if (!store_.contains(key(l, slot)))
+            throw Error("the latent store's budget (" + std::to_string(store_.options().byte_budget) +
+                        " bytes) cannot hold one layer of a " + std::to_string(L) + "-token sequence");
+}
+
+torch::Tensor MdlmDenoiser::read(int64_t l, MdlmSlot slot) {
+    auto t = store_.get(key(l, slot), 0);
+    if (!t) throw Error("latent store: " + key(l, slot).str() + " was evicted while its layer was computed");
+    return *t;
+}
+
+void MdlmDenoiser::write(int64_t l, MdlmSlot slot, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step) {
+    if (!store_.put_rows(key(l, slot), idx, rows, step))
+        throw Error("latent store: " + key(l, slot).str() + " was evicted while its layer was computed");
+}
+
+class MdlmDenoiser::LayerLatents final : public BlockLatents {
+public:
+    LayerLatents(MdlmDenoiser& d, int64_t layer, int64_t step) : d_(d), layer_(layer), step_(step) {}
+    torch::Tensor read(BlockLatent which) override { return d_.read(layer_, slot_of(which)); }
+    void write(BlockLatent which, const torch::Tensor& idx, const torch::Tensor& rows) override {
+        d_.write(layer_, slot_of(which), idx, rows, step_);
+    }
+
+private:
+    MdlmDenoiser& d_;
+    int64_t layer_, step_;
+};
+
 void MdlmDenoiser::reset(int64_t length) {
     const auto& c = model_->config();
     length_ = length;
     rope_ = model_->rope(length, torch::TensorOptions().dtype(torch::kFloat32));
-    if (spec_.mode == CacheMode::Anchor) store_->reset(c.n_blocks, length, c.n_heads, c.head_dim(), c.hidden_size);
+    if (!ns_.empty()) store_.erase_namespace(ns_);
+    ns_ = "mdlm/seq" + std::to_string(sequence_++);
+    store_.reset_stats();
+    if (spec_.mode == CacheMode::Anchor)
+        for (int64_t l = 0; l < c.n_blocks; ++l) create_layer(l);
     stats_ = CacheStats{};
     decisions_.clear();
 }
@@ -339,17 +234,36 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
     const int64_t mask_id = model_->internal_mask_id();
     bool full = step == 0 || (a.refresh > 0 && step % a.refresh == 0);
     decisions_.clear();
+    // The gates depend on t only: every layer's modulation and gate mean first, then one gate decision for the step.
+    std::vector<BlockModulation> mods;
+    cache::StepSignals signals;
+    signals.step = static_cast<int>(step);
+    signals.num_steps = static_cast<int>(total_steps_);
+    for (auto& b : model_->block_list) {
+        mods.push_back(b->modulation(c));
+        const auto& m = mods.back();
+        signals.layer_gates.push_back(0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>()));
+    }
+    const auto gate = gate_policy_.decide(signals);
     auto x = x0;
     int64_t active_total = 0;
     for (int64_t l = 0; l < cfg.n_blocks; ++l) {
         auto& b = model_->block_list[static_cast<size_t>(l)];
-        auto m = b->modulation(c);
-        double gate_mean = 0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>());
+        const auto& m = mods[static_cast<size_t>(l)];
+        const double gate_mean = signals.layer_gates[static_cast<size_t>(l)];
         int64_t stale = has_profile_ ? profile_.staleness(l, step, total_steps_) : a.stale;
-        if (gate_mean > a.tau_gate) stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
-        bool layer_full = full || store_->stamp(l).lt(0).any().item<bool>();
+        if (gate.layers[static_cast<size_t>(l)] == cache::Action::Reuse)
+            stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
+        // Per-position staleness from the store's row stamps. A layer with rows never written is recomputed in full,
+        // and so is one that lost an entry to the byte budget (created again, empty).
+        bool present = true;
+        for (auto slot : {MdlmSlot::K, MdlmSlot::V, MdlmSlot::Attn, MdlmSlot::Ffn, MdlmSlot::Token})
+            present = present && store_.contains(key(l, slot));
+        if (!present) create_layer(l);
+        const auto rows = *store_.fresh_rows(key(l, MdlmSlot::Token), step, stale);
+        const bool layer_full = full || rows.unwritten > 0;
         auto active =
-            rule_active(ids, store_->stamp(l), store_->token(l), mask_id, step, stale, layer_full, !a.reuse_masked);
+            rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
         if (a.reuse_masked) active.index_fill_(0, positions, true);
         // V-verify (dLLM-Cache): among anchored candidates re-activate the rho fraction whose value vectors moved
         // most (lowest cosine similarity between the current V and the cached V).
@@ -358,7 +272,7 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             int64_t nc = cidx.size(0), nv = static_cast<int64_t>(std::ceil(a.rho * static_cast<double>(nc)));
             if (nc > 0 && nv > 0) {
                 auto v_now = b->value(b->attn_input(x.index_select(1, cidx), m))[0]; // [H, nc, d]
-                auto v_old = store_->get(l, MdlmLatentStore::V).index_select(1, cidx);
+                auto v_old = read(l, MdlmSlot::V).index_select(1, cidx);
                 auto flat_now = v_now.permute({1, 0, 2}).reshape({nc, -1});
                 auto flat_old = v_old.permute({1, 0, 2}).reshape({nc, -1});
                 auto cos = torch::cosine_similarity(flat_now, flat_old, 1, 1e-8);
@@ -369,20 +283,9 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         if (override_active) active = override_active(step, l, active);
         auto idx = torch::nonzero(active).reshape(-1);
         const int64_t na = idx.size(0);
-        if (na > 0) {
-            torch::Tensor q, k, v;
-            b->qkv(b->attn_input(x.index_select(1, idx), m), rope_.select(idx), q, k, v);
-            store_->put(l, MdlmLatentStore::K, idx, k[0]);
-            store_->put(l, MdlmLatentStore::V, idx, v[0]);
-            auto attn = b->attend(q, store_->get(l, MdlmLatentStore::K).unsqueeze(0),
-                                  store_->get(l, MdlmLatentStore::V).unsqueeze(0));
-            store_->put(l, MdlmLatentStore::Attn, idx, attn[0]);
-        }
-        auto y = x + m.gate_attn * store_->get(l, MdlmLatentStore::Attn).unsqueeze(0);
-        if (na > 0) store_->put(l, MdlmLatentStore::Ffn, idx, b->ffn(y.index_select(1, idx), m)[0]);
-        x = y + m.gate_ffn * store_->get(l, MdlmLatentStore::Ffn).unsqueeze(0);
-        store_->stamp(l).index_fill_(0, idx, step);
-        store_->token(l).index_copy_(0, idx, ids.index_select(0, idx));
+        LayerLatents latents(*this, l, step);
+        x = b->forward_cached(x, m, rope_, idx, latents);
+        if (na > 0) write(l, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         active_total += na;
         decisions_.push_back({l, stale, gate_mean, layer_full, active});

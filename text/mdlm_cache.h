@@ -11,16 +11,21 @@
 // and ANCHORED otherwise. With `masked=reuse` the first rule shrinks to the positions whose logits the sampler asks
 // for (ancestral: those it unmasks now; confidence: every masked one of the block): a [MASK] position's input never
 // changes, only its attention context and the time conditioning do, so like dLLM-Cache's response cache it can be
-// reused for a few steps; ANCHORED positions: its cached attention/FFN outputs are reused with the CURRENT step's gates,
+// reused for a few steps; ANCHORED positions: its cached attention/FFN outputs are reused with the CURRENT step's
+// gates,
 //   x += g_attn(t_s) * attn_cache,  x += g_ffn(t_s) * ffn_cache,
 // which is exact with respect to the gate because the gate depends on t only. Queries, FFN and fresh K/V are
 // computed for active positions only (gather/scatter); their queries attend over all keys (anchored ones from the
 // cache). stale_l is the base staleness (or the calibrated profile's class staleness for (l, t)); when the mean
 // gate of layer l at t exceeds tau_gate the layer may use `stale_high` (the branch output is passed through almost
-// unattenuated, so the residual stream is dominated by the stable cached branch). Every `refresh` steps (and at
+// unattenuated, so the residual stream is dominated by the stable cached branch): cache::TimeGatePolicy with
+// GateDirection::HighReuses decides it from the gate means the modulation computes. Every `refresh` steps (and at
 // step 0) everything is recomputed. Mode `off` is the exact reference (dense forward every step).
 #pragma once
 
+#include "cache/anchor_policy.h"
+#include "cache/anchor_profile.h"
+#include "cache/latent_cache.h"
 #include "text/mdlm_model.h"
 
 #include <functional>
@@ -42,6 +47,8 @@ struct AnchorCacheSettings {
     // masked=reuse: a [MASK] position whose logits are not asked for this step is anchored like a decoded one
     // (dLLM-Cache caches the whole response, masks included); the positions being decoded stay active.
     bool reuse_masked = false;
+    bool fp16 = false;       // store the latents as float16 (half the bytes; results move by its rounding)
+    double budget_mib = 0.0; // byte budget of the store in MiB (0 = unlimited); an evicted layer is recomputed
 };
 
 struct CacheSpec {
@@ -50,53 +57,30 @@ struct CacheSpec {
     std::string to_string() const;
 };
 
-// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=reuse,profile=FILE" (any
-// subset of keys).
-// Throws UsageError naming the bad key/value and listing the valid keys.
+// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=reuse,fp16=1,budget=64,
+// profile=FILE" (any subset of keys).
+// Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // key -> help (for --help)
 
-// Calibrated anchor profile: k-means classes of per-(layer, time) hidden-state change, each with a staleness.
-struct AnchorProfile {
-    int64_t n_layers = 0;
-    int64_t time_bins = 0;                      // class_of[l] has one entry per time bin over t in (1, 0]
-    std::vector<double> centroids;              // per class: mean Delta
-    std::vector<int64_t> class_stale;           // per class: staleness
-    std::vector<std::vector<int64_t>> class_of; // [layer][bin]
-    nlohmann::json meta;                        // calibration facts (model, prompts, steps)
-
-    int64_t staleness(int64_t layer, int64_t step, int64_t total_steps) const;
-    nlohmann::json to_json() const;
-    static AnchorProfile from_json(const nlohmann::json& j); // throws Error on malformed input
-    static AnchorProfile load(const std::string& path);
-    void save(const std::string& path, bool overwrite) const; // atomic
-};
-
-// k-means (1-D, deterministic init at quantiles) of `values` into at most k classes; returns centroids sorted
-// ascending and the class of every value.
-void kmeans_1d(const std::vector<double>& values, int64_t k, std::vector<double>& centroids,
-               std::vector<int64_t>& assignment, int iterations = 100);
-// Builds a profile from deltas[layer][step] (mean hidden-state change): small change -> long staleness
-// (max_stale), large change -> 1.
-AnchorProfile build_profile(const std::vector<std::vector<double>>& deltas, int64_t k, int64_t max_stale);
-
-// Storage of the per-layer latents (K, V [H, L, d]; attention and FFN branch outputs [L, D]) with step stamps and the
-// token each entry was computed with. Kept behind this interface so a general latent cache (cache/latent_cache.h)
-// can replace the dense in-memory store.
-class MdlmLatentStore {
-public:
-    enum Slot { K = 0, V = 1, Attn = 2, Ffn = 3 };
-    virtual ~MdlmLatentStore() = default;
-    virtual void reset(int64_t n_layers, int64_t length, int64_t n_heads, int64_t head_dim, int64_t hidden) = 0;
-    // The full tensor of a slot (K/V: [H, L, d], Attn/Ffn: [L, D]); anchored rows are read from it.
-    virtual torch::Tensor get(int64_t layer, Slot slot) = 0;
-    // Writes rows `idx` (int64 [n]) of a slot; K/V values [H, n, d], Attn/Ffn [n, D].
-    virtual void put(int64_t layer, Slot slot, const torch::Tensor& idx, const torch::Tensor& values) = 0;
-    // Step stamp and token of each position's entry in `layer` (int64 [L]; stamp -1 = empty).
-    virtual torch::Tensor& stamp(int64_t layer) = 0;
-    virtual torch::Tensor& token(int64_t layer) = 0;
-};
-std::unique_ptr<MdlmLatentStore> make_dense_latent_store();
+// The store (cache/latent_cache.h, one per denoiser) holds, per layer, five row-versioned entries keyed
+// (namespace, layer, slot, anchor):
+//   * namespace "mdlm/seq<N>": one sequence (request). reset() starts the next one and erases the previous one
+//     (erase_namespace: O(its entries)); sequences never see each other's latents.
+//   * layer: the block index.
+//   * slot (MdlmSlot): K and V [H, L, d] (rows along dim 1), the attention and the ungated FFN branch outputs Attn,
+//     Ffn [L, D] (rows along dim 0), and Token [L] int64, the token each position's latents were computed with.
+//   * anchor 0: one entry covers every position of the sequence. Positions are the entry's rows, so a step writes its
+//     active positions with one put_rows per slot and the position's version is the row's step stamp: per-position
+//     staleness (the rule above) is fresh_rows of the Token entry, whose rows are written together with the other
+//     four. One entry per position would cost a cat of L tensors before every attention.
+// The store's statistics (hits, misses, stale rejections, evictions, bytes, rows written) are part of each sample's
+// result (SampleResult::store).
+// The store's slots: the block's latents (BlockLatent, same values), then the token ids.
+enum class MdlmSlot : int32_t { K = 0, V = 1, Attn = 2, Ffn = 3, Token = 4 };
+inline MdlmSlot slot_of(BlockLatent b) {
+    return static_cast<MdlmSlot>(static_cast<int32_t>(b));
+}
 
 struct CacheStats {
     int64_t position_layers_total = 0;    // positions x layers over all steps
@@ -120,7 +104,7 @@ struct LayerDecision {
 // The denoiser the sampler calls: logits for selected positions given the current tokens and time.
 class MdlmDenoiser {
 public:
-    MdlmDenoiser(MdlmModel model, CacheSpec spec, std::unique_ptr<MdlmLatentStore> store = nullptr);
+    MdlmDenoiser(MdlmModel model, CacheSpec spec);
 
     // Clears the cache for a new sequence of `length` tokens.
     void reset(int64_t length);
@@ -131,6 +115,9 @@ public:
     const CacheSpec& spec() const { return spec_; }
     const CacheStats& stats() const { return stats_; }
     const std::vector<LayerDecision>& last_decisions() const { return decisions_; }
+    // Statistics of the latent store since the last reset (all zero in mode off).
+    cache::CacheStats store_stats() const { return store_.stats(); }
+    const cache::LatentCache& store() const { return store_; }
     MdlmModel& model() { return model_; }
 
     // When set, each step's per-layer residual stream [L, D] (after the block) is passed here with the step's
@@ -142,13 +129,22 @@ public:
 
 private:
     torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
-                                int64_t step, const torch::Tensor& positions);
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step,
+                                const torch::Tensor& positions);
+    cache::CacheKey key(int64_t layer, MdlmSlot slot) const { return {ns_, int32_t(layer), int32_t(slot), 0}; }
+    void create_layer(int64_t layer); // every slot of `layer` with no row written
+    torch::Tensor read(int64_t layer, MdlmSlot slot);
+    void write(int64_t layer, MdlmSlot slot, const torch::Tensor& idx, const torch::Tensor& rows, int64_t step);
+    class LayerLatents; // one layer's latents at one step, for MdlmBlockImpl::forward_cached
 
     MdlmModel model_;
     CacheSpec spec_;
-    std::unique_ptr<MdlmLatentStore> store_;
-    AnchorProfile profile_;
+    cache::LatentCache store_;
+    // A layer whose gate mean exceeds tau_gate uses stale_high (the policy's Reuse).
+    cache::TimeGatePolicy gate_policy_;
+    std::string ns_;               // namespace of the current sequence
+    int64_t sequence_ = 0;         // sequences started
+    cache::AnchorProfile profile_; // layer classes (cache/anchor_profile.h)
     bool has_profile_ = false;
     int64_t length_ = 0;
     int64_t total_steps_ = 0;
@@ -162,9 +158,12 @@ public:
 };
 
 // The per-position activity rule for one layer, separated so tests can script it:
-// active = masked | token changed | (step - stamp > staleness) | stamp < 0 | full; `masked_active` = false drops the
-// first term (masked=reuse).
+// active = masked | token changed | not fresh | full, where fresh = cache::LatentCache::rows_fresh(stamp, step,
+// staleness) (written, 0 <= step - stamp <= staleness); `masked_active` = false drops the first term (masked=reuse).
 torch::Tensor rule_active(const torch::Tensor& ids, const torch::Tensor& stamp, const torch::Tensor& token,
                           int64_t mask_id, int64_t step, int64_t staleness, bool full, bool masked_active = true);
+// The same rule given the fresh rows (bool [L]).
+torch::Tensor rule_active_fresh(const torch::Tensor& ids, const torch::Tensor& fresh, const torch::Tensor& token,
+                                int64_t mask_id, bool full, bool masked_active = true);
 
 } // namespace anchor::text

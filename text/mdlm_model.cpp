@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "kernels/attention.h"
 
 #include <cmath>
 #include <filesystem>
@@ -18,10 +19,9 @@ const char* gate_kind_name(GateKind g) {
     return g == GateKind::TimeAnchor ? "time_anchor" : "adaln";
 }
 
-GateKind gate_kind_from_string(const std::string& s) {
-    if (s == "time_anchor" || s == "anchor") return GateKind::TimeAnchor;
-    if (s == "adaln" || s == "plain") return GateKind::AdaLN;
-    throw UsageError("unknown gate kind '" + s + "' (choices: time_anchor, adaln)");
+const EnumTable<GateKind>& gate_kind_table() {
+    static const EnumTable<GateKind> t = {{"time_anchor", GateKind::TimeAnchor}, {"adaln", GateKind::AdaLN}};
+    return t;
 }
 
 // ---- config ---------------------------------------------------------------------------------------------------------
@@ -64,7 +64,14 @@ MdlmConfig MdlmConfig::from_json(const nlohmann::json& j) {
         c.rope_base = j.value("rope_base", c.rope_base);
         c.norm_eps = j.value("norm_eps", c.norm_eps);
         c.noise_eps = j.value("noise_eps", c.noise_eps);
-        c.gate = gate_kind_from_string(j.value("gate", std::string(gate_kind_name(c.gate))));
+        // The table's names, and the aliases older configs were written with.
+        const std::string gate = j.value("gate", std::string(gate_kind_name(c.gate)));
+        if (gate == "time_anchor" || gate == "anchor")
+            c.gate = GateKind::TimeAnchor;
+        else if (gate == "adaln" || gate == "plain")
+            c.gate = GateKind::AdaLN;
+        else
+            throw Error("MDLM config: unknown gate '" + gate + "' (choices: " + enum_choices(gate_kind_table()) + ")");
         c.tie_word_embeddings = j.value("tie_word_embeddings", c.tie_word_embeddings);
         c.compact_vocab = j.value("compact_vocab", c.compact_vocab);
     } catch (const nlohmann::json::exception& e) {
@@ -196,9 +203,11 @@ torch::Tensor MdlmBlockImpl::value(const torch::Tensor& h) {
 }
 
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    const double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim()));
-    auto scores = torch::matmul(q, k.transpose(-1, -2)) * scale; // [B, H, nq, nk]
-    auto o = torch::matmul(torch::softmax(scores, -1), v);       // [B, H, nq, d]
+    // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
+    kernels::AttentionOptions ao;
+    ao.layout = kernels::AttentionLayout::Heads;
+    ao.formula = kernels::ScoreFormula::ScaleAfter;
+    auto o = kernels::attention(q, k, v, ao); // [B, H, nq, d]
     o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
     return attn_out->forward(o);
 }
@@ -212,6 +221,22 @@ torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulati
     qkv(attn_input(x, m), rope, q, k, v);
     auto y = x + m.gate_attn * attend(q, k, v);
     return y + m.gate_ffn * ffn(y, m);
+}
+
+torch::Tensor MdlmBlockImpl::forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
+                                            const torch::Tensor& active, BlockLatents& latents) {
+    const bool any = active.size(0) > 0;
+    if (any) {
+        torch::Tensor q, k, v;
+        qkv(attn_input(x.index_select(1, active), m), rope.select(active), q, k, v);
+        latents.write(BlockLatent::K, active, k[0]);
+        latents.write(BlockLatent::V, active, v[0]);
+        auto o = attend(q, latents.read(BlockLatent::K).unsqueeze(0), latents.read(BlockLatent::V).unsqueeze(0));
+        latents.write(BlockLatent::Attn, active, o[0]);
+    }
+    auto y = x + m.gate_attn * latents.read(BlockLatent::Attn).unsqueeze(0);
+    if (any) latents.write(BlockLatent::Ffn, active, ffn(y.index_select(1, active), m)[0]);
+    return y + m.gate_ffn * latents.read(BlockLatent::Ffn).unsqueeze(0);
 }
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t cond_dim, int64_t freq) : freq_size(freq) {

@@ -40,6 +40,8 @@
 // id -> GPT-2 id; the last one is [MASK]); ids are translated at the edges by `to_internal` / `to_external`.
 #pragma once
 
+#include "cache/io/enum_table.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -58,7 +60,7 @@ constexpr int64_t kMdlmMaskId = 50257; // GPT-2 ids 0..50256, then [MASK]
 
 enum class GateKind { TimeAnchor, AdaLN };
 const char* gate_kind_name(GateKind g);
-GateKind gate_kind_from_string(const std::string& s); // throws UsageError listing the choices
+const EnumTable<GateKind>& gate_kind_table(); // "time_anchor", "adaln"
 
 struct MdlmConfig {
     int64_t vocab_size = kGpt2VocabSize + 1; // rows of the embedding / head (== vocab_ids length when compact)
@@ -108,6 +110,19 @@ struct Rope {
     Rope select(const torch::Tensor& positions) const; // rows at `positions` (int64 [n])
 };
 
+// What a cross-step cached block forward reads and writes (text/mdlm_cache.h keeps them in its latent store): for
+// every position of the sequence (batch 1), K and V [H, L, d] and the attention and ungated FFN branch outputs Attn,
+// Ffn [L, D].
+enum class BlockLatent : int32_t { K = 0, V = 1, Attn = 2, Ffn = 3 };
+class BlockLatents {
+public:
+    virtual ~BlockLatents() = default;
+    // The tensor of every position (anchored rows are read from it), after the writes of this forward.
+    virtual torch::Tensor read(BlockLatent which) = 0;
+    // Rows `idx` (int64 [n]): K/V [H, n, d], Attn/Ffn [n, D].
+    virtual void write(BlockLatent which, const torch::Tensor& idx, const torch::Tensor& rows) = 0;
+};
+
 struct MdlmBlockImpl : torch::nn::Module {
     MdlmBlockImpl(const MdlmConfig& cfg);
 
@@ -124,6 +139,15 @@ struct MdlmBlockImpl : torch::nn::Module {
     torch::Tensor ffn(const torch::Tensor& x, const BlockModulation& m);
     // Dense block: x + g_attn attn(...) then + g_ffn ffn(...).
     torch::Tensor forward(const torch::Tensor& x, const BlockModulation& m, const Rope& rope);
+    // The block over cached latents (batch 1; the cache chooses the rows, text/mdlm_cache.h): recomputes the positions
+    // `active` (int64 [n]) of x [1, L, D] and takes every other position's K/V and branch outputs from `latents`:
+    //   q, k, v = qkv(attn_input(x[active])) at the active positions;  K[active], V[active] = k, v
+    //   Attn[active] = attend(q, K, V)   (the active queries over every key)
+    //   y = x + g_attn Attn;  Ffn[active] = ffn(y[active]);  out = y + g_ffn Ffn
+    // The gates are the current step's, which is exact for a cached branch because they depend on t only. With every
+    // position active it computes what forward() computes.
+    torch::Tensor forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
+                                 const torch::Tensor& active, BlockLatents& latents);
 
     MdlmConfig cfg;
     NormNoBias norm1{nullptr}, norm2{nullptr};

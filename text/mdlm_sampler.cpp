@@ -2,19 +2,18 @@
 
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
+#include "text/params.h"
+
+#include <cmath>
 
 #include <chrono>
 
 namespace anchor::text {
 
-const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table() {
-    static const std::vector<std::pair<std::string, UnmaskRule>> t = {{"ancestral", UnmaskRule::Ancestral},
-                                                                      {"confidence", UnmaskRule::Confidence}};
+const EnumTable<UnmaskRule>& unmask_rule_table() {
+    static const EnumTable<UnmaskRule> t = {{"ancestral", UnmaskRule::Ancestral},
+                                            {"confidence", UnmaskRule::Confidence}};
     return t;
-}
-
-UnmaskRule unmask_rule_from_string(const std::string& s) {
-    return enum_from_string(unmask_rule_table(), s, "unmasking rule");
 }
 
 std::string unmask_rule_name(UnmaskRule r) {
@@ -23,23 +22,26 @@ std::string unmask_rule_name(UnmaskRule r) {
 
 void SamplerOptions::validate() const {
     const int64_t P = static_cast<int64_t>(prompt.size());
-    if (length <= 0) throw UsageError("--length must be positive");
+    if (length <= 0) throw ParamError("length", "must be positive, got " + std::to_string(length));
     if (P >= length)
-        throw UsageError("the prompt (" + std::to_string(P) + " tokens) leaves nothing to generate in --length " +
-                         std::to_string(length));
-    if (steps <= 0) throw UsageError("--steps must be positive");
-    if (temperature < 0) throw UsageError("--temperature must be >= 0");
-    if (top_k < 0) throw UsageError("--top-k must be >= 0");
-    if (block_length < 0) throw UsageError("--block-length must be >= 0");
+        throw ParamError("prompt", "(" + std::to_string(P) + " tokens) leaves nothing to generate in length " +
+                                       std::to_string(length));
+    if (steps <= 0) throw ParamError("steps", "must be positive, got " + std::to_string(steps));
+    if (!(temperature >= 0) || !std::isfinite(temperature))
+        throw ParamError("temperature", "must be a finite number >= 0");
+    if (top_k < 0) throw ParamError("top_k", "must be >= 0, got " + std::to_string(top_k));
+    if (!(top_p > 0 && top_p <= 1)) throw ParamError("top_p", "must be in (0, 1]");
+    if (!(min_p >= 0 && min_p <= 1)) throw ParamError("min_p", "must be in [0, 1]");
+    if (block_length < 0) throw ParamError("block_length", "must be >= 0, got " + std::to_string(block_length));
     const int64_t gen = length - P;
     const int64_t bl = block_length > 0 ? std::min(block_length, gen) : gen;
     const int64_t nb = (gen + bl - 1) / bl;
     if (steps % nb != 0)
-        throw UsageError("--steps " + std::to_string(steps) + " must be a multiple of the number of blocks " +
-                         std::to_string(nb) + " (" + std::to_string(gen) + " generated tokens / block length " +
-                         std::to_string(bl) + ")");
+        throw ParamError("steps", std::to_string(steps) + " must be a multiple of the number of blocks " +
+                                      std::to_string(nb) + " (" + std::to_string(gen) +
+                                      " generated tokens / block_length " + std::to_string(bl) + ")");
     for (auto id : prompt)
-        if (id < 0 || id >= kMdlmMaskId) throw UsageError("prompt id " + std::to_string(id) + " out of range");
+        if (id < 0 || id >= kMdlmMaskId) throw ParamError("prompt", "id " + std::to_string(id) + " out of range");
 }
 
 std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps) {
@@ -48,23 +50,23 @@ std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps) {
     return k;
 }
 
+// The samplers' token chain over the rows of the positions they decode: top-k (masking, ties kept) before the
+// temperature, then torch::multinomial on the sampler's own generator (so the unmasking draws and the token draws
+// share one stream, in a fixed order), or the argmax at temperature 0; confidence = the chosen token's probability.
+// This order keeps every draw bit for bit what it was before the chain existed (the cut is the same either way).
 namespace {
-// Draws x0 for each row of logits [n, V] (temperature, top-k) and returns it with its probability (confidence).
-void draw(const torch::Tensor& logits_in, double temperature, int64_t top_k, at::Generator& gen, torch::Tensor& x0,
-          torch::Tensor& conf) {
-    auto logits = logits_in.to(torch::kFloat64);
-    if (top_k > 0 && top_k < logits.size(1)) {
-        auto kth = std::get<0>(torch::topk(logits, top_k, 1)).narrow(1, top_k - 1, 1);
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+SamplerChain mdlm_token_chain(const SamplerOptions& o, const at::Generator& gen) {
+    SamplerChain chain(CandidateLayout::Masked);
+    if (o.top_k > 0) chain.add(top_k_step(o.top_k));
+    if (o.temperature <= 0) {
+        chain.add(greedy_step());
+        return chain;
     }
-    if (temperature <= 0) {
-        x0 = logits.argmax(1);
-        conf = torch::softmax(logits, 1).gather(1, x0.unsqueeze(1)).squeeze(1);
-        return;
-    }
-    auto probs = torch::softmax(logits / temperature, 1);
-    x0 = torch::multinomial(probs, 1, false, gen).squeeze(1);
-    conf = probs.gather(1, x0.unsqueeze(1)).squeeze(1);
+    chain.add(temperature_step(o.temperature));
+    if (o.top_p < 1.0) chain.add(top_p_step(o.top_p));
+    if (o.min_p > 0.0) chain.add(min_p_step(o.min_p));
+    chain.add(multinomial_step(gen));
+    return chain;
 }
 } // namespace
 
@@ -82,6 +84,7 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
     auto ids = torch::full({L}, mask, torch::kInt64);
     if (P > 0) ids.narrow(0, 0, P).copy_(model->to_internal(torch::tensor(opt.prompt, torch::kInt64)));
     auto gen = at::detail::createCPUGenerator(opt.seed);
+    auto chain = mdlm_token_chain(opt, gen);
     den.reset(L);
     den.set_total_steps(opt.steps);
 
@@ -112,21 +115,17 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
                 auto u = torch::rand({pos.size(0)}, gen, torch::kFloat64);
                 auto chosen = pos.index_select(0, torch::nonzero(u < p).reshape(-1));
                 if (chosen.size(0) > 0) {
-                    auto logits = den.logits(ids, t, step, chosen);
-                    torch::Tensor x0, conf;
-                    draw(logits, opt.temperature, opt.top_k, gen, x0, conf);
-                    ids.index_copy_(0, chosen, x0);
+                    auto drawn = chain.apply(den.logits(ids, t, step, chosen));
+                    ids.index_copy_(0, chosen, drawn.selected);
                     unmasked = chosen.size(0);
                     res.forward_passes++;
                 }
             } else if (pos.size(0) > 0) {
-                auto logits = den.logits(ids, t, step, pos);
-                torch::Tensor x0, conf;
-                draw(logits, opt.temperature, opt.top_k, gen, x0, conf);
+                auto drawn = chain.apply(den.logits(ids, t, step, pos), /*want_confidence=*/true);
                 int64_t k = std::min<int64_t>(schedule[static_cast<size_t>(j)], pos.size(0));
                 if (j == S - 1) k = pos.size(0);
-                auto chosen = std::get<1>(torch::topk(conf, k, 0, true, true));
-                ids.index_copy_(0, pos.index_select(0, chosen), x0.index_select(0, chosen));
+                auto chosen = std::get<1>(torch::topk(drawn.confidence, k, 0, true, true));
+                ids.index_copy_(0, pos.index_select(0, chosen), drawn.selected.index_select(0, chosen));
                 unmasked = chosen.size(0);
                 res.forward_passes++;
             } else {
@@ -145,6 +144,7 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
     refresh_ext();
     res.tokens = ext;
     res.cache = den.stats();
+    res.store = den.store_stats();
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return res;
 }

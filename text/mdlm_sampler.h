@@ -8,11 +8,14 @@
 //     x0 ~ p_theta(. | x_t) (so only they need logits, and a step unmasking nothing skips the forward);
 //   confidence (LLaDA, Nie et al. 2025, low-confidence remasking): every masked position of the block draws x0, and
 //     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S.
-// Unmasked tokens are never changed again (MDLM's carry-over). Sampling: temperature (0 = argmax), top-k (0 = all),
-// torch CPU generator seeded with `seed`; all draws of a step come from it in a fixed order.
+// Unmasked tokens are never changed again (MDLM's carry-over). Sampling (text/sampler_chain.h): top-k (0 = all),
+// temperature (0 = argmax), top-p, min-p, torch CPU generator seeded with `seed`; all draws of a step come from it in
+// a fixed order.
 #pragma once
 
+#include "cache/io/enum_table.h"
 #include "text/mdlm_cache.h"
+#include "text/sampler_chain.h"
 
 #include <functional>
 #include <string>
@@ -21,8 +24,7 @@
 namespace anchor::text {
 
 enum class UnmaskRule { Ancestral, Confidence };
-const std::vector<std::pair<std::string, UnmaskRule>>& unmask_rule_table();
-UnmaskRule unmask_rule_from_string(const std::string& s); // UsageError listing the choices
+const EnumTable<UnmaskRule>& unmask_rule_table(); // "ancestral", "confidence"
 std::string unmask_rule_name(UnmaskRule r);
 
 struct SamplerOptions {
@@ -32,9 +34,11 @@ struct SamplerOptions {
     UnmaskRule rule = UnmaskRule::Ancestral;
     double temperature = 1.0;
     int64_t top_k = 0;
+    double top_p = 1.0; // nucleus cut after the temperature (1 = off)
+    double min_p = 0.0; // min-p cut after the temperature (0 = off)
     uint64_t seed = 0;
     int64_t block_length = 0; // 0 = one block (all generated positions)
-    void validate() const;    // UsageError for impossible combinations
+    void validate() const;    // text::ParamError naming the field of an impossible value or combination
 };
 
 struct StepInfo {
@@ -49,6 +53,7 @@ struct SampleResult {
     std::vector<int64_t> tokens; // GPT-2-side ids, prompt included
     std::vector<int64_t> unmasked_per_step;
     CacheStats cache;
+    cache::CacheStats store;    // the denoiser's latent store over this sample (cache/latent_cache.h)
     int64_t forward_passes = 0; // denoiser calls (ancestral steps that unmask nothing need none)
     double seconds = 0.0;
 };

@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_file.h"
 #include "cache/io/weight_map.h"
+#include "kernels/attention.h"
 #include "kernels/linear.h"
 
 #include <nlohmann/json.hpp>
@@ -72,17 +73,15 @@ ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
 }
 
 torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
-    const auto B = x.size(0), T = x.size(1), C = x.size(2);
-    const double scale = 1.0 / std::sqrt(double(head_dim));
-    auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
-    auto q = split(kernels::linear(q_proj, x) * scale);
-    auto k = split(kernels::linear(k_proj, x));
-    auto v = split(kernels::linear(v_proj, x));
-    auto scores = torch::matmul(q, k.transpose(-1, -2));
-    scores.add_(mask);
-    auto probs = scores.softmax(-1);
-    auto o = torch::matmul(probs, v).transpose(1, 2).reshape({B, T, C});
-    return kernels::linear(out_proj, o);
+    // Hugging Face CLIPAttention: the query scaled by head_dim^-0.5 before the heads are split, the additive causal
+    // mask on the scores.
+    kernels::AttentionOptions o;
+    o.heads = heads;
+    o.scale = 1.0 / std::sqrt(double(head_dim));
+    o.formula = kernels::ScoreFormula::PreScaledQuery;
+    o.additive_mask = mask;
+    return kernels::linear(out_proj, kernels::attention(kernels::linear(q_proj, x), kernels::linear(k_proj, x),
+                                                        kernels::linear(v_proj, x), o));
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : quick_gelu(c.hidden_act == "quick_gelu") {

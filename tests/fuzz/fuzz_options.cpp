@@ -4,9 +4,9 @@
 #include "cache/io/error.h"
 #include "cache/sink_rolling_kv.h"
 #include "text/gpt2_model.h"
-#include "text/gpt2_train.h"
 #include "text/mdlm_cache.h"
 #include "text/mdlm_sampler.h"
+#include "text/train/gpt2_train.h"
 #include "unet/freq_cache.h"
 #include "unet/scheduler.h"
 
@@ -38,10 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             (void)unet::sampler_from_string(s);
             break;
         case 5:
-            (void)cache::position_policy_from_string(s);
+            (void)enum_from_string(text::position_mode_table(), s, "position policy");
             break;
         default:
-            (void)text::unmask_rule_from_string(s);
+            (void)enum_from_string(text::unmask_rule_table(), s, "unmasking rule");
             break;
         }
     } catch (const anchor::Error&) {

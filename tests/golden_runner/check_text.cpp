@@ -193,7 +193,7 @@ std::vector<CaseResult> run_model(const fs::path& dir, const Context& ctx) {
                           torch::log_softmax(logits, -1).index_select(1, st->tensor("selected_ids").to(torch::kLong)),
                           st->tensor("logprob_selected"), kLogitTol, 0);
 
-            text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+            text::Gpt2Stream s(model, text::KvSpec::parse("full"), text::PositionMode::Absolute);
             std::vector<torch::Tensor> steps;
             for (auto t : to_vec(ids)) steps.push_back(s.feed(t));
             auto inc_logits = torch::stack(steps);
@@ -230,7 +230,7 @@ std::vector<CaseResult> run_model(const fs::path& dir, const Context& ctx) {
                 auto prompt = c.at("prompt_ids").get<std::vector<int64_t>>();
                 auto want = c.at("generated_ids").get<std::vector<int64_t>>();
                 g.stats.check_true("prompt encoding", tok.encode(c.at("prompt").get<std::string>()) == prompt);
-                text::Gpt2Stream s(model, text::KvSpec::parse("full"), cache::PositionPolicy::Absolute);
+                text::Gpt2Stream s(model, text::KvSpec::parse("full"), text::PositionMode::Absolute);
                 auto logits = s.feed(prompt);
                 std::vector<int64_t> gen;
                 for (size_t k = 0; k < want.size(); ++k) {
@@ -254,18 +254,18 @@ std::vector<CaseResult> run_model(const fs::path& dir, const Context& ctx) {
 struct Variant {
     std::string name;
     std::string kv;
-    cache::PositionPolicy policy;
+    text::PositionMode policy;
 };
 
 // README sec. 3 variants in terms of our KV modes, from the run's S and W.
 std::vector<Variant> variants(int64_t S, int64_t W) {
     const std::string C = std::to_string(S + W);
     const std::string sw = "sink:" + std::to_string(S) + "," + std::to_string(W);
-    return {{"sink_wrap", sw, cache::PositionPolicy::Wrap},
-            {"sink_cache", sw, cache::PositionPolicy::Cache},
-            {"recompute", "recompute:" + C, cache::PositionPolicy::Wrap},
-            {"nosink_wrap", "window:" + C, cache::PositionPolicy::Wrap},
-            {"nosink_cache", "window:" + C, cache::PositionPolicy::Cache}};
+    return {{"sink_wrap", sw, text::PositionMode::Wrap},
+            {"sink_cache", sw, text::PositionMode::Cache},
+            {"recompute", "recompute:" + C, text::PositionMode::Wrap},
+            {"nosink_wrap", "window:" + C, text::PositionMode::Wrap},
+            {"nosink_cache", "window:" + C, text::PositionMode::Cache}};
 }
 
 std::vector<fs::path> streaming_files(const fs::path& dir) {

@@ -1,4 +1,4 @@
-#include "text/kjv_reader.h"
+#include "text/train/kjv_reader.h"
 
 #include "cache/io/error.h"
 

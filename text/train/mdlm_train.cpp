@@ -1,4 +1,4 @@
-#include "text/mdlm_train.h"
+#include "text/train/mdlm_train.h"
 #include "cache/train/optim.h"
 
 #include "cache/io/atomic_file.h"
@@ -6,6 +6,8 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/params.h"
+#include "text/token_file.h"
 
 #include <chrono>
 #include <cmath>
@@ -17,60 +19,6 @@
 namespace anchor::text {
 
 namespace fs = std::filesystem;
-
-std::vector<int64_t> load_token_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot open token file '" + path + "'");
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (bytes.size() % 2 != 0) throw Error("token file '" + path + "' has an odd size (expected uint16 LE ids)");
-    std::vector<int64_t> ids(bytes.size() / 2);
-    for (size_t i = 0; i < ids.size(); ++i) {
-        ids[i] =
-            static_cast<uint8_t>(bytes[2 * i]) | (static_cast<int64_t>(static_cast<uint8_t>(bytes[2 * i + 1])) << 8);
-        if (ids[i] >= kGpt2VocabSize)
-            throw Error("token file '" + path + "': id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                        " is not a GPT-2 id");
-    }
-    if (ids.empty()) throw Error("token file '" + path + "' is empty");
-    return ids;
-}
-
-std::vector<std::vector<int64_t>> token_file_windows(const std::string& path, int64_t n, int64_t len,
-                                                     const std::function<bool(const std::vector<int64_t>&)>& accept) {
-    const auto toks = load_token_file(path);
-    const int64_t size = static_cast<int64_t>(toks.size());
-    if (len < 1 || size < len)
-        throw Error("token file '" + path + "' has " + std::to_string(size) + " ids, fewer than the prompt length " +
-                    std::to_string(len));
-    std::vector<std::vector<int64_t>> out;
-    int64_t next_free = 0; // accepted windows never share a start offset
-    for (int64_t i = 0; i < n; ++i) {
-        int64_t off = std::max(next_free, (size - len) * i / std::max<int64_t>(1, n));
-        for (; off <= size - len; ++off) {
-            std::vector<int64_t> w(toks.begin() + off, toks.begin() + off + len);
-            if (!accept || accept(w)) {
-                out.push_back(std::move(w));
-                break;
-            }
-        }
-        if (off > size - len)
-            throw Error("token file '" + path + "': only " + std::to_string(out.size()) + " of " + std::to_string(n) +
-                        " windows of " + std::to_string(len) + " ids use only tokens this model knows");
-        next_free = off + 1;
-    }
-    return out;
-}
-
-void write_token_file(const std::string& path, const std::vector<int64_t>& ids) {
-    std::string bytes(ids.size() * 2, '\0');
-    for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || ids[i] > 0xFFFF)
-            throw Error("token file '" + path + "': id " + std::to_string(ids[i]) + " does not fit in uint16");
-        bytes[2 * i] = static_cast<char>(ids[i] & 0xFF);
-        bytes[2 * i + 1] = static_cast<char>((ids[i] >> 8) & 0xFF);
-    }
-    write_file_atomic(path, bytes);
-}
 
 const EnumTable<MdlmLossWeight>& mdlm_loss_weight_table() {
     static const EnumTable<MdlmLossWeight> t = {{"nelbo", MdlmLossWeight::kNelbo},
@@ -127,14 +75,21 @@ void save_state(const std::string& path, AdamW& opt, int64_t step) {
 
 } // namespace
 
+void TrainOptions::validate() const {
+    if (out_dir.empty()) throw ParamError("out_dir", "is empty: an output directory is required");
+    if (batch <= 0) throw ParamError("batch", "must be >= 1, got " + std::to_string(batch));
+    if (seq_len <= 1) throw ParamError("seq_len", "must be >= 2, got " + std::to_string(seq_len));
+    if (steps <= 0) throw ParamError("steps", "must be >= 1, got " + std::to_string(steps));
+    if (use_kjv == !tokens_path.empty())
+        throw ParamError("tokens_path", use_kjv ? "and use_kjv are exclusive: give one corpus"
+                                                : "is empty: give a token file or use_kjv");
+}
+
 TrainResult train_mdlm(const TrainOptions& o) {
     auto log = [&](const std::string& s) {
         if (o.log) o.log(s);
     };
-    if (o.out_dir.empty()) throw UsageError("train: an output directory is required");
-    if (o.batch <= 0 || o.seq_len <= 1 || o.steps <= 0)
-        throw UsageError("train: batch, seq_len, steps must be positive");
-    if (o.use_kjv == !o.tokens_path.empty()) throw UsageError("train: give either a token file or the KJV corpus");
+    o.validate();
     fs::create_directories(o.out_dir);
     std::vector<int64_t> corpus;
     std::string source = o.tokens_path;
@@ -239,51 +194,6 @@ TrainResult train_mdlm(const TrainOptions& o) {
         log("exported " + std::string(c10::toString(o.export_dtype)) + " weights to " + o.export_dir);
     }
     return res;
-}
-
-AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt, std::vector<std::vector<double>>* out) {
-    if (opt.prompts.empty()) throw UsageError("calibrate: at least one prompt is needed");
-    const int64_t nl = model->config().n_blocks, T = opt.sampler.steps;
-    std::vector<std::vector<double>> sum(static_cast<size_t>(nl), std::vector<double>(static_cast<size_t>(T), 0.0));
-    std::vector<std::vector<int64_t>> cnt(static_cast<size_t>(nl), std::vector<int64_t>(static_cast<size_t>(T), 0));
-    const int64_t mask = model->internal_mask_id();
-    for (const auto& prompt : opt.prompts) {
-        MdlmDenoiser den(model, CacheSpec{});
-        std::vector<torch::Tensor> prev_h(static_cast<size_t>(nl));
-        std::vector<torch::Tensor> prev_ids(static_cast<size_t>(nl));
-        den.on_layer_output = [&](int64_t step, int64_t l, const torch::Tensor& ids, const torch::Tensor& h) {
-            auto& ph = prev_h[static_cast<size_t>(l)];
-            auto& pi = prev_ids[static_cast<size_t>(l)];
-            if (ph.defined() && step < T) {
-                auto keep = (ids == pi) & (ids != mask);
-                auto d = (h - ph).norm(2, {1}); // [L]
-                double delta = keep.any().item<bool>()
-                                   ? d.index_select(0, torch::nonzero(keep).reshape(-1)).mean().item<double>()
-                                   : d.mean().item<double>();
-                sum[static_cast<size_t>(l)][static_cast<size_t>(step)] += delta;
-                cnt[static_cast<size_t>(l)][static_cast<size_t>(step)]++;
-            }
-            ph = h.clone();
-            pi = ids.clone();
-        };
-        SamplerOptions so = opt.sampler;
-        so.prompt = prompt;
-        sample(den, so);
-    }
-    std::vector<std::vector<double>> deltas(static_cast<size_t>(nl), std::vector<double>(static_cast<size_t>(T), 0.0));
-    for (int64_t l = 0; l < nl; ++l) {
-        for (int64_t s = 1; s < T; ++s) deltas[l][s] = cnt[l][s] ? sum[l][s] / double(cnt[l][s]) : 0.0;
-        deltas[l][0] = T > 1 ? deltas[l][1] : 0.0; // no previous step: like the next one
-    }
-    auto prof = build_profile(deltas, opt.classes, opt.max_stale);
-    prof.meta = {{"steps", T},
-                 {"length", opt.sampler.length},
-                 {"prompts", opt.prompts.size()},
-                 {"unmask", unmask_rule_name(opt.sampler.rule)},
-                 {"max_stale", opt.max_stale},
-                 {"delta", "mean ||H_s - H_{s-1}|| over positions decoded at both steps, per layer and step"}};
-    if (out) *out = deltas;
-    return prof;
 }
 
 } // namespace anchor::text

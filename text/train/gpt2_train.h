@@ -1,4 +1,4 @@
-// Training a small GPT-2 on the King James Version (text/kjv_reader.h) with the real GPT-2 tokenizer.
+// Training a small GPT-2 on the King James Version (text/train/kjv_reader.h) with the real GPT-2 tokenizer.
 //
 // The result is an ordinary HF GPT-2 checkpoint (config.json + model.safetensors, the names of text/gpt2_model.h,
 // tied LM head, 50257 rows) that load_gpt2 reads and that produces real GPT-2 token ids.
@@ -13,7 +13,7 @@
 #pragma once
 
 #include "text/gpt2_model.h"
-#include "text/kjv_reader.h"
+#include "text/train/kjv_reader.h"
 
 #include <functional>
 #include <string>
@@ -37,7 +37,8 @@ struct HoldoutSpec {
     HoldoutKind kind = HoldoutKind::Books;
     std::vector<std::string> books = {"Ruth", "Eccl", "Jonah", "Titus"}; // tags (kjv_books())
     double tail_percent = 5.0;
-    // "books:Ruth,Eccl,Jonah,Titus" (tags or English names) | "tail:P" (0 < P < 100); throws anchor::UsageError.
+    // "books:Ruth,Eccl,Jonah,Titus" (tags or English names) | "tail:P" (0 < P < 100); throws text::ParamError
+    // (field "holdout").
     static HoldoutSpec parse(const std::string& s);
     static std::string syntax_help();
     std::string str() const;
@@ -103,6 +104,7 @@ struct Gpt2TrainOptions {
     int64_t stop_after = 0; // > 0: stop after this many steps in this invocation (the schedule still spans `steps`)
     double max_minutes = 0; // > 0: stop (checkpoint, evaluate, export) once this much wall time has passed
     std::function<void(const std::string&)> log;
+    void validate() const; // text::ParamError naming the field
 };
 
 struct Gpt2TrainMetric {

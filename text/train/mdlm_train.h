@@ -1,27 +1,15 @@
-// Offline tools for the masked diffusion LM: training with the MDLM objective and anchor-profile calibration.
+// Training the masked diffusion LM with the MDLM objective (the anchor_text_train library: text/train/).
 #pragma once
 
 #include "cache/io/enum_table.h"
-#include "text/gpt2_train.h"
-#include "text/mdlm_sampler.h"
+#include "text/mdlm_model.h"
+#include "text/train/gpt2_train.h"
 
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace anchor::text {
-
-// Reads a token file: raw uint16 little-endian GPT-2 ids, no header (like tests/golden/text/eval/kjv_tokens.bin).
-std::vector<int64_t> load_token_file(const std::string& path);
-// `n` windows of `len` ids at evenly spaced offsets of a token file (prompts for calibration and benchmarks);
-// throws anchor::Error when the file is shorter than `len`. With `accept` (e.g. MdlmModelImpl::in_vocabulary: held-out
-// text may hold tokens a compact vocabulary lacks) each window slides forward to the first accepted one, without
-// repeating an offset; throws when fewer than `n` are accepted.
-std::vector<std::vector<int64_t>>
-token_file_windows(const std::string& path, int64_t n, int64_t len,
-                   const std::function<bool(const std::vector<int64_t>&)>& accept = nullptr);
-// Writes ids in that format (atomically); throws when an id does not fit in uint16.
-void write_token_file(const std::string& path, const std::vector<int64_t>& ids);
 
 // MDLM continuous-time objective with the log-linear schedule (Sahoo et al. 2024, eq. 10-11):
 //   t_b low-discrepancy in [eps, 1], mask each token with probability 1 - alpha_t = (1 - eps) t,
@@ -63,6 +51,7 @@ struct TrainOptions {
     std::string export_dir; // when set: final weights in `export_dtype` there
     torch::ScalarType export_dtype = torch::kFloat16;
     std::function<void(const std::string&)> log; // progress lines
+    void validate() const;                       // text::ParamError naming the field
 };
 
 struct TrainResult {
@@ -71,17 +60,5 @@ struct TrainResult {
 };
 
 TrainResult train_mdlm(const TrainOptions& opt);
-
-struct CalibrateOptions {
-    std::vector<std::vector<int64_t>> prompts; // GPT-2-side ids
-    SamplerOptions sampler;                    // prompt field ignored
-    int64_t classes = 16;
-    int64_t max_stale = 8;
-};
-
-// Uncached sampling on every prompt; Delta[l][s] = mean over positions decoded at both steps s-1 and s (same token)
-// of ||H_s - H_{s-1}|| after block l, averaged over prompts; then k-means classes (see build_profile).
-AnchorProfile calibrate_mdlm(MdlmModel& model, const CalibrateOptions& opt,
-                             std::vector<std::vector<double>>* deltas_out = nullptr);
 
 } // namespace anchor::text

@@ -1,10 +1,11 @@
-#include "text/gpt2_train.h"
+#include "text/train/gpt2_train.h"
 #include "cache/train/optim.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "text/gpt2_tokenizer.h"
+#include "text/params.h"
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +39,7 @@ HoldoutSpec HoldoutSpec::parse(const std::string& s) {
     const auto colon = s.find(':');
     const std::string head = s.substr(0, colon), args = colon == std::string::npos ? "" : s.substr(colon + 1);
     auto bad = [&](const std::string& why) {
-        return UsageError("bad held-out split '" + s + "': " + why + " (expected " + syntax_help() + ")");
+        return ParamError("holdout", "split '" + s + "' is not valid: " + why + " (expected " + syntax_help() + ")");
     };
     HoldoutSpec h;
     bool found = false;
@@ -91,8 +92,8 @@ KjvSplit split_kjv(const std::vector<KjvVerse>& verses, const HoldoutSpec& spec)
         s.train.assign(verses.begin(), verses.begin() + static_cast<std::ptrdiff_t>(cut));
         s.val.assign(verses.begin() + static_cast<std::ptrdiff_t>(cut), verses.end());
     }
-    if (s.train.empty()) throw UsageError("the held-out split '" + spec.str() + "' leaves no training verses");
-    if (s.val.empty()) throw UsageError("the held-out split '" + spec.str() + "' selects no verses");
+    if (s.train.empty()) throw ParamError("holdout", "split '" + spec.str() + "' leaves no training verses");
+    if (s.val.empty()) throw ParamError("holdout", "split '" + spec.str() + "' selects no verses");
     return s;
 }
 
@@ -278,23 +279,38 @@ std::vector<Gpt2TrainMetric> read_train_metrics(const std::string& path) {
     return out;
 }
 
+void Gpt2TrainOptions::validate() const {
+    if (out_dir.empty()) throw ParamError("out_dir", "is empty: a run folder is required");
+    const std::vector<std::pair<const char*, int64_t>> positive = {{"batch", batch},
+                                                                   {"steps", steps},
+                                                                   {"eval_batch", eval_batch},
+                                                                   {"log_every", log_every},
+                                                                   {"checkpoint_every", checkpoint_every}};
+    for (const auto& [field, v] : positive)
+        if (v <= 0) throw ParamError(field, "must be >= 1, got " + std::to_string(v));
+    const std::vector<std::pair<const char*, int64_t>> non_negative = {
+        {"seq_len", seq_len}, {"eval_every", eval_every}, {"warmup", warmup}};
+    for (const auto& [field, v] : non_negative)
+        if (v < 0) throw ParamError(field, "must be >= 0, got " + std::to_string(v));
+    if (!(lr > 0)) throw ParamError("lr", "must be > 0");
+    if (weight_decay < 0) throw ParamError("weight_decay", "must be >= 0");
+    if (!(ema >= 0.0 && ema < 1.0)) throw ParamError("ema", "must be in [0, 1)");
+    if (!(unseen_logit < 0)) throw ParamError("unseen_logit", "must be < 0");
+}
+
 Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
     using Clock = std::chrono::steady_clock;
     const auto t_start = Clock::now();
     auto log = [&](const std::string& s) {
         if (o.log) o.log(s);
     };
-    if (o.out_dir.empty()) throw UsageError("gpt2 train: a run folder is required (-o)");
-    if (o.batch <= 0 || o.steps <= 0 || o.seq_len < 0 || o.eval_batch <= 0 || o.log_every <= 0 ||
-        o.checkpoint_every <= 0 || o.eval_every < 0 || o.warmup < 0)
-        throw UsageError("gpt2 train: batch, steps, eval batch, log and checkpoint intervals must be positive");
-    if (!(o.lr > 0) || o.weight_decay < 0 || !(o.ema >= 0.0 && o.ema < 1.0) || !(o.unseen_logit < 0))
-        throw UsageError("gpt2 train: need lr > 0, weight decay >= 0, 0 <= ema < 1, unseen logit < 0");
+    o.validate();
     const auto export_model = (fs::path(o.export_dir) / "model.safetensors").string();
     const auto export_config = (fs::path(o.export_dir) / "config.json").string();
     if (!o.export_dir.empty() && !o.overwrite_export)
         for (const auto& p : {export_model, export_config})
-            if (fs::exists(p)) throw UsageError("'" + p + "' exists; pass --overwrite to replace the exported model");
+            if (fs::exists(p))
+                throw ParamError("export_dir", "holds '" + p + "' already; set overwrite_export to replace the model");
 
     fs::create_directories(o.out_dir);
     const auto ckpt_path = (fs::path(o.out_dir) / "checkpoint.safetensors").string();
@@ -368,7 +384,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
         try {
             cfg.validate();
         } catch (const Error& e) {
-            throw UsageError(e.what());
+            throw ParamError("config", std::string("is not valid: ") + e.what());
         }
         model = Gpt2Model(cfg);
         init_gpt2_weights(model, o.seed);
@@ -380,7 +396,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
     }
     const int64_t T = o.seq_len > 0 ? o.seq_len : cfg.n_positions;
     if (T > cfg.n_positions)
-        throw UsageError("--seq-len " + std::to_string(T) + " exceeds n_positions " + std::to_string(cfg.n_positions));
+        throw ParamError("seq_len", std::to_string(T) + " exceeds n_positions " + std::to_string(cfg.n_positions));
     model->train();
 
     // GPT-2 ids -> rows of this model.

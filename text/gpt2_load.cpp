@@ -1,0 +1,45 @@
+#include "text/gpt2_load.h"
+
+#include "cache/io/error.h"
+#include "text/params.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace anchor::text {
+
+const EnumTable<torch::ScalarType>& decode_weight_table() {
+    static const EnumTable<torch::ScalarType> t = {{"f32", torch::kFloat32}, {"f16", torch::kFloat16}};
+    return t;
+}
+
+void Gpt2ModelParams::validate() const {
+    if (model.empty()) throw ParamError("model", "is empty: a GPT-2 folder, .safetensors file or index is needed");
+    if (n_head < 0) throw ParamError("n_head", "must be >= 0, got " + std::to_string(n_head));
+    if (decode_weights != torch::kFloat32 && decode_weights != torch::kFloat16)
+        throw ParamError("decode_weights", std::string("must be f32 or f16, got ") + c10::toString(decode_weights));
+}
+
+LoadedGpt2 load_gpt2_model(const Gpt2ModelParams& p) {
+    p.validate();
+    auto loaded = load_gpt2(p.model, p.n_head);
+    loaded.model->set_decode_weights(p.decode_weights);
+    return loaded;
+}
+
+Gpt2Tokenizer load_gpt2_tokenizer(const Gpt2ModelParams& p, const LoadedGpt2& m) {
+    if (!p.vocab.empty()) return Gpt2Tokenizer::from_dir(p.vocab);
+    if (!m.folder.empty() && Gpt2Tokenizer::dir_has_vocab(m.folder)) return Gpt2Tokenizer::from_dir(m.folder);
+    return Gpt2Tokenizer::load_default();
+}
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot read text file '" + path + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) throw Error("error while reading text file '" + path + "'");
+    return ss.str();
+}
+
+} // namespace anchor::text
