@@ -2,6 +2,8 @@
 #include "text/gpt2_model.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
+#include "cache/io/model_source.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
@@ -80,48 +82,25 @@ std::string Gpt2Config::describe() const {
 }
 
 Gpt2Config Gpt2Config::from_json(const nlohmann::json& j, const std::string& source) {
-    if (!j.is_object()) throw Error("config '" + source + "' is not a JSON object");
-    bool is_gpt2 = j.value("model_type", std::string()) == "gpt2";
-    if (j.contains("architectures") && j["architectures"].is_array())
-        for (const auto& a : j["architectures"])
-            if (a.is_string() && a.get<std::string>().rfind("GPT2", 0) == 0) is_gpt2 = true;
-    if (!is_gpt2)
-        throw Error("config '" + source + "' is not a GPT-2 config (model_type '" +
-                    j.value("model_type", std::string("?")) + "')");
-    Gpt2Config c;
-    auto get_int = [&](const char* key, int64_t& out) {
-        if (!j.contains(key) || j[key].is_null()) return;
-        if (!j[key].is_number_integer()) throw Error("config '" + source + "': '" + key + "' is not an integer");
-        out = j[key].get<int64_t>();
-    };
-    get_int("n_layer", c.n_layer);
-    get_int("n_head", c.n_head);
-    get_int("n_embd", c.n_embd);
-    if (!j.contains("n_positions")) get_int("n_ctx", c.n_positions);
-    get_int("n_positions", c.n_positions);
-    get_int("vocab_size", c.vocab_size);
-    get_int("n_inner", c.n_inner);
-    if (j.contains("layer_norm_epsilon")) {
-        if (!j["layer_norm_epsilon"].is_number())
-            throw Error("config '" + source + "': 'layer_norm_epsilon' is not a number");
-        c.layer_norm_epsilon = j["layer_norm_epsilon"].get<double>();
-    }
-    if (j.contains("activation_function") && j["activation_function"].is_string())
-        c.activation = j["activation_function"].get<std::string>();
-    c.validate();
-    return c;
+    const JsonConfig c(j, source);
+    bool is_gpt2 = c.get_string("model_type", "") == "gpt2";
+    for (const auto& a : c.get_string_list("architectures", {})) is_gpt2 = is_gpt2 || a.rfind("GPT2", 0) == 0;
+    if (!is_gpt2) c.fail("not a GPT-2 config (model_type '" + c.get_string("model_type", "?") + "')");
+    Gpt2Config g;
+    g.n_layer = c.get_int64("n_layer", g.n_layer);
+    g.n_head = c.get_int64("n_head", g.n_head);
+    g.n_embd = c.get_int64("n_embd", g.n_embd);
+    g.n_positions = c.get_int64("n_positions", c.get_int64("n_ctx", g.n_positions)); // n_ctx: older configs
+    g.vocab_size = c.get_int64("vocab_size", g.vocab_size);
+    g.n_inner = c.get_int64("n_inner", g.n_inner);
+    g.layer_norm_epsilon = c.get_double("layer_norm_epsilon", g.layer_norm_epsilon);
+    g.activation = c.get_string("activation_function", g.activation);
+    g.validate();
+    return g;
 }
 
 Gpt2Config Gpt2Config::from_json_file(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw Error("cannot read config '" + path + "'");
-    nlohmann::json j;
-    try {
-        in >> j;
-    } catch (const nlohmann::json::exception& e) {
-        throw Error("config '" + path + "' is not valid JSON: " + e.what());
-    }
-    return from_json(j, path);
+    return from_json(JsonConfig::load(path, "GPT-2 config").json(), path);
 }
 
 Gpt2Config Gpt2Config::detect_from_weights(const WeightMap& w, int64_t n_head_hint) {
@@ -372,57 +351,12 @@ std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int6
 
 // ---- loading -----------------------------------------------------------------------------------------------------
 
-std::vector<std::string> find_gpt2_weight_files(const std::string& path) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) throw Error("model '" + path + "' does not exist");
-    if (!fs::is_directory(path, ec)) {
-        if (!ends_with(path, ".safetensors") && !ends_with(path, ".index.json"))
-            throw Error("model '" + path + "' is not a .safetensors file, a *.safetensors.index.json or a folder");
-        return {path};
-    }
-    std::vector<std::string> indexes, loose, all;
-    for (const auto& e : fs::directory_iterator(path)) {
-        const std::string p = e.path().string();
-        if (ends_with(p, ".safetensors.index.json"))
-            indexes.push_back(p);
-        else if (ends_with(p, ".safetensors"))
-            loose.push_back(p);
-    }
-    std::sort(indexes.begin(), indexes.end());
-    std::sort(loose.begin(), loose.end());
-    if (indexes.size() == 1) return indexes;
-    if (indexes.size() > 1) throw Error("model folder '" + path + "' holds several *.safetensors.index.json files");
-    std::vector<std::string> picked;
-    for (const auto& f : loose) {
-        auto st = SafeTensorsFile::open(f); // header only (mmap); corrupt files fail here, naming the file
-        bool gpt2 = false;
-        for (const auto& t : st->tensors()) gpt2 = gpt2 || is_gpt2_tensor_name(t.name);
-        if (gpt2) picked.push_back(f);
-    }
-    if (picked.empty()) {
-        std::string seen;
-        for (const auto& f : loose) seen += " " + fs::path(f).filename().string();
-        throw Error("model folder '" + path + "' holds no safetensors file with GPT-2 tensors (wte.weight, h.N.*)" +
-                    (seen.empty() ? std::string(" and no .safetensors files at all") : "; looked at:" + seen));
-    }
-    return picked;
-}
-
 LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint) {
     LoadedGpt2 out;
-    out.weight_files = find_gpt2_weight_files(path);
-    WeightMap raw;
-    if (out.weight_files.size() == 1) {
-        raw = WeightMap::load(out.weight_files[0]);
-    } else {
-        for (const auto& f : out.weight_files) {
-            auto m = WeightMap::load(f);
-            for (const auto& [n, t] : m.all()) {
-                if (raw.has(n)) throw Error("tensor '" + n + "' appears in two files of '" + path + "'");
-                raw.insert(n, t, f);
-            }
-        }
-    }
+    // The one resolver: a file, an index and its shards, or a folder whose loose files hold GPT-2 tensors.
+    const ModelSource src = resolve_model(path, {is_gpt2_tensor_name, "GPT-2 model"});
+    out.weight_files = src.index_file.empty() ? src.weight_files : std::vector<std::string>{src.index_file};
+    WeightMap raw = src.load_weights();
     // `transformer.`-prefixed (GPT2LMHeadModel state dict) and plain (hub `gpt2`) layouts map to the same names.
     torch::Tensor lm_head;
     if (raw.has("lm_head.weight")) lm_head = raw.get("lm_head.weight");
@@ -436,10 +370,9 @@ LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint) {
     WeightMap w = raw.renamed([](const std::string& n) { return strip_transformer(n); });
 
     std::error_code ec;
-    const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
-    out.folder = dir.string();
-    if (fs::exists(dir / "config.json", ec)) {
-        out.config_path = (dir / "config.json").string();
+    out.folder = (fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path()).string();
+    if (!src.config_file.empty()) {
+        out.config_path = src.config_file;
         out.config = Gpt2Config::from_json_file(out.config_path);
         if (n_head_hint > 0) out.config.n_head = n_head_hint;
         out.config.validate();

@@ -167,10 +167,6 @@ struct LoadedGpt2 {
     std::string folder;                    // folder of the model (for a tokenizer next to it)
 };
 
-// The weights of a GPT-2 model: `path` is a .safetensors file, a *.safetensors.index.json, or a folder; in a folder
-// the index is used if there is one, else every .safetensors file whose header holds GPT-2 tensor names (other
-// safetensors files there, e.g. reference outputs, are ignored). Throws anchor::Error naming what is missing.
-std::vector<std::string> find_gpt2_weight_files(const std::string& path);
 // Loads config (config.json next to the weights, else detect_from_weights) and weights: with or without the
 // `transformer.` prefix, tied or explicit `lm_head.weight`, `h.{i}.attn.bias`/`masked_bias` buffers ignored,
 // F32/F16/BF16 converted to float32. Every missing/unexpected/wrong-shape tensor is reported in one error.

@@ -2,6 +2,8 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
+#include "cache/io/model_source.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
@@ -49,52 +51,37 @@ nlohmann::json MdlmConfig::to_json() const {
         {"compact_vocab", compact_vocab}};
 }
 
-MdlmConfig MdlmConfig::from_json(const nlohmann::json& j) {
+MdlmConfig MdlmConfig::from_json(const nlohmann::json& j, const std::string& source) {
+    const JsonConfig f(j, source);
     MdlmConfig c;
-    try {
-        c.vocab_size = j.value("vocab_size", c.vocab_size);
-        c.mask_token_id = j.value("mask_token_id", c.mask_token_id);
-        c.hidden_size = j.value("hidden_size", c.hidden_size);
-        c.n_heads = j.value("n_heads", c.n_heads);
-        c.n_blocks = j.value("n_blocks", c.n_blocks);
-        c.cond_dim = j.value("cond_dim", c.cond_dim);
-        c.mlp_ratio = j.value("mlp_ratio", c.mlp_ratio);
-        c.freq_embed_size = j.value("freq_embed_size", c.freq_embed_size);
-        c.max_seq_len = j.value("max_seq_len", c.max_seq_len);
-        c.rope_base = j.value("rope_base", c.rope_base);
-        c.norm_eps = j.value("norm_eps", c.norm_eps);
-        c.noise_eps = j.value("noise_eps", c.noise_eps);
-        // The table's names, and the aliases older configs were written with.
-        const std::string gate = j.value("gate", std::string(gate_kind_name(c.gate)));
-        if (gate == "time_anchor" || gate == "anchor")
-            c.gate = GateKind::TimeAnchor;
-        else if (gate == "adaln" || gate == "plain")
-            c.gate = GateKind::AdaLN;
-        else
-            throw Error("MDLM config: unknown gate '" + gate + "' (choices: " + enum_choices(gate_kind_table()) + ")");
-        c.tie_word_embeddings = j.value("tie_word_embeddings", c.tie_word_embeddings);
-        c.compact_vocab = j.value("compact_vocab", c.compact_vocab);
-    } catch (const nlohmann::json::exception& e) {
-        throw Error(std::string("MDLM config: bad field type: ") + e.what());
-    }
+    c.vocab_size = f.get_int64("vocab_size", c.vocab_size);
+    c.mask_token_id = f.get_int64("mask_token_id", c.mask_token_id);
+    c.hidden_size = f.get_int64("hidden_size", c.hidden_size);
+    c.n_heads = f.get_int64("n_heads", c.n_heads);
+    c.n_blocks = f.get_int64("n_blocks", c.n_blocks);
+    c.cond_dim = f.get_int64("cond_dim", c.cond_dim);
+    c.mlp_ratio = f.get_int64("mlp_ratio", c.mlp_ratio);
+    c.freq_embed_size = f.get_int64("freq_embed_size", c.freq_embed_size);
+    c.max_seq_len = f.get_int64("max_seq_len", c.max_seq_len);
+    c.rope_base = f.get_double("rope_base", c.rope_base);
+    c.norm_eps = f.get_double("norm_eps", c.norm_eps);
+    c.noise_eps = f.get_double("noise_eps", c.noise_eps);
+    // The table's names, and the aliases older configs were written with.
+    const std::string gate = f.get_string("gate", gate_kind_name(c.gate));
+    if (gate == "time_anchor" || gate == "anchor")
+        c.gate = GateKind::TimeAnchor;
+    else if (gate == "adaln" || gate == "plain")
+        c.gate = GateKind::AdaLN;
+    else
+        f.fail("gate", "one of " + enum_choices(gate_kind_table()), j.at("gate"));
+    c.tie_word_embeddings = f.get_bool("tie_word_embeddings", c.tie_word_embeddings);
+    c.compact_vocab = f.get_bool("compact_vocab", c.compact_vocab);
     c.validate();
     return c;
 }
 
 MdlmConfig MdlmConfig::load(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) throw Error("cannot open MDLM config '" + path + "'");
-    nlohmann::json j;
-    try {
-        f >> j;
-    } catch (const std::exception& e) {
-        throw Error("MDLM config '" + path + "': invalid JSON: " + e.what());
-    }
-    try {
-        return from_json(j);
-    } catch (const Error& e) {
-        throw Error("'" + path + "': " + e.what());
-    }
+    return from_json(JsonConfig::load(path, "MDLM config").json(), path);
 }
 
 MdlmConfig MdlmConfig::detect_from_weights(const WeightMap& w, int64_t n_heads_hint) {
@@ -438,29 +425,15 @@ std::vector<std::pair<std::string, torch::Tensor>> mdlm_named_tensors(const Mdlm
 }
 
 MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
-    fs::path p(path);
-    if (!fs::exists(p)) throw Error("MDLM model '" + path + "' does not exist");
-    // A training run folder also holds train_state.safetensors: prefer the model file when it is there.
-    const bool dir_with_model = fs::is_directory(p) && fs::exists(p / "model.safetensors");
-    auto w = WeightMap::load(dir_with_model ? (p / "model.safetensors").string() : path);
+    // The one resolver: a training run folder also holds train_state.safetensors, and its model.safetensors is kept.
+    const ModelSource src = resolve_model(path, {nullptr, "MDLM model"});
+    auto w = src.load_weights();
     bool prefixed = w.has("backbone.vocab_embed.embedding");
     if (prefixed) w = w.with_prefix_stripped("backbone.");
-    fs::path cfg_path = fs::is_directory(p) ? p / "config.json" : p.parent_path() / "config.json";
     MdlmConfig cfg;
-    bool have_cfg = false;
-    if (fs::exists(cfg_path)) {
-        std::ifstream f(cfg_path);
-        nlohmann::json j;
-        try {
-            f >> j;
-        } catch (const std::exception& e) {
-            throw Error("'" + cfg_path.string() + "': invalid JSON: " + e.what());
-        }
-        if (j.value("model_type", std::string()) == "mdlm") {
-            cfg = MdlmConfig::from_json(j);
-            have_cfg = true;
-        }
-    }
+    const bool have_cfg = src.arch == ModelArch::MaskedDiffusionLM && !src.config_file.empty();
+    if (have_cfg) cfg = MdlmConfig::from_json(src.config, src.config_file);
+    const std::string cfg_path = src.config_file;
     if (!have_cfg)
         cfg = MdlmConfig::detect_from_weights(w, n_heads_hint);
     else {
@@ -468,7 +441,7 @@ MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
         auto det = MdlmConfig::detect_from_weights(w, cfg.n_heads);
         if (det.hidden_size != cfg.hidden_size || det.n_blocks != cfg.n_blocks || det.vocab_size != cfg.vocab_size ||
             det.gate != cfg.gate || det.compact_vocab != cfg.compact_vocab)
-            throw Error("'" + cfg_path.string() + "' disagrees with the weights in '" + path + "' (weights: D=" +
+            throw Error("'" + cfg_path + "' disagrees with the weights in '" + path + "' (weights: D=" +
                         std::to_string(det.hidden_size) + ", blocks=" + std::to_string(det.n_blocks) +
                         ", V=" + std::to_string(det.vocab_size) + ", gate=" + gate_kind_name(det.gate) + ")");
     }

@@ -83,7 +83,7 @@ struct MdlmConfig {
     void validate() const; // throws anchor::Error
 
     nlohmann::json to_json() const;
-    static MdlmConfig from_json(const nlohmann::json& j);
+    static MdlmConfig from_json(const nlohmann::json& j, const std::string& source = "MDLM config");
     static MdlmConfig load(const std::string& path); // config.json
     // Shapes only; n_heads (not visible in shapes) comes from `n_heads_hint` or D / 64.
     static MdlmConfig detect_from_weights(const WeightMap& w, int64_t n_heads_hint = 0);
