@@ -2,7 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
-#include "cache/io/json_file.h"
+#include "cache/io/json_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -114,7 +114,7 @@ AnchorProfile AnchorProfile::from_json(const nlohmann::json& j, const std::strin
 }
 
 AnchorProfile AnchorProfile::load(const std::string& path) {
-    return read_json_config(path, "anchor profile", [](const nlohmann::json& j) { return from_json(j); });
+    return from_json(JsonConfig::load(path, "anchor profile").json(), "'" + path + "'");
 }
 
 void AnchorProfile::save(const std::string& path, bool overwrite) const {

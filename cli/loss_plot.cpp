@@ -51,28 +51,37 @@ std::string loss_curves_png(const std::vector<LossSeries>& series, const std::st
     return line_plot_png(series, a);
 }
 
+#if ANCHOR_HAVE_OPENCV
+namespace {
+struct PlotRange {
+    double x0, x1, l0, l1; // x extent; y extent in plotted units (log10 when log_y)
+};
+
+// x from 0 for non-negative data (steps, speed-ups); y in quarter decades (log) or padded linear.
+PlotRange plot_range(const std::vector<LossSeries>& series, bool log_y) {
+    double x0 = 1e30, x1 = -1e30, ylo = 1e30, yhi = -1e30;
+    for (const auto& s : series)
+        for (size_t i = 0; i < s.steps.size(); ++i) {
+            x0 = std::min(x0, s.steps[i]), x1 = std::max(x1, s.steps[i]);
+            if (!log_y || s.losses[i] > 0) ylo = std::min(ylo, s.losses[i]), yhi = std::max(yhi, s.losses[i]);
+        }
+    if (log_y || x0 >= 0) x0 = std::min(x0, 0.0);
+    if (x1 <= x0) x1 = x0 + 1;
+    if (log_y) return {x0, x1, std::floor(std::log10(ylo) * 4) / 4, std::ceil(std::log10(yhi) * 4) / 4 + 1e-9};
+    const double pad = std::max(1e-9, 0.08 * (yhi - ylo) + (yhi == ylo ? std::abs(yhi) * 0.05 + 1e-3 : 0));
+    return {x0, x1, ylo - pad, yhi + pad};
+}
+} // namespace
+#endif
+
 std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes& axes) {
     size_t points = 0;
     for (const auto& s : series) points += s.steps.size();
     if (points == 0) throw Error("plot '" + axes.title + "': nothing to plot");
 #if ANCHOR_HAVE_OPENCV
     const int W = 720, H = 420, L = 70, R = 20, T = 40, B = 50;
-    double x0 = 1e30, x1 = -1e30, ylo = 1e30, yhi = -1e30;
-    for (const auto& s : series)
-        for (size_t i = 0; i < s.steps.size(); ++i) {
-            x0 = std::min(x0, s.steps[i]), x1 = std::max(x1, s.steps[i]);
-            if (!axes.log_y || s.losses[i] > 0) ylo = std::min(ylo, s.losses[i]), yhi = std::max(yhi, s.losses[i]);
-        }
-    if (axes.log_y || x0 >= 0) x0 = std::min(x0, 0.0); // steps, speed-ups: from 0
-    if (x1 <= x0) x1 = x0 + 1;
-    // y range: quarter decades (log) or a padded linear range with 5 grid lines.
-    double l0, l1;
-    if (axes.log_y) {
-        l0 = std::floor(std::log10(ylo) * 4) / 4, l1 = std::ceil(std::log10(yhi) * 4) / 4 + 1e-9;
-    } else {
-        const double pad = std::max(1e-9, 0.08 * (yhi - ylo) + (yhi == ylo ? std::abs(yhi) * 0.05 + 1e-3 : 0));
-        l0 = ylo - pad, l1 = yhi + pad;
-    }
+    const PlotRange r = plot_range(series, axes.log_y);
+    const double x0 = r.x0, x1 = r.x1, l0 = r.l0, l1 = r.l1;
     auto fy = [&](double y) { return axes.log_y ? std::log10(std::max(y, 1e-30)) : y; };
     auto px = [&](double x) { return L + int((W - L - R) * (x - x0) / (x1 - x0)); };
     auto py = [&](double y) { return T + int((H - T - B) * (l1 - fy(y)) / (l1 - l0)); };

@@ -1,11 +1,11 @@
 #include "text/bench_report.h"
 
-#include "cli/bench_util.h" // stats_of: header-only, the programs' own min/median/max
+#include "cache/util/bench.h"
 
 namespace anchor::text {
 
 Spread Spread::of(std::vector<double> samples) {
-    const auto s = cli::bench::stats_of(std::move(samples));
+    const auto s = util::stats_of(std::move(samples));
     return {s.min, s.median, s.max};
 }
 

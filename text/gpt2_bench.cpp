@@ -1,6 +1,6 @@
 #include "text/gpt2_bench.h"
 
-#include "cli/bench_util.h" // rss_now_bytes, peak_rss_bytes: header-only /proc readers shared with the programs
+#include "cache/util/bench.h"
 #include "text/gpt2_load.h"
 #include "text/params.h"
 
@@ -229,7 +229,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
             if (first_median == 0) first_median = row.seconds.median;
             sink_median = row.seconds.median;
             row.tokens_per_s = lat.empty() ? 0.0 : double(lat.size()) / secs;
-            row.rss_bytes = cli::bench::rss_now_bytes();
+            row.rss_bytes = util::rss_now_bytes();
             if (first_rss == 0) first_rss = double(row.rss_bytes);
             row.latency_change_percent = 100.0 * (row.seconds.median / first_median - 1.0);
             row.rss_change_percent = 100.0 * (double(row.rss_bytes) / first_rss - 1.0);
@@ -246,7 +246,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
         r.recompute_s = Spread::of(time_steps(s, p.recompute_repeats, rng, V));
         r.sink_speedup = sink_median > 0 ? r.recompute_s.median / sink_median : 0.0;
     }
-    r.peak_rss = cli::bench::peak_rss_bytes();
+    r.peak_rss = util::peak_rss_bytes();
     tell(r, Gpt2BenchStage::Recompute);
     return r;
 }

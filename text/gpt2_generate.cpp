@@ -1,6 +1,6 @@
 #include "text/gpt2_generate.h"
 
-#include "cli/bench_util.h" // stats_of, rss_now_bytes, peak_rss_bytes: header-only, shared with the programs
+#include "cache/util/bench.h"
 #include "text/params.h"
 
 #include <chrono>
@@ -23,11 +23,11 @@ std::optional<GenerateReport::Soak> GenerateReport::soak() const {
     for (size_t i = 1; i < windows.size(); ++i)
         s.rss_max = std::max(s.rss_max, windows[i].rss_bytes), later.push_back(windows[i].ms_per_token);
     s.rss_growth_percent = 100.0 * double(s.rss_max - s.rss_first) / double(s.rss_first);
-    const auto lat = cli::bench::stats_of(later);
+    const auto lat = util::stats_of(later);
     s.latency_min = lat.min, s.latency_median = lat.median, s.latency_max = lat.max;
     const size_t q = std::max<size_t>(1, later.size() / 4);
-    const auto head = cli::bench::stats_of(std::vector<double>(later.begin(), later.begin() + q));
-    const auto tail = cli::bench::stats_of(std::vector<double>(later.end() - q, later.end()));
+    const auto head = util::stats_of(std::vector<double>(later.begin(), later.begin() + q));
+    const auto tail = util::stats_of(std::vector<double>(later.end() - q, later.end()));
     s.latency_drift_percent = 100.0 * (tail.median / head.median - 1.0);
     return s;
 }
@@ -98,7 +98,7 @@ GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& 
             const auto now = Clock::now();
             SoakWindow w{r.generated,
                          1e3 * std::chrono::duration<double>(now - window_start).count() / double(p_.report_every),
-                         cli::bench::rss_now_bytes()};
+                         util::rss_now_bytes()};
             r.windows.push_back(w);
             if (on_window) on_window(w);
             window_start = Clock::now(); // the report itself is not timed
@@ -108,7 +108,7 @@ GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& 
     if (on_text && !rest.empty()) on_text(rest);
     r.generate_s = std::chrono::duration<double>(Clock::now() - t1).count();
     r.kv_bytes = stream.kv_bytes();
-    r.peak_rss = cli::bench::peak_rss_bytes();
+    r.peak_rss = util::peak_rss_bytes();
     return r;
 }
 

@@ -1,6 +1,6 @@
 #include "text/gpt2_ppl.h"
 
-#include "cli/bench_util.h" // peak_rss_bytes: header-only /proc reader shared with the programs
+#include "cache/util/bench.h"
 #include "text/params.h"
 
 #include <chrono>
@@ -105,7 +105,7 @@ PplReport evaluate_ppl(const PplParams& p, const PplProgress& progress) {
                 run.tokens = ev.tokens;
                 run.mean_nll = ev.mean_nll;
                 run.ppl = std::exp(ev.mean_nll);
-                run.peak_rss = cli::bench::peak_rss_bytes();
+                run.peak_rss = util::peak_rss_bytes();
             } catch (const ParamError&) {
                 throw;
             } catch (const Error& e) {

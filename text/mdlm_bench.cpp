@@ -1,6 +1,6 @@
 #include "text/mdlm_bench.h"
 
-#include "cli/bench_util.h" // load_average: header-only /proc reader shared with the programs
+#include "cache/util/bench.h"
 #include "text/gpt2_model.h"
 #include "text/mdlm_run.h"
 #include "text/params.h"
@@ -107,7 +107,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     rep.temperature = p.temperature;
     rep.threads = at::get_num_threads();
     rep.score_with = p.score_with;
-    rep.load_start = cli::bench::load_average();
+    rep.load_start = util::load_average();
     if (progress) progress(rep, nullptr);
     auto gen_ppl = [&](const std::vector<int64_t>& toks) { return generative_ppl(scorer->model, toks, p.prompt_len); };
     const size_t nc = p.caches.size();
@@ -152,7 +152,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
             if (progress) progress(rep, &rep.rows.back());
         }
     }
-    rep.load_end = cli::bench::load_average();
+    rep.load_end = util::load_average();
     return rep;
 }
 

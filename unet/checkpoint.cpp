@@ -3,8 +3,9 @@
 // scripts/convert_diffusers_to_original_stable_diffusion.py; see tests/golden/sd/sd15_tiny_single_file/README.md.
 #include "unet/checkpoint.h"
 
+#include "cache/io/json_config.h"
+
 #include "cache/io/error.h"
-#include "cache/io/json_file.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
 #include "unet/name_conversion.h"
@@ -220,22 +221,13 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
 ModelHints read_model_hints(const std::string& dir) {
     const fs::path f = fs::path(dir) / "anchorcache.json";
     if (!fs::exists(f)) return {};
-    return read_json_config(f.string(), "model hints", [](const nlohmann::json& j) {
-        ModelHints h;
-        for (const auto& [key, value] : j.items()) {
-            if (key == "attention") {
-                const std::string name = value.get<std::string>();
-                for (const auto& [n, k] : kernels::attention_kernel_table())
-                    if (n == name) h.attention = k;
-                if (!h.attention)
-                    throw Error("\"attention\" is '" + name +
-                                "' (choices: " + enum_choices(kernels::attention_kernel_table()) + ")");
-            } else if (key != "why") {
-                throw Error("unknown field \"" + key + "\" (known: attention, why)");
-            }
-        }
-        return h;
-    });
+    const JsonConfig j = JsonConfig::load(f.string(), "model hints");
+    for (const auto& [key, value] : j.json().items())
+        if (key != "attention" && key != "why") j.fail("unknown field '" + key + "' (known: attention, why)");
+    ModelHints h;
+    if (j.has("attention"))
+        h.attention = j.get_enum("attention", kernels::attention_kernel_table(), kernels::AttentionKernel::Exact);
+    return h;
 }
 
 } // namespace anchor::unet

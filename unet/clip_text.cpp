@@ -3,7 +3,7 @@
 #include "unet/clip_text.h"
 
 #include "cache/io/error.h"
-#include "cache/io/json_file.h"
+#include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
@@ -17,32 +17,29 @@ namespace anchor::unet {
 
 namespace F = torch::nn::functional;
 
-ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j) {
-    ClipTextConfig c;
+ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j, const std::string& source) {
     // SD 2.x text_encoder/config.json nests nothing; a full CLIPConfig has the fields under text_config.
-    const nlohmann::json& t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
-    auto geti = [&](const char* k, int& v) {
-        if (t.contains(k) && t[k].is_number_integer()) v = t[k].get<int>();
-    };
-    geti("vocab_size", c.vocab_size);
-    geti("hidden_size", c.hidden_size);
-    geti("intermediate_size", c.intermediate_size);
-    geti("num_hidden_layers", c.num_hidden_layers);
-    geti("num_attention_heads", c.num_attention_heads);
-    geti("max_position_embeddings", c.max_position_embeddings);
-    if (t.contains("hidden_act") && t["hidden_act"].is_string()) c.hidden_act = t["hidden_act"].get<std::string>();
-    if (t.contains("layer_norm_eps") && t["layer_norm_eps"].is_number())
-        c.layer_norm_eps = t["layer_norm_eps"].get<double>();
+    const bool nested = j.contains("text_config") && j["text_config"].is_object();
+    const JsonConfig f(nested ? j["text_config"] : j, nested ? source + "' text_config '" : source);
+    ClipTextConfig c;
+    c.vocab_size = f.get_int("vocab_size", c.vocab_size);
+    c.hidden_size = f.get_int("hidden_size", c.hidden_size);
+    c.intermediate_size = f.get_int("intermediate_size", c.intermediate_size);
+    c.num_hidden_layers = f.get_int("num_hidden_layers", c.num_hidden_layers);
+    c.num_attention_heads = f.get_int("num_attention_heads", c.num_attention_heads);
+    c.max_position_embeddings = f.get_int("max_position_embeddings", c.max_position_embeddings);
+    c.hidden_act = f.get_string("hidden_act", c.hidden_act);
+    c.layer_norm_eps = f.get_double("layer_norm_eps", c.layer_norm_eps);
     if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
-        throw Error("CLIP text config: unsupported hidden_act '" + c.hidden_act + "' (quick_gelu or gelu)");
+        f.fail("hidden_act", "must be quick_gelu or gelu", f.json().at("hidden_act"));
     if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)
-        throw Error("CLIP text config: hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
-                    std::to_string(c.num_attention_heads) + " heads");
+        f.fail("hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
+               std::to_string(c.num_attention_heads) + " heads");
     return c;
 }
 
 ClipTextConfig ClipTextConfig::from_json_file(const std::string& path) {
-    return read_json_config(path, "text encoder config", [](const nlohmann::json& j) { return from_json(j); });
+    return from_json(JsonConfig::load(path, "text encoder config").json(), path);
 }
 
 ClipTextConfig ClipTextConfig::detect_from_weights(const WeightMap& w) {
@@ -157,8 +154,9 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
 
 torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip_skip) {
     if (clip_skip < 0 || clip_skip >= cfg_.num_hidden_layers)
-        throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) + " layers is out of range for a text encoder with " +
-                         std::to_string(cfg_.num_hidden_layers) + " layers");
+        throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) +
+                                          " layers is out of range for a text encoder with " +
+                                          std::to_string(cfg_.num_hidden_layers) + " layers");
     auto out = forward(input_ids);
     if (clip_skip == 0) return out.last_hidden_state;
     const auto n = out.hidden_states.size();

@@ -27,7 +27,7 @@ struct ClipTextConfig {
     double layer_norm_eps = 1e-5;
 
     // HF config.json (`CLIPTextConfig` fields; missing ones keep the defaults).
-    static ClipTextConfig from_json(const nlohmann::json& j);
+    static ClipTextConfig from_json(const nlohmann::json& j, const std::string& source = "text encoder config");
     static ClipTextConfig from_json_file(const std::string& path);
     // Sizes from tensor shapes (names relative to the model root, i.e. starting with `text_model.`). Shapes cannot tell
     // the head count: real CLIP uses head dim 64 (hidden >= 512), tiny test models head dim 8; hidden 1024 means

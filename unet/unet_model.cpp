@@ -2,7 +2,7 @@
 #include "unet/unet_model.h"
 
 #include "cache/io/error.h"
-#include "cache/io/json_file.h"
+#include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
@@ -225,98 +225,58 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
 
 // ---- config ------------------------------------------------------------------------------------------------------
 
-namespace {
-
-std::vector<int> int_or_list(const nlohmann::json& j, const char* key, size_t n, std::vector<int> def) {
-    if (!j.contains(key) || j[key].is_null()) return def;
-    const auto& v = j[key];
-    if (v.is_number_integer()) return std::vector<int>(n, v.get<int>());
-    if (v.is_array()) {
-        std::vector<int> out;
-        for (const auto& e : v) {
-            if (!e.is_number_integer()) throw Error(std::string("UNet config: '") + key + "' must hold integers");
-            out.push_back(e.get<int>());
-        }
-        if (out.size() != n)
-            throw Error(std::string("UNet config: '") + key + "' has " + std::to_string(out.size()) + " entries for " +
-                        std::to_string(n) + " blocks");
-        return out;
-    }
-    throw Error(std::string("UNet config: '") + key + "' must be an integer or a list");
-}
-
-void require_unset(const nlohmann::json& j, const char* key, const std::string& why) {
-    if (j.contains(key) && !j[key].is_null() && !(j[key].is_boolean() && !j[key].get<bool>()))
-        throw Error(std::string("UNet config: '") + key + "' is not supported (" + why + ")");
-}
-
-} // namespace
-
-UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
+UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& source) {
+    const JsonConfig f(j, source);
     UNetConfig c;
-    auto geti = [&](const char* k, int& v) {
-        if (j.contains(k) && j[k].is_number_integer()) v = j[k].get<int>();
-    };
-    geti("sample_size", c.sample_size);
-    geti("in_channels", c.in_channels);
-    geti("out_channels", c.out_channels);
-    geti("norm_num_groups", c.norm_num_groups);
-    geti("cross_attention_dim", c.cross_attention_dim);
-    if (j.contains("down_block_types")) c.down_block_types = j["down_block_types"].get<std::vector<std::string>>();
-    if (j.contains("up_block_types")) c.up_block_types = j["up_block_types"].get<std::vector<std::string>>();
-    if (j.contains("block_out_channels")) c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
+    c.sample_size = f.get_int("sample_size", c.sample_size);
+    c.in_channels = f.get_int("in_channels", c.in_channels);
+    c.out_channels = f.get_int("out_channels", c.out_channels);
+    c.norm_num_groups = f.get_int("norm_num_groups", c.norm_num_groups);
+    c.cross_attention_dim = f.get_int("cross_attention_dim", c.cross_attention_dim);
+    c.down_block_types = f.get_string_list("down_block_types", c.down_block_types);
+    c.up_block_types = f.get_string_list("up_block_types", c.up_block_types);
+    c.block_out_channels = f.get_int_list("block_out_channels", c.block_out_channels);
     const size_t n = c.block_out_channels.size();
     if (c.down_block_types.size() != n || c.up_block_types.size() != n)
-        throw Error("UNet config: " + std::to_string(n) + " block_out_channels but " +
-                    std::to_string(c.down_block_types.size()) + " down / " + std::to_string(c.up_block_types.size()) +
-                    " up block types");
-    c.layers_per_block = int_or_list(j, "layers_per_block", n, std::vector<int>(n, 2));
+        f.fail(std::to_string(n) + " block_out_channels but " + std::to_string(c.down_block_types.size()) + " down / " +
+               std::to_string(c.up_block_types.size()) + " up block types");
+    c.layers_per_block = f.get_int_or_list("layers_per_block", n, std::vector<int>(n, 2));
     // diffusers: num_attention_heads = num_attention_heads or attention_head_dim (a historical naming mistake).
-    if (j.contains("num_attention_heads") && !j["num_attention_heads"].is_null())
-        c.heads = int_or_list(j, "num_attention_heads", n, std::vector<int>(n, 8));
-    else
-        c.heads = int_or_list(j, "attention_head_dim", n, std::vector<int>(n, 8));
-    c.transformer_layers_per_block = int_or_list(j, "transformer_layers_per_block", n, std::vector<int>(n, 1));
-    if (j.contains("use_linear_projection") && j["use_linear_projection"].is_boolean())
-        c.use_linear_projection = j["use_linear_projection"].get<bool>();
-    if (j.contains("upcast_attention") && j["upcast_attention"].is_boolean())
-        c.upcast_attention = j["upcast_attention"].get<bool>();
-    if (j.contains("norm_eps") && j["norm_eps"].is_number()) c.norm_eps = j["norm_eps"].get<double>();
-    if (j.contains("flip_sin_to_cos") && j["flip_sin_to_cos"].is_boolean())
-        c.flip_sin_to_cos = j["flip_sin_to_cos"].get<bool>();
-    if (j.contains("freq_shift") && j["freq_shift"].is_number()) c.freq_shift = j["freq_shift"].get<double>();
-    if (j.contains("mid_block_type")) {
-        if (j["mid_block_type"].is_null())
-            c.mid_block = false;
-        else if (j["mid_block_type"] != "UNetMidBlock2DCrossAttn")
-            throw Error("UNet config: mid_block_type '" + j["mid_block_type"].get<std::string>() + "' not supported");
-    }
+    c.heads = f.get_int_or_list(f.has("num_attention_heads") ? "num_attention_heads" : "attention_head_dim", n,
+                                std::vector<int>(n, 8));
+    c.transformer_layers_per_block = f.get_int_or_list("transformer_layers_per_block", n, std::vector<int>(n, 1));
+    c.use_linear_projection = f.get_bool("use_linear_projection", c.use_linear_projection);
+    c.upcast_attention = f.get_bool("upcast_attention", c.upcast_attention);
+    c.norm_eps = f.get_double("norm_eps", c.norm_eps);
+    c.flip_sin_to_cos = f.get_bool("flip_sin_to_cos", c.flip_sin_to_cos);
+    c.freq_shift = f.get_double("freq_shift", c.freq_shift);
+    // A null mid_block_type means no mid block (diffusers).
+    if (f.json().contains("mid_block_type") && f.json()["mid_block_type"].is_null()) c.mid_block = false;
+    auto require = [&](const std::string& key, const std::string& supported) {
+        if (f.has(key) && f.get_string(key, supported) != supported)
+            f.fail(key, "other than '" + supported + "' is not supported", f.json().at(key));
+    };
+    require("mid_block_type", "UNetMidBlock2DCrossAttn");
+    require("resnet_time_scale_shift", "default");
+    require("time_embedding_type", "positional");
+    require("act_fn", "silu");
     for (const auto& t : c.down_block_types)
-        if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D")
-            throw Error("UNet config: down block '" + t + "' not supported");
+        if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D") f.fail("down block '" + t + "' is not supported");
     for (const auto& t : c.up_block_types)
-        if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D")
-            throw Error("UNet config: up block '" + t + "' not supported");
-    require_unset(j, "class_embed_type", "class-conditioned UNets");
-    require_unset(j, "addition_embed_type", "SDXL-style added conditions");
-    require_unset(j, "time_cond_proj_dim", "LCM guidance embedding");
-    require_unset(j, "encoder_hid_dim", "projected encoder states");
-    require_unset(j, "dual_cross_attention", "dual cross attention");
-    require_unset(j, "only_cross_attention", "cross-attention-only blocks");
-    if (j.contains("resnet_time_scale_shift") && j["resnet_time_scale_shift"] != "default")
-        throw Error("UNet config: resnet_time_scale_shift other than 'default' is not supported");
-    if (j.contains("time_embedding_type") && j["time_embedding_type"] != "positional")
-        throw Error("UNet config: time_embedding_type other than 'positional' is not supported");
-    if (j.contains("act_fn") && j["act_fn"] != "silu")
-        throw Error("UNet config: act_fn other than silu is not supported");
-    if (j.contains("conv_in_kernel") && j["conv_in_kernel"] != 3) throw Error("UNet config: conv_in_kernel must be 3");
-    if (j.contains("conv_out_kernel") && j["conv_out_kernel"] != 3)
-        throw Error("UNet config: conv_out_kernel must be 3");
+        if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") f.fail("up block '" + t + "' is not supported");
+    f.reject("class_embed_type", "class-conditioned UNets");
+    f.reject("addition_embed_type", "SDXL-style added conditions");
+    f.reject("time_cond_proj_dim", "LCM guidance embedding");
+    f.reject("encoder_hid_dim", "projected encoder states");
+    f.reject("dual_cross_attention", "dual cross attention");
+    f.reject("only_cross_attention", "cross-attention-only blocks");
+    for (const char* k : {"conv_in_kernel", "conv_out_kernel"})
+        if (f.get_int(k, 3) != 3) f.fail(k, "must be 3", f.json().at(k));
     return c;
 }
 
 UNetConfig UNetConfig::from_json_file(const std::string& path) {
-    return read_json_config(path, "UNet config", [](const nlohmann::json& j) { return from_json(j); });
+    return from_json(JsonConfig::load(path, "UNet config").json(), path);
 }
 
 UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {

@@ -147,7 +147,7 @@ struct UNetConfig {
     bool mid_block = true; // UNetMidBlock2DCrossAttn (false: mid_block_type null)
 
     // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
-    static UNetConfig from_json(const nlohmann::json& j);
+    static UNetConfig from_json(const nlohmann::json& j, const std::string& source = "UNet config");
     static UNetConfig from_json_file(const std::string& path);
     // From diffusers-named tensor shapes only. Head counts are not visible in shapes: SD 2.x layouts (linear
     // projections or cross-attention width 1024) get head dim 64 per block, SD 1.x layouts 8 heads everywhere.

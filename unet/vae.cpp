@@ -2,7 +2,7 @@
 #include "unet/vae.h"
 
 #include "cache/io/error.h"
-#include "cache/io/json_file.h"
+#include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
 #include "kernels/linear.h"
 
@@ -27,32 +27,27 @@ torch::nn::Conv2d conv1(int64_t in, int64_t out) {
 
 } // namespace
 
-VaeConfig VaeConfig::from_json(const nlohmann::json& j) {
+VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& source) {
+    const JsonConfig f(j, source);
     VaeConfig c;
-    auto geti = [&](const char* k, int& v) {
-        if (j.contains(k) && j[k].is_number_integer()) v = j[k].get<int>();
-    };
-    geti("in_channels", c.in_channels);
-    geti("out_channels", c.out_channels);
-    geti("latent_channels", c.latent_channels);
-    geti("layers_per_block", c.layers_per_block);
-    geti("norm_num_groups", c.norm_num_groups);
-    if (j.contains("block_out_channels")) c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
-    if (j.contains("scaling_factor") && j["scaling_factor"].is_number())
-        c.scaling_factor = j["scaling_factor"].get<double>();
-    if (c.block_out_channels.empty()) throw Error("VAE config: empty block_out_channels");
+    c.in_channels = f.get_int("in_channels", c.in_channels);
+    c.out_channels = f.get_int("out_channels", c.out_channels);
+    c.latent_channels = f.get_int("latent_channels", c.latent_channels);
+    c.layers_per_block = f.get_int("layers_per_block", c.layers_per_block);
+    c.norm_num_groups = f.get_int("norm_num_groups", c.norm_num_groups);
+    c.block_out_channels = f.get_int_list("block_out_channels", c.block_out_channels);
+    c.scaling_factor = f.get_double("scaling_factor", c.scaling_factor);
+    if (c.block_out_channels.empty())
+        f.fail("block_out_channels", "must not be empty", f.json().at("block_out_channels"));
     for (const char* k : {"down_block_types", "up_block_types"})
-        if (j.contains(k))
-            for (const auto& t : j[k])
-                if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
-                    throw Error("VAE config: block type " + t.dump() + " not supported");
-    if (j.contains("latents_mean") && !j["latents_mean"].is_null())
-        throw Error("VAE config: latents_mean/latents_std normalisation is not supported");
+        for (const auto& t : f.get_string_list(k, {}))
+            if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D") f.fail("block type '" + t + "' is not supported");
+    f.reject("latents_mean", "latents_mean/latents_std normalisation");
     return c;
 }
 
 VaeConfig VaeConfig::from_json_file(const std::string& path) {
-    return read_json_config(path, "VAE config", [](const nlohmann::json& j) { return from_json(j); });
+    return from_json(JsonConfig::load(path, "VAE config").json(), path);
 }
 
 VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets) {

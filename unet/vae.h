@@ -29,7 +29,7 @@ struct VaeConfig {
     int norm_num_groups = 32;
     double scaling_factor = 0.18215;
 
-    static VaeConfig from_json(const nlohmann::json& j);
+    static VaeConfig from_json(const nlohmann::json& j, const std::string& source = "VAE config");
     static VaeConfig from_json_file(const std::string& path);
     // From diffusers-named shapes; the scaling factor cannot be seen in shapes: 0.18215 (SD 1.x/2.x).
     static VaeConfig detect_from_weights(const WeightMap& w);
