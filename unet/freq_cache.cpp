@@ -316,18 +316,17 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (!F1 || F1->size(0) != x.size(0)) full = true;
     Tensor out;
     if (full) {
-        UNetFeatures f;
-        f.cache_branch = p_.branch;
+        SkipFeatureCapture f(p_.branch);
         out = unet.forward(x, t, ctx, &f, probe_.stem());
-        if (!f.cache_feature.defined())
+        if (!f.feature.defined())
             throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
                         " (it has " + std::to_string(unet.num_skips()) + " skips)");
         // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0).
         if (s0_ >= 0) features_.erase(p_.branch, kSpectrum, s0_);
         s0_ = s1_;
         s1_ = step;
-        const auto X1 = cache::dct2(f.cache_feature.to(torch::kFloat));
-        features_.put(p_.branch, kFeature, 0, f.cache_feature, step);
+        const auto X1 = cache::dct2(f.feature.to(torch::kFloat));
+        features_.put(p_.branch, kFeature, 0, f.feature, step);
         features_.put(p_.branch, kSpectrum, s1_, X1, step);
         // The anchor mask and the extrapolation are fixed until the next full step: work them out once here, so that
         // a reuse step costs one axpy on top of the shallow path. (A quadratic through three full steps was tried and
@@ -399,10 +398,9 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
     if (!cached || cached->size(0) != x.size(0)) full = true;
     Tensor out;
     if (full) {
-        UNetFeatures f;
-        f.cache_branch = policy_ ? branch_ : -1;
+        SkipFeatureCapture f(branch_);
         out = unet.forward(x, t, ctx, policy_ ? &f : nullptr, probe_.stem());
-        if (policy_) features_.put(branch_, kFeature, 0, f.cache_feature, step);
+        if (policy_) features_.put(branch_, kFeature, 0, f.feature, step);
     } else {
         out = unet.forward_shallow(x, t, ctx, branch_, *cached, probe_.stem());
     }

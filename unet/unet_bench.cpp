@@ -103,8 +103,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     auto context = torch::randn({o.batch, tokens, cfg.cross_attention_dim});
     auto timestep = torch::tensor(int64_t(999));
 
-    UNetFeatures feats;
-    feats.cache_branch = o.branch;
+    SkipFeatureCapture feats(o.branch);
     for (int i = 0; i < o.warmup; ++i) model->forward(sample, timestep, context, &feats);
     std::vector<double> times;
     torch::Tensor y;
@@ -143,11 +142,11 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
 
     Stats sh{};
     if (o.time_shallow && !o.deepcache.empty()) {
-        if (!feats.cache_feature.defined()) model->forward(sample, timestep, context, &feats);
+        if (!feats.feature.defined()) model->forward(sample, timestep, context, &feats);
         std::vector<double> ts;
         for (int i = 0; i < o.repeat + 1; ++i) { // first one warms the shallow shapes
             t0 = now_s();
-            model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
+            model->forward_shallow(sample, timestep, context, o.branch, feats.feature);
             if (i > 0) ts.push_back(now_s() - t0);
         }
         sh = stats_of(ts);
@@ -167,7 +166,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         }
         if (!o.profile_shallow.empty()) { // and one shallow (DeepCache) step next to it
             torch::autograd::profiler::RecordProfile prof(o.profile_shallow);
-            model->forward_shallow(sample, timestep, context, o.branch, feats.cache_feature);
+            model->forward_shallow(sample, timestep, context, o.branch, feats.feature);
         }
 #endif
     }

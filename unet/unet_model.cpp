@@ -482,7 +482,7 @@ UNet2DConditionModelImpl::ContextKvScope::~ContextKvScope() {
 }
 
 Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,
-                                         UNetFeatures* features, const Tensor& stem) {
+                                         FeatureObserver* features, const Tensor& stem) {
     return run(sample, timestep, context, features, -1, Tensor(), stem);
 }
 
@@ -500,8 +500,29 @@ Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Ten
     return run(sample, timestep, context, nullptr, branch, cached_feature, stem);
 }
 
+std::vector<UNet2DConditionModelImpl::DownLayer> UNet2DConditionModelImpl::down_layers() const {
+    std::vector<DownLayer> out;
+    int skip = 1;
+    for (size_t i = 0; i < downs.size(); ++i) {
+        const int first = skip, nres = int(downs[i]->res.size());
+        const bool down = bool(downs[i]->down);
+        for (int j = 0; j < nres; ++j, ++skip) out.push_back({int(i), j, false, first, j == nres - 1 && !down});
+        if (down) out.push_back({int(i), 0, true, first, true}), ++skip;
+    }
+    return out;
+}
+
+std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_layers() const {
+    std::vector<UpLayer> out;
+    for (size_t i = 0; i < ups.size(); ++i) {
+        const int nres = int(ups[i]->res.size());
+        for (int j = 0; j < nres; ++j) out.push_back({int(i), j, j == nres - 1});
+    }
+    return out;
+}
+
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
-                                     UNetFeatures* f, int shallow, const Tensor& cached, const Tensor& stem) {
+                                     FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     const auto dtype = conv_in->weight.scalar_type();
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
@@ -511,14 +532,16 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     auto t = timestep.dim() == 0 ? timestep.reshape({1}) : timestep;
     if (t.size(0) == 1 && B != 1) t = t.expand({B});
     TORCH_CHECK(t.dim() == 1 && t.size(0) == B, "UNet timestep must be 0-dim or [", B, "], got ", timestep.sizes());
-    const bool rec = f != nullptr, inner = f && f->record_inner;
-    auto put = [&](const std::string& k, const Tensor& v) { f->named[k] = v; };
+    auto emit = [obs](FeatureKind k, int block, int index, const Tensor& v) {
+        if (obs) obs->on_feature({k, block, index}, v);
+    };
 
     auto tproj = timestep_embedding(t.to(x.device()), cfg_.block_out_channels[0], cfg_.flip_sin_to_cos, cfg_.freq_shift)
                      .to(dtype);
     auto temb = time_embedding->forward(tproj);
     auto temb_act = torch::silu(temb); // every resnet applies silu to temb first: do it once
-    if (rec) put("time_proj", tproj), put("time_embedding", temb);
+    emit(FeatureKind::TimeProj, -1, -1, tproj);
+    emit(FeatureKind::TimeEmbedding, -1, -1, temb);
 
     if (stem.defined()) {
         const std::vector<int64_t> want{B, conv_in->weight.size(0), x.size(2), x.size(3)};
@@ -527,81 +550,138 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
                         shape_str(want));
     }
     auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x, fast);
-    if (rec) put("conv_in", h);
-    const size_t target = shallow >= 0 ? size_t(shallow) + 1 : SIZE_MAX;
-    std::vector<Tensor> res{h};
-    bool stop = res.size() >= target;
-    for (size_t i = 0; i < downs.size() && !stop; ++i) {
-        auto& d = downs[i];
-        const std::string p = "down_blocks." + std::to_string(i) + ".";
-        const size_t first = res.size();
-        for (size_t j = 0; j < d->res.size() && !stop; ++j) {
-            h = d->res[j]->forward(h, temb_act);
-            if (inner) put(p + "resnets." + std::to_string(j), h);
-            if (!d->attn.empty()) {
-                h = d->attn[j]->forward(h, ctx);
-                if (inner) put(p + "attentions." + std::to_string(j), h);
-            }
-            res.push_back(h);
-            stop = res.size() >= target;
-        }
-        if (!stop && d->down) {
+    emit(FeatureKind::ConvIn, -1, -1, h);
+    std::vector<Tensor> skips{h};
+    const auto downs_walk = down_layers();
+    const size_t n_down = shallow >= 0 ? size_t(shallow) : downs_walk.size(); // producing skips 1..n_down
+    for (size_t s = 0; s < n_down; ++s) {
+        const DownLayer& l = downs_walk[s];
+        auto& d = downs[size_t(l.block)];
+        if (l.downsampler) {
             h = d->down->forward(h);
-            if (inner) put(p + "downsamplers.0", h);
-            res.push_back(h);
-            stop = res.size() >= target;
+            emit(FeatureKind::Downsampler, l.block, 0, h);
+        } else {
+            h = d->res[size_t(l.index)]->forward(h, temb_act);
+            emit(FeatureKind::DownResnet, l.block, l.index, h);
+            if (!d->attn.empty()) {
+                h = d->attn[size_t(l.index)]->forward(h, ctx);
+                emit(FeatureKind::DownAttention, l.block, l.index, h);
+            }
         }
-        if (rec && shallow < 0) {
-            put(p + "hidden", h);
-            for (size_t k = first; k < res.size(); ++k) put(p + "res_samples." + std::to_string(k - first), res[k]);
+        skips.push_back(h);
+        if (obs && shallow < 0 && l.last_in_block) {
+            emit(FeatureKind::DownHidden, l.block, -1, h);
+            for (size_t k = size_t(l.block_first_skip); k < skips.size(); ++k)
+                emit(FeatureKind::DownResSample, l.block, int(k) - l.block_first_skip, skips[k]);
         }
     }
     if (shallow < 0 && mid_block) {
         h = mid_block->res[0]->forward(h, temb_act);
-        if (inner) put("mid_block.resnets.0", h);
+        emit(FeatureKind::MidResnet, -1, 0, h);
         for (size_t j = 0; j < mid_block->attn.size(); ++j) {
             h = mid_block->attn[j]->forward(h, ctx);
-            if (inner) put("mid_block.attentions." + std::to_string(j), h);
+            emit(FeatureKind::MidAttention, -1, int(j), h);
             h = mid_block->res[j + 1]->forward(h, temb_act);
-            if (inner) put("mid_block.resnets." + std::to_string(j + 1), h);
+            emit(FeatureKind::MidResnet, -1, int(j) + 1, h);
         }
-        if (rec) put("mid_block", h);
+        emit(FeatureKind::Mid, -1, -1, h);
     }
-    int idx = num_skips(); // skips are consumed from the end
-    for (size_t i = 0; i < ups.size(); ++i) {
-        auto& u = ups[i];
-        const std::string p = "up_blocks." + std::to_string(i) + ".";
-        const int nres = int(u->res.size());
-        if (shallow >= 0 && idx - nres > shallow) { // this whole block is served by the cache
-            idx -= nres;
-            continue;
+    const int n = num_skips();
+    const auto ups_walk = up_layers();
+    if (shallow >= 0) h = cached.to(dtype); // the cached input of the layer consuming skip `shallow`
+    for (size_t q = shallow >= 0 ? size_t(n - 1 - shallow) : 0; q < ups_walk.size(); ++q) {
+        const UpLayer& l = ups_walk[q];
+        auto& u = ups[size_t(l.block)];
+        const int k = n - 1 - int(q); // the skip this layer consumes
+        emit(FeatureKind::UpSkipInput, l.block, k, h);
+        h = torch::cat({h, skips[size_t(k)]}, 1);
+        h = u->res[size_t(l.index)]->forward(h, temb_act);
+        emit(FeatureKind::UpResnet, l.block, l.index, h);
+        if (!u->attn.empty()) {
+            h = u->attn[size_t(l.index)]->forward(h, ctx);
+            emit(FeatureKind::UpAttention, l.block, l.index, h);
         }
-        for (int j = 0; j < nres; ++j) {
-            const int k = --idx;
-            if (shallow >= 0 && k > shallow) continue;
-            if (shallow >= 0 && k == shallow) h = cached.to(dtype);
-            if (f && f->cache_branch == k) f->cache_feature = h;
-            h = torch::cat({h, res[size_t(k)]}, 1);
-            h = u->res[size_t(j)]->forward(h, temb_act);
-            if (inner) put(p + "resnets." + std::to_string(j), h);
-            if (!u->attn.empty()) {
-                h = u->attn[size_t(j)]->forward(h, ctx);
-                if (inner) put(p + "attentions." + std::to_string(j), h);
-            }
-        }
+        if (!l.last_in_block) continue;
         if (u->up) {
             // Upsample to the size of the next skip (diffusers' upsample_size; equals 2x for even sizes).
-            const auto& next = res[size_t(idx - 1)];
+            const auto& next = skips[size_t(k - 1)];
             h = u->up->forward(h, std::vector<int64_t>{next.size(2), next.size(3)});
-            if (inner) put(p + "upsamplers.0", h);
+            emit(FeatureKind::Upsampler, l.block, 0, h);
         }
-        if (rec) put("up_blocks." + std::to_string(i), h);
+        emit(FeatureKind::Up, l.block, -1, h);
     }
     h = conv_norm_out->forward(h);
-    if (rec) put("conv_norm_out", h);
+    emit(FeatureKind::ConvNormOut, -1, -1, h);
     h = perf::conv2d(conv_out, torch::silu(h), fast);
-    if (rec) put("conv_out", h);
+    emit(FeatureKind::ConvOut, -1, -1, h);
     return h;
+}
+
+bool FeatureId::inner() const {
+    switch (kind) {
+    case FeatureKind::DownResnet:
+    case FeatureKind::DownAttention:
+    case FeatureKind::Downsampler:
+    case FeatureKind::MidResnet:
+    case FeatureKind::MidAttention:
+    case FeatureKind::UpResnet:
+    case FeatureKind::UpAttention:
+    case FeatureKind::Upsampler:
+        return true;
+    default:
+        return false;
+    }
+}
+
+std::string FeatureId::name() const {
+    const std::string b = std::to_string(block), i = std::to_string(index);
+    switch (kind) {
+    case FeatureKind::TimeProj:
+        return "time_proj";
+    case FeatureKind::TimeEmbedding:
+        return "time_embedding";
+    case FeatureKind::ConvIn:
+        return "conv_in";
+    case FeatureKind::DownResnet:
+        return "down_blocks." + b + ".resnets." + i;
+    case FeatureKind::DownAttention:
+        return "down_blocks." + b + ".attentions." + i;
+    case FeatureKind::Downsampler:
+        return "down_blocks." + b + ".downsamplers.0";
+    case FeatureKind::DownHidden:
+        return "down_blocks." + b + ".hidden";
+    case FeatureKind::DownResSample:
+        return "down_blocks." + b + ".res_samples." + i;
+    case FeatureKind::MidResnet:
+        return "mid_block.resnets." + i;
+    case FeatureKind::MidAttention:
+        return "mid_block.attentions." + i;
+    case FeatureKind::Mid:
+        return "mid_block";
+    case FeatureKind::UpSkipInput:
+        return "up_skip_input." + i;
+    case FeatureKind::UpResnet:
+        return "up_blocks." + b + ".resnets." + i;
+    case FeatureKind::UpAttention:
+        return "up_blocks." + b + ".attentions." + i;
+    case FeatureKind::Upsampler:
+        return "up_blocks." + b + ".upsamplers.0";
+    case FeatureKind::Up:
+        return "up_blocks." + b;
+    case FeatureKind::ConvNormOut:
+        return "conv_norm_out";
+    case FeatureKind::ConvOut:
+        return "conv_out";
+    }
+    return "?";
+}
+
+void UNetFeatures::on_feature(const FeatureId& id, const torch::Tensor& t) {
+    if (id.kind == FeatureKind::UpSkipInput) {
+        if (id.index == cache_branch) cache_feature = t;
+        return;
+    }
+    if (record_inner || !id.inner()) named[id.name()] = t;
 }
 
 } // namespace anchor::unet

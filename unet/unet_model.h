@@ -158,15 +158,69 @@ struct UNetConfig {
     std::string describe() const;
 };
 
-struct UNetFeatures {
-    bool record_inner = false; // also every resnet / attention / down/upsampler output (golden feature checks)
-    int cache_branch = -1;     // >= 0: keep the DeepCache feature of this branch in `cache_feature`
-    // Keys are diffusers module paths as in tests/golden/sd/unet_sd15_tiny: time_proj, time_embedding, conv_in,
-    // down_blocks.i.hidden, down_blocks.i.res_samples.k, mid_block, up_blocks.i, conv_norm_out, conv_out, and with
-    // record_inner down_blocks.i.resnets.j / attentions.j / downsamplers.0, mid_block.resnets.j / attentions.0,
-    // up_blocks.i.resnets.j / attentions.j / upsamplers.0. The tensors are the forward's own (no copies).
+// An intermediate tensor of the UNet forward. name() is its diffusers module path as in
+// tests/golden/sd/unet_sd15_tiny: time_proj, time_embedding, conv_in, down_blocks.i.hidden,
+// down_blocks.i.res_samples.k, mid_block, up_blocks.i, conv_norm_out, conv_out, and the per-layer (inner()) features
+// down_blocks.i.resnets.j / attentions.j / downsamplers.0, mid_block.resnets.j / attentions.0, up_blocks.i.resnets.j
+// / attentions.j / upsamplers.0. UpSkipInput (index = skip k) is the input of the up layer consuming skip k, before
+// the concatenation: the feature DeepCache keeps for branch k.
+enum class FeatureKind {
+    TimeProj,
+    TimeEmbedding,
+    ConvIn,
+    DownResnet,
+    DownAttention,
+    Downsampler,
+    DownHidden,
+    DownResSample,
+    MidResnet,
+    MidAttention,
+    Mid,
+    UpSkipInput,
+    UpResnet,
+    UpAttention,
+    Upsampler,
+    Up,
+    ConvNormOut,
+    ConvOut,
+};
+struct FeatureId {
+    FeatureKind kind;
+    int block = -1;     // down/up block (-1: none)
+    int index = -1;     // layer within the block, res sample, mid layer, or skip (UpSkipInput)
+    bool inner() const; // a per-layer feature (resnets, attentions, samplers)
+    std::string name() const;
+};
+
+// The forward reports each feature as it computes it (the tensors are the forward's own, no copies); a model without
+// an observer does nothing more than compute.
+class FeatureObserver {
+public:
+    virtual ~FeatureObserver() = default;
+    virtual void on_feature(const FeatureId& id, const torch::Tensor& t) = 0;
+};
+
+// Keeps the feature DeepCache caches for `branch` (UpSkipInput of that skip).
+class SkipFeatureCapture : public FeatureObserver {
+public:
+    explicit SkipFeatureCapture(int branch) : branch_(branch) {}
+    void on_feature(const FeatureId& id, const torch::Tensor& t) override {
+        if (id.kind == FeatureKind::UpSkipInput && id.index == branch_) feature = t;
+    }
+    torch::Tensor feature;
+
+private:
+    int branch_;
+};
+
+// Every feature by name (golden feature checks, tests); with record_inner the per-layer ones too. cache_branch >= 0
+// also keeps that branch's DeepCache feature in cache_feature.
+struct UNetFeatures : FeatureObserver {
+    bool record_inner = false;
+    int cache_branch = -1;
     std::map<std::string, torch::Tensor> named;
-    torch::Tensor cache_feature; // input of the up layer consuming skip `cache_branch`, before the concatenation
+    torch::Tensor cache_feature;
+    void on_feature(const FeatureId& id, const torch::Tensor& t) override;
 };
 
 struct UNetDownBlockImpl : torch::nn::Module {
@@ -210,10 +264,10 @@ public:
     // `stem`, when given, is conv_in(sample) as stem() computes it: a cache probe that has looked at it already hands
     // it over instead of the UNet computing it a second time.
     torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
-                          UNetFeatures* features = nullptr, const torch::Tensor& stem = {});
+                          FeatureObserver* features = nullptr, const torch::Tensor& stem = {});
     // DeepCache shallow path for `branch` B: conv_in, time embedding, the down layers producing skips 0..B, then only
-    // the up layers consuming skips B..0, starting from `cached_feature` (the feature a full forward stores with
-    // features->cache_branch = B). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
+    // the up layers consuming skips B..0, starting from `cached_feature` (the full forward's UpSkipInput of skip B,
+    // see SkipFeatureCapture). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
     torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep,
                                   const torch::Tensor& context, int branch, const torch::Tensor& cached_feature,
                                   const torch::Tensor& stem = {});
@@ -250,7 +304,22 @@ public:
 
 private:
     torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
-                      UNetFeatures* f, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem);
+                      FeatureObserver* obs, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem);
+    // The forward as a walk over layers: each down layer produces one skip (skip 0 is conv_in's output), each up
+    // layer consumes one, last skip first. A DeepCache shallow step walks the down layers producing skips 1..B and
+    // the up layers consuming skips B..0.
+    struct DownLayer {
+        int block, index;     // resnet(+attention) `index` of down block `block`, or its downsampler
+        bool downsampler;     // (index 0)
+        int block_first_skip; // the first skip this block produces
+        bool last_in_block;
+    };
+    struct UpLayer {
+        int block, index; // resnet(+attention) `index` of up block `block`
+        bool last_in_block;
+    };
+    std::vector<DownLayer> down_layers() const;
+    std::vector<UpLayer> up_layers() const;
     UNetConfig cfg_;
 };
 TORCH_MODULE(UNet2DConditionModel);
