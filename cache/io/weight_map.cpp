@@ -4,6 +4,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/io/torch_checkpoint.h"
 
 #include <nlohmann/json.hpp>
 
@@ -85,6 +86,18 @@ WeightMap WeightMap::load_index(const std::string& index) {
 WeightMap WeightMap::load_files(const std::vector<std::string>& files) {
     WeightMap wm;
     for (const auto& f : files) {
+        // A torch.save archive is recognised by its bytes, whatever its name; a .ckpt/.pt/.pth/.bin that is not
+        // safetensors goes to the torch reader too, which says what it is (legacy format, bare pickle, ...).
+        const WeightFileKind kind = sniff_weight_file(f);
+        if (kind == WeightFileKind::TorchZip || (has_torch_extension(f) && kind != WeightFileKind::SafeTensors)) {
+            auto ck = TorchCheckpoint::open(f); // its tensors keep the mapping alive
+            for (const auto& name : ck->names()) {
+                if (wm.has(name))
+                    throw Error("tensor '" + name + "' appears in both '" + wm.source(name) + "' and '" + f + "'");
+                wm.insert(name, ck->tensor(name), f);
+            }
+            continue;
+        }
         auto st = SafeTensorsFile::open(f);
         wm.files_.push_back(st);
         for (const auto& ti : st->tensors()) {
