@@ -491,6 +491,9 @@ TEST_CASE("hostile pickles: limits and malformed input are errors, never allocat
     std::string copies = "](" + std::string(40, 'N') + std::string("eq\x00", 3);
     for (int i = 0; i < 5; ++i) copies += "c__builtin__\nset\n" + std::string("h\x00\x85R0", 5);
     CHECK_THAT(pickle_error(raw(copies + "N."), small), Catch::Contains("container elements"));
+    small = {};
+    small.max_values = 1000;
+    CHECK_THAT(pickle_error(raw(std::string(2000, 'N') + "."), small), Catch::Contains("more than 1000 values"));
     // Underflow, no MARK, truncation, unknown and unsupported opcodes.
     CHECK_THAT(pickle_error(raw("s.")), Catch::Contains("stack underflow"));
     CHECK_THAT(pickle_error(raw("]e.")), Catch::Contains("no MARK"));
@@ -590,10 +593,12 @@ TEST_CASE("zip archives: zip64 records and deflated entries read like stored one
     const NamedTensors ts = {{"a", torch::arange(10, torch::kFloat32)},
                              {"b", torch::arange(6, torch::kInt64).reshape({2, 3})},
                              {"c", torch::ones({3, 1, 2}, torch::kFloat16)}};
+    const std::string dir = test::scratch_dir("pickle_zip64"); // kept: torch.load reads them too
     for (int variant = 0; variant < 4; ++variant) {
         const bool zip64 = variant & 1, deflate = variant & 2;
         INFO("zip64 " << zip64 << " deflate " << deflate);
         const std::string bytes = torch_ckpt_bytes(ts, true, zip64, deflate);
+        write_bytes(dir + "/v" + std::to_string(variant) + ".ckpt", bytes);
         const ZipReader zip(bytes.data(), bytes.size(), "v");
         REQUIRE(zip.entries().size() == 5);
         CHECK(zip.find("archive/data/0")->size == 40);

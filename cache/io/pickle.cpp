@@ -361,6 +361,8 @@ private:
     }
 
     PickleValue* make(Kind k) {
+        if (doc_.values_.size() >= lim_.max_values)
+            fail("more than " + std::to_string(lim_.max_values) + " values (limit)");
         doc_.values_.emplace_back();
         doc_.values_.back().kind = k;
         return &doc_.values_.back();

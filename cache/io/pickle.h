@@ -26,8 +26,8 @@
 //     parameters, optimizer states) therefore read. A placeholder where tensor data is needed (the storage, shape or
 //     stride of a tensor, the function of _rebuild_from_type_v2) is an error naming the global it came from.
 //
-// Limits: the memo, the stack, the mark stack, every string and the total number of container elements (copies
-// included) are bounded (PickleLimits); a length or index past a limit or past the end of the input is an error,
+// Limits: the memo, the stack, the mark stack, every string, the number of values and the total number of container
+// elements (copies included) are bounded (PickleLimits); a length or index past a limit or past the end of the input is an error,
 // checked before anything is allocated. Values live in one arena owned by the PickleDocument, so cyclic or deeply
 // nested input neither leaks nor recurses on destruction. Every error is an anchor::Error naming the file (label),
 // the opcode and its byte offset.
@@ -96,6 +96,9 @@ struct PickleLimits {
     size_t max_stack = size_t(1) << 20;        // values on the stack, marks included
     uint64_t max_string = uint64_t(1) << 28;   // bytes of one str/bytes
     uint64_t max_elements = uint64_t(1) << 24; // container elements added in total (copies included)
+    // Values built in total: what bounds the arena (a few hundred bytes each). A state dict tensor costs about
+    // 20 + 2 x its dimensions, so the default holds some 80,000 tensors.
+    size_t max_values = size_t(1) << 21;
     int max_dims = 64;                         // dimensions of a tensor
 };
 

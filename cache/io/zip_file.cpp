@@ -150,7 +150,8 @@ ZipReader::ZipReader(const char* base, size_t size, std::string label)
         if (u32(l) != kLocalSig)
             fail(ew + ": no local file header at offset " + std::to_string(z.header_offset) + " (corrupt archive)");
         const uint64_t data = z.header_offset + kLocalSize + u16(l + 26) + u16(l + 28);
-        if (u16(l + 26) != name_len || std::memcmp(l + kLocalSize, z.name.data(), name_len) != 0)
+        if (u16(l + 26) != name_len || !fits(z.header_offset + kLocalSize, name_len, cd_offset) ||
+            std::memcmp(l + kLocalSize, z.name.data(), name_len) != 0)
             fail(ew + ": the local header names another entry");
         if (!fits(data, z.compressed_size, cd_offset))
             fail(ew + ": data (offset " + std::to_string(data) + ", " + std::to_string(z.compressed_size) +
