@@ -582,6 +582,14 @@ TEST_CASE("zip archives: truncated, corrupt or incomplete ones are clear errors 
                                          {"archive/data/0", std::string(16, 0)}})),
                    Catch::Contains("'big' byte order"));
     }
+    // A tensor torch rebuilds another way (here a quantized one): an error naming it, not a silent gap.
+    {
+        Pickle p;
+        p.dict().mark().str("w").tensor("FloatStorage", "0", 4, 0, {4}, {1});
+        p.str("q").global("torch._utils", "_rebuild_qtensor").empty_tuple().reduce().setitems();
+        CHECK_THAT(ckpt_error(ckpt_with_pickle(p.done(), 1)),
+                   Catch::Contains("tensor 'q' is built by 'torch._utils._rebuild_qtensor'"));
+    }
     // A root that is not a dict, and a dict with no tensors (its keys are listed).
     CHECK_THAT(ckpt_error(ckpt_with_pickle(Pickle().str("x").done())),
                Catch::Contains("holds the str 'x', not a dict"));

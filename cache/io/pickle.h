@@ -27,10 +27,10 @@
 //     stride of a tensor, the function of _rebuild_from_type_v2) is an error naming the global it came from.
 //
 // Limits: the memo, the stack, the mark stack, every string, the number of values and the total number of container
-// elements (copies included) are bounded (PickleLimits); a length or index past a limit or past the end of the input is an error,
-// checked before anything is allocated. Values live in one arena owned by the PickleDocument, so cyclic or deeply
-// nested input neither leaks nor recurses on destruction. Every error is an anchor::Error naming the file (label),
-// the opcode and its byte offset.
+// elements (copies included) are bounded (PickleLimits); a length or index past a limit or past the end of the input is
+// an error, checked before anything is allocated. Values live in one arena owned by the PickleDocument, so cyclic or
+// deeply nested input neither leaks nor recurses on destruction. Every error is an anchor::Error naming the file
+// (label), the opcode and its byte offset.
 #pragma once
 
 #include <cstddef>
@@ -99,7 +99,7 @@ struct PickleLimits {
     // Values built in total: what bounds the arena (a few hundred bytes each). A state dict tensor costs about
     // 20 + 2 x its dimensions, so the default holds some 80,000 tensors.
     size_t max_values = size_t(1) << 21;
-    int max_dims = 64;                         // dimensions of a tensor
+    int max_dims = 64; // dimensions of a tensor
 };
 
 // The values of one pickle; the root is what STOP returned.

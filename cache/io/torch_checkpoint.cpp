@@ -191,6 +191,10 @@ void TorchCheckpoint::parse() {
     if (!sd || !sd->is(PickleValue::Kind::Dict)) sd = &root;
     std::vector<std::string> order;
     for (const auto& [k, v] : sd->entries) {
+        // A tensor torch rebuilds some other way (quantized, sparse, a subclass) must not vanish without a word.
+        if (k->is(PickleValue::Kind::String) && v->is(PickleValue::Kind::Opaque) && v->text.rfind("torch.", 0) == 0)
+            throw Error("torch checkpoint '" + p + "', tensor '" + k->text + "' is built by '" + v->text +
+                        "', which this reader does not support (only dense tensors are read)");
         if (!k->is(PickleValue::Kind::String) || !v->is(PickleValue::Kind::Tensor)) continue;
         if (!m.tensors.count(k->text)) order.push_back(k->text);
         m.tensors[k->text] = v; // a repeated key: the last value wins, as in Python
