@@ -79,7 +79,8 @@ bool is_torch_file(const std::string& f) {
 std::vector<std::string> tensor_names(const std::string& f) {
     if (is_torch_file(f)) return TorchCheckpoint::open(f)->names();
     std::vector<std::string> out;
-    for (const auto& t : SafeTensorsFile::open(f)->tensors()) out.push_back(t.name);
+    const auto st = SafeTensorsFile::open(f); // header only; kept alive while its names are copied
+    for (const auto& t : st->tensors()) out.push_back(t.name);
     return out;
 }
 
