@@ -651,6 +651,26 @@ TEST_CASE("WeightMap and resolve_model take torch.save files by their bytes", "[
     CHECK(src.load_weights().size() == 14);
 }
 
+TEST_CASE("a diffusers component folder with only diffusion_pytorch_model.bin loads it", "[pickle][sd]") {
+    const std::string golden = test::golden("sd/vae_tiny");
+    auto st = SafeTensorsFile::open(golden + "/diffusion_pytorch_model.safetensors");
+    NamedTensors ts;
+    for (const auto& ti : st->tensors()) ts.emplace_back(ti.name, st->tensor(ti.name));
+    const std::string dir = test::scratch_dir("pickle_vae_bin");
+    fs::copy_file(golden + "/config.json", dir + "/config.json");
+    write_bytes(dir + "/diffusion_pytorch_model.bin", torch_ckpt_bytes(ts, false)); // a bare state dict
+    auto src = resolve_model(dir);
+    CHECK(src.weight_files == std::vector<std::string>{dir + "/diffusion_pytorch_model.bin"});
+    auto a = unet::load_vae_folder(golden);
+    auto b = unet::load_vae_folder(dir);
+    auto pa = a->named_parameters(true), pb = b->named_parameters(true);
+    REQUIRE(pa.size() == pb.size());
+    for (const auto& p : pa) {
+        INFO(p.key());
+        CHECK(torch::equal(p.value(), pb[p.key()]));
+    }
+}
+
 TEST_CASE("a .ckpt of the tiny SD model loads bit-identical to its safetensors file, and the same models",
           "[pickle][sd]") {
     const std::string st_path = test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors");

@@ -21,7 +21,7 @@ class WeightMap {
 public:
     WeightMap() = default;
 
-    // `path`: anything resolve_model (cache/io/model_source.h) understands: a .safetensors file, a
+    // `path`: anything resolve_model (cache/io/model_source.h) understands: a .safetensors or torch.save file, a
     // *.safetensors.index.json, a diffusers component folder, a folder of weights. Throws anchor::Error naming the
     // file.
     static WeightMap load(const std::string& path);
