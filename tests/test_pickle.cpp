@@ -642,6 +642,14 @@ TEST_CASE("WeightMap and resolve_model take torch.save files by their bytes", "[
     }
     save_safetensors(dir + "/st.ckpt", {{"x", torch::ones({2})}});
     CHECK(torch::equal(WeightMap::load(dir + "/st.ckpt").get("x"), torch::ones({2})));
+    // A sharded torch.save checkpoint through its index (pytorch_model.bin.index.json).
+    write_bytes(dir + "/m-1.bin", torch_ckpt_bytes({{"x", torch::ones({2})}}, false));
+    write_bytes(dir + "/m-2.bin", torch_ckpt_bytes({{"y", torch::full({3}, 2.0)}}, false));
+    write_bytes(dir + "/pytorch_model.bin.index.json", R"({"weight_map": {"x": "m-1.bin", "y": "m-2.bin"}})");
+    auto sharded = WeightMap::load(dir + "/pytorch_model.bin.index.json");
+    CHECK(sharded.size() == 2);
+    CHECK(torch::equal(sharded.get("y"), torch::full({3}, 2.0)));
+    CHECK(sharded.source("y") == dir + "/m-2.bin");
     // A folder with only torch files: its weights.
     const std::string folder = test::scratch_dir("pickle_folder");
     write_bytes(folder + "/pytorch_model.bin", bytes);
