@@ -265,6 +265,8 @@ std::string torch_ckpt_bytes(const NamedTensors& tensors, bool lightning = true,
     if (lightning) p.setitems();
     recs.insert(recs.begin(), Record{"archive/data.pkl", p.done(), deflate});
     recs.push_back({"archive/version", "3\n"});
+    recs.push_back({"archive/byteorder", "little"}); // torch 2.x writes these two as well
+    recs.push_back({"archive/.data/serialization_id", "0123456789"});
     return zip_bytes(recs, zip64);
 }
 
@@ -610,7 +612,7 @@ TEST_CASE("zip archives: zip64 records and deflated entries read like stored one
         const std::string bytes = torch_ckpt_bytes(ts, true, zip64, deflate);
         write_bytes(dir + "/v" + std::to_string(variant) + ".ckpt", bytes);
         const ZipReader zip(bytes.data(), bytes.size(), "v");
-        REQUIRE(zip.entries().size() == 5);
+        REQUIRE(zip.entries().size() == 7);
         CHECK(zip.find("archive/data/0")->size == 40);
         CHECK(zip.find("archive/data/0")->data_offset % 64 == 0);
         auto ck = TorchCheckpoint::from_bytes(bytes, "v.ckpt");
@@ -627,6 +629,36 @@ TEST_CASE("zip archives: zip64 records and deflated entries read like stored one
     const ZipEntry* e = zip.find("archive/data.pkl");
     bytes[e->data_offset + 2] ^= 0x55;
     CHECK(!ckpt_error(bytes).empty());
+}
+
+TEST_CASE("torch 2.x forms: untyped storages with _rebuild_tensor_v3, _rebuild_from_type_v2, parameters", "[pickle]") {
+    Pickle p;
+    p.dict().mark();
+    // _rebuild_tensor_v3(UntypedStorage of 8 bytes, 0, (4,), (1,), False, OrderedDict(), torch.float16)
+    p.str("v3").global("torch._utils", "_rebuild_tensor_v3").mark();
+    p.mark().str("storage").global("torch", "UntypedStorage").str("0").str("cpu").integer(8).tuple().op('Q');
+    p.integer(0).ints({4}).ints({1}).op('\x89').ordered_dict().global("torch", "float16").tuple().reduce();
+    // _rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor, (storage 1 args...), {})
+    p.str("typed").global("torch._tensor", "_rebuild_from_type_v2").mark();
+    p.global("torch._utils", "_rebuild_tensor_v2").global("torch", "Tensor").mark();
+    p.mark().str("storage").global("torch", "FloatStorage").str("1").str("cpu").integer(2).tuple().op('Q');
+    p.integer(0).ints({2}).ints({1}).op('\x89').ordered_dict().tuple().dict().tuple().reduce();
+    // _rebuild_parameter(tensor, True, OrderedDict())
+    p.str("param").global("torch._utils", "_rebuild_parameter").mark();
+    p.tensor("FloatStorage", "1", 2, 1, {1}, {1}).op('\x88').ordered_dict().tuple().reduce();
+    p.setitems();
+    auto h = torch::tensor({1.0, -2.0, 0.5, 4.0}).to(torch::kFloat16);
+    auto f = torch::tensor({3.0f, 5.0f});
+    auto ck = TorchCheckpoint::from_bytes(
+        zip_bytes({{"archive/data.pkl", p.done()},
+                   {"archive/data/0", std::string(static_cast<const char*>(h.data_ptr()), 8)},
+                   {"archive/data/1", std::string(static_cast<const char*>(f.data_ptr()), 8)}}),
+        "torch2.pt");
+    CHECK(ck->names() == std::vector<std::string>{"v3", "typed", "param"});
+    CHECK(ck->tensor("v3").scalar_type() == torch::kFloat16);
+    CHECK(torch::equal(ck->tensor("v3"), h));
+    CHECK(torch::equal(ck->tensor("typed"), f));
+    CHECK(torch::equal(ck->tensor("param"), f.slice(0, 1, 2)));
 }
 
 TEST_CASE("WeightMap and resolve_model take torch.save files by their bytes", "[pickle]") {
