@@ -11,6 +11,7 @@
 #include "cache/io/torch_checkpoint.h"
 #include "cache/io/weight_map.h"
 #include "cache/io/zip_file.h"
+#include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
 
@@ -753,4 +754,42 @@ TEST_CASE("a .ckpt of the tiny SD model loads bit-identical to its safetensors f
                        mb.unet->forward(in.get("sample"), in.get("timesteps_a"), in.get("encoder_hidden_states"))));
     auto vin = WeightMap::load(test::golden("sd/vae_tiny/golden_inputs.safetensors"));
     CHECK(torch::equal(ma.vae->decode(vin.get("latent")), mb.vae->decode(vin.get("latent"))));
+}
+
+TEST_CASE("anchor-sd -m model.ckpt gives the same latents as the safetensors file", "[pickle][cli][sd]") {
+    const std::string st_path = test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors");
+    auto st = SafeTensorsFile::open(st_path);
+    NamedTensors ts;
+    for (const auto& ti : st->tensors()) ts.emplace_back(ti.name, st->tensor(ti.name));
+    const std::string dir = test::scratch_dir("pickle_cli");
+    write_bytes(dir + "/tiny.ckpt", torch_ckpt_bytes(ts));
+    std::map<std::string, torch::Tensor> latents;
+    for (const std::string model : {st_path, dir + "/tiny.ckpt"}) {
+        const std::string tag = model == st_path ? "st" : "ckpt";
+        auto r = test::run_program(test::sd_bin(), {"-m",
+                                                    model,
+                                                    "-p",
+                                                    "a red fox",
+                                                    "--steps",
+                                                    "3",
+                                                    "-s",
+                                                    "11",
+                                                    "-W",
+                                                    "16",
+                                                    "-H",
+                                                    "16",
+                                                    "--sampler",
+                                                    "ddim",
+                                                    "-o",
+                                                    dir + "/" + tag + ".png",
+                                                    "--save-latents",
+                                                    dir + "/" + tag + ".safetensors",
+                                                    "--threads",
+                                                    "1"});
+        INFO(r.output);
+        REQUIRE(r.exit_code == 0);
+        latents[tag] = SafeTensorsFile::open(dir + "/" + tag + ".safetensors")->tensor("final_latents").clone();
+    }
+    CHECK(torch::equal(latents["st"], latents["ckpt"]));
+    CHECK(read_bytes(dir + "/st.png") == read_bytes(dir + "/ckpt.png"));
 }
