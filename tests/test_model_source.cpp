@@ -71,6 +71,8 @@ TEST_CASE("resolve_model: folders of loose weights, shards, filters and errors",
     CHECK(sh.layout == ModelLayout::ShardedIndex);
     CHECK(sh.load_weights().size() == 2);
     CHECK_THROWS_WITH(resolve_model(dir + "/nope"), Catch::Contains("does not exist"));
-    std::ofstream(dir + "/weights.bin") << "x";
-    CHECK_THROWS_WITH(resolve_model(dir + "/weights.bin"), Catch::Contains("not a .safetensors file"));
+    std::ofstream(dir + "/weights.bin") << "x"; // a torch.save name, but not its bytes
+    CHECK_THROWS_WITH(resolve_model(dir + "/weights.bin"), Catch::Contains("not a torch.save checkpoint"));
+    std::ofstream(dir + "/weights.txt") << "x";
+    CHECK_THROWS_WITH(resolve_model(dir + "/weights.txt"), Catch::Contains("is not a .safetensors or torch.save"));
 }

@@ -2,6 +2,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/io/torch_checkpoint.h"
 #include "cache/io/weight_map.h"
 
 #include <algorithm>
@@ -69,12 +70,24 @@ ModelArch arch_of_config(const nlohmann::json& j) {
     return ModelArch::Unknown;
 }
 
+bool is_torch_file(const std::string& f) {
+    const WeightFileKind k = sniff_weight_file(f);
+    return k == WeightFileKind::TorchZip || (has_torch_extension(f) && k != WeightFileKind::SafeTensors);
+}
+
+// The tensor names of a weights file without reading the data (a safetensors header, a torch.save pickle).
+std::vector<std::string> tensor_names(const std::string& f) {
+    if (is_torch_file(f)) return TorchCheckpoint::open(f)->names();
+    std::vector<std::string> out;
+    const auto st = SafeTensorsFile::open(f); // header only; kept alive while its names are copied
+    for (const auto& t : st->tensors()) out.push_back(t.name);
+    return out;
+}
+
 // The architecture tensor names give away (a file without a config).
 ModelArch arch_of_tensors(const std::vector<std::string>& files) {
     for (const auto& f : files) {
-        auto st = SafeTensorsFile::open(f); // header only
-        for (const auto& t : st->tensors()) {
-            const auto& n = t.name;
+        for (const auto& n : tensor_names(f)) {
             if (n.rfind("model.diffusion_model.", 0) == 0) return ModelArch::StableDiffusion;
             if (n == "wte.weight" || n == "transformer.wte.weight") return ModelArch::Gpt2;
             if (n == "vocab_embed.embedding" || n == "backbone.vocab_embed.embedding")
@@ -85,7 +98,7 @@ ModelArch arch_of_tensors(const std::vector<std::string>& files) {
 }
 
 // A diffusers component's weights: the standard names first (index, then file; the plain before the .fp16 variant),
-// else the one .safetensors file of the folder.
+// else the one .safetensors file of the folder, else the standard torch.save names (.bin).
 void component_weights(const fs::path& dir, ModelSource& s) {
     for (const char* base : {"diffusion_pytorch_model", "model"})
         for (const char* variant : {"", ".fp16"}) {
@@ -109,21 +122,36 @@ void component_weights(const fs::path& dir, ModelSource& s) {
         s.weight_files = found;
         return;
     }
+    if (found.empty())
+        for (const char* b : {"diffusion_pytorch_model.bin", "pytorch_model.bin", "model.bin",
+                              "diffusion_pytorch_model.fp16.bin", "pytorch_model.fp16.bin"})
+            if (fs::exists(dir / b)) {
+                s.weight_files = {(dir / b).string()};
+                return;
+            }
     throw Error("no safetensors weights in '" + dir.string() + "'" +
-                (pickle ? " (only pickle .bin/.ckpt files, which are not read: convert them to safetensors)" : "") +
+                (pickle ? " (its .bin/.ckpt files do not have the standard names: name the file)" : "") +
                 (found.size() > 1 ? " (several unrelated .safetensors files)" : ""));
 }
 
 // A folder of loose weights: its index if it has exactly one, else its .safetensors files (those the filter keeps).
 void folder_weights(const fs::path& dir, const ResolveOptions& o, ModelSource& s) {
-    std::vector<std::string> indexes, loose;
+    std::vector<std::string> indexes, loose, torch_files;
     for (const auto& e : fs::directory_iterator(dir)) {
         const std::string p = e.path().string();
         if (ends_with(p, ".safetensors.index.json"))
             indexes.push_back(p);
         else if (ends_with(p, ".safetensors"))
             loose.push_back(p);
+        else if (e.is_regular_file() && has_torch_extension(p))
+            torch_files.push_back(p);
     }
+    // torch.save files are the weights of a folder only when it has no safetensors (Hugging Face's pytorch_model.bin
+    // alone when present: a trainer folder also holds pickles of its own state).
+    std::sort(torch_files.begin(), torch_files.end());
+    const std::string hf_bin = (dir / "pytorch_model.bin").string();
+    if (std::find(torch_files.begin(), torch_files.end(), hf_bin) != torch_files.end()) torch_files = {hf_bin};
+    if (indexes.empty() && loose.empty()) loose = torch_files;
     std::sort(indexes.begin(), indexes.end());
     std::sort(loose.begin(), loose.end());
     if (indexes.size() > 1)
@@ -133,7 +161,8 @@ void folder_weights(const fs::path& dir, const ResolveOptions& o, ModelSource& s
         s.layout = ModelLayout::ShardedIndex;
         return;
     }
-    if (loose.empty()) throw Error(o.what + " folder '" + dir.string() + "' holds no .safetensors file");
+    if (loose.empty())
+        throw Error(o.what + " folder '" + dir.string() + "' holds no .safetensors (or .ckpt/.pt/.pth/.bin) file");
     // A training run folder holds model.safetensors beside its training state: the model file is the model.
     const std::string model_file = (dir / "model.safetensors").string();
     if (std::find(loose.begin(), loose.end(), model_file) != loose.end()) loose = {model_file};
@@ -142,9 +171,8 @@ void folder_weights(const fs::path& dir, const ResolveOptions& o, ModelSource& s
         return;
     }
     for (const auto& f : loose) {
-        auto st = SafeTensorsFile::open(f); // header only (mmap); corrupt files fail here, naming the file
-        for (const auto& t : st->tensors())
-            if (o.tensor_filter(t.name)) {
+        for (const auto& t : tensor_names(f)) // header only; corrupt files fail here, naming the file
+            if (o.tensor_filter(t)) {
                 s.weight_files.push_back(f);
                 break;
             }
@@ -206,11 +234,14 @@ ModelSource resolve_model(const std::string& path, const ResolveOptions& o) {
         if (ends_with(path, ".index.json")) {
             s.layout = ModelLayout::ShardedIndex;
             s.index_file = path;
-        } else if (ends_with(path, ".safetensors")) {
-            s.layout = ModelLayout::WeightsFile;
+        } else if (ends_with(path, ".safetensors") || has_torch_extension(path) ||
+                   sniff_weight_file(path) != WeightFileKind::Other) {
+            s.layout = ModelLayout::WeightsFile; // safetensors or torch.save, told apart by the bytes when loading
             s.weight_files = {path};
         } else {
-            throw Error(o.what + " '" + path + "' is not a .safetensors file, a *.safetensors.index.json or a folder");
+            throw Error(o.what + " '" + path +
+                        "' is not a .safetensors or torch.save (.ckpt/.pt/.pth/.bin) file, a "
+                        "*.safetensors.index.json or a folder");
         }
         // A config next to a weights file describes it (e.g. a training run's model.safetensors + config.json).
         if (fs::exists(p.parent_path() / "config.json")) {

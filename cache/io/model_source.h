@@ -20,7 +20,7 @@ namespace anchor {
 class WeightMap;
 
 enum class ModelLayout {
-    WeightsFile,        // one .safetensors file (e.g. an original single-file SD checkpoint)
+    WeightsFile,        // one .safetensors or torch.save (.ckpt/.pt/.pth/.bin) file (e.g. a single-file SD checkpoint)
     ShardedIndex,       // a *.safetensors.index.json and its shards
     WeightsFolder,      // a folder of weights (+ config.json), e.g. a Hugging Face GPT-2 folder
     DiffusersPipeline,  // model_index.json / unet/ vae/ text_encoder/ ... component folders
@@ -43,7 +43,7 @@ struct ModelSource {
     std::string path; // as given
     ModelLayout layout = ModelLayout::WeightsFile;
     ModelArch arch = ModelArch::Unknown;
-    std::vector<std::string> weight_files;         // safetensors files in load order (shards: those of the index)
+    std::vector<std::string> weight_files;         // weight files in load order (shards: those of the index)
     std::string index_file;                        // the *.safetensors.index.json of a sharded checkpoint, else empty
     std::string config_file;                       // config.json (model_index.json for a pipeline), else empty
     nlohmann::json config;                         // its parsed content (null when there is none)

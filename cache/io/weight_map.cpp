@@ -4,6 +4,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/io/torch_checkpoint.h"
 
 #include <nlohmann/json.hpp>
 
@@ -61,20 +62,35 @@ WeightMap WeightMap::load_index(const std::string& index) {
         shards.insert(it.value().get<std::string>());
     }
     fs::path dir = fs::path(index).parent_path();
-    std::map<std::string, std::shared_ptr<SafeTensorsFile>> opened;
+    // Shards are safetensors files, or torch.save files for a pytorch_model.bin.index.json (told apart by their bytes).
+    struct Shard {
+        std::shared_ptr<SafeTensorsFile> st;
+        std::shared_ptr<TorchCheckpoint> torch;
+        std::string path;
+        bool has(const std::string& n) const { return st ? st->has(n) : torch->has(n); }
+        torch::Tensor tensor(const std::string& n) const { return st ? st->tensor(n) : torch->tensor(n); }
+    };
+    std::map<std::string, Shard> opened;
     for (const auto& s : shards) {
         if (s.find("..") != std::string::npos || (!s.empty() && s[0] == '/'))
             throw Error("sharded checkpoint index '" + index + "': shard name '" + s + "' leaves the folder");
-        opened[s] = SafeTensorsFile::open((dir / s).string());
-        wm.files_.push_back(opened[s]);
+        Shard& sh = opened[s];
+        sh.path = (dir / s).string();
+        const WeightFileKind kind = sniff_weight_file(sh.path);
+        if (kind == WeightFileKind::TorchZip || (has_torch_extension(sh.path) && kind != WeightFileKind::SafeTensors)) {
+            sh.torch = TorchCheckpoint::open(sh.path);
+        } else {
+            sh.st = SafeTensorsFile::open(sh.path);
+            wm.files_.push_back(sh.st);
+        }
     }
     std::vector<std::string> absent;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        auto& f = opened[it.value().get<std::string>()];
-        if (!f->has(it.key()))
-            absent.push_back(it.key() + " (expected in " + f->path() + ")");
+        const Shard& f = opened[it.value().get<std::string>()];
+        if (!f.has(it.key()))
+            absent.push_back(it.key() + " (expected in " + f.path + ")");
         else
-            wm.insert(it.key(), f->tensor(it.key()), f->path());
+            wm.insert(it.key(), f.tensor(it.key()), f.path);
     }
     if (!absent.empty())
         throw Error("sharded checkpoint index '" + index + "' names " + std::to_string(absent.size()) +
@@ -85,6 +101,18 @@ WeightMap WeightMap::load_index(const std::string& index) {
 WeightMap WeightMap::load_files(const std::vector<std::string>& files) {
     WeightMap wm;
     for (const auto& f : files) {
+        // A torch.save archive is recognised by its bytes, whatever its name; a .ckpt/.pt/.pth/.bin that is not
+        // safetensors goes to the torch reader too, which says what it is (legacy format, bare pickle, ...).
+        const WeightFileKind kind = sniff_weight_file(f);
+        if (kind == WeightFileKind::TorchZip || (has_torch_extension(f) && kind != WeightFileKind::SafeTensors)) {
+            auto ck = TorchCheckpoint::open(f); // its tensors keep the mapping alive
+            for (const auto& name : ck->names()) {
+                if (wm.has(name))
+                    throw Error("tensor '" + name + "' appears in both '" + wm.source(name) + "' and '" + f + "'");
+                wm.insert(name, ck->tensor(name), f);
+            }
+            continue;
+        }
         auto st = SafeTensorsFile::open(f);
         wm.files_.push_back(st);
         for (const auto& ti : st->tensors()) {

@@ -1,5 +1,6 @@
 // One name -> tensor map with the checkpoint's own names, loaded from a safetensors file, a sharded checkpoint
-// (`*.safetensors.index.json`) or a folder of safetensors files.
+// (`*.safetensors.index.json`), a folder of safetensors files, or a torch.save checkpoint (.ckpt/.pt/.pth/.bin, read
+// without running code: cache/io/torch_checkpoint.h).
 //
 // Lookups check the expected shape; loading into a module reports every missing and unexpected name at once.
 #pragma once
@@ -20,10 +21,12 @@ class WeightMap {
 public:
     WeightMap() = default;
 
-    // `path`: anything resolve_model (cache/io/model_source.h) understands: a .safetensors file, a
-    // *.safetensors.index.json, a diffusers component folder, a folder of weights. Throws anchor::Error naming the file.
+    // `path`: anything resolve_model (cache/io/model_source.h) understands: a .safetensors or torch.save file, a
+    // *.safetensors.index.json, a diffusers component folder, a folder of weights. Throws anchor::Error naming the
+    // file.
     static WeightMap load(const std::string& path);
-    // The tensors of these safetensors files (a name in two files is an error).
+    // The tensors of these safetensors or torch.save files, told apart by their first bytes (a name in two files is an
+    // error).
     static WeightMap load_files(const std::vector<std::string>& files);
     // The tensors a sharded checkpoint's index names, each from its shard (every absent one reported at once).
     static WeightMap load_index(const std::string& index);

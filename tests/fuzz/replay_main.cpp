@@ -24,6 +24,9 @@
 #define LLVMFuzzerTestOneInput fuzz_one_safetensors
 #include "fuzz_safetensors.cpp"
 #undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_one_torch_checkpoint
+#include "fuzz_torch_checkpoint.cpp"
+#undef LLVMFuzzerTestOneInput
 
 int main(int argc, char** argv) {
     if (argc != 2) {
@@ -35,7 +38,8 @@ int main(int argc, char** argv) {
                                                              {"clip_tokenizer", fuzz_one_clip_tokenizer},
                                                              {"configs", fuzz_one_configs},
                                                              {"options", fuzz_one_options},
-                                                             {"safetensors", fuzz_one_safetensors}};
+                                                             {"safetensors", fuzz_one_safetensors},
+                                                             {"torch_checkpoint", fuzz_one_torch_checkpoint}};
     int total = 0;
     for (const auto& [name, fn] : targets) {
         const auto inputs = anchor::fuzz::fuzz_inputs(argv[1], name);

@@ -1,14 +1,17 @@
 // CI's sanitizer subset. The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (`tests/run.sh
 // --sanitize`) needs an instrumented LibTorch-heavy build that does not fit CI's budget, so CI builds only the code
 // that reads untrusted bytes and needs no LibTorch -- the safetensors header parser, the GPT-2 and CLIP BPE tokenizers
-// (with their vocabulary readers) -- with -fsanitize=address,undefined, and drives it here with:
+// (with their vocabulary readers), the torch.save zip reader and restricted unpickler -- with
+// -fsanitize=address,undefined, and drives it here with:
 //   1. every replayable fuzz input (seed corpora and kept crashes, tests/fuzz/fuzz_inputs.h);
 //   2. N deterministic mutations per target (fixed seed: bit flips, interesting bytes, inserts, deletes, duplicated
 //      ranges, splices of two inputs), a small in-process fuzzer for compilers without libFuzzer.
 // Any sanitizer report or contract violation aborts, so the CTest entry fails.
 // Usage: sanitized_parsers FUZZ_DIR [--mutations N] | --overflow-on-purpose
 #include "cache/io/error.h"
+#include "cache/io/pickle.h"
 #include "cache/io/safetensors_header.h"
+#include "cache/io/zip_file.h"
 #include "fuzz/fuzz_inputs.h"
 
 #include <cstdint>
@@ -38,6 +41,53 @@ int fuzz_one_safetensors_header(const uint8_t* data, size_t size) {
             for (uint64_t i = t.begin; i < t.end; ++i) sum += data[h.data_offset + i];
         }
         (void)sum;
+    } catch (const anchor::Error&) {
+    }
+    return 0;
+}
+
+// The torch.save readers without LibTorch (fuzz_torch_checkpoint.cpp also builds tensors): a zip archive's entries
+// and its data.pkl, or bare pickle bytes. Contract: accept or throw anchor::Error; every tensor view accepted lies
+// inside its storage.
+void check_pickle(const char* data, size_t size) {
+    const auto doc = anchor::unpickle_torch(data, size, "fuzz");
+    const anchor::PickleValue& root = doc.root();
+    const anchor::PickleValue* sd = root.get("state_dict");
+    for (const anchor::PickleValue* d : {&root, sd}) {
+        if (!d) continue;
+        for (const auto& kv : d->entries) {
+            const anchor::PickleValue* t = kv.second;
+            if (!t->is(anchor::PickleValue::Kind::Tensor)) continue;
+            const uint64_t es = anchor::storage_dtype_size(t->dtype);
+            const uint64_t bytes = t->storage->untyped
+                                       ? t->storage->numel
+                                       : t->storage->numel * anchor::storage_dtype_size(t->storage->dtype);
+            uint64_t last = static_cast<uint64_t>(t->offset);
+            bool empty = false;
+            for (size_t i = 0; i < t->shape.size(); ++i) {
+                if (t->shape[i] == 0) empty = true;
+                if (t->shape[i] > 0)
+                    last += static_cast<uint64_t>(t->shape[i] - 1) * static_cast<uint64_t>(t->stride[i]);
+            }
+            if (!empty && last >= bytes / es) std::abort();
+        }
+    }
+}
+
+int fuzz_one_torch_checkpoint(const uint8_t* data, size_t size) {
+    const char* d = reinterpret_cast<const char*>(data);
+    try {
+        if (!anchor::looks_like_zip(d, size)) {
+            check_pickle(d, size);
+            return 0;
+        }
+        const anchor::ZipReader zip(d, size, "fuzz");
+        for (const auto& e : zip.entries()) {
+            if (e.data_offset + e.compressed_size > size) std::abort();
+            const std::string bytes = zip.read(e, 1 << 20);
+            if (e.name.size() >= 8 && e.name.compare(e.name.size() - 8, 8, "data.pkl") == 0)
+                check_pickle(bytes.data(), bytes.size());
+        }
     } catch (const anchor::Error&) {
     }
     return 0;
@@ -103,7 +153,8 @@ int main(int argc, char** argv) {
     };
     const Target targets[] = {{"safetensors", fuzz_one_safetensors_header},
                               {"gpt2_tokenizer", fuzz_one_gpt2_tokenizer},
-                              {"clip_tokenizer", fuzz_one_clip_tokenizer}};
+                              {"clip_tokenizer", fuzz_one_clip_tokenizer},
+                              {"torch_checkpoint", fuzz_one_torch_checkpoint}};
     std::mt19937_64 rng(20261130);
     for (const auto& t : targets) {
         const auto inputs = anchor::fuzz::fuzz_inputs(argv[1], t.corpus);
