@@ -215,8 +215,10 @@ std::vector<CaseResult> check_pair_run(const Case& c, const std::string& rel) {
                                  base.get("initial_noise"));
         }
     } catch (const std::exception& e) {
-        tf.stats.fail(std::string("exception: ") + e.what());
-        fr.stats.fail(std::string("exception: ") + e.what());
+        // read_run_spec names golden.json's "pipeline" keys as the config.json of a txt2img case.
+        const std::string why = std::string("exception (golden.json pipeline / pair as a txt2img run): ") + e.what();
+        tf.stats.fail(why);
+        fr.stats.fail(why);
     }
     return {tf, fr};
 }
