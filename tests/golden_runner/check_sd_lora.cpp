@@ -114,6 +114,72 @@ fs::path lora_file(const Case& c, const std::string& name) {
     return sdgolden::lora_case_file(c.dir, c.targets, name);
 }
 
+// SDXL's two text encoders with one LoRA merged (the UNet part only takes the file's UNet tensors, on copies of
+// the stored weights): text_encoder = HF CLIPTextModel, text_encoder_2 = CLIPTextModelWithProjection, whose
+// text_projection is kept beside the model.
+struct SdxlText {
+    ClipTextModel te1{nullptr}, te2{nullptr};
+    torch::Tensor projection;
+};
+SdxlText sdxl_text_with(const Case& c, const LoraSpec& lora) {
+    SdxlText t;
+    const fs::path te1 = c.sdxl_root / "text_encoder", te2 = c.sdxl_root / "text_encoder_2";
+    t.te1 = load_text_encoder_folder(te1.string());
+    auto w2 = WeightMap::load(te2.string());
+    t.projection = w2.get("text_projection.weight").to(torch::kFloat).clone();
+    t.te2 = ClipTextModel(ClipTextConfig::from_json_file((te2 / "config.json").string()));
+    t.te2->load(w2.renamed([](const std::string& n) { return n == "text_projection.weight" ? "" : n; }));
+    t.te2->eval();
+    LoraTargets targets;
+    LoraTargets::Part unet{LoraComponent::Unet, {}, nullptr};
+    const auto unet_file = WeightMap::load((c.sdxl_root / "unet").string()); // named: .all() is a reference into it
+    for (const auto& [n, v] : unet_file.all()) unet.weights[n] = v.to(torch::kFloat).clone();
+    targets.parts.push_back(std::move(unet));
+    const std::vector<std::pair<ClipTextModel*, LoraComponent>> text = {{&t.te1, LoraComponent::TextEncoder},
+                                                                        {&t.te2, LoraComponent::TextEncoder2}};
+    for (const auto& [m, comp] : text) {
+        LoraTargets::Part p{comp, {}, nullptr};
+        for (const auto& np : (*m)->named_parameters(true)) p.weights[np.key()] = np.value();
+        targets.parts.push_back(std::move(p));
+    }
+    merge_loras(targets, {lora});
+    return t;
+}
+
+// SDXL: each LoRA alone at single_multiplier through both text encoders (penultimate hidden states, te2's pooled
+// text_embeds = text_projection(final_layer_norm(last)[argmax ids]), prompt_embeds = their concatenation); the UNet
+// output needs an SDXL UNet.
+void check_sdxl_text_outputs(const Case& c, const std::string& name, Stats& st) {
+    const double mult = c.golden.at("single_multiplier").get<double>();
+    const auto& inputs = c.golden.at("inputs");
+    require_known_keys(inputs, {"unet", "text_encoders"}, "golden.json inputs");
+    const auto [file, names] = input_spec(c.dir, inputs.at("text_encoders"), "text_encoders");
+    if (names.size() != 2) throw Error("golden.json inputs.text_encoders: expected te1 and te2 input ids");
+    auto in = WeightMap::load(file.string());
+    auto t = sdxl_text_with(c, {lora_file(c, name).string(), mult});
+    auto out = WeightMap::load((c.dir / "golden_outputs.safetensors").string());
+    c10::InferenceMode guard;
+    const auto ids1 = in.get(names[0]), ids2 = in.get(names[1]);
+    const auto o1 = t.te1->forward(ids1);
+    const auto o2 = t.te2->forward(ids2);
+    const auto p1 = o1.hidden_states.at(o1.hidden_states.size() - 2),
+               p2 = o2.hidden_states.at(o2.hidden_states.size() - 2);
+    const auto eos = ids2.argmax(-1);
+    const auto pooled = o2.last_hidden_state.index({torch::arange(ids2.size(0)), eos});
+    const std::map<std::string, torch::Tensor> ours = {{"text_encoder.penultimate_hidden_state", p1},
+                                                       {"text_encoder_2.penultimate_hidden_state", p2},
+                                                       {"text_encoder_2.text_embeds", pooled.matmul(t.projection.t())},
+                                                       {"prompt_embeds", torch::cat({p1, p2}, -1)}};
+    for (const auto& key : out.names()) {
+        if (key.rfind(name + ".", 0) != 0) continue;
+        const std::string what = key.substr(name.size() + 1);
+        if (ours.count(what))
+            st.check(key, ours.at(what), out.get(key), kOutAtol, kOutRtol);
+        else if (what != "unet.out")
+            st.fail("golden output '" + key + "' is not understood by this checker");
+    }
+}
+
 // The file's modules against merge_deltas (multiplier 1) and targets.json (names, ranks, alphas).
 void check_merge(const Case& c, const std::string& name, const LoraTargets& targets, Stats& st) {
     const auto& spec = c.targets.at(name);
@@ -248,17 +314,18 @@ const bool reg = register_checker(
                      check_merge(c, name, lora_targets(m), st);
                  }
              }));
-             if (!c.sdxl)
+             if (c.sdxl)
+                 out.push_back(guarded(rel + ":" + name + ":text-encoders",
+                                       [&](Stats& st) { check_sdxl_text_outputs(c, name, st); }));
+             else
                  out.push_back(guarded(rel + ":" + name + ":outputs", [&](Stats& st) { check_outputs(c, name, st); }));
          }
          if (c.sdxl) {
              CaseResult r;
-             r.name = rel + ":outputs+txt2img";
-             r.stats.fail("the merged-weight UNet / text-encoder outputs and the "
-                          "txt2img run need an SDXL UNet and SDXL's two text "
-                          "encoders, which this build cannot load yet (SDXL is not "
-                          "supported); only the LoRA matching and merge deltas are "
-                          "checked");
+             r.name = rel + ":unet+txt2img";
+             r.stats.fail("the merged-weight UNet outputs (<lora>.unet.out) and the txt2img run need an SDXL UNet, "
+                          "which this build cannot load yet (SDXL is not supported); the LoRA matching, merge deltas "
+                          "and text-encoder outputs are checked");
              out.push_back(r);
          } else {
              for (auto& r : check_pair_run(c, rel)) out.push_back(r);
