@@ -205,7 +205,16 @@ void check_merge(const Case& c, const std::string& name, const LoraTargets& targ
     for (const auto& k : deltas.names())
         if (k.rfind(name + ".", 0) == 0 && !produced.count(k.substr(name.size() + 1)))
             st.fail("merge_deltas '" + k + "' is not a module the file was matched to");
-    for (const auto& t : spec.at("targets")) {
+    const auto& tlist = spec.at("targets");
+    st.check_true("number of modules", tlist.size() == f.modules.size(),
+                  std::to_string(f.modules.size()) + " matched, targets.json lists " + std::to_string(tlist.size()));
+    const bool alphas = spec.at("has_alpha_keys").get<bool>();
+    for (const auto& t : tlist) {
+        require_known_keys(t,
+                           {"component", "module", "weight", "diffusers_weight_name", "kind", "down_key", "up_key",
+                            "alpha_key", "rank", "alpha", "scale", "down_shape", "up_shape", "weight_shape",
+                            "diffusers_kohya_converter_key"},
+                           "targets.json " + name + " target");
         const std::string down = t.at("down_key").get<std::string>();
         const std::string stem = down.substr(0, down.rfind(".lora_"));
         const auto it = by_key.find(stem);
@@ -218,8 +227,16 @@ void check_merge(const Case& c, const std::string& name, const LoraTargets& targ
         st.check_true(stem + " -> " + full, full == t.at("diffusers_weight_name").get<std::string>(),
                       "targets.json maps it to " + t.at("diffusers_weight_name").get<std::string>());
         st.check_true(stem + " rank", m.rank() == t.at("rank").get<int64_t>());
-        st.check_true(stem + " alpha",
-                      m.alpha == t.at("alpha").get<double>() && m.alpha_stored == !t.at("alpha_key").is_null());
+        st.check_true(stem + " alpha", m.alpha == t.at("alpha").get<double>() &&
+                                           m.alpha_stored == !t.at("alpha_key").is_null() && m.alpha_stored == alphas);
+        st.check_true(stem + " scale", std::abs(m.scale() - t.at("scale").get<double>()) <= 1e-12);
+        st.check_true(stem + " shapes", m.down.sizes().vec() == t.at("down_shape").get<std::vector<int64_t>>() &&
+                                            m.up.sizes().vec() == t.at("up_shape").get<std::vector<int64_t>>());
+        const std::string dtype = spec.at("dtype").get<std::string>();
+        st.check_true(stem + " dtype",
+                      std::string(c10::toString(m.down.scalar_type())) == (dtype == "float16"   ? "Half"
+                                                                           : dtype == "float32" ? "Float"
+                                                                                                : dtype));
     }
 }
 
