@@ -10,6 +10,7 @@
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
 #include "unet/lora.h"
+#include "unet/name_conversion.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -376,4 +377,42 @@ TEST_CASE("anchor-sd --lora twice and <lora:...> tags reproduce the golden two-L
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("--lora-model-dir") != std::string::npos);
     CHECK(r.output.find("absent.safetensors") != std::string::npos);
+}
+
+TEST_CASE("LoRA: an SD 1.x kohya file spelled in the original LDM layout merges the same", "[lora]") {
+    // lora_kohya_a with every UNet module renamed to its original-layout name (input_blocks / middle_block /
+    // output_blocks, resnets' in_layers.2 / out_layers.3) through unet/name_conversion.
+    SDModels m = tiny_models();
+    const auto targets = lora_targets(m);
+    const LoraFile f = read_lora(lora_path("lora_kohya_a.safetensors"), targets);
+    auto src = SafeTensorsFile::open(lora_path("lora_kohya_a.safetensors"));
+    std::map<std::string, std::string> renamed; // diffusers kohya stem -> LDM kohya stem
+    for (const auto& mod : f.modules) {
+        if (mod.component != LoraComponent::Unet) continue;
+        const std::string ldm = unet_ldm_name(mod.weight, m.unet->config());
+        std::string stem = "lora_unet_" + ldm.substr(0, ldm.size() - 7);
+        for (auto& ch : stem)
+            if (ch == '.') ch = '_';
+        renamed[mod.key] = stem;
+    }
+    REQUIRE(renamed.size() == 16);
+    CHECK(renamed["lora_unet_down_blocks_1_resnets_0_conv1"] == "lora_unet_input_blocks_4_0_in_layers_2");
+    NamedTensors out;
+    for (const auto& ti : src->tensors()) {
+        std::string name = ti.name;
+        const auto dot = name.find('.');
+        if (renamed.count(name.substr(0, dot))) name = renamed[name.substr(0, dot)] + name.substr(dot);
+        out.push_back({name, src->tensor(ti.name)});
+    }
+    const auto dir = test::scratch_dir("lora_ldm_names");
+    save_safetensors(dir + "/ldm.safetensors", out);
+    const LoraFile g = read_lora(dir + "/ldm.safetensors", targets);
+    REQUIRE(g.modules.size() == f.modules.size());
+    std::map<std::string, const LoraModule*> by_weight;
+    for (const auto& mod : g.modules) by_weight[enum_name(lora_component_table(), mod.component) + mod.weight] = &mod;
+    for (const auto& mod : f.modules) {
+        const auto* other = by_weight[enum_name(lora_component_table(), mod.component) + mod.weight];
+        REQUIRE(other);
+        CHECK(torch::equal(lora_delta(*other, {-1}), lora_delta(mod, {-1})));
+    }
 }
