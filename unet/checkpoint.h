@@ -53,7 +53,7 @@ struct SDModels {
     AutoencoderKL vae{nullptr};
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // in effect (LoadOptions::attention)
-    std::vector<LoraApplied> loras;                                        // merged into the weights (unet/lora.h)
+    std::vector<LoraApplied> loras;                                       // merged into the weights (unet/lora.h)
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 
