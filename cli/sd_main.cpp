@@ -29,7 +29,8 @@ namespace {
 // What the command line sets beyond the job: the model, the dtype, a compare instead of a job.
 struct Options {
     Txt2ImgJob job;
-    std::string model, prompt, negative, prompts_file, dtype = "f32", compare;
+    std::string model, prompt, negative, prompts_file, dtype = "f32", compare, lora_model_dir;
+    std::vector<std::string> loras; // FILE[:MULTIPLIER]
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
 };
@@ -105,6 +106,7 @@ int run(Options& o) {
     if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
     if (job.batch_size > 1 && !o.compare.empty()) throw UsageError("--batch-size and --compare are exclusive");
     job.prompts = read_prompts(o);
+    const auto loras = run_loras(o.loras, o.lora_model_dir, job.prompts); // <lora:...> tags leave the prompts
     job.params.negative_prompts = {o.negative};
     // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
     job.params.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
@@ -120,12 +122,15 @@ int run(Options& o) {
     LoadOptions lo;
     lo.dtype = dtype;
     lo.attention = o.attention;
+    lo.loras = loras;
     SDModels models = load_sd_models(o.model, lo);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded %s (%s, %s, %s attention) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
                  enum_name(sd_family_table(), models.family).c_str(),
                  enum_name(kernels::attention_kernel_table(), models.attention).c_str(), fmt_s(load_s).c_str(),
                  models.unet->config().describe().c_str());
+    for (const auto& l : models.loras)
+        std::fprintf(stderr, "LoRA %s x %g: %d modules merged\n", l.path.c_str(), l.multiplier, l.modules);
     Txt2ImgPipeline pipe(models);
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
@@ -216,6 +221,17 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "use the N-th last CLIP layer (1 = last, 2 = penultimate); <= 0: the model's default")
              ->capture_default_str(),
          "clip_skip");
+    bind(app.add_option("--lora", o.loras,
+                        "LoRA FILE[:MULTIPLIER] (kohya or diffusers/PEFT .safetensors, multiplier default 1) merged "
+                        "into the UNet and text encoder at load; repeatable")
+             ->type_name("FILE[:M]")
+             ->allow_extra_args(false),
+         "loras");
+    bind(
+        app.add_option("--lora-model-dir", o.lora_model_dir,
+                       "folder of the prompt's A1111 tags <lora:NAME> / <lora:NAME:MULTIPLIER> (DIR/NAME.safetensors); "
+                       "the tags are removed from the prompt"),
+        "lora_model_dir");
     app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
     app.add_flag("--overwrite", j.overwrite, "replace existing output files");
     app.add_option("--save-latents", j.save_latents,

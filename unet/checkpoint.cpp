@@ -215,6 +215,7 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                                        .value_or(kernels::AttentionKernel::Exact);
     if (m.unet) m.unet->set_attention_kernel(m.attention);
     if (m.vae) m.vae->set_attention_kernel(m.attention);
+    if (!opts.loras.empty()) apply_loras(m, opts.loras);
     return m;
 }
 

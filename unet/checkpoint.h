@@ -6,6 +6,7 @@
 
 #include "unet/clip_text.h"
 #include "unet/clip_tokenizer.h"
+#include "unet/lora.h"
 #include "unet/name_conversion.h"
 #include "unet/sd_family.h"
 #include "unet/unet_model.h"
@@ -31,6 +32,8 @@ struct LoadOptions {
     // "attention" of anchorcache.json in a diffusers folder (written for the models this project trains, which have
     // no reference outputs to match), else Exact, which gives the reference's bits.
     std::optional<kernels::AttentionKernel> attention;
+    // LoRAs merged into the UNet and text encoder after loading, in order (unet/lora.h); ParamError("loras").
+    std::vector<LoraSpec> loras;
 };
 
 // Engine settings a model folder asks for (anchorcache.json next to model_index.json); throws anchor::Error naming
@@ -50,6 +53,7 @@ struct SDModels {
     AutoencoderKL vae{nullptr};
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // in effect (LoadOptions::attention)
+    std::vector<LoraApplied> loras;                                       // merged into the weights (unet/lora.h)
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 

@@ -117,6 +117,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             rec["model_layout"] = pipe.models().layout;
             rec["model_family"] = enum_name(sd_family_table(), pipe.models().family);
             rec["attention"] = enum_name(kernels::attention_kernel_table(), pipe.models().attention);
+            rec["loras"] = lora_records_json(pipe.models().loras); // merged at load: name, file, sha256, multiplier
             rec["base_seed"] = job.params.seed;
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;
