@@ -133,6 +133,12 @@ std::vector<uint8_t> pass(const std::vector<uint8_t>& src, int rows, int cols, i
     return dst;
 }
 
+std::string fmt_g(double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+
 std::string hash_pixels(const Tensor& t) {
     auto c = t.to(torch::kUInt8).contiguous();
     return sha256_hex(std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), size_t(c.numel())));
@@ -223,13 +229,12 @@ Tensor latent_mask(const Tensor& mask_condition, int vae_factor) {
 }
 
 StrengthSchedule strength_schedule(int steps, double strength) {
-    if (!(strength > 0.0 && strength <= 1.0))
-        throw ParamError("strength", "must be in (0, 1], got " + std::to_string(strength));
+    if (!(strength > 0.0 && strength <= 1.0)) throw ParamError("strength", "must be in (0, 1], got " + fmt_g(strength));
     StrengthSchedule s;
     s.init_timestep = std::min(int(double(steps) * strength), steps);
     s.t_start = std::max(steps - s.init_timestep, 0);
     if (s.init_timestep < 1)
-        throw ParamError("strength", "strength " + std::to_string(strength) + " with " + std::to_string(steps) +
+        throw ParamError("strength", "strength " + fmt_g(strength) + " with " + std::to_string(steps) +
                                          " steps runs no denoising step (int(steps * strength) = 0); raise the "
                                          "strength or the steps");
     return s;
