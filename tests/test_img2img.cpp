@@ -204,6 +204,15 @@ TEST_CASE("img2img and inpaint refuse bad inputs, naming the field and the file"
     p.init.init_image.clear();
     p.init.mask = test::golden("sd/inpaint_tiny/mask_image.png");
     CHECK(param_error([&] { pipe.validate(p); }).first == "mask");
+    // the model-independent checks alone (what anchor-sd runs before loading the model)
+    unet::Img2ImgParams ip;
+    ip.init_image = test::golden("sd/img2img_tiny/init_image.png");
+    CHECK(ip.validate(10) == std::pair<int, int>{16, 16});
+    ip.strength = 1.5;
+    CHECK(param_error([&] { (void)ip.validate(10); }).first == "strength");
+    ip.strength = 0.5;
+    ip.mask = test::golden("sd/pil_lanczos/mask_12x8.png");
+    CHECK(param_error([&] { (void)ip.validate(10); }).first == "mask");
     // a 9-channel UNet needs a mask
     auto m9 = case_models(mm, "inpaint_tiny", true);
     unet::Txt2ImgPipeline pipe9(m9);

@@ -240,6 +240,35 @@ StrengthSchedule strength_schedule(int steps, double strength) {
     return s;
 }
 
+std::pair<int, int> Img2ImgParams::validate(int steps) const {
+    if (!enabled()) {
+        if (inpaint()) throw ParamError("mask", "a mask needs an init image (init_image)");
+        return {0, 0};
+    }
+    (void)strength_schedule(steps, strength);
+    if (init_pixels.defined() &&
+        (init_pixels.dim() != 3 || init_pixels.size(2) != 3 || init_pixels.scalar_type() != torch::kUInt8))
+        throw ParamError("init_image", "init pixels must be uint8 [H, W, 3]");
+    const auto [iw, ih] = init_pixels.defined()
+                              ? std::pair<int, int>{int(init_pixels.size(1)), int(init_pixels.size(0))}
+                              : image_file_size(init_image, "init_image");
+    if (!inpaint()) return {iw, ih};
+    if (mask_pixels.defined() && (mask_pixels.dim() != 2 || mask_pixels.scalar_type() != torch::kUInt8))
+        throw ParamError("mask", "mask pixels must be uint8 [H, W]");
+    const auto [mw, mh] = mask_pixels.defined()
+                              ? std::pair<int, int>{int(mask_pixels.size(1)), int(mask_pixels.size(0))}
+                              : image_file_size(mask, "mask");
+    // diffusers stretches image and mask to the output size independently; a mask of another size was drawn for
+    // another image, so it is refused rather than stretched.
+    auto wxh = [](int w, int h) { return std::to_string(w) + "x" + std::to_string(h); };
+    if (mw != iw || mh != ih)
+        throw ParamError("mask", "the mask" + (mask.empty() ? std::string() : " '" + mask + "'") + " is " +
+                                     wxh(mw, mh) + ", the init image" +
+                                     (init_image.empty() ? std::string() : " '" + init_image + "'") + " is " +
+                                     wxh(iw, ih) + ": give a mask of the init image's size");
+    return {iw, ih};
+}
+
 std::string init_image_sha256(const Img2ImgParams& p) {
     return p.init_pixels.defined() ? hash_pixels(p.init_pixels) : sha256_file(p.init_image);
 }

@@ -25,6 +25,10 @@ struct Img2ImgParams {
 
     bool enabled() const { return !init_image.empty() || init_pixels.defined(); }
     bool inpaint() const { return !mask.empty() || mask_pixels.defined(); }
+    // What needs no model: a mask only with an init image, strength in (0, 1] leaving >= 1 of `steps` to run, the
+    // files readable as images (headers only), pixel tensors shaped, the mask of the init image's size (refused
+    // otherwise). Returns the init image's width and height ({0, 0} without one). ParamError naming the field.
+    std::pair<int, int> validate(int steps) const;
 };
 
 // Image files as PIL gives them: convert("RGB") (grey replicated, alpha dropped) -> uint8 [H, W, 3];

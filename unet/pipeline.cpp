@@ -71,31 +71,11 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
                                            "and a mask");
         return;
     }
-    (void)strength_schedule(p.steps, in.strength);
-    if (in.init_pixels.defined() &&
-        (in.init_pixels.dim() != 3 || in.init_pixels.size(2) != 3 || in.init_pixels.scalar_type() != torch::kUInt8))
-        throw ParamError("init_image", "init pixels must be uint8 [H, W, 3]");
-    const auto [iw, ih] = in.init_pixels.defined()
-                              ? std::pair<int, int>{int(in.init_pixels.size(1)), int(in.init_pixels.size(0))}
-                              : image_file_size(in.init_image, "init_image");
+    const auto [iw, ih] = in.validate(p.steps); // strength, readable files, pixel shapes, mask size
     const int f = m.vae_scale_factor();
     if (iw < f || ih < f)
         throw ParamError("init_image",
                          "the init image is " + wxh(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
-    if (in.inpaint()) {
-        if (in.mask_pixels.defined() && (in.mask_pixels.dim() != 2 || in.mask_pixels.scalar_type() != torch::kUInt8))
-            throw ParamError("mask", "mask pixels must be uint8 [H, W]");
-        const auto [mw, mh] = in.mask_pixels.defined()
-                                  ? std::pair<int, int>{int(in.mask_pixels.size(1)), int(in.mask_pixels.size(0))}
-                                  : image_file_size(in.mask, "mask");
-        // diffusers stretches image and mask to the output size independently; a mask of another size was drawn
-        // for another image, so it is refused rather than stretched.
-        if (mw != iw || mh != ih)
-            throw ParamError("mask", "the mask" + (in.mask.empty() ? std::string() : " '" + in.mask + "'") + " is " +
-                                         wxh(mw, mh) + ", the init image" +
-                                         (in.init_image.empty() ? std::string() : " '" + in.init_image + "'") + " is " +
-                                         wxh(iw, ih) + ": give a mask of the init image's size");
-    }
     if (!m.vae) throw ParamError("init_image", "img2img needs the VAE to encode the init image");
     if (unet_channels == 9 && !in.inpaint())
         throw ParamError("mask", "this UNet has 9 input channels (an inpainting model): it needs a mask");

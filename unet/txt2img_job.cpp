@@ -20,12 +20,8 @@ void Txt2ImgJob::validate() const {
     if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
     if (output.empty()) throw ParamError("output", "no output file");
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
-    // The init image and strength before any model is loaded (the pipeline checks the rest).
-    if (params.init.enabled() && params.steps >= 1) {
-        (void)strength_schedule(params.steps, params.init.strength);
-        if (!params.init.init_pixels.defined()) (void)image_file_size(params.init.init_image, "init_image");
-        if (!params.init.mask.empty()) (void)image_file_size(params.init.mask, "mask");
-    }
+    // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
+    if (params.steps >= 1) (void)params.init.validate(params.steps);
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
