@@ -131,8 +131,11 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
     p.clip_skip = m.value("clip_skip", 0);
     p.steps = need("num_inference_steps").get<int>();
     p.sampler = sampler_from_class(need("scheduler").get<std::string>());
-    p.height = need("height").get<int>();
-    p.width = need("width").get<int>();
+    // No size: the init image's, rounded down to the VAE factor (img2img's __call__ takes none).
+    if (m.contains("height") || m.contains("width")) {
+        p.height = need("height").get<int>();
+        p.width = need("width").get<int>();
+    }
     if (vae_factor > 0 && m.contains("vae_scale_factor") && m["vae_scale_factor"].get<int>() != vae_factor)
         throw Error("config.json: vae_scale_factor " + m["vae_scale_factor"].dump() + ", the models' VAE has " +
                     std::to_string(vae_factor));
@@ -232,12 +235,18 @@ inline std::vector<Comparison> compare_img2img_run(Img2ImgModels& mm, const std:
     const bool cfg_on = params.guidance_scale > 1.0;
     unet::Txt2ImgPipeline pipe(models);
     pipe.validate(params);
+    params = pipe.resolved(params); // a case without a size: the init image's
     c10::InferenceMode guard;
 
     out.push_back({"prompt_ids", pipe.prompt_ids(params.prompts), g.get("prompt_ids"), 0, 0, Comparison::Exact});
-    if (g.has("negative_prompt_ids"))
-        out.push_back({"negative_prompt_ids", pipe.prompt_ids(unet::Txt2ImgPipeline::negatives_of(params)),
-                       g.get("negative_prompt_ids"), 0, 0, Comparison::Exact});
+    if (g.has("negative_prompt_ids")) {
+        auto nids = pipe.prompt_ids(unet::Txt2ImgPipeline::negatives_of(params));
+        const auto gn = g.get("negative_prompt_ids");
+        // A reference that tokenized one shared negative prompt stores one row.
+        if (gn.size(0) == 1 && nids.size(0) > 1 && torch::equal(nids, nids.narrow(0, 0, 1).expand_as(nids)))
+            nids = nids.narrow(0, 0, 1);
+        out.push_back({"negative_prompt_ids", nids, gn, 0, 0, Comparison::Exact});
+    }
     out.push_back({"prompt_embeds", pipe.encode_prompts(params, cfg_on, nullptr), g.get("prompt_embeds")});
 
     // Schedule: get_timesteps and the facts the case states.
