@@ -203,6 +203,18 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "sample_size x VAE factor: 512 for SD 1.x)"),
          "width");
     bind(app.add_option("-H,--height", p.height, "image height; default: the model's size"), "height");
+    bind(app.add_option("-i,--init-img", p.init.init_image,
+                        "img2img: the init image (PNG); output size = its size rounded down to a multiple of the VAE "
+                        "factor, or -W/-H (the image is resized to them)"),
+         "init_image");
+    bind(app.add_option("--strength", p.init.strength,
+                        "img2img / inpaint: how far the init image is noised, in (0, 1]; runs the last "
+                        "int(steps * strength) steps")
+             ->capture_default_str(),
+         "strength");
+    bind(app.add_option("--mask", p.init.mask,
+                        "inpaint: mask image of the init image's size, white = repaint, black = keep (needs -i)"),
+         "mask");
     bind(app.add_option("-b,--batch-count", j.batch_count, "number of batches; batch k uses seed + k")
              ->capture_default_str(),
          "batch_count");

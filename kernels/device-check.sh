@@ -22,7 +22,7 @@ if [ "${1:-}" = "--bundle" ]; then # run here (Debian, packages installed): copy
     mkdir -p "$B/catch2" "$B/stb"
     cp -r /usr/include/nlohmann /usr/include/CLI "$B/"
     cp /usr/include/catch2/catch.hpp "$B/catch2/"
-    cp /usr/include/stb/stb_image_write.h "$B/stb/"
+    cp /usr/include/stb/stb_image_write.h /usr/include/stb/stb_image.h "$B/stb/"
     cp /usr/include/pcre2.h /usr/include/zlib.h /usr/include/zconf.h "$B/"
     grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
     du -sh "$ROOT/.device"

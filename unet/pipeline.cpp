@@ -41,10 +41,53 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
 Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     const int size = int(m_.unet->config().sample_size) * m_.vae_scale_factor();
     if (p.device.is_cuda() && p.device.index() < 0) p.device = torch::Device(torch::kCUDA, 0);
+    if (p.init.enabled() && (p.width == 0 || p.height == 0)) {
+        // diffusers' get_default_height_width: the init image's size, rounded down to a multiple of the VAE factor.
+        const int f = m_.vae_scale_factor();
+        const auto [w, h] = p.init.init_pixels.defined()
+                                ? std::pair<int, int>{int(p.init.init_pixels.size(1)), int(p.init.init_pixels.size(0))}
+                                : image_file_size(p.init.init_image, "init_image");
+        if (p.width == 0) p.width = w - w % f;
+        if (p.height == 0) p.height = h - h % f;
+    }
     if (p.width == 0) p.width = size;
     if (p.height == 0) p.height = size;
     return p;
 }
+
+namespace {
+std::string wxh(int w, int h) {
+    return std::to_string(w) + "x" + std::to_string(h);
+}
+
+// The img2img / inpaint part of validate(): inputs readable, sizes, strength, the UNet kind.
+void validate_init(const Txt2ImgParams& p, const SDModels& m) {
+    const auto& in = p.init;
+    const int64_t unet_channels = m.unet->config().in_channels;
+    if (!in.enabled()) {
+        if (in.inpaint()) throw ParamError("mask", "a mask needs an init image (init_image)");
+        if (unet_channels == 9)
+            throw ParamError("init_image", "this UNet has 9 input channels (an inpainting model): give an init image "
+                                           "and a mask");
+        return;
+    }
+    const auto [iw, ih] = in.validate(p.steps); // strength, readable files, pixel shapes, mask size
+    const int f = m.vae_scale_factor();
+    if (iw < f || ih < f)
+        throw ParamError("init_image",
+                         "the init image is " + wxh(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
+    if (!m.vae) throw ParamError("init_image", "img2img needs the VAE to encode the init image");
+    if (unet_channels == 9 && !in.inpaint())
+        throw ParamError("mask", "this UNet has 9 input channels (an inpainting model): it needs a mask");
+    if (unet_channels != 4 && unet_channels != 9)
+        throw ParamError("init_image", "img2img / inpaint need a UNet with 4 or 9 input channels, this one has " +
+                                           std::to_string(unet_channels));
+    if (m.vae->config().latent_channels + (unet_channels == 9 ? 5 : 0) != unet_channels)
+        throw ParamError("init_image", "the VAE has " + std::to_string(m.vae->config().latent_channels) +
+                                           " latent channels, the UNet " + std::to_string(unet_channels) +
+                                           " input channels");
+}
+} // namespace
 
 namespace {
 std::string fmt_gib(double bytes) {
@@ -94,9 +137,10 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
 }
 
 void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
+    if (p_in.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p_in.steps));
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
-    if (p.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p.steps));
+    validate_init(p, m_);
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
         throw ParamError(p.width <= 0 || p.width % f != 0 ? "width" : "height",
                          "width and height must be positive multiples of " + std::to_string(f) +
@@ -165,15 +209,19 @@ Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::ve
 }
 
 Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, const Tensor& context, double guidance,
-                             bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec) {
+                             bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec,
+                             const Tensor& extra, int ctl_step) {
     c10::InferenceMode guard;
     const double tv = sched.timestep(i);
     auto x = cfg ? torch::cat({latents, latents}, 0) : latents;
     auto model_input = sched.scale_model_input(x, i);
+    // 9-channel inpainting UNet: [scaled latents, mask, masked image latents]; only the latents are scaled.
+    if (extra.defined()) model_input = torch::cat({model_input, extra.to(model_input.scalar_type())}, 1);
     const auto dev = context.device();
     auto t = torch::tensor(tv, torch::kFloat).reshape({}).to(dev);
     // .to(CPU) waits for the device: the one synchronisation per step
-    auto noise_pred = ctl.predict(*m_.unet, model_input.to(dev), t, context, i).to(torch::kCPU, latents.scalar_type());
+    auto noise_pred = ctl.predict(*m_.unet, model_input.to(dev), t, context, ctl_step < 0 ? i : ctl_step)
+                          .to(torch::kCPU, latents.scalar_type());
     Tensor guided = cfg ? cfg_combine(noise_pred, guidance) : noise_pred;
     auto next = sched.step(guided, i, latents, &gen);
     if (rec) {
@@ -185,6 +233,64 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
         rec->latents = next;
     }
     return next;
+}
+
+InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sched, int64_t images,
+                                          torch::Generator& gen) {
+    c10::InferenceMode guard;
+    InitLatents in;
+    const bool inpaint = p.init.inpaint();
+    in.unet9 = m_.unet->config().in_channels == 9;
+    // get_timesteps: the loop starts at t_start * order (order 1 for every sampler here).
+    in.begin = strength_schedule(p.steps, p.init.strength).t_start;
+    sched.set_begin_index(in.begin);
+    const int f = m_.vae_scale_factor();
+    const double sf = m_.vae->config().scaling_factor;
+    const int64_t C = m_.vae->config().latent_channels;
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+    auto rgb = p.init.init_pixels.defined() ? p.init.init_pixels : read_image_rgb(p.init.init_image, "init_image");
+    in.init_image = preprocess_image(rgb, p.width, p.height);
+    // retrieve_latents(vae.encode(x), generator): the posterior *sampled*, mean + std * randn(generator), of the one
+    // image, times scaling_factor, then repeated for the batch.
+    auto encode = [&](const Tensor& x, Tensor& mean, Tensor& stdv, Tensor& noise) {
+        auto d = m_.vae->encode(x);
+        mean = d.mean.to(torch::kCPU, torch::kFloat);
+        stdv = d.std.to(torch::kCPU, torch::kFloat);
+        noise = torch::randn(mean.sizes(), gen, f32);
+        return (sf * (mean + stdv * noise)).repeat({images, 1, 1, 1});
+    };
+    // img2img always encodes; inpaint skips it only for a 9-channel UNet at strength 1 (diffusers' prepare_latents:
+    // return_image_latents for 4 channels, or an add_noise start).
+    const bool strength_max = p.init.strength == 1.0;
+    if (!inpaint || !in.unet9 || !strength_max)
+        in.image_latents = encode(in.init_image, in.image_encode_mean, in.image_encode_std, in.image_encode_noise);
+    in.noise = torch::randn({images, C, p.height / f, p.width / f}, gen, f32);
+    // img2img never starts from pure noise; inpaint does at strength 1 (times init_noise_sigma, as txt2img).
+    in.latents = inpaint && strength_max ? in.noise * sched.init_noise_sigma()
+                                         : sched.add_noise(in.image_latents, in.noise, in.begin);
+    if (!inpaint) return in;
+    auto grey = p.init.mask_pixels.defined() ? p.init.mask_pixels : read_image_grey(p.init.mask, "mask");
+    in.mask_condition = preprocess_mask(grey, p.width, p.height);
+    in.masked_image = in.init_image * (in.mask_condition < 0.5); // the repaint area set to 0 (mid-grey)
+    in.mask = latent_mask(in.mask_condition, f).repeat({images, 1, 1, 1});
+    // Encoded (and the generator drawn from) for both UNet kinds, as diffusers' prepare_mask_latents.
+    in.masked_image_latents =
+        encode(in.masked_image, in.masked_image_encode_mean, in.masked_image_encode_std, in.masked_image_encode_noise);
+    return in;
+}
+
+Tensor Txt2ImgPipeline::blend_inpaint(const InitLatents& in, const Scheduler& sched, int i, const Tensor& latents,
+                                      StepRecord* rec) const {
+    // The noise level of the next loop step (Euler-type schedulers: their step index, already advanced by step()).
+    auto proper =
+        i + 1 < sched.num_loop_steps() ? sched.add_noise(in.image_latents, in.noise, i + 1) : in.image_latents;
+    auto out = (1 - in.mask) * proper + in.mask * latents;
+    if (rec) {
+        rec->scheduler_output = latents;
+        rec->init_latents_proper = proper;
+        rec->latents = out;
+    }
+    return out;
 }
 
 std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
@@ -245,24 +351,40 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const int64_t B = int64_t(p.prompts.size()) * p.images_per_prompt;
     const int64_t C = m_.unet->config().in_channels;
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
-    r.initial_noise = torch::randn({B, C, p.height / f, p.width / f}, gen, torch::TensorOptions().dtype(torch::kFloat));
-    auto latents = r.initial_noise * sched->init_noise_sigma();
+    Tensor latents, extra;
+    if (p.init.enabled()) { // img2img / inpaint: the truncated schedule from the noised init image
+        r.init = prepare_init(p, *sched, B, gen);
+        r.initial_noise = r.init.noise;
+        latents = r.init.latents;
+        if (r.init.unet9) {
+            extra = torch::cat({r.init.mask, r.init.masked_image_latents}, 1);
+            if (cfg) extra = torch::cat({extra, extra}, 0);
+        }
+    } else {
+        r.initial_noise =
+            torch::randn({B, C, p.height / f, p.width / f}, gen, torch::TensorOptions().dtype(torch::kFloat));
+        latents = r.initial_noise * sched->init_noise_sigma();
+    }
     r.initial_latents = latents;
-    const int n = sched->num_loop_steps();
-    ctl.begin(n, int(B));
+    const bool blend = p.init.inpaint() && !r.init.unet9;
+    const int begin = r.init.begin, n = sched->num_loop_steps() - begin;
+    ctl.begin(n, int(B));                                         // the caches see the steps that run, numbered from 0
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     t0 = std::chrono::steady_clock::now();
     StepRecord rec;
-    for (int i = 0; i < n; ++i) {
-        latents = step(*sched, i, latents, context, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr);
+    for (int k = 0; k < n; ++k) {
+        const int i = begin + k;
+        latents =
+            step(*sched, i, latents, context, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr, extra, k);
+        if (blend) latents = blend_inpaint(r.init, *sched, i, latents, on_step ? &rec : nullptr);
         // A NaN/Inf (broken weights, fp overflow) never becomes an image: stop at the step where it appears. One
         // reduction over the latents per step, negligible next to a UNet call.
         if (!torch::isfinite(latents).all().item<bool>())
-            throw Error("NaN/Inf in the latents after denoising step " + std::to_string(i + 1) + " of " +
+            throw Error("NaN/Inf in the latents after denoising step " + std::to_string(k + 1) + " of " +
                         std::to_string(n) + "; no image is written. Check the model weights and the guidance scale");
         r.full_steps += ctl.last_step_was_full() ? 1 : 0;
         if (on_step) on_step(rec);
-        if (progress) progress({i + 1, n, seconds_since(t0)});
+        if (progress) progress({k + 1, n, seconds_since(t0)});
     }
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "unet/checkpoint.h"
+#include "unet/img2img.h"
 #include "unet/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -45,6 +46,11 @@ struct Txt2ImgParams {
     // UNet benchmark has none).
     torch::Tensor prompt_embeds;
     bool decode = true; // false: stop at the final latents (no VAE needed)
+    // img2img (an init image) and inpaint (an init image and a mask), diffusers' StableDiffusionImg2ImgPipeline /
+    // StableDiffusionInpaintPipeline: the loop runs the last steps of the schedule (strength), from the noised VAE
+    // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
+    // (diffusers' get_default_height_width); another size resizes the image (and the mask) to it with PIL's Lanczos.
+    Img2ImgParams init;
 };
 
 // Per-step evaluation of the (CFG-batched) UNet.
@@ -75,9 +81,25 @@ public:
 
 // Everything a step produced (for golden checks and debugging).
 struct StepRecord {
-    int index = 0;
+    int index = 0; // loop step of the scheduler (t_start + k in img2img / inpaint)
     double timestep = 0;
     torch::Tensor model_input, noise_pred, guided_noise_pred, latents; // latents: after the step
+    // Inpaint with a 4-channel UNet: the scheduler's output before the blend, and the re-noised image latents blended
+    // into it (latents = (1 - mask) * init_latents_proper + mask * scheduler_output).
+    torch::Tensor scheduler_output, init_latents_proper;
+};
+
+// What img2img / inpaint start from, each as diffusers names it (prepare_latents, prepare_mask_latents).
+struct InitLatents {
+    torch::Tensor init_image;                          // [1, 3, H, W] in [-1, 1]
+    torch::Tensor image_encode_mean, image_encode_std; // the posterior of init_image (when encoded)
+    torch::Tensor image_encode_noise, image_latents;   // its randn draw; scaling_factor * sample, [B, 4, h, w]
+    torch::Tensor noise, latents;                      // randn [B, 4, h, w]; the loop's start
+    torch::Tensor mask_condition, mask, masked_image;  // [1, 1, H, W] 0/1; [B, 1, h, w]; [1, 3, H, W]
+    torch::Tensor masked_image_encode_mean, masked_image_encode_std, masked_image_encode_noise;
+    torch::Tensor masked_image_latents; // [B, 4, h, w]
+    int begin = 0;                      // the first loop step (t_start * order)
+    bool unet9 = false;                 // a 9-channel inpainting UNet: [latents, mask, masked_image_latents] input
 };
 
 struct ProgressInfo {
@@ -88,6 +110,7 @@ struct ProgressInfo {
 
 struct Txt2ImgResult {
     torch::Tensor initial_noise, initial_latents, prompt_embeds, final_latents;
+    InitLatents init;                  // img2img / inpaint only
     torch::Tensor decoded;             // raw VAE output [B,3,H,W]
     torch::Tensor image;               // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
     torch::Tensor image_uint8;         // round(image*255) NHWC uint8 [B,H,W,3]
@@ -121,8 +144,18 @@ public:
     torch::Tensor prompt_ids(const std::vector<std::string>& prompts,
                              std::vector<std::string>* warnings = nullptr) const;
     // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
+    // `extra`: channels appended to the scaled model input (a 9-channel UNet's [mask, masked image latents], CFG
+    // rows); `ctl_step`: the step number the controller sees (the loop's own count, from 0; -1 = i).
     torch::Tensor step(Scheduler& sched, int i, const torch::Tensor& latents, const torch::Tensor& context,
-                       double guidance, bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec);
+                       double guidance, bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec,
+                       const torch::Tensor& extra = {}, int ctl_step = -1);
+    // img2img / inpaint: the begin index set on `sched` (set_timesteps done), the generator drawn from exactly as
+    // diffusers does: [init image posterior sample] -> noise -> [masked image posterior sample]. `p` resolved.
+    InitLatents prepare_init(const Txt2ImgParams& p, Scheduler& sched, int64_t images, torch::Generator& gen);
+    // Inpaint with a 4-channel UNet, after loop step i: the blend with the image latents noised to step i + 1 (the
+    // image latents themselves after the last step). Fills rec's scheduler_output / init_latents_proper.
+    torch::Tensor blend_inpaint(const InitLatents& in, const Scheduler& sched, int i, const torch::Tensor& latents,
+                                StepRecord* rec) const;
     // VAE decode of final latents: returns {decoded, image in [0,1], uint8 NHWC}.
     std::vector<torch::Tensor> decode(const torch::Tensor& latents);
 

@@ -296,8 +296,25 @@ public:
         check_index(i);
         return ts_[i];
     }
+    void set_begin_index(int begin) override {
+        if (ts_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        if (begin < 0 || begin >= static_cast<int>(ts_.size()))
+            throw Error(std::string(name_) + ": begin index " + std::to_string(begin) + " outside [0, " +
+                        std::to_string(ts_.size()) + ")");
+        begin_ = begin;
+        restart();
+    }
+    int begin_index() const override { return begin_; }
+    // Alpha-bar form (DDIM / PNDM add_noise): abar at the timestep of loop step i, float32 like diffusers.
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        const float abar = abar_.at(static_cast<size_t>(ts_[i]));
+        return x0 * double(std::sqrt(abar)) + noise * double(std::sqrt(1.0f - abar));
+    }
 
 protected:
+    // Multistep state back to the begin index (set_begin_index).
+    virtual void restart() {}
     void check_index(int i) const {
         if (ts_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
         if (i < 0 || i >= static_cast<int>(ts_.size()))
@@ -319,7 +336,8 @@ protected:
     const char* name_;
     std::vector<float> abar_;
     std::vector<double> ts_;
-    int n_ = 0; // num_inference_steps
+    int n_ = 0;     // num_inference_steps
+    int begin_ = 0; // first loop step (set_begin_index)
 };
 
 // ---- DDIM (Song et al. 2021, eq. 12) ----------------------------------------------------------------------------
@@ -332,6 +350,7 @@ public:
     void set_timesteps(int n) override {
         check_num_steps(cfg_, n, "DDIM");
         n_ = n;
+        begin_ = 0;
         ts_ = spaced_timesteps(cfg_, n, true);
     }
     double init_noise_sigma() const override { return 1.0; }
@@ -370,6 +389,7 @@ public:
     void set_timesteps(int n) override {
         check_num_steps(cfg_, n, "PNDM");
         n_ = n;
+        begin_ = 0;
         // diffusers: plms = concat(ts[:-1], ts[-2:-1], ts[-1:])[::-1] on ascending ts -> the second timestep repeats.
         auto desc = spaced_timesteps(cfg_, n, true);
         ts_.clear();
@@ -383,7 +403,8 @@ public:
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
-        check_in_order(i, counter_);
+        // diffusers' PNDM has no begin index: its counter starts at 0 on the first timestep run.
+        check_in_order(i, begin_ + counter_);
         const int ratio = cfg_.num_train_timesteps / n_;
         auto t = static_cast<int64_t>(ts_[i]);
         int64_t prev = t - ratio;
@@ -416,6 +437,11 @@ public:
     }
 
 private:
+    void restart() override {
+        ets_.clear();
+        counter_ = 0;
+        cur_sample_ = torch::Tensor();
+    }
     // PNDM eq. (9): x_prev = sqrt(a_prev / a_t) x - (a_prev - a_t) eps / (a_t sqrt(1 - a_prev) + sqrt(a_t (1 - a_t)
     // a_prev)).
     torch::Tensor prev_sample_from(const torch::Tensor& x, int64_t t, int64_t prev, torch::Tensor eps) const {
@@ -456,12 +482,17 @@ public:
         const float s = sig_[i];
         return x / double(std::sqrt(s * s + 1.0f));
     }
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        return x0 + noise * double(sig_[i]);
+    }
 
 protected:
     // Float32 timesteps (spacing) and sigmas = interp(timesteps, arange(N), train_sigmas) ++ [0].
     void set_sigma_timesteps(int n) {
         check_num_steps(cfg_, n, name_);
         n_ = n;
+        begin_ = 0;
         ts_ = spaced_timesteps(cfg_, n, false);
         const auto full = train_sigmas(make_alphas_cumprod(cfg_));
         sig_.clear();
@@ -529,12 +560,15 @@ public:
         auto x0 = ve_x0(cfg_.prediction_type, out, x, sigma, sigma);
         derivatives_.push_back((x - x0) / double(sigma));
         if (derivatives_.size() > kOrder) derivatives_.pop_front();
+        // diffusers: order = min(step_index + 1, 4) coefficients, zipped with the derivatives stored so far (fewer
+        // after a begin index > 0: the first steps of img2img use the first coefficients only).
         const int order = std::min(i + 1, kOrder);
+        const int terms = std::min(order, static_cast<int>(derivatives_.size()));
         // prev = x + sum_j c_j d_{i-j}, c_j = integral over [sigma_i, sigma_{i+1}] of the Lagrange basis polynomial
         // l_j(tau) through the nodes sigma_{i-k}, k < order. diffusers integrates numerically (scipy quad); the
         // polynomial has degree < 4, so it is integrated exactly here.
         torch::Tensor acc;
-        for (int j = 0; j < order; ++j) {
+        for (int j = 0; j < terms; ++j) {
             const double c = lms_coefficient(order, i, j);
             auto term = double(c) * derivatives_[derivatives_.size() - 1 - j];
             acc = j == 0 ? term : acc + term;
@@ -564,6 +598,10 @@ public:
     }
 
 private:
+    void restart() override {
+        derivatives_.clear();
+        step_index_ = begin_;
+    }
     static constexpr int kOrder = 4;
     std::deque<torch::Tensor> derivatives_;
     int step_index_ = 0;
@@ -622,9 +660,13 @@ public:
         sig_.push_back(0.0f); // final_sigmas_type "zero"
         ts_ = t;
         n_ = static_cast<int>(ts_.size());
-        model_outputs_[0] = model_outputs_[1] = torch::Tensor();
-        lower_order_nums_ = 0;
-        step_index_ = 0;
+        begin_ = 0;
+        restart();
+    }
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[i]);
+        return x0 * double(alpha) + noise * double(sigma);
     }
 
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
@@ -647,6 +689,11 @@ public:
     }
 
 private:
+    void restart() override {
+        model_outputs_[0] = model_outputs_[1] = torch::Tensor();
+        lower_order_nums_ = 0;
+        step_index_ = begin_;
+    }
     // numpy-exact port of diffusers' _sigma_to_t: piecewise-linear interpolation of t over log sigma.
     static double sigma_to_t(double sigma, const std::vector<float>& log_sigmas) {
         const double log_sigma = std::log(std::max(sigma, 1e-10));

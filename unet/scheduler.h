@@ -76,6 +76,17 @@ public:
     // The full tensors, for tests: timesteps in loop order and sigmas (empty where the scheduler has none).
     virtual std::vector<double> timesteps() const = 0;
     virtual std::vector<double> sigmas() const { return {}; }
+
+    // ---- additions: img2img / inpaint (diffusers' get_timesteps and scheduler.add_noise) ----
+    // The loop starts at loop step `begin` (diffusers' set_begin_index(t_start * order)): multistep samplers count
+    // their history from there (PNDM's counter, LMS/DPM's step_index). set_timesteps resets it to 0.
+    virtual void set_begin_index(int begin) = 0;
+    virtual int begin_index() const = 0;
+    // diffusers' add_noise at the noise level of loop step i: sqrt(abar_t) x0 + sqrt(1 - abar_t) noise with
+    // t = timestep(i) (DDIM, PNDM), x0 + sigma_i noise (Euler, Euler a, LMS), alpha_i x0 + sigma_i noise with the VP
+    // pair of sigma_i (DPM-Solver). diffusers' sigma schedulers take sigma from their begin or step index, the
+    // alpha-bar ones from the timestep: both are loop step i here.
+    virtual torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const = 0;
 };
 
 // eta only applies to DDIM.

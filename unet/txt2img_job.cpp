@@ -20,6 +20,8 @@ void Txt2ImgJob::validate() const {
     if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
     if (output.empty()) throw ParamError("output", "no output file");
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
+    // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
+    if (params.steps >= 1) (void)params.init.validate(params.steps);
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
@@ -64,6 +66,17 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["index_in_batch"] = i;
     j["width"] = p.width;
     j["height"] = p.height;
+    j["mode"] = !p.init.enabled() ? "txt2img" : p.init.inpaint() ? "inpaint" : "img2img";
+    if (p.init.enabled()) {
+        // What the image was made from: the init image (and mask) by content, the strength and the first loop step.
+        j["init_image"] = {{"file", p.init.init_image}, {"sha256", init_image_sha256(p.init)}};
+        j["strength"] = p.init.strength;
+        j["first_step"] = r.init.begin;
+        if (p.init.inpaint()) {
+            j["mask"] = {{"file", p.init.mask}, {"sha256", mask_sha256(p.init)}};
+            j["inpaint_unet_channels"] = r.init.unet9 ? 9 : 4;
+        }
+    }
     j["cache"] = nlohmann::json{{"kind", "none"}};
     if (auto* cc = dynamic_cast<const CacheController*>(ctl)) j["cache"] = cache_log_json(*cc);
     j["unet_full_steps"] = r.full_steps;

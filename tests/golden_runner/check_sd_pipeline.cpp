@@ -14,7 +14,8 @@ std::vector<std::string> runs_of(const fs::path& dir) {
         if (e.path().extension() != ".safetensors") continue;
         try {
             auto f = SafeTensorsFile::open(e.path().string());
-            if (f->has("step.0.noise_pred")) runs.push_back(e.path().stem().string());
+            // img2img / inpaint runs (an init image) are check_sd_img2img.cpp's
+            if (f->has("step.0.noise_pred") && !f->has("init_image_uint8")) runs.push_back(e.path().stem().string());
         } catch (...) {
         }
     }

@@ -1,0 +1,305 @@
+// img2img and inpaint against tests/golden/sd/img2img_tiny and inpaint_tiny (diffusers 0.27.2): teacher-forced
+// stages (init image exact, generator parity exact, encodings / latents 1e-4, noise_pred 5e-3), free-running within
+// the README's tolerances; the image preprocessing against Pillow (tests/golden/sd/pil_lanczos); the caches in the
+// truncated loop; the bad inputs; anchor-sd -i / --strength / --mask.
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "cache/io/sha256.h"
+#include "tests/sd_img2img_golden.h"
+#include "tests/test_cli_util.h"
+#include "tests/test_util.h"
+#include "unet/freq_cache.h"
+
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+using namespace anchor;
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_comparisons(const std::string& label, const std::vector<sdgolden::Comparison>& cs) {
+    REQUIRE(!cs.empty());
+    for (const auto& c : cs) {
+        INFO(label << " " << c.what << " actual " << c.actual.sizes() << " golden " << c.golden.sizes());
+        REQUIRE(c.actual.sizes() == c.golden.sizes());
+        auto a = c.actual.to(torch::kFloat64), g = c.golden.to(torch::kFloat64);
+        const double err = (a - g).abs().max().item<double>();
+        INFO("max abs error " << err);
+        switch (c.kind) {
+        case sdgolden::Comparison::Exact:
+            CHECK(torch::equal(a, g));
+            break;
+        case sdgolden::Comparison::RelMax:
+            CHECK(err <= c.atol * g.abs().max().item<double>());
+            break;
+        case sdgolden::Comparison::Close:
+            CHECK(((a - g).abs() <= c.atol + c.rtol * g.abs()).all().item<bool>());
+            break;
+        }
+    }
+}
+
+void run_case(const std::string& folder, const std::vector<std::string>& runs) {
+    const fs::path dir = test::golden("sd/" + folder);
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    sdgolden::Img2ImgModels models;
+    REQUIRE(sdgolden::img2img_runs_of(dir) == runs);
+    for (const auto& run : runs) check_comparisons(run, sdgolden::compare_img2img_run(models, dir, cfg, run));
+}
+
+// The tiny models with one UNet of a case (the 4-channel one unless `unet9`).
+unet::SDModels case_models(sdgolden::Img2ImgModels& mm, const std::string& folder, bool unet9 = false) {
+    const fs::path dir = test::golden("sd/" + folder);
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    const auto& mods = cfg["models"];
+    const std::string u =
+        mods.contains("unet") ? mods["unet"].get<std::string>() : mods[unet9 ? "unet9" : "unet4"].get<std::string>();
+    return sdgolden::models_for(mm, dir, cfg, sdgolden::detail::folder_token(u));
+}
+
+unet::Txt2ImgParams tiny_params(unet::SamplerKind sampler, int steps, double strength) {
+    unet::Txt2ImgParams p;
+    p.prompts = {"a photo of an astronaut riding a horse on mars"};
+    p.sampler = sampler;
+    p.steps = steps;
+    p.seed = 42;
+    p.init.init_image = test::golden("sd/img2img_tiny/init_image.png");
+    p.init.strength = strength;
+    return p;
+}
+
+// The field of the ParamError `f` throws, and its message.
+std::pair<std::string, std::string> param_error(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const ParamError& e) {
+        return {e.field(), e.what()};
+    }
+    return {"", "no ParamError"};
+}
+
+} // namespace
+
+TEST_CASE("img2img DDIM strength 0.6 and Euler strength 0.8 match diffusers", "[sd][img2img]") {
+    run_case("img2img_tiny", {"ddim10_strength0.6", "euler10_strength0.8"});
+}
+
+TEST_CASE("inpaint with 4- and 9-channel UNets matches diffusers", "[sd][inpaint]") {
+    run_case("inpaint_tiny", {"unet4_ddim10_strength1.0", "unet4_euler10_strength0.75", "unet9_ddim10_strength1.0",
+                              "unet9_euler10_strength0.6"});
+    const fs::path dir = test::golden("sd/inpaint_tiny");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    sdgolden::Img2ImgModels models;
+    check_comparisons("unet forward",
+                      sdgolden::compare_unet_forward(models, dir, cfg, dir / "golden_unet_inpaint.safetensors"));
+}
+
+TEST_CASE("the img2img spec reader fails on keys it does not understand, naming them", "[sd][img2img]") {
+    const fs::path dir = test::golden("sd/img2img_tiny");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    CHECK_NOTHROW(sdgolden::read_img2img_spec(cfg, "ddim10_strength0.6", 2));
+    auto bad = cfg;
+    bad["runs"]["ddim10_strength0.6"]["padding_mask_crop"] = 32;
+    CHECK_THROWS_WITH(sdgolden::read_img2img_spec(bad, "ddim10_strength0.6", 2), Catch::Contains("padding_mask_crop"));
+    bad = cfg;
+    bad["runs"]["ddim10_strength0.6"].erase("strength");
+    CHECK_THROWS_WITH(sdgolden::read_img2img_spec(bad, "ddim10_strength0.6", 2), Catch::Contains("'strength'"));
+    CHECK_THROWS_WITH(sdgolden::read_img2img_spec(cfg, "ddim10_strength0.6", 8), Catch::Contains("vae_scale_factor"));
+}
+
+TEST_CASE("image files are read and resized as Pillow does", "[sd][img2img]") {
+    auto g = WeightMap::load(test::golden("sd/inpaint_tiny/unet4_ddim10_strength1.0.safetensors"));
+    const auto rgb = unet::read_image_rgb(test::golden("sd/inpaint_tiny/init_image.png"));
+    CHECK(torch::equal(rgb, g.get("init_image_uint8").squeeze(0)));
+    CHECK(torch::equal(unet::read_image_grey(test::golden("sd/inpaint_tiny/mask_image.png")),
+                       g.get("mask_image_uint8").squeeze(0)));
+    const std::string ref = test::golden("sd/pil_lanczos/");
+    const auto init = unet::read_image_rgb(test::golden("sd/img2img_tiny/init_image.png"));
+    CHECK(torch::equal(unet::read_image_grey(test::golden("sd/img2img_tiny/init_image.png")),
+                       unet::read_image_grey(ref + "init_L.png")));
+    for (auto [w, h] : std::vector<std::pair<int, int>>{{10, 12}, {24, 20}, {7, 16}}) {
+        INFO(w << "x" << h);
+        const auto want = unet::read_image_rgb(ref + "init_" + std::to_string(w) + "x" + std::to_string(h) + ".png");
+        CHECK(torch::equal(unet::resize_lanczos(init, w, h), want));
+    }
+    const auto mask = unet::read_image_grey(test::golden("sd/inpaint_tiny/mask_image.png"));
+    CHECK(torch::equal(unet::resize_lanczos(mask, 12, 8), unet::read_image_grey(ref + "mask_12x8.png")));
+    // same size: untouched
+    CHECK(torch::equal(unet::resize_lanczos(init, 16, 16), init));
+}
+
+TEST_CASE("get_timesteps' strength rule truncates like Python's int()", "[sd][img2img]") {
+    CHECK(unet::strength_schedule(25, 0.7).init_timestep == 17);
+    CHECK(unet::strength_schedule(15, 0.45).init_timestep == 6);
+    CHECK(unet::strength_schedule(100, 0.29).init_timestep == 28); // 28.999999999999996
+    CHECK(unet::strength_schedule(10, 0.6).t_start == 4);
+    CHECK(unet::strength_schedule(10, 1.0).t_start == 0);
+}
+
+TEST_CASE("DeepCache and the freq cache run in img2img and inpaint over the truncated loop", "[sd][img2img][cache]") {
+    sdgolden::Img2ImgModels mm;
+    for (bool inpaint : {false, true}) {
+        INFO((inpaint ? "inpaint" : "img2img"));
+        auto models = case_models(mm, inpaint ? "inpaint_tiny" : "img2img_tiny");
+        unet::Txt2ImgPipeline pipe(models);
+        auto p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
+        if (inpaint) p.init.mask = test::golden("sd/inpaint_tiny/mask_image.png");
+        std::vector<torch::Tensor> plain, cached;
+        auto r0 = pipe.run(p, nullptr, {}, [&](const unet::StepRecord& s) { plain.push_back(s.latents); });
+        auto dc = unet::parse_cache_mode("deepcache:2");
+        std::vector<bool> full;
+        auto r1 = pipe.run(p, dc.get(), {}, [&](const unet::StepRecord& s) {
+            cached.push_back(s.latents);
+            full.push_back(dc->last_step_was_full());
+        });
+        REQUIRE(r0.total_steps == 6); // int(10 * 0.6) steps of 10
+        CHECK(r0.full_steps == 6);
+        CHECK(r1.total_steps == 6);
+        CHECK(r1.full_steps == 3);
+        CHECK(full == std::vector<bool>{true, false, true, false, true, false}); // step k full when k % 2 == 0
+        // The first step is a full UNet evaluation from the same start: the same latents bit for bit.
+        CHECK(torch::equal(r0.initial_latents, r1.initial_latents));
+        CHECK(torch::equal(plain.at(0), cached.at(0)));
+        CHECK(r1.image.sizes() == r0.image.sizes());
+        auto freq = unet::parse_cache_mode("freq");
+        auto r2 = pipe.run(p, freq.get());
+        CHECK(r2.total_steps == 6);
+        CHECK(r2.full_steps >= 1);
+        CHECK(torch::isfinite(r2.image).all().item<bool>());
+    }
+}
+
+TEST_CASE("img2img and inpaint refuse bad inputs, naming the field and the file", "[sd][img2img]") {
+    sdgolden::Img2ImgModels mm;
+    auto models = case_models(mm, "img2img_tiny");
+    unet::Txt2ImgPipeline pipe(models);
+    for (double s : {0.0, 1.5, -0.1}) {
+        auto p = tiny_params(unet::SamplerKind::DDIM, 10, s);
+        CHECK(param_error([&] { pipe.validate(p); }).first == "strength");
+    }
+    // int(10 * 0.05) = 0: no step would run
+    auto [field, msg] = param_error([&] { pipe.validate(tiny_params(unet::SamplerKind::DDIM, 10, 0.05)); });
+    CHECK(field == "strength");
+    CHECK_THAT(msg, Catch::Contains("no denoising step"));
+    auto p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
+    p.init.init_image = "/nonexistent/init.png";
+    std::tie(field, msg) = param_error([&] { pipe.run(p); });
+    CHECK(field == "init_image");
+    CHECK_THAT(msg, Catch::Contains("/nonexistent/init.png"));
+    // a file that is not an image
+    p.init.init_image = test::golden("sd/img2img_tiny/config.json");
+    std::tie(field, msg) = param_error([&] { pipe.run(p); });
+    CHECK(field == "init_image");
+    CHECK_THAT(msg, Catch::Contains("config.json"));
+    // a mask of another size than the init image is refused with both sizes
+    p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
+    p.init.mask = test::golden("sd/pil_lanczos/mask_12x8.png");
+    std::tie(field, msg) = param_error([&] { pipe.run(p); });
+    CHECK(field == "mask");
+    CHECK_THAT(msg, Catch::Contains("12x8") && Catch::Contains("16x16"));
+    // a mask without an init image
+    p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
+    p.init.init_image.clear();
+    p.init.mask = test::golden("sd/inpaint_tiny/mask_image.png");
+    CHECK(param_error([&] { pipe.validate(p); }).first == "mask");
+    // the model-independent checks alone (what anchor-sd runs before loading the model)
+    unet::Img2ImgParams ip;
+    ip.init_image = test::golden("sd/img2img_tiny/init_image.png");
+    CHECK(ip.validate(10) == std::pair<int, int>{16, 16});
+    ip.strength = 1.5;
+    CHECK(param_error([&] { (void)ip.validate(10); }).first == "strength");
+    ip.strength = 0.5;
+    ip.mask = test::golden("sd/pil_lanczos/mask_12x8.png");
+    CHECK(param_error([&] { (void)ip.validate(10); }).first == "mask");
+    // a 9-channel UNet needs a mask
+    auto m9 = case_models(mm, "inpaint_tiny", true);
+    unet::Txt2ImgPipeline pipe9(m9);
+    CHECK(param_error([&] { pipe9.validate(tiny_params(unet::SamplerKind::DDIM, 10, 0.6)); }).first == "mask");
+}
+
+TEST_CASE("img2img output size: the init image's rounded down to the VAE factor, or -W/-H with a Lanczos resize",
+          "[sd][img2img]") {
+    sdgolden::Img2ImgModels mm;
+    auto models = case_models(mm, "img2img_tiny");
+    unet::Txt2ImgPipeline pipe(models);
+    auto p = tiny_params(unet::SamplerKind::Euler, 4, 0.5);
+    p.init.init_image = test::golden("sd/pil_lanczos/init_7x16.png"); // 7 wide: 6 with factor 2
+    auto r = pipe.resolved(p);
+    CHECK(r.width == 6);
+    CHECK(r.height == 16);
+    p.width = 32, p.height = 16; // stretched to 32x16 (latents 16x8: even down to the tiny UNet's deepest level)
+    auto res = pipe.run(p);
+    CHECK(res.init.init_image.sizes() == std::vector<int64_t>{1, 3, 16, 32});
+    CHECK(res.image_uint8.sizes() == std::vector<int64_t>{1, 16, 32, 3});
+    const auto resized = unet::resize_lanczos(unet::read_image_rgb(p.init.init_image), 32, 16);
+    CHECK(torch::equal(res.init.init_image, unet::preprocess_image(resized, 32, 16)));
+}
+
+TEST_CASE("anchor-sd -i --strength runs img2img and --mask inpaint, recording the inputs", "[cli][sd][img2img]") {
+    const auto dir = test::scratch_dir("cli_sd_img2img");
+    const std::string png = dir + "/img.png", lat = dir + "/img.safetensors";
+    auto r = test::run_program(test::sd_bin(), {"-m",
+                                                "assets/models/sd15-tiny-random",
+                                                "-i",
+                                                test::golden("sd/img2img_tiny/init_image.png"),
+                                                "--strength",
+                                                "0.6",
+                                                "--sampler",
+                                                "ddim",
+                                                "--steps",
+                                                "10",
+                                                "-s",
+                                                "42",
+                                                "-p",
+                                                "a photo of an astronaut riding a horse on mars",
+                                                "-o",
+                                                png,
+                                                "--save-latents",
+                                                lat,
+                                                "--threads",
+                                                "1",
+                                                "--overwrite"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    REQUIRE(fs::exists(png));
+    auto ours = SafeTensorsFile::open(lat);
+    auto golden = WeightMap::load(test::golden("sd/img2img_tiny/ddim10_strength0.6.safetensors"));
+    CHECK(torch::equal(ours->tensor("initial_noise"), golden.get("noise")));
+    const auto fl = ours->tensor("final_latents").to(torch::kFloat64),
+               gl = golden.get("final_latents").to(torch::kFloat64);
+    CHECK((fl - gl).abs().max().item<double>() <= 1e-1 * gl.abs().max().item<double>());
+    std::ifstream f(png + ".json");
+    const auto rec = nlohmann::json::parse(f);
+    CHECK(rec["mode"] == "img2img");
+    CHECK(rec["strength"] == 0.6);
+    CHECK(rec["first_step"] == 4);
+    CHECK(rec["unet_steps"] == 6);
+    CHECK(rec["init_image"]["sha256"] == sha256_file(test::golden("sd/img2img_tiny/init_image.png")));
+
+    const std::string png2 = dir + "/inpaint.png";
+    r = test::run_program(test::sd_bin(),
+                          {"-m", "assets/models/sd15-tiny-random", "-i", test::golden("sd/inpaint_tiny/init_image.png"),
+                           "--mask", test::golden("sd/inpaint_tiny/mask_image.png"), "--strength", "0.75", "--sampler",
+                           "euler", "--steps", "10", "-p", "a photo of an astronaut riding a horse on mars", "-o", png2,
+                           "--threads", "1", "--overwrite"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::ifstream f2(png2 + ".json");
+    const auto rec2 = nlohmann::json::parse(f2);
+    CHECK(rec2["mode"] == "inpaint");
+    CHECK(rec2["mask"]["sha256"] == sha256_file(test::golden("sd/inpaint_tiny/mask_image.png")));
+    CHECK(rec2["unet_steps"] == 7);
+
+    // bad strength: exit 2 naming the option
+    r = test::run_program(test::sd_bin(),
+                          {"-m", "assets/models/sd15-tiny-random", "-i", test::golden("sd/img2img_tiny/init_image.png"),
+                           "--strength", "1.5", "-p", "x", "-o", dir + "/bad.png", "--threads", "1"});
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--strength"));
+    r = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-i", dir + "/missing.png", "-p",
+                                           "x", "-o", dir + "/bad.png", "--threads", "1"});
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("missing.png"));
+}

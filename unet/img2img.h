@@ -1,0 +1,67 @@
+// img2img and inpainting inputs, prepared as diffusers 0.27.2 does (pipelines/stable_diffusion/
+// pipeline_stable_diffusion_img2img.py, pipeline_stable_diffusion_inpaint.py, image_processor.py; see
+// tests/golden/sd/img2img_tiny/README.md and inpaint_tiny/README.md): the images as PIL hands them to the
+// VaeImageProcessor (convert("RGB") / convert("L"), Image.resize with Lanczos when the size changes), [-1, 1]
+// pixels, the binarised mask and its nearest-neighbour latent-size copy, and get_timesteps' strength rule.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace anchor::unet {
+
+// The init image (and mask) of an img2img / inpaint run; none = txt2img. ParamError fields: "init_image", "mask",
+// "strength".
+struct Img2ImgParams {
+    std::string init_image; // image file (PNG exact; JPEG decoded by stb, which may round differently from PIL)
+    std::string mask;       // image file, greyed like PIL's convert("L"); >= 128 (white) = repaint, < 128 = keep
+    // How far the init image is noised, in (0, 1]: diffusers' strength. The loop runs the last
+    // min(int(steps * strength), steps) of the `steps` timesteps; 1 starts an inpaint run with a 9-channel UNet
+    // from pure noise, every other run from the noised init image.
+    double strength = 0.75;
+    // Decoded pixels instead of the files (a server, the golden checks): uint8 [H, W, 3] RGB and [H, W] grey.
+    torch::Tensor init_pixels, mask_pixels;
+
+    bool enabled() const { return !init_image.empty() || init_pixels.defined(); }
+    bool inpaint() const { return !mask.empty() || mask_pixels.defined(); }
+    // What needs no model: a mask only with an init image, strength in (0, 1] leaving >= 1 of `steps` to run, the
+    // files readable as images (headers only), pixel tensors shaped, the mask of the init image's size (refused
+    // otherwise). Returns the init image's width and height ({0, 0} without one). ParamError naming the field.
+    std::pair<int, int> validate(int steps) const;
+};
+
+// Image files as PIL gives them: convert("RGB") (grey replicated, alpha dropped) -> uint8 [H, W, 3];
+// convert("L") (ITU-R 601-2 luma, PIL's fixed point: (19595 R + 38470 G + 7471 B + 2^15) >> 16) -> uint8 [H, W].
+// ParamError(field) naming the file when it cannot be read or decoded.
+torch::Tensor read_image_rgb(const std::string& path, const std::string& field = "init_image");
+torch::Tensor read_image_grey(const std::string& path, const std::string& field = "mask");
+// Width and height of an image file from its header (no decoding); ParamError(field) naming the file.
+std::pair<int, int> image_file_size(const std::string& path, const std::string& field);
+
+// PIL's Image.resize(size, Image.LANCZOS) of an 8-bit image, uint8 [H, W] or [H, W, C]: separable, horizontal
+// pass first, coefficients in 22-bit fixed point (Pillow's Resample.c); the same image when the size is unchanged.
+torch::Tensor resize_lanczos(const torch::Tensor& u8, int width, int height);
+
+// VaeImageProcessor.preprocess(image, height, width): resized to width x height when that differs, / 255 in
+// float32, 2x - 1 -> [1, 3, H, W] float.
+torch::Tensor preprocess_image(const torch::Tensor& rgb_u8, int width, int height);
+// The mask processor (do_normalize False, do_binarize True, do_convert_grayscale True): resized, / 255, < 0.5 -> 0,
+// >= 0.5 -> 1 -> [1, 1, H, W] float.
+torch::Tensor preprocess_mask(const torch::Tensor& grey_u8, int width, int height);
+// prepare_mask_latents: F.interpolate(mask, size=(H / f, W / f)), mode nearest.
+torch::Tensor latent_mask(const torch::Tensor& mask_condition, int vae_factor);
+
+// get_timesteps: init_timestep = min(int(steps * strength), steps) (int() truncates the float64 product),
+// t_start = steps - init_timestep; the loop starts at loop step t_start * order (order 1 for every sampler here).
+struct StrengthSchedule {
+    int init_timestep = 0, t_start = 0;
+};
+// ParamError("strength") outside (0, 1] or when no step would run (int(steps * strength) == 0).
+StrengthSchedule strength_schedule(int steps, double strength);
+
+// SHA-256 of the init image / mask as given: the file's bytes, or the pixel bytes when given as a tensor.
+std::string init_image_sha256(const Img2ImgParams& p);
+std::string mask_sha256(const Img2ImgParams& p);
+
+} // namespace anchor::unet
