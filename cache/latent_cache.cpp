@@ -245,13 +245,9 @@ torch::Tensor LatentCache::rows_fresh(const torch::Tensor& stamps, int64_t step,
 
 std::optional<RowFreshness> LatentCache::fresh_rows(const CacheKey& key, int64_t step, int64_t max_staleness) {
     std::lock_guard<std::mutex> lock(mu_);
-    ++ops_.hash_lookups;
-    auto it = index_.find(key);
-    if (it == index_.end()) {
-        ++stats_.misses;
-        return std::nullopt;
-    }
-    const uint32_t i = it->second;
+    const auto found = lookup_locked(key);
+    if (!found) return std::nullopt;
+    const uint32_t i = *found;
     if (!stamps_[i].defined()) throw Error("LatentCache::fresh_rows: " + key.str() + " is not a row-versioned entry");
     auto r = freshness(stamps_[i], step, max_staleness);
     stats_.row_hits += uint64_t(r.hits);
@@ -262,14 +258,20 @@ std::optional<RowFreshness> LatentCache::fresh_rows(const CacheKey& key, int64_t
     return r;
 }
 
-std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_t step, int max_staleness) {
+std::optional<uint32_t> LatentCache::lookup_locked(const CacheKey& key) {
     ++ops_.hash_lookups;
     auto it = index_.find(key);
     if (it == index_.end()) {
         ++stats_.misses;
         return std::nullopt;
     }
-    const uint32_t i = it->second;
+    return it->second;
+}
+
+std::optional<torch::Tensor> LatentCache::get_locked(const CacheKey& key, int64_t step, int max_staleness) {
+    const auto found = lookup_locked(key);
+    if (!found) return std::nullopt;
+    const uint32_t i = *found;
     const int64_t age = step - nodes_[i].meta.step;
     // A row-versioned entry is served whatever its age: its rows carry their own versions (fresh_rows).
     if (nodes_[i].meta.row_dim < 0 && (age < 0 || age > max_staleness)) {

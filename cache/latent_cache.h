@@ -194,6 +194,7 @@ private:
     bool put_locked(const CacheKey& key, torch::Tensor stored, torch::ScalarType dtype, bool fp16, int64_t step,
                     int64_t row_dim, torch::Tensor stamps);
     std::optional<torch::Tensor> get_locked(const CacheKey& key, int64_t step, int max_staleness);
+    std::optional<uint32_t> lookup_locked(const CacheKey& key); // counts the lookup, and a miss
 
     LatentCacheOptions opts_;
     std::vector<Node> nodes_;           // metadata slab

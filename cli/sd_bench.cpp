@@ -1,5 +1,5 @@
 // `anchor-sd bench`: the option table of unet/unet_bench.h, the report printed and optionally written.
-#include "cli/sd_bench.h"
+#include "cli/sd_commands.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"

@@ -1,6 +1,6 @@
 // `anchor-sd bench-cache`: every cache mode against `off` in one run (unet/cache_bench.h): the option table, the
 // models (a real one with -m, else a random-weight UNet on --device), printing and the result files.
-#include "cli/sd_bench_cache.h"
+#include "cli/sd_commands.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"

@@ -4,9 +4,7 @@
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
-#include "cli/sd_bench.h"
-#include "cli/sd_bench_cache.h"
-#include "cli/sd_train.h"
+#include "cli/sd_commands.h"
 #include "text/gpt2_tokenizer.h" // UTF-8 validation
 #include "unet/compare.h"
 #include "unet/freq_cache.h"

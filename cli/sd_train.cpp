@@ -1,6 +1,6 @@
 // `anchor-sd train-vae | train-unet | train-classifier | eval-fashion`: the Fashion-MNIST demo model
 // (unet/train/sd_train.h) and its evaluation with the real caches.
-#include "cli/sd_train.h"
+#include "cli/sd_commands.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"

@@ -238,16 +238,7 @@ inline std::vector<Comparison> compare_img2img_run(Img2ImgModels& mm, const std:
     params = pipe.resolved(params); // a case without a size: the init image's
     c10::InferenceMode guard;
 
-    out.push_back({"prompt_ids", pipe.prompt_ids(params.prompts), g.get("prompt_ids"), 0, 0, Comparison::Exact});
-    if (g.has("negative_prompt_ids")) {
-        auto nids = pipe.prompt_ids(unet::Txt2ImgPipeline::negatives_of(params));
-        const auto gn = g.get("negative_prompt_ids");
-        // A reference that tokenized one shared negative prompt stores one row.
-        if (gn.size(0) == 1 && nids.size(0) > 1 && torch::equal(nids, nids.narrow(0, 0, 1).expand_as(nids)))
-            nids = nids.narrow(0, 0, 1);
-        out.push_back({"negative_prompt_ids", nids, gn, 0, 0, Comparison::Exact});
-    }
-    out.push_back({"prompt_embeds", pipe.encode_prompts(params, cfg_on, nullptr), g.get("prompt_embeds")});
+    compare_prompts(pipe, params, g, cfg_on, out);
 
     // Schedule: get_timesteps and the facts the case states.
     auto sched = unet::make_scheduler(params.sampler, spec.scheduler, params.eta);

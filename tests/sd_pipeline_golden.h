@@ -246,6 +246,21 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
     return s;
 }
 
+// Prompt ids and embeddings, as diffusers' encode_prompt batches them.
+inline void compare_prompts(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgParams& params, const WeightMap& g,
+                            bool cfg_on, std::vector<Comparison>& out) {
+    out.push_back({"prompt_ids", pipe.prompt_ids(params.prompts), g.get("prompt_ids"), 0, 0, Comparison::Exact});
+    if (g.has("negative_prompt_ids")) {
+        auto nids = pipe.prompt_ids(unet::Txt2ImgPipeline::negatives_of(params));
+        const auto gn = g.get("negative_prompt_ids");
+        // A reference that tokenized one shared negative prompt stores one row.
+        if (gn.size(0) == 1 && nids.size(0) > 1 && torch::equal(nids, nids.narrow(0, 0, 1).expand_as(nids)))
+            nids = nids.narrow(0, 0, 1);
+        out.push_back({"negative_prompt_ids", nids, gn, 0, 0, Comparison::Exact});
+    }
+    out.push_back({"prompt_embeds", pipe.encode_prompts(params, cfg_on, nullptr), g.get("prompt_embeds")});
+}
+
 // All comparisons of run `run` (a `<run>.safetensors` in `dir`).
 inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::filesystem::path& dir,
                                            const nlohmann::json& cfg, const std::string& run,
@@ -267,17 +282,7 @@ inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::fi
     unet::Txt2ImgPipeline pipe(models);
     c10::InferenceMode guard;
 
-    // Prompt ids and embeddings, as diffusers' encode_prompt batches them.
-    out.push_back({"prompt_ids", pipe.prompt_ids(params.prompts), g.get("prompt_ids"), 0, 0, Comparison::Exact});
-    if (g.has("negative_prompt_ids")) {
-        auto nids = pipe.prompt_ids(unet::Txt2ImgPipeline::negatives_of(params));
-        const auto gn = g.get("negative_prompt_ids");
-        // A reference that tokenized one shared negative prompt stores one row.
-        if (gn.size(0) == 1 && nids.size(0) > 1 && torch::equal(nids, nids.narrow(0, 0, 1).expand_as(nids)))
-            nids = nids.narrow(0, 0, 1);
-        out.push_back({"negative_prompt_ids", nids, gn, 0, 0, Comparison::Exact});
-    }
-    out.push_back({"prompt_embeds", pipe.encode_prompts(params, cfg_on, nullptr), g.get("prompt_embeds")});
+    compare_prompts(pipe, params, g, cfg_on, out);
 
     // Schedule.
     auto sched = unet::make_scheduler(params.sampler, spec.scheduler, params.eta);

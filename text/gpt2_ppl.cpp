@@ -93,7 +93,11 @@ PplReport evaluate_ppl(const PplParams& p, const PplProgress& progress) {
         if (auto refusal = cannot_run(spec, p.positions, N, P)) {
             run.skipped = refusal->field() == "kv" ? "the text is longer than n_positions"
                                                    : "positions absolute past n_positions";
-            run.skipped_why = refusal->field() == "kv" ? refusal->detail() : refusal->what();
+            // The row is labelled with the mode already: "full cannot go past ..." reads "cannot go past ...".
+            const std::string d = refusal->detail(), lead = "full ";
+            run.skipped_why = refusal->field() != "kv" ? refusal->what()
+                              : d.rfind(lead, 0) == 0  ? d.substr(lead.size())
+                                                       : d;
         }
         if (run.skipped.empty()) {
             try {

@@ -23,6 +23,14 @@ using torch::Tensor;
 
 namespace {
 
+// A step's record, begun with the shallow probe's r_k (both modes probe every step: the log and the policies read it).
+CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, const Tensor& x, int step) {
+    CacheStepLog rec;
+    rec.step = step;
+    rec.energy_change = probe.update(unet, x);
+    return rec;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -300,9 +308,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
                                    int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
-    CacheStepLog rec;
-    rec.step = step;
-    rec.energy_change = probe_.update(unet, x);
+    CacheStepLog rec = probed_step(probe_, unet, x, step);
     cache::StepSignals sig;
     sig.step = step;
     sig.num_steps = num_steps_;
@@ -388,9 +394,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
                                   int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
-    CacheStepLog rec;
-    rec.step = step;
-    rec.energy_change = probe_.update(unet, x);
+    CacheStepLog rec = probed_step(probe_, unet, x, step);
     bool full = !policy_ || policy_->decide({step, num_steps_, {}, rec.energy_change}).action == cache::Action::Full;
     // The feature of the last full step serves the interval - 1 steps after it.
     std::optional<Tensor> cached;

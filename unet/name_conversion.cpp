@@ -239,13 +239,7 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
     UNetConfig c;
     if (!w.has("input_blocks.0.0.weight") || !w.has("out.2.weight"))
         throw Error("UNet weights lack input_blocks.0.0.weight / out.2.weight");
-    c.in_channels = int(w.shape("input_blocks.0.0.weight")[1]);
-    c.out_channels = int(w.shape("out.2.weight")[0]);
-    c.block_out_channels.clear();
-    c.down_block_types.clear();
-    c.up_block_types.clear();
-    c.layers_per_block.clear();
-    c.transformer_layers_per_block.clear();
+    c = UNetConfig::blank(int(w.shape("input_blocks.0.0.weight")[1]), int(w.shape("out.2.weight")[0]));
     int cross = -1;
     bool linear = false;
     int layers = 0, ch = 0, depth = 1;

@@ -279,17 +279,23 @@ UNetConfig UNetConfig::from_json_file(const std::string& path) {
     return from_json(JsonConfig::load(path, "UNet config").json(), path);
 }
 
-UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
+UNetConfig UNetConfig::blank(int in_channels, int out_channels) {
     UNetConfig c;
-    if (!w.has("conv_in.weight") || !w.has("conv_out.weight"))
-        throw Error("UNet weights lack conv_in.weight / conv_out.weight");
-    c.in_channels = int(w.shape("conv_in.weight")[1]);
-    c.out_channels = int(w.shape("conv_out.weight")[0]);
+    c.in_channels = in_channels;
+    c.out_channels = out_channels;
     c.block_out_channels.clear();
     c.down_block_types.clear();
     c.up_block_types.clear();
     c.layers_per_block.clear();
     c.transformer_layers_per_block.clear();
+    return c;
+}
+
+UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
+    UNetConfig c;
+    if (!w.has("conv_in.weight") || !w.has("conv_out.weight"))
+        throw Error("UNet weights lack conv_in.weight / conv_out.weight");
+    c = UNetConfig::blank(int(w.shape("conv_in.weight")[1]), int(w.shape("conv_out.weight")[0]));
     int cross = -1;
     bool linear = false;
     for (int i = 0;; ++i) {

@@ -149,6 +149,8 @@ struct UNetConfig {
     // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
     static UNetConfig from_json(const nlohmann::json& j, const std::string& source = "UNet config");
     static UNetConfig from_json_file(const std::string& path);
+    // Empty per-block lists for a detector to fill from tensor shapes.
+    static UNetConfig blank(int in_channels, int out_channels);
     // From diffusers-named tensor shapes only. Head counts are not visible in shapes: SD 2.x layouts (linear
     // projections or cross-attention width 1024) get head dim 64 per block, SD 1.x layouts 8 heads everywhere.
     static UNetConfig detect_from_weights(const WeightMap& w);

@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/mapped_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -37,33 +38,15 @@ DType from_torch(torch::ScalarType st) {
     throw Error(std::string("safetensors cannot store torch dtype ") + c10::toString(st));
 }
 
-SafeTensorsFile::~SafeTensorsFile() {
-    if (map_) ::munmap(map_, map_size_);
-}
+SafeTensorsFile::~SafeTensorsFile() {}
 
 std::shared_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        throw Error("'" + path + "' is not a regular file");
-    }
+    MappedFile mapped(path);
     std::shared_ptr<SafeTensorsFile> f(new SafeTensorsFile());
     f->self_ = f;
     f->path_ = path;
-    f->map_size_ = static_cast<size_t>(st.st_size);
-    if (f->map_size_ > 0) {
-        // MAP_PRIVATE + PROT_WRITE: copy-on-write, so an in-place op on a returned view can never reach the file.
-        void* m = ::mmap(nullptr, f->map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            ::close(fd);
-            throw Error("cannot memory-map '" + path + "': " + std::strerror(errno));
-        }
-        f->map_ = m;
-    }
-    ::close(fd);
-    f->parse(static_cast<const char*>(f->map_), f->map_size_);
+    f->mapped_ = std::move(mapped);
+    f->parse(f->mapped_.data(), f->mapped_.size());
     return f;
 }
 

@@ -5,6 +5,8 @@
 
 #include "cache/io/safetensors_header.h"
 
+#include "cache/io/mapped_file.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -42,8 +44,7 @@ private:
     void parse(const char* base, size_t size);
 
     std::string path_;
-    void* map_ = nullptr;
-    size_t map_size_ = 0;
+    MappedFile mapped_; // empty for from_bytes
     std::string owned_; // from_bytes storage
     SafeTensorsHeader header_;
     const char* data_ = nullptr;

@@ -1,6 +1,7 @@
 #include "cache/io/torch_checkpoint.h"
 
 #include "cache/io/error.h"
+#include "cache/io/mapped_file.h"
 #include "cache/io/pickle.h"
 #include "cache/io/zip_file.h"
 
@@ -101,33 +102,16 @@ TorchCheckpoint::TorchCheckpoint() : impl_(new Impl) {}
 
 TorchCheckpoint::~TorchCheckpoint() {
     impl_.reset();
-    if (map_) ::munmap(map_, map_size_);
 }
 
 std::shared_ptr<TorchCheckpoint> TorchCheckpoint::open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        throw Error("'" + path + "' is not a regular file");
-    }
+    MappedFile mapped(path);
     std::shared_ptr<TorchCheckpoint> c(new TorchCheckpoint());
     c->self_ = c;
     c->path_ = path;
-    c->map_size_ = static_cast<size_t>(st.st_size);
-    if (c->map_size_ > 0) {
-        // MAP_PRIVATE + PROT_WRITE: copy-on-write, so an in-place op on a returned view can never reach the file.
-        void* m = ::mmap(nullptr, c->map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            ::close(fd);
-            throw Error("cannot memory-map '" + path + "': " + std::strerror(errno));
-        }
-        c->map_ = m;
-    }
-    ::close(fd);
-    c->base_ = static_cast<const char*>(c->map_);
-    c->size_ = c->map_size_;
+    c->mapped_ = std::move(mapped);
+    c->base_ = c->mapped_.data();
+    c->size_ = c->mapped_.size();
     c->parse();
     return c;
 }

@@ -14,6 +14,8 @@
 // pickle led by a magic number, or a tar file) is refused with advice.
 #pragma once
 
+#include "cache/io/mapped_file.h"
+
 #include <torch/torch.h>
 
 #include <memory>
@@ -49,8 +51,7 @@ private:
     TorchCheckpoint();
     void parse();
     std::string path_;
-    void* map_ = nullptr;
-    size_t map_size_ = 0;
+    MappedFile mapped_; // empty for from_bytes
     std::string owned_;
     const char* base_ = nullptr;
     size_t size_ = 0;

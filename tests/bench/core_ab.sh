@@ -23,7 +23,7 @@ for r in $(seq 1 "$rounds"); do
     [ "$side" = after ] &&
       echo "  unet-step   after --attention fused: $("$sd" bench --threads 1 --unet-config "$fashion" -W 64 -H 64 --batch 20 --deepcache 4 --repeat 9 --attention fused 2>&1 | unet_step)"
     echo "  eval-fashion $side: $("$sd" eval-fashion --threads 1 --modes off,deepcache:4,freq --seeds 1 --repeats 2 -o "$tmp/eval-$side" --overwrite 2>&1 | fashion_eval)"
-    echo "  gpt2-bench  $side: $("$tx" gpt2 bench --threads 1 --repeats 3 --stream-tokens 300 --recompute-repeats 1 2>&1 | gpt2)"
-    echo "  mdlm-bench  $side: $("$tx" diffusion bench --threads 1 -m assets/models/kjv-mdlm --steps-list 64,128 --repeats 2 --length 256 --prompt-len 64 2>&1 | mdlm)"
+    echo "  gpt2-bench  $side: $("$tx" --threads 1 gpt2 bench --repeats 3 --stream-tokens 300 --recompute-repeats 1 2>&1 | gpt2)"
+    echo "  mdlm-bench  $side: $("$tx" --threads 1 diffusion bench -m assets/models/kjv-mdlm --steps-list 64,128 --repeats 2 --length 256 --prompt-len 64 2>&1 | mdlm)"
   done
 done

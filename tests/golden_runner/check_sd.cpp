@@ -24,17 +24,6 @@ nlohmann::json read_json(const fs::path& p) {
     return nlohmann::json::parse(f);
 }
 
-CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& body) {
-    CaseResult r;
-    r.name = name;
-    try {
-        body(r.stats);
-    } catch (const std::exception& e) {
-        r.stats.fail(std::string("exception: ") + e.what());
-    }
-    return r;
-}
-
 // The BPE vocabulary: a `*.txt.gz` in a `vocab/` sibling of an ancestor, or the bundled one.
 std::string find_vocab(const fs::path& dir) {
     for (fs::path p = dir; !p.empty() && p != p.parent_path(); p = p.parent_path()) {

@@ -24,17 +24,6 @@ using nlohmann::json;
 // The golden README's suggestions: merged deltas atol 1e-6 (rtol 1e-5), model outputs atol 1e-4 rtol 1e-4.
 constexpr double kDeltaAtol = 1e-6, kDeltaRtol = 1e-5, kOutAtol = 1e-4, kOutRtol = 1e-4;
 
-CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& body) {
-    CaseResult r;
-    r.name = name;
-    try {
-        body(r.stats);
-    } catch (const std::exception& e) {
-        r.stats.fail(std::string("exception: ") + e.what());
-    }
-    return r;
-}
-
 void require_known_keys(const json& j, const std::set<std::string>& known, const std::string& where) {
     for (const auto& [k, v] : j.items())
         if (!known.count(k)) throw Error(where + ": key '" + k + "' is not understood by this checker");

@@ -77,7 +77,9 @@ bool register_checker(Checker c) {
     return true;
 }
 
-const std::vector<Checker>& checkers() { return registry(); }
+const std::vector<Checker>& checkers() {
+    return registry();
+}
 
 std::string read_text(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
@@ -87,6 +89,17 @@ std::string read_text(const fs::path& p) {
     return ss.str();
 }
 
+CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& body) {
+    CaseResult r;
+    r.name = name;
+    try {
+        body(r.stats);
+    } catch (const std::exception& e) {
+        r.stats.fail(std::string("exception: ") + e.what());
+    }
+    return r;
+}
+
 std::string relative_name(const fs::path& dir, const Context& ctx) {
     std::error_code ec;
     auto rel = fs::relative(dir, ctx.root, ec);
@@ -94,7 +107,9 @@ std::string relative_name(const fs::path& dir, const Context& ctx) {
     return s.empty() || s == "." ? std::string(".") : s;
 }
 
-bool has_file(const fs::path& dir, const std::string& name) { return fs::is_regular_file(dir / name); }
+bool has_file(const fs::path& dir, const std::string& name) {
+    return fs::is_regular_file(dir / name);
+}
 
 std::string config_class(const fs::path& dir) {
     if (!has_file(dir, "config.json")) return "";

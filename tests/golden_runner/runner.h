@@ -42,7 +42,7 @@ struct CaseResult {
 };
 
 struct Context {
-    fs::path root;      // the directory given on the command line
+    fs::path root; // the directory given on the command line
     bool verbose = false;
 };
 
@@ -61,6 +61,8 @@ const std::vector<Checker>& checkers();
 // Helpers for checkers.
 std::string read_text(const fs::path& p);
 std::string relative_name(const fs::path& dir, const Context& ctx);
+// Runs `body` on a fresh result named `name`; an exception becomes the case's failure ("exception: ...").
+CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& body);
 bool has_file(const fs::path& dir, const std::string& name);
 // Parsed config.json (or an empty object); `_class_name` (diffusers) or `architectures[0]` (HF) or "".
 std::string config_class(const fs::path& dir);

@@ -1,0 +1,24 @@
+// anchor-sd's subcommands beside txt2img. Each add_* registers its subcommands on `app` and appends (subcommand,
+// runner) to `runners`; the caller runs the runner of the subcommand that was parsed (it returns the exit code).
+#pragma once
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace anchor::cli {
+
+using SdRunners = std::vector<std::pair<CLI::App*, std::function<int()>>>;
+
+// `bench`: UNet step speed with analytic MAC counts, against this machine's own GEMM rate (cli/sd_bench.cpp).
+void add_sd_bench_command(CLI::App& app, SdRunners& runners);
+// `bench-cache`: every cache mode against `off` in one run (MACs per step, wall time, speed-up, quality).
+void add_sd_bench_cache_command(CLI::App& app, SdRunners& runners);
+// `train-vae | train-unet | train-classifier | eval-fashion | calibrate` (the Fashion-MNIST demo model).
+void add_sd_train_commands(CLI::App& app, SdRunners& runners);
+
+} // namespace anchor::cli
