@@ -94,9 +94,9 @@ void print_compare_table(const nlohmann::json& rep) {
     }
 }
 
-int run(Options& o) {
+// The job from the options: --deepcache sugar, prompts (and their <lora:...> tags), checks before loading anything.
+std::vector<LoraSpec> prepare_job(Options& o) {
     auto& job = o.job;
-    const auto dtype = parse_dtype(o.dtype);
     if (o.deepcache > 0) { // --deepcache N is sugar for --cache deepcache:N
         if (job.cache != "off") throw UsageError("--cache and --deepcache are exclusive");
         job.cache = "deepcache:" + std::to_string(o.deepcache) + ",branch=" + std::to_string(o.deepcache_branch);
@@ -109,47 +109,62 @@ int run(Options& o) {
     // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
     job.params.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
     if (o.compare.empty()) job.validate();
-    for (const auto& m : split_mode_list(o.compare)) (void)parse_cache_mode(m); // before loading anything
+    for (const auto& m : split_mode_list(o.compare)) (void)parse_cache_mode(m);
     if (job.params.seed < 0) {
         std::random_device rd;
         job.params.seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
     }
     std::fprintf(stderr, "seed: %lld\n", (long long)job.params.seed);
+    return loras;
+}
 
+SDModels load_models(const Options& o, const std::vector<LoraSpec>& loras, double& load_s) {
     const auto t0 = std::chrono::steady_clock::now();
     LoadOptions lo;
-    lo.dtype = dtype;
+    lo.dtype = parse_dtype(o.dtype);
     lo.attention = o.attention;
     lo.loras = loras;
     SDModels models = load_sd_models(o.model, lo);
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded %s (%s, %s, %s attention) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
                  enum_name(sd_family_table(), models.family).c_str(),
                  enum_name(kernels::attention_kernel_table(), models.attention).c_str(), fmt_s(load_s).c_str(),
                  models.unet->config().describe().c_str());
     for (const auto& l : models.loras)
         std::fprintf(stderr, "LoRA %s x %g: %d modules merged\n", l.path.c_str(), l.multiplier, l.modules);
+    return models;
+}
+
+int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
+    const auto& job = o.job;
+    auto p = pipe.resolved(job.params);
+    p.prompts = job.prompts;
+    pipe.validate(p);
+    const fs::path out(job.output);
+    auto meta = job.facts;
+    meta.update({{"prompt", o.prompt},
+                 {"seed", p.seed},
+                 {"steps", p.steps},
+                 {"sampler", sampler_name(p.sampler)},
+                 {"cfg_scale", p.guidance_scale},
+                 {"width", p.width},
+                 {"height", p.height}});
+    auto rep = run_compare(pipe, p, o.compare, (out.parent_path() / out.stem()).string(), meta, job.overwrite,
+                           [](const std::string& m) { std::fprintf(stderr, "compare: %s\n", m.c_str()); });
+    print_compare_table(rep);
+    return 0;
+}
+
+int run(Options& o) {
+    auto& job = o.job;
+    (void)parse_dtype(o.dtype); // before loading anything
+    const auto loras = prepare_job(o);
+    double load_s = 0;
+    SDModels models = load_models(o, loras, load_s);
     Txt2ImgPipeline pipe(models);
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
-    if (!o.compare.empty()) {
-        auto p = pipe.resolved(job.params);
-        p.prompts = job.prompts;
-        pipe.validate(p);
-        const fs::path out(job.output);
-        auto meta = job.facts;
-        meta.update({{"prompt", o.prompt},
-                     {"seed", p.seed},
-                     {"steps", p.steps},
-                     {"sampler", sampler_name(p.sampler)},
-                     {"cfg_scale", p.guidance_scale},
-                     {"width", p.width},
-                     {"height", p.height}});
-        auto rep = run_compare(pipe, p, o.compare, (out.parent_path() / out.stem()).string(), meta, job.overwrite,
-                               [](const std::string& m) { std::fprintf(stderr, "compare: %s\n", m.c_str()); });
-        print_compare_table(rep);
-        return 0;
-    }
+    if (!o.compare.empty()) return run_compare_modes(pipe, o);
     Txt2ImgJobCallbacks cb;
     cb.progress = progress_bar;
     cb.batch_done = [&](const std::vector<Txt2ImgJobImage>& imgs, double denoise_s, double decode_s, int64_t rss) {
