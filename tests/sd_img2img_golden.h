@@ -60,39 +60,11 @@ inline std::string folder_token(const std::string& s) {
 
 // vae_factor 0: not checked (the models are not loaded yet).
 inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::string& run, int vae_factor) {
-    if (!cfg.contains("runs") || !cfg["runs"].contains(run)) throw Error("config.json: no runs." + run);
-    nlohmann::json m = cfg;
-    m.erase("runs");
-    for (const auto& [k, v] : cfg["runs"][run].items()) m[k] = v;
-    static const std::set<std::string> parameters = {"prompts",
-                                                     "prompt",
-                                                     "negative_prompt",
-                                                     "negative_prompts",
-                                                     "num_images_per_prompt",
-                                                     "batch_size",
-                                                     "guidance_scale",
-                                                     "seed",
-                                                     "height",
-                                                     "width",
-                                                     "vae_scale_factor",
-                                                     "scheduler_base_config",
-                                                     "scheduler",
-                                                     "num_inference_steps",
-                                                     "strength",
-                                                     "t_start",
-                                                     "num_denoising_steps",
-                                                     "init_timestep",
-                                                     "all_timesteps",
-                                                     "timesteps",
-                                                     "begin_index",
-                                                     "order",
-                                                     "sigmas",
-                                                     "init_noise_sigma",
-                                                     "is_strength_max",
-                                                     "unet",
-                                                     "eta",
-                                                     "clip_skip",
-                                                     "generator_uses"};
+    const nlohmann::json m = run_parameters(cfg, run);
+    static const std::set<std::string> parameters = with_prompt_parameters(
+        {"vae_scale_factor", "scheduler_base_config", "scheduler", "num_inference_steps", "strength", "t_start",
+         "num_denoising_steps", "init_timestep", "all_timesteps", "timesteps", "begin_index", "order", "sigmas",
+         "init_noise_sigma", "is_strength_max", "unet", "eta", "clip_skip", "generator_uses"});
     // Descriptive: how the case was made (the image and weight seeds, the forward golden's inputs, the 9-channel
     // UNet's config, checked against its folder when loaded), and what was verified when it was made.
     static const std::set<std::string> descriptive = {

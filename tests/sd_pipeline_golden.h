@@ -134,40 +134,32 @@ inline int64_t manual_seed_in(const std::string& text) {
 
 } // namespace detail
 
+// Run `run` of a case's config.json: the top level with the run's own keys over it (a case may vary the seed or
+// guidance per run).
+inline nlohmann::json run_parameters(const nlohmann::json& cfg, const std::string& run) {
+    if (!cfg.contains("runs") || !cfg["runs"].contains(run)) throw Error("config.json: no runs." + run);
+    nlohmann::json m = cfg;
+    m.erase("runs");
+    for (const auto& [k, v] : cfg["runs"][run].items()) m[k] = v;
+    return m;
+}
+
+// `extra` and the prompt, guidance, seed and size parameters every txt2img-style run may have.
+inline std::set<std::string> with_prompt_parameters(std::set<std::string> extra) {
+    for (const char* k : {"prompts", "prompt", "negative_prompt", "negative_prompts", "num_images_per_prompt",
+                          "batch_size", "guidance_scale", "seed", "height", "width"})
+        extra.insert(k);
+    return extra;
+}
+
 // Reads run `run` of a txt2img case; throws anchor::Error naming the key it cannot use.
 inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::json& cfg_in, const std::string& run,
                              int vae_factor) {
-    const nlohmann::json cfg = resolved_config(dir, cfg_in);
-    if (!cfg.contains("runs") || !cfg["runs"].contains(run)) throw Error("config.json: no runs." + run);
-    const auto& rc = cfg["runs"][run];
-    // Per-run keys override the top level (a case may vary the seed or guidance per run).
-    nlohmann::json m = cfg;
-    m.erase("runs");
-    for (const auto& [k, v] : rc.items()) m[k] = v;
-    static const std::set<std::string> parameters = {"prompts",
-                                                     "prompt",
-                                                     "negative_prompt",
-                                                     "negative_prompts",
-                                                     "num_images_per_prompt",
-                                                     "batch_size",
-                                                     "guidance_scale",
-                                                     "seed",
-                                                     "height",
-                                                     "width",
-                                                     "latent_shape",
-                                                     "vae_scale_factor",
-                                                     "scheduler_base_config",
-                                                     "scheduler",
-                                                     "num_inference_steps",
-                                                     "timesteps",
-                                                     "init_noise_sigma",
-                                                     "eta",
-                                                     "clip_skip",
-                                                     "guidance_rescale",
-                                                     "cache_interval",
-                                                     "cache_branch_id",
-                                                     "skip_mode",
-                                                     "step_modes"};
+    const nlohmann::json m = run_parameters(resolved_config(dir, cfg_in), run);
+    static const std::set<std::string> parameters =
+        with_prompt_parameters({"latent_shape", "vae_scale_factor", "scheduler_base_config", "scheduler",
+                                "num_inference_steps", "timesteps", "init_noise_sigma", "eta", "clip_skip",
+                                "guidance_rescale", "cache_interval", "cache_branch_id", "skip_mode", "step_modes"});
     for (const auto& [k, v] : m.items())
         if (!parameters.count(k) && !detail::descriptive_key(k))
             throw Error("config.json: parameter '" + k + "' (runs." + run + ") is not understood by this checker");
