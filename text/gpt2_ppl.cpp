@@ -57,7 +57,7 @@ namespace {
 std::optional<ParamError> cannot_run(const KvSpec& kv, PositionMode positions, int64_t N, int64_t P) {
     const std::string text = " (the text has " + std::to_string(N) + " tokens)";
     if (kv.mode == KvMode::Full && N > P)
-        return ParamError("kv", "full cannot go past n_positions=" + std::to_string(P) + text +
+        return ParamError("kv", "cannot go past n_positions=" + std::to_string(P) + text +
                                     "; use sink:S,W, window:W or recompute:W, or max_tokens " + std::to_string(P));
     if (positions == PositionMode::Absolute && N > P)
         return ParamError("positions", "absolute cannot go past n_positions=" + std::to_string(P) + text +
@@ -93,11 +93,7 @@ PplReport evaluate_ppl(const PplParams& p, const PplProgress& progress) {
         if (auto refusal = cannot_run(spec, p.positions, N, P)) {
             run.skipped = refusal->field() == "kv" ? "the text is longer than n_positions"
                                                    : "positions absolute past n_positions";
-            // The row is labelled with the mode already: "full cannot go past ..." reads "cannot go past ...".
-            const std::string d = refusal->detail(), lead = "full ";
-            run.skipped_why = refusal->field() != "kv" ? refusal->what()
-                              : d.rfind(lead, 0) == 0  ? d.substr(lead.size())
-                                                       : d;
+            run.skipped_why = refusal->field() == "kv" ? refusal->detail() : refusal->what();
         }
         if (run.skipped.empty()) {
             try {

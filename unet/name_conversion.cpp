@@ -278,12 +278,8 @@ UNetConfig detect_ldm_unet_config(const WeightMap& w) {
         c.up_block_types.push_back(
             w.has("output_blocks." + std::to_string(start) + ".1.norm.weight") ? "CrossAttnUpBlock2D" : "UpBlock2D");
     }
-    if (cross < 0 && w.has("middle_block.1.transformer_blocks.0.attn2.to_k.weight"))
-        cross = int(w.shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1]);
-    if (cross > 0) c.cross_attention_dim = cross;
-    c.use_linear_projection = linear;
-    c.mid_block = w.has("middle_block.0.in_layers.0.weight");
-    c.heads = default_unet_heads(c.block_out_channels, linear || cross == 1024);
+    c.finish_detection(w, "middle_block.1.transformer_blocks.0.attn2.to_k.weight", "middle_block.0.in_layers.0.weight",
+                       cross, linear);
     return c;
 }
 

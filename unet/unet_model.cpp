@@ -321,13 +321,18 @@ UNetConfig UNetConfig::detect_from_weights(const WeightMap& w) {
     for (size_t i = 0; i < n; ++i)
         c.up_block_types.push_back(
             w.has("up_blocks." + std::to_string(i) + ".attentions.0.norm.weight") ? "CrossAttnUpBlock2D" : "UpBlock2D");
-    if (cross < 0 && w.has("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight"))
-        cross = int(w.shape("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight")[1]);
-    if (cross > 0) c.cross_attention_dim = cross;
-    c.use_linear_projection = linear;
-    c.mid_block = w.has("mid_block.resnets.0.conv1.weight");
-    c.heads = default_unet_heads(c.block_out_channels, linear || cross == 1024);
+    c.finish_detection(w, "mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight",
+                       "mid_block.resnets.0.conv1.weight", cross, linear);
     return c;
+}
+
+void UNetConfig::finish_detection(const WeightMap& w, const std::string& mid_attn2_to_k, const std::string& mid_resnet,
+                                  int cross, bool linear) {
+    if (cross < 0 && w.has(mid_attn2_to_k)) cross = int(w.shape(mid_attn2_to_k)[1]);
+    if (cross > 0) cross_attention_dim = cross;
+    use_linear_projection = linear;
+    mid_block = w.has(mid_resnet);
+    heads = default_unet_heads(block_out_channels, linear || cross == 1024);
 }
 
 std::string UNetConfig::describe() const {

@@ -151,6 +151,11 @@ struct UNetConfig {
     static UNetConfig from_json_file(const std::string& path);
     // Empty per-block lists for a detector to fill from tensor shapes.
     static UNetConfig blank(int in_channels, int out_channels);
+    // The fields both detectors (diffusers and LDM names) derive the same way once the blocks are read: the
+    // cross-attention width (`cross`, or the mid block's attn2 to_k when the blocks had none), the projection kind,
+    // the mid block and the head counts (sd_family's rule).
+    void finish_detection(const WeightMap& w, const std::string& mid_attn2_to_k, const std::string& mid_resnet,
+                          int cross, bool linear);
     // From diffusers-named tensor shapes only. Head counts are not visible in shapes: SD 2.x layouts (linear
     // projections or cross-attention width 1024) get head dim 64 per block, SD 1.x layouts 8 heads everywhere.
     static UNetConfig detect_from_weights(const WeightMap& w);
