@@ -4,6 +4,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/threads.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -19,43 +20,11 @@
 
 namespace anchor {
 
-std::string blas_in_use() {
-    // Which libblas the dynamic loader resolved (Debian's alternatives decide this at install time).
-    std::ifstream maps("/proc/self/maps");
-    std::string line;
-    std::set<std::string> libs;
-    while (std::getline(maps, line)) {
-        auto pos = line.find('/');
-        if (pos == std::string::npos) continue;
-        std::string path = line.substr(pos);
-        if (path.find("blas") != std::string::npos && path.find(".so") != std::string::npos) libs.insert(path);
-    }
-    std::string out;
-    using cfg_fn = char* (*)();
-    if (auto f = reinterpret_cast<cfg_fn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-        out = std::string("OpenBLAS (") + f() + ")";
-        using cores_fn = char* (*)();
-        if (auto c = reinterpret_cast<cores_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
-            out += std::string(", core ") + c();
-    } else {
-        out = "reference BLAS or unknown (OpenBLAS not loaded: install libopenblas0-openmp, ~35x faster GEMM)";
-    }
-    for (const auto& l : libs) out += "\n               " + l;
-    return out;
-}
-
-int configure_threads(int n) {
-    if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
-    if (n <= 0) n = 1;
-    at::set_num_threads(n);
-    return at::get_num_threads();
-}
-
 std::string runtime_info(const std::string& program) {
     std::ostringstream os;
     os << program << " (AnchorCache " << ANCHOR_VERSION << ")\n";
     os << "  LibTorch:    " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH << "\n";
-    os << "  BLAS:        " << blas_in_use() << "\n";
+    os << "  BLAS:        " << util::blas_in_use() << "\n";
     os << "  threads:     " << at::get_num_threads() << " intra-op (cores: " << std::thread::hardware_concurrency()
        << ")\n";
 #ifdef ANCHOR_WITH_CUDA
@@ -74,7 +43,7 @@ void add_common_options(CLI::App& app, int& threads, const std::string& program)
     app.add_flag_callback(
         "--version",
         [&threads, program]() {
-            configure_threads(threads);
+            util::configure_threads(threads);
             std::cout << runtime_info(program);
             throw CLI::Success();
         },

@@ -15,13 +15,8 @@ namespace anchor {
 // Facts printed by --version: AnchorCache and LibTorch versions, BLAS library in use, intra-op threads, CUDA.
 std::string runtime_info(const std::string& program);
 
-// The BLAS library actually loaded into this process (from /proc/self/maps and OpenBLAS' own config string).
-std::string blas_in_use();
-
-// Sets LibTorch's intra-op threads; n <= 0 means all cores. Returns the count in effect.
-int configure_threads(int n);
-
-// Adds --threads and --version to `app`; `threads` receives the option value (default 0 = all cores).
+// Adds --threads and --version to `app`; `threads` receives the option value (default 0 = all cores; threads are set
+// by util::configure_threads, cache/util/threads.h).
 void add_common_options(CLI::App& app, int& threads, const std::string& program);
 
 // Runs `body` and maps exceptions to exit codes: UsageError, ParamError (a library parameter, reported under the

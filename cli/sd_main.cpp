@@ -2,6 +2,7 @@
 // txt2img (a library call, unet/txt2img_job.h); bench, bench-cache, calibrate, train-* and eval-fashion are
 // subcommands registered beside it, and --threads / --version work before or after any of them.
 #include "cache/io/error.h"
+#include "cache/util/threads.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
 #include "cli/sd_commands.h"
@@ -298,7 +299,7 @@ int main(int argc, char** argv) {
         cli::add_sd_train_commands(app, subcommands);
         app.require_subcommand(0, 1);
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
-        anchor::configure_threads(o.threads);
+        anchor::util::configure_threads(o.threads);
         for (auto& [sub, body] : subcommands)
             if (sub->parsed()) return body();
         if (o.prompt.empty() && o.prompts_file.empty())

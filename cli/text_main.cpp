@@ -1,5 +1,6 @@
 // anchor-text: GPT-2 streaming with sink-rolling KV buffers and text diffusion with time-anchor caches.
 #include "cache/io/error.h"
+#include "cache/util/threads.h"
 #include "cli/common.h"
 #include "cli/text_commands.h"
 
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
             // --help/--version exit 0; every parse error is a usage error (exit 2), whatever CLI11's own code.
             return app.exit(e) == 0 ? 0 : 2;
         }
-        anchor::configure_threads(threads);
+        anchor::util::configure_threads(threads);
         for (auto& [sub, run] : runners)
             if (sub->parsed()) return run();
         std::cerr << app.help();

@@ -69,36 +69,12 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
     // UNet's config, checked against its folder when loaded), and what was verified when it was made.
     static const std::set<std::string> descriptive = {
         "set", "image_seed", "unet_inpaint_seed", "unet_golden", "unet_inpaint_config", "real_pipeline_call_vs_golden"};
-    for (const auto& [k, v] : m.items())
-        if (!parameters.count(k) && !descriptive.count(k) && !detail::descriptive_key(k))
-            throw Error("config.json: parameter '" + k + "' (runs." + run + ") is not understood by this checker");
-    auto need = [&](const char* k) -> const nlohmann::json& {
-        if (!m.contains(k)) throw Error("config.json: runs." + run + " has no '" + k + "'");
-        return m[k];
-    };
+    std::set<std::string> known = parameters;
+    known.insert(descriptive.begin(), descriptive.end());
     Img2ImgRunSpec s;
     auto& p = s.params;
-    p.prompts = detail::string_or_list(m.contains("prompts") ? m["prompts"] : need("prompt"), "prompts");
-    if (m.contains("negative_prompts"))
-        p.negative_prompts = detail::string_or_list(m["negative_prompts"], "negative_prompts");
-    else if (m.contains("negative_prompt"))
-        p.negative_prompts = detail::string_or_list(m["negative_prompt"], "negative_prompt");
-    if (p.negative_prompts.size() > 1 && p.negative_prompts.size() != p.prompts.size())
-        throw Error("config.json: " + std::to_string(p.negative_prompts.size()) + " negative prompts for " +
-                    std::to_string(p.prompts.size()) + " prompts");
-    p.images_per_prompt = m.value("num_images_per_prompt", 1);
-    if (m.contains("batch_size") && m["batch_size"].get<int>() != int(p.prompts.size()) * p.images_per_prompt)
-        throw Error("config.json: batch_size " + m["batch_size"].dump() + " is not " +
-                    std::to_string(p.prompts.size()) + " prompts x " + std::to_string(p.images_per_prompt) +
-                    " images per prompt");
-    p.guidance_scale = need("guidance_scale").get<double>();
-    p.seed = need("seed").get<int64_t>();
-    if (m.contains("generator")) {
-        const int64_t g = detail::manual_seed_in(m["generator"].is_string() ? m["generator"].get<std::string>() : "");
-        if (g >= 0 && g != p.seed)
-            throw Error("config.json: generator text seeds " + std::to_string(g) + " but 'seed' is " +
-                        std::to_string(p.seed));
-    }
+    read_prompt_parameters(m, run, known, p);
+    auto need = [&](const char* k) -> const nlohmann::json& { return detail::need(m, run, k); };
     p.eta = m.value("eta", 0.0);
     p.clip_skip = m.value("clip_skip", 0);
     p.steps = need("num_inference_steps").get<int>();

@@ -112,6 +112,11 @@ inline bool descriptive_key(const std::string& k) {
     return std::regex_search(k, re);
 }
 
+inline const nlohmann::json& need(const nlohmann::json& m, const std::string& run, const char* k) {
+    if (!m.contains(k)) throw Error("config.json: runs." + run + " has no '" + k + "'");
+    return m[k];
+}
+
 inline std::vector<std::string> string_or_list(const nlohmann::json& v, const std::string& key) {
     if (v.is_string()) return {v.get<std::string>()};
     if (v.is_array()) {
@@ -152,27 +157,17 @@ inline std::set<std::string> with_prompt_parameters(std::set<std::string> extra)
     return extra;
 }
 
-// Reads run `run` of a txt2img case; throws anchor::Error naming the key it cannot use.
-inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::json& cfg_in, const std::string& run,
-                             int vae_factor) {
-    const nlohmann::json m = run_parameters(resolved_config(dir, cfg_in), run);
-    static const std::set<std::string> parameters =
-        with_prompt_parameters({"latent_shape", "vae_scale_factor", "scheduler_base_config", "scheduler",
-                                "num_inference_steps", "timesteps", "init_noise_sigma", "eta", "clip_skip",
-                                "guidance_rescale", "cache_interval", "cache_branch_id", "skip_mode", "step_modes"});
+// The parameters every txt2img/img2img run has: the prompts (diffusers: negative_prompt None -> "" for every prompt,
+// a string -> that string for every prompt, a list -> one per prompt), images per prompt, guidance and seed. First
+// every key of m must be a parameter of `parameters` or descriptive.
+inline void read_prompt_parameters(const nlohmann::json& m, const std::string& run,
+                                   const std::set<std::string>& parameters, unet::Txt2ImgParams& p) {
     for (const auto& [k, v] : m.items())
         if (!parameters.count(k) && !detail::descriptive_key(k))
             throw Error("config.json: parameter '" + k + "' (runs." + run + ") is not understood by this checker");
-    auto need = [&](const char* k) -> const nlohmann::json& {
-        if (!m.contains(k)) throw Error("config.json: runs." + run + " has no '" + k + "'");
-        return m[k];
-    };
-    RunSpec s;
-    auto& p = s.params;
-    p.prompts = detail::string_or_list(m.contains("prompts") ? m["prompts"] : need("prompt"), "prompts");
+    p.prompts =
+        detail::string_or_list(m.contains("prompts") ? m["prompts"] : detail::need(m, run, "prompt"), "prompts");
     if (p.prompts.empty()) throw Error("config.json: 'prompts' is empty");
-    // diffusers: negative_prompt None -> "" for every prompt, a string -> that string for every prompt, a list -> one
-    // per prompt.
     if (m.contains("negative_prompts"))
         p.negative_prompts = detail::string_or_list(m["negative_prompts"], "negative_prompts");
     else if (m.contains("negative_prompt"))
@@ -181,19 +176,33 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
         throw Error("config.json: " + std::to_string(p.negative_prompts.size()) + " negative prompts for " +
                     std::to_string(p.prompts.size()) + " prompts");
     p.images_per_prompt = m.value("num_images_per_prompt", 1);
-    const int images = int(p.prompts.size()) * p.images_per_prompt;
-    if (m.contains("batch_size") && m["batch_size"].get<int>() != images)
+    if (m.contains("batch_size") && m["batch_size"].get<int>() != int(p.prompts.size()) * p.images_per_prompt)
         throw Error("config.json: batch_size " + m["batch_size"].dump() + " is not " +
                     std::to_string(p.prompts.size()) + " prompts x " + std::to_string(p.images_per_prompt) +
                     " images per prompt");
-    p.guidance_scale = need("guidance_scale").get<double>();
-    p.seed = need("seed").get<int64_t>();
+    p.guidance_scale = detail::need(m, run, "guidance_scale").get<double>();
+    p.seed = detail::need(m, run, "seed").get<int64_t>();
     if (m.contains("generator")) { // the description names the seed too: they must agree
         const int64_t g = detail::manual_seed_in(m["generator"].is_string() ? m["generator"].get<std::string>() : "");
         if (g >= 0 && g != p.seed)
             throw Error("config.json: generator text seeds " + std::to_string(g) + " but 'seed' is " +
                         std::to_string(p.seed));
     }
+}
+
+// Reads run `run` of a txt2img case; throws anchor::Error naming the key it cannot use.
+inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::json& cfg_in, const std::string& run,
+                             int vae_factor) {
+    const nlohmann::json m = run_parameters(resolved_config(dir, cfg_in), run);
+    static const std::set<std::string> parameters =
+        with_prompt_parameters({"latent_shape", "vae_scale_factor", "scheduler_base_config", "scheduler",
+                                "num_inference_steps", "timesteps", "init_noise_sigma", "eta", "clip_skip",
+                                "guidance_rescale", "cache_interval", "cache_branch_id", "skip_mode", "step_modes"});
+    RunSpec s;
+    auto& p = s.params;
+    read_prompt_parameters(m, run, parameters, p);
+    auto need = [&](const char* k) -> const nlohmann::json& { return detail::need(m, run, k); };
+    const int images = int(p.prompts.size()) * p.images_per_prompt;
     if (m.contains("guidance_rescale") && m["guidance_rescale"].get<double>() != 0.0)
         throw Error("config.json: guidance_rescale " + m["guidance_rescale"].dump() + " is not supported");
     p.eta = m.value("eta", 0.0);

@@ -112,8 +112,6 @@ TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intac
     CHECK(content == "user data");
 }
 
-#include "cli/loss_plot.h"
-
 TEST_CASE("anchor-sd --batch-size runs a batch of prompts as diffusers does, one PNG and sidecar per image",
           "[cli][sd]") {
     // tests/golden/sd/anchorcache_cases/pipeline_batch: two prompts in one batch, DDIM 8 steps, seed 1234, 24x16.
@@ -143,20 +141,4 @@ TEST_CASE("anchor-sd --batch-size runs a batch of prompts as diffusers does, one
         CHECK(j["seed"] == 1234);
         CHECK(j["prompt"] == (i ? "an old lighthouse at dusk, oil painting" : "a red fox in the snow"));
     }
-}
-
-TEST_CASE("loss log reader takes plain 'step loss' lines and the trainers' progress lines", "[cli]") {
-    const std::string dir = test::scratch_dir("loss_log");
-    const std::string plain = dir + "/plain.txt", progress = dir + "/progress.txt", empty = dir + "/empty.txt";
-    std::ofstream(plain) << "# step loss\n10 2.5\n20 2.0\n";
-    std::ofstream(progress) << "corpus: KJV\nstep 20/1600 loss 8.6033 lr 6.67e-04 elapsed 42.8s\n"
-                               "step 40/1600 loss 6.7237 lr 1.33e-03 elapsed 79.0s\ntrained steps 0..40\n";
-    std::ofstream(empty) << "nothing here\n";
-    auto a = cli::read_loss_log(plain, "a");
-    CHECK(a.steps == std::vector<double>{10, 20});
-    CHECK(a.losses == std::vector<double>{2.5, 2.0});
-    auto b = cli::read_loss_log(progress, "b");
-    CHECK(b.steps == std::vector<double>{20, 40});
-    CHECK(b.losses == std::vector<double>{8.6033, 6.7237});
-    CHECK_THROWS_WITH(cli::read_loss_log(empty, "c"), Catch::Contains("has no 'step loss'"));
 }

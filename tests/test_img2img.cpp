@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/sha256.h"
+#include "tests/sd_golden_checks.h"
 #include "tests/sd_img2img_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
@@ -21,24 +22,7 @@ namespace {
 
 void check_comparisons(const std::string& label, const std::vector<sdgolden::Comparison>& cs) {
     REQUIRE(!cs.empty());
-    for (const auto& c : cs) {
-        INFO(label << " " << c.what << " actual " << c.actual.sizes() << " golden " << c.golden.sizes());
-        REQUIRE(c.actual.sizes() == c.golden.sizes());
-        auto a = c.actual.to(torch::kFloat64), g = c.golden.to(torch::kFloat64);
-        const double err = (a - g).abs().max().item<double>();
-        INFO("max abs error " << err);
-        switch (c.kind) {
-        case sdgolden::Comparison::Exact:
-            CHECK(torch::equal(a, g));
-            break;
-        case sdgolden::Comparison::RelMax:
-            CHECK(err <= c.atol * g.abs().max().item<double>());
-            break;
-        case sdgolden::Comparison::Close:
-            CHECK(((a - g).abs() <= c.atol + c.rtol * g.abs()).all().item<bool>());
-            break;
-        }
-    }
+    for (const auto& c : cs) sdgolden::check_comparison(label, c);
 }
 
 void run_case(const std::string& folder, const std::vector<std::string>& runs) {

@@ -4,8 +4,8 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
-#include "text/params.h"
 #include "text/mdlm_calibrate.h"
+#include "text/params.h"
 #include "text/token_file.h"
 #include "text/train/mdlm_train.h"
 
@@ -21,6 +21,17 @@ using namespace anchor;
 using namespace anchor::text;
 
 namespace {
+
+// 40 positions after a 5-token prompt, confidence unmasking.
+SamplerOptions confidence_options(int steps, uint64_t seed) {
+    SamplerOptions so;
+    so.length = 40;
+    so.steps = steps;
+    so.prompt = {464, 3290, 286, 262, 4171};
+    so.seed = seed;
+    so.rule = UnmaskRule::Confidence;
+    return so;
+}
 
 MdlmConfig tiny_config(GateKind gate = GateKind::TimeAnchor) {
     MdlmConfig c;
@@ -178,12 +189,7 @@ TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row
 TEST_CASE("mdlm cache: off equals a cache that recomputes everything", "[mdlm]") {
     for (auto gate : {GateKind::TimeAnchor, GateKind::AdaLN}) {
         auto m = tiny_model(gate);
-        SamplerOptions so;
-        so.length = 40;
-        so.steps = 8;
-        so.prompt = {464, 3290, 286, 262, 4171};
-        so.seed = 11;
-        so.rule = UnmaskRule::Confidence;
+        auto so = confidence_options(8, 11);
         MdlmDenoiser off(m, parse_cache_spec("off"));
         MdlmDenoiser full(m, parse_cache_spec("anchor:refresh=1,rho=0"));
         auto a = sample(off, so), b = sample(full, so);
@@ -304,12 +310,7 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
 
 TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byte budget", "[mdlm]") {
     auto m = tiny_model();
-    SamplerOptions so;
-    so.length = 40;
-    so.steps = 10;
-    so.prompt = {464, 3290, 286, 262, 4171};
-    so.seed = 2;
-    so.rule = UnmaskRule::Confidence;
+    auto so = confidence_options(10, 2);
     so.temperature = 0;
     const int64_t layers = m->config().n_blocks, L = so.length;
     MdlmDenoiser den(m, parse_cache_spec("anchor:stale=3,rho=0.1"));

@@ -1,4 +1,4 @@
-#include "cli/common.h"
+#include "cache/util/threads.h"
 
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
@@ -6,9 +6,9 @@
 #include <thread>
 
 TEST_CASE("threads option sets LibTorch intra-op threads, 0 means all cores", "[cli][threads]") {
-    CHECK(anchor::configure_threads(1) == 1);
+    CHECK(anchor::util::configure_threads(1) == 1);
     CHECK(at::get_num_threads() == 1);
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    CHECK(anchor::configure_threads(0) == cores);
-    CHECK(anchor::blas_in_use().find("OpenBLAS") != std::string::npos);
+    CHECK(anchor::util::configure_threads(0) == cores);
+    CHECK(anchor::util::blas_in_use().find("OpenBLAS") != std::string::npos);
 }

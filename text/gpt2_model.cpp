@@ -87,13 +87,10 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j, const std::string& sou
     for (const auto& a : c.get_string_list("architectures", {})) is_gpt2 = is_gpt2 || a.rfind("GPT2", 0) == 0;
     if (!is_gpt2) c.fail("not a GPT-2 config (model_type '" + c.get_string("model_type", "?") + "')");
     Gpt2Config g;
-    g.n_layer = c.get_int64("n_layer", g.n_layer);
-    g.n_head = c.get_int64("n_head", g.n_head);
-    g.n_embd = c.get_int64("n_embd", g.n_embd);
-    g.n_positions = c.get_int64("n_positions", c.get_int64("n_ctx", g.n_positions)); // n_ctx: older configs
-    g.vocab_size = c.get_int64("vocab_size", g.vocab_size);
-    g.n_inner = c.get_int64("n_inner", g.n_inner);
-    g.layer_norm_epsilon = c.get_double("layer_norm_epsilon", g.layer_norm_epsilon);
+    g.n_positions = c.get_int64("n_ctx", g.n_positions); // older configs; n_positions wins when both are there
+    c.read({ANCHOR_JSON_FIELD(g, n_layer), ANCHOR_JSON_FIELD(g, n_head), ANCHOR_JSON_FIELD(g, n_embd),
+            ANCHOR_JSON_FIELD(g, n_positions), ANCHOR_JSON_FIELD(g, vocab_size), ANCHOR_JSON_FIELD(g, n_inner),
+            ANCHOR_JSON_FIELD(g, layer_norm_epsilon)});
     g.activation = c.get_string("activation_function", g.activation);
     g.validate();
     return g;

@@ -41,31 +41,34 @@ void MdlmConfig::validate() const {
         bad("mask_token_id must be the last id (vocab_size - 1) for a full vocabulary");
 }
 
+namespace {
+
+// The fields that are written and read as they are (the gate is an enum with aliases: below).
+std::vector<JsonField> plain_fields(MdlmConfig& c) {
+    std::vector<JsonField> f{ANCHOR_JSON_FIELD(c, vocab_size),  ANCHOR_JSON_FIELD(c, mask_token_id),
+                             ANCHOR_JSON_FIELD(c, hidden_size), ANCHOR_JSON_FIELD(c, n_heads),
+                             ANCHOR_JSON_FIELD(c, n_blocks),    ANCHOR_JSON_FIELD(c, cond_dim),
+                             ANCHOR_JSON_FIELD(c, mlp_ratio)};
+    f.insert(f.end(), {ANCHOR_JSON_FIELD(c, freq_embed_size), ANCHOR_JSON_FIELD(c, max_seq_len),
+                       ANCHOR_JSON_FIELD(c, rope_base), ANCHOR_JSON_FIELD(c, norm_eps), ANCHOR_JSON_FIELD(c, noise_eps),
+                       ANCHOR_JSON_FIELD(c, tie_word_embeddings), ANCHOR_JSON_FIELD(c, compact_vocab)});
+    return f;
+}
+
+} // namespace
+
 nlohmann::json MdlmConfig::to_json() const {
-    return {
-        {"model_type", "mdlm"},          {"vocab_size", vocab_size},     {"mask_token_id", mask_token_id},
-        {"hidden_size", hidden_size},    {"n_heads", n_heads},           {"n_blocks", n_blocks},
-        {"cond_dim", cond_dim},          {"mlp_ratio", mlp_ratio},       {"freq_embed_size", freq_embed_size},
-        {"max_seq_len", max_seq_len},    {"rope_base", rope_base},       {"norm_eps", norm_eps},
-        {"noise_eps", noise_eps},        {"gate", gate_kind_name(gate)}, {"tie_word_embeddings", tie_word_embeddings},
-        {"compact_vocab", compact_vocab}};
+    MdlmConfig c = *this;
+    auto j = json_of(plain_fields(c));
+    j["model_type"] = "mdlm";
+    j["gate"] = gate_kind_name(gate);
+    return j;
 }
 
 MdlmConfig MdlmConfig::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig f(j, source);
     MdlmConfig c;
-    c.vocab_size = f.get_int64("vocab_size", c.vocab_size);
-    c.mask_token_id = f.get_int64("mask_token_id", c.mask_token_id);
-    c.hidden_size = f.get_int64("hidden_size", c.hidden_size);
-    c.n_heads = f.get_int64("n_heads", c.n_heads);
-    c.n_blocks = f.get_int64("n_blocks", c.n_blocks);
-    c.cond_dim = f.get_int64("cond_dim", c.cond_dim);
-    c.mlp_ratio = f.get_int64("mlp_ratio", c.mlp_ratio);
-    c.freq_embed_size = f.get_int64("freq_embed_size", c.freq_embed_size);
-    c.max_seq_len = f.get_int64("max_seq_len", c.max_seq_len);
-    c.rope_base = f.get_double("rope_base", c.rope_base);
-    c.norm_eps = f.get_double("norm_eps", c.norm_eps);
-    c.noise_eps = f.get_double("noise_eps", c.noise_eps);
+    f.read(plain_fields(c));
     // The table's names, and the aliases older configs were written with.
     const std::string gate = f.get_string("gate", gate_kind_name(c.gate));
     if (gate == "time_anchor" || gate == "anchor")
@@ -74,8 +77,6 @@ MdlmConfig MdlmConfig::from_json(const nlohmann::json& j, const std::string& sou
         c.gate = GateKind::AdaLN;
     else
         f.fail("gate", "one of " + enum_choices(gate_kind_table()), j.at("gate"));
-    c.tie_word_embeddings = f.get_bool("tie_word_embeddings", c.tie_word_embeddings);
-    c.compact_vocab = f.get_bool("compact_vocab", c.compact_vocab);
     c.validate();
     return c;
 }

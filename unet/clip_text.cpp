@@ -22,14 +22,10 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j, const std::str
     const bool nested = j.contains("text_config") && j["text_config"].is_object();
     const JsonConfig f(nested ? j["text_config"] : j, nested ? source + "' text_config '" : source);
     ClipTextConfig c;
-    c.vocab_size = f.get_int("vocab_size", c.vocab_size);
-    c.hidden_size = f.get_int("hidden_size", c.hidden_size);
-    c.intermediate_size = f.get_int("intermediate_size", c.intermediate_size);
-    c.num_hidden_layers = f.get_int("num_hidden_layers", c.num_hidden_layers);
-    c.num_attention_heads = f.get_int("num_attention_heads", c.num_attention_heads);
-    c.max_position_embeddings = f.get_int("max_position_embeddings", c.max_position_embeddings);
-    c.hidden_act = f.get_string("hidden_act", c.hidden_act);
-    c.layer_norm_eps = f.get_double("layer_norm_eps", c.layer_norm_eps);
+    f.read({ANCHOR_JSON_FIELD(c, vocab_size), ANCHOR_JSON_FIELD(c, hidden_size),
+            ANCHOR_JSON_FIELD(c, intermediate_size), ANCHOR_JSON_FIELD(c, num_hidden_layers),
+            ANCHOR_JSON_FIELD(c, num_attention_heads), ANCHOR_JSON_FIELD(c, max_position_embeddings),
+            ANCHOR_JSON_FIELD(c, hidden_act), ANCHOR_JSON_FIELD(c, layer_norm_eps)});
     if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
         f.fail("hidden_act", "must be quick_gelu or gelu", f.json().at("hidden_act"));
     if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)

@@ -228,14 +228,12 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
 UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig f(j, source);
     UNetConfig c;
-    c.sample_size = f.get_int("sample_size", c.sample_size);
-    c.in_channels = f.get_int("in_channels", c.in_channels);
-    c.out_channels = f.get_int("out_channels", c.out_channels);
-    c.norm_num_groups = f.get_int("norm_num_groups", c.norm_num_groups);
-    c.cross_attention_dim = f.get_int("cross_attention_dim", c.cross_attention_dim);
-    c.down_block_types = f.get_string_list("down_block_types", c.down_block_types);
-    c.up_block_types = f.get_string_list("up_block_types", c.up_block_types);
-    c.block_out_channels = f.get_int_list("block_out_channels", c.block_out_channels);
+    f.read({ANCHOR_JSON_FIELD(c, sample_size), ANCHOR_JSON_FIELD(c, in_channels), ANCHOR_JSON_FIELD(c, out_channels),
+            ANCHOR_JSON_FIELD(c, norm_num_groups), ANCHOR_JSON_FIELD(c, cross_attention_dim),
+            ANCHOR_JSON_FIELD(c, down_block_types), ANCHOR_JSON_FIELD(c, up_block_types),
+            ANCHOR_JSON_FIELD(c, block_out_channels), ANCHOR_JSON_FIELD(c, use_linear_projection),
+            ANCHOR_JSON_FIELD(c, upcast_attention), ANCHOR_JSON_FIELD(c, norm_eps),
+            ANCHOR_JSON_FIELD(c, flip_sin_to_cos), ANCHOR_JSON_FIELD(c, freq_shift)});
     const size_t n = c.block_out_channels.size();
     if (c.down_block_types.size() != n || c.up_block_types.size() != n)
         f.fail(std::to_string(n) + " block_out_channels but " + std::to_string(c.down_block_types.size()) + " down / " +
@@ -245,11 +243,6 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& sou
     c.heads = f.get_int_or_list(f.has("num_attention_heads") ? "num_attention_heads" : "attention_head_dim", n,
                                 std::vector<int>(n, 8));
     c.transformer_layers_per_block = f.get_int_or_list("transformer_layers_per_block", n, std::vector<int>(n, 1));
-    c.use_linear_projection = f.get_bool("use_linear_projection", c.use_linear_projection);
-    c.upcast_attention = f.get_bool("upcast_attention", c.upcast_attention);
-    c.norm_eps = f.get_double("norm_eps", c.norm_eps);
-    c.flip_sin_to_cos = f.get_bool("flip_sin_to_cos", c.flip_sin_to_cos);
-    c.freq_shift = f.get_double("freq_shift", c.freq_shift);
     // A null mid_block_type means no mid block (diffusers).
     if (f.json().contains("mid_block_type") && f.json()["mid_block_type"].is_null()) c.mid_block = false;
     auto require = [&](const std::string& key, const std::string& supported) {
@@ -380,28 +373,29 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c
     const double eps = c.norm_eps;
     conv_in = register_module("conv_in", conv(c.in_channels, ch0, 3));
     time_embedding = register_module("time_embedding", TimestepEmbedding(ch0, temb));
+    // Layer j of a level: a resnet (in -> out) and, on a cross-attention level, its transformer.
+    auto add_layer = [&](UNetBlockImpl& b, int64_t in, int64_t out, bool attn, int heads, int depth) {
+        if (b.res.empty()) b.resnets = b.register_module("resnets", torch::nn::ModuleList());
+        if (attn && b.attn.empty()) b.attentions = b.register_module("attentions", torch::nn::ModuleList());
+        b.res.emplace_back(in, out, temb, groups, eps);
+        b.resnets->push_back(b.res.back());
+        if (!attn) return;
+        b.attn.emplace_back(out, heads, depth, c.cross_attention_dim, groups, c.use_linear_projection);
+        b.attentions->push_back(b.attn.back());
+    };
     down_blocks = register_module("down_blocks", torch::nn::ModuleList());
     int64_t out_ch = ch0;
     for (size_t i = 0; i < n; ++i) {
         const int64_t in_ch = out_ch;
         out_ch = c.block_out_channels[i];
         const bool attn = c.down_block_types[i] == "CrossAttnDownBlock2D";
-        auto blk = UNetDownBlock();
-        blk->resnets = blk->register_module("resnets", torch::nn::ModuleList());
-        if (attn) blk->attentions = blk->register_module("attentions", torch::nn::ModuleList());
-        for (int j = 0; j < c.layers_per_block[i]; ++j) {
-            blk->res.emplace_back(j == 0 ? in_ch : out_ch, out_ch, temb, groups, eps);
-            blk->resnets->push_back(blk->res.back());
-            if (attn) {
-                blk->attn.emplace_back(out_ch, c.heads[i], c.transformer_layers_per_block[i], c.cross_attention_dim,
-                                       groups, c.use_linear_projection);
-                blk->attentions->push_back(blk->attn.back());
-            }
-        }
+        auto blk = UNetBlock();
+        for (int j = 0; j < c.layers_per_block[i]; ++j)
+            add_layer(*blk, j == 0 ? in_ch : out_ch, out_ch, attn, c.heads[i], c.transformer_layers_per_block[i]);
         if (i + 1 < n) {
-            blk->downsamplers = blk->register_module("downsamplers", torch::nn::ModuleList());
+            blk->samplers = blk->register_module("downsamplers", torch::nn::ModuleList());
             blk->down = Downsample2D(out_ch, 1);
-            blk->downsamplers->push_back(blk->down);
+            blk->samplers->push_back(blk->down);
         }
         downs.push_back(blk);
         down_blocks->push_back(blk);
@@ -429,24 +423,15 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c
         const int64_t o = rev[i], in_ch = rev[std::min(i + 1, n - 1)];
         const bool attn = c.up_block_types[i] == "CrossAttnUpBlock2D";
         const int layers = rev_layers[i] + 1;
-        auto blk = UNetUpBlock();
-        blk->resnets = blk->register_module("resnets", torch::nn::ModuleList());
-        if (attn) blk->attentions = blk->register_module("attentions", torch::nn::ModuleList());
+        auto blk = UNetBlock();
         for (int j = 0; j < layers; ++j) {
             const int64_t skip = j == layers - 1 ? in_ch : o;
-            const int64_t rin = j == 0 ? prev_out : o;
-            blk->res.emplace_back(rin + skip, o, temb, groups, eps);
-            blk->resnets->push_back(blk->res.back());
-            if (attn) {
-                blk->attn.emplace_back(o, rev_heads[i], rev_depth[i], c.cross_attention_dim, groups,
-                                       c.use_linear_projection);
-                blk->attentions->push_back(blk->attn.back());
-            }
+            add_layer(*blk, (j == 0 ? prev_out : o) + skip, o, attn, rev_heads[i], rev_depth[i]);
         }
         if (i + 1 < n) {
-            blk->upsamplers = blk->register_module("upsamplers", torch::nn::ModuleList());
+            blk->samplers = blk->register_module("upsamplers", torch::nn::ModuleList());
             blk->up = Upsample2D(o);
-            blk->upsamplers->push_back(blk->up);
+            blk->samplers->push_back(blk->up);
         }
         prev_out = o;
         ups.push_back(blk);

@@ -230,21 +230,16 @@ struct UNetFeatures : FeatureObserver {
     void on_feature(const FeatureId& id, const torch::Tensor& t) override;
 };
 
-struct UNetDownBlockImpl : torch::nn::Module {
-    torch::nn::ModuleList resnets, attentions, downsamplers;
+// One level of the UNet ((CrossAttn)DownBlock2D / (CrossAttn)UpBlock2D): resnets, the transformers of a cross-attention
+// level, and a sampler registered as `downsamplers` (down levels) or `upsamplers` (up levels).
+struct UNetBlockImpl : torch::nn::Module {
+    torch::nn::ModuleList resnets, attentions, samplers;
     std::vector<ResnetBlock2D> res;
     std::vector<Transformer2DModel> attn;
     Downsample2D down{nullptr};
-};
-TORCH_MODULE(UNetDownBlock);
-
-struct UNetUpBlockImpl : torch::nn::Module {
-    torch::nn::ModuleList resnets, attentions, upsamplers;
-    std::vector<ResnetBlock2D> res;
-    std::vector<Transformer2DModel> attn;
     Upsample2D up{nullptr};
 };
-TORCH_MODULE(UNetUpBlock);
+TORCH_MODULE(UNetBlock);
 
 struct UNetMidBlockImpl : torch::nn::Module {
     torch::nn::ModuleList resnets, attentions;
@@ -306,8 +301,7 @@ public:
     torch::nn::ModuleList down_blocks, up_blocks;
     UNetMidBlock mid_block{nullptr};
     torch::nn::GroupNorm conv_norm_out{nullptr};
-    std::vector<UNetDownBlock> downs;
-    std::vector<UNetUpBlock> ups;
+    std::vector<UNetBlock> downs, ups;
 
 private:
     torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,

@@ -1,6 +1,8 @@
 // AutoencoderKL encoder/decoder with diffusers 0.27 semantics (tests/golden/sd/vae_tiny/README.md).
 #include "unet/vae.h"
 
+#include <algorithm>
+
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
@@ -30,13 +32,10 @@ torch::nn::Conv2d conv1(int64_t in, int64_t out) {
 VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig f(j, source);
     VaeConfig c;
-    c.in_channels = f.get_int("in_channels", c.in_channels);
-    c.out_channels = f.get_int("out_channels", c.out_channels);
-    c.latent_channels = f.get_int("latent_channels", c.latent_channels);
-    c.layers_per_block = f.get_int("layers_per_block", c.layers_per_block);
-    c.norm_num_groups = f.get_int("norm_num_groups", c.norm_num_groups);
-    c.block_out_channels = f.get_int_list("block_out_channels", c.block_out_channels);
-    c.scaling_factor = f.get_double("scaling_factor", c.scaling_factor);
+    f.read({ANCHOR_JSON_FIELD(c, in_channels), ANCHOR_JSON_FIELD(c, out_channels),
+            ANCHOR_JSON_FIELD(c, latent_channels), ANCHOR_JSON_FIELD(c, layers_per_block),
+            ANCHOR_JSON_FIELD(c, norm_num_groups), ANCHOR_JSON_FIELD(c, block_out_channels),
+            ANCHOR_JSON_FIELD(c, scaling_factor)});
     if (c.block_out_channels.empty())
         f.fail("block_out_channels", "must not be empty", f.json().at("block_out_channels"));
     for (const char* k : {"down_block_types", "up_block_types"})
@@ -108,91 +107,62 @@ Tensor VaeMidBlockImpl::forward(const Tensor& x) {
     return res[1]->forward(h, Tensor());
 }
 
-VaeEncoderImpl::VaeEncoderImpl(const VaeConfig& c) {
-    const auto& boc = c.block_out_channels;
-    const int64_t g = c.norm_num_groups;
-    conv_in = register_module("conv_in", conv3(c.in_channels, boc[0]));
-    down_blocks = register_module("down_blocks", torch::nn::ModuleList());
-    int64_t out = boc[0];
-    for (size_t i = 0; i < boc.size(); ++i) {
-        const int64_t in = out;
-        out = boc[i];
-        auto b = VaeBlock();
-        b->resnets = b->register_module("resnets", torch::nn::ModuleList());
-        for (int j = 0; j < c.layers_per_block; ++j) {
-            b->res.emplace_back(j == 0 ? in : out, out, 0, g, kEps);
-            b->resnets->push_back(b->res.back());
-        }
-        if (i + 1 < boc.size()) {
-            b->samplers = b->register_module("downsamplers", torch::nn::ModuleList());
-            b->down = Downsample2D(out, 0);
-            b->samplers->push_back(b->down);
-        }
-        blocks.push_back(b);
-        down_blocks->push_back(b);
+VaeBlockImpl::VaeBlockImpl(int64_t in, int64_t out, int n, int64_t groups, Sampler sampler) {
+    resnets = register_module("resnets", torch::nn::ModuleList());
+    for (int j = 0; j < n; ++j) {
+        res.emplace_back(j == 0 ? in : out, out, 0, groups, kEps);
+        resnets->push_back(res.back());
     }
-    mid_block = register_module("mid_block", VaeMidBlock(boc.back(), g));
-    conv_norm_out =
-        register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, boc.back()).eps(kEps)));
-    conv_out = register_module("conv_out", conv3(boc.back(), 2 * c.latent_channels));
+    if (sampler == Sampler::None) return;
+    samplers = register_module(sampler == Sampler::Down ? "downsamplers" : "upsamplers", torch::nn::ModuleList());
+    if (sampler == Sampler::Down) {
+        down = Downsample2D(out, 0);
+        samplers->push_back(down);
+    } else {
+        up = Upsample2D(out);
+        samplers->push_back(up);
+    }
 }
 
-Tensor VaeEncoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
-    auto h = conv_in->forward(x);
-    if (f) (*f)[p + "conv_in"] = h;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-        for (auto& r : blocks[i]->res) h = r->forward(h, Tensor());
-        if (blocks[i]->down) h = blocks[i]->down->forward(h);
-        if (f) (*f)[p + "down_blocks." + std::to_string(i)] = h;
-    }
-    h = mid_block->forward(h);
-    if (f) (*f)[p + "mid_block"] = h;
-    h = conv_norm_out->forward(h);
-    if (f) (*f)[p + "conv_norm_out"] = h;
-    h = conv_out->forward(torch::silu(h));
-    if (f) (*f)[p + "conv_out"] = h;
+Tensor VaeBlockImpl::forward(Tensor h) {
+    for (auto& r : res) h = r->forward(h, Tensor());
+    if (down) h = down->forward(h);
+    if (up) h = up->forward(h);
     return h;
 }
 
-VaeDecoderImpl::VaeDecoderImpl(const VaeConfig& c) {
-    std::vector<int> rev(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+VaeCoderImpl::VaeCoderImpl(const VaeConfig& c, bool decoder_) : decoder(decoder_) {
+    std::vector<int> ch = c.block_out_channels;
+    if (decoder) std::reverse(ch.begin(), ch.end());
     const int64_t g = c.norm_num_groups;
-    conv_in = register_module("conv_in", conv3(c.latent_channels, rev[0]));
-    mid_block = register_module("mid_block", VaeMidBlock(rev[0], g));
-    up_blocks = register_module("up_blocks", torch::nn::ModuleList());
-    int64_t out = rev[0];
-    for (size_t i = 0; i < rev.size(); ++i) {
-        const int64_t in = out;
-        out = rev[i];
-        auto b = VaeBlock();
-        b->resnets = b->register_module("resnets", torch::nn::ModuleList());
-        for (int j = 0; j < c.layers_per_block + 1; ++j) {
-            b->res.emplace_back(j == 0 ? in : out, out, 0, g, kEps);
-            b->resnets->push_back(b->res.back());
-        }
-        if (i + 1 < rev.size()) {
-            b->samplers = b->register_module("upsamplers", torch::nn::ModuleList());
-            b->up = Upsample2D(out);
-            b->samplers->push_back(b->up);
-        }
-        blocks.push_back(b);
-        up_blocks->push_back(b);
+    conv_in = register_module("conv_in", conv3(decoder ? c.latent_channels : c.in_channels, ch[0]));
+    if (decoder) mid_block = register_module("mid_block", VaeMidBlock(ch[0], g));
+    block_list = register_module(decoder ? "up_blocks" : "down_blocks", torch::nn::ModuleList());
+    const auto sampler = decoder ? VaeBlockImpl::Sampler::Up : VaeBlockImpl::Sampler::Down;
+    for (size_t i = 0; i < ch.size(); ++i) {
+        blocks.push_back(VaeBlock(i == 0 ? ch[0] : ch[i - 1], ch[i], c.layers_per_block + (decoder ? 1 : 0), g,
+                                  i + 1 < ch.size() ? sampler : VaeBlockImpl::Sampler::None));
+        block_list->push_back(blocks.back());
     }
+    if (!decoder) mid_block = register_module("mid_block", VaeMidBlock(ch.back(), g));
     conv_norm_out =
-        register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, rev.back()).eps(kEps)));
-    conv_out = register_module("conv_out", conv3(rev.back(), c.out_channels));
+        register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, ch.back()).eps(kEps)));
+    conv_out = register_module("conv_out", conv3(ch.back(), decoder ? c.out_channels : 2 * c.latent_channels));
 }
 
-Tensor VaeDecoderImpl::forward(const Tensor& z, FeatureMap* f, const std::string& p) {
-    auto h = conv_in->forward(z);
+Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
+    auto h = conv_in->forward(x);
     if (f) (*f)[p + "conv_in"] = h;
-    h = mid_block->forward(h);
-    if (f) (*f)[p + "mid_block"] = h;
+    auto mid = [&] {
+        h = mid_block->forward(h);
+        if (f) (*f)[p + "mid_block"] = h;
+    };
+    if (decoder) mid();
     for (size_t i = 0; i < blocks.size(); ++i) {
-        for (auto& r : blocks[i]->res) h = r->forward(h, Tensor());
-        if (blocks[i]->up) h = blocks[i]->up->forward(h);
-        if (f) (*f)[p + "up_blocks." + std::to_string(i)] = h;
+        h = blocks[i]->forward(h);
+        if (f) (*f)[p + (decoder ? "up_blocks." : "down_blocks.") + std::to_string(i)] = h;
     }
+    if (!decoder) mid();
     h = conv_norm_out->forward(h);
     if (f) (*f)[p + "conv_norm_out"] = h;
     h = conv_out->forward(torch::silu(h));
@@ -206,8 +176,8 @@ Tensor LatentDistribution::sample(torch::Generator* gen) const {
 }
 
 AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
-    encoder = register_module("encoder", VaeEncoder(c));
-    decoder = register_module("decoder", VaeDecoder(c));
+    encoder = register_module("encoder", VaeCoder(c, false));
+    decoder = register_module("decoder", VaeCoder(c, true));
     quant_conv = register_module("quant_conv", conv1(2 * c.latent_channels, 2 * c.latent_channels));
     post_quant_conv = register_module("post_quant_conv", conv1(c.latent_channels, c.latent_channels));
 }

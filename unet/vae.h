@@ -61,6 +61,10 @@ struct VaeMidBlockImpl : torch::nn::Module {
 TORCH_MODULE(VaeMidBlock);
 
 struct VaeBlockImpl : torch::nn::Module { // DownEncoderBlock2D / UpDecoderBlock2D
+    enum class Sampler { None, Down, Up };
+    // n resnets (in -> out, then out -> out), then the sampler.
+    VaeBlockImpl(int64_t in, int64_t out, int n, int64_t groups, Sampler sampler);
+    torch::Tensor forward(torch::Tensor h);
     torch::nn::ModuleList resnets, samplers;
     std::vector<ResnetBlock2D> res;
     Downsample2D down{nullptr};
@@ -70,27 +74,21 @@ TORCH_MODULE(VaeBlock);
 
 using FeatureMap = std::map<std::string, torch::Tensor>;
 
-struct VaeEncoderImpl : torch::nn::Module {
-    explicit VaeEncoderImpl(const VaeConfig& c);
+// diffusers' Encoder and Decoder share one layout: conv_in, the blocks, the mid block, GroupNorm, SiLU, conv_out. The
+// encoder's blocks (`down_blocks`) come before the mid block and halve the size; the decoder's (`up_blocks`, one
+// resnet more each) come after it and double it.
+struct VaeCoderImpl : torch::nn::Module {
+    VaeCoderImpl(const VaeConfig& c, bool decoder);
+    // Features (when f is given) keyed "<prefix>conv_in", "<prefix>down_blocks.<i>" / "up_blocks.<i>", ...
     torch::Tensor forward(const torch::Tensor& x, FeatureMap* f, const std::string& prefix);
+    bool decoder;
     torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
-    torch::nn::ModuleList down_blocks;
+    torch::nn::ModuleList block_list;
     std::vector<VaeBlock> blocks;
     VaeMidBlock mid_block{nullptr};
     torch::nn::GroupNorm conv_norm_out{nullptr};
 };
-TORCH_MODULE(VaeEncoder);
-
-struct VaeDecoderImpl : torch::nn::Module {
-    explicit VaeDecoderImpl(const VaeConfig& c);
-    torch::Tensor forward(const torch::Tensor& z, FeatureMap* f, const std::string& prefix);
-    torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
-    torch::nn::ModuleList up_blocks;
-    std::vector<VaeBlock> blocks;
-    VaeMidBlock mid_block{nullptr};
-    torch::nn::GroupNorm conv_norm_out{nullptr};
-};
-TORCH_MODULE(VaeDecoder);
+TORCH_MODULE(VaeCoder);
 
 struct LatentDistribution {
     torch::Tensor moments, mean, logvar, std; // logvar clamped to [-30, 20], std = exp(logvar / 2)
@@ -110,8 +108,8 @@ public:
     void set_attention_kernel(kernels::AttentionKernel k); // kernels/attention.h; Exact by default
     void set_fast_paths(bool on);                          // unet_perf.h (the VAE's attention)
 
-    VaeEncoder encoder{nullptr};
-    VaeDecoder decoder{nullptr};
+    VaeCoder encoder{nullptr};
+    VaeCoder decoder{nullptr};
     torch::nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
 
 private:

@@ -127,4 +127,35 @@ void JsonConfig::reject(const std::string& key, const std::string& why) const {
     fail(key, "is not supported (" + why + ")", v);
 }
 
+void JsonConfig::read(const std::vector<JsonField>& fields) const {
+    for (const auto& field : fields) {
+        const std::string key = field.key;
+        std::visit(
+            [&](auto* member) {
+                using T = std::remove_pointer_t<decltype(member)>;
+                if constexpr (std::is_same_v<T, int>)
+                    *member = get_int(key, *member);
+                else if constexpr (std::is_same_v<T, int64_t>)
+                    *member = get_int64(key, *member);
+                else if constexpr (std::is_same_v<T, double>)
+                    *member = get_double(key, *member);
+                else if constexpr (std::is_same_v<T, bool>)
+                    *member = get_bool(key, *member);
+                else if constexpr (std::is_same_v<T, std::string>)
+                    *member = get_string(key, *member);
+                else if constexpr (std::is_same_v<T, std::vector<int>>)
+                    *member = get_int_list(key, *member);
+                else
+                    *member = get_string_list(key, *member);
+            },
+            field.target);
+    }
+}
+
+nlohmann::json json_of(const std::vector<JsonField>& fields) {
+    auto j = nlohmann::json::object();
+    for (const auto& field : fields) std::visit([&](auto* member) { j[field.key] = *member; }, field.target);
+    return j;
+}
+
 } // namespace anchor

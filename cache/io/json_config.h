@@ -11,9 +11,28 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace anchor {
+
+// A config field bound to its member, so that a config's reader (JsonConfig::read) and writer (json_of) spell each
+// name once.
+struct JsonField {
+    using Target =
+        std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<int>*, std::vector<std::string>*>;
+    const char* key;
+    Target target;
+};
+
+// A member read and written under its own name: ANCHOR_JSON_FIELD(c, sample_size) = {"sample_size", &c.sample_size}.
+#define ANCHOR_JSON_FIELD(obj, name)                                                                                   \
+    ::anchor::JsonField {                                                                                              \
+#name, &(obj).name                                                                                             \
+    }
+
+// {key: *target} for each field.
+nlohmann::json json_of(const std::vector<JsonField>& fields);
 
 class JsonConfig {
 public:
@@ -36,6 +55,8 @@ public:
     std::vector<std::string> get_string_list(const std::string& key, const std::vector<std::string>& def) const;
     // An integer for every one of n entries, or a list of n integers (diffusers' per-block fields).
     std::vector<int> get_int_or_list(const std::string& key, size_t n, const std::vector<int>& def) const;
+    // Each field's member = get_<its type>(key, member): absent fields keep the member's value as the default.
+    void read(const std::vector<JsonField>& fields) const;
     template <class E> E get_enum(const std::string& key, const EnumTable<E>& table, E def) const {
         if (!has(key)) return def;
         const std::string s = get_string(key, "");

@@ -5,7 +5,7 @@
 // A folder that looks like a reference case (config.json, golden_*.safetensors, a JSON file with "cases", or a
 // <run>.json + <run>.safetensors pair) but that only the generic load/integrity checker claims is reported as FAIL:
 // nothing is skipped silently.
-#include "cli/common.h"
+#include "cache/util/threads.h"
 #include "tests/golden_runner/runner.h"
 
 #include <nlohmann/json.hpp>
@@ -30,7 +30,8 @@ bool looks_like_case(const fs::path& dir, std::string* why) {
             json_stems.insert(e.path().stem().string());
             try {
                 auto j = nlohmann::json::parse(read_text(e.path()));
-                if (j.is_object() && j.contains("cases") && j["cases"].is_array()) return *why = name + " (cases)", true;
+                if (j.is_object() && j.contains("cases") && j["cases"].is_array())
+                    return *why = name + " (cases)", true;
             } catch (...) {
             }
         }
@@ -60,9 +61,12 @@ int main(int argc, char** argv) {
     int threads = 1; // the references were computed single-threaded
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
-        if (a == "--verbose") ctx.verbose = true;
-        else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-        else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+        if (a == "--verbose")
+            ctx.verbose = true;
+        else if (a == "--filter" && i + 1 < argc)
+            filter = argv[++i];
+        else if (a == "--threads" && i + 1 < argc)
+            threads = std::atoi(argv[++i]);
         else {
             std::fprintf(stderr, "golden_runner: unknown argument '%s'\n", a.c_str());
             return 2;
@@ -72,7 +76,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "error: '%s' is not a directory\n", ctx.root.c_str());
         return 2;
     }
-    anchor::configure_threads(threads);
+    anchor::util::configure_threads(threads);
     std::vector<fs::path> dirs{ctx.root};
     for (const auto& e : fs::recursive_directory_iterator(ctx.root))
         if (e.is_directory()) dirs.push_back(e.path());
