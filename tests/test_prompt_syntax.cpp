@@ -6,6 +6,7 @@
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "unet/clip_tokenizer.h"
+#include "unet/freq_cache.h"
 #include "unet/prompt_syntax.h"
 
 #include <catch2/catch.hpp>
@@ -312,4 +313,26 @@ TEST_CASE("anchor-sd --prompt-syntax: a1111 runs a long prompt and is recorded; 
     INFO(r.output);
     CHECK(r.exit_code == 2);
     for (const char* s : {"--prompt", "1.2.3"}) CHECK(r.output.find(s) != std::string::npos);
+}
+
+TEST_CASE("The UNet caches take the longer A1111 context", "[prompt][sd][deepcache]") {
+    TinyModels t;
+    Txt2ImgPipeline pipe(t.models);
+    Txt2ImgParams p;
+    p.prompts = {"a (red:1.3) cat BREAK [blurry] background, " + repeat_words("grass,", 50)};
+    p.steps = 4;
+    p.sampler = SamplerKind::DDIM;
+    const auto plain_run = pipe.run(p);
+    REQUIRE(plain_run.prompt_embeds.size(1) == 3 * 77);
+    // DeepCache interval 1 runs the full UNet every step: the uncached run's latents, bit for bit.
+    DeepCacheDenoiser every_step(1, 0);
+    CHECK(torch::equal(pipe.run(p, &every_step).final_latents, plain_run.final_latents));
+    DeepCacheDenoiser interval2(2, 0);
+    const auto cached = pipe.run(p, &interval2);
+    CHECK(cached.full_steps == 2);
+    CHECK(torch::isfinite(cached.image).all().item<bool>());
+    auto freq = parse_cache_mode("freq");
+    const auto f = pipe.run(p, freq.get());
+    CHECK(f.full_steps >= 1);
+    CHECK(torch::isfinite(f.image).all().item<bool>());
 }
