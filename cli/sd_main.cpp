@@ -211,6 +211,12 @@ void add_txt2img_options(CLI::App& app, Options& o) {
     app.add_option("-s,--seed", p.seed, "RNG seed; negative = random (printed)")->capture_default_str();
     p.sampler = SamplerKind::EulerAncestral;
     bind(cli::add_enum_option(app, "--sampler", p.sampler, sampler_table(), "sampler"), "sampler");
+    p.prompt_syntax = PromptSyntax::A1111;
+    bind(cli::add_enum_option(app, "--prompt-syntax", p.prompt_syntax, prompt_syntax_table(),
+                              "how the prompts are read: a1111 = AUTOMATIC1111's (text) / [text] / (text:1.3) "
+                              "emphasis, \\( for a literal bracket, BREAK, and prompts past 75 tokens as more 77-token "
+                              "chunks; plain = diffusers (the text as is, truncated to 75 tokens)"),
+         "prompt_syntax");
     bind(app.add_option("--eta", p.eta, "DDIM eta (0 = deterministic)")->capture_default_str(), "eta");
     bind(app.add_option("-W,--width", p.width,
                         "image width, a multiple of the VAE factor (8 for SD); default: the model's size (UNet "

@@ -77,6 +77,7 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
     auto need = [&](const char* k) -> const nlohmann::json& { return detail::need(m, run, k); };
     p.eta = m.value("eta", 0.0);
     p.clip_skip = m.value("clip_skip", 0);
+    p.prompt_syntax = unet::PromptSyntax::Plain; // the reference is diffusers: brackets are text
     p.steps = need("num_inference_steps").get<int>();
     p.sampler = sampler_from_class(need("scheduler").get<std::string>());
     // No size: the init image's, rounded down to the VAE factor (img2img's __call__ takes none).

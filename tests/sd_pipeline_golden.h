@@ -207,6 +207,7 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
         throw Error("config.json: guidance_rescale " + m["guidance_rescale"].dump() + " is not supported");
     p.eta = m.value("eta", 0.0);
     p.clip_skip = m.value("clip_skip", 0);
+    p.prompt_syntax = unet::PromptSyntax::Plain; // the reference is diffusers: brackets are text
     p.steps = need("num_inference_steps").get<int>();
     p.sampler = sampler_from_class(need("scheduler").get<std::string>());
     if (m.contains("vae_scale_factor") && m["vae_scale_factor"].get<int>() != vae_factor)

@@ -171,6 +171,10 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
         throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
     if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
     if (!m_.text_encoder) return;
+    if (p.prompt_syntax == PromptSyntax::A1111 && !p.prompt_embeds.defined()) {
+        for (const auto& text : p.prompts) (void)parse_prompt_attention(text); // ParamError("prompts")
+        for (const auto& text : p.negative_prompts) (void)parse_prompt_attention(text);
+    }
     if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
         throw ParamError("clip_skip", "must be in [0, " +
                                           std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
@@ -197,13 +201,35 @@ Tensor Txt2ImgPipeline::prompt_ids(const std::vector<std::string>& prompts, std:
     return torch::cat(rows, 0);
 }
 
+std::vector<ChunkedPrompt> Txt2ImgPipeline::prompt_chunks(const std::vector<std::string>& prompts) const {
+    PromptChunkOptions o;
+    o.chunk_length = m_.text_encoder->config().max_position_embeddings - 2;
+    std::vector<ChunkedPrompt> out;
+    for (const auto& text : prompts) out.push_back(chunk_prompt(m_.tokenizer, parse_prompt_attention(text), o));
+    return out;
+}
+
 Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings) {
     torch::NoGradGuard ng;
     const int64_t n = p.images_per_prompt;
-    auto cond = m_.text_encoder->encode(prompt_ids(p.prompts, warnings), p.clip_skip);
+    Tensor cond, uncond;
+    if (p.prompt_syntax == PromptSyntax::Plain) {
+        cond = m_.text_encoder->encode(prompt_ids(p.prompts, warnings), p.clip_skip);
+        if (cfg) uncond = m_.text_encoder->encode(prompt_ids(negatives_of(p), warnings), p.clip_skip);
+    } else {
+        // A1111: the prompts and the negative prompts are two batches padded to the same number of chunks.
+        const auto pc = prompt_chunks(p.prompts);
+        const auto nc = cfg ? prompt_chunks(negatives_of(p)) : std::vector<ChunkedPrompt>{};
+        size_t k = 1;
+        for (const auto* v : {&pc, &nc})
+            for (const auto& c : *v) k = std::max(k, c.chunks.size());
+        const auto empty = empty_chunk(m_.tokenizer, m_.text_encoder->config().max_position_embeddings - 2);
+        const ChunkEncoder enc = [&](const Tensor& ids) { return m_.text_encoder->encode(ids, p.clip_skip); };
+        cond = encode_chunked(pc, empty, enc, k);
+        if (cfg) uncond = encode_chunked(nc, empty, enc, k);
+    }
     if (n > 1) cond = cond.repeat_interleave(n, 0);
     if (!cfg) return cond;
-    auto uncond = m_.text_encoder->encode(prompt_ids(negatives_of(p), warnings), p.clip_skip);
     if (n > 1) uncond = uncond.repeat_interleave(n, 0);
     return torch::cat({uncond, cond}, 0);
 }

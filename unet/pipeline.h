@@ -8,6 +8,7 @@
 
 #include "unet/checkpoint.h"
 #include "unet/img2img.h"
+#include "unet/prompt_syntax.h"
 #include "unet/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -38,6 +39,10 @@ struct Txt2ImgParams {
     SamplerKind sampler = SamplerKind::EulerAncestral;
     double eta = 0.0; // DDIM only
     int clip_skip = 0;
+    // How the prompt text is read (unet/prompt_syntax.h): A1111 emphasis, BREAK and chunks of 75 tokens (the default,
+    // as stable-diffusion.cpp), or plain = diffusers (the text as is, truncated to 75 tokens). A prompt without
+    // emphasis or BREAK of at most 75 tokens gets the same embeddings in both.
+    PromptSyntax prompt_syntax = PromptSyntax::A1111;
     // Where the UNet runs (the models must be there); the scheduler, the generator and the initial noise stay on the
     // CPU, so a seed gives the same noise on every device (as diffusers with a CPU generator). Only the CPU and a
     // CUDA device of a CUDA build.
@@ -136,13 +141,17 @@ public:
 
     // [uncond rows, cond rows] when guidance is on, else the cond rows only, as diffusers' encode_prompt: the prompts
     // encoded as one batch, the negative prompts (p.negative_prompts, broadcast) as another, each row repeated
-    // p.images_per_prompt times. Truncation warnings are appended to `warnings`.
+    // p.images_per_prompt times. Plain syntax: [rows, 77, D], truncation warnings appended to `warnings`. A1111
+    // syntax: [rows, 77 * k, D], k the most chunks of any prompt or negative prompt (the others padded with the
+    // encoding of an empty chunk, A1111's pad_cond_uncond), nothing truncated.
     torch::Tensor encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings);
     // The negative prompt of every prompt of p (p.negative_prompts broadcast; "" when empty).
     static std::vector<std::string> negatives_of(const Txt2ImgParams& p);
     // Token ids of the prompts of p, [B, 77] (what diffusers' tokenizer returns).
     torch::Tensor prompt_ids(const std::vector<std::string>& prompts,
                              std::vector<std::string>* warnings = nullptr) const;
+    // The A1111 chunks of every prompt (parse_prompt_attention + chunk_prompt with this model's tokenizer).
+    std::vector<ChunkedPrompt> prompt_chunks(const std::vector<std::string>& prompts) const;
     // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
     // `extra`: channels appended to the scaled model input (a 9-channel UNet's [mask, masked image latents], CFG
     // rows); `ctl_step`: the step number the controller sees (the loop's own count, from 0; -1 = i).

@@ -22,6 +22,11 @@ void Txt2ImgJob::validate() const {
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
     // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
     if (params.steps >= 1) (void)params.init.validate(params.steps);
+    // A1111 syntax errors (a weight that is not a number) before any model is loaded.
+    if (params.prompt_syntax == PromptSyntax::A1111) {
+        for (const auto& text : prompts) (void)parse_prompt_attention(text);
+        for (const auto& text : params.negative_prompts) (void)parse_prompt_attention(text);
+    }
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
@@ -61,6 +66,7 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["cfg_scale"] = p.guidance_scale;
     j["steps"] = p.steps;
     j["sampler"] = sampler_name(p.sampler);
+    j["prompt_syntax"] = enum_name(prompt_syntax_table(), p.prompt_syntax);
     j["seed"] = p.seed;
     j["batch_size"] = int(p.prompts.size()) * p.images_per_prompt;
     j["index_in_batch"] = i;
