@@ -127,15 +127,22 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     ce->add_option("-o,--output", ev->eval.out, "output folder (default: <model>/eval)");
     ce->add_flag("--overwrite", ev->eval.overwrite,
                  "replace cache_eval.json and samples_<mode>.png already in the folder");
-    for (const auto& [field, flag] : std::vector<std::pair<const char*, const char*>>{{"modes", "--modes"},
-                                                                                      {"seeds", "--seeds"},
-                                                                                      {"repeats", "--repeats"},
-                                                                                      {"ranges", "--ranges"},
-                                                                                      {"target", "--target"},
-                                                                                      {"steps", "--steps"},
-                                                                                      {"prompts", "--prompts"}})
-        bind_field(field, flag);
-    runners.emplace_back(ce, [ev]() { return run_eval(*ev); });
+    // Bound when eval-fashion runs, not when it is declared: txt2img binds some of the same fields (prompts, steps)
+    // to its own options.
+    auto bind_eval_fields = [] {
+        for (const auto& [field, flag] : std::vector<std::pair<const char*, const char*>>{{"modes", "--modes"},
+                                                                                          {"seeds", "--seeds"},
+                                                                                          {"repeats", "--repeats"},
+                                                                                          {"ranges", "--ranges"},
+                                                                                          {"target", "--target"},
+                                                                                          {"steps", "--steps"},
+                                                                                          {"prompts", "--prompts"}})
+            bind_field(field, flag);
+    };
+    runners.emplace_back(ce, [ev, bind_eval_fields]() {
+        bind_eval_fields();
+        return run_eval(*ev);
+    });
 
     auto cal = std::make_shared<CalibrateOptions>();
     auto* ck = app.add_subcommand("calibrate", "measure per-step spectral change of uncached runs and write a freq "
