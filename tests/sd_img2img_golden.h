@@ -99,7 +99,7 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
             throw Error("config.json: generator text seeds " + std::to_string(g) + " but 'seed' is " +
                         std::to_string(p.seed));
     }
-    p.eta = m.value("eta", 0.0);
+    if (m.contains("eta")) p.eta = m["eta"].get<double>(); // unset: the sampler's default
     p.clip_skip = m.value("clip_skip", 0);
     p.steps = need("num_inference_steps").get<int>();
     p.sampler = sampler_from_class(need("scheduler").get<std::string>());

@@ -196,7 +196,7 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
     }
     if (m.contains("guidance_rescale") && m["guidance_rescale"].get<double>() != 0.0)
         throw Error("config.json: guidance_rescale " + m["guidance_rescale"].dump() + " is not supported");
-    p.eta = m.value("eta", 0.0);
+    if (m.contains("eta")) p.eta = m["eta"].get<double>(); // unset: the sampler's default
     p.clip_skip = m.value("clip_skip", 0);
     p.steps = need("num_inference_steps").get<int>();
     p.sampler = sampler_from_class(need("scheduler").get<std::string>());
