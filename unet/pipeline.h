@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,12 @@ struct Txt2ImgParams {
     int width = 0;
     int height = 0;
     SamplerKind sampler = SamplerKind::EulerAncestral;
-    double eta = 0.0; // DDIM only
+    // Noise schedule (scheduler.h); unset: karras when the model's scheduler_config.json sets use_karras_sigmas, else
+    // default (diffusers' spacing).
+    std::optional<NoiseSchedule> schedule;
+    // Noise of the samplers with a noise term (ddim, euler_a); unset: the sampler's default (ddim 0, euler_a 1). Given
+    // to another sampler it is a ParamError (effective_eta).
+    std::optional<double> eta;
     int clip_skip = 0;
     // Where the UNet runs (the models must be there); the scheduler, the generator and the initial noise stay on the
     // CPU, so a seed gives the same noise on every device (as diffusers with a CPU generator). Only the CPU and a
@@ -115,6 +121,10 @@ struct Txt2ImgResult {
     torch::Tensor image;               // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
     torch::Tensor image_uint8;         // round(image*255) NHWC uint8 [B,H,W,3]
     std::vector<std::string> warnings; // e.g. prompt truncation
+    // The schedule the loop ran (effective_schedule) and its eta (effective_eta; none for samplers without a noise
+    // term).
+    NoiseSchedule schedule = NoiseSchedule::Default;
+    std::optional<double> eta;
     int full_steps = 0, total_steps = 0;
     double text_s = 0, denoise_s = 0, decode_s = 0;
 };
@@ -125,6 +135,8 @@ public:
 
     // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
     SchedulerConfig scheduler_config() const;
+    // The same with p's schedule, when p sets one.
+    SchedulerConfig scheduler_config(const Txt2ImgParams& p) const;
     // Checks width/height against the VAE factor, steps >= 1 ... (ParamError naming the field).
     // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
     // working maps, the chunked attention buffer, the VAE decoder's widest map. validate() refuses sizes above the

@@ -22,6 +22,11 @@ void Txt2ImgJob::validate() const {
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
     // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
     if (params.steps >= 1) (void)params.init.validate(params.steps);
+    // The sampler's eta and schedule (the model's use_karras_sigmas only matters when no schedule is given).
+    (void)effective_eta(params.sampler, params.eta);
+    SchedulerConfig sc;
+    sc.schedule = params.schedule;
+    (void)effective_schedule(params.sampler, sc);
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
@@ -61,6 +66,8 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["cfg_scale"] = p.guidance_scale;
     j["steps"] = p.steps;
     j["sampler"] = sampler_name(p.sampler);
+    j["schedule"] = noise_schedule_name(r.schedule);
+    j["eta"] = r.eta ? nlohmann::json(*r.eta) : nlohmann::json(nullptr);
     j["seed"] = p.seed;
     j["batch_size"] = int(p.prompts.size()) * p.images_per_prompt;
     j["index_in_batch"] = i;
