@@ -466,7 +466,8 @@ public:
         auto t = static_cast<int64_t>(ts_[i]);
         int64_t prev = t - ratio;
         // Loop step i runs timestep desc_[pos] (ts_ = d0, d1, d1, d2, ...); a custom schedule steps to the next
-        // timestep of the list, and the second step (counter 1) redoes d0 -> d1, where diffusers adds its stride back.
+        // timestep of the list, and the second step (counter 1) redoes the first, desc_[pos - 1] -> desc_[pos], where
+        // diffusers adds its stride back.
         const size_t pos = i <= 1 ? size_t(i) : size_t(i - 1);
         if (custom_schedule()) prev = next_in(desc_, pos);
         if (counter_ != 1) {
