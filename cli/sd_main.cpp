@@ -147,6 +147,7 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
                  {"seed", p.seed},
                  {"steps", p.steps},
                  {"sampler", sampler_name(p.sampler)},
+                 {"schedule", noise_schedule_name(effective_schedule(p.sampler, pipe.scheduler_config(p)))},
                  {"cfg_scale", p.guidance_scale},
                  {"width", p.width},
                  {"height", p.height}});
@@ -217,7 +218,17 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                               "emphasis, \\( for a literal bracket, BREAK, and prompts past 75 tokens as more 77-token "
                               "chunks; plain = diffusers (the text as is, truncated to 75 tokens)"),
          "prompt_syntax");
-    bind(app.add_option("--eta", p.eta, "DDIM eta (0 = deterministic)")->capture_default_str(), "eta");
+    bind(cli::add_enum_option(app, "--schedule", p.schedule, noise_schedule_table(),
+                              "noise schedule of every sampler: default = diffusers' timestep spacing, karras = Karras "
+                              "et al. 2022 (rho 7), exponential = log-linear sigmas, sgm_uniform / simple = ComfyUI's",
+                              "karras when the model's scheduler_config.json sets use_karras_sigmas, else default"),
+         "schedule");
+    bind(app.add_option_function<double>(
+                "--eta", [&p](double v) { p.eta = v; },
+                "noise of the samplers that have a noise term, >= 0: ddim (default 0 = deterministic) and euler_a "
+                "(default 1; 0 = the Euler step); refused for the others")
+             ->type_name("FLOAT"),
+         "eta");
     bind(app.add_option("-W,--width", p.width,
                         "image width, a multiple of the VAE factor (8 for SD); default: the model's size (UNet "
                         "sample_size x VAE factor: 512 for SD 1.x)"),

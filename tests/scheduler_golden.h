@@ -94,7 +94,7 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
     cfg.class_name = scheduler_golden_class(j);
     const SamplerKind kind = sampler_from_class_name(cfg.class_name, cfg.use_karras_sigmas);
     const FakeModel model = fake_model_of(dir);
-    double eta = 0.0;
+    std::optional<double> eta; // only DDIM runs state one (their step_kwargs); unset = the sampler's default
     int64_t seed = -1;
     if (j.contains("step_kwargs")) {
         for (const auto& [key, value] : j["step_kwargs"].items()) {

@@ -75,7 +75,7 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
     auto& p = s.params;
     read_prompt_parameters(m, run, known, p);
     auto need = [&](const char* k) -> const nlohmann::json& { return detail::need(m, run, k); };
-    p.eta = m.value("eta", 0.0);
+    if (m.contains("eta")) p.eta = m["eta"].get<double>(); // unset: the sampler's default
     p.clip_skip = m.value("clip_skip", 0);
     p.prompt_syntax = unet::PromptSyntax::Plain; // the reference is diffusers: brackets are text
     p.steps = need("num_inference_steps").get<int>();

@@ -205,7 +205,7 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
     const int images = int(p.prompts.size()) * p.images_per_prompt;
     if (m.contains("guidance_rescale") && m["guidance_rescale"].get<double>() != 0.0)
         throw Error("config.json: guidance_rescale " + m["guidance_rescale"].dump() + " is not supported");
-    p.eta = m.value("eta", 0.0);
+    if (m.contains("eta")) p.eta = m["eta"].get<double>(); // unset: the sampler's default
     p.clip_skip = m.value("clip_skip", 0);
     p.prompt_syntax = unet::PromptSyntax::Plain; // the reference is diffusers: brackets are text
     p.steps = need("num_inference_steps").get<int>();

@@ -142,3 +142,50 @@ TEST_CASE("anchor-sd --batch-size runs a batch of prompts as diffusers does, one
         CHECK(j["prompt"] == (i ? "an old lighthouse at dusk, oil painting" : "a red fox in the snow"));
     }
 }
+
+TEST_CASE("anchor-sd --schedule and --eta run on the tiny model and are recorded in the sidecar",
+          "[cli][sd][schedulers]") {
+    const auto dir = test::scratch_dir("cli_sd_schedule");
+    struct Run {
+        std::vector<std::string> args;
+        std::string schedule;
+        nlohmann::json eta;
+    };
+    const std::vector<Run> runs = {
+        {{"--sampler", "euler_a", "--schedule", "karras"}, "karras", 1.0},
+        {{"--sampler", "euler_a", "--schedule", "sgm_uniform", "--eta", "0.5"}, "sgm_uniform", 0.5},
+        {{"--sampler", "ddim", "--schedule", "exponential"}, "exponential", 0.0},
+        {{"--sampler", "dpmpp_2m_karras"}, "karras", nullptr},
+        {{"--sampler", "euler"}, "default", nullptr},
+    };
+    int k = 0;
+    for (const auto& run : runs) {
+        const std::string png = dir + "/s" + std::to_string(k++) + ".png";
+        std::vector<std::string> args = {
+            "-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "3", "-o", png, "--threads", "1"};
+        args.insert(args.end(), run.args.begin(), run.args.end());
+        auto r = test::run_program(test::sd_bin(), args);
+        INFO(r.output);
+        REQUIRE(r.exit_code == 0);
+        std::ifstream f(png + ".json");
+        const auto rec = nlohmann::json::parse(f);
+        CHECK(rec["schedule"] == run.schedule);
+        CHECK(rec["eta"] == run.eta);
+    }
+    // The schedule changes the image: karras and default Euler a from the same seed differ.
+    auto a =
+        test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "3", "-o",
+                                           dir + "/d.png", "--threads", "1", "--save-latents", dir + "/d.safetensors"});
+    auto b = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "3",
+                                                "-o", dir + "/k.png", "--threads", "1", "--schedule", "karras",
+                                                "--save-latents", dir + "/k.safetensors"});
+    REQUIRE(a.exit_code == 0);
+    REQUIRE(b.exit_code == 0);
+    auto fa = SafeTensorsFile::open(dir + "/d.safetensors"), fb = SafeTensorsFile::open(dir + "/k.safetensors");
+    CHECK(torch::equal(fa->tensor("initial_noise"), fb->tensor("initial_noise")));
+    CHECK_FALSE(torch::equal(fa->tensor("final_latents"), fb->tensor("final_latents")));
+    // --help lists the schedules from the table.
+    auto h = test::run_program(test::sd_bin(), {"--help"});
+    CHECK(h.output.find("--schedule") != std::string::npos);
+    CHECK(h.output.find("default|karras|exponential|sgm_uniform|simple") != std::string::npos);
+}

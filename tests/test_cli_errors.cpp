@@ -138,6 +138,34 @@ TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]"
     run_cases(cases, out);
 }
 
+TEST_CASE("anchor-sd schedule and eta errors exit 2 and name the option and the choices", "[cli][errors][schedulers]") {
+    const auto out = test::scratch_dir("errors_sd_schedule");
+    const std::string png = out + "/x.png", m = "assets/models/sd15-tiny-random";
+    const std::vector<Case> cases = {
+        {"unknown schedule lists the valid ones",
+         "sd",
+         {"-m", m, "-p", "a", "--schedule", "bogus", "-o", png},
+         2,
+         {"--schedule", "bogus", "default, karras, exponential, sgm_uniform, simple"}},
+        {"eta for a sampler without a noise term",
+         "sd",
+         {"-m", m, "-p", "a", "--sampler", "euler", "--eta", "0.5", "-o", png},
+         2,
+         {"--eta", "euler", "ddim and euler_a"}},
+        {"negative eta",
+         "sd",
+         {"-m", m, "-p", "a", "--sampler", "ddim", "--eta", "-1", "-o", png},
+         2,
+         {"--eta", ">= 0"}},
+        {"schedule contradicting dpmpp_2m_karras",
+         "sd",
+         {"-m", m, "-p", "a", "--sampler", "dpmpp_2m_karras", "--schedule", "exponential", "-o", png},
+         2,
+         {"--schedule", "exponential", "dpmpp_2m"}},
+    };
+    run_cases(cases, out);
+}
+
 TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "[cli][errors]") {
     const auto out = test::scratch_dir("errors_sd_files");
     const auto work = test::scratch_dir("errors_sd_files_inputs");

@@ -6,7 +6,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 
 using namespace anchor;
 using namespace anchor::unet;
@@ -261,5 +263,245 @@ TEST_CASE("v_prediction parameterisation agrees with epsilon", "[schedulers]") {
         }
         INFO(sampler_name(kind));
         CHECK(test::max_abs_diff(x, xv) < 1e-4 * (1 + x.abs().max().item<double>()));
+    }
+}
+
+// ---- noise schedules and Euler ancestral eta ---------------------------------------------------------------------
+
+namespace {
+
+nlohmann::json noise_schedule_refs() {
+    // tests/golden/sd/anchorcache_cases/generate/gen_noise_schedules.py: karras from diffusers 0.27.2 itself,
+    // exponential / sgm_uniform / simple from a Python reimplementation of k-diffusion's and ComfyUI's formulas.
+    return test::read_json_file(test::golden("sd/anchorcache_cases/noise_schedules/noise_schedules.json"));
+}
+
+SchedulerConfig with_schedule(NoiseSchedule s, TimestepSpacing spacing = TimestepSpacing::Leading) {
+    SchedulerConfig c;
+    c.schedule = s;
+    c.timestep_spacing = spacing;
+    return c;
+}
+
+// max |a_k - b_k| / max(|b_k|, 1e-3)
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double m = 0;
+    for (size_t k = 0; k < a.size(); ++k) m = std::max(m, std::abs(a[k] - b[k]) / std::max(std::abs(b[k]), 1e-3));
+    return m;
+}
+
+// The gen_sched.py fake model through a whole loop, generator seeded `gen_seed`, from `noise`.
+torch::Tensor fake_loop(Scheduler& s, int steps, const torch::Tensor& noise, uint64_t gen_seed) {
+    s.set_timesteps(steps);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(gen_seed);
+    auto x = noise * s.init_noise_sigma();
+    for (int i = 0; i < s.num_loop_steps(); ++i) {
+        auto eps = 0.1 * s.scale_model_input(x, i) + 0.01 * s.timestep(i) / 1000;
+        x = s.step(eps, i, x, &gen);
+    }
+    return x;
+}
+
+} // namespace
+
+TEST_CASE("noise schedule names drive parsing and give A1111's labels", "[schedulers]") {
+    CHECK(noise_schedule_table().size() == 5);
+    for (const auto& [name, s] : noise_schedule_table()) CHECK(noise_schedule_name(s) == name);
+    CHECK(noise_schedule_label(NoiseSchedule::Karras) == "Karras");
+    CHECK(noise_schedule_label(NoiseSchedule::SgmUniform) == "SGM Uniform");
+    CHECK(noise_schedule_label(NoiseSchedule::Default) == "Automatic");
+    CHECK_THROWS_WITH(enum_from_string(noise_schedule_table(), "bogus", "schedule"),
+                      Catch::Contains("bogus") && Catch::Contains("sgm_uniform") && Catch::Contains("karras"));
+}
+
+TEST_CASE("noise schedules match diffusers' karras and the reference exponential, sgm_uniform and simple",
+          "[schedulers]") {
+    const auto refs = noise_schedule_refs();
+    int checked = 0;
+    for (const auto& r : refs["schedules"]) {
+        const auto name = r["schedule"].get<std::string>();
+        const auto source = r["source"].get<std::string>();
+        const int n = r["steps"].get<int>();
+        const auto want_sig = r["sigmas"].get<std::vector<double>>();
+        const auto want_t = r["timesteps"].get<std::vector<double>>();
+        const auto s = enum_from_string(noise_schedule_table(), name, "schedule");
+        INFO(name << " " << n << " steps, reference " << source);
+        const auto lv = schedule_levels(s, SchedulerConfig{}, n);
+        CHECK(max_rel(lv.sigmas, want_sig) < 1e-6);
+        if (!r["timesteps_rounded"].get<bool>()) {
+            CHECK(max_rel(lv.timesteps, want_t) < 1e-6);
+        }
+        // Every sigma sampler steps on them (float32, then 0): Euler / Euler a / LMS with the fractional timesteps,
+        // DPM++ 2M with them rounded.
+        std::vector<double> want_sig0 = want_sig;
+        want_sig0.push_back(0.0);
+        for (auto kind : {SamplerKind::Euler, SamplerKind::EulerAncestral, SamplerKind::LMS, SamplerKind::DPMPP2M}) {
+            INFO(sampler_name(kind));
+            auto sch = make_scheduler(kind, with_schedule(s));
+            sch->set_timesteps(n);
+            CHECK(max_rel(sch->sigmas(), want_sig0) < 1e-6);
+            const auto got_t = sch->timesteps();
+            REQUIRE(got_t.size() == want_t.size());
+            for (size_t k = 0; k < got_t.size(); ++k) {
+                if (kind == SamplerKind::DPMPP2M)
+                    CHECK(got_t[k] == std::nearbyint(r["timesteps_rounded"].get<bool>() ? want_t[k] : lv.timesteps[k]));
+                else if (!r["timesteps_rounded"].get<bool>())
+                    CHECK(got_t[k] == Approx(want_t[k]).epsilon(1e-6));
+            }
+        }
+        // The timestep samplers run on the rounded timesteps; PNDM repeats the second one as diffusers' PLMS does.
+        auto ddim = make_scheduler(SamplerKind::DDIM, with_schedule(s));
+        ddim->set_timesteps(n);
+        std::vector<double> rounded;
+        for (double t : lv.timesteps) rounded.push_back(std::nearbyint(t));
+        CHECK(ddim->timesteps() == rounded);
+        auto pndm = make_scheduler(SamplerKind::PNDM, with_schedule(s));
+        pndm->set_timesteps(n);
+        auto plms = rounded;
+        if (n > 1) plms.insert(plms.begin() + 1, rounded[1]);
+        CHECK(pndm->timesteps() == plms);
+        ++checked;
+    }
+    CHECK(checked == 19); // 4 step counts x 5 references, less diffusers Euler's degenerate 1-step linspace
+    // dpmpp_2m_karras is dpmpp_2m on karras, and the diffusers Euler reference with 'linspace' spacing gives the
+    // same sigmas as the model-range karras of 'leading' (the spacing only changes init_noise_sigma).
+    auto a = make_scheduler(SamplerKind::DPMPP2MKarras),
+         b = make_scheduler(SamplerKind::DPMPP2M, with_schedule(NoiseSchedule::Karras));
+    a->set_timesteps(13);
+    b->set_timesteps(13);
+    CHECK(a->timesteps() == b->timesteps());
+    CHECK(a->sigmas() == b->sigmas());
+}
+
+TEST_CASE("the default schedule is each sampler's own spacing, and use_karras_sigmas selects karras", "[schedulers]") {
+    for (const auto& [name, kind] : sampler_table()) {
+        if (kind == SamplerKind::DPMPP2MKarras) continue;
+        INFO(name);
+        auto unset = make_scheduler(kind), dflt = make_scheduler(kind, with_schedule(NoiseSchedule::Default));
+        unset->set_timesteps(17);
+        dflt->set_timesteps(17);
+        CHECK(unset->timesteps() == dflt->timesteps());
+        CHECK(unset->sigmas() == dflt->sigmas());
+        CHECK(effective_schedule(kind, SchedulerConfig{}) == NoiseSchedule::Default);
+    }
+    auto cfg =
+        SchedulerConfig::from_json_text(R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true})");
+    CHECK(effective_schedule(SamplerKind::Euler, cfg) == NoiseSchedule::Karras);
+    CHECK(effective_schedule(SamplerKind::DDIM, cfg) == NoiseSchedule::Karras);
+    cfg.schedule = NoiseSchedule::Simple; // a given schedule wins over the file's switch
+    CHECK(effective_schedule(SamplerKind::Euler, cfg) == NoiseSchedule::Simple);
+    CHECK(effective_schedule(SamplerKind::DPMPP2MKarras, SchedulerConfig{}) == NoiseSchedule::Karras);
+}
+
+TEST_CASE("DDIM on a custom schedule steps to the next timestep of its list", "[schedulers]") {
+    // Song et al. 2021 eq. 12 with eta = 0: x_prev = sqrt(a_prev) x0 + sqrt(1 - a_prev) eps, a_prev = abar at the
+    // next listed timestep (final_alpha = abar[0] after the last, set_alpha_to_one false).
+    SchedulerConfig cfg = with_schedule(NoiseSchedule::Karras);
+    auto s = make_scheduler(SamplerKind::DDIM, cfg);
+    s->set_timesteps(6);
+    const auto abar = make_alphas_cumprod(cfg).to(torch::kFloat64);
+    const auto ts = s->timesteps();
+    torch::manual_seed(5);
+    const auto x = torch::randn({1, 2, 3, 3}), eps = torch::randn({1, 2, 3, 3});
+    for (int i = 0; i < 6; ++i) {
+        const double a_t = abar[int64_t(ts[size_t(i)])].item<double>();
+        const double a_p = i + 1 < 6 ? abar[int64_t(ts[size_t(i) + 1])].item<double>() : abar[0].item<double>();
+        auto x64 = x.to(torch::kFloat64), e64 = eps.to(torch::kFloat64);
+        auto want = std::sqrt(a_p) * (x64 - std::sqrt(1 - a_t) * e64) / std::sqrt(a_t) + std::sqrt(1 - a_p) * e64;
+        INFO("step " << i << " t=" << ts[size_t(i)]);
+        CHECK(test::max_abs_diff(s->step(eps, i, x, nullptr).to(torch::kFloat64), want) < 1e-5);
+    }
+}
+
+TEST_CASE("Euler ancestral eta: k-diffusion's ancestral step, 1 is today's sampler and 0 the Euler step",
+          "[schedulers]") {
+    const auto refs = noise_schedule_refs();
+    const auto noise = torch::randn({1, 2, 3, 3}, at::make_generator<at::CPUGeneratorImpl>(11));
+    const uint64_t gen_seed = refs["generator_seed"].get<uint64_t>();
+    for (const auto& loop : refs["euler_ancestral"]) {
+        const auto s = enum_from_string(noise_schedule_table(), loop["schedule"].get<std::string>(), "schedule");
+        const double eta = loop["eta"].get<double>();
+        INFO(loop["source"].get<std::string>() << ": " << noise_schedule_name(s) << ", eta " << eta);
+        auto sch = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s), eta);
+        const auto got = fake_loop(*sch, loop["steps"].get<int>(), noise, gen_seed);
+        const auto want = torch::tensor(loop["final"].get<std::vector<float>>()).reshape({1, 2, 3, 3});
+        CHECK(excess(got, want, 1e-5, 1e-5) <= 0.0);
+    }
+    for (auto s : {NoiseSchedule::Default, NoiseSchedule::Karras, NoiseSchedule::SgmUniform}) {
+        INFO(noise_schedule_name(s));
+        // eta = 1 given is the default, to the bit.
+        auto unset = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s));
+        auto one = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s), 1.0);
+        CHECK(torch::equal(fake_loop(*unset, 9, noise, 4), fake_loop(*one, 9, noise, 4)));
+        // eta = 0: sigma_up = 0 and sigma_down = sigma_to, the deterministic Euler step on the same sigmas (both draw
+        // one noise tensor per step, so the generator makes no difference).
+        auto zero = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s), 0.0);
+        auto euler = make_scheduler(SamplerKind::Euler, with_schedule(s));
+        const auto a = fake_loop(*zero, 9, noise, 4), b = fake_loop(*euler, 9, noise, 77);
+        CHECK(test::max_abs_diff(a, b) <= 1e-6 * (1 + b.abs().max().item<double>()));
+        // eta > 0 draws on the generator: another seed, another result.
+        auto half = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s), 0.5);
+        auto half2 = make_scheduler(SamplerKind::EulerAncestral, with_schedule(s), 0.5);
+        CHECK_FALSE(torch::equal(fake_loop(*half, 9, noise, 4), fake_loop(*half2, 9, noise, 5)));
+    }
+}
+
+TEST_CASE("eta and schedule errors name the field and the valid choices", "[schedulers]") {
+    auto field_of = [](const std::function<void()>& f) -> std::string {
+        try {
+            f();
+        } catch (const ParamError& e) {
+            return e.field() + ": " + e.detail();
+        }
+        return "(no error)";
+    };
+    for (auto kind :
+         {SamplerKind::Euler, SamplerKind::DPMPP2M, SamplerKind::DPMPP2MKarras, SamplerKind::LMS, SamplerKind::PNDM}) {
+        const auto msg = field_of([&] { make_scheduler(kind, {}, 0.5); });
+        INFO(sampler_name(kind) << ": " << msg);
+        CHECK(msg.rfind("eta: ", 0) == 0);
+        CHECK(msg.find(sampler_name(kind)) != std::string::npos);
+        CHECK(msg.find("ddim and euler_a") != std::string::npos);
+        CHECK_FALSE(effective_eta(kind, std::nullopt).has_value());
+    }
+    for (double bad : {-0.1, std::nan("")}) {
+        CHECK(field_of([&] { make_scheduler(SamplerKind::DDIM, {}, bad); }).find("eta: must be a finite number >= 0") ==
+              0);
+        CHECK(field_of([&] { make_scheduler(SamplerKind::EulerAncestral, {}, bad); }).rfind("eta: ", 0) == 0);
+    }
+    CHECK(*effective_eta(SamplerKind::DDIM, std::nullopt) == 0.0);
+    CHECK(*effective_eta(SamplerKind::EulerAncestral, std::nullopt) == 1.0);
+    CHECK(*effective_eta(SamplerKind::EulerAncestral, 0.25) == 0.25);
+    for (auto s :
+         {NoiseSchedule::Default, NoiseSchedule::Exponential, NoiseSchedule::SgmUniform, NoiseSchedule::Simple}) {
+        const auto msg = field_of([&] { make_scheduler(SamplerKind::DPMPP2MKarras, with_schedule(s)); });
+        INFO(msg);
+        CHECK(msg.rfind("schedule: ", 0) == 0);
+        CHECK(msg.find(noise_schedule_name(s)) != std::string::npos);
+        CHECK(msg.find("dpmpp_2m") != std::string::npos);
+    }
+    CHECK_NOTHROW(make_scheduler(SamplerKind::DPMPP2MKarras, with_schedule(NoiseSchedule::Karras)));
+    CHECK_THROWS_AS(schedule_levels(NoiseSchedule::Default, {}, 10), Error);
+}
+
+TEST_CASE("every sampler runs a whole loop on every schedule, also from a begin index", "[schedulers]") {
+    const auto noise = torch::randn({1, 2, 3, 3}, at::make_generator<at::CPUGeneratorImpl>(3));
+    for (const auto& [sname, s] : noise_schedule_table()) {
+        for (const auto& [kname, kind] : sampler_table()) {
+            if (kind == SamplerKind::DPMPP2MKarras && s != NoiseSchedule::Karras) continue;
+            INFO(kname << " on " << sname);
+            auto sch = make_scheduler(kind, with_schedule(s));
+            const auto x = fake_loop(*sch, 10, noise, 9);
+            CHECK(torch::isfinite(x).all().item<bool>());
+            // img2img's truncated loop: begin at loop step 3 and run to the end in order.
+            sch->set_timesteps(10);
+            sch->set_begin_index(3);
+            auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+            auto y = sch->add_noise(torch::zeros_like(noise), noise, 3);
+            for (int i = 3; i < sch->num_loop_steps(); ++i)
+                y = sch->step(0.1 * sch->scale_model_input(y, i), i, y, &gen);
+            CHECK(torch::isfinite(y).all().item<bool>());
+        }
     }
 }

@@ -38,6 +38,12 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
     return SchedulerConfig{};
 }
 
+SchedulerConfig Txt2ImgPipeline::scheduler_config(const Txt2ImgParams& p) const {
+    auto c = scheduler_config();
+    if (p.schedule) c.schedule = p.schedule;
+    return c;
+}
+
 Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     const int size = int(m_.unet->config().sample_size) * m_.vae_scale_factor();
     if (p.device.is_cuda() && p.device.index() < 0) p.device = torch::Device(torch::kCUDA, 0);
@@ -138,6 +144,8 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
 
 void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (p_in.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p_in.steps));
+    (void)effective_eta(p_in.sampler, p_in.eta);                    // ParamError("eta")
+    (void)effective_schedule(p_in.sampler, scheduler_config(p_in)); // ParamError("schedule")
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
     validate_init(p, m_);
@@ -371,7 +379,11 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.text_s = seconds_since(t0);
     const auto context = r.prompt_embeds.to(p.device);
 
-    auto sched = make_scheduler(p.sampler, sched_cfg ? *sched_cfg : scheduler_config(), p.eta);
+    SchedulerConfig sc = sched_cfg ? *sched_cfg : scheduler_config();
+    if (p.schedule) sc.schedule = p.schedule;
+    r.schedule = effective_schedule(p.sampler, sc);
+    r.eta = effective_eta(p.sampler, p.eta);
+    auto sched = make_scheduler(p.sampler, sc, p.eta);
     sched->set_timesteps(p.steps);
     const int f = m_.vae_scale_factor();
     const int64_t B = int64_t(p.prompts.size()) * p.images_per_prompt;

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,12 @@ struct Txt2ImgParams {
     int width = 0;
     int height = 0;
     SamplerKind sampler = SamplerKind::EulerAncestral;
-    double eta = 0.0; // DDIM only
+    // Noise schedule (scheduler.h); unset: karras when the model's scheduler_config.json sets use_karras_sigmas, else
+    // default (diffusers' spacing).
+    std::optional<NoiseSchedule> schedule;
+    // Noise of the samplers with a noise term (ddim, euler_a); unset: the sampler's default (ddim 0, euler_a 1). Given
+    // to another sampler it is a ParamError (effective_eta).
+    std::optional<double> eta;
     int clip_skip = 0;
     // How the prompt text is read (unet/prompt_syntax.h): A1111 emphasis, BREAK and chunks of 75 tokens (the default,
     // as stable-diffusion.cpp), or plain = diffusers (the text as is, truncated to 75 tokens). A prompt without
@@ -120,6 +126,10 @@ struct Txt2ImgResult {
     torch::Tensor image;               // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
     torch::Tensor image_uint8;         // round(image*255) NHWC uint8 [B,H,W,3]
     std::vector<std::string> warnings; // e.g. prompt truncation
+    // The schedule the loop ran (effective_schedule) and its eta (effective_eta; none for samplers without a noise
+    // term).
+    NoiseSchedule schedule = NoiseSchedule::Default;
+    std::optional<double> eta;
     int full_steps = 0, total_steps = 0;
     double text_s = 0, denoise_s = 0, decode_s = 0;
 };
@@ -130,6 +140,8 @@ public:
 
     // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
     SchedulerConfig scheduler_config() const;
+    // The same with p's schedule, when p sets one.
+    SchedulerConfig scheduler_config(const Txt2ImgParams& p) const;
     // Checks width/height against the VAE factor, steps >= 1 ... (ParamError naming the field).
     // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
     // working maps, the chunked attention buffer, the VAE decoder's widest map. validate() refuses sizes above the

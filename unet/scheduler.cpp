@@ -66,6 +66,35 @@ const EnumTable<TimestepSpacing>& timestep_spacing_table() {
     return t;
 }
 
+const EnumTable<NoiseSchedule>& noise_schedule_table() {
+    static const EnumTable<NoiseSchedule> t = {{"default", NoiseSchedule::Default},
+                                               {"karras", NoiseSchedule::Karras},
+                                               {"exponential", NoiseSchedule::Exponential},
+                                               {"sgm_uniform", NoiseSchedule::SgmUniform},
+                                               {"simple", NoiseSchedule::Simple}};
+    return t;
+}
+
+std::string noise_schedule_name(NoiseSchedule s) {
+    return enum_name(noise_schedule_table(), s);
+}
+
+std::string noise_schedule_label(NoiseSchedule s) {
+    switch (s) {
+    case NoiseSchedule::Default:
+        return "Automatic";
+    case NoiseSchedule::Karras:
+        return "Karras";
+    case NoiseSchedule::Exponential:
+        return "Exponential";
+    case NoiseSchedule::SgmUniform:
+        return "SGM Uniform";
+    case NoiseSchedule::Simple:
+        return "Simple";
+    }
+    return "?";
+}
+
 SamplerKind sampler_from_string(const std::string& s) {
     return enum_from_string(sampler_table(), s, "sampler");
 }
@@ -187,6 +216,21 @@ double np_interp_index(double x, const std::vector<float>& fp) {
     const auto j = static_cast<int64_t>(std::floor(x));
     const double slope = double(fp[j + 1]) - double(fp[j]);
     return slope * (x - double(j)) + double(fp[j]);
+}
+
+// diffusers' _sigma_to_t, numpy-exact: piecewise-linear interpolation of t over log sigma (log_sigmas float32 as
+// numpy's np.log of the float32 sigmas, sigma itself float64).
+double sigma_to_t(double sigma, const std::vector<float>& log_sigmas) {
+    const double log_sigma = std::log(std::max(sigma, 1e-10));
+    const int64_t n = static_cast<int64_t>(log_sigmas.size());
+    int64_t low = 0;
+    for (int64_t k = 0; k < n; ++k)
+        if (log_sigma - double(log_sigmas[k]) >= 0) low = k; // argmax of the cumulative count = last such k
+    low = std::min(low, n - 2);
+    const float lo = log_sigmas[low], hi = log_sigmas[low + 1];
+    double w = (double(lo) - log_sigma) / double(lo - hi); // (low - high) is a float32 difference in numpy
+    w = std::clamp(w, 0.0, 1.0);
+    return (1 - w) * double(low) + w * double(low + 1);
 }
 
 void check_num_steps(const SchedulerConfig& cfg, int n, const char* who) {
@@ -331,6 +375,18 @@ protected:
     float abar_at(int64_t t, float final_alpha) const {
         return t >= 0 ? abar_.at(static_cast<size_t>(t)) : final_alpha;
     }
+    // A schedule other than diffusers' own spacing (see the top of scheduler.h).
+    bool custom_schedule() const { return cfg_.schedule.value_or(NoiseSchedule::Default) != NoiseSchedule::Default; }
+    // Timestep samplers on a custom schedule: its _sigma_to_t timesteps rounded half to even (numpy.round).
+    std::vector<double> rounded_schedule_timesteps(int n) const {
+        std::vector<double> t;
+        for (double v : schedule_levels(*cfg_.schedule, cfg_, n).timesteps) t.push_back(np_round(v));
+        return t;
+    }
+    // The timestep after descending-list position k (-1 past the end: alpha_bar = final_alpha).
+    static int64_t next_in(const std::vector<double>& desc, size_t k) {
+        return k + 1 < desc.size() ? static_cast<int64_t>(desc[k + 1]) : -1;
+    }
 
     SchedulerConfig cfg_;
     const char* name_;
@@ -344,21 +400,21 @@ protected:
 class DdimScheduler final : public SchedulerBase {
 public:
     DdimScheduler(const SchedulerConfig& cfg, double eta) : SchedulerBase(cfg, "DDIM"), eta_(eta) {
-        if (eta < 0) throw ParamError("eta", "DDIM eta must be >= 0, got " + std::to_string(eta));
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
     void set_timesteps(int n) override {
         check_num_steps(cfg_, n, "DDIM");
         n_ = n;
         begin_ = 0;
-        ts_ = spaced_timesteps(cfg_, n, true);
+        ts_ = custom_schedule() ? rounded_schedule_timesteps(n) : spaced_timesteps(cfg_, n, true);
     }
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const auto t = static_cast<int64_t>(ts_[i]);
-        const int64_t prev = t - cfg_.num_train_timesteps / n_;
+        // diffusers' fixed stride on its own spacing; the next timestep of the list on a custom schedule.
+        const int64_t prev = custom_schedule() ? next_in(ts_, size_t(i)) : t - cfg_.num_train_timesteps / n_;
         const float a_t = abar_at(t, final_alpha_), a_prev = abar_at(prev, final_alpha_);
         const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
         auto [x0, eps] = vp_predict(cfg_.prediction_type, out, x, a_t);
@@ -391,7 +447,8 @@ public:
         n_ = n;
         begin_ = 0;
         // diffusers: plms = concat(ts[:-1], ts[-2:-1], ts[-1:])[::-1] on ascending ts -> the second timestep repeats.
-        auto desc = spaced_timesteps(cfg_, n, true);
+        desc_ = custom_schedule() ? rounded_schedule_timesteps(n) : spaced_timesteps(cfg_, n, true);
+        const auto& desc = desc_;
         ts_.clear();
         ts_.push_back(desc[0]);
         if (n > 1) ts_.push_back(desc[1]);
@@ -408,9 +465,17 @@ public:
         const int ratio = cfg_.num_train_timesteps / n_;
         auto t = static_cast<int64_t>(ts_[i]);
         int64_t prev = t - ratio;
+        // Loop step i runs timestep desc_[pos] (ts_ = d0, d1, d1, d2, ...); a custom schedule steps to the next
+        // timestep of the list, and the second step (counter 1) redoes the first, desc_[pos - 1] -> desc_[pos], where
+        // diffusers adds its stride back.
+        const size_t pos = i <= 1 ? size_t(i) : size_t(i - 1);
+        if (custom_schedule()) prev = next_in(desc_, pos);
         if (counter_ != 1) {
             if (ets_.size() > 3) ets_.erase(ets_.begin(), ets_.end() - 3);
             ets_.push_back(out);
+        } else if (custom_schedule()) {
+            prev = t;
+            t = static_cast<int64_t>(desc_.at(pos - 1));
         } else {
             prev = t;
             t = t + ratio;
@@ -458,6 +523,7 @@ private:
     }
 
     float final_alpha_;
+    std::vector<double> desc_; // the distinct-step list, descending
     std::vector<torch::Tensor> ets_;
     int counter_ = 0;
     torch::Tensor cur_sample_;
@@ -488,11 +554,22 @@ public:
     }
 
 protected:
-    // Float32 timesteps (spacing) and sigmas = interp(timesteps, arange(N), train_sigmas) ++ [0].
+    // Float32 timesteps (spacing) and sigmas = interp(timesteps, arange(N), train_sigmas) ++ [0]; on a custom
+    // schedule its sigmas (float32) and their fractional _sigma_to_t timesteps (float32, as diffusers' Euler with
+    // use_karras_sigmas) ++ [0].
     void set_sigma_timesteps(int n) {
         check_num_steps(cfg_, n, name_);
         n_ = n;
         begin_ = 0;
+        if (custom_schedule()) {
+            const auto lv = schedule_levels(*cfg_.schedule, cfg_, n);
+            ts_.clear();
+            sig_.clear();
+            for (double t : lv.timesteps) ts_.push_back(double(static_cast<float>(t)));
+            for (double s : lv.sigmas) sig_.push_back(static_cast<float>(s));
+            sig_.push_back(0.0f);
+            return;
+        }
         ts_ = spaced_timesteps(cfg_, n, false);
         const auto full = train_sigmas(make_alphas_cumprod(cfg_));
         sig_.clear();
@@ -521,20 +598,24 @@ public:
     }
 };
 
-// ---- Euler ancestral (k-diffusion sample_euler_ancestral, eta = 1) ---------------------------------------------
+// ---- Euler ancestral (k-diffusion sample_euler_ancestral) --------------------------------------------------------
 class EulerAncestralScheduler final : public SigmaScheduler {
 public:
-    explicit EulerAncestralScheduler(const SchedulerConfig& cfg) : SigmaScheduler(cfg, "EulerAncestral") {}
+    EulerAncestralScheduler(const SchedulerConfig& cfg, double eta)
+        : SigmaScheduler(cfg, "EulerAncestral"), eta_(static_cast<float>(eta)) {}
     void set_timesteps(int n) override { set_sigma_timesteps(n); }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const float sigma = sig_[i];
         auto sample = x.to(torch::kFloat32);
         auto x0 = ve_x0(cfg_.prediction_type, out, sample, sigma, sigma);
-        // Split the step to sigma_to into a deterministic part down to sigma_down and fresh noise of sigma_up:
-        // sigma_up = sqrt(s_to^2 (s_from^2 - s_to^2) / s_from^2), sigma_down = sqrt(s_to^2 - sigma_up^2).
+        // Split the step to sigma_to into a deterministic part down to sigma_down and fresh noise of sigma_up
+        // (k-diffusion get_ancestral_step): sigma_up = min(s_to, eta sqrt(s_to^2 (s_from^2 - s_to^2) / s_from^2)),
+        // sigma_down = sqrt(s_to^2 - sigma_up^2). eta = 1 is diffusers' EulerAncestralDiscreteScheduler; eta = 0
+        // leaves the Euler step (the noise is still drawn, scaled by 0, so generator streams stay aligned).
         const float s_from = sig_[i], s_to = sig_[i + 1];
-        const float sigma_up = std::sqrt(s_to * s_to * (s_from * s_from - s_to * s_to) / (s_from * s_from));
+        const float sigma_up =
+            std::min(s_to, eta_ * std::sqrt(s_to * s_to * (s_from * s_from - s_to * s_to) / (s_from * s_from)));
         const float sigma_down = std::sqrt(s_to * s_to - sigma_up * sigma_up);
         auto derivative = (sample - x0) / double(sigma);
         const float dt = sigma_down - sigma;
@@ -543,6 +624,9 @@ public:
         prev_sample = prev_sample + noise * double(sigma_up);
         return prev_sample.to(out.scalar_type());
     }
+
+private:
+    float eta_;
 };
 
 // ---- LMS (linear multistep in sigma, order 4) ------------------------------------------------------------------
@@ -610,8 +694,7 @@ private:
 // ---- DPM-Solver++(2M) (Lu et al. 2022b, algorithm 2; midpoint variant as diffusers) ---------------------------
 class DpmSolverScheduler final : public SchedulerBase {
 public:
-    DpmSolverScheduler(const SchedulerConfig& cfg, bool karras)
-        : SchedulerBase(cfg, "DPMSolver++2M"), karras_(karras) {}
+    explicit DpmSolverScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "DPMSolver++2M") {}
     std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
@@ -635,19 +718,14 @@ public:
         }
         const auto full = train_sigmas(make_alphas_cumprod(cfg_));
         sig_.clear();
-        if (karras_) {
-            // Karras et al. 2022 eq. 5 with rho = 7 between the training schedule's sigma_max and sigma_min, then
-            // each sigma mapped back to a (rounded) timestep by interpolating log sigma.
-            std::vector<float> log_sigmas(full.size());
-            for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
-            const double sigma_min = full.front(), sigma_max = full.back(), rho = 7.0;
-            const double min_inv = std::pow(sigma_min, 1 / rho), max_inv = std::pow(sigma_max, 1 / rho);
-            auto ramp = np_linspace(0, 1, n);
+        if (custom_schedule()) {
+            // The schedule's sigmas, each mapped back to a timestep rounded half to even (diffusers' DPM-Solver with
+            // use_karras_sigmas: round(_sigma_to_t(sigma))).
+            const auto lv = schedule_levels(*cfg_.schedule, cfg_, n);
             t.clear();
-            for (int k = 0; k < n; ++k) {
-                const double s = std::pow(max_inv + ramp[k] * (min_inv - max_inv), rho);
-                sig_.push_back(static_cast<float>(s));
-                t.push_back(np_round(sigma_to_t(s, log_sigmas)));
+            for (size_t k = 0; k < lv.sigmas.size(); ++k) {
+                sig_.push_back(static_cast<float>(lv.sigmas[k]));
+                t.push_back(np_round(lv.timesteps[k]));
             }
         } else {
             for (double v : t) {
@@ -694,20 +772,6 @@ private:
         lower_order_nums_ = 0;
         step_index_ = begin_;
     }
-    // numpy-exact port of diffusers' _sigma_to_t: piecewise-linear interpolation of t over log sigma.
-    static double sigma_to_t(double sigma, const std::vector<float>& log_sigmas) {
-        const double log_sigma = std::log(std::max(sigma, 1e-10));
-        const int64_t n = static_cast<int64_t>(log_sigmas.size());
-        int64_t low = 0;
-        for (int64_t k = 0; k < n; ++k)
-            if (log_sigma - double(log_sigmas[k]) >= 0) low = k; // argmax of the cumulative count = last such k
-        low = std::min(low, n - 2);
-        const float lo = log_sigmas[low], hi = log_sigmas[low + 1];
-        double w = (double(lo) - log_sigma) / double(lo - hi); // (low - high) is a float32 difference in numpy
-        w = std::clamp(w, 0.0, 1.0);
-        return (1 - w) * double(low) + w * double(low + 1);
-    }
-
     // Data prediction x0 (DPM-Solver++ works on x0, Lu et al. 2022b eq. 9).
     torch::Tensor convert_model_output(const torch::Tensor& out, const torch::Tensor& x, int i) const {
         const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[i]);
@@ -744,7 +808,6 @@ private:
         return double(t.sigma / s0.sigma) * sample - double(c) * m0 - double(0.5f * c) * d1;
     }
 
-    bool karras_;
     std::vector<float> sig_;
     torch::Tensor model_outputs_[2];
     int lower_order_nums_ = 0;
@@ -753,20 +816,87 @@ private:
 
 } // namespace
 
-std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg, double eta) {
+NoiseSchedule effective_schedule(SamplerKind kind, const SchedulerConfig& cfg) {
+    if (kind == SamplerKind::DPMPP2MKarras) {
+        if (cfg.schedule && *cfg.schedule != NoiseSchedule::Karras)
+            throw ParamError("schedule", "sampler dpmpp_2m_karras is dpmpp_2m with the karras schedule, not '" +
+                                             noise_schedule_name(*cfg.schedule) + "' (use sampler dpmpp_2m with " +
+                                             "schedule " + noise_schedule_name(*cfg.schedule) + ")");
+        return NoiseSchedule::Karras;
+    }
+    if (cfg.schedule) return *cfg.schedule;
+    return cfg.use_karras_sigmas ? NoiseSchedule::Karras : NoiseSchedule::Default;
+}
+
+bool sampler_takes_eta(SamplerKind kind) {
+    return kind == SamplerKind::DDIM || kind == SamplerKind::EulerAncestral;
+}
+
+std::optional<double> effective_eta(SamplerKind kind, std::optional<double> eta) {
+    if (!sampler_takes_eta(kind)) {
+        if (eta)
+            throw ParamError("eta", "sampler " + sampler_name(kind) +
+                                        " has no noise term; eta applies to ddim and euler_a only");
+        return std::nullopt;
+    }
+    if (eta && !(std::isfinite(*eta) && *eta >= 0))
+        throw ParamError("eta", "must be a finite number >= 0, got " + std::to_string(*eta));
+    return eta.value_or(kind == SamplerKind::EulerAncestral ? 1.0 : 0.0);
+}
+
+ScheduleLevels schedule_levels(NoiseSchedule s, const SchedulerConfig& cfg, int n) {
+    check_num_steps(cfg, n, "schedule");
+    const auto full = train_sigmas(make_alphas_cumprod(cfg)); // sigma(t), t = 0 .. N-1, ascending
+    std::vector<float> log_sigmas(full.size());
+    for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+    const int N = static_cast<int>(full.size());
+    const double sigma_min = full.front(), sigma_max = full.back();
+    ScheduleLevels out;
+    if (s == NoiseSchedule::Karras) {
+        // Karras et al. 2022 eq. 5, rho = 7 (the paper's value), in float64 as diffusers' _convert_to_karras.
+        const double rho = 7.0, min_inv = std::pow(sigma_min, 1 / rho), max_inv = std::pow(sigma_max, 1 / rho);
+        for (double r : np_linspace(0, 1, n)) out.sigmas.push_back(std::pow(max_inv + r * (min_inv - max_inv), rho));
+    } else if (s == NoiseSchedule::Exponential) {
+        // Equal steps in log sigma (k-diffusion get_sigmas_exponential), float64.
+        for (double l : np_linspace(std::log(sigma_max), std::log(sigma_min), n)) out.sigmas.push_back(std::exp(l));
+    } else if (s == NoiseSchedule::SgmUniform) {
+        // ComfyUI normal_scheduler(sgm=True): n of n + 1 equal timesteps from N-1 down to 0 (the 0 dropped), sigma by
+        // linear interpolation of log sigma between the neighbouring training timesteps (ModelSamplingDiscrete.sigma).
+        for (int k = 0; k < n; ++k) {
+            const double t = double(N - 1) - double(k) * double(N - 1) / double(n);
+            const auto lo = static_cast<int64_t>(std::floor(t));
+            const auto hi = std::min<int64_t>(lo + 1, N - 1);
+            const double w = t - double(lo);
+            out.sigmas.push_back(std::exp((1 - w) * double(log_sigmas[lo]) + w * double(log_sigmas[hi])));
+        }
+    } else if (s == NoiseSchedule::Simple) {
+        // ComfyUI simple_scheduler: the training sigmas from the end in strides of N / n (float), truncated.
+        const double stride = double(N) / double(n);
+        for (int k = 0; k < n; ++k) out.sigmas.push_back(full[size_t(N - 1 - static_cast<int64_t>(k * stride))]);
+    } else {
+        throw Error("schedule_levels: the default schedule is each sampler's own timestep spacing");
+    }
+    for (double sigma : out.sigmas) out.timesteps.push_back(sigma_to_t(sigma, log_sigmas));
+    return out;
+}
+
+std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg_in,
+                                          std::optional<double> eta_in) {
+    SchedulerConfig cfg = cfg_in;
+    cfg.schedule = effective_schedule(kind, cfg_in);
+    const auto eta = effective_eta(kind, eta_in);
     switch (kind) {
     case SamplerKind::DDIM:
-        return std::make_unique<DdimScheduler>(cfg, eta);
+        return std::make_unique<DdimScheduler>(cfg, *eta);
     case SamplerKind::PNDM:
         return std::make_unique<PndmScheduler>(cfg);
     case SamplerKind::Euler:
         return std::make_unique<EulerScheduler>(cfg);
     case SamplerKind::EulerAncestral:
-        return std::make_unique<EulerAncestralScheduler>(cfg);
+        return std::make_unique<EulerAncestralScheduler>(cfg, *eta);
     case SamplerKind::DPMPP2M:
-        return std::make_unique<DpmSolverScheduler>(cfg, false);
     case SamplerKind::DPMPP2MKarras:
-        return std::make_unique<DpmSolverScheduler>(cfg, true);
+        return std::make_unique<DpmSolverScheduler>(cfg);
     case SamplerKind::LMS:
         return std::make_unique<LmsScheduler>(cfg);
     }

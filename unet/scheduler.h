@@ -4,6 +4,31 @@
 // This header is the contract between the schedulers and the txt2img pipeline: the pipeline only calls
 // set_timesteps / timestep / scale_model_input / step. Semantics follow diffusers 0.27.2 exactly (see
 // tests/golden/sd/schedulers/README.md), including PNDM's repeated timestep and DPM's own 'leading' spacing.
+//
+// Noise schedules (NoiseSchedule) choose where the loop's noise levels lie, for every sampler:
+//   default      diffusers' timestep_spacing (leading / trailing / linspace) of each scheduler class, unchanged.
+//   karras       Karras et al. 2022, eq. 5 with rho = 7: sigma_i = (smax^(1/rho) + i/(n-1) (smin^(1/rho) -
+//                smax^(1/rho)))^rho, between the model's sigma_min = sigma(t=0) and sigma_max = sigma(t=N-1), as
+//                diffusers 0.27.2's _convert_to_karras in DPMSolverMultistepScheduler (and k-diffusion's
+//                get_sigmas_karras, A1111, ComfyUI, stable-diffusion.cpp). diffusers' EulerDiscreteScheduler /
+//                LMSDiscreteScheduler take the range from their already spaced sigmas instead, which for 'leading'
+//                spacing is [sigma(steps_offset), sigma(first timestep)]; here the range is always the model's.
+//   exponential  log-linear: sigma_i = exp(linspace(log smax, log smin, n)_i) (k-diffusion get_sigmas_exponential;
+//                diffusers' later _convert_to_exponential).
+//   sgm_uniform  ComfyUI's comfy/samplers.py normal_scheduler(sgm=True) / stable-diffusion.cpp's SGMUniformScheduler:
+//                timesteps linspace(N-1, 0, n+1)[:-1], each mapped to sigma by interpolating log sigma between the two
+//                neighbouring training timesteps.
+//   simple       ComfyUI's simple_scheduler / stable-diffusion.cpp's SimpleScheduler: every (N/n)-th training sigma
+//                counted from the end, sigma(N-1 - floor(i N / n)).
+// The model's sigmas are the training schedule's sqrt((1 - abar) / abar) in float32, as diffusers computes them.
+// Sigma samplers (Euler, Euler a, DPM++ 2M, LMS) step on these sigmas (then a final 0) and give the UNet the
+// timestep diffusers' _sigma_to_t interpolates for each (log sigma, linear between training timesteps):
+// fractional float32 for Euler / Euler a / LMS (as diffusers' EulerDiscreteScheduler with use_karras_sigmas),
+// rounded half to even for DPM++ 2M (as DPMSolverMultistepScheduler). Timestep samplers (DDIM, PNDM) run on the
+// same _sigma_to_t timesteps rounded half to even (numpy.round) to integer training steps, each step going to the
+// next timestep of the list (-1, i.e. alpha_bar = final_alpha, after the last) instead of diffusers' fixed
+// t - N/n, so rounding may repeat a timestep at the low-noise end; PNDM's linear multistep weights assume equal
+// steps and are kept as they are.
 #pragma once
 
 #include "cache/io/enum_table.h"
@@ -35,6 +60,16 @@ const EnumTable<PredictionType>& prediction_type_table(); // "epsilon", "v_predi
 enum class TimestepSpacing { Leading, Trailing, Linspace };
 const EnumTable<TimestepSpacing>& timestep_spacing_table(); // "leading", "trailing", "linspace"
 
+// Where the noise levels of the loop lie (see the top of this file); stable-diffusion.cpp's --scheduler and ComfyUI's
+// scheduler names.
+enum class NoiseSchedule { Default, Karras, Exponential, SgmUniform, Simple };
+// "default", "karras", "exponential", "sgm_uniform", "simple": drives --schedule's parsing and --help.
+const EnumTable<NoiseSchedule>& noise_schedule_table();
+std::string noise_schedule_name(NoiseSchedule s);
+// A1111's "Schedule type" infotext label: "Automatic" (the sampler's own spacing), "Karras", "Exponential",
+// "SGM Uniform", "Simple".
+std::string noise_schedule_label(NoiseSchedule s);
+
 // The fields of diffusers' scheduler_config.json that matter; defaults are SD 1.5's.
 struct SchedulerConfig {
     int num_train_timesteps = 1000;
@@ -50,6 +85,8 @@ struct SchedulerConfig {
     // DPM-Solver Karras switch, so a scheduler_config.json alone identifies the sampler (see sampler_from_config).
     std::string class_name;
     bool use_karras_sigmas = false;
+    // Addition: the noise schedule; unset = karras when use_karras_sigmas, else default (see effective_schedule).
+    std::optional<NoiseSchedule> schedule;
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
     // not know is an anchor::Error naming the file, the field and the choices).
@@ -69,8 +106,8 @@ public:
     virtual double init_noise_sigma() const = 0;
     virtual torch::Tensor scale_model_input(const torch::Tensor& x, int i) const = 0;
     // One sampler step at loop index i: model_output (eps or v) and sample x -> prev_sample. `gen` is used by
-    // samplers that draw noise (Euler draws and discards one randn per step like diffusers; Euler ancestral uses it;
-    // DDIM with eta > 0).
+    // samplers that draw noise (Euler draws and discards one randn per step like diffusers; Euler ancestral draws one
+    // per step whatever its eta; DDIM with eta > 0).
     virtual torch::Tensor step(const torch::Tensor& model_output, int i, const torch::Tensor& x,
                                torch::Generator* gen) = 0;
     // The full tensors, for tests: timesteps in loop order and sigmas (empty where the scheduler has none).
@@ -89,8 +126,28 @@ public:
     virtual torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const = 0;
 };
 
-// eta only applies to DDIM.
-std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg = {}, double eta = 0.0);
+// The scheduler of `kind` with cfg's schedule (effective_schedule) and eta (effective_eta: unset = the sampler's
+// default). Throws ParamError("schedule") / ParamError("eta") as those do.
+std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfig& cfg = {},
+                                          std::optional<double> eta = std::nullopt);
+
+// The schedule a scheduler of `kind` runs with cfg: dpmpp_2m_karras means dpmpp_2m with karras (any other schedule
+// set in cfg.schedule is a ParamError("schedule")); else cfg.schedule; else karras when cfg.use_karras_sigmas; else
+// default.
+NoiseSchedule effective_schedule(SamplerKind kind, const SchedulerConfig& cfg);
+// The samplers with a noise term take eta: DDIM (Song et al. 2021 eq. 16, default 0 = deterministic) and Euler
+// ancestral (k-diffusion's get_ancestral_step, default 1; 0 is Euler on the same sigmas).
+bool sampler_takes_eta(SamplerKind kind);
+// The eta `kind` runs with: the given one or the sampler's default; nullopt for samplers without a noise term.
+// ParamError("eta") for an eta given to such a sampler (naming the samplers that take one), or one < 0 or not finite.
+std::optional<double> effective_eta(SamplerKind kind, std::optional<double> eta);
+// The n noise levels (descending, without the final 0) of a schedule other than default, from cfg's training
+// schedule, and the fractional training timestep of each (diffusers' _sigma_to_t). Throws for default, which is each
+// sampler's own timestep spacing.
+struct ScheduleLevels {
+    std::vector<double> sigmas, timesteps;
+};
+ScheduleLevels schedule_levels(NoiseSchedule s, const SchedulerConfig& cfg, int n);
 
 // ---- additions: schedule and class-name helpers ----
 // The training noise schedule exactly as diffusers computes it (float32 [num_train_timesteps]): "scaled_linear" =

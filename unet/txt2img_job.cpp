@@ -27,6 +27,11 @@ void Txt2ImgJob::validate() const {
         for (const auto& text : prompts) (void)parse_prompt_attention(text);
         for (const auto& text : params.negative_prompts) (void)parse_prompt_attention(text);
     }
+    // The sampler's eta and schedule (the model's use_karras_sigmas only matters when no schedule is given).
+    (void)effective_eta(params.sampler, params.eta);
+    SchedulerConfig sc;
+    sc.schedule = params.schedule;
+    (void)effective_schedule(params.sampler, sc);
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
@@ -67,6 +72,8 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["steps"] = p.steps;
     j["sampler"] = sampler_name(p.sampler);
     j["prompt_syntax"] = enum_name(prompt_syntax_table(), p.prompt_syntax);
+    j["schedule"] = noise_schedule_name(r.schedule);
+    j["eta"] = r.eta ? nlohmann::json(*r.eta) : nlohmann::json(nullptr);
     j["seed"] = p.seed;
     j["batch_size"] = int(p.prompts.size()) * p.images_per_prompt;
     j["index_in_batch"] = i;
