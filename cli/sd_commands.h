@@ -18,6 +18,8 @@ using SdRunners = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 void add_sd_bench_command(CLI::App& app, SdRunners& runners);
 // `bench-cache`: every cache mode against `off` in one run (MACs per step, wall time, speed-up, quality).
 void add_sd_bench_cache_command(CLI::App& app, SdRunners& runners);
+// `info IMAGE.png`: the `parameters` (A1111) and `anchorcache` (JSON record) text chunks of a PNG (cli/sd_info.cpp).
+void add_sd_info_command(CLI::App& app, SdRunners& runners);
 // `train-vae | train-unet | train-classifier | eval-fashion | calibrate` (the Fashion-MNIST demo model).
 void add_sd_train_commands(CLI::App& app, SdRunners& runners);
 

@@ -9,6 +9,7 @@
 #include "text/gpt2_tokenizer.h" // UTF-8 validation
 #include "unet/compare.h"
 #include "unet/freq_cache.h"
+#include "unet/infotext.h"
 #include "unet/txt2img_job.h"
 
 #include <CLI/CLI.hpp>
@@ -28,7 +29,7 @@ namespace {
 // What the command line sets beyond the job: the model, the dtype, a compare instead of a job.
 struct Options {
     Txt2ImgJob job;
-    std::string model, prompt, negative, prompts_file, dtype = "f32", compare, lora_model_dir;
+    std::string model, prompt, negative, prompts_file, dtype = "f32", compare, lora_model_dir, prompt_from;
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
@@ -93,6 +94,36 @@ void print_compare_table(const nlohmann::json& rep) {
                      m["wall_s"].get<double>(), m["speedup_vs_first"].get<double>(), full.c_str(), db,
                      m["ssim_vs_first"].get<double>());
     }
+}
+
+// --prompt-from: the parameters an image was made with (its JSON record, else its A1111 infotext), each one unless its
+// option was given: the command line wins.
+void apply_prompt_from(const CLI::App& app, Options& o) {
+    const ImageParameters ip = read_image_parameters(o.prompt_from);
+    auto given = [&](const char* opt) { return app.get_option(opt)->count() > 0; };
+    auto take = [&](const char* opt, const auto& from, auto& to) {
+        if (from && !given(opt)) to = *from;
+    };
+    auto& p = o.job.params;
+    take("--prompt", ip.prompt, o.prompt);
+    take("--negative-prompt", ip.negative_prompt, o.negative);
+    take("--steps", ip.steps, p.steps);
+    take("--seed", ip.seed, p.seed);
+    take("--sampler", ip.sampler, p.sampler);
+    take("--schedule", ip.schedule, p.schedule);
+    take("--prompt-syntax", ip.prompt_syntax, p.prompt_syntax);
+    take("--cfg-scale", ip.cfg_scale, p.guidance_scale);
+    take("--eta", ip.eta, p.eta);
+    take("--width", ip.width, p.width);
+    take("--height", ip.height, p.height);
+    take("--clip-skip", ip.clip_skip, o.clip_skip);
+    take("--init-img", ip.init_image, p.init.init_image);
+    take("--mask", ip.mask, p.init.mask);
+    take("--strength", ip.strength, p.init.strength);
+    if (!given("--deepcache")) take("--cache", ip.cache_mode, o.job.cache);
+    std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
+                 ip.source.c_str());
+    for (const auto& n : ip.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
 }
 
 // The job from the options: --deepcache sugar, prompts (and their <lora:...> tags), checks before loading anything.
@@ -198,10 +229,16 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                    "model: diffusers folder or single-file .safetensors checkpoint (default: the embedded demo model, "
                    "assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
     auto* prompt = bind(app.add_option("-p,--prompt", o.prompt, "the prompt"), "prompts");
-    app.add_option("--prompts-file", o.prompts_file,
-                   "one prompt per line, run --batch-size lines at a time, each batch --batch-count times, in this "
-                   "process (outputs get _k suffixes)")
-        ->excludes(prompt);
+    auto* prompts_file = app.add_option("--prompts-file", o.prompts_file,
+                                        "one prompt per line, run --batch-size lines at a time, each batch "
+                                        "--batch-count times, in this process (outputs get _k suffixes)")
+                             ->excludes(prompt);
+    app.add_option("--prompt-from", o.prompt_from,
+                   "run an image's parameters again: prompt, negative prompt, steps, sampler, CFG scale, seed, size, "
+                   "clip skip, strength (and init image, cache mode) from a PNG's anchorcache JSON chunk, else its "
+                   "A1111 'parameters' text; options given on the command line win")
+        ->type_name("PNG")
+        ->excludes(prompts_file);
     bind(app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)"),
          "negative_prompts");
     bind(app.add_option("--cfg-scale", p.guidance_scale, "classifier-free guidance scale; <= 1 disables guidance")
@@ -314,11 +351,13 @@ int main(int argc, char** argv) {
         cli::add_sd_bench_command(app, subcommands);
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);
+        cli::add_sd_info_command(app, subcommands);
         app.require_subcommand(0, 1);
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::util::configure_threads(o.threads);
         for (auto& [sub, body] : subcommands)
             if (sub->parsed()) return body();
+        if (!o.prompt_from.empty()) apply_prompt_from(app, o);
         if (o.prompt.empty() && o.prompts_file.empty())
             throw UsageError("a prompt is required (-p/--prompt TEXT, not empty, or --prompts-file FILE)");
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();

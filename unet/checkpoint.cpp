@@ -210,6 +210,9 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
     const ModelSource src = resolve_model(target, {nullptr, "Stable Diffusion model"});
     SDModels m = src.layout == ModelLayout::DiffusersPipeline ? load_diffusers(src, opts) : load_single_file(src, opts);
     m.source = path;
+    const ModelSource* id =
+        src.layout == ModelLayout::DiffusersPipeline && src.has_component("unet") ? &src.component("unet") : &src;
+    if (!id->weight_files.empty()) m.weights_file = id->weight_files.front();
     m.attention = opts.attention ? *opts.attention
                                  : (fs::is_directory(p) ? read_model_hints(path).attention : std::nullopt)
                                        .value_or(kernels::AttentionKernel::Exact);

@@ -44,7 +44,10 @@ struct ModelHints {
 ModelHints read_model_hints(const std::string& model_dir);
 
 struct SDModels {
-    std::string source;              // the path given
+    std::string source; // the path given
+    // The file that identifies the model (its SHA-256 is A1111's "Model hash"): the single-file checkpoint, or the
+    // UNet's (first) weight file of a diffusers folder.
+    std::string weights_file;
     std::string layout;              // "diffusers" | "single-file"
     SdFamily family = SdFamily::SD1; // from tensor shapes only (unet/sd_family.h)
     ClipTokenizer tokenizer;

@@ -439,17 +439,17 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     return r;
 }
 
-void write_png(const std::string& path, const Tensor& hwc, bool overwrite) {
+void write_png(const std::string& path, const Tensor& hwc, bool overwrite, const std::vector<PngTextChunk>& text) {
     auto img = hwc.to(torch::kUInt8).contiguous();
     TORCH_CHECK(img.dim() == 3 && img.size(2) == 3, "write_png expects [H, W, 3] uint8");
     const int h = int(img.size(0)), w = int(img.size(1));
-    write_via_temp(
-        path,
-        [&](const std::string& tmp) {
-            if (!stbi_write_png(tmp.c_str(), w, h, 3, img.data_ptr<uint8_t>(), w * 3))
-                throw Error("cannot write PNG '" + tmp + "'");
-        },
-        overwrite);
+    std::string png;
+    auto sink = [](void* ctx, void* data, int size) {
+        static_cast<std::string*>(ctx)->append((const char*)data, size);
+    };
+    if (!stbi_write_png_to_func(sink, &png, w, h, 3, img.data_ptr<uint8_t>(), w * 3))
+        throw Error("cannot encode PNG '" + path + "'");
+    write_file_atomic(path, text.empty() ? png : png_insert_text_chunks(png, text, path), overwrite);
 }
 
 } // namespace anchor::unet

@@ -6,6 +6,7 @@
 // anchor caches) plug in per-step decisions (full vs shallow UNet) without touching the loop.
 #pragma once
 
+#include "cache/io/png_text.h"
 #include "unet/checkpoint.h"
 #include "unet/img2img.h"
 #include "unet/prompt_syntax.h"
@@ -214,7 +215,9 @@ torch::Tensor cfg_combine(const torch::Tensor& noise_pred, double guidance);
 // MemAvailable of /proc/meminfo in bytes; -1 when unknown.
 int64_t available_memory_bytes();
 
-// Writes an RGB uint8 NHWC image (one batch row) as PNG through write_via_temp.
-void write_png(const std::string& path, const torch::Tensor& image_uint8_hwc, bool overwrite);
+// Writes an RGB uint8 NHWC image (one batch row) as PNG, atomically (write_file_atomic), with the text chunks
+// `text` right after IHDR (metadata readers such as A1111's PNG Info look there first).
+void write_png(const std::string& path, const torch::Tensor& image_uint8_hwc, bool overwrite,
+               const std::vector<PngTextChunk>& text = {});
 
 } // namespace anchor::unet

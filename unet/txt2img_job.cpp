@@ -6,6 +6,7 @@
 #include "cache/util/bench.h"
 #include "kernels/attention.h"
 #include "unet/freq_cache.h"
+#include "unet/infotext.h"
 
 #include <filesystem>
 #include <memory>
@@ -117,6 +118,8 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         }
     }
     Txt2ImgParams p = pipe.resolved(job.params);
+    // The model file is hashed once per job, before the first image (A1111's "Model hash").
+    const InfotextFacts info = infotext_facts(pipe.models(), job.cache);
     Txt2ImgJobResult out;
     for (const auto& batch : batches) {
         p.prompts = batch.prompts;
@@ -135,7 +138,6 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         std::vector<Txt2ImgJobImage> done;
         for (int i = 0; i < nb; ++i) {
             const int k = k0 + i;
-            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite);
             if (!latents.empty()) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
             auto rec = job.facts;
             rec.update(image_record(p, r, i, ctl.get()));
@@ -148,6 +150,11 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;
             rec["output"] = pngs[size_t(k)];
+            rec["cache_mode"] = job.cache;
+            if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
+            // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
+            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite,
+                      image_text_chunks(infotext_of(p, i, info), rec));
             write_file_atomic(pngs[size_t(k)] + ".json", rec.dump(2) + "\n", job.overwrite);
             done.push_back({pngs[size_t(k)], rec});
         }
