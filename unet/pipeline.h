@@ -123,7 +123,8 @@ class Txt2ImgPipeline {
 public:
     explicit Txt2ImgPipeline(SDModels& models);
 
-    // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
+    // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise, with the prediction
+    // type the loader decided for a single file or was told (SDModels::prediction).
     SchedulerConfig scheduler_config() const;
     // Checks width/height against the VAE factor, steps >= 1 ... (ParamError naming the field).
     // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
@@ -166,6 +167,7 @@ public:
                       const StepFn& on_step = {}, const SchedulerConfig* sched_cfg = nullptr);
 
     SDModels& models() { return m_; }
+    const SDModels& models() const { return m_; }
 
 private:
     SDModels& m_;
