@@ -33,6 +33,9 @@ struct Options {
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
+    std::optional<PredictionType> prediction; // unset: auto
+    std::string vae;
+    torch::ScalarType weights_dtype = torch::kFloat;
 };
 
 std::string fmt_s(double s) {
@@ -150,13 +153,21 @@ std::vector<LoraSpec> prepare_job(Options& o) {
     return loras;
 }
 
-SDModels load_models(const Options& o, const std::vector<LoraSpec>& loras, double& load_s) {
-    const auto t0 = std::chrono::steady_clock::now();
+LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     LoadOptions lo;
     lo.dtype = parse_dtype(o.dtype);
     lo.attention = o.attention;
     lo.loras = loras;
-    SDModels models = load_sd_models(o.model, lo);
+    lo.prediction = o.prediction;
+    lo.vae_file = o.vae;
+    lo.weights_dtype = o.weights_dtype;
+    lo.validate(); // before loading anything
+    return lo;
+}
+
+SDModels load_models(const Options& o, const std::vector<LoraSpec>& loras, double& load_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SDModels models = load_sd_models(o.model, load_options(o, loras));
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded %s (%s, %s, %s attention) in %s; %s\n", o.model.c_str(), models.layout.c_str(),
                  enum_name(sd_family_table(), models.family).c_str(),
@@ -164,6 +175,11 @@ SDModels load_models(const Options& o, const std::vector<LoraSpec>& loras, doubl
                  models.unet->config().describe().c_str());
     for (const auto& l : models.loras)
         std::fprintf(stderr, "LoRA %s x %g: %d modules merged\n", l.path.c_str(), l.multiplier, l.modules);
+    if (models.prediction.test_mean)
+        std::fprintf(stderr, "prediction: %s (v-prediction test mean %.3f; v below -1)\n",
+                     enum_name(prediction_source_table(), models.prediction.source).c_str(),
+                     *models.prediction.test_mean);
+    if (!models.vae_file.empty()) std::fprintf(stderr, "VAE: %s\n", models.vae_file.c_str());
     return models;
 }
 
@@ -190,13 +206,18 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
 
 int run(Options& o) {
     auto& job = o.job;
-    (void)parse_dtype(o.dtype); // before loading anything
+    (void)load_options(o, {}); // --dtype / --weights-dtype before loading anything
     const auto loras = prepare_job(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     Txt2ImgPipeline pipe(models);
-    job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
-                 {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
+    job.facts = {{"program", "anchor-sd"},
+                 {"model", o.model},
+                 {"clip_skip", o.clip_skip},
+                 {"dtype", o.dtype},
+                 {"weights_dtype", enum_name(weights_dtype_table(), o.weights_dtype)},
+                 {"threads", o.threads},
+                 {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
     Txt2ImgJobCallbacks cb;
     cb.progress = progress_bar;
@@ -268,7 +289,7 @@ void add_txt2img_options(CLI::App& app, Options& o) {
          "eta");
     bind(app.add_option("-W,--width", p.width,
                         "image width, a multiple of the VAE factor (8 for SD); default: the model's size (UNet "
-                        "sample_size x VAE factor: 512 for SD 1.x)"),
+                        "sample_size x VAE factor: 512 for SD 1.x, 768 for SD 2.x v-prediction single files)"),
          "width");
     bind(app.add_option("-H,--height", p.height, "image height; default: the model's size"), "height");
     bind(app.add_option("-i,--init-img", p.init.init_image,
@@ -313,6 +334,18 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                        "the tags are removed from the prompt"),
         "lora_model_dir");
     app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
+    bind(cli::add_enum_option(app, "--weights-dtype", o.weights_dtype, weights_dtype_table(),
+                              "how Linear/Conv weights are kept in memory; f16/bf16 halve them, the compute stays f32 "
+                              "(needs --dtype f32)"),
+         "weights_dtype");
+    bind(cli::add_enum_option(app, "--prediction", o.prediction, prediction_option_table(),
+                              "what the UNet predicts: auto = the model's scheduler config, epsilon for SD 1.x single "
+                              "files, the v-prediction test for SD 2.x single files"),
+         "prediction");
+    bind(app.add_option("--vae", o.vae,
+                        "replace the model's VAE: a single-file VAE (.safetensors/.ckpt, original or diffusers names), "
+                        "a diffusers VAE folder or its weights file"),
+         "vae_file");
     app.add_flag("--overwrite", j.overwrite, "replace existing output files");
     app.add_option("--save-latents", j.save_latents,
                    "also write initial_noise, initial_latents, final_latents, prompt_embeds, decoded and image "

@@ -11,8 +11,14 @@
 
 namespace anchor::kernels {
 
+// A weight stored in reduced precision (float16/bfloat16, SD's --weights-dtype) under a float32 input is upcast here,
+// at use: the model keeps no float32 copy. Float32 weights take the plain call, as before.
 inline torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
-    return at::linear(x, m->weight, m->bias.defined() ? c10::optional<torch::Tensor>(m->bias) : c10::nullopt);
+    const auto bias = m->bias.defined() ? c10::optional<torch::Tensor>(m->bias) : c10::nullopt;
+    const auto w = m->weight.scalar_type();
+    if (x.scalar_type() == torch::kFloat && (w == torch::kHalf || w == torch::kBFloat16))
+        return at::linear(x, m->weight.to(torch::kFloat), bias);
+    return at::linear(x, m->weight, bias);
 }
 
 } // namespace anchor::kernels

@@ -97,6 +97,23 @@ TEST_CASE("anchor-sd defaults to the model's own image size", "[cli][sd]") {
     CHECK(json.find("\"height\": 16") != std::string::npos);
 }
 
+TEST_CASE("anchor-sd --vae, --weights-dtype and --prediction are recorded in the sidecar", "[cli][sd][sd_load]") {
+    const auto dir = test::scratch_dir("cli_sd_load_options");
+    const std::string vae = "assets/models/sd15-tiny-random/vae/diffusion_pytorch_model.safetensors";
+    auto r = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "2",
+                                                "--vae", vae, "--weights-dtype", "f16", "--prediction", "eps", "-o",
+                                                dir + "/a.png", "--threads", "1"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::ifstream f(dir + "/a.png.json");
+    const auto j = nlohmann::json::parse(f);
+    CHECK(j["vae"] == vae);
+    CHECK(j["weights_dtype"] == "f16");
+    CHECK(j["prediction"]["type"] == "epsilon");
+    CHECK(j["prediction"]["source"] == "option");
+    CHECK(j["prediction"]["v_test_mean"].is_null()); // a diffusers folder: no test
+}
+
 TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intact", "[cli][sd]") {
     const auto dir = test::scratch_dir("cli_sd_no_overwrite");
     const std::string png = dir + "/keep.png";

@@ -127,6 +127,21 @@ TEST_CASE("anchor-sd usage errors exit 2 and say what is wrong", "[cli][errors]"
          {"exclusive"}},
         {"f16 on the CPU", "sd", {"-m", m, "-p", "a", "--dtype", "f16", "-o", png}, 2, {"f16", "bf16"}},
         {"unknown dtype", "sd", {"-m", m, "-p", "a", "--dtype", "f8", "-o", png}, 2, {"f8"}},
+        {"unknown weights dtype lists the valid ones",
+         "sd",
+         {"-m", m, "-p", "a", "--weights-dtype", "f8", "-o", png},
+         2,
+         {"--weights-dtype", "f8", "f32, f16, bf16"}},
+        {"f16 weights under a bf16 compute",
+         "sd",
+         {"-m", m, "-p", "a", "--weights-dtype", "f16", "--dtype", "bf16", "-o", png},
+         2,
+         {"--weights-dtype", "float32 compute"}},
+        {"unknown prediction lists the valid ones",
+         "sd",
+         {"-m", m, "-p", "a", "--prediction", "x0", "-o", png},
+         2,
+         {"--prediction", "x0", "auto, eps, v"}},
         {"clip skip out of range", "sd", {"-m", m, "-p", "a", "--clip-skip", "9", "-o", png}, 2, {"--clip-skip"}},
         {"bad compare list", "sd", {"-m", m, "-p", "a", "--compare", "off,warp:2", "-o", png}, 2, {"warp:2"}},
         {"batch count 0", "sd", {"-m", m, "-p", "a", "-b", "0", "-o", png}, 2, {"--batch-count"}},
@@ -185,6 +200,8 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
     write_bytes(work + "/bad_config/unet/config.json",
                 R"({"block_out_channels": [32, 64, 64, 64], "down_block_types": ["DownBlock2D"],
                     "up_block_types": ["UpBlock2D"]})");
+    // A VAE whose decoder.conv_in.weight is [3, 3] (and nothing else).
+    save_safetensors(work + "/vae_wrong.safetensors", {{"decoder.conv_in.weight", torch::zeros({3, 3})}});
     fs::create_directories(work + "/empty_folder");
     fs::create_directories(work + "/eval_done"); // an earlier eval-fashion report
     write_bytes(work + "/eval_done/cache_eval.json", "{}\n");
@@ -236,6 +253,16 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
          1,
          {"/proc", "not writable"}},
         {"folder without a model", "sd", {"-m", work + "/empty_folder", "-p", "a", "-o", png}, 1, {"empty_folder"}},
+        {"VAE file does not exist",
+         "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "--vae", work + "/missing.safetensors", "-o", png},
+         1,
+         {"missing.safetensors", "does not exist"}},
+        {"VAE of the wrong shape names the file, the tensor and both shapes",
+         "sd",
+         {"-m", "assets/models/sd15-tiny-random", "-p", "a", "--vae", work + "/vae_wrong.safetensors", "-o", png},
+         1,
+         {"vae_wrong.safetensors", "decoder.conv_in.weight: expected [", "got [3, 3]", "missing tensor(s)"}},
         {"output folder does not exist",
          "sd",
          {"-m", "assets/models/sd15-tiny-random", "-p", "a", "-o", work + "/no/such/dir/x.png"},

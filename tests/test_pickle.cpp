@@ -805,3 +805,34 @@ TEST_CASE("anchor-sd -m model.ckpt gives the same latents as the safetensors fil
     };
     CHECK(image_chunks(read_bytes(dir + "/st.png")) == image_chunks(read_bytes(dir + "/ckpt.png")));
 }
+
+TEST_CASE("--weights-dtype f16 with a .ckpt: the same half-precision weights and outputs as from safetensors",
+          "[pickle][sd][sd_load]") {
+    const std::string st_path = test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors");
+    auto st = SafeTensorsFile::open(st_path);
+    NamedTensors ts;
+    for (const auto& ti : st->tensors()) ts.emplace_back(ti.name, st->tensor(ti.name));
+    const std::string dir = test::scratch_dir("pickle_sd_f16");
+    const std::string ckpt = dir + "/sd15_tiny.ckpt";
+    write_bytes(ckpt, torch_ckpt_bytes(ts));
+    unet::LoadOptions o;
+    o.weights_dtype = torch::kHalf;
+    auto ma = unet::load_sd_models(st_path, o);
+    auto mb = unet::load_sd_models(ckpt, o);
+    auto f32 = unet::load_sd_models(ckpt);
+    CHECK(mb.unet->conv_in->weight.scalar_type() == torch::kHalf);
+    CHECK(mb.unet->conv_in->bias.scalar_type() == torch::kFloat);
+    CHECK(unet::parameter_bytes(*mb.unet) < unet::parameter_bytes(*f32.unet));
+    for (const auto& p : ma.unet->named_parameters(true)) {
+        INFO(p.key());
+        CHECK(torch::equal(p.value(), mb.unet->named_parameters(true)[p.key()]));
+    }
+    torch::NoGradGuard ng;
+    auto in = WeightMap::load(test::golden("sd/unet_sd15_tiny/golden_inputs.safetensors"));
+    const auto out = mb.unet->forward(in.get("sample"), in.get("timesteps_a"), in.get("encoder_hidden_states"));
+    CHECK(out.scalar_type() == torch::kFloat); // the compute stays float32
+    CHECK(
+        torch::equal(ma.unet->forward(in.get("sample"), in.get("timesteps_a"), in.get("encoder_hidden_states")), out));
+    auto vin = WeightMap::load(test::golden("sd/vae_tiny/golden_inputs.safetensors"));
+    CHECK(torch::equal(ma.vae->decode(vin.get("latent")), mb.vae->decode(vin.get("latent"))));
+}

@@ -76,6 +76,127 @@ ClipTextModel load_text_encoder_folder(const std::string& dir, torch::ScalarType
     return load_component<ClipTextModel, ClipTextConfig>(component_source(dir), dtype);
 }
 
+const EnumTable<torch::ScalarType>& weights_dtype_table() {
+    static const EnumTable<torch::ScalarType> t = {
+        {"f32", torch::kFloat}, {"f16", torch::kHalf}, {"bf16", torch::kBFloat16}};
+    return t;
+}
+
+void LoadOptions::validate() const {
+    if (enum_name(weights_dtype_table(), weights_dtype) == "?")
+        throw ParamError("weights_dtype", "must be one of " + enum_choices(weights_dtype_table()) + ", got " +
+                                              std::string(c10::toString(weights_dtype)));
+    if (weights_dtype != torch::kFloat && dtype != torch::kFloat)
+        throw ParamError("weights_dtype", "reduced-precision weights (" +
+                                              enum_name(weights_dtype_table(), weights_dtype) +
+                                              ") are upcast to a float32 compute; with compute dtype " +
+                                              std::string(c10::toString(dtype)) + " keep f32");
+}
+
+void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
+    if (dtype == torch::kFloat) return;
+    torch::NoGradGuard ng;
+    auto convert = [dtype](torch::Tensor& w) { w.set_data(w.detach().to(dtype)); };
+    for (const auto& sub : m.modules(true)) {
+        if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(sub.get()))
+            convert(l->weight);
+        else if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(sub.get()))
+            convert(c->weight);
+    }
+}
+
+int64_t parameter_bytes(const torch::nn::Module& m) {
+    int64_t n = 0;
+    for (const auto& p : m.parameters(true)) n += p.numel() * int64_t(p.element_size());
+    for (const auto& b : m.buffers(true)) n += b.numel() * int64_t(b.element_size());
+    return n;
+}
+
+const EnumTable<std::optional<PredictionType>>& prediction_option_table() {
+    static const EnumTable<std::optional<PredictionType>> t = {
+        {"auto", std::nullopt}, {"eps", PredictionType::Epsilon}, {"v", PredictionType::VPrediction}};
+    return t;
+}
+
+const EnumTable<PredictionSource>& prediction_source_table() {
+    static const EnumTable<PredictionSource> t = {{"scheduler-config", PredictionSource::SchedulerConfig},
+                                                  {"sd1-default", PredictionSource::Sd1Default},
+                                                  {"detected", PredictionSource::Detected},
+                                                  {"option", PredictionSource::Option}};
+    return t;
+}
+
+double v_prediction_test(UNet2DConditionModelImpl& unet) {
+    torch::NoGradGuard ng;
+    const auto& c = unet.config();
+    const auto x = torch::full({1, int64_t(c.in_channels), 8, 8}, 0.5);
+    const auto context = torch::full({1, 2, int64_t(c.cross_attention_dim)}, 0.5);
+    const auto out = unet.forward(x, torch::tensor(int64_t(999)), context).to(torch::kFloat);
+    return (out - x).mean().item<double>();
+}
+
+namespace {
+
+// What a VAE file holds besides the autoencoder: the training loss of LDM's AutoencoderKL (discriminator, logvar) and
+// EMA copies; never loaded.
+bool vae_training_leftover(const std::string& n) {
+    return n.rfind("loss.", 0) == 0 || n.rfind("model_ema.", 0) == 0;
+}
+
+std::string vae_fit_error(const std::string& path, const std::vector<std::string>& missing,
+                          const std::vector<std::string>& unexpected, const std::vector<std::string>& bad_shape) {
+    std::string msg = "VAE '" + path + "' does not fit the model's VAE:";
+    if (!missing.empty()) msg += "\n" + std::to_string(missing.size()) + " missing tensor(s):" + list(missing);
+    if (!bad_shape.empty())
+        msg += "\n" + std::to_string(bad_shape.size()) + " tensor(s) with the wrong shape:" + list(bad_shape);
+    if (!unexpected.empty())
+        msg += "\n" + std::to_string(unexpected.size()) + " unexpected tensor(s):" + list(unexpected);
+    return msg;
+}
+
+} // namespace
+
+AutoencoderKL load_vae_file(const std::string& path, const VaeConfig& base, torch::ScalarType dtype) {
+    const ModelSource src = resolve_model(path, {nullptr, "VAE"});
+    const ModelSource& vs = src.layout == ModelLayout::DiffusersPipeline ? src.component("vae") : src;
+    const WeightMap file = vs.load_weights();
+    const bool own_config = vs.arch == ModelArch::AutoencoderKL && !vs.config_file.empty();
+    const VaeConfig cfg = own_config ? VaeConfig::from_json_file(vs.config_file) : base;
+    AutoencoderKL vae(cfg);
+    // Original (LDM) names, with or without the full checkpoint's `first_stage_model.` prefix, or diffusers names.
+    const std::string prefix = has_prefix(file, "first_stage_model.") ? "first_stage_model." : "";
+    const bool ldm = !prefix.empty() || has_prefix(file, "encoder.down.") || has_prefix(file, "decoder.up.");
+    std::vector<std::string> missing, unexpected, bad_shape;
+    std::set<std::string> used;
+    WeightMap w;
+    if (ldm) {
+        w = gather(
+            file, *vae, [&](const std::string& n) { return vae_ldm_name(n, cfg); }, prefix, "vae", missing, used);
+    } else {
+        for (const auto& p : vae->named_parameters(true)) {
+            if (!file.has(p.key())) {
+                missing.push_back("vae " + p.key() + " " + shape_str(p.value().sizes().vec()));
+                continue;
+            }
+            w.insert(p.key(), file.get(p.key()), file.source(p.key()));
+            used.insert(p.key());
+        }
+    }
+    for (const auto& [n, t] : file.all()) {
+        const bool theirs = prefix.empty() ? !vae_training_leftover(n) : n.rfind(prefix, 0) == 0;
+        if (theirs && !used.count(n)) unexpected.push_back(n);
+    }
+    for (const auto& p : vae->named_parameters(true))
+        if (w.has(p.key()) && w.shape(p.key()) != p.value().sizes().vec())
+            bad_shape.push_back(
+                p.key() + ": expected " + shape_str(p.value().sizes().vec()) + ", got " + shape_str(w.shape(p.key())) +
+                " (" + (own_config ? "config '" + vs.config_file + "'" : std::string("the model's VAE config")) + ")");
+    if (!missing.empty() || !unexpected.empty() || !bad_shape.empty())
+        throw Error(vae_fit_error(path, missing, unexpected, bad_shape));
+    vae->load(w);
+    return finish(vae, dtype);
+}
+
 namespace {
 
 SDModels load_diffusers(const ModelSource& src, const LoadOptions& o) {
@@ -177,6 +298,24 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
     }
     if (m.unet) {
         m.unet->load(uw);
+        m.unet->eval();
+        // A single file has no scheduler config: SD 1.x is epsilon; SD 2.x comes as 512-base (epsilon) and 768-v, told
+        // apart by one UNet evaluation (v_prediction_test), in float32 before any dtype conversion as A1111 does. It
+        // runs under --prediction too, so the record shows what the option overrode.
+        m.prediction.source = PredictionSource::Sd1Default;
+        if (m.family == SdFamily::SD2) {
+            m.prediction.test_mean = v_prediction_test(*m.unet);
+            m.prediction.source = PredictionSource::Detected;
+            if (*m.prediction.test_mean < -1.0) m.prediction.type = PredictionType::VPrediction;
+        }
+        if (o.prediction) {
+            m.prediction.type = *o.prediction;
+            m.prediction.source = PredictionSource::Option;
+        }
+        // Default size 768 for v-prediction, 512 otherwise, as diffusers 0.27's single-file loader
+        // (loaders/single_file_utils.py, image_size) and the LDM configs (v2-inference-v.yaml: UNet image_size 96
+        // latents; v2-inference.yaml: 64, this default) give it.
+        if (m.family == SdFamily::SD2 && m.prediction.type == PredictionType::VPrediction) m.unet->set_sample_size(96);
         m.unet = finish(m.unet, o.dtype);
     }
     if (m.vae) {
@@ -194,6 +333,7 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
 } // namespace
 
 SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
+    opts.validate();
     fs::path p(path);
     // A folder holding exactly one single-file checkpoint is that checkpoint.
     std::string target = path;
@@ -218,7 +358,18 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                                        .value_or(kernels::AttentionKernel::Exact);
     if (m.unet) m.unet->set_attention_kernel(m.attention);
     if (m.vae) m.vae->set_attention_kernel(m.attention);
+    if (opts.prediction) m.prediction = {*opts.prediction, PredictionSource::Option, m.prediction.test_mean};
+    if (!opts.vae_file.empty() && m.vae) {
+        m.vae = load_vae_file(opts.vae_file, m.vae->config(), opts.dtype);
+        m.vae->set_attention_kernel(m.attention);
+        m.vae_file = opts.vae_file;
+    }
     if (!opts.loras.empty()) apply_loras(m, opts.loras);
+    // Last: LoRAs merge into the float32 weights.
+    m.weights_dtype = opts.weights_dtype;
+    if (m.unet) store_weights_as(*m.unet, opts.weights_dtype);
+    if (m.vae) store_weights_as(*m.vae, opts.weights_dtype);
+    if (m.text_encoder) store_weights_as(*m.text_encoder, opts.weights_dtype);
     return m;
 }
 

@@ -8,6 +8,7 @@
 #include "unet/clip_tokenizer.h"
 #include "unet/lora.h"
 #include "unet/name_conversion.h"
+#include "unet/scheduler.h"
 #include "unet/sd_family.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
@@ -34,7 +35,59 @@ struct LoadOptions {
     std::optional<kernels::AttentionKernel> attention;
     // LoRAs merged into the UNet and text encoder after loading, in order (unet/lora.h); ParamError("loras").
     std::vector<LoraSpec> loras;
+    // What the UNet predicts. Unset ("auto"): a diffusers folder's scheduler_config.json, epsilon for SD 1.x single
+    // files, and for SD 2.x single files the v-prediction test (v_prediction_test below). Set: this, whatever the
+    // model says.
+    std::optional<PredictionType> prediction;
+    // A VAE replacing the model's (load_vae_file): a single file with original (LDM) or diffusers names, a diffusers
+    // VAE folder or its weights file, or a pipeline folder (its vae/). Empty: the model's own VAE.
+    std::string vae_file;
+    // How Linear and Conv2d weights are kept in memory: float32 (the default), or float16 / bfloat16 with the
+    // compute staying float32 (each weight upcast at use in kernels::linear and perf::conv2d, no float32 copy kept),
+    // which halves their memory. Biases, GroupNorm/LayerNorm parameters and embeddings stay float32. Distinct from
+    // `dtype` (the compute dtype): only with dtype float32.
+    torch::ScalarType weights_dtype = torch::kFloat;
+
+    // ParamError("weights_dtype") for a type other than f32/f16/bf16 or reduced-precision weights under a
+    // reduced-precision compute dtype.
+    void validate() const;
 };
+
+// The --weights-dtype choices: "f32", "f16", "bf16".
+const EnumTable<torch::ScalarType>& weights_dtype_table();
+
+// Stores the weight of every Linear and Conv2d of `m` as `dtype` (in place of the float32 one; see
+// LoadOptions::weights_dtype). Float32: nothing changes.
+void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype);
+// Bytes of all parameters and buffers of `m`, as stored.
+int64_t parameter_bytes(const torch::nn::Module& m);
+
+// The --prediction choices: "auto" (unset: the model decides), "eps", "v".
+const EnumTable<std::optional<PredictionType>>& prediction_option_table();
+
+// How the prediction type in effect was decided (recorded in the image sidecar).
+enum class PredictionSource {
+    SchedulerConfig, // a diffusers folder's scheduler/scheduler_config.json (or its default: epsilon)
+    Sd1Default,      // an SD 1.x single file: epsilon, as every SD 1.x checkpoint
+    Detected,        // an SD 2.x single file: v_prediction_test
+    Option,          // LoadOptions::prediction
+};
+const EnumTable<PredictionSource>& prediction_source_table(); // "scheduler-config", "sd1-default", "detected", "option"
+
+struct PredictionDecision {
+    // Source SchedulerConfig: the scheduler config's own prediction_type is in effect, `type` is not used (see
+    // Txt2ImgPipeline::scheduler_config).
+    PredictionType type = PredictionType::Epsilon;
+    PredictionSource source = PredictionSource::SchedulerConfig;
+    std::optional<double> test_mean; // the v-prediction test's evidence, when it ran
+};
+
+// AUTOMATIC1111's test for SD 2.x checkpoints that come without a config (modules/sd_models_config.py,
+// is_using_v_parameterization_for_sd2): one UNet evaluation at t = 999 on x = 0.5 everywhere [1, in, 8, 8] with a
+// context of 0.5 everywhere [1, 2, cross_attention_dim]. At t = 999 alpha_bar is ~0 and x is almost pure noise: an
+// epsilon model predicts ~x, a v model v = alpha x0 - sigma eps ~ -eps, so mean(out - x) < -1 means v-prediction.
+// Returns mean(out - x) (computed in float32, whatever the UNet's dtype).
+double v_prediction_test(UNet2DConditionModelImpl& unet);
 
 // Engine settings a model folder asks for (anchorcache.json next to model_index.json); throws anchor::Error naming
 // the file and field when it is malformed.
@@ -57,6 +110,9 @@ struct SDModels {
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // in effect (LoadOptions::attention)
     std::vector<LoraApplied> loras;                                       // merged into the weights (unet/lora.h)
+    PredictionDecision prediction;                   // what the UNet predicts and why (the scheduler's prediction_type)
+    std::string vae_file;                            // LoadOptions::vae_file when the VAE was replaced, else empty
+    torch::ScalarType weights_dtype = torch::kFloat; // LoadOptions::weights_dtype
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 
@@ -69,5 +125,11 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts = {});
 UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
 AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
 ClipTextModel load_text_encoder_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
+
+// A VAE from `path` (see LoadOptions::vae_file) through the one resolver (resolve_model) and the one name conversion
+// (unet/name_conversion.h). Its config: the folder's config.json when it has one, else `base` (the model's VAE
+// config), which its shapes must then fit. Throws anchor::Error naming the file with every missing, unexpected and
+// wrong-shape tensor at once.
+AutoencoderKL load_vae_file(const std::string& path, const VaeConfig& base, torch::ScalarType dtype = torch::kFloat);
 
 } // namespace anchor::unet

@@ -34,8 +34,11 @@ Txt2ImgPipeline::Txt2ImgPipeline(SDModels& models) : m_(models) {
 }
 
 SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
-    if (!m_.scheduler_config_path.empty()) return SchedulerConfig::from_json_file(m_.scheduler_config_path);
-    return SchedulerConfig{};
+    SchedulerConfig c = m_.scheduler_config_path.empty() ? SchedulerConfig{}
+                                                         : SchedulerConfig::from_json_file(m_.scheduler_config_path);
+    // A single file's prediction type (its family's, or the v-prediction test's) or the --prediction option.
+    if (m_.prediction.source != PredictionSource::SchedulerConfig) c.prediction_type = m_.prediction.type;
+    return c;
 }
 
 SchedulerConfig Txt2ImgPipeline::scheduler_config(const Txt2ImgParams& p) const {

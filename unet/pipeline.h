@@ -139,7 +139,8 @@ class Txt2ImgPipeline {
 public:
     explicit Txt2ImgPipeline(SDModels& models);
 
-    // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise.
+    // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise, with the prediction
+    // type the loader decided for a single file or was told (SDModels::prediction).
     SchedulerConfig scheduler_config() const;
     // The same with p's schedule, when p sets one.
     SchedulerConfig scheduler_config(const Txt2ImgParams& p) const;
@@ -188,6 +189,7 @@ public:
                       const StepFn& on_step = {}, const SchedulerConfig* sched_cfg = nullptr);
 
     SDModels& models() { return m_; }
+    const SDModels& models() const { return m_; }
 
 private:
     SDModels& m_;

@@ -64,6 +64,16 @@ void save_image_tensors(const std::string& path, const Txt2ImgResult& r, int i, 
 
 } // namespace
 
+nlohmann::json model_record(const Txt2ImgPipeline& pipe) {
+    const SDModels& m = pipe.models();
+    const PredictionDecision& d = m.prediction;
+    nlohmann::json pred = {{"type", enum_name(prediction_type_table(), pipe.scheduler_config().prediction_type)},
+                           {"source", enum_name(prediction_source_table(), d.source)}};
+    // The v-prediction test's evidence (unet/checkpoint.h): mean(UNet(x, 999) - x), v below -1.
+    pred["v_test_mean"] = d.test_mean ? nlohmann::json(*d.test_mean) : nlohmann::json(nullptr);
+    return {{"prediction", pred}, {"vae", m.vae_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.vae_file)}};
+}
+
 nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl) {
     nlohmann::json j;
     j["prompt"] = p.prompts.at(size_t(i / std::max(p.images_per_prompt, 1)));
@@ -120,6 +130,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
     Txt2ImgParams p = pipe.resolved(job.params);
     // The model file is hashed once per job, before the first image (A1111's "Model hash").
     const InfotextFacts info = infotext_facts(pipe.models(), job.cache);
+    const nlohmann::json model_facts = model_record(pipe);
     Txt2ImgJobResult out;
     for (const auto& batch : batches) {
         p.prompts = batch.prompts;
@@ -146,6 +157,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             rec["model_family"] = enum_name(sd_family_table(), pipe.models().family);
             rec["attention"] = enum_name(kernels::attention_kernel_table(), pipe.models().attention);
             rec["loras"] = lora_records_json(pipe.models().loras); // merged at load: name, file, sha256, multiplier
+            rec.update(model_facts);
             rec["base_seed"] = job.params.seed;
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;

@@ -51,6 +51,9 @@ struct Txt2ImgJobCallbacks {
 Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb = {});
 
 // The sidecar record of image i of a run: every parameter, the seed, timings, the cache mode's per-step record.
+// What every image of the job records about the model: the prediction type in effect, how it was decided and the
+// v-prediction test's mean (null when it did not run), the replacement VAE file (null: the model's own).
+nlohmann::json model_record(const Txt2ImgPipeline& pipe);
 nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl);
 
 } // namespace anchor::unet

@@ -484,7 +484,7 @@ Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& tim
 
 Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
     c10::InferenceMode guard(!is_training());
-    return perf::conv2d(conv_in, sample.to(conv_in->weight.scalar_type()), fast);
+    return perf::conv2d(conv_in, sample.to(conv_in->bias.scalar_type()), fast);
 }
 
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const Tensor& context,
@@ -520,7 +520,8 @@ std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_laye
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
                                      FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
-    const auto dtype = conv_in->weight.scalar_type();
+    // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
+    const auto dtype = conv_in->bias.scalar_type();
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
     const int64_t B = sample.size(0);
     auto x = sample.to(dtype);

@@ -294,6 +294,9 @@ public:
     // Fast paths (unet_perf.h) on every module, or the plain module forwards (the reference; training).
     void set_fast_paths(bool on);
     const UNetConfig& config() const { return cfg_; }
+    // The default image size only (no weight depends on it): a single file's config is read from shapes, which do
+    // not show it.
+    void set_sample_size(int s) { cfg_.sample_size = s; }
     void load(const WeightMap& w);
 
     torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};

@@ -83,6 +83,19 @@ inline bool torch_picks_mkldnn(const torch::Tensor& x, const torch::Tensor& w, c
 #endif
 }
 
+// conv->forward(x) for a weight stored in reduced precision (SD's --weights-dtype) under a float32 input: the weight
+// upcast at use (the model keeps no float32 copy), the bias as it is (float32). Zero padding given as numbers only:
+// what every convolution of these models has.
+inline torch::Tensor conv2d_upcast(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
+    const auto& o = conv.options;
+    const auto* pad = variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    TORCH_CHECK(pad != nullptr && variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) != nullptr,
+                "a reduced-precision convolution weight needs zero padding given as numbers");
+    const auto bias = conv.bias.defined() ? c10::optional<torch::Tensor>(conv.bias) : c10::nullopt;
+    return at::conv2d(x, conv.weight.to(torch::kFloat), bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
+                      at::IntArrayRef(o.dilation()), o.groups());
+}
+
 } // namespace detail
 
 // lhs + rhs in the reference's operand order (diffusers writes each residual as `lhs + rhs`), in place into
@@ -100,7 +113,11 @@ inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor
 
 // conv->forward(x) with a once-reordered oneDNN weight where possible (float32 CPU, zero padding given as numbers,
 // LibTorch built with oneDNN); otherwise exactly conv->forward(x).
+// A reduced-precision weight under a float32 input is upcast at use (detail::conv2d_upcast).
 inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, bool fast) { // holder: non-const Impl
+    if (x.scalar_type() == torch::kFloat &&
+        (conv->weight.scalar_type() == torch::kHalf || conv->weight.scalar_type() == torch::kBFloat16))
+        return detail::conv2d_upcast(*conv, x);
 #if AT_MKLDNN_ENABLED()
     const auto& o = conv->options;
     const torch::Tensor& w = conv->weight;

@@ -151,7 +151,7 @@ VaeCoderImpl::VaeCoderImpl(const VaeConfig& c, bool decoder_) : decoder(decoder_
 }
 
 Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
-    auto h = conv_in->forward(x);
+    auto h = perf::conv2d(conv_in, x, false);
     if (f) (*f)[p + "conv_in"] = h;
     auto mid = [&] {
         h = mid_block->forward(h);
@@ -165,7 +165,7 @@ Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& 
     if (!decoder) mid();
     h = conv_norm_out->forward(h);
     if (f) (*f)[p + "conv_norm_out"] = h;
-    h = conv_out->forward(torch::silu(h));
+    h = perf::conv2d(conv_out, torch::silu(h), false);
     if (f) (*f)[p + "conv_out"] = h;
     return h;
 }
@@ -184,16 +184,17 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
 
 Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
-    auto h = post_quant_conv->forward(z.to(post_quant_conv->weight.scalar_type()));
+    // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
+    auto h = perf::conv2d(post_quant_conv, z.to(post_quant_conv->bias.scalar_type()), false);
     if (f) (*f)[prefix + "post_quant_conv"] = h;
     return decoder->forward(h, f, prefix + "decoder.");
 }
 
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training());
-    auto h = encoder->forward(image.to(quant_conv->weight.scalar_type()), f, prefix + "encoder.");
+    auto h = encoder->forward(image.to(quant_conv->bias.scalar_type()), f, prefix + "encoder.");
     LatentDistribution d;
-    d.moments = quant_conv->forward(h);
+    d.moments = perf::conv2d(quant_conv, h, false);
     if (f) (*f)[prefix + "quant_conv"] = d.moments;
     auto mv = d.moments.chunk(2, 1);
     d.mean = mv[0];

@@ -1,0 +1,313 @@
+// The model files SD users have: SD 2.x v-prediction detection for single files, --prediction, --vae FILE and
+// --weights-dtype (unet/checkpoint.h).
+#include "cache/io/error.h"
+#include "cache/io/safetensors.h"
+#include "tests/test_util.h"
+#include "unet/checkpoint.h"
+#include "unet/pipeline.h"
+#include "unet/txt2img_job.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+using namespace anchor;
+using namespace anchor::unet;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/sd15-tiny-random";
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// The VAE's tensors under original (LDM) names, as a single-file VAE (vae-ft-mse-840000-ema-pruned) has them: the
+// mid-block attention's linears as [C, C, 1, 1] convolutions.
+NamedTensors ldm_vae_tensors(AutoencoderKLImpl& vae, const std::string& prefix) {
+    NamedTensors out;
+    for (const auto& p : vae.named_parameters(true)) {
+        auto t = p.value().detach().clone();
+        if (p.key().find("mid_block.attentions.0.to_") != std::string::npos && t.dim() == 2)
+            t = t.unsqueeze(-1).unsqueeze(-1);
+        out.emplace_back(prefix + vae_ldm_name(p.key(), vae.config()), t);
+    }
+    return out;
+}
+
+torch::Tensor decode_fixed(AutoencoderKLImpl& vae) {
+    torch::manual_seed(3);
+    const auto z = torch::randn({1, vae.config().latent_channels, 8, 8});
+    return vae.decode(z);
+}
+
+// A tiny SD 2.x-layout single file (linear projections, OpenCLIP text encoder) whose UNet output is constant:
+// conv_out's weight 0 and its bias `out_bias` everywhere.
+std::string sd2_single_file(const std::string& dir, double out_bias) {
+    torch::manual_seed(11);
+    UNetConfig uc;
+    uc.block_out_channels = {32, 64};
+    uc.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+    uc.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+    uc.layers_per_block = {1, 1};
+    uc.heads = {1, 1};
+    uc.transformer_layers_per_block = {1, 1};
+    uc.cross_attention_dim = 32;
+    uc.use_linear_projection = true;
+    VaeConfig vc;
+    vc.block_out_channels = {32, 64};
+    vc.layers_per_block = 1;
+    ClipTextConfig tc;
+    tc.vocab_size = 1000;
+    tc.hidden_size = 32;
+    tc.intermediate_size = 40;
+    tc.num_hidden_layers = 2;
+    tc.num_attention_heads = 4;
+    tc.hidden_act = "gelu";
+    UNet2DConditionModel unet(uc);
+    {
+        torch::NoGradGuard ng;
+        unet->conv_out->weight.zero_();
+        unet->conv_out->bias.fill_(out_bias);
+    }
+    AutoencoderKL vae(vc);
+    ClipTextModel te(tc);
+    NamedTensors file;
+    for (const auto& p : unet->named_parameters(true))
+        file.emplace_back(ldm_name(Component::Unet, p.key(), uc, vc), p.value().detach().clone());
+    auto v = ldm_vae_tensors(*vae, "first_stage_model.");
+    file.insert(file.end(), v.begin(), v.end());
+    const std::string oc = "cond_stage_model.model.";
+    auto P = [&](const std::string& n) { return te->named_parameters(true)[n].detach().clone(); };
+    file.emplace_back(oc + "token_embedding.weight", P("text_model.embeddings.token_embedding.weight"));
+    file.emplace_back(oc + "positional_embedding", P("text_model.embeddings.position_embedding.weight"));
+    file.emplace_back(oc + "ln_final.weight", P("text_model.final_layer_norm.weight"));
+    file.emplace_back(oc + "ln_final.bias", P("text_model.final_layer_norm.bias"));
+    for (int i = 0; i < 3; ++i) { // one more resblock than used (penultimate-layer conditioning)
+        const std::string r = oc + "transformer.resblocks." + std::to_string(i) + ".";
+        const std::string h = "text_model.encoder.layers." + std::to_string(std::min(i, 1)) + ".";
+        for (const char* k : {"weight", "bias"}) {
+            file.emplace_back(r + "ln_1." + k, P(h + "layer_norm1." + k));
+            file.emplace_back(r + "ln_2." + k, P(h + "layer_norm2." + k));
+            file.emplace_back(r + "mlp.c_fc." + k, P(h + "mlp.fc1." + k));
+            file.emplace_back(r + "mlp.c_proj." + k, P(h + "mlp.fc2." + k));
+            file.emplace_back(r + "attn.out_proj." + k, P(h + "self_attn.out_proj." + k));
+            file.emplace_back(r + "attn.in_proj_" + k,
+                              torch::cat({P(h + "self_attn.q_proj." + k), P(h + "self_attn.k_proj." + k),
+                                          P(h + "self_attn.v_proj." + k)},
+                                         0));
+        }
+    }
+    const std::string path = dir + "/sd2_tiny.safetensors";
+    save_safetensors(path, file);
+    return path;
+}
+
+// Bytes of the Linear and Conv2d weights of `m` (what --weights-dtype stores in reduced precision).
+int64_t linear_conv_weight_bytes(torch::nn::Module& m, torch::ScalarType expect) {
+    int64_t n = 0;
+    for (const auto& sub : m.modules(true)) {
+        torch::Tensor w, b;
+        if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(sub.get())) w = l->weight, b = l->bias;
+        if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(sub.get())) w = c->weight, b = c->bias;
+        if (!w.defined()) continue;
+        CHECK(w.scalar_type() == expect);
+        if (b.defined()) CHECK(b.scalar_type() == torch::kFloat); // biases stay float32
+        n += w.numel() * int64_t(w.element_size());
+    }
+    return n;
+}
+
+Txt2ImgResult short_run(SDModels& m) {
+    Txt2ImgPipeline pipe(m);
+    Txt2ImgParams p;
+    p.prompts = {"a photo of an astronaut riding a horse on mars"};
+    p.steps = 6;
+    p.sampler = SamplerKind::DDIM;
+    p.width = p.height = 16;
+    return pipe.run(p);
+}
+
+} // namespace
+
+TEST_CASE("--vae: an LDM-named single file or a diffusers folder decodes bit for bit as the model's own VAE",
+          "[sd_load][vae]") {
+    const auto dir = test::scratch_dir("sd_load_vae");
+    auto base = load_sd_models(kTiny);
+    const auto ref = decode_fixed(*base.vae);
+    // vae-ft-mse style: LDM names without a prefix; the same inside a full checkpoint's first_stage_model.; both with
+    // the LDM training loss's tensors beside them (ignored).
+    auto plain = ldm_vae_tensors(*base.vae, "");
+    plain.emplace_back("loss.logvar", torch::zeros({}));
+    save_safetensors(dir + "/vae_ldm.safetensors", plain);
+    save_safetensors(dir + "/vae_prefixed.safetensors", ldm_vae_tensors(*base.vae, "first_stage_model."));
+    // A diffusers VAE folder (its config.json and weights).
+    fs::create_directories(dir + "/vae_folder");
+    fs::copy_file(kTiny + "/vae/config.json", dir + "/vae_folder/config.json");
+    NamedTensors diffusers;
+    for (const auto& p : base.vae->named_parameters(true)) diffusers.emplace_back(p.key(), p.value().detach().clone());
+    save_safetensors(dir + "/vae_folder/diffusion_pytorch_model.safetensors", diffusers);
+    for (const std::string f : {"/vae_ldm.safetensors", "/vae_prefixed.safetensors", "/vae_folder",
+                                "/vae_folder/diffusion_pytorch_model.safetensors"}) {
+        INFO(f);
+        LoadOptions o;
+        o.vae_file = dir + f;
+        auto m = load_sd_models(kTiny, o);
+        CHECK(m.vae_file == dir + f);
+        CHECK(torch::equal(decode_fixed(*m.vae), ref));
+    }
+    // The whole pipeline: the same image.
+    LoadOptions o;
+    o.vae_file = dir + "/vae_ldm.safetensors";
+    auto m = load_sd_models(kTiny, o);
+    CHECK(torch::equal(short_run(m).image, short_run(base).image));
+}
+
+TEST_CASE("--vae: a VAE that does not fit names the file, every tensor and both shapes", "[sd_load][vae]") {
+    const auto dir = test::scratch_dir("sd_load_vae_bad");
+    auto base = load_sd_models(kTiny);
+    auto t = ldm_vae_tensors(*base.vae, "");
+    std::vector<int64_t> good;
+    for (auto& [n, v] : t)
+        if (n == "decoder.conv_in.weight") good = v.sizes().vec(), v = torch::zeros({3, 3});
+    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& kv) { return kv.first == "encoder.conv_out.bias"; }),
+            t.end());
+    t.emplace_back("decoder.extra.weight", torch::zeros({2}));
+    const std::string file = dir + "/vae_wrong.safetensors";
+    save_safetensors(file, t);
+    LoadOptions o;
+    o.vae_file = file;
+    const auto msg = error_of([&] { load_sd_models(kTiny, o); });
+    INFO(msg);
+    CHECK_THAT(msg, Catch::Contains(file));
+    CHECK_THAT(msg, Catch::Contains("decoder.conv_in.weight: expected " + shape_str(good) + ", got [3, 3]"));
+    CHECK_THAT(msg, Catch::Contains("1 missing tensor(s)"));
+    CHECK_THAT(msg, Catch::Contains("encoder.conv_out.bias"));
+    CHECK_THAT(msg, Catch::Contains("1 unexpected tensor(s):\n  decoder.extra.weight"));
+    o.vae_file = dir + "/missing.safetensors";
+    CHECK_THAT(error_of([&] { load_sd_models(kTiny, o); }), Catch::Contains("missing.safetensors"));
+}
+
+TEST_CASE("SD 2.x single files: the v-prediction test decides, --prediction overrides, the default size follows",
+          "[sd_load][prediction]") {
+    const auto dir = test::scratch_dir("sd_load_prediction");
+    // UNet output constant -2 on x = 0.5: mean(out - x) = -2.5 < -1, v-prediction.
+    const auto v_file = sd2_single_file(dir, -2.0);
+    auto v = load_sd_models(v_file);
+    REQUIRE(v.family == SdFamily::SD2);
+    CHECK(v.prediction.type == PredictionType::VPrediction);
+    CHECK(v.prediction.source == PredictionSource::Detected);
+    REQUIRE(v.prediction.test_mean);
+    CHECK(*v.prediction.test_mean == Approx(-2.5).margin(1e-6));
+    CHECK(v.unet->config().sample_size == 96); // 768-v: 96 latents x the VAE factor
+    {
+        Txt2ImgPipeline pipe(v);
+        CHECK(pipe.scheduler_config().prediction_type == PredictionType::VPrediction);
+        CHECK(pipe.resolved({}).width == 96 * v.vae_scale_factor());
+        const auto rec = model_record(pipe);
+        CHECK(rec["prediction"]["type"] == "v_prediction");
+        CHECK(rec["prediction"]["source"] == "detected");
+        CHECK(rec["prediction"]["v_test_mean"].get<double>() == Approx(-2.5).margin(1e-6));
+        CHECK(rec["vae"].is_null());
+    }
+    // --prediction eps overrides the detected v; the test's evidence is still recorded.
+    LoadOptions eps;
+    eps.prediction = PredictionType::Epsilon;
+    auto forced = load_sd_models(v_file, eps);
+    CHECK(forced.prediction.type == PredictionType::Epsilon);
+    CHECK(forced.prediction.source == PredictionSource::Option);
+    REQUIRE(forced.prediction.test_mean);
+    CHECK(*forced.prediction.test_mean == Approx(-2.5).margin(1e-6));
+    CHECK(forced.unet->config().sample_size == 64);
+    CHECK(Txt2ImgPipeline(forced).scheduler_config().prediction_type == PredictionType::Epsilon);
+
+    // Output 0.5 = x: mean 0, epsilon.
+    fs::create_directories(dir + "/eps");
+    auto e = load_sd_models(sd2_single_file(dir + "/eps", 0.5));
+    CHECK(e.prediction.type == PredictionType::Epsilon);
+    CHECK(e.prediction.source == PredictionSource::Detected);
+    CHECK(*e.prediction.test_mean == Approx(0.0).margin(1e-6));
+    CHECK(e.unet->config().sample_size == 64);
+    CHECK(Txt2ImgPipeline(e).scheduler_config().prediction_type == PredictionType::Epsilon);
+}
+
+TEST_CASE("prediction of SD 1.x single files and diffusers folders: no test, the config, the option",
+          "[sd_load][prediction]") {
+    auto sd1 = load_sd_models(test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors"));
+    CHECK(sd1.prediction.source == PredictionSource::Sd1Default);
+    CHECK(!sd1.prediction.test_mean);
+    CHECK(Txt2ImgPipeline(sd1).scheduler_config().prediction_type == PredictionType::Epsilon);
+    auto folder = load_sd_models(kTiny);
+    CHECK(folder.prediction.source == PredictionSource::SchedulerConfig);
+    CHECK(!folder.prediction.test_mean);
+    const auto own = SchedulerConfig::from_json_file(kTiny + "/scheduler/scheduler_config.json").prediction_type;
+    CHECK(Txt2ImgPipeline(folder).scheduler_config().prediction_type == own);
+    LoadOptions o;
+    o.prediction = PredictionType::VPrediction;
+    auto forced = load_sd_models(kTiny, o);
+    CHECK(Txt2ImgPipeline(forced).scheduler_config().prediction_type == PredictionType::VPrediction);
+    CHECK(forced.unet->config().sample_size == folder.unet->config().sample_size); // the folder's config says
+}
+
+TEST_CASE("--weights-dtype f16/bf16 halves the Linear/Conv weights, the compute stays float32", "[sd_load][weights]") {
+    auto f32 = load_sd_models(kTiny);
+    LoadOptions o;
+    o.weights_dtype = torch::kHalf;
+    auto f16 = load_sd_models(kTiny, o);
+    CHECK(f16.weights_dtype == torch::kHalf);
+    const std::vector<std::pair<torch::nn::Module*, torch::nn::Module*>> parts = {
+        {f32.unet.get(), f16.unet.get()},
+        {f32.vae.get(), f16.vae.get()},
+        {f32.text_encoder.get(), f16.text_encoder.get()}};
+    for (const auto& [a, b] : parts) {
+        const int64_t wa = linear_conv_weight_bytes(*a, torch::kFloat), wb = linear_conv_weight_bytes(*b, torch::kHalf);
+        CHECK(2 * wb == wa);
+        // Nothing else changed size: no float32 copy kept.
+        CHECK(parameter_bytes(*b) == parameter_bytes(*a) - wa / 2);
+    }
+    // The weights are the float32 ones rounded to float16 (round to nearest, relative error <= 2^-11).
+    CHECK(torch::equal(f16.unet->conv_in->weight, f32.unet->conv_in->weight.to(torch::kHalf)));
+    // The tiny model's weights are float16 values already (as most distributed SD checkpoints are): storing them as
+    // float16 loses nothing, and the upcast-at-use compute gives the float32 run's bits.
+    const auto a = short_run(f32), b = short_run(f16);
+    CHECK(torch::equal(a.image, b.image));
+    // bfloat16 keeps 8 mantissa bits: each weight moves by at most 2^-9 relative. One UNet evaluation then stays
+    // within a few times that of the float32 output (relative to its largest value; errors of independent roundings
+    // add up over the layers), far below what a wrong or missing upcast gives.
+    o.weights_dtype = torch::kBFloat16;
+    auto bf16 = load_sd_models(kTiny, o);
+    torch::manual_seed(5);
+    const auto x = torch::randn({1, 4, 8, 8}), ctx = torch::randn({1, 77, f32.unet->config().cross_attention_dim});
+    const auto ua = f32.unet->forward(x, torch::tensor(int64_t(500)), ctx),
+               ub = bf16.unet->forward(x, torch::tensor(int64_t(500)), ctx);
+    CHECK(ub.scalar_type() == torch::kFloat);
+    const double rel = test::max_abs_diff(ua, ub) / ua.abs().max().item<double>();
+    INFO("bf16 weights: UNet output max|a-b| / max|a| " << rel);
+    CHECK(rel > 0.0);
+    CHECK(rel <= 2e-2);
+    // f32 (the default) is the untouched model.
+    o.weights_dtype = torch::kFloat;
+    auto same = load_sd_models(kTiny, o);
+    CHECK(torch::equal(short_run(same).image, a.image));
+}
+
+TEST_CASE("--weights-dtype is checked before loading", "[sd_load][weights]") {
+    LoadOptions o;
+    o.weights_dtype = torch::kHalf;
+    o.dtype = torch::kBFloat16;
+    CHECK_THAT(error_of([&] { o.validate(); }), Catch::Contains("weights_dtype"));
+    o.dtype = torch::kFloat;
+    o.weights_dtype = torch::kDouble;
+    const auto msg = error_of([&] { o.validate(); });
+    CHECK_THAT(msg, Catch::Contains("f32, f16, bf16"));
+}
