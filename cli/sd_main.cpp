@@ -189,16 +189,7 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
     p.prompts = job.prompts;
     pipe.validate(p);
     const fs::path out(job.output);
-    auto meta = job.facts;
-    meta.update({{"prompt", o.prompt},
-                 {"seed", p.seed},
-                 {"steps", p.steps},
-                 {"sampler", sampler_name(p.sampler)},
-                 {"schedule", noise_schedule_name(effective_schedule(p.sampler, pipe.scheduler_config(p)))},
-                 {"cfg_scale", p.guidance_scale},
-                 {"width", p.width},
-                 {"height", p.height}});
-    auto rep = run_compare(pipe, p, o.compare, (out.parent_path() / out.stem()).string(), meta, job.overwrite,
+    auto rep = run_compare(pipe, p, o.compare, (out.parent_path() / out.stem()).string(), job.facts, job.overwrite,
                            [](const std::string& m) { std::fprintf(stderr, "compare: %s\n", m.c_str()); });
     print_compare_table(rep);
     return 0;
@@ -211,13 +202,8 @@ int run(Options& o) {
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     Txt2ImgPipeline pipe(models);
-    job.facts = {{"program", "anchor-sd"},
-                 {"model", o.model},
-                 {"clip_skip", o.clip_skip},
-                 {"dtype", o.dtype},
-                 {"weights_dtype", enum_name(weights_dtype_table(), o.weights_dtype)},
-                 {"threads", o.threads},
-                 {"load_s", load_s}};
+    job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
+                 {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
     Txt2ImgJobCallbacks cb;
     cb.progress = progress_bar;

@@ -287,3 +287,39 @@ TEST_CASE("anchor-sd -i --strength runs img2img and --mask inpaint, recording th
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("missing.png"));
 }
+
+TEST_CASE("anchor-sd --compare on inpaint with two LoRAs: the report records every input with its hash",
+          "[cli][sd][img2img][lora]") {
+    const auto dir = test::scratch_dir("cli_sd_compare_inpaint");
+    const std::string init = test::golden("sd/inpaint_tiny/init_image.png"),
+                      mask = test::golden("sd/inpaint_tiny/mask_image.png"),
+                      lora_a = test::golden("sd/lora_sd15_tiny/lora_kohya_a.safetensors"),
+                      lora_c = test::golden("sd/lora_sd15_tiny/lora_peft_c.safetensors"), png = dir + "/cmp.png";
+    auto r = test::run_program(test::sd_bin(), {"-m",         "assets/models/sd15-tiny-random",
+                                                "-i",         init,
+                                                "--mask",     mask,
+                                                "--strength", "0.75",
+                                                "--steps",    "8",
+                                                "--sampler",  "ddim",
+                                                "-p",         "a cat",
+                                                "--lora",     lora_a + ":0.8",
+                                                "--lora",     lora_c + ":-0.5",
+                                                "--compare",  "off,deepcache:2",
+                                                "-o",         png,
+                                                "--threads",  "1"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::ifstream f(dir + "/cmp_report.json");
+    const auto rep = nlohmann::json::parse(f);
+    CHECK(rep["mode"] == "inpaint");
+    CHECK(rep["prompt"] == "a cat");
+    CHECK(rep["strength"] == 0.75);
+    CHECK(rep["sampler"] == "ddim");
+    CHECK(rep["init_image"]["sha256"] == sha256_file(init));
+    CHECK(rep["mask"]["sha256"] == sha256_file(mask));
+    REQUIRE(rep["loras"].size() == 2);
+    CHECK(rep["loras"][0]["sha256"] == sha256_file(lora_a));
+    CHECK(rep["loras"][0]["multiplier"] == 0.8);
+    CHECK(rep["loras"][1]["sha256"] == sha256_file(lora_c));
+    CHECK(rep["loras"][1]["multiplier"] == -0.5);
+}

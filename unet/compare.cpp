@@ -4,6 +4,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/metrics.h"
+#include "unet/txt2img_job.h"
 
 #if ANCHOR_HAVE_OPENCV
 #include <opencv2/core.hpp>
@@ -214,9 +215,19 @@ nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const 
     for (const auto& s : specs) ctls.push_back(parse_cache_mode(s)); // all parsed before any work
     for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
     std::vector<CompareEntry> entries;
+    nlohmann::json report_meta = meta;
     for (auto& c : ctls) {
         if (on_mode) on_mode(c->spec());
         auto r = pipe.run(p, c.get());
+        if (entries.empty()) {
+            // What every mode was run with, as the image sidecar says it (the per-mode figures are in the entries),
+            // and the model facts (LoRAs merged at load, prediction, VAE).
+            auto params = image_record(p, r, 0, nullptr);
+            for (const char* k : {"cache", "unet_full_steps", "unet_steps", "timings_s", "index_in_batch"})
+                params.erase(k);
+            report_meta.update(params);
+            report_meta.update(model_record(pipe));
+        }
         CompareEntry e;
         e.mode = c->spec();
         e.wall_s = r.denoise_s;
@@ -228,7 +239,7 @@ nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const 
         e.log["text_s"] = r.text_s;
         entries.push_back(std::move(e));
     }
-    return write_compare(entries, base, meta, overwrite);
+    return write_compare(entries, base, report_meta, overwrite);
 }
 
 } // namespace anchor::unet

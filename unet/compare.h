@@ -44,7 +44,9 @@ std::string render_timeline(const std::vector<CompareEntry>& entries);
 nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
                              const nlohmann::json& meta, bool overwrite);
 // Runs `pipe` once per mode of `modes_list` ("off,deepcache:3,freq", see split_mode_list) with the same parameters
-// and seed (one image), then write_compare(base); `on_mode` hears each mode before it runs. Returns the report.
+// and seed (one image), then write_compare(base); `on_mode` hears each mode before it runs. The report holds `meta`
+// (program facts), every parameter as the image sidecar records it (prompts, sampler, schedule, eta, size, the init
+// image, mask and strength with their hashes) and the LoRAs merged at load. Returns the report.
 nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
                            const std::string& base, const nlohmann::json& meta, bool overwrite,
                            const std::function<void(const std::string& mode)>& on_mode = {});

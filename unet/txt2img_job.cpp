@@ -71,7 +71,14 @@ nlohmann::json model_record(const Txt2ImgPipeline& pipe) {
                            {"source", enum_name(prediction_source_table(), d.source)}};
     // The v-prediction test's evidence (unet/checkpoint.h): mean(UNet(x, 999) - x), v below -1.
     pred["v_test_mean"] = d.test_mean ? nlohmann::json(*d.test_mean) : nlohmann::json(nullptr);
-    return {{"prediction", pred}, {"vae", m.vae_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.vae_file)}};
+    return {{"version", ANCHOR_VERSION},
+            {"model_layout", m.layout},
+            {"model_family", enum_name(sd_family_table(), m.family)},
+            {"attention", enum_name(kernels::attention_kernel_table(), m.attention)},
+            {"loras", lora_records_json(m.loras)}, // merged at load: name, file, sha256, multiplier
+            {"prediction", pred},
+            {"vae", m.vae_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.vae_file)},
+            {"weights_dtype", enum_name(weights_dtype_table(), m.weights_dtype)}};
 }
 
 nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl) {
@@ -152,11 +159,6 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             if (!latents.empty()) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
             auto rec = job.facts;
             rec.update(image_record(p, r, i, ctl.get()));
-            rec["version"] = ANCHOR_VERSION;
-            rec["model_layout"] = pipe.models().layout;
-            rec["model_family"] = enum_name(sd_family_table(), pipe.models().family);
-            rec["attention"] = enum_name(kernels::attention_kernel_table(), pipe.models().attention);
-            rec["loras"] = lora_records_json(pipe.models().loras); // merged at load: name, file, sha256, multiplier
             rec.update(model_facts);
             rec["base_seed"] = job.params.seed;
             rec["batch_index"] = batch.repeat;

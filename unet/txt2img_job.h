@@ -50,10 +50,11 @@ struct Txt2ImgJobCallbacks {
 // Checks every output path first (none is replaced without job.overwrite), then runs the batches.
 Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb = {});
 
-// The sidecar record of image i of a run: every parameter, the seed, timings, the cache mode's per-step record.
-// What every image of the job records about the model: the prediction type in effect, how it was decided and the
-// v-prediction test's mean (null when it did not run), the replacement VAE file (null: the model's own).
+// What every image of the job (and a compare report) records about the model: version, layout, family, attention
+// kernel, the LoRAs merged at load, the prediction type in effect, how it was decided and the v-prediction test's mean
+// (null when it did not run), the replacement VAE file (null: the model's own), the weights' storage dtype.
 nlohmann::json model_record(const Txt2ImgPipeline& pipe);
+// The sidecar record of image i of a run: every parameter, the seed, timings, the cache mode's per-step record.
 nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int i, const DenoiseController* ctl);
 
 } // namespace anchor::unet
