@@ -85,14 +85,7 @@ void check_outputs(const std::string& lora, const std::string& file) {
     CHECK(te <= 1e-4);
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 } // namespace
 

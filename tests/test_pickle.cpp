@@ -41,14 +41,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
     f << bytes;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 void le(std::string& out, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -806,7 +799,8 @@ TEST_CASE("anchor-sd -m model.ckpt gives the same latents as the safetensors fil
     CHECK(image_chunks(read_bytes(dir + "/st.png")) == image_chunks(read_bytes(dir + "/ckpt.png")));
 }
 
-TEST_CASE("--weights-dtype f16 with a .ckpt: the same half-precision weights and outputs as from safetensors",
+TEST_CASE("weight storage dtype (--weights-dtype) f16 with a .ckpt: the same half-precision weights and outputs as "
+          "from safetensors",
           "[pickle][sd][sd_load]") {
     const std::string st_path = test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors");
     auto st = SafeTensorsFile::open(st_path);

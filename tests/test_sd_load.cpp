@@ -2,6 +2,7 @@
 // --weights-dtype (unet/checkpoint.h).
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "tests/sd_tiny_configs.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
 #include "unet/pipeline.h"
@@ -23,14 +24,7 @@ namespace {
 
 const std::string kTiny = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/sd15-tiny-random";
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 // The VAE's tensors under original (LDM) names, as a single-file VAE (vae-ft-mse-840000-ema-pruned) has them: the
 // mid-block attention's linears as [C, C, 1, 1] convolutions.
@@ -55,25 +49,10 @@ torch::Tensor decode_fixed(AutoencoderKLImpl& vae) {
 // conv_out's weight 0 and its bias `out_bias` everywhere.
 std::string sd2_single_file(const std::string& dir, double out_bias) {
     torch::manual_seed(11);
-    UNetConfig uc;
-    uc.block_out_channels = {32, 64};
-    uc.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
-    uc.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
-    uc.layers_per_block = {1, 1};
-    uc.heads = {1, 1};
-    uc.transformer_layers_per_block = {1, 1};
-    uc.cross_attention_dim = 32;
-    uc.use_linear_projection = true;
-    VaeConfig vc;
-    vc.block_out_channels = {32, 64};
-    vc.layers_per_block = 1;
-    ClipTextConfig tc;
-    tc.vocab_size = 1000;
-    tc.hidden_size = 32;
-    tc.intermediate_size = 40;
-    tc.num_hidden_layers = 2;
-    tc.num_attention_heads = 4;
-    tc.hidden_act = "gelu";
+    const auto tiny = test::tiny_sd2_configs();
+    const auto& uc = tiny.unet;
+    const auto& vc = tiny.vae;
+    const auto& tc = tiny.text;
     UNet2DConditionModel unet(uc);
     {
         torch::NoGradGuard ng;
@@ -140,7 +119,8 @@ Txt2ImgResult short_run(SDModels& m) {
 
 } // namespace
 
-TEST_CASE("--vae: an LDM-named single file or a diffusers folder decodes bit for bit as the model's own VAE",
+TEST_CASE("VAE replacement (--vae): an LDM-named single file or a diffusers folder decodes bit for bit as the model's "
+          "own VAE",
           "[sd_load][vae]") {
     const auto dir = test::scratch_dir("sd_load_vae");
     auto base = load_sd_models(kTiny);
@@ -173,7 +153,8 @@ TEST_CASE("--vae: an LDM-named single file or a diffusers folder decodes bit for
     CHECK(torch::equal(short_run(m).image, short_run(base).image));
 }
 
-TEST_CASE("--vae: a VAE that does not fit names the file, every tensor and both shapes", "[sd_load][vae]") {
+TEST_CASE("VAE replacement (--vae): a VAE that does not fit names the file, every tensor and both shapes",
+          "[sd_load][vae]") {
     const auto dir = test::scratch_dir("sd_load_vae_bad");
     auto base = load_sd_models(kTiny);
     auto t = ldm_vae_tensors(*base.vae, "");
@@ -259,7 +240,8 @@ TEST_CASE("prediction of SD 1.x single files and diffusers folders: no test, the
     CHECK(forced.unet->config().sample_size == folder.unet->config().sample_size); // the folder's config says
 }
 
-TEST_CASE("--weights-dtype f16/bf16 halves the Linear/Conv weights, the compute stays float32", "[sd_load][weights]") {
+TEST_CASE("weight storage dtype (--weights-dtype) f16/bf16 halves the Linear/Conv weights, the compute stays float32",
+          "[sd_load][weights]") {
     auto f32 = load_sd_models(kTiny);
     LoadOptions o;
     o.weights_dtype = torch::kHalf;
@@ -301,7 +283,7 @@ TEST_CASE("--weights-dtype f16/bf16 halves the Linear/Conv weights, the compute 
     CHECK(torch::equal(short_run(same).image, a.image));
 }
 
-TEST_CASE("--weights-dtype is checked before loading", "[sd_load][weights]") {
+TEST_CASE("weight storage dtype (--weights-dtype) is checked before loading", "[sd_load][weights]") {
     LoadOptions o;
     o.weights_dtype = torch::kHalf;
     o.dtype = torch::kBFloat16;

@@ -3,6 +3,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "tests/sd_tiny_configs.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
 #include "unet/clip_text.h"
@@ -337,25 +338,10 @@ TEST_CASE("DeepCache shallow path equals the full forward's tail", "[sd][unet][d
 
 TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) round-trips", "[sd][single_file]") {
     torch::manual_seed(7);
-    UNetConfig uc;
-    uc.block_out_channels = {32, 64};
-    uc.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
-    uc.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
-    uc.layers_per_block = {1, 1};
-    uc.heads = {1, 1}; // what shape detection assumes for SD 2.x layouts: head dim 64 (at least one head)
-    uc.transformer_layers_per_block = {1, 1};
-    uc.cross_attention_dim = 32;
-    uc.use_linear_projection = true;
-    VaeConfig vc;
-    vc.block_out_channels = {32, 64};
-    vc.layers_per_block = 1;
-    ClipTextConfig tc;
-    tc.vocab_size = 1000;
-    tc.hidden_size = 32;
-    tc.intermediate_size = 40;
-    tc.num_hidden_layers = 2;
-    tc.num_attention_heads = 4;
-    tc.hidden_act = "gelu";
+    const auto tiny = test::tiny_sd2_configs();
+    const auto& uc = tiny.unet;
+    const auto& vc = tiny.vae;
+    const auto& tc = tiny.text;
     UNet2DConditionModel unet(uc);
     AutoencoderKL vae(vc);
     ClipTextModel te(tc);

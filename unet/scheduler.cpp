@@ -80,19 +80,12 @@ std::string noise_schedule_name(NoiseSchedule s) {
 }
 
 std::string noise_schedule_label(NoiseSchedule s) {
-    switch (s) {
-    case NoiseSchedule::Default:
-        return "Automatic";
-    case NoiseSchedule::Karras:
-        return "Karras";
-    case NoiseSchedule::Exponential:
-        return "Exponential";
-    case NoiseSchedule::SgmUniform:
-        return "SGM Uniform";
-    case NoiseSchedule::Simple:
-        return "Simple";
-    }
-    return "?";
+    static const EnumTable<NoiseSchedule> labels = {{"Automatic", NoiseSchedule::Default},
+                                                    {"Karras", NoiseSchedule::Karras},
+                                                    {"Exponential", NoiseSchedule::Exponential},
+                                                    {"SGM Uniform", NoiseSchedule::SgmUniform},
+                                                    {"Simple", NoiseSchedule::Simple}};
+    return enum_name(labels, s);
 }
 
 SamplerKind sampler_from_string(const std::string& s) {

@@ -181,15 +181,9 @@ std::string encode_text_chunk(const PngTextChunk& c, const std::string& what) {
 } // namespace
 
 const char* png_chunk_type(PngTextKind kind) {
-    switch (kind) {
-    case PngTextKind::Text:
-        return "tEXt";
-    case PngTextKind::ZText:
-        return "zTXt";
-    case PngTextKind::IText:
-        return "iTXt";
-    }
-    return "?";
+    static const char* const types[] = {"tEXt", "zTXt", "iTXt"}; // in PngTextKind's order
+    const auto i = size_t(kind);
+    return i < std::size(types) ? types[i] : "?";
 }
 
 uint32_t png_crc32(const void* data, size_t n, uint32_t crc) {
