@@ -1,10 +1,16 @@
-// The tiny SD 2.x-layout model of the single-file tests: linear projections, one head per level (what shape detection
-// assumes for SD 2.x: head dim 64, at least one head), an OpenCLIP-style (gelu) text encoder.
+// The tiny SD 2.x-layout model of the single-file tests, and its Open CLIP tensor names: linear projections, one head
+// per level (what shape detection assumes for SD 2.x: head dim 64, at least one head), an OpenCLIP-style (gelu) text
+// encoder.
 #pragma once
 
 #include "unet/clip_text.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace anchor::test {
 
@@ -33,6 +39,32 @@ inline TinySd2Configs tiny_sd2_configs() {
     c.text.num_attention_heads = 4;
     c.text.hidden_act = "gelu";
     return c;
+}
+
+// The text encoder's tensors under Open CLIP's names (SD 2.x single files) after `oc`: fused in_proj, and one resblock
+// more than the model uses (SD 2.x conditions on the penultimate layer; the copy of layer 1 is never read).
+inline void add_open_clip_tensors(std::vector<std::pair<std::string, torch::Tensor>>& file, unet::ClipTextModelImpl& te,
+                                  const std::string& oc) {
+    auto P = [&](const std::string& n) { return te.named_parameters(true)[n].detach().clone(); };
+    file.emplace_back(oc + "token_embedding.weight", P("text_model.embeddings.token_embedding.weight"));
+    file.emplace_back(oc + "positional_embedding", P("text_model.embeddings.position_embedding.weight"));
+    file.emplace_back(oc + "ln_final.weight", P("text_model.final_layer_norm.weight"));
+    file.emplace_back(oc + "ln_final.bias", P("text_model.final_layer_norm.bias"));
+    for (int i = 0; i < 3; ++i) {
+        const std::string r = oc + "transformer.resblocks." + std::to_string(i) + ".";
+        const std::string h = "text_model.encoder.layers." + std::to_string(std::min(i, 1)) + ".";
+        for (const char* k : {"weight", "bias"}) {
+            file.emplace_back(r + "ln_1." + k, P(h + "layer_norm1." + k));
+            file.emplace_back(r + "ln_2." + k, P(h + "layer_norm2." + k));
+            file.emplace_back(r + "mlp.c_fc." + k, P(h + "mlp.fc1." + k));
+            file.emplace_back(r + "mlp.c_proj." + k, P(h + "mlp.fc2." + k));
+            file.emplace_back(r + "attn.out_proj." + k, P(h + "self_attn.out_proj." + k));
+            file.emplace_back(r + "attn.in_proj_" + k,
+                              torch::cat({P(h + "self_attn.q_proj." + k), P(h + "self_attn.k_proj." + k),
+                                          P(h + "self_attn.v_proj." + k)},
+                                         0));
+        }
+    }
 }
 
 } // namespace anchor::test

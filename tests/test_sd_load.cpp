@@ -66,27 +66,7 @@ std::string sd2_single_file(const std::string& dir, double out_bias) {
         file.emplace_back(ldm_name(Component::Unet, p.key(), uc, vc), p.value().detach().clone());
     auto v = ldm_vae_tensors(*vae, "first_stage_model.");
     file.insert(file.end(), v.begin(), v.end());
-    const std::string oc = "cond_stage_model.model.";
-    auto P = [&](const std::string& n) { return te->named_parameters(true)[n].detach().clone(); };
-    file.emplace_back(oc + "token_embedding.weight", P("text_model.embeddings.token_embedding.weight"));
-    file.emplace_back(oc + "positional_embedding", P("text_model.embeddings.position_embedding.weight"));
-    file.emplace_back(oc + "ln_final.weight", P("text_model.final_layer_norm.weight"));
-    file.emplace_back(oc + "ln_final.bias", P("text_model.final_layer_norm.bias"));
-    for (int i = 0; i < 3; ++i) { // one more resblock than used (penultimate-layer conditioning)
-        const std::string r = oc + "transformer.resblocks." + std::to_string(i) + ".";
-        const std::string h = "text_model.encoder.layers." + std::to_string(std::min(i, 1)) + ".";
-        for (const char* k : {"weight", "bias"}) {
-            file.emplace_back(r + "ln_1." + k, P(h + "layer_norm1." + k));
-            file.emplace_back(r + "ln_2." + k, P(h + "layer_norm2." + k));
-            file.emplace_back(r + "mlp.c_fc." + k, P(h + "mlp.fc1." + k));
-            file.emplace_back(r + "mlp.c_proj." + k, P(h + "mlp.fc2." + k));
-            file.emplace_back(r + "attn.out_proj." + k, P(h + "self_attn.out_proj." + k));
-            file.emplace_back(r + "attn.in_proj_" + k,
-                              torch::cat({P(h + "self_attn.q_proj." + k), P(h + "self_attn.k_proj." + k),
-                                          P(h + "self_attn.v_proj." + k)},
-                                         0));
-        }
-    }
+    test::add_open_clip_tensors(file, *te, "cond_stage_model.model.");
     const std::string path = dir + "/sd2_tiny.safetensors";
     save_safetensors(path, file);
     return path;
