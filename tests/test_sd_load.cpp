@@ -49,10 +49,7 @@ torch::Tensor decode_fixed(AutoencoderKLImpl& vae) {
 // conv_out's weight 0 and its bias `out_bias` everywhere.
 std::string sd2_single_file(const std::string& dir, double out_bias) {
     torch::manual_seed(11);
-    const auto tiny = test::tiny_sd2_configs();
-    const auto& uc = tiny.unet;
-    const auto& vc = tiny.vae;
-    const auto& tc = tiny.text;
+    const auto [uc, vc, tc] = test::tiny_sd2_configs();
     UNet2DConditionModel unet(uc);
     {
         torch::NoGradGuard ng;

@@ -338,10 +338,7 @@ TEST_CASE("DeepCache shallow path equals the full forward's tail", "[sd][unet][d
 
 TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) round-trips", "[sd][single_file]") {
     torch::manual_seed(7);
-    const auto tiny = test::tiny_sd2_configs();
-    const auto& uc = tiny.unet;
-    const auto& vc = tiny.vae;
-    const auto& tc = tiny.text;
+    const auto [uc, vc, tc] = test::tiny_sd2_configs();
     UNet2DConditionModel unet(uc);
     AutoencoderKL vae(vc);
     ClipTextModel te(tc);
