@@ -182,10 +182,7 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
         throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
     if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
     if (!m_.text_encoder) return;
-    if (p.prompt_syntax == PromptSyntax::A1111 && !p.prompt_embeds.defined()) {
-        for (const auto& text : p.prompts) (void)parse_prompt_attention(text); // ParamError("prompts")
-        for (const auto& text : p.negative_prompts) (void)parse_prompt_attention(text);
-    }
+    if (!p.prompt_embeds.defined()) check_prompt_syntax(p.prompt_syntax, {&p.prompts, &p.negative_prompts});
     if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
         throw ParamError("clip_skip", "must be in [0, " +
                                           std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +

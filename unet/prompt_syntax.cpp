@@ -264,4 +264,10 @@ Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChu
     return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
 }
 
+void check_prompt_syntax(PromptSyntax syntax, std::initializer_list<const std::vector<std::string>*> lists) {
+    if (syntax != PromptSyntax::A1111) return;
+    for (const auto* list : lists)
+        for (const auto& text : *list) (void)parse_prompt_attention(text);
+}
+
 } // namespace anchor::unet

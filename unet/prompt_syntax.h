@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ bool is_chunk_break(const PromptFragment& f);
 // empty prompt is [("", 1.0)]. Throws ParamError("prompts") for a weight that is not a number, e.g. `(x:1.2.3)`
 // (A1111 fails there too).
 std::vector<PromptFragment> parse_prompt_attention(const std::string& text);
+// Every text of each list parses under `syntax` (A1111: ParamError("prompts") for a weight that is not a number;
+// plain text always reads).
+void check_prompt_syntax(PromptSyntax syntax, std::initializer_list<const std::vector<std::string>*> lists);
 
 // One CLIP window: [bos] + up to chunk_length tokens + [eos] + padding, and the multiplier of every position (1.0 on
 // the framing and the padding).

@@ -24,10 +24,7 @@ void Txt2ImgJob::validate() const {
     // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
     if (params.steps >= 1) (void)params.init.validate(params.steps);
     // A1111 syntax errors (a weight that is not a number) before any model is loaded.
-    if (params.prompt_syntax == PromptSyntax::A1111) {
-        for (const auto& text : prompts) (void)parse_prompt_attention(text);
-        for (const auto& text : params.negative_prompts) (void)parse_prompt_attention(text);
-    }
+    check_prompt_syntax(params.prompt_syntax, {&prompts, &params.negative_prompts});
     // The sampler's eta and schedule (the model's use_karras_sigmas only matters when no schedule is given).
     (void)effective_eta(params.sampler, params.eta);
     SchedulerConfig sc;
