@@ -8,6 +8,7 @@
 #include "cache/io/error.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
+#include "cache/io/yaml_lite.h"
 #include "unet/name_conversion.h"
 
 #include <filesystem>
@@ -40,10 +41,13 @@ template <typename M> M finish(M m, torch::ScalarType dtype) {
     return m;
 }
 
-ClipTokenizer tokenizer_for(const std::string& folder, bool sd2) {
+// A tokenizer folder's BPE files when it has them, else the bundled CLIP vocabulary; its pad token when its configs
+// name one, else `default_pad` (SD 1.x pads with <|endoftext|>, OpenCLIP encoders with "!" = 0).
+ClipTokenizer tokenizer_for(const std::string& folder, int64_t default_pad) {
     if (!folder.empty() && fs::exists(fs::path(folder) / "vocab.json")) return ClipTokenizer::from_folder(folder);
     ClipTokenizer t = ClipTokenizer::bundled();
-    if (sd2) t.set_pad_id(0); // SD 2.x (OpenCLIP) pads with 0 ("!")
+    t.set_pad_id(default_pad);
+    if (!folder.empty() && fs::is_directory(folder)) t.read_special_tokens(folder);
     return t;
 }
 
@@ -122,7 +126,8 @@ const EnumTable<PredictionSource>& prediction_source_table() {
     static const EnumTable<PredictionSource> t = {{"scheduler-config", PredictionSource::SchedulerConfig},
                                                   {"sd1-default", PredictionSource::Sd1Default},
                                                   {"detected", PredictionSource::Detected},
-                                                  {"option", PredictionSource::Option}};
+                                                  {"option", PredictionSource::Option},
+                                                  {"original-config", PredictionSource::OriginalConfig}};
     return t;
 }
 
@@ -197,26 +202,102 @@ AutoencoderKL load_vae_file(const std::string& path, const VaeConfig& base, torc
     return finish(vae, dtype);
 }
 
+OriginalConfig read_original_config(const std::string& checkpoint) {
+    OriginalConfig oc;
+    const fs::path yaml = fs::path(checkpoint).replace_extension(".yaml");
+    if (!fs::exists(yaml)) return oc;
+    oc.path = yaml.string();
+    const auto y = load_yaml_lite(oc.path);
+    auto at = [&](std::initializer_list<const char*> keys) -> const nlohmann::json* {
+        const nlohmann::json* j = &y;
+        for (const char* k : keys) {
+            if (!j->is_object() || !j->contains(k)) return nullptr;
+            j = &j->at(k);
+        }
+        return j;
+    };
+    auto number = [&](const nlohmann::json* j, const std::string& field) {
+        if (!j->is_number()) throw Error("'" + oc.path + "': " + field + " must be a number, got " + j->dump());
+        return j->get<double>();
+    };
+    const nlohmann::json* params = at({"model", "params"});
+    if (!params) throw Error("'" + oc.path + "' has no model.params (not an LDM/SGM model config)");
+    for (const char* net : {"unet_config", "network_config"}) {
+        const nlohmann::json* u = at({"model", "params", net, "params"});
+        if (!u) continue;
+        if (u->contains("num_head_channels"))
+            oc.num_head_channels = int(number(&u->at("num_head_channels"), std::string(net) + ".num_head_channels"));
+        if (u->contains("num_heads")) oc.num_heads = int(number(&u->at("num_heads"), std::string(net) + ".num_heads"));
+    }
+    if (params->contains("scale_factor")) oc.scale_factor = number(&params->at("scale_factor"), "scale_factor");
+    if (params->value("parameterization", std::string()) == "v") oc.prediction = PredictionType::VPrediction;
+    if (const auto* sc = at({"model", "params", "denoiser_config", "params", "scaling_config", "target"}))
+        if (sc->is_string() && sc->get<std::string>().find("VScaling") != std::string::npos)
+            oc.prediction = PredictionType::VPrediction;
+    if (const auto* emb = at({"model", "params", "conditioner_config", "params", "emb_models"}); emb && emb->is_array())
+        for (const auto& e : *emb)
+            if (e.is_object() &&
+                e.value("target", std::string()).find("ConcatTimestepEmbedderND") != std::string::npos &&
+                e.contains("params") && e["params"].contains("outdim"))
+                oc.addition_time_embed_dim = int(number(&e["params"]["outdim"], "emb_models[].params.outdim"));
+    return oc;
+}
+
+void OriginalConfig::apply(UNetConfig& unet, VaeConfig& vae) const {
+    if (scale_factor) vae.scaling_factor = *scale_factor;
+    for (size_t i = 0; i < unet.heads.size(); ++i) {
+        const int ch = unet.block_out_channels[i];
+        if (num_head_channels > 0) {
+            if (ch % num_head_channels != 0)
+                throw Error("'" + path + "': num_head_channels " + std::to_string(num_head_channels) +
+                            " does not divide the " + std::to_string(ch) + " channels of UNet level " +
+                            std::to_string(i));
+            unet.heads[i] = ch / num_head_channels;
+        } else if (num_heads > 0) {
+            unet.heads[i] = num_heads;
+        }
+    }
+}
+
 namespace {
 
 SDModels load_diffusers(const ModelSource& src, const LoadOptions& o) {
     SDModels m;
     m.layout = "diffusers";
     const fs::path root(src.path);
-    for (const char* sub : {"unet", "vae", "text_encoder"}) (void)src.component(sub);
-    if (o.text_encoder)
-        m.text_encoder = load_component<ClipTextModel, ClipTextConfig>(src.component("text_encoder"), o.dtype);
+    for (const char* sub : {"unet", "vae"}) (void)src.component(sub);
+    const bool te1 = src.has_component("text_encoder"), te2 = src.has_component("text_encoder_2");
+    if (!te1 && !te2) (void)src.component("text_encoder"); // names the folder and what it has
     if (o.unet) m.unet = load_component<UNet2DConditionModel, UNetConfig>(src.component("unet"), o.dtype);
-    if (o.vae) m.vae = load_component<AutoencoderKL, VaeConfig>(src.component("vae"), o.dtype);
+    // The family from shapes (configs are shapes written down): the UNet's and the text encoders' widths.
     SdShapes shapes;
-    if (m.text_encoder) shapes.text_width = m.text_encoder->config().hidden_size;
-    if (m.unet) {
-        shapes.cross_attention_dim = m.unet->config().cross_attention_dim;
-        shapes.linear_projection = m.unet->config().use_linear_projection;
-    }
+    auto width = [&](const char* c) { return src.component(c).config.value("hidden_size", 1); };
+    if (te1) shapes.text_width = width("text_encoder");
+    if (te2) shapes.second_text_width = width("text_encoder_2");
+    const UNetConfig ucfg = m.unet ? m.unet->config() : UNetConfig::from_json_file(src.component("unet").config_file);
+    shapes.cross_attention_dim = ucfg.cross_attention_dim;
+    shapes.linear_projection = ucfg.use_linear_projection;
+    shapes.added_conditioning = ucfg.text_time();
+    shapes.added_conditioning_tensor = "add_embedding.linear_1.weight";
     m.family = sd_family(shapes);
+    if (m.family == SdFamily::SDXLRefiner)
+        throw Error("'" + src.path +
+                    "' is an SDXL refiner (a UNet with added conditioning and only text_encoder_2): "
+                    "the refiner's aesthetic-score conditioning is not supported; use an SDXL base model");
+    if (o.text_encoder && te1)
+        m.text_encoder = load_component<ClipTextModel, ClipTextConfig>(src.component("text_encoder"), o.dtype);
+    if (o.text_encoder && te2 && m.family == SdFamily::SDXL)
+        m.text_encoder_2 = load_component<ClipTextModel, ClipTextConfig>(src.component("text_encoder_2"), o.dtype);
+    if (m.text_encoder_2 && m.text_encoder_2->config().projection_dim <= 0)
+        throw Error("'" + (root / "text_encoder_2").string() +
+                    "': SDXL's second text encoder must be a CLIPTextModelWithProjection (config architectures, "
+                    "text_projection.weight)");
+    if (o.vae) m.vae = load_component<AutoencoderKL, VaeConfig>(src.component("vae"), o.dtype);
     const bool sd2 = m.family == SdFamily::SD2;
-    m.tokenizer = tokenizer_for((root / "tokenizer").string(), sd2);
+    m.tokenizer = tokenizer_for((root / "tokenizer").string(), sd2 ? 0 : ClipTokenizer::kEos);
+    if (m.family == SdFamily::SDXL) m.tokenizer_2 = tokenizer_for((root / "tokenizer_2").string(), 0);
+    m.force_zeros_for_empty_prompt =
+        src.config.is_object() && src.config.value("force_zeros_for_empty_prompt", m.family == SdFamily::SDXL);
     m.scheduler_config_path = src.file("scheduler_config");
     return m;
 }
@@ -233,14 +314,37 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         throw Error("'" + path + "' is not a Stable Diffusion checkpoint: no '" + up + "*' / '" + vp + "*' tensors");
     const SdShapes shapes = sd_shapes_of_single_file(file);
     m.family = sd_family(shapes);
-    if (m.family == SdFamily::SDXL || m.family == SdFamily::SDXLRefiner)
-        throw Error("'" + path + "' is an " + enum_name(sd_family_table(), m.family) + " checkpoint (tensor '" +
-                    shapes.added_conditioning_tensor +
-                    "': text/time added conditioning), which this build cannot "
-                    "load yet");
+    const bool sdxl = m.family == SdFamily::SDXL;
+    if (m.family == SdFamily::SDXLRefiner)
+        throw Error("'" + path + "' is an SDXL refiner (tensor '" + shapes.added_conditioning_tensor +
+                    "': added conditioning, with only the OpenCLIP text encoder): the refiner's aesthetic-score "
+                    "conditioning is not supported; use an SDXL base model");
+    const OriginalConfig oc = read_original_config(path);
     UNetConfig ucfg = detect_ldm_unet_config(file.with_prefix_stripped(up));
     VaeConfig vcfg = detect_ldm_vae_config(file.with_prefix_stripped(vp));
-    WeightMap uw, vw, tw;
+    oc.apply(ucfg, vcfg);
+    const std::string sdxl_te1 = "conditioner.embedders.0.transformer.", sdxl_te2 = "conditioner.embedders.1.model.";
+    if (sdxl) {
+        // SGM's label_emb input: the pooled embedding (text_projection's output width) and six time ids, each
+        // embedded to addition_time_embed_dim (the yaml's ConcatTimestepEmbedderND outdim when there is one).
+        const std::string le = "model.diffusion_model.label_emb.0.0.weight", proj = sdxl_te2 + "text_projection";
+        if (!file.has(le) || !file.has(proj))
+            throw Error("'" + path + "' is an SDXL checkpoint without '" + (file.has(le) ? proj : le) + "'");
+        ucfg.projection_class_embeddings_input_dim = int(file.shape(le)[1]);
+        const int64_t pooled = file.shape(proj)[1], rest = ucfg.projection_class_embeddings_input_dim - pooled;
+        ucfg.addition_time_embed_dim = oc.addition_time_embed_dim > 0 ? oc.addition_time_embed_dim : int(rest / 6);
+        if (rest <= 0 || rest != 6 * ucfg.addition_time_embed_dim)
+            throw Error(
+                "'" + path + "': label_emb takes " + std::to_string(ucfg.projection_class_embeddings_input_dim) +
+                " inputs, which is not the pooled width " + std::to_string(pooled) + " plus six time-id embeddings");
+        // diffusers' SDXL VAE config (sd_xl_base.yaml scale_factor; the VAE overflows in float16).
+        if (!oc.scale_factor) vcfg.scaling_factor = 0.13025;
+        vcfg.force_upcast = true;
+        // SDXL base and its fine-tunes: 1024x1024 (diffusers' single-file default for SDXL).
+        ucfg.sample_size = 1024 / vcfg.spatial_factor();
+        m.force_zeros_for_empty_prompt = true;
+    }
+    WeightMap uw, vw, tw, tw2;
     if (o.unet) {
         m.unet = UNet2DConditionModel(ucfg);
         uw = gather(
@@ -257,26 +361,39 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         for (const auto& [n, t] : file.all())
             if (n.rfind(vp, 0) == 0) used.insert(n);
     }
-    const std::string sd1_text = "cond_stage_model.transformer.", sd2_text = "cond_stage_model.model.";
-    if (has_prefix(file, sd2_text)) {
-        auto converted = convert_open_clip(file, sd2_text, used);
-        if (o.text_encoder) {
-            auto tcfg = ClipTextConfig::detect_from_weights(converted);
-            tcfg.hidden_act = "gelu";
-            m.text_encoder = ClipTextModel(tcfg);
-            tw = converted;
-        }
-    } else if (has_prefix(file, sd1_text)) {
-        // Older checkpoints store the HF text model without the `text_model.` level.
-        const bool nested = has_prefix(file, sd1_text + "text_model.");
-        auto text = file.with_prefix_stripped(sd1_text);
+    // A text encoder in Hugging Face names under `prefix` (older SD 1.x checkpoints without the `text_model.` level).
+    auto hf_text = [&](const std::string& prefix) {
+        const bool nested = has_prefix(file, prefix + "text_model.");
+        auto text = file.with_prefix_stripped(prefix);
         if (!nested) text = text.renamed([](const std::string& n) { return "text_model." + n; });
         for (const auto& [n, t] : file.all())
-            if (n.rfind(sd1_text, 0) == 0) used.insert(n);
-        if (o.text_encoder) {
-            m.text_encoder = ClipTextModel(ClipTextConfig::detect_from_weights(text));
-            tw = text;
+            if (n.rfind(prefix, 0) == 0) used.insert(n);
+        return text;
+    };
+    // OpenCLIP towers are gelu (ViT-H, ViT-bigG).
+    auto open_clip_model = [&](const WeightMap& w) {
+        auto c = ClipTextConfig::detect_from_weights(w);
+        c.hidden_act = "gelu";
+        return ClipTextModel(c);
+    };
+    const std::string sd1_text = "cond_stage_model.transformer.", sd2_text = "cond_stage_model.model.";
+    if (sdxl) {
+        if (!has_prefix(file, sdxl_te1) || !has_prefix(file, sdxl_te2))
+            missing.push_back("text encoders: SDXL needs '" + sdxl_te1 + "*' (CLIP ViT-L) and '" + sdxl_te2 +
+                              "*' (OpenCLIP ViT-bigG) tensors");
+        auto t1 = hf_text(sdxl_te1);
+        auto t2 = convert_open_clip(file, sdxl_te2, used, {/*drop_last_layer=*/false, /*projection=*/true});
+        if (o.text_encoder && missing.empty()) {
+            m.text_encoder = ClipTextModel(ClipTextConfig::detect_from_weights(t1));
+            m.text_encoder_2 = open_clip_model(t2);
+            tw = t1, tw2 = t2;
         }
+    } else if (has_prefix(file, sd2_text)) {
+        auto converted = convert_open_clip(file, sd2_text, used);
+        if (o.text_encoder) m.text_encoder = open_clip_model(converted), tw = converted;
+    } else if (has_prefix(file, sd1_text)) {
+        auto text = hf_text(sd1_text);
+        if (o.text_encoder) m.text_encoder = ClipTextModel(ClipTextConfig::detect_from_weights(text)), tw = text;
     } else if (o.text_encoder) {
         missing.push_back("text encoder: no 'cond_stage_model.transformer.*' (SD 1.x) or 'cond_stage_model.model.*' "
                           "(SD 2.x) tensors");
@@ -285,7 +402,8 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
     // model_ema.*, betas or alphas_cumprod belong to training and are ignored).
     std::vector<std::string> unexpected;
     for (const auto& [n, t] : file.all()) {
-        const bool ours = n.rfind(up, 0) == 0 || n.rfind(vp, 0) == 0 || n.rfind("cond_stage_model.", 0) == 0;
+        const bool ours = n.rfind(up, 0) == 0 || n.rfind(vp, 0) == 0 || n.rfind("cond_stage_model.", 0) == 0 ||
+                          n.rfind("conditioner.", 0) == 0;
         if (ours && !used.count(n)) unexpected.push_back(n);
     }
     if (!missing.empty() || !unexpected.empty()) {
@@ -303,7 +421,10 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         // apart by one UNet evaluation (v_prediction_test), in float32 before any dtype conversion as A1111 does. It
         // runs under --prediction too, so the record shows what the option overrode.
         m.prediction.source = PredictionSource::Sd1Default;
-        if (m.family == SdFamily::SD2) {
+        if (oc.prediction) {
+            m.prediction.type = *oc.prediction;
+            m.prediction.source = PredictionSource::OriginalConfig;
+        } else if (m.family == SdFamily::SD2) {
             m.prediction.test_mean = v_prediction_test(*m.unet);
             m.prediction.source = PredictionSource::Detected;
             if (*m.prediction.test_mean < -1.0) m.prediction.type = PredictionType::VPrediction;
@@ -326,7 +447,12 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         m.text_encoder->load(tw);
         m.text_encoder = finish(m.text_encoder, o.dtype);
     }
-    m.tokenizer = tokenizer_for("", m.family == SdFamily::SD2);
+    if (m.text_encoder_2) {
+        m.text_encoder_2->load(tw2);
+        m.text_encoder_2 = finish(m.text_encoder_2, o.dtype);
+    }
+    m.tokenizer = tokenizer_for("", m.family == SdFamily::SD2 ? 0 : ClipTokenizer::kEos);
+    if (sdxl) m.tokenizer_2 = tokenizer_for("", 0);
     return m;
 }
 

@@ -26,7 +26,7 @@ namespace anchor::unet {
 
 struct LoadOptions {
     torch::ScalarType dtype = torch::kFloat; // compute dtype; fp16/bf16 files are converted at load
-    bool text_encoder = true;
+    bool text_encoder = true;                // both text encoders of SDXL
     bool unet = true;
     bool vae = true;
     // Attention arithmetic of the UNet and the VAE (kernels/attention.h). Unset: the model's own choice, the
@@ -71,6 +71,7 @@ enum class PredictionSource {
     Sd1Default,      // an SD 1.x single file: epsilon, as every SD 1.x checkpoint
     Detected,        // an SD 2.x single file: v_prediction_test
     Option,          // LoadOptions::prediction
+    OriginalConfig,  // a single file's original config (<stem>.yaml): parameterization "v" / VScaling
 };
 const EnumTable<PredictionSource>& prediction_source_table(); // "scheduler-config", "sd1-default", "detected", "option"
 
@@ -89,6 +90,21 @@ struct PredictionDecision {
 // Returns mean(out - x) (computed in float32, whatever the UNet's dtype).
 double v_prediction_test(UNet2DConditionModelImpl& unet);
 
+// What a single-file checkpoint's original config says that its shapes cannot: `<stem>.yaml` next to the file (as
+// A1111 looks for it), an LDM (model.params.unet_config) or SGM (model.params.network_config) config.
+struct OriginalConfig {
+    std::string path;                // empty: none found
+    int num_head_channels = -1;      // heads = channels / num_head_channels (SD 2.x, SDXL)
+    int num_heads = -1;              // or the same count everywhere (SD 1.x)
+    int addition_time_embed_dim = 0; // SGM ConcatTimestepEmbedderND outdim (SDXL time ids)
+    std::optional<double> scale_factor;
+    std::optional<PredictionType> prediction; // parameterization "v" (LDM) / VScaling (SGM)
+    // Heads and the VAE scaling factor into the configs detected from shapes.
+    void apply(UNetConfig& unet, VaeConfig& vae) const;
+};
+// Throws anchor::Error naming the yaml file and field when it is malformed.
+OriginalConfig read_original_config(const std::string& checkpoint);
+
 // Engine settings a model folder asks for (anchorcache.json next to model_index.json); throws anchor::Error naming
 // the file and field when it is malformed.
 struct ModelHints {
@@ -105,6 +121,13 @@ struct SDModels {
     SdFamily family = SdFamily::SD1; // from tensor shapes only (unet/sd_family.h)
     ClipTokenizer tokenizer;
     ClipTextModel text_encoder{nullptr};
+    // SDXL: the second text encoder (OpenCLIP ViT-bigG's role, with text_projection) and its tokenizer, which pads
+    // with "!" (id 0).
+    ClipTokenizer tokenizer_2;
+    ClipTextModel text_encoder_2{nullptr};
+    // diffusers' force_zeros_for_empty_prompt (model_index.json; true for SDXL single files as for SDXL base): with
+    // no negative prompt given, the negative conditioning is zeros instead of the encoding of "".
+    bool force_zeros_for_empty_prompt = false;
     UNet2DConditionModel unet{nullptr};
     AutoencoderKL vae{nullptr};
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none

@@ -26,6 +26,11 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j, const std::str
             ANCHOR_JSON_FIELD(c, intermediate_size), ANCHOR_JSON_FIELD(c, num_hidden_layers),
             ANCHOR_JSON_FIELD(c, num_attention_heads), ANCHOR_JSON_FIELD(c, max_position_embeddings),
             ANCHOR_JSON_FIELD(c, hidden_act), ANCHOR_JSON_FIELD(c, layer_norm_eps)});
+    // Every HF CLIP text config carries projection_dim; only the WithProjection model has the layer.
+    if (j.contains("architectures") && j["architectures"].is_array())
+        for (const auto& a : j["architectures"])
+            if (a.is_string() && a.get<std::string>() == "CLIPTextModelWithProjection")
+                c.projection_dim = f.get_int("projection_dim", 512);
     if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
         f.fail("hidden_act", "must be quick_gelu or gelu", f.json().at("hidden_act"));
     if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0)
@@ -54,6 +59,7 @@ ClipTextConfig ClipTextConfig::detect_from_weights(const WeightMap& w) {
     c.intermediate_size = int(w.shape("text_model.encoder.layers.0.mlp.fc1.weight")[0]);
     c.num_attention_heads = c.hidden_size >= 512 ? c.hidden_size / 64 : std::max(1, c.hidden_size / 8);
     c.hidden_act = c.hidden_size == 1024 ? "gelu" : "quick_gelu";
+    if (w.has("text_projection.weight")) c.projection_dim = int(w.shape("text_projection.weight")[0]);
     return c;
 }
 
@@ -125,6 +131,10 @@ ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
 
 ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& c) : cfg_(c) {
     text_model = register_module("text_model", ClipTextTransformer(c));
+    if (c.projection_dim > 0)
+        text_projection =
+            register_module("text_projection",
+                            torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.projection_dim).bias(false)));
 }
 
 ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
@@ -157,6 +167,23 @@ torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip
     if (clip_skip == 0) return out.last_hidden_state;
     const auto n = out.hidden_states.size();
     return text_model->final_layer_norm->forward(out.hidden_states[n - 1 - size_t(clip_skip)]);
+}
+
+torch::Tensor ClipTextModelImpl::pooled(const ClipTextOutput& out, const torch::Tensor& input_ids) {
+    const auto eos = input_ids.to(torch::kLong).argmax(-1).to(out.last_hidden_state.device());
+    auto rows = torch::arange(out.last_hidden_state.size(0), eos.options());
+    auto p = out.last_hidden_state.index({rows, eos});
+    return text_projection ? kernels::linear(text_projection, p) : p;
+}
+
+ClipConditioning ClipTextModelImpl::encode_penultimate(const torch::Tensor& input_ids, int clip_skip) {
+    if (clip_skip < 0 || clip_skip + 2 > cfg_.num_hidden_layers + 1)
+        throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) +
+                                          " layers after the penultimate is out of range for a text encoder with " +
+                                          std::to_string(cfg_.num_hidden_layers) + " layers");
+    auto out = forward(input_ids);
+    const auto n = out.hidden_states.size();
+    return {out.hidden_states[n - 2 - size_t(clip_skip)], pooled(out, input_ids)};
 }
 
 void ClipTextModelImpl::load(const WeightMap& w) {

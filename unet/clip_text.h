@@ -25,6 +25,9 @@ struct ClipTextConfig {
     int max_position_embeddings = 77;
     std::string hidden_act = "quick_gelu"; // "quick_gelu" (openai CLIP, SD 1.x) | "gelu" (OpenCLIP, SD 2.x)
     double layer_norm_eps = 1e-5;
+    // CLIPTextModelWithProjection (SDXL's second encoder): text_projection [projection_dim, hidden] without bias on
+    // the pooled output. 0: CLIPTextModel, no projection.
+    int projection_dim = 0;
 
     // HF config.json (`CLIPTextConfig` fields; missing ones keep the defaults).
     static ClipTextConfig from_json(const nlohmann::json& j, const std::string& source = "text encoder config");
@@ -81,6 +84,15 @@ struct ClipTextTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(ClipTextTransformer);
 
+// SDXL's text conditioning from one encoder (diffusers StableDiffusionXLPipeline.encode_prompt): the hidden state
+// hidden_states[-(clip_skip + 2)] without the final layer norm, and the pooled embedding: final_layer_norm of the
+// last layer at the EOS position (input_ids.argmax(-1), the first end-of-text), through text_projection when the
+// model has one (CLIPTextModelWithProjection's text_embeds).
+struct ClipConditioning {
+    torch::Tensor hidden; // [B, T, hidden]
+    torch::Tensor pooled; // [B, projection_dim or hidden]
+};
+
 struct ClipTextOutput {
     torch::Tensor last_hidden_state;          // final_layer_norm(hidden_states.back())
     std::vector<torch::Tensor> hidden_states; // [0] embeddings, [i] output of layer i (before final_layer_norm)
@@ -94,11 +106,16 @@ public:
     // The conditioning an SD pipeline uses. clip_skip (diffusers semantics): 0 -> last_hidden_state;
     // k >= 1 -> final_layer_norm(hidden_states[-(k+1)]).
     torch::Tensor encode(const torch::Tensor& input_ids, int clip_skip = 0);
+    // SDXL's conditioning (ClipConditioning); clip_skip in [0, layers - 2].
+    ClipConditioning encode_penultimate(const torch::Tensor& input_ids, int clip_skip = 0);
+    // final_layer_norm(last layer) at each row's EOS, through text_projection when there is one.
+    torch::Tensor pooled(const ClipTextOutput& out, const torch::Tensor& input_ids);
     const ClipTextConfig& config() const { return cfg_; }
     // Loads HF-named weights (the `text_model.embeddings.position_ids` buffer is ignored whatever its dtype).
     void load(const WeightMap& w);
 
     ClipTextTransformer text_model{nullptr};
+    torch::nn::Linear text_projection{nullptr}; // ClipTextConfig::projection_dim > 0
 
 private:
     ClipTextConfig cfg_;

@@ -262,7 +262,13 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
         merges.push_back(parse_merge(lines[i], merges_path.string(), i));
     }
     t.set_merges(merges);
-    // Pad token: SD 1.x pads with <|endoftext|>, SD 2.x tokenizer configs pad with "!" (id 0).
+    t.read_special_tokens(dir);
+    return t;
+}
+
+void ClipTokenizer::read_special_tokens(const std::string& dir) {
+    const fs::path d(dir);
+    // Pad token: SD 1.x pads with <|endoftext|>, SD 2.x and SDXL's second tokenizer with "!" (id 0).
     auto pad_from = [&](const fs::path& p) -> std::string {
         if (!fs::exists(p)) return "";
         try {
@@ -281,11 +287,10 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
     std::string pad = pad_from(d / "special_tokens_map.json");
     if (pad.empty()) pad = pad_from(d / "tokenizer_config.json");
     if (!pad.empty()) {
-        auto id = t.token_id(pad);
+        auto id = token_id(pad);
         if (id < 0) throw Error("tokenizer '" + dir + "': pad token '" + pad + "' is not in the vocabulary");
-        t.pad_id_ = id;
+        pad_id_ = id;
     }
-    return t;
 }
 
 std::string ClipTokenizer::bundled_vocab_path() {

@@ -31,6 +31,8 @@ public:
     // Hugging Face / diffusers `tokenizer/` folder: vocab.json + merges.txt (+ tokenizer_config.json /
     // special_tokens_map.json for the pad token: "!" -> SD 2.x padding with id 0).
     static ClipTokenizer from_folder(const std::string& dir);
+    // The pad token of a tokenizer folder's special_tokens_map.json / tokenizer_config.json, when they name one.
+    void read_special_tokens(const std::string& dir);
     // The bundled openai vocabulary (assets/vocab/clip/bpe_simple_vocab_16e6.txt.gz), searched next to the executable,
     // in $ANCHOR_ASSETS and in the source tree. Throws when it cannot be found.
     static ClipTokenizer bundled();

@@ -204,10 +204,10 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
 
 // ---- freq -------------------------------------------------------------------------------------------------------
 
-double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x,
-                                  const torch::Tensor& ctx, bool full, int branch) {
+double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx,
+                                  bool full, int branch) {
     if (!mac_fn) {
-        const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.size(1));
+        const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.context.size(1));
         const double f = double(b.full().total()), sh = double(b.shallow(branch).total());
         mac_fn = [f, sh](bool is_full) { return is_full ? f : sh; };
     }
@@ -304,8 +304,8 @@ Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, con
     return extrapolate ? extrapolate_feature(F1, slope, k - s1) : F1;
 }
 
-Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
-                                   int step, const Tensor&) {
+Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t,
+                                   const UNetCond& ctx, int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
     CacheStepLog rec = probed_step(probe_, unet, x, step);
@@ -390,7 +390,7 @@ void DeepCacheDenoiser::begin(int num_steps, int images) {
     last_full_ = true;
 }
 
-Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx,
+Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx,
                                   int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();

@@ -129,7 +129,7 @@ public:
 protected:
     std::vector<CacheStepLog> log_;
     BatchFeatureStore features_;
-    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& ctx, bool full,
+    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx, bool full,
                      int branch);
 };
 
@@ -169,7 +169,7 @@ public:
     nlohmann::json params_json() const override;
     void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
+                          const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
 
     // The feature for a reuse at step k from the last two full steps (exposed for tests): spectra X0 (step s0) and
@@ -209,7 +209,7 @@ public:
     nlohmann::json params_json() const override;
     void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
+                          const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
 
 private:

@@ -169,6 +169,7 @@ LoraTargets lora_targets(SDModels& models) {
     };
     if (models.unet) add(*models.unet, LoraComponent::Unet, &models.unet->config());
     if (models.text_encoder) add(*models.text_encoder, LoraComponent::TextEncoder, nullptr);
+    if (models.text_encoder_2) add(*models.text_encoder_2, LoraComponent::TextEncoder2, nullptr);
     return t;
 }
 

@@ -81,9 +81,11 @@ std::string unet_ldm_name(const std::string& name, const UNetConfig& c) {
     if (p[0] == "conv_in") return "input_blocks.0.0." + join(p, 1);
     if (p[0] == "conv_norm_out") return "out.0." + join(p, 1);
     if (p[0] == "conv_out") return "out.2." + join(p, 1);
-    if (p[0] == "time_embedding" && p.size() >= 3) {
-        if (p[1] == "linear_1") return "time_embed.0." + join(p, 2);
-        if (p[1] == "linear_2") return "time_embed.2." + join(p, 2);
+    if ((p[0] == "time_embedding" || p[0] == "add_embedding") && p.size() >= 3) {
+        // SGM's label_emb is a Sequential(Sequential(Linear, SiLU, Linear)): SDXL's add_embedding.
+        const std::string to = p[0] == "time_embedding" ? "time_embed." : "label_emb.0.";
+        if (p[1] == "linear_1") return to + "0." + join(p, 2);
+        if (p[1] == "linear_2") return to + "2." + join(p, 2);
         return fail();
     }
     if (p[0] == "mid_block" && p.size() >= 4) {
@@ -174,63 +176,87 @@ WeightMap gather(const WeightMap& file, torch::nn::Module& module,
     return out;
 }
 
-// Open CLIP (SD 2.x `cond_stage_model.model.*`) -> HF CLIPTextModel names, q/k/v split out of in_proj. LDM's
-// FrozenOpenCLIPEmbedder uses the penultimate layer, so the last resblock is dropped (as diffusers does).
-WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::set<std::string>& used) {
+OpenClipSource open_clip_source(const std::string& hf, int64_t hidden) {
+    static const std::map<std::string, std::string> top = {
+        {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"},
+        {"text_model.embeddings.position_embedding.weight", "positional_embedding"},
+        {"text_model.final_layer_norm.weight", "ln_final.weight"},
+        {"text_model.final_layer_norm.bias", "ln_final.bias"}};
+    if (auto it = top.find(hf); it != top.end()) return {it->second};
+    if (hf == "text_projection.weight") return {"text_projection", -1, -1, true};
+    static const std::map<std::string, std::string> layer = {{"layer_norm1", "ln_1"},
+                                                             {"layer_norm2", "ln_2"},
+                                                             {"mlp.fc1", "mlp.c_fc"},
+                                                             {"mlp.fc2", "mlp.c_proj"},
+                                                             {"self_attn.out_proj", "attn.out_proj"}};
+    const std::string pre = "text_model.encoder.layers.";
+    auto p = split(hf);
+    if (hf.rfind(pre, 0) == 0 && p.size() >= 6) {
+        const std::string r = "transformer.resblocks." + std::to_string(to_int(p[3], hf)) + ".";
+        const std::string module = join(std::vector<std::string>(p.begin() + 4, p.end() - 1), 0), kind = p.back();
+        if (auto it = layer.find(module); it != layer.end()) return {r + it->second + "." + kind};
+        static const std::map<std::string, int> qkv = {
+            {"self_attn.q_proj", 0}, {"self_attn.k_proj", 1}, {"self_attn.v_proj", 2}};
+        if (auto it = qkv.find(module); it != qkv.end())
+            return {r + "attn.in_proj_" + kind, it->second * hidden, (it->second + 1) * hidden};
+    }
+    throw Error("no OpenCLIP name for text encoder tensor '" + hf + "'");
+}
+
+std::string OpenClipSource::describe() const {
+    if (row_begin >= 0) return name + "[" + std::to_string(row_begin) + ":" + std::to_string(row_end) + "]";
+    return transposed ? name + " (transposed)" : name;
+}
+
+WeightMap convert_open_clip(const WeightMap& file, const std::string& pre, std::set<std::string>& used,
+                            const OpenClipOptions& o) {
     WeightMap out;
-    auto take = [&](const std::string& from, const std::string& to) {
-        if (!file.has(pre + from)) return;
-        out.insert(to, file.get(pre + from), file.source(pre + from));
-        used.insert(pre + from);
+    if (!file.has(pre + "token_embedding.weight")) return out;
+    const int64_t hidden = file.shape(pre + "token_embedding.weight")[1];
+    auto take = [&](const std::string& hf) {
+        const OpenClipSource src = open_clip_source(hf, hidden);
+        if (!file.has(pre + src.name)) return;
+        auto t = file.get(pre + src.name);
+        if (src.row_begin >= 0) t = t.narrow(0, src.row_begin, src.row_end - src.row_begin);
+        if (src.transposed) t = t.t().contiguous();
+        out.insert(hf, t, file.source(pre + src.name));
+        used.insert(pre + src.name);
     };
-    take("token_embedding.weight", "text_model.embeddings.token_embedding.weight");
-    take("positional_embedding", "text_model.embeddings.position_embedding.weight");
-    take("ln_final.weight", "text_model.final_layer_norm.weight");
-    take("ln_final.bias", "text_model.final_layer_norm.bias");
+    for (const char* n :
+         {"text_model.embeddings.token_embedding.weight", "text_model.embeddings.position_embedding.weight",
+          "text_model.final_layer_norm.weight", "text_model.final_layer_norm.bias"})
+        take(n);
     int layers = 0;
     while (file.has(pre + "transformer.resblocks." + std::to_string(layers) + ".ln_1.weight")) ++layers;
     for (int i = 0; i < layers; ++i) {
-        const std::string r = "transformer.resblocks." + std::to_string(i) + "."; // relative to `pre`
-        const std::string h = "text_model.encoder.layers." + std::to_string(i) + ".";
-        if (i == layers - 1) { // the last resblock is not used (penultimate-layer conditioning)
+        if (i == layers - 1 && o.drop_last_layer) { // not used by penultimate-layer conditioning
             for (const auto& [n, t] : file.all())
-                if (n.rfind(pre + r, 0) == 0) used.insert(n);
+                if (n.rfind(pre + "transformer.resblocks." + std::to_string(i) + ".", 0) == 0) used.insert(n);
             break;
         }
-        take(r + "ln_1.weight", h + "layer_norm1.weight");
-        take(r + "ln_1.bias", h + "layer_norm1.bias");
-        take(r + "ln_2.weight", h + "layer_norm2.weight");
-        take(r + "ln_2.bias", h + "layer_norm2.bias");
-        take(r + "mlp.c_fc.weight", h + "mlp.fc1.weight");
-        take(r + "mlp.c_fc.bias", h + "mlp.fc1.bias");
-        take(r + "mlp.c_proj.weight", h + "mlp.fc2.weight");
-        take(r + "mlp.c_proj.bias", h + "mlp.fc2.bias");
-        take(r + "attn.out_proj.weight", h + "self_attn.out_proj.weight");
-        take(r + "attn.out_proj.bias", h + "self_attn.out_proj.bias");
-        for (const char* kind : {"weight", "bias"}) {
-            const std::string n = pre + r + "attn.in_proj_" + kind;
-            if (!file.has(n)) continue;
-            auto qkv = file.get(n).chunk(3, 0);
-            const char* names[3] = {"q_proj", "k_proj", "v_proj"};
-            for (int k = 0; k < 3; ++k)
-                out.insert(h + "self_attn." + names[k] + "." + kind, qkv[size_t(k)], file.source(n));
-            used.insert(n);
-        }
+        const std::string h = "text_model.encoder.layers." + std::to_string(i) + ".";
+        for (const char* m : {"layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2", "self_attn.out_proj",
+                              "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"})
+            for (const char* kind : {"weight", "bias"}) take(h + m + "." + kind);
     }
-    // Not part of the text encoder SD uses: projection head and logit scale.
+    if (o.projection) take("text_projection.weight");
+    // Not part of the text conditioning: the contrastive head's scale, the stored causal mask (and for SD 2.x the
+    // projection).
     for (const char* n : {"text_projection", "logit_scale", "attn_mask"})
         if (file.has(pre + n)) used.insert(pre + n);
     return out;
 }
 
-std::string ldm_name(Component component, const std::string& name, const UNetConfig& unet, const VaeConfig& vae) {
+std::string ldm_name(Component component, const std::string& name, const UNetConfig& unet, const VaeConfig& vae,
+                     SdFamily family) {
     switch (component) {
     case Component::Unet:
         return "model.diffusion_model." + unet_ldm_name(name, unet);
     case Component::Vae:
         return "first_stage_model." + vae_ldm_name(name, vae);
     case Component::TextEncoder:
-        return "cond_stage_model.transformer." + name;
+        return (family == SdFamily::SDXL ? "conditioner.embedders.0.transformer." : "cond_stage_model.transformer.") +
+               name;
     }
     throw Error("unknown component");
 }

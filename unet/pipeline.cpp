@@ -24,7 +24,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 } // namespace
 
-Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const Tensor& ctx, int,
+Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx, int,
                              const Tensor& stem) {
     return unet.forward(x, t, ctx, nullptr, stem);
 }
@@ -95,6 +95,52 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
         throw ParamError("init_image", "the VAE has " + std::to_string(m.vae->config().latent_channels) +
                                            " latent channels, the UNet " + std::to_string(unet_channels) +
                                            " input channels");
+}
+} // namespace
+
+namespace {
+// SDXL's own parameters (Txt2ImgParams: prompts_2, the micro-conditioning), refused on other families.
+void validate_sdxl(const Txt2ImgParams& p, const SDModels& m) {
+    const bool sdxl = m.unet->config().text_time();
+    const std::pair<const char*, bool> only_sdxl[] = {{"prompts_2", !p.prompts_2.empty()},
+                                                      {"negative_prompts_2", !p.negative_prompts_2.empty()},
+                                                      {"original_size", bool(p.original_size)},
+                                                      {"target_size", bool(p.target_size)},
+                                                      {"crop", p.crop != std::array<int, 2>{0, 0}},
+                                                      {"negative_original_size", bool(p.negative_original_size)},
+                                                      {"negative_target_size", bool(p.negative_target_size)},
+                                                      {"negative_crop", p.negative_crop != std::array<int, 2>{0, 0}}};
+    for (const auto& [field, given] : only_sdxl)
+        if (given && !sdxl)
+            throw ParamError(field, "is SDXL conditioning; this model is " + enum_name(sd_family_table(), m.family));
+    if (!sdxl) return;
+    for (const auto* v : {&p.original_size, &p.target_size, &p.negative_original_size, &p.negative_target_size})
+        if (*v && ((**v)[0] <= 0 || (**v)[1] <= 0))
+            throw ParamError(v == &p.original_size            ? "original_size"
+                             : v == &p.target_size            ? "target_size"
+                             : v == &p.negative_original_size ? "negative_original_size"
+                                                              : "negative_target_size",
+                             "sizes must be positive, got " + std::to_string((**v)[1]) + "x" +
+                                 std::to_string((**v)[0]));
+    for (const auto& [field, v] : {std::pair{"prompts_2", &p.prompts_2}, {"negative_prompts_2", &p.negative_prompts_2}})
+        if (v->size() > 1 && v->size() != p.prompts.size())
+            throw ParamError(field, std::to_string(v->size()) + " entries for " + std::to_string(p.prompts.size()) +
+                                        " prompts (give one for all, or one per prompt)");
+    if (p.prompt_embeds.defined()) {
+        if (!p.pooled_prompt_embeds.defined() || p.pooled_prompt_embeds.size(0) != p.prompt_embeds.size(0))
+            throw ParamError("pooled_prompt_embeds",
+                             "an SDXL UNet needs the pooled text embeddings (one row per prompt_embeds row)");
+        return;
+    }
+    if (!m.text_encoder || !m.text_encoder_2)
+        throw ParamError("prompt_embeds", "this SDXL model lacks a text encoder (text_encoder and text_encoder_2 are "
+                                          "both needed): give the text conditioning");
+    const int layers =
+        std::min(m.text_encoder->config().num_hidden_layers, m.text_encoder_2->config().num_hidden_layers);
+    if (p.clip_skip < 0 || p.clip_skip > layers - 1)
+        throw ParamError("clip_skip", "must be in [0, " + std::to_string(layers - 1) +
+                                          "] for SDXL (counted from the penultimate layer), got " +
+                                          std::to_string(p.clip_skip));
 }
 } // namespace
 
@@ -181,9 +227,12 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (!p.prompt_embeds.defined() && !m_.text_encoder)
         throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
     if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
+    validate_sdxl(p, m_);
     if (!m_.text_encoder) return;
-    if (!p.prompt_embeds.defined()) check_prompt_syntax(p.prompt_syntax, {&p.prompts, &p.negative_prompts});
-    if (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers)
+    if (!p.prompt_embeds.defined())
+        check_prompt_syntax(p.prompt_syntax, {&p.prompts, &p.negative_prompts, &p.prompts_2, &p.negative_prompts_2});
+    if (!m_.unet->config().text_time() &&
+        (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers))
         throw ParamError("clip_skip", "must be in [0, " +
                                           std::to_string(m_.text_encoder->config().num_hidden_layers - 1) + "], got " +
                                           std::to_string(p.clip_skip));
@@ -196,10 +245,14 @@ std::vector<std::string> Txt2ImgPipeline::negatives_of(const Txt2ImgParams& p) {
 }
 
 Tensor Txt2ImgPipeline::prompt_ids(const std::vector<std::string>& prompts, std::vector<std::string>* warnings) const {
-    const int max_len = m_.text_encoder->config().max_position_embeddings;
+    return prompt_ids(m_.tokenizer, m_.text_encoder->config().max_position_embeddings, prompts, warnings);
+}
+
+Tensor Txt2ImgPipeline::prompt_ids(const ClipTokenizer& tok, int max_len, const std::vector<std::string>& prompts,
+                                   std::vector<std::string>* warnings) {
     std::vector<Tensor> rows;
     for (const auto& text : prompts) {
-        auto t = m_.tokenizer.tokenize(text, max_len);
+        auto t = tok.tokenize(text, max_len);
         if (t.truncated && warnings)
             warnings->push_back("prompt has " + std::to_string(t.num_bpe_tokens) + " tokens, only the first " +
                                 std::to_string(max_len - 2) + " are used: \"" +
@@ -210,11 +263,106 @@ Tensor Txt2ImgPipeline::prompt_ids(const std::vector<std::string>& prompts, std:
 }
 
 std::vector<ChunkedPrompt> Txt2ImgPipeline::prompt_chunks(const std::vector<std::string>& prompts) const {
+    return prompt_chunks(m_.tokenizer, m_.text_encoder->config().max_position_embeddings, prompts);
+}
+
+std::vector<ChunkedPrompt> Txt2ImgPipeline::prompt_chunks(const ClipTokenizer& tok, int max_len,
+                                                          const std::vector<std::string>& prompts) {
     PromptChunkOptions o;
-    o.chunk_length = m_.text_encoder->config().max_position_embeddings - 2;
+    o.chunk_length = max_len - 2;
     std::vector<ChunkedPrompt> out;
-    for (const auto& text : prompts) out.push_back(chunk_prompt(m_.tokenizer, parse_prompt_attention(text), o));
+    for (const auto& text : prompts) out.push_back(chunk_prompt(tok, parse_prompt_attention(text), o));
     return out;
+}
+
+namespace {
+// `v` broadcast to as many entries as `fallback` the way negative_prompts is (empty: `fallback`; one entry: for
+// all).
+std::vector<std::string> broadcast(const std::vector<std::string>& v, const std::vector<std::string>& fallback) {
+    if (v.empty()) return fallback;
+    if (v.size() == 1) return std::vector<std::string>(fallback.size(), v[0]);
+    return v;
+}
+
+// One SDXL encoder's conditioning of a list of prompts. Plain: the diffusers tokenization (77 ids, truncated);
+// A1111: chunks of 75 tokens padded to `chunks`, emphasis per encoder (as A1111's per-embedder wrappers), the pooled
+// embedding of the first chunk (A1111's zs[0].pooled).
+ClipConditioning encode_sdxl_side(ClipTextModelImpl& te, const ClipTokenizer& tok,
+                                  const std::vector<std::string>& prompts, PromptSyntax syntax, int clip_skip,
+                                  size_t chunks, std::vector<std::string>* warnings) {
+    const int max_len = te.config().max_position_embeddings;
+    if (syntax == PromptSyntax::Plain)
+        return te.encode_penultimate(Txt2ImgPipeline::prompt_ids(tok, max_len, prompts, warnings), clip_skip);
+    Tensor pooled;
+    const ChunkEncoder enc = [&](const Tensor& ids) {
+        auto c = te.encode_penultimate(ids, clip_skip);
+        if (!pooled.defined()) pooled = c.pooled;
+        return c.hidden;
+    };
+    auto hidden = encode_chunked(Txt2ImgPipeline::prompt_chunks(tok, max_len, prompts), empty_chunk(tok, max_len - 2),
+                                 enc, chunks);
+    return {hidden, pooled};
+}
+} // namespace
+
+Tensor Txt2ImgPipeline::sdxl_time_ids(const Txt2ImgParams& p, int64_t images, bool cfg) const {
+    const std::array<int, 2> out{p.height, p.width};
+    auto ids = [&](const std::optional<std::array<int, 2>>& orig, const std::array<int, 2>& crop,
+                   const std::optional<std::array<int, 2>>& target) {
+        const auto o = orig.value_or(out), t = target.value_or(out);
+        return torch::tensor(std::vector<float>{float(o[0]), float(o[1]), float(crop[0]), float(crop[1]), float(t[0]),
+                                                float(t[1])})
+            .unsqueeze(0);
+    };
+    auto pos = ids(p.original_size, p.crop, p.target_size);
+    if (!cfg) return pos.repeat({images, 1});
+    auto neg = p.negative_original_size && p.negative_target_size
+                   ? ids(p.negative_original_size, p.negative_crop, p.negative_target_size)
+                   : pos;
+    return torch::cat({neg, pos}, 0).repeat({images, 1});
+}
+
+UNetCond Txt2ImgPipeline::encode_conditioning(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings) {
+    const int64_t images = int64_t(p.prompts.size()) * p.images_per_prompt;
+    if (!m_.unet->config().text_time())
+        return {p.prompt_embeds.defined() ? p.prompt_embeds : encode_prompts(p, cfg, warnings)};
+    auto time_ids = sdxl_time_ids(p, images, cfg);
+    if (p.prompt_embeds.defined()) return {p.prompt_embeds, p.pooled_prompt_embeds, time_ids};
+    torch::NoGradGuard ng;
+    auto& te1 = *m_.text_encoder;
+    auto& te2 = *m_.text_encoder_2;
+    const auto prompts_2 = broadcast(p.prompts_2, p.prompts);
+    const bool zeros = p.negative_prompts.empty() && m_.force_zeros_for_empty_prompt;
+    const auto neg = negatives_of(p), neg_2 = broadcast(p.negative_prompts_2, neg);
+    // A1111: every row of both batches padded to the same number of chunks, on both encoders.
+    size_t k = 1;
+    if (p.prompt_syntax == PromptSyntax::A1111) {
+        std::vector<const std::vector<std::string>*> lists{&p.prompts, &prompts_2};
+        if (cfg && !zeros) lists.insert(lists.end(), {&neg, &neg_2});
+        for (const auto* l : lists)
+            for (const auto& c : prompt_chunks(m_.tokenizer, te1.config().max_position_embeddings, *l))
+                k = std::max(k, c.chunks.size());
+    }
+    auto side = [&](ClipTextModelImpl& te, const ClipTokenizer& tok, const std::vector<std::string>& v, int skip) {
+        return encode_sdxl_side(te, tok, v, p.prompt_syntax, skip, k, warnings);
+    };
+    auto c1 = side(te1, m_.tokenizer, p.prompts, p.clip_skip), c2 = side(te2, m_.tokenizer_2, prompts_2, p.clip_skip);
+    auto context = torch::cat({c1.hidden, c2.hidden}, -1), pooled = c2.pooled;
+    const int64_t n = p.images_per_prompt;
+    if (n > 1) context = context.repeat_interleave(n, 0), pooled = pooled.repeat_interleave(n, 0);
+    if (!cfg) return {context, pooled, time_ids};
+    Tensor ucontext, upooled;
+    if (zeros) {
+        ucontext = torch::zeros_like(context), upooled = torch::zeros_like(pooled);
+    } else {
+        // diffusers 0.27 encodes the negative prompt with hidden_states[-2] whatever clip_skip is; A1111 skips on
+        // both sides.
+        const int skip = p.prompt_syntax == PromptSyntax::Plain ? 0 : p.clip_skip;
+        auto u1 = side(te1, m_.tokenizer, neg, skip), u2 = side(te2, m_.tokenizer_2, neg_2, skip);
+        ucontext = torch::cat({u1.hidden, u2.hidden}, -1), upooled = u2.pooled;
+        if (n > 1) ucontext = ucontext.repeat_interleave(n, 0), upooled = upooled.repeat_interleave(n, 0);
+    }
+    return {torch::cat({ucontext, context}, 0), torch::cat({upooled, pooled}, 0), time_ids};
 }
 
 Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings) {
@@ -242,7 +390,7 @@ Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::ve
     return torch::cat({uncond, cond}, 0);
 }
 
-Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, const Tensor& context, double guidance,
+Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, const UNetCond& context, double guidance,
                              bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec,
                              const Tensor& extra, int ctl_step) {
     c10::InferenceMode guard;
@@ -251,7 +399,7 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
     auto model_input = sched.scale_model_input(x, i);
     // 9-channel inpainting UNet: [scaled latents, mask, masked image latents]; only the latents are scaled.
     if (extra.defined()) model_input = torch::cat({model_input, extra.to(model_input.scalar_type())}, 1);
-    const auto dev = context.device();
+    const auto dev = context.context.device();
     auto t = torch::tensor(tv, torch::kFloat).reshape({}).to(dev);
     // .to(CPU) waits for the device: the one synchronisation per step
     auto noise_pred = ctl.predict(*m_.unet, model_input.to(dev), t, context, ctl_step < 0 ? i : ctl_step)
@@ -329,7 +477,18 @@ Tensor Txt2ImgPipeline::blend_inpaint(const InitLatents& in, const Scheduler& sc
 
 std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
     c10::InferenceMode guard;
-    auto decoded = m_.vae->decode(latents / m_.vae->config().scaling_factor).to(torch::kFloat);
+    const auto& vc = m_.vae->config();
+    Tensor decoded;
+    const auto vae_dtype = m_.vae->post_quant_conv->bias.scalar_type();
+    if (vc.force_upcast && vae_dtype != torch::kFloat) {
+        // diffusers' upcast_vae: decode in float32, then back to the VAE's dtype for the next call.
+        m_.vae->to(torch::kFloat);
+        decoded = m_.vae->decode(vc.unscale_latents(latents.to(torch::kFloat)));
+        m_.vae->to(vae_dtype);
+    } else {
+        decoded = m_.vae->decode(vc.unscale_latents(latents));
+    }
+    decoded = decoded.to(torch::kFloat);
     auto image = (decoded / 2 + 0.5).clamp(0, 1);
     auto u8 = (image.permute({0, 2, 3, 1}) * 255).round().to(torch::kUInt8).contiguous();
     return {decoded, image, u8};
@@ -375,9 +534,12 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     Txt2ImgResult r;
     const bool cfg = p.guidance_scale > 1.0;
     auto t0 = std::chrono::steady_clock::now();
-    r.prompt_embeds = p.prompt_embeds.defined() ? p.prompt_embeds : encode_prompts(p, cfg, &r.warnings);
+    const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
+    r.prompt_embeds = cond.context;
+    r.text_embeds = cond.text_embeds;
+    r.time_ids = cond.time_ids;
     r.text_s = seconds_since(t0);
-    const auto context = r.prompt_embeds.to(p.device);
+    const auto context = cond.to(p.device);
 
     SchedulerConfig sc = sched_cfg ? *sched_cfg : scheduler_config();
     if (p.schedule) sc.schedule = p.schedule;

@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -46,6 +47,14 @@ struct Txt2ImgParams {
     // to another sampler it is a ParamError (effective_eta).
     std::optional<double> eta;
     int clip_skip = 0;
+    // SDXL (diffusers StableDiffusionXLPipeline): the prompts of the second text encoder; empty = prompts (and
+    // negative_prompts_2 empty = negative_prompts), broadcast like them.
+    std::vector<std::string> prompts_2, negative_prompts_2;
+    // SDXL micro-conditioning (Podell et al. 2023, "SDXL", sec. 2.2), in diffusers' order: sizes (height, width),
+    // crop (top, left). Unset sizes: the output size. The negative ones apply only when both negative sizes are
+    // given, as in diffusers; otherwise the unconditional rows get the same time ids.
+    std::optional<std::array<int, 2>> original_size, target_size, negative_original_size, negative_target_size;
+    std::array<int, 2> crop{0, 0}, negative_crop{0, 0};
     // How the prompt text is read (unet/prompt_syntax.h): A1111 emphasis, BREAK and chunks of 75 tokens (the default,
     // as stable-diffusion.cpp), or plain = diffusers (the text as is, truncated to 75 tokens). A prompt without
     // emphasis or BREAK of at most 75 tokens gets the same embeddings in both.
@@ -57,7 +66,8 @@ struct Txt2ImgParams {
     // Given text conditioning ([uncond rows; cond rows] with guidance): the text encoder is not used (a random-weight
     // UNet benchmark has none).
     torch::Tensor prompt_embeds;
-    bool decode = true; // false: stop at the final latents (no VAE needed)
+    torch::Tensor pooled_prompt_embeds; // SDXL with prompt_embeds: the pooled embeddings, rows as prompt_embeds
+    bool decode = true;                 // false: stop at the final latents (no VAE needed)
     // img2img (an init image) and inpaint (an init image and a mask), diffusers' StableDiffusionImg2ImgPipeline /
     // StableDiffusionInpaintPipeline: the loop runs the last steps of the schedule (strength), from the noised VAE
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
@@ -77,7 +87,7 @@ public:
     // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
     // Every override declares the same default.
     virtual torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& model_input,
-                                  const torch::Tensor& timestep, const torch::Tensor& context, int step,
+                                  const torch::Tensor& timestep, const UNetCond& context, int step,
                                   const torch::Tensor& stem = {}) = 0;
     // Whether step `step` ran the full UNet (for logs/JSON); controllers without a cache always do.
     virtual bool last_step_was_full() const { return true; }
@@ -88,7 +98,7 @@ class FullDenoiser : public DenoiseController {
 public:
     std::string name() const override { return "none"; }
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const torch::Tensor& ctx, int step, const torch::Tensor& stem = {}) override;
+                          const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
 };
 
 // Everything a step produced (for golden checks and debugging).
@@ -122,11 +132,12 @@ struct ProgressInfo {
 
 struct Txt2ImgResult {
     torch::Tensor initial_noise, initial_latents, prompt_embeds, final_latents;
-    InitLatents init;                  // img2img / inpaint only
-    torch::Tensor decoded;             // raw VAE output [B,3,H,W]
-    torch::Tensor image;               // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
-    torch::Tensor image_uint8;         // round(image*255) NHWC uint8 [B,H,W,3]
-    std::vector<std::string> warnings; // e.g. prompt truncation
+    torch::Tensor text_embeds, time_ids; // SDXL: the UNet's added conditioning as the loop used it (CFG rows)
+    InitLatents init;                    // img2img / inpaint only
+    torch::Tensor decoded;               // raw VAE output [B,3,H,W]
+    torch::Tensor image;                 // (decoded/2+0.5).clamp(0,1), float [B,3,H,W]
+    torch::Tensor image_uint8;           // round(image*255) NHWC uint8 [B,H,W,3]
+    std::vector<std::string> warnings;   // e.g. prompt truncation
     // The schedule the loop ran (effective_schedule) and its eta (effective_eta; none for samplers without a noise
     // term).
     NoiseSchedule schedule = NoiseSchedule::Default;
@@ -159,18 +170,32 @@ public:
     // syntax: [rows, 77 * k, D], k the most chunks of any prompt or negative prompt (the others padded with the
     // encoding of an empty chunk, A1111's pad_cond_uncond), nothing truncated.
     torch::Tensor encode_prompts(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings);
+    // Everything the UNet is conditioned on, rows as encode_prompts. SDXL (diffusers encode_prompt): both encoders'
+    // hidden states (ClipConditioning) concatenated, the pooled embedding of the second; without a negative prompt
+    // and with SDXModels::force_zeros_for_empty_prompt, zeros for the unconditional rows. The time ids of
+    // sdxl_time_ids. Given p.prompt_embeds (and p.pooled_prompt_embeds): those.
+    UNetCond encode_conditioning(const Txt2ImgParams& p, bool cfg, std::vector<std::string>* warnings);
+    // SDXL's add_time_ids for `images` images of p (resolved): [original size, crop, target size] per row; with CFG
+    // cat([negative, positive]).repeat(images, 1), which is diffusers 0.27's row order (for images > 1 with distinct
+    // negative ids it pairs rows differently from the embeddings; kept to give the reference's results).
+    torch::Tensor sdxl_time_ids(const Txt2ImgParams& p, int64_t images, bool cfg) const;
     // The negative prompt of every prompt of p (p.negative_prompts broadcast; "" when empty).
     static std::vector<std::string> negatives_of(const Txt2ImgParams& p);
     // Token ids of the prompts of p, [B, 77] (what diffusers' tokenizer returns).
     torch::Tensor prompt_ids(const std::vector<std::string>& prompts,
                              std::vector<std::string>* warnings = nullptr) const;
+    // The same with another tokenizer (SDXL's tokenizer_2) and window.
+    static torch::Tensor prompt_ids(const ClipTokenizer& tok, int max_len, const std::vector<std::string>& prompts,
+                                    std::vector<std::string>* warnings);
     // The A1111 chunks of every prompt (parse_prompt_attention + chunk_prompt with this model's tokenizer).
     std::vector<ChunkedPrompt> prompt_chunks(const std::vector<std::string>& prompts) const;
+    static std::vector<ChunkedPrompt> prompt_chunks(const ClipTokenizer& tok, int max_len,
+                                                    const std::vector<std::string>& prompts);
     // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
     // `extra`: channels appended to the scaled model input (a 9-channel UNet's [mask, masked image latents], CFG
     // rows); `ctl_step`: the step number the controller sees (the loop's own count, from 0; -1 = i).
-    torch::Tensor step(Scheduler& sched, int i, const torch::Tensor& latents, const torch::Tensor& context,
-                       double guidance, bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec,
+    torch::Tensor step(Scheduler& sched, int i, const torch::Tensor& latents, const UNetCond& context, double guidance,
+                       bool cfg, DenoiseController& ctl, torch::Generator& gen, StepRecord* rec,
                        const torch::Tensor& extra = {}, int ctl_step = -1);
     // img2img / inpaint: the begin index set on `sched` (set_timesteps done), the generator drawn from exactly as
     // diffusers does: [init image posterior sample] -> noise -> [masked image posterior sample]. `p` resolved.

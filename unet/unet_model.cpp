@@ -200,24 +200,36 @@ Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, 
         proj_out_conv = register_module("proj_out", conv(inner, channels, 1, 1, 0));
 }
 
-Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context) {
+Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, const Tap& tap) {
+    static const char* const kBlockNames[] = {"transformer_blocks.0", "transformer_blocks.1", "transformer_blocks.2",
+                                              "transformer_blocks.3", "transformer_blocks.4", "transformer_blocks.5",
+                                              "transformer_blocks.6", "transformer_blocks.7", "transformer_blocks.8",
+                                              "transformer_blocks.9"};
     const int64_t B = x.size(0), H = x.size(2), W = x.size(3);
     auto h = norm->forward(x);
+    if (tap) tap("norm", h);
     int64_t inner;
     if (!linear_projection) {
         h = perf::conv2d(proj_in_conv, h, fast);
+        if (tap) tap("proj_in", h);
         inner = h.size(1);
         h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner});
     } else {
         inner = h.size(1);
         h = kernels::linear(proj_in_linear, h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}));
+        if (tap) tap("proj_in", h);
     }
-    for (auto& blk : blocks) h = blk->forward(h, context);
+    for (size_t d = 0; d < blocks.size(); ++d) {
+        h = blocks[d]->forward(h, context);
+        if (tap && d < std::size(kBlockNames)) tap(kBlockNames[d], h);
+    }
     if (!linear_projection) {
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
         h = perf::conv2d(proj_out_conv, h, fast);
+        if (tap) tap("proj_out", h);
     } else {
         h = kernels::linear(proj_out_linear, h);
+        if (tap) tap("proj_out", h);
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
     }
     return perf::reference_add(h, x, h, fast);
@@ -258,7 +270,16 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& sou
     for (const auto& t : c.up_block_types)
         if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") f.fail("up block '" + t + "' is not supported");
     f.reject("class_embed_type", "class-conditioned UNets");
-    f.reject("addition_embed_type", "SDXL-style added conditions");
+    if (f.has("addition_embed_type")) {
+        if (f.get_string("addition_embed_type", "text_time") != "text_time")
+            f.fail("addition_embed_type", "other than 'text_time' (SDXL) is not supported",
+                   f.json().at("addition_embed_type"));
+        c.addition_time_embed_dim = f.get_int("addition_time_embed_dim", 256);
+        c.projection_class_embeddings_input_dim = f.get_int("projection_class_embeddings_input_dim", 0);
+        if (c.addition_time_embed_dim <= 0 || c.projection_class_embeddings_input_dim <= 0)
+            f.fail("addition_embed_type 'text_time' needs positive addition_time_embed_dim and "
+                   "projection_class_embeddings_input_dim");
+    }
     f.reject("time_cond_proj_dim", "LCM guidance embedding");
     f.reject("encoder_hid_dim", "projected encoder states");
     f.reject("dual_cross_attention", "dual cross attention");
@@ -341,6 +362,16 @@ std::string UNetConfig::describe() const {
 
 // ---- UNet --------------------------------------------------------------------------------------------------------
 
+UNetCond UNetCond::to(const torch::Device& d) const {
+    auto mv = [&](const Tensor& t) { return t.defined() ? t.to(d) : t; };
+    return {mv(context), mv(text_embeds), mv(time_ids)};
+}
+
+UNetCond UNetCond::index_select(const Tensor& idx) const {
+    auto sel = [&](const Tensor& t) { return t.defined() ? t.index_select(0, idx.to(t.device())) : t; };
+    return {sel(context), sel(text_embeds), sel(time_ids)};
+}
+
 Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift) {
     const int64_t half = dim / 2;
     // Same float32 operation order as diffusers' get_timestep_embedding.
@@ -373,6 +404,9 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c
     const double eps = c.norm_eps;
     conv_in = register_module("conv_in", conv(c.in_channels, ch0, 3));
     time_embedding = register_module("time_embedding", TimestepEmbedding(ch0, temb));
+    if (c.text_time())
+        add_embedding =
+            register_module("add_embedding", TimestepEmbedding(c.projection_class_embeddings_input_dim, temb));
     // Layer j of a level: a resnet (in -> out) and, on a cross-attention level, its transformer.
     auto add_layer = [&](UNetBlockImpl& b, int64_t in, int64_t out, bool attn, int heads, int depth) {
         if (b.res.empty()) b.resnets = b.register_module("resnets", torch::nn::ModuleList());
@@ -477,9 +511,9 @@ UNet2DConditionModelImpl::ContextKvScope::~ContextKvScope() {
     for (auto* a : attn_) a->set_context_kv_reuse(false);
 }
 
-Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                          FeatureObserver* features, const Tensor& stem) {
-    return run(sample, timestep, context, features, -1, Tensor(), stem);
+    return run(sample, timestep, cond, features, -1, Tensor(), stem);
 }
 
 Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
@@ -487,13 +521,13 @@ Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
     return perf::conv2d(conv_in, sample.to(conv_in->bias.scalar_type()), fast);
 }
 
-Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                                  int branch, const Tensor& cached_feature, const Tensor& stem) {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
                     ")");
     if (!cached_feature.defined()) throw Error("DeepCache shallow step without a cached feature");
-    return run(sample, timestep, context, nullptr, branch, cached_feature, stem);
+    return run(sample, timestep, cond, nullptr, branch, cached_feature, stem);
 }
 
 std::vector<UNet2DConditionModelImpl::DownLayer> UNet2DConditionModelImpl::down_layers() const {
@@ -517,7 +551,7 @@ std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_laye
     return out;
 }
 
-Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const Tensor& context,
+Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                      FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
@@ -525,20 +559,49 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());
     const int64_t B = sample.size(0);
     auto x = sample.to(dtype);
-    auto ctx = context.to(dtype);
+    auto ctx = cond.context.to(dtype);
     auto t = timestep.dim() == 0 ? timestep.reshape({1}) : timestep;
     if (t.size(0) == 1 && B != 1) t = t.expand({B});
     TORCH_CHECK(t.dim() == 1 && t.size(0) == B, "UNet timestep must be 0-dim or [", B, "], got ", timestep.sizes());
     auto emit = [obs](FeatureKind k, int block, int index, const Tensor& v) {
         if (obs) obs->on_feature({k, block, index}, v);
     };
+    // An attention layer, its submodules reported too when someone observes.
+    auto attention = [&](Transformer2DModel& a, const Tensor& in, FeatureKind k, int block, int index) {
+        Transformer2DModelImpl::Tap tap;
+        if (obs) tap = [&](const char* part, const Tensor& v) { obs->on_feature({k, block, index, part}, v); };
+        auto out = a->forward(in, ctx, tap);
+        emit(k, block, index, out);
+        return out;
+    };
 
     auto tproj = timestep_embedding(t.to(x.device()), cfg_.block_out_channels[0], cfg_.flip_sin_to_cos, cfg_.freq_shift)
                      .to(dtype);
     auto temb = time_embedding->forward(tproj);
-    auto temb_act = torch::silu(temb); // every resnet applies silu to temb first: do it once
     emit(FeatureKind::TimeProj, -1, -1, tproj);
     emit(FeatureKind::TimeEmbedding, -1, -1, temb);
+    if (add_embedding) {
+        // diffusers UNet2DConditionModel.get_aug_embed, "text_time": every time id embedded on its own.
+        if (!cond.text_embeds.defined() || !cond.time_ids.defined())
+            throw Error("SDXL UNet: the conditioning lacks text_embeds (pooled text embedding) and time_ids "
+                        "(micro-conditioning)");
+        const int64_t want = cfg_.projection_class_embeddings_input_dim;
+        const int64_t got = cond.text_embeds.size(-1) + cond.time_ids.size(-1) * cfg_.addition_time_embed_dim;
+        if (cond.text_embeds.dim() != 2 || cond.time_ids.dim() != 2 || cond.text_embeds.size(0) != B ||
+            cond.time_ids.size(0) != B || got != want)
+            throw Error("SDXL UNet: text_embeds " + shape_str(cond.text_embeds.sizes().vec()) + " and time_ids " +
+                        shape_str(cond.time_ids.sizes().vec()) + " do not give add_embedding's input [" +
+                        std::to_string(B) + ", " + std::to_string(want) + "]");
+        auto ids = cond.time_ids.to(x.device(), torch::kFloat).flatten();
+        auto tids = timestep_embedding(ids, cfg_.addition_time_embed_dim, cfg_.flip_sin_to_cos, cfg_.freq_shift);
+        emit(FeatureKind::AddTimeProj, -1, -1, tids);
+        auto add_in = torch::cat({cond.text_embeds.to(x.device(), torch::kFloat), tids.reshape({B, -1})}, -1);
+        auto aug = add_embedding->forward(add_in.to(dtype));
+        emit(FeatureKind::AddEmbedding, -1, -1, aug);
+        temb = temb + aug;
+        emit(FeatureKind::TembPlusAug, -1, -1, temb);
+    }
+    auto temb_act = torch::silu(temb); // every resnet applies silu to temb first: do it once
 
     if (stem.defined()) {
         const std::vector<int64_t> want{B, conv_in->weight.size(0), x.size(2), x.size(3)};
@@ -561,8 +624,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
             h = d->res[size_t(l.index)]->forward(h, temb_act);
             emit(FeatureKind::DownResnet, l.block, l.index, h);
             if (!d->attn.empty()) {
-                h = d->attn[size_t(l.index)]->forward(h, ctx);
-                emit(FeatureKind::DownAttention, l.block, l.index, h);
+                h = attention(d->attn[size_t(l.index)], h, FeatureKind::DownAttention, l.block, l.index);
             }
         }
         skips.push_back(h);
@@ -576,8 +638,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
         h = mid_block->res[0]->forward(h, temb_act);
         emit(FeatureKind::MidResnet, -1, 0, h);
         for (size_t j = 0; j < mid_block->attn.size(); ++j) {
-            h = mid_block->attn[j]->forward(h, ctx);
-            emit(FeatureKind::MidAttention, -1, int(j), h);
+            h = attention(mid_block->attn[j], h, FeatureKind::MidAttention, -1, int(j));
             h = mid_block->res[j + 1]->forward(h, temb_act);
             emit(FeatureKind::MidResnet, -1, int(j) + 1, h);
         }
@@ -595,8 +656,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
         h = u->res[size_t(l.index)]->forward(h, temb_act);
         emit(FeatureKind::UpResnet, l.block, l.index, h);
         if (!u->attn.empty()) {
-            h = u->attn[size_t(l.index)]->forward(h, ctx);
-            emit(FeatureKind::UpAttention, l.block, l.index, h);
+            h = attention(u->attn[size_t(l.index)], h, FeatureKind::UpAttention, l.block, l.index);
         }
         if (!l.last_in_block) continue;
         if (u->up) {
@@ -632,11 +692,18 @@ bool FeatureId::inner() const {
 
 std::string FeatureId::name() const {
     const std::string b = std::to_string(block), i = std::to_string(index);
+    if (part) return FeatureId{kind, block, index}.name() + "." + part;
     switch (kind) {
     case FeatureKind::TimeProj:
         return "time_proj";
     case FeatureKind::TimeEmbedding:
         return "time_embedding";
+    case FeatureKind::AddTimeProj:
+        return "add_time_proj";
+    case FeatureKind::AddEmbedding:
+        return "add_embedding";
+    case FeatureKind::TembPlusAug:
+        return "temb_plus_aug";
     case FeatureKind::ConvIn:
         return "conv_in";
     case FeatureKind::DownResnet:

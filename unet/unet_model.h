@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -113,7 +114,9 @@ TORCH_MODULE(BasicTransformerBlock);
 struct Transformer2DModelImpl : torch::nn::Module, perf::FastPaths {
     Transformer2DModelImpl(int64_t channels, int64_t heads, int64_t depth, int64_t context_dim, int64_t groups,
                            bool linear_projection);
-    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
+    // `tap`, when given, sees the output of each submodule by its name (FeatureId::part).
+    using Tap = std::function<void(const char* part, const torch::Tensor&)>;
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context, const Tap& tap = {});
     torch::nn::GroupNorm norm{nullptr};
     torch::nn::Conv2d proj_in_conv{nullptr}, proj_out_conv{nullptr};
     torch::nn::Linear proj_in_linear{nullptr}, proj_out_linear{nullptr};
@@ -145,6 +148,13 @@ struct UNetConfig {
     bool flip_sin_to_cos = true;
     double freq_shift = 0.0;
     bool mid_block = true; // UNetMidBlock2DCrossAttn (false: mid_block_type null)
+    // SDXL's added conditioning (diffusers addition_embed_type "text_time"; Podell et al. 2023, "SDXL", sec. 2.2):
+    // each micro-conditioning value embedded sinusoidally to addition_time_embed_dim, concatenated after the pooled
+    // text embedding (projection_class_embeddings_input_dim = pooled width + n_values * addition_time_embed_dim)
+    // and mapped by add_embedding to the time-embedding width, where it is added. 0: none (SD 1.x / 2.x).
+    int addition_time_embed_dim = 0;
+    int projection_class_embeddings_input_dim = 0;
+    bool text_time() const { return addition_time_embed_dim > 0; }
 
     // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
     static UNetConfig from_json(const nlohmann::json& j, const std::string& source = "UNet config");
@@ -165,6 +175,20 @@ struct UNetConfig {
     std::string describe() const;
 };
 
+// What the UNet is conditioned on besides the timestep. SD 1.x / 2.x: the text context [B, T, D] of the
+// cross-attentions (a Tensor converts to it). SDXL (UNetConfig::text_time): also the pooled text embedding
+// text_embeds [B, P] and the micro-conditioning time_ids [B, k] (original size, crop top-left, target size; k = 6).
+struct UNetCond {
+    UNetCond() = default;
+    UNetCond(torch::Tensor ctx) : context(std::move(ctx)) {} // NOLINT(google-explicit-constructor): the SD 1.x case
+    UNetCond(torch::Tensor ctx, torch::Tensor text, torch::Tensor ids)
+        : context(std::move(ctx)), text_embeds(std::move(text)), time_ids(std::move(ids)) {}
+    torch::Tensor context, text_embeds, time_ids;
+    UNetCond to(const torch::Device& d) const;
+    // Rows `idx` of every tensor (a per-image slice of a CFG batch).
+    UNetCond index_select(const torch::Tensor& idx) const;
+};
+
 // An intermediate tensor of the UNet forward. name() is its diffusers module path as in
 // tests/golden/sd/unet_sd15_tiny: time_proj, time_embedding, conv_in, down_blocks.i.hidden,
 // down_blocks.i.res_samples.k, mid_block, up_blocks.i, conv_norm_out, conv_out, and the per-layer (inner()) features
@@ -174,6 +198,9 @@ struct UNetConfig {
 enum class FeatureKind {
     TimeProj,
     TimeEmbedding,
+    AddTimeProj,  // SDXL: the sinusoidal embedding of the flattened time ids [B * k, addition_time_embed_dim]
+    AddEmbedding, // SDXL: add_embedding(cat(text_embeds, time embeds)) [B, temb]
+    TembPlusAug,  // SDXL: time_embedding + add_embedding, what every resnet gets
     ConvIn,
     DownResnet,
     DownAttention,
@@ -193,8 +220,11 @@ enum class FeatureKind {
 };
 struct FeatureId {
     FeatureKind kind;
-    int block = -1;     // down/up block (-1: none)
-    int index = -1;     // layer within the block, res sample, mid layer, or skip (UpSkipInput)
+    int block = -1; // down/up block (-1: none)
+    int index = -1; // layer within the block, res sample, mid layer, or skip (UpSkipInput)
+    // Inside an attention (Down/Mid/UpAttention): the Transformer2DModel's submodule, "norm", "proj_in",
+    // "transformer_blocks.k", "proj_out"; null for the attention's output.
+    const char* part = nullptr;
     bool inner() const; // a per-layer feature (resnets, attentions, samplers)
     std::string name() const;
 };
@@ -265,14 +295,13 @@ public:
     // sample [B, C, H, W]; timestep: 0-dim (broadcast) or [B], integer or floating; context [B, T, D].
     // `stem`, when given, is conv_in(sample) as stem() computes it: a cache probe that has looked at it already hands
     // it over instead of the UNet computing it a second time.
-    torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
+    torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
                           FeatureObserver* features = nullptr, const torch::Tensor& stem = {});
     // DeepCache shallow path for `branch` B: conv_in, time embedding, the down layers producing skips 0..B, then only
     // the up layers consuming skips B..0, starting from `cached_feature` (the full forward's UpSkipInput of skip B,
     // see SkipFeatureCapture). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
-    torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep,
-                                  const torch::Tensor& context, int branch, const torch::Tensor& cached_feature,
-                                  const torch::Tensor& stem = {});
+    torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
+                                  int branch, const torch::Tensor& cached_feature, const torch::Tensor& stem = {});
     // conv_in(sample) exactly as the forwards compute it (the first skip tensor; what the cache probes look at).
     torch::Tensor stem(const torch::Tensor& sample);
     // Number of skip tensors (conv_in + every down layer + every downsampler): valid branches are 0..n-1.
@@ -301,13 +330,14 @@ public:
 
     torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
     TimestepEmbedding time_embedding{nullptr};
+    TimestepEmbedding add_embedding{nullptr}; // SDXL text_time conditioning (UNetConfig::text_time)
     torch::nn::ModuleList down_blocks, up_blocks;
     UNetMidBlock mid_block{nullptr};
     torch::nn::GroupNorm conv_norm_out{nullptr};
     std::vector<UNetBlock> downs, ups;
 
 private:
-    torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const torch::Tensor& context,
+    torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
                       FeatureObserver* obs, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem);
     // The forward as a walk over layers: each down layer produces one skip (skip 0 is conv_in's output), each up
     // layer consumes one, last skip first. A DeepCache shallow step walks the down layers producing skips 1..B and

@@ -41,8 +41,29 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& sourc
     for (const char* k : {"down_block_types", "up_block_types"})
         for (const auto& t : f.get_string_list(k, {}))
             if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D") f.fail("block type '" + t + "' is not supported");
-    f.reject("latents_mean", "latents_mean/latents_std normalisation");
+    if (f.has("force_upcast") && f.json().at("force_upcast").is_boolean())
+        c.force_upcast = f.json().at("force_upcast").get<bool>();
+    for (auto [key, v] : {std::pair{"latents_mean", &c.latents_mean}, std::pair{"latents_std", &c.latents_std}}) {
+        if (!f.has(key) || f.json().at(key).is_null()) continue;
+        const auto& a = f.json().at(key);
+        if (!a.is_array() || a.size() != size_t(c.latent_channels))
+            f.fail(key, "must be a list of " + std::to_string(c.latent_channels) + " numbers (latent_channels)", a);
+        for (const auto& x : a) {
+            if (!x.is_number()) f.fail(key, "must be a list of numbers", a);
+            v->push_back(x.get<double>());
+        }
+    }
+    if (c.latents_mean.empty() != c.latents_std.empty())
+        f.fail("latents_mean and latents_std must be given together (diffusers uses them only as a pair)");
     return c;
+}
+
+torch::Tensor VaeConfig::unscale_latents(const torch::Tensor& z) const {
+    if (latents_mean.empty()) return z / scaling_factor;
+    const auto o = torch::TensorOptions().dtype(z.scalar_type()).device(z.device());
+    auto mean = torch::tensor(latents_mean, torch::kDouble).to(o).view({1, -1, 1, 1});
+    auto stdv = torch::tensor(latents_std, torch::kDouble).to(o).view({1, -1, 1, 1});
+    return z * stdv / scaling_factor + mean;
 }
 
 VaeConfig VaeConfig::from_json_file(const std::string& path) {

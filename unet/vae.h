@@ -28,6 +28,14 @@ struct VaeConfig {
     int layers_per_block = 2;
     int norm_num_groups = 32;
     double scaling_factor = 0.18215;
+    // SDXL's VAE overflows in float16: decode in float32 whatever the compute dtype (diffusers' force_upcast).
+    bool force_upcast = false;
+    // Per-channel latent statistics (diffusers latents_mean / latents_std, e.g. SDXL-derived VAEs that have them):
+    // latents are denormalised as z * std / scaling_factor + mean before decoding. Empty: none.
+    std::vector<double> latents_mean, latents_std;
+    // The VAE-space latents of the sampler's latents (decode input): z / scaling_factor, or with the statistics
+    // z * std / scaling_factor + mean.
+    torch::Tensor unscale_latents(const torch::Tensor& z) const;
 
     static VaeConfig from_json(const nlohmann::json& j, const std::string& source = "VAE config");
     static VaeConfig from_json_file(const std::string& path);

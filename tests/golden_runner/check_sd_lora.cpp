@@ -8,6 +8,7 @@
 #include "cache/io/weight_map.h"
 #include "tests/golden_runner/runner.h"
 #include "tests/sd_lora_golden.h"
+#include "tests/sdxl_golden.h"
 #include "unet/checkpoint.h"
 #include "unet/lora.h"
 
@@ -88,85 +89,81 @@ SDModels load_base(const Case& c) {
     return m;
 }
 
-// SDXL: no UNet of this build can hold the weights, so the targets are the stored tensors themselves (names and
-// shapes are all the matching needs).
-LoraTargets sdxl_targets(const Case& c) {
-    LoraTargets t;
-    for (const auto& comp : {LoraComponent::Unet, LoraComponent::TextEncoder, LoraComponent::TextEncoder2}) {
-        const auto w = WeightMap::load((c.sdxl_root / enum_name(lora_component_table(), comp)).string());
-        t.parts.push_back({comp, w.all(), nullptr});
-    }
-    return t;
-}
-
 fs::path lora_file(const Case& c, const std::string& name) {
     return sdgolden::lora_case_file(c.dir, c.targets, name);
 }
 
-// SDXL's two text encoders with one LoRA merged (the UNet part only takes the file's UNet tensors, on copies of
-// the stored weights): text_encoder = HF CLIPTextModel, text_encoder_2 = CLIPTextModelWithProjection, whose
-// text_projection is kept beside the model.
-struct SdxlText {
-    ClipTextModel te1{nullptr}, te2{nullptr};
-    torch::Tensor projection;
-};
-SdxlText sdxl_text_with(const Case& c, const LoraSpec& lora) {
-    SdxlText t;
-    const fs::path te1 = c.sdxl_root / "text_encoder", te2 = c.sdxl_root / "text_encoder_2";
-    t.te1 = load_text_encoder_folder(te1.string());
-    auto w2 = WeightMap::load(te2.string());
-    t.projection = w2.get("text_projection.weight").to(torch::kFloat).clone();
-    t.te2 = ClipTextModel(ClipTextConfig::from_json_file((te2 / "config.json").string()));
-    t.te2->load(w2.renamed([](const std::string& n) { return n == "text_projection.weight" ? "" : n; }));
-    t.te2->eval();
-    LoraTargets targets;
-    LoraTargets::Part unet{LoraComponent::Unet, {}, nullptr};
-    const auto unet_file = WeightMap::load((c.sdxl_root / "unet").string()); // named: .all() is a reference into it
-    for (const auto& [n, v] : unet_file.all()) unet.weights[n] = v.to(torch::kFloat).clone();
-    targets.parts.push_back(std::move(unet));
-    const std::vector<std::pair<ClipTextModel*, LoraComponent>> text = {{&t.te1, LoraComponent::TextEncoder},
-                                                                        {&t.te2, LoraComponent::TextEncoder2}};
-    for (const auto& [m, comp] : text) {
-        LoraTargets::Part p{comp, {}, nullptr};
-        for (const auto& np : (*m)->named_parameters(true)) p.weights[np.key()] = np.value();
-        targets.parts.push_back(std::move(p));
-    }
-    merge_loras(targets, {lora});
-    return t;
-}
-
-// SDXL: each LoRA alone at single_multiplier through both text encoders (penultimate hidden states, te2's pooled
-// text_embeds = text_projection(final_layer_norm(last)[argmax ids]), prompt_embeds = their concatenation); the UNet
-// output needs an SDXL UNet.
-void check_sdxl_text_outputs(const Case& c, const std::string& name, Stats& st) {
+// SDXL: each LoRA alone at single_multiplier, merged into the base pipeline (sdxl_tiny): both text encoders on the
+// stored ids (penultimate hidden states, te2's pooled text_embeds, prompt_embeds = their concatenation) and the UNet
+// call a of the base folder's inputs with its added conditioning.
+void check_sdxl_outputs(const Case& c, const std::string& name, Stats& st) {
     const double mult = c.golden.at("single_multiplier").get<double>();
     const auto& inputs = c.golden.at("inputs");
     require_known_keys(inputs, {"unet", "text_encoders"}, "golden.json inputs");
-    const auto [file, names] = input_spec(c.dir, inputs.at("text_encoders"), "text_encoders");
-    if (names.size() != 2) throw Error("golden.json inputs.text_encoders: expected te1 and te2 input ids");
-    auto in = WeightMap::load(file.string());
-    auto t = sdxl_text_with(c, {lora_file(c, name).string(), mult});
+    const auto [tfile, tnames] = input_spec(c.dir, inputs.at("text_encoders"), "text_encoders");
+    const auto [ufile, unames] = input_spec(c.dir, inputs.at("unet"), "unet");
+    if (tnames.size() != 2) throw Error("golden.json inputs.text_encoders: expected te1 and te2 input ids");
+    if (unames.size() != 5)
+        throw Error(
+            "golden.json inputs.unet: expected sample, timesteps, encoder_hidden_states, text_embeds, time_ids");
+    LoadOptions o;
+    o.loras = {{lora_file(c, name).string(), mult}};
+    SDModels m = load_sd_models(c.sdxl_root.string(), o);
+    auto tin = WeightMap::load(tfile.string()), uin = WeightMap::load(ufile.string());
     auto out = WeightMap::load((c.dir / "golden_outputs.safetensors").string());
     c10::InferenceMode guard;
-    const auto ids1 = in.get(names[0]), ids2 = in.get(names[1]);
-    const auto o1 = t.te1->forward(ids1);
-    const auto o2 = t.te2->forward(ids2);
-    const auto p1 = o1.hidden_states.at(o1.hidden_states.size() - 2),
-               p2 = o2.hidden_states.at(o2.hidden_states.size() - 2);
-    const auto eos = ids2.argmax(-1);
-    const auto pooled = o2.last_hidden_state.index({torch::arange(ids2.size(0)), eos});
-    const std::map<std::string, torch::Tensor> ours = {{"text_encoder.penultimate_hidden_state", p1},
-                                                       {"text_encoder_2.penultimate_hidden_state", p2},
-                                                       {"text_encoder_2.text_embeds", pooled.matmul(t.projection.t())},
-                                                       {"prompt_embeds", torch::cat({p1, p2}, -1)}};
+    const auto c1 = m.text_encoder->encode_penultimate(tin.get(tnames[0]));
+    const auto c2 = m.text_encoder_2->encode_penultimate(tin.get(tnames[1]));
+    const UNetCond cond{uin.get(unames[2]), uin.get(unames[3]), uin.get(unames[4])};
+    const std::map<std::string, torch::Tensor> ours = {
+        {"text_encoder.penultimate_hidden_state", c1.hidden},
+        {"text_encoder_2.penultimate_hidden_state", c2.hidden},
+        {"text_encoder_2.text_embeds", c2.pooled},
+        {"prompt_embeds", torch::cat({c1.hidden, c2.hidden}, -1)},
+        {"unet.out", m.unet->forward(uin.get(unames[0]), uin.get(unames[1]), cond)}};
     for (const auto& key : out.names()) {
         if (key.rfind(name + ".", 0) != 0) continue;
         const std::string what = key.substr(name.size() + 1);
         if (ours.count(what))
             st.check(key, ours.at(what), out.get(key), kOutAtol, kOutRtol);
-        else if (what != "unet.out")
+        else
             st.fail("golden output '" + key + "' is not understood by this checker");
     }
+}
+
+// SDXL: the txt2img run with golden.json's pair merged, golden.json "pipeline" "settings" + its run keys, the base
+// folder's scheduler.
+std::vector<CaseResult> check_sdxl_pair_run(const Case& c, const std::string& rel) {
+    const auto& pl = c.golden.at("pipeline");
+    const std::string run = pl.at("run").get<std::string>();
+    CaseResult tf, fr;
+    tf.name = rel + ":" + run + ":teacher-forced";
+    fr.name = rel + ":" + run + ":free-running";
+    try {
+        require_known_keys(pl,
+                           {"run", "settings", "negative_prompt", "timesteps", "png", "same_settings_as",
+                            "max_abs_diff_final_latents_vs_no_lora_rel", "initial_noise_equals_sdxl_tiny"},
+                           "golden.json pipeline");
+        nlohmann::json pipeline = pl.at("settings");
+        pipeline["runs"][run] = {{"negative_prompt", pl.value("negative_prompt", nlohmann::json())}};
+        if (pl.contains("timesteps")) pipeline["runs"][run]["timesteps"] = pl["timesteps"];
+        LoadOptions o;
+        o.loras = sdgolden::lora_pair(c.dir, c.golden, c.targets);
+        SDModels m = load_sd_models(c.sdxl_root.string(), o);
+        for (const auto& cmp : sdgolden::compare_sdxl_run(m, pipeline, run, c.dir / (run + ".safetensors"))) {
+            auto& st = cmp.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats;
+            if (cmp.kind == sdgolden::Comparison::Exact)
+                st.check_equal(cmp.what, cmp.actual, cmp.golden);
+            else if (cmp.kind == sdgolden::Comparison::RelMax)
+                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol * cmp.golden.abs().max().item<double>(), 0.0);
+            else
+                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol, cmp.rtol);
+        }
+    } catch (const std::exception& e) {
+        tf.stats.fail(std::string("exception: ") + e.what());
+        fr.stats.fail(std::string("exception: ") + e.what());
+    }
+    return {tf, fr};
 }
 
 // The file's modules against merge_deltas (multiplier 1) and targets.json (names, ranks, alphas).
@@ -313,29 +310,16 @@ const bool reg = register_checker(
          for (const auto& item : c.targets.items()) {
              const std::string name = item.key();
              out.push_back(guarded(rel + ":" + name + ":merge", [&](Stats& st) {
-                 if (c.sdxl) {
-                     check_merge(c, name, sdxl_targets(c), st);
-                 } else {
-                     SDModels m = load_base(c);
-                     check_merge(c, name, lora_targets(m), st);
-                 }
+                 SDModels m = c.sdxl ? load_sd_models(c.sdxl_root.string()) : load_base(c);
+                 check_merge(c, name, lora_targets(m), st);
              }));
              if (c.sdxl)
-                 out.push_back(guarded(rel + ":" + name + ":text-encoders",
-                                       [&](Stats& st) { check_sdxl_text_outputs(c, name, st); }));
+                 out.push_back(
+                     guarded(rel + ":" + name + ":outputs", [&](Stats& st) { check_sdxl_outputs(c, name, st); }));
              else
                  out.push_back(guarded(rel + ":" + name + ":outputs", [&](Stats& st) { check_outputs(c, name, st); }));
          }
-         if (c.sdxl) {
-             CaseResult r;
-             r.name = rel + ":unet+txt2img";
-             r.stats.fail("the merged-weight UNet outputs (<lora>.unet.out) and the txt2img run need an SDXL UNet, "
-                          "which this build cannot load yet (SDXL is not supported); the LoRA matching, merge deltas "
-                          "and text-encoder outputs are checked");
-             out.push_back(r);
-         } else {
-             for (auto& r : check_pair_run(c, rel)) out.push_back(r);
-         }
+         for (auto& r : c.sdxl ? check_sdxl_pair_run(c, rel) : check_pair_run(c, rel)) out.push_back(r);
          return out;
      }});
 

@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+namespace anchor::unet {
+struct SDModels;
+}
+
 namespace anchor::golden {
 
 namespace fs = std::filesystem;
@@ -66,5 +70,8 @@ CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& b
 bool has_file(const fs::path& dir, const std::string& name);
 // Parsed config.json (or an empty object); `_class_name` (diffusers) or `architectures[0]` (HF) or "".
 std::string config_class(const fs::path& dir);
+
+// Every SDXL comparison of an SDXL golden folder on `models` (check_sdxl.cpp; also run on the single-file layout).
+std::vector<CaseResult> check_sdxl_models(unet::SDModels& models, const fs::path& golden_dir, const std::string& base);
 
 } // namespace anchor::golden
