@@ -5,6 +5,8 @@
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
+#include "unet/checkpoint.h"
+#include "unet/random_checkpoint.h"
 #include "unet/unet_bench.h"
 #include "unet/unet_macs.h"
 
@@ -20,6 +22,7 @@ namespace {
 
 struct BenchOptions {
     unet::UNetBenchParams bench;
+    unet::SdFamily family = unet::SdFamily::SD1;
     std::string unet_config, output;
     bool macs_only = false, overwrite = false;
 };
@@ -35,6 +38,9 @@ int run_bench(BenchOptions& o) {
     if (!o.unet_config.empty()) {
         b.unet = unet::UNetConfig::from_json_file(o.unet_config);
         b.unet_name = o.unet_config;
+    } else if (o.family != unet::SdFamily::SD1) {
+        b.unet = unet::unet_config_of_family(o.family);
+        b.unet_name = "SDXL base UNet";
     }
     b.validate();
     if (o.macs_only) {
@@ -70,7 +76,10 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_option("--deepcache", o.deepcache, "DeepCache intervals N whose MACs (and cached-step times) are shown")
         ->capture_default_str();
     cmd.add_option("--deepcache-branch", o.branch, "DeepCache skip branch (0 = shallowest)")->capture_default_str();
-    cmd.add_option("--unet-config", opts.unet_config, "diffusers UNet config.json instead of SD 1.5's shapes");
+    cmd.add_option("--unet-config", opts.unet_config, "diffusers UNet config.json instead of SD 1.5's shapes")
+        ->excludes(add_enum_option(cmd, "--family", opts.family, unet::sd_family_table(),
+                                   "the real UNet shapes of this family: sd1 = SD 1.5, sdxl = SDXL base 1.0 (2.57 G "
+                                   "parameters; 1024x1024 is its size)"));
     cmd.add_option("--gemm-size", o.gemm_n, "n of the n x n x n reference GEMM")->capture_default_str();
     cmd.add_option("--seed", o.seed, "seed for weights and inputs")->capture_default_str();
     cmd.add_option("-o,--output", opts.output, "also write the report to this file");
@@ -81,6 +90,24 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
 }
 
 } // namespace
+
+void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    auto* cmd = app.add_subcommand("random-model", "write a single-file checkpoint of random weights with a family's "
+                                                   "real shapes (memory and speed benchmarks of models not here)");
+    cmd->fallthrough();
+    auto p = std::make_shared<unet::RandomCheckpointParams>();
+    add_enum_option(*cmd, "--family", p->family, unet::sd_family_table(), "shapes: sd1 = SD 1.5, sdxl = SDXL base 1.0");
+    add_enum_option(*cmd, "--dtype", p->dtype, unet::weights_dtype_table(), "tensor dtype in the file");
+    cmd->add_option("--seed", p->seed, "seed of the weights")->capture_default_str();
+    cmd->add_option("-o,--output", p->output, "the .safetensors file to write")->required();
+    cmd->add_flag("--overwrite", p->overwrite, "replace an existing file");
+    runners.emplace_back(cmd, [p]() {
+        const int64_t bytes =
+            unet::write_random_checkpoint(*p, [](const std::string& l) { std::cout << l << std::endl; });
+        std::cout << "wrote " << p->output << ": " << (bytes >> 20) << " MiB of tensors" << std::endl;
+        return 0;
+    });
+}
 
 void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
     auto* cmd = app.add_subcommand("bench", "UNet step speed (random SD 1.5 weights) vs analytic MACs and GEMM rate");

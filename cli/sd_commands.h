@@ -16,6 +16,8 @@ using SdRunners = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 // `bench`: UNet step speed with analytic MAC counts, against this machine's own GEMM rate (cli/sd_bench.cpp).
 void add_sd_bench_command(CLI::App& app, SdRunners& runners);
+// `random-model`: a random-weight single file with a family's real shapes (unet/random_checkpoint.h).
+void add_sd_random_model_command(CLI::App& app, SdRunners& runners);
 // `bench-cache`: every cache mode against `off` in one run (MACs per step, wall time, speed-up, quality).
 void add_sd_bench_cache_command(CLI::App& app, SdRunners& runners);
 // `info IMAGE.png`: the `parameters` (A1111) and `anchorcache` (JSON record) text chunks of a PNG (cli/sd_info.cpp).

@@ -30,6 +30,7 @@ namespace {
 struct Options {
     Txt2ImgJob job;
     std::string model, prompt, negative, prompts_file, dtype = "f32", compare, lora_model_dir, prompt_from;
+    bool negative_given = false;    // -n given (even empty): SDXL's zero negative conditioning is for none at all
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
@@ -140,7 +141,9 @@ std::vector<LoraSpec> prepare_job(Options& o) {
     if (job.batch_size > 1 && !o.compare.empty()) throw UsageError("--batch-size and --compare are exclusive");
     job.prompts = read_prompts(o);
     const auto loras = run_loras(o.loras, o.lora_model_dir, job.prompts); // <lora:...> tags leave the prompts
-    job.params.negative_prompts = {o.negative};
+    // No -n: diffusers' negative_prompt=None ("" for SD 1.x/2.x, zeros for SDXL's force_zeros_for_empty_prompt).
+    job.params.negative_prompts =
+        o.negative_given || !o.negative.empty() ? std::vector<std::string>{o.negative} : std::vector<std::string>{};
     // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
     job.params.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
     if (o.compare.empty()) job.validate();
@@ -225,6 +228,64 @@ int run(Options& o) {
 
 // The option table: each option fills a field of the job or of the options, and names the field it sets so a
 // library error about that field reads as this option.
+// "A,B" -> {B, A}: the command line takes sizes as W,H and crops as X,Y; diffusers (and so Txt2ImgParams) orders
+// them (height, width) and (top, left).
+std::array<int, 2> swapped_pair(const std::string& text, const std::string& option) {
+    const auto comma = text.find(',');
+    try {
+        size_t a = 0, b = 0;
+        const int x = std::stoi(text.substr(0, comma), &a), y = std::stoi(text.substr(comma + 1), &b);
+        if (comma != std::string::npos && a == comma && b == text.size() - comma - 1) return {y, x};
+    } catch (const std::exception&) {
+    }
+    throw UsageError(option + ": expected two integers A,B, got '" + text + "'");
+}
+
+// SDXL's conditioning (Txt2ImgParams: prompts_2, micro-conditioning) and the timestep spacing few-step models need.
+void add_sdxl_options(CLI::App& app, Options& o) {
+    auto& p = o.job.params;
+    auto pair_option = [&](const char* name, const char* field, std::function<void(std::array<int, 2>)> set,
+                           const std::string& help, const char* type) {
+        const std::string opt = std::string("--") + name;
+        bind_field(field, opt);
+        return app
+            .add_option_function<std::string>(
+                opt, [set, opt](const std::string& v) { set(swapped_pair(v, opt)); }, help)
+            ->type_name(type);
+    };
+    bind_field("prompts_2", "--prompt-2");
+    app.add_option_function<std::string>(
+        "--prompt-2", [&p](const std::string& v) { p.prompts_2 = {v}; },
+        "SDXL: the prompt of the second text encoder (default: the prompt)");
+    bind_field("negative_prompts_2", "--negative-prompt-2");
+    app.add_option_function<std::string>(
+        "--negative-prompt-2", [&p](const std::string& v) { p.negative_prompts_2 = {v}; },
+        "SDXL: the negative prompt of the second text encoder (default: the negative prompt)");
+    pair_option(
+        "original-size", "original_size", [&p](auto v) { p.original_size = v; },
+        "SDXL micro-conditioning: the size the training image had (default: the output size)", "W,H");
+    pair_option(
+        "crop", "crop", [&p](auto v) { p.crop = v; }, "SDXL micro-conditioning: crop top-left corner (default 0,0)",
+        "X,Y");
+    pair_option(
+        "target-size", "target_size", [&p](auto v) { p.target_size = v; },
+        "SDXL micro-conditioning: the target size (default: the output size)", "W,H");
+    pair_option(
+        "negative-original-size", "negative_original_size", [&p](auto v) { p.negative_original_size = v; },
+        "SDXL: original size of the unconditional rows (used with --negative-target-size, as diffusers)", "W,H");
+    pair_option(
+        "negative-crop", "negative_crop", [&p](auto v) { p.negative_crop = v; },
+        "SDXL: crop of the unconditional rows (default 0,0)", "X,Y");
+    pair_option(
+        "negative-target-size", "negative_target_size", [&p](auto v) { p.negative_target_size = v; },
+        "SDXL: target size of the unconditional rows (used with --negative-original-size)", "W,H");
+    bind_field("timestep_spacing", "--timestep-spacing");
+    cli::add_enum_option(app, "--timestep-spacing", p.timestep_spacing, timestep_spacing_table(),
+                         "where the sampler's timesteps lie (diffusers' timestep_spacing): trailing for few-step "
+                         "models (SDXL-Turbo/Lightning-style: 4 steps, euler_a, --cfg-scale 1)",
+                         "the model's scheduler_config.json, else leading");
+}
+
 void add_txt2img_options(CLI::App& app, Options& o) {
     auto& j = o.job;
     auto& p = j.params;
@@ -246,7 +307,9 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                    "A1111 'parameters' text; options given on the command line win")
         ->type_name("PNG")
         ->excludes(prompts_file);
-    bind(app.add_option("-n,--negative-prompt", o.negative, "the negative prompt (default: empty)"),
+    bind(app.add_option_function<std::string>(
+             "-n,--negative-prompt", [&o](const std::string& v) { o.negative = v, o.negative_given = true; },
+             "the negative prompt (default: none: empty for SD 1.x/2.x, zero conditioning for SDXL)"),
          "negative_prompts");
     bind(app.add_option("--cfg-scale", p.guidance_scale, "classifier-free guidance scale; <= 1 disables guidance")
              ->capture_default_str(),
@@ -366,8 +429,10 @@ int main(int argc, char** argv) {
         Options o;
         anchor::add_common_options(app, o.threads, "anchor-sd");
         add_txt2img_options(app, o);
+        add_sdxl_options(app, o);
         std::vector<std::pair<CLI::App*, std::function<int()>>> subcommands;
         cli::add_sd_bench_command(app, subcommands);
+        cli::add_sd_random_model_command(app, subcommands);
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);
         cli::add_sd_info_command(app, subcommands);

@@ -41,10 +41,14 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config() const {
     return c;
 }
 
-SchedulerConfig Txt2ImgPipeline::scheduler_config(const Txt2ImgParams& p) const {
-    auto c = scheduler_config();
+SchedulerConfig Txt2ImgPipeline::with_params(SchedulerConfig c, const Txt2ImgParams& p) {
     if (p.schedule) c.schedule = p.schedule;
+    if (p.timestep_spacing) c.timestep_spacing = *p.timestep_spacing;
     return c;
+}
+
+SchedulerConfig Txt2ImgPipeline::scheduler_config(const Txt2ImgParams& p) const {
+    return with_params(scheduler_config(), p);
 }
 
 Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
@@ -541,8 +545,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.text_s = seconds_since(t0);
     const auto context = cond.to(p.device);
 
-    SchedulerConfig sc = sched_cfg ? *sched_cfg : scheduler_config();
-    if (p.schedule) sc.schedule = p.schedule;
+    const SchedulerConfig sc = with_params(sched_cfg ? *sched_cfg : scheduler_config(), p);
     r.schedule = effective_schedule(p.sampler, sc);
     r.eta = effective_eta(p.sampler, p.eta);
     auto sched = make_scheduler(p.sampler, sc, p.eta);

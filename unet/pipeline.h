@@ -43,6 +43,9 @@ struct Txt2ImgParams {
     // Noise schedule (scheduler.h); unset: karras when the model's scheduler_config.json sets use_karras_sigmas, else
     // default (diffusers' spacing).
     std::optional<NoiseSchedule> schedule;
+    // diffusers' timestep_spacing for every sampler (few-step models such as SDXL-Turbo/Lightning want trailing);
+    // unset: the model's scheduler_config.json (leading for SD 1.x/2.x and SDXL base).
+    std::optional<TimestepSpacing> timestep_spacing;
     // Noise of the samplers with a noise term (ddim, euler_a); unset: the sampler's default (ddim 0, euler_a 1). Given
     // to another sampler it is a ParamError (effective_eta).
     std::optional<double> eta;
@@ -153,8 +156,10 @@ public:
     // Scheduler settings: the model's scheduler_config.json when it has one, SD 1.5's otherwise, with the prediction
     // type the loader decided for a single file or was told (SDModels::prediction).
     SchedulerConfig scheduler_config() const;
-    // The same with p's schedule, when p sets one.
+    // The same with p's schedule and timestep spacing, when p sets them.
     SchedulerConfig scheduler_config(const Txt2ImgParams& p) const;
+    // p's schedule and timestep spacing over `c` (a stored configuration or the model's).
+    static SchedulerConfig with_params(SchedulerConfig c, const Txt2ImgParams& p);
     // Checks width/height against the VAE factor, steps >= 1 ... (ParamError naming the field).
     // Rough peak working memory of one run at these settings (bytes, weights excluded): UNet skip connections and
     // working maps, the chunked attention buffer, the VAE decoder's widest map. validate() refuses sizes above the

@@ -88,6 +88,7 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["sampler"] = sampler_name(p.sampler);
     j["prompt_syntax"] = enum_name(prompt_syntax_table(), p.prompt_syntax);
     j["schedule"] = noise_schedule_name(r.schedule);
+    if (p.timestep_spacing) j["timestep_spacing"] = enum_name(timestep_spacing_table(), *p.timestep_spacing);
     j["eta"] = r.eta ? nlohmann::json(*r.eta) : nlohmann::json(nullptr);
     j["seed"] = p.seed;
     j["batch_size"] = int(p.prompts.size()) * p.images_per_prompt;
@@ -95,6 +96,24 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["width"] = p.width;
     j["height"] = p.height;
     j["mode"] = !p.init.enabled() ? "txt2img" : p.init.inpaint() ? "inpaint" : "img2img";
+    if (r.time_ids.defined()) {
+        // SDXL: the second encoder's prompts and the micro-conditioning the UNet rows of this image got (diffusers'
+        // order: original height, width, crop top, left, target height, width; Txt2ImgPipeline::sdxl_time_ids).
+        const auto per = size_t(i / std::max(p.images_per_prompt, 1));
+        auto pick = [&](const std::vector<std::string>& v, const std::vector<std::string>& fallback) {
+            return v.empty() ? fallback.at(per) : v.size() == 1 ? v[0] : v.at(per);
+        };
+        const int64_t n = int64_t(p.prompts.size()) * p.images_per_prompt;
+        const bool cfg = r.time_ids.size(0) == 2 * n;
+        auto row = [&](int64_t k) {
+            auto t = r.time_ids[k].to(torch::kDouble).contiguous();
+            return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+        };
+        j["sdxl"] = {{"prompt_2", pick(p.prompts_2, p.prompts)},
+                     {"negative_prompt_2", pick(p.negative_prompts_2, negatives)},
+                     {"time_ids", row(cfg ? n + i : i)},
+                     {"negative_time_ids", cfg ? nlohmann::json(row(i)) : nlohmann::json(nullptr)}};
+    }
     if (p.init.enabled()) {
         // What the image was made from: the init image (and mask) by content, the strength and the first loop step.
         j["init_image"] = {{"file", p.init.init_image}, {"sha256", init_image_sha256(p.init)}};

@@ -46,6 +46,25 @@ void UNetBenchParams::validate() const {
 #endif
 }
 
+UNetConfig unet_config_of_family(SdFamily family) {
+    if (family == SdFamily::SD1) return UNetConfig{};
+    if (family != SdFamily::SDXL)
+        throw ParamError("family", "the bench builds sd1 or sdxl shapes, not " + enum_name(sd_family_table(), family));
+    UNetConfig c;
+    c.sample_size = 128;
+    c.block_out_channels = {320, 640, 1280};
+    c.down_block_types = {"DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"};
+    c.up_block_types = {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"};
+    c.layers_per_block = {2, 2, 2};
+    c.heads = {5, 10, 20};
+    c.transformer_layers_per_block = {1, 2, 10};
+    c.cross_attention_dim = 2048;
+    c.use_linear_projection = true;
+    c.addition_time_embed_dim = 256;
+    c.projection_class_embeddings_input_dim = 2816;
+    return c;
+}
+
 double unet_bench_macs(const UNetBenchParams& o) {
     return double(unet_mac_breakdown(o.unet, o.height / o.vae_factor, o.width / o.vae_factor, 77).full().total());
 }
@@ -100,7 +119,13 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          " s");
 
     auto sample = torch::randn({o.batch, cfg.in_channels, lh, lw});
-    auto context = torch::randn({o.batch, tokens, cfg.cross_attention_dim});
+    UNetCond context{torch::randn({o.batch, tokens, cfg.cross_attention_dim})};
+    if (cfg.text_time()) { // SDXL: a pooled embedding and the default time ids (the output size, no crop)
+        const int64_t pooled = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim;
+        context.text_embeds = torch::randn({o.batch, pooled});
+        context.time_ids = torch::tensor({float(o.height), float(o.width), 0.f, 0.f, float(o.height), float(o.width)})
+                               .repeat({o.batch, 1});
+    }
     auto timestep = torch::tensor(int64_t(999));
 
     SkipFeatureCapture feats(o.branch);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/attention.h"
+#include "unet/sd_family.h"
 #include "unet/unet_model.h"
 
 #include <functional>
@@ -30,6 +31,12 @@ struct UNetBenchParams {
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
     void validate() const;                // ParamError naming the field
 };
+
+// The UNet shapes of a model family with random weights: SD 1.5 (UNetConfig's defaults) or SDXL base 1.0
+// (block_out_channels 320/640/1280, transformer depth 1/2/10 on the two attention levels, heads of 64 channels,
+// cross_attention_dim 2048, linear projections, text_time conditioning with 256-wide time ids and a 2816-wide
+// add_embedding input: 2.57 G parameters).
+UNetConfig unet_config_of_family(SdFamily family);
 
 // The analytic MAC count per sample of a full UNet forward at the params' size.
 double unet_bench_macs(const UNetBenchParams& p);

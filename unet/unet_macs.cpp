@@ -73,6 +73,8 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
     int64_t h = latent_h, wd = latent_w;
     Walker::conv(b.stem, c.in_channels, ch0, 3, h * wd);
     b.stem.linear += ch0 * 4 * ch0 + 4 * ch0 * 4 * ch0; // time_embedding.linear_1, linear_2 (one token)
+    if (c.text_time())                                  // SDXL's add_embedding.linear_1, linear_2 (one token)
+        b.stem.linear += int64_t(c.projection_class_embeddings_input_dim) * 4 * ch0 + 4 * ch0 * 4 * ch0;
 
     // Down path: remember each skip's width and spatial size.
     std::vector<int64_t> skip_ch{ch0}, skip_h{h}, skip_w{wd};

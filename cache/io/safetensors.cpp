@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/mapped_file.h"
 
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -87,7 +88,11 @@ torch::Tensor SafeTensorsFile::tensor(const std::string& name) const {
         const_cast<char*>(ptr), ti.shape, [keep](void*) mutable { keep.reset(); }, opts);
 }
 
-std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header (length prefix included, padded to 8 bytes) and the tensors in file order; `sink` gets the bytes.
+void write_safetensors_to(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                          const std::function<void(const char*, size_t)>& sink) {
     struct Item {
         std::string name;
         torch::Tensor t;
@@ -96,7 +101,7 @@ std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::s
     std::vector<Item> items;
     for (const auto& [name, t] : tensors) {
         if (name == "__metadata__") throw Error("a tensor cannot be named __metadata__");
-        items.push_back({name, t.detach().to(torch::kCPU).contiguous(), from_torch(t.scalar_type())});
+        items.push_back({name, t.detach(), from_torch(t.scalar_type())});
     }
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
         size_t sa = dtype_size(a.dt), sb = dtype_size(b.dt);
@@ -118,19 +123,45 @@ std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::s
     std::string hs = h.dump();
     // Pad the header with spaces so the data area starts 8-byte aligned (as the reference writer does).
     while ((8 + hs.size()) % 8 != 0) hs.push_back(' ');
+    char len[8];
+    const uint64_t n = hs.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    sink(len, 8);
+    sink(hs.data(), hs.size());
+    for (const auto& it : items) {
+        if (it.t.numel() == 0) continue;
+        const auto c = it.t.to(torch::kCPU).contiguous(); // one tensor at a time: no second copy of the file
+        sink(static_cast<const char*>(c.data_ptr()), size_t(c.numel()) * dtype_size(it.dt));
+    }
+}
+
+} // namespace
+
+std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
     std::string out;
-    out.reserve(8 + hs.size() + off);
-    uint64_t n = hs.size();
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-    out += hs;
-    for (const auto& it : items)
-        if (it.t.numel() > 0) out.append(static_cast<const char*>(it.t.data_ptr()), it.t.numel() * dtype_size(it.dt));
+    write_safetensors_to(tensors, metadata, [&](const char* p, size_t n) { out.append(p, n); });
     return out;
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata, bool overwrite) {
-    write_file_atomic(path, safetensors_bytes(tensors, metadata), overwrite);
+    // Streamed to the temporary file: a multi-GB checkpoint is not built in memory first.
+    write_via_temp(
+        path,
+        [&](const std::string& tmp) {
+            FILE* f = std::fopen(tmp.c_str(), "wb");
+            if (!f) throw Error("cannot create '" + tmp + "': " + std::strerror(errno));
+            bool ok = true;
+            try {
+                write_safetensors_to(tensors, metadata,
+                                     [&](const char* p, size_t n) { ok = ok && std::fwrite(p, 1, n, f) == n; });
+            } catch (...) {
+                std::fclose(f);
+                throw;
+            }
+            if (std::fclose(f) != 0 || !ok) throw Error("cannot write '" + tmp + "': " + std::strerror(errno));
+        },
+        overwrite);
 }
 
 } // namespace anchor
