@@ -374,7 +374,7 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK(parse_cache_spec(s.to_string()).anchor.rho == Approx(0.1));
     CHECK(parse_cache_spec("off").mode == CacheMode::Off);
     // The default anchor mode is the best setting measured on held-out prompts (mdlm_cache.h).
-    CHECK(parse_cache_spec("anchor").anchor.stale == 16);
+    CHECK(parse_cache_spec("anchor").anchor.stale == 32);
     CHECK(parse_cache_spec("anchor").anchor.rho == 0.0);
     CHECK(parse_cache_spec("anchor").anchor.reuse_masked);
     CHECK_THROWS_AS(parse_cache_spec("anchr"), ParamError);

@@ -48,7 +48,7 @@ const EnumTable<CacheMode>& cache_mode_table(); // "off", "anchor", "prefix", "d
 // The defaults are the best setting measured on held-out prompts (tests/bench/results/mdlm_default_anchor_*.txt).
 struct AnchorCacheSettings {
     double tau_gate = 0.95;
-    int64_t stale = 16;      // max age of an anchored entry (steps)
+    int64_t stale = 32;      // max age of an anchored entry (steps)
     int64_t stale_high = -1; // staleness for layers whose gate mean exceeds tau_gate; -1 = 2 * stale
     double rho = 0.0;        // fraction of anchored candidates re-verified by value change
     int64_t refresh = 0;     // full recompute every R steps (0 = only step 0)
