@@ -4,6 +4,7 @@
 # Timings: one thread (OMP_NUM_THREADS=1), modes interleaved per prompt inside one process.
 #   default   the default `anchor` mode: candidates on held-out prompts at generate's defaults (ancestral, T=1, L=128)
 #   fast      parallel decoding + block caches against off on kjv-mdlm, L=256 (gen-PPL, entropy, agreement, curve)
+#   fast_T1   the same at temperature 1 with low thresholds and the factor rule
 #   random768 the same modes on the 12 x 768 random-weight model (speed only)
 set -e
 M=assets/models/kjv-mdlm
@@ -35,10 +36,18 @@ for s in "${@:-default fast random768}"; do
         --cache dual --cache prefix --cache off+threshold=0.9 --cache dual+threshold=0.9 \
         --cache dual+threshold=0.7 --cache dual+threshold=0.5 --cache dual+factor=1 --cache dual+threshold=0.3 \
         --json $R/mdlm_fast_L256_$D.json --plot $R/mdlm_fast_L256_$D.png --overwrite ;;
+    fast_T1)
+      # Sampled (temperature 1): greedy decoding of this weak model is degenerate (unigram entropy ~1.4 nats), and its
+      # confidences rarely exceed 0.1, so the thresholds that matter here are low ones.
+      run fast_L256_T1 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
+        --unmask confidence --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache dual+threshold=0.1 --cache dual+threshold=0.05 --cache dual+factor=2 \
+        --cache dual+factor=4 --cache anchor \
+        --json $R/mdlm_fast_L256_T1_$D.json --plot $R/mdlm_fast_L256_T1_$D.png --overwrite ;;
     random768)
-      run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats 2 \
+      run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
         --unmask confidence --temperature 0 --block-length 32 \
-        --cache dual --cache prefix --cache dual+threshold=0.9 \
+        --cache dual --cache prefix \
         --json $R/mdlm_random768_$D.json --overwrite ;;
     esac
   done
