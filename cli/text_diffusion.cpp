@@ -266,9 +266,12 @@ int run_generate(const GenerateArgs& a) {
         const auto comma = a.compare.find(',');
         if (!a.compare.empty() && comma == std::string::npos)
             throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
-        p.caches = a.compare.empty() ? std::vector<DecodeSpec>{parse_decode_spec(a.cache)}
+        // A mode's own keys (threshold=...) stay as written: only the field names the flag.
+        p.caches = with_flag_errors({{"cache", a.compare.empty() ? "--cache" : "--compare"}}, [&] {
+            return a.compare.empty() ? std::vector<DecodeSpec>{parse_decode_spec(a.cache)}
                                      : std::vector<DecodeSpec>{parse_decode_spec(a.compare.substr(0, comma)),
                                                                parse_decode_spec(a.compare.substr(comma + 1))};
+        });
         const int64_t P = static_cast<int64_t>(p.sampler.prompt.size());
         auto show = [&](const StepInfo& st) {
             const auto masked = std::count(st.tokens->begin(), st.tokens->end(), kMdlmMaskId);
@@ -446,8 +449,10 @@ int run_bench(BenchArgs a) {
     if (std::find(a.caches.begin(), a.caches.end(), "help") != a.caches.end() || a.baseline == "help")
         return print_cache_help();
     const auto rep = with_flag_errors(flags, [&] {
-        a.p.baseline = parse_decode_spec(a.baseline);
-        for (const auto& c : a.caches) a.p.caches.push_back(parse_decode_spec(c));
+        with_flag_errors({{"cache", "--cache or --baseline"}}, [&] {
+            a.p.baseline = parse_decode_spec(a.baseline);
+            for (const auto& c : a.caches) a.p.caches.push_back(parse_decode_spec(c));
+        });
         return run_diffusion_bench(a.p, print_bench);
     });
     std::cout << "load at end: " << rep.load_end << "\n";
