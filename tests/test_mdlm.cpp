@@ -651,31 +651,33 @@ TEST_CASE("mdlm sampler: threshold 1 is the schedule bit for bit, one token per 
     auto m = tiny_model();
     MdlmDenoiser den(m, parse_cache_spec("off"));
     for (double temp : {0.0, 1.0}) {
-        auto so = confidence_options(35, 5); // 35 generated tokens, 35 steps
+        auto so = confidence_options(15, 5);
+        so.length = 20; // 15 generated tokens, 15 steps
         so.temperature = temp;
         auto plain = sample(den, so);
         so.threshold = 1.0;
         auto thr = sample(den, so);
         CHECK(thr.tokens == plain.tokens);
-        CHECK(thr.unmasked_per_step == std::vector<int64_t>(35, 1));
+        CHECK(thr.unmasked_per_step == std::vector<int64_t>(15, 1));
         // At fewer steps tau = 1 adds nothing to the schedule either.
-        so.steps = 7;
+        so.steps = 5;
         auto thr7 = sample(den, so);
         so.threshold = 0;
         CHECK(thr7.tokens == sample(den, so).tokens);
     }
     // A threshold below every confidence decodes each block in one step and skips the rest of its steps.
-    auto so = confidence_options(35, 5);
-    so.block_length = 7; // 5 blocks of 7 steps
+    auto so = confidence_options(15, 5);
+    so.length = 20;
+    so.block_length = 5; // 3 blocks of 5 steps
     so.threshold = 1e-12;
     auto fast = sample(den, so);
-    CHECK(fast.forward_passes == 5);
+    CHECK(fast.forward_passes == 3);
     for (auto t : fast.tokens) CHECK(t != kMdlmMaskId);
     // The factor rule decodes at least one per step and finishes every block.
     so.threshold = 0;
     so.factor = 1.0;
     auto fr = sample(den, so);
-    CHECK(fr.forward_passes <= 35);
+    CHECK(fr.forward_passes <= 15);
     for (auto t : fr.tokens) CHECK(t != kMdlmMaskId);
     // Invalid combinations name the field.
     so.threshold = 0.9;
@@ -709,9 +711,10 @@ TEST_CASE("mdlm sampler: margin, entropy and random selection rules", "[mdlm][pa
     MdlmDenoiser den(m, parse_cache_spec("off"));
     std::vector<std::vector<int64_t>> outs;
     for (auto r : {UnmaskRule::Confidence, UnmaskRule::Margin, UnmaskRule::Entropy, UnmaskRule::Random}) {
-        auto so = confidence_options(7, 2);
+        auto so = confidence_options(3, 2);
+        so.length = 14;
         so.rule = r;
-        so.top_p = 0.9;
+        so.top_p = r == UnmaskRule::Margin ? 0.9 : 1.0;
         auto a = sample(den, so), b = sample(den, so);
         CHECK(a.tokens == b.tokens);
         for (auto t : a.tokens) CHECK(t != kMdlmMaskId);
