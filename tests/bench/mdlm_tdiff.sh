@@ -5,6 +5,8 @@
 #   default   the default `anchor` mode: candidates on held-out prompts at generate's defaults (ancestral, T=1, L=128)
 #   fast      parallel decoding + block caches against off on kjv-mdlm, L=256 (gen-PPL, entropy, agreement, curve)
 #   fast_T1   the same at temperature 1 with low thresholds and the factor rule
+#   ancestral the block caches under MDLM's ancestral sampler (temperature 1), L=256, blocks of 32
+#   ancestral8 the anchor cache in that setting over 8 prompts
 #   random768 the same modes on the 12 x 768 random-weight model (speed only)
 set -e
 M=assets/models/kjv-mdlm
@@ -44,6 +46,19 @@ for s in "${@:-default fast random768}"; do
         --cache dual --cache dual+threshold=0.1 --cache dual+threshold=0.05 --cache dual+factor=2 \
         --cache dual+factor=4 --cache anchor \
         --json $R/mdlm_fast_L256_T1_$D.json --plot $R/mdlm_fast_L256_T1_$D.png --overwrite ;;
+    ancestral)
+      # MDLM's ancestral sampler (temperature 1) in blocks of 32: only the positions being unmasked need logits, so the
+      # block caches save the forward and the head is small.
+      run ancestral_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache prefix --cache anchor --cache dual:refresh=8 \
+        --json $R/mdlm_ancestral_L256_$D.json --plot $R/mdlm_ancestral_L256_$D.png --overwrite ;;
+    ancestral8)
+      # The anchor cache under the same sampler over 8 prompts (a tighter gen-PPL interval).
+      run ancestral_L256_anchor diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats 8 \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache anchor:stale=16 --cache anchor --cache anchor:stale=64 \
+        --json $R/mdlm_ancestral_L256_anchor_$D.json --plot $R/mdlm_ancestral_L256_anchor_$D.png --overwrite ;;
     random768)
       run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
         --unmask confidence --temperature 0 --block-length 32 \
