@@ -3,7 +3,7 @@
 # embedded models and prints where everything is.
 #   1. anchor-sd txt2img on the embedded SD model, uncached vs cached side by side (--compare)
 #   2. anchor-text: GPT-2 streaming perplexity past the context window (sink-rolling KV vs the baselines)
-#   3. anchor-text: text diffusion on the KJV MDLM, uncached vs anchor cache (--compare)
+#   3. anchor-text: text diffusion on the KJV MDLM, uncached vs the anchor cache and the dual block cache (--compare)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/cli/setup.sh" --programs-only # the tests are tests/run.sh's
@@ -44,10 +44,16 @@ echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
   --kv sink:4,60 --temperature 0.8 --top-k 40 --seed 1
 
 echo
-echo "== 3. Text diffusion, uncached vs anchor cache (assets/models/kjv-mdlm)"
-# masked=reuse anchors [MASK] positions that are not being decoded too (dLLM-Cache); stale=16 keeps entries 16 steps.
-"$bin/anchor-text" diffusion generate -m assets/models/kjv-mdlm -p "And God said unto Moses," --length 128 --steps 128 \
-  --temperature 0.8 --compare off,anchor:stale=16,rho=0,masked=reuse --score-with assets/models/kjv-gpt2
+echo "== 3. Text diffusion, uncached vs cached (assets/models/kjv-mdlm, the embedded default model)"
+# The default anchor cache (stale=32, rho=0, masked=reuse: decoded and not-yet-decoded [MASK] positions are reused,
+# as dLLM-Cache does) at generate's defaults: ancestral unmasking, temperature 1, length 128, 64 steps.
+"$bin/anchor-text" diffusion generate -p "And God said unto Moses," -s 7 --compare off,anchor \
+  --score-with assets/models/kjv-gpt2
+echo
+# Semi-autoregressive blocks of 32, one token per step; Fast-dLLM's DualCache computes only the current block between
+# the refreshes at each block's first step.
+"$bin/anchor-text" diffusion generate -p "And God said unto Moses," -s 7 --length 128 --steps 128 --block-length 32 \
+  --unmask confidence --compare off,dual --score-with assets/models/kjv-gpt2
 
 echo
 echo "demo outputs:"

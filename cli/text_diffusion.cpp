@@ -4,6 +4,7 @@
 //
 // Text goes through the GPT-2 tokenizer (text/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
 // --prompt-ids / --ids work with raw ids.
+#include "cache/io/assets.h"
 #include "cache/io/atomic_file.h"
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
@@ -21,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -99,9 +101,26 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 std::string cache_help() {
-    std::string s = "off | anchor[:key=value,...] with keys";
-    for (const auto& [k, h] : cache_spec_keys()) s += "\n    " + k + ": " + h;
+    std::string s =
+        "Cache mode, 'help' lists them: off | anchor[:key=value,...] | prefix[:refresh=R] | dual[:refresh=R], "
+        "optionally +key=value,... of";
+    for (const auto& [k, h] : decode_spec_keys()) s += " " + k;
     return s;
+}
+
+// `--cache help`: the modes, their keys and defaults, and the decoding keys after '+'.
+int print_cache_help() {
+    std::cout << cache_modes_help() << "\n"
+              << "A mode may carry its own sampler settings after '+', e.g. dual+threshold=0.9,block=32:\n";
+    for (const auto& [k, h] : decode_spec_keys()) std::cout << "    " << k << ": " << h << "\n";
+    return 0;
+}
+
+// The embedded demo model used when -m is not given (as anchor-sd's embedded model).
+std::string default_mdlm_model() {
+    return std::filesystem::path(find_asset("models/kjv-mdlm/config.json", "embedded text-diffusion model (kjv-mdlm)"))
+        .parent_path()
+        .string();
 }
 
 // The flags of the sampler's fields (SamplerOptions) and of the model.
@@ -115,6 +134,8 @@ const FlagNames& sampler_flags() {
                                 {"top_p", "--top-p"},
                                 {"min_p", "--min-p"},
                                 {"block_length", "--block-length"},
+                                {"threshold", "--threshold"},
+                                {"factor", "--factor"},
                                 {"prompt", "--prompt"},
                                 {"score_with", "--score-with"}};
     return f;
@@ -135,9 +156,10 @@ struct SampleArgs {
     TextIo io;
 
     SampleArgs() { o.rule = UnmaskRule::Ancestral; }
-    void add(CLI::App* app, bool model_required) {
-        auto* m = app->add_option("-m,--model", model, "MDLM model folder or .safetensors (config.json next to it)");
-        if (model_required) m->required();
+    void add(CLI::App* app) {
+        app->add_option("-m,--model", model,
+                        "MDLM model folder or .safetensors (config.json next to it; default: the embedded "
+                        "assets/models/kjv-mdlm)");
         app->add_option("-p,--prompt", prompt, "Prompt text (GPT-2 BPE)");
         app->add_option("--vocab", io.vocab,
                         "GPT-2 vocabulary folder (encoder.json + vocab.bpe; default " + Gpt2Tokenizer::default_dir() +
@@ -152,8 +174,14 @@ struct SampleArgs {
         app->add_option("--top-p", o.top_p, "Nucleus cut after the temperature (1 = off)")->capture_default_str();
         app->add_option("--min-p", o.min_p, "Keep tokens with probability >= min-p x the most likely one's (0 = off)")
             ->capture_default_str();
-        app->add_option("--seed", o.seed, "Random seed (torch CPU generator)")->capture_default_str();
+        app->add_option("-s,--seed", o.seed, "Random seed (torch CPU generator)")->capture_default_str();
         app->add_option("--block-length", o.block_length, "Semi-autoregressive block length (0 = one block)")
+            ->capture_default_str();
+        app->add_option("--threshold", o.threshold,
+                        "Parallel decoding (Fast-dLLM): unmask every position whose confidence exceeds this, at least "
+                        "one per step (0 = off; not with --unmask ancestral)")
+            ->capture_default_str();
+        app->add_option("--factor", o.factor, "Parallel decoding by Fast-dLLM's factor rule (0 = off)")
             ->capture_default_str();
         app->add_option("--heads", n_heads, "Attention heads when the model has no config.json (default D/64)");
     }
@@ -162,6 +190,7 @@ struct SampleArgs {
         if (!prompt.empty()) return io.tokenizer().encode(prompt);
         return parse_ids(prompt_ids, "--prompt-ids");
     }
+    std::string model_path() const { return model.empty() ? default_mdlm_model() : model; }
     SamplerOptions options() const {
         SamplerOptions so = o;
         so.prompt = prompt_tokens();
@@ -206,6 +235,7 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
         return;
     }
     const auto &ra = rep.runs[0], &rb = rep.runs[1];
+    const auto entropy = [P](const DiffusionRun& r) { return unigram_entropy(r.result.tokens, P); };
     std::cout << "[" << ra.cache.to_string() << "]\n" << marked(io, ra.result.tokens, rb.result.tokens, P) << "\n\n";
     std::cout << "[" << rb.cache.to_string() << "]\n" << marked(io, rb.result.tokens, ra.result.tokens, P) << "\n\n";
     std::cout << std::fixed << std::setprecision(3) << "token agreement: " << 100.0 * rep.agreement()
@@ -213,7 +243,9 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
               << "wall time: " << ra.result.seconds << " s vs " << rb.result.seconds << " s, speed-up "
               << ra.result.seconds / rb.result.seconds << "x\n"
               << "reused position-layer computations: " << 100.0 * ra.result.cache.reused_fraction() << "% vs "
-              << 100.0 * rb.result.cache.reused_fraction() << "%\n";
+              << 100.0 * rb.result.cache.reused_fraction() << "%\n"
+              << "denoiser forward passes: " << ra.result.forward_passes << " vs " << rb.result.forward_passes << "\n"
+              << "unigram entropy (nats): " << entropy(ra) << " vs " << entropy(rb) << "\n";
     if (ra.gen_ppl >= 0)
         std::cout << std::setprecision(2) << "generative perplexity under " << rep.score_with << ": " << ra.gen_ppl
                   << " vs " << rb.gen_ppl << "\n";
@@ -222,10 +254,11 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
 int run_generate(const GenerateArgs& a) {
     const auto flags = with(sampler_flags(), {{"cache", a.compare.empty() ? "--cache" : "--compare"},
                                               {"caches", a.compare.empty() ? "--cache" : "--compare"}});
+    if (a.cache == "help" || a.compare == "help") return print_cache_help();
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
     const auto rep = with_flag_errors(flags, [&] {
         DiffusionGenerateParams p;
-        p.model = a.s.model;
+        p.model = a.s.model_path();
         p.n_heads = a.s.n_heads;
         p.sampler = a.s.options();
         p.score_with = a.score_with;
@@ -233,9 +266,12 @@ int run_generate(const GenerateArgs& a) {
         const auto comma = a.compare.find(',');
         if (!a.compare.empty() && comma == std::string::npos)
             throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
-        p.caches = a.compare.empty() ? std::vector<CacheSpec>{parse_cache_spec(a.cache)}
-                                     : std::vector<CacheSpec>{parse_cache_spec(a.compare.substr(0, comma)),
-                                                              parse_cache_spec(a.compare.substr(comma + 1))};
+        // A mode's own keys (threshold=...) stay as written: only the field names the flag.
+        p.caches = with_flag_errors({{"cache", a.compare.empty() ? "--cache" : "--compare"}}, [&] {
+            return a.compare.empty() ? std::vector<DecodeSpec>{parse_decode_spec(a.cache)}
+                                     : std::vector<DecodeSpec>{parse_decode_spec(a.compare.substr(0, comma)),
+                                                               parse_decode_spec(a.compare.substr(comma + 1))};
+        });
         const int64_t P = static_cast<int64_t>(p.sampler.prompt.size());
         auto show = [&](const StepInfo& st) {
             const auto masked = std::count(st.tokens->begin(), st.tokens->end(), kMdlmMaskId);
@@ -271,7 +307,7 @@ int run_calibrate(CalibrateArgs a) {
                                               {"classes", "--classes"},
                                               {"max_stale", "--max-stale"}});
     const auto prof = with_flag_errors(flags, [&] {
-        auto model = load_mdlm(a.s.model, a.s.n_heads);
+        auto model = load_mdlm(a.s.model_path(), a.s.n_heads);
         for (const auto& p : a.prompt_id_lists) a.co.prompts.push_back(parse_ids(p, "--prompt-ids"));
         if (!a.prompts_from.empty())
             for (auto& p :
@@ -282,7 +318,7 @@ int run_calibrate(CalibrateArgs a) {
         a.co.sampler = a.s.o;
         a.co.validate();
         auto p = calibrate_mdlm(model, a.co);
-        p.meta["model"] = a.s.model;
+        p.meta["model"] = a.s.model_path();
         return p;
     });
     prof.save(a.out, a.overwrite);
@@ -341,6 +377,7 @@ struct BenchArgs {
     DiffusionBenchParams p;
     std::string steps_list = "64,128,256", json_out, plot_out;
     std::vector<std::string> caches = {"anchor"};
+    std::string baseline = "off";
     bool overwrite = false;
 };
 
@@ -350,28 +387,36 @@ void print_bench(const DiffusionBenchReport& rep, const DiffusionBenchRow* row) 
         std::cout << "model: " << rep.model << " (" << cfg["n_blocks"] << " x " << cfg["hidden_size"]
                   << "), L=" << rep.length << ", prompt " << rep.prompt_len << " (" << rep.prompts << "), unmask "
                   << unmask_rule_name(rep.unmask) << ", temperature " << rep.temperature << ", threads " << rep.threads
-                  << ", load " << rep.load_start << "\n"
-                  << "cache | steps | off s (min/med/max) | cached s (min/med/max) | speed-up (median) | reused | "
-                     "agreement"
-                  << (rep.score_with.empty() ? "" : " | gen-PPL off | gen-PPL cached") << "\n";
+                  << ", load " << rep.load_start << ", baseline " << rep.baseline << "\n"
+                  << "mode | steps | base s (min/med/max) | mode s (min/med/max) | speed-up per prompt (min/med/max) | "
+                     "forwards base/mode | reused | agreement | entropy base / mode"
+                  << (rep.score_with.empty() ? "" : " | gen-PPL base / mode (+-95% CI) | gen-PPL change") << "\n";
         return;
     }
     const auto& r = *row;
     std::cout << std::fixed << std::setprecision(3) << r.cache << " | " << r.steps << " | " << r.off_s.min << " / "
               << r.off_s.median << " / " << r.off_s.max << " | " << r.cached_s.min << " / " << r.cached_s.median
-              << " / " << r.cached_s.max << " | " << std::setprecision(2) << r.speedup() << "x | "
-              << std::setprecision(1) << 100 * r.reused << "% | " << 100 * r.agreement << "%";
-    if (r.gen_ppl_off >= 0) std::cout << std::setprecision(2) << " | " << r.gen_ppl_off << " | " << r.gen_ppl_cached;
+              << " / " << r.cached_s.max << " | " << std::setprecision(2) << r.speedups.min << " / "
+              << r.speedups.median << " / " << r.speedups.max << "x | " << std::setprecision(1) << r.forwards_off
+              << " / " << r.forwards_cached << " | " << 100 * r.reused << "% | " << 100 * r.agreement << "% | "
+              << std::setprecision(3) << r.entropy_off.mean << " / " << r.entropy_cached.mean << " (" << std::showpos
+              << std::setprecision(1) << 100 * r.entropy_change() << std::noshowpos << "%)";
+    if (r.gen_ppl_off.mean >= 0)
+        std::cout << std::setprecision(2) << " | " << r.gen_ppl_off.mean << " +- " << r.gen_ppl_off.ci95 << " / "
+                  << r.gen_ppl_cached.mean << " +- " << r.gen_ppl_cached.ci95 << " | " << std::showpos
+                  << std::setprecision(1) << 100 * r.gen_ppl_change() << std::noshowpos << "%";
     std::cout << std::defaultfloat << std::endl;
 }
 
-// The speed/quality curve: one series per step count, points by speed-up.
+// The speed/quality curve: one series per step count, points by speed-up; gen-PPL change against the baseline when
+// scored, else token agreement.
 void write_bench_plot(const BenchArgs& a, const DiffusionBenchReport& rep) {
+    const bool ppl = !rep.score_with.empty();
     std::vector<LossSeries> series;
     for (auto T : a.p.steps) {
         std::vector<std::pair<double, double>> pts;
         for (const auto& r : rep.rows)
-            if (r.steps == T) pts.emplace_back(r.speedup(), 100.0 * r.agreement);
+            if (r.steps == T) pts.emplace_back(r.speedup(), ppl ? 100.0 * r.gen_ppl_change() : 100.0 * r.agreement);
         std::sort(pts.begin(), pts.end());
         LossSeries s;
         s.label = "T = " + std::to_string(T);
@@ -379,9 +424,10 @@ void write_bench_plot(const BenchArgs& a, const DiffusionBenchReport& rep) {
         series.push_back(s);
     }
     PlotAxes ax;
-    ax.title = "text-diffusion cache: token agreement with off vs speed-up (L=" + std::to_string(a.p.length) + ")";
-    ax.x_label = "speed-up over off (median wall time)";
-    ax.y_label = "agreement %";
+    ax.title = std::string("text diffusion: ") + (ppl ? "gen-PPL change" : "token agreement") + " vs speed-up over " +
+               rep.baseline + " (L=" + std::to_string(a.p.length) + ")";
+    ax.x_label = "speed-up over " + rep.baseline + " (median wall time)";
+    ax.y_label = ppl ? "gen-PPL change %" : "agreement %";
     ax.log_y = false;
     write_file_atomic(a.plot_out, line_plot_png(series, ax), a.overwrite);
     std::cout << "wrote " << a.plot_out << "\n";
@@ -398,9 +444,15 @@ int run_bench(BenchArgs a) {
                                                    {"prompt_len", "--prompt-len"},
                                                    {"layers", "--layers"},
                                                    {"dim", "--dim"},
-                                                   {"prompt", "--prompt-len"}});
+                                                   {"prompt", "--prompt-len"},
+                                                   {"block_length", "--block-length"}});
+    if (std::find(a.caches.begin(), a.caches.end(), "help") != a.caches.end() || a.baseline == "help")
+        return print_cache_help();
     const auto rep = with_flag_errors(flags, [&] {
-        for (const auto& c : a.caches) a.p.caches.push_back(parse_cache_spec(c));
+        with_flag_errors({{"cache", "--cache or --baseline"}}, [&] {
+            a.p.baseline = parse_decode_spec(a.baseline);
+            for (const auto& c : a.caches) a.p.caches.push_back(parse_decode_spec(c));
+        });
         return run_diffusion_bench(a.p, print_bench);
     });
     std::cout << "load at end: " << rep.load_end << "\n";
@@ -420,7 +472,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
 
     auto g = std::make_shared<GenerateArgs>();
     auto* gen = diff->add_subcommand("generate", "Sample text; --compare runs two cache modes side by side");
-    g->s.add(gen, true);
+    g->s.add(gen);
     gen->add_option("--cache", g->cache, cache_help())->capture_default_str();
     gen->add_option("--compare", g->compare, "Two cache modes, e.g. off,anchor:stale=2");
     gen->add_flag("--show-steps", g->show_steps, "Print the sequence after every step");
@@ -432,7 +484,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     auto c = std::make_shared<CalibrateArgs>();
     auto* cal =
         diff->add_subcommand("calibrate", "Uncached sampling on prompts -> anchor profile JSON (k-means classes)");
-    c->s.add(cal, true);
+    c->s.add(cal);
     cal->add_option("--prompt-id-list", c->prompt_id_lists, "A prompt as ids (repeatable)");
     cal->add_option("--prompts-from", c->prompts_from, "Token file (uint16 LE) to take prompts from");
     cal->add_option("--n-prompts", c->n_prompts, "Prompts taken from --prompts-from")->capture_default_str();
@@ -487,7 +539,8 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
 
     auto b = std::make_shared<BenchArgs>();
     auto& bp = b->p;
-    auto* be = diff->add_subcommand("bench", "Wall time off vs a cache mode, reused fraction, token agreement");
+    auto* be = diff->add_subcommand(
+        "bench", "Speed-up over a baseline, gen-PPL, unigram entropy and agreement of decoding modes");
     be->add_option("-m,--model", bp.model, "Model (default: random weights of --layers x --dim)");
     be->add_option("--layers", bp.layers, "Random model blocks")->capture_default_str();
     be->add_option("--dim", bp.dim, "Random model hidden size")->capture_default_str();
@@ -497,16 +550,21 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--steps-list", b->steps_list, "Step counts, comma separated")->capture_default_str();
     be->add_option("--repeats", bp.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     add_enum_option(*be, "--unmask", bp.unmask, unmask_rule_table(), "Unmasking rule");
-    be->add_option("--cache", b->caches, "Cache modes to measure against off (repeatable): " + cache_help())
+    be->add_option("--cache", b->caches, "Modes to measure against the baseline (repeatable). " + cache_help())
+        ->capture_default_str();
+    be->add_option("--baseline", b->baseline, "The mode every --cache is measured against")->capture_default_str();
+    be->add_option("--block-length", bp.block_length, "Block length of modes that do not set block=")
         ->capture_default_str();
     be->add_option("--prompts-from", bp.prompts_from,
                    "Token file (uint16 LE) whose evenly spaced windows are the prompts");
     be->add_option("--temperature", bp.temperature, "Sampling temperature (0: argmax, so agreement measures the cache)")
         ->capture_default_str();
     be->add_option("--score-with", bp.score_with, "GPT-2 model: generative perplexity of every sample");
-    be->add_option("--seed", bp.seed, "Seed")->capture_default_str();
+    be->add_option("-s,--seed", bp.seed, "Seed")->capture_default_str();
     be->add_option("--json", b->json_out, "Write every row to this JSON file");
-    be->add_option("--plot", b->plot_out, "Write the agreement vs speed-up curve to this PNG");
+    be->add_option("--plot", b->plot_out,
+                   "Write the speed-quality curve (gen-PPL change with --score-with, else agreement, vs speed-up) to "
+                   "this PNG");
     be->add_flag("--overwrite", b->overwrite, "Replace existing --json / --plot files");
     runners.emplace_back(be, [b] { return run_bench(*b); });
 }

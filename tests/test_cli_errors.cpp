@@ -297,6 +297,11 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
     const auto work = test::scratch_dir("errors_text_inputs");
     const std::string g = "tests/golden/text/gpt2_tiny", txt = "tests/golden/text/eval/kjv_text.txt";
     write_bytes(work + "/bad.safetensors", "garbage");
+    // A LLaDA checkpoint (its config and one of its tensor names).
+    fs::create_directories(work + "/llada");
+    save_safetensors(work + "/llada/model.safetensors",
+                     NamedTensors{{"model.transformer.blocks.0.q_proj.weight", torch::zeros({2, 2})}});
+    write_bytes(work + "/llada/config.json", R"({"model_type": "llada", "architectures": ["LLaDAModelLM"]})");
     fs::copy(g, work + "/bad_model", fs::copy_options::recursive);
     write_bytes(work + "/bad_model/config.json", "{ not json");
     // NaN in the final layer norm: every logit is NaN from the first token on.
@@ -356,6 +361,31 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
          {"diffusion", "generate", "-m", "assets/models/kjv-mdlm", "-p", "a", "--cache", "bogus"},
          2,
          {"bogus"}},
+        {"diffusion threshold out of range",
+         "text",
+         {"diffusion", "generate", "-p", "a", "--unmask", "confidence", "--threshold", "1.5"},
+         2,
+         {"--threshold", "[0, 1]"}},
+        {"diffusion threshold with ancestral unmasking",
+         "text",
+         {"diffusion", "generate", "-p", "a", "--threshold", "0.9"},
+         2,
+         {"--threshold", "ancestral"}},
+        {"diffusion block cache key",
+         "text",
+         {"diffusion", "generate", "-p", "a", "--cache", "dual:stale=3"},
+         2,
+         {"dual", "refresh"}},
+        {"diffusion decoding key",
+         "text",
+         {"diffusion", "generate", "-p", "a", "--cache", "off+bogus=1"},
+         2,
+         {"bogus", "threshold"}},
+        {"diffusion LLaDA checkpoint",
+         "text",
+         {"diffusion", "generate", "-m", work + "/llada", "-p", "a"},
+         1,
+         {"LLaDA", "RMSNorm"}},
     };
     run_cases(cases, out);
 }

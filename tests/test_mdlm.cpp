@@ -5,11 +5,13 @@
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
 #include "text/mdlm_calibrate.h"
+#include "text/mdlm_run.h"
 #include "text/params.h"
 #include "text/token_file.h"
 #include "text/train/mdlm_train.h"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <filesystem>
@@ -191,7 +193,7 @@ TEST_CASE("mdlm cache: off equals a cache that recomputes everything", "[mdlm]")
         auto m = tiny_model(gate);
         auto so = confidence_options(8, 11);
         MdlmDenoiser off(m, parse_cache_spec("off"));
-        MdlmDenoiser full(m, parse_cache_spec("anchor:refresh=1,rho=0"));
+        MdlmDenoiser full(m, parse_cache_spec("anchor:masked=active,refresh=1,rho=0"));
         auto a = sample(off, so), b = sample(full, so);
         CHECK(a.tokens == b.tokens);
         CHECK(b.cache.reused_fraction() == 0.0);
@@ -220,7 +222,7 @@ TEST_CASE("mdlm cache: gather/scatter of active positions equals the dense compu
     auto ids = scripted_ids(m, L);
     auto pos = torch::arange(L, torch::kInt64);
     MdlmDenoiser off(m, parse_cache_spec("off"));
-    MdlmDenoiser cached(m, parse_cache_spec("anchor:stale=100,rho=0"));
+    MdlmDenoiser cached(m, parse_cache_spec("anchor:masked=active,stale=100,rho=0"));
     auto gen = at::detail::createCPUGenerator(5);
     cached.override_active = [&](int64_t step, int64_t, const torch::Tensor& rule) {
         if (step == 0) return rule;
@@ -274,13 +276,13 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
         return d.stats();
     };
     // step: 0 full, 1-2 anchored (age 1, 2), 3 recomputed (age 3 > 2), 4 refresh, 5-6 anchored, 7 age 3, 8 refresh.
-    auto st = run("anchor:tau=2,stale=2,rho=0,refresh=4", {L, 1, 1, L, L, 1, 1, L, L});
+    auto st = run("anchor:masked=active,tau=2,stale=2,rho=0,refresh=4", {L, 1, 1, L, L, 1, 1, L, L});
     CHECK(st.full_steps == 5);
     CHECK(st.position_layers_reused == 4 * (L - 1) * 3);
     // tau below every gate mean: layers use stale_high = 3 -> 0 full, 1-3 anchored, 4 recompute by age.
-    run("anchor:tau=-1,stale=1,stale_high=3,rho=0", {L, 1, 1, 1, L, 1});
+    run("anchor:masked=active,tau=-1,stale=1,stale_high=3,rho=0", {L, 1, 1, 1, L, 1});
     // V check: rho=0.5 re-verifies half of the 11 anchored candidates (ceil) each step.
-    run("anchor:tau=2,stale=10,rho=0.5", {L, 7, 7});
+    run("anchor:masked=active,tau=2,stale=10,rho=0.5", {L, 7, 7});
     // masked=reuse: the [MASK] position is anchored too, except at the steps where its logits are asked for.
     {
         MdlmDenoiser d(m, parse_cache_spec("anchor:tau=2,stale=10,rho=0,masked=reuse"));
@@ -296,7 +298,7 @@ TEST_CASE("mdlm cache: staleness, token change, gate and refresh rules on a scri
     }
     // A token change re-activates that position.
     {
-        MdlmDenoiser d(m, parse_cache_spec("anchor:tau=2,stale=10,rho=0"));
+        MdlmDenoiser d(m, parse_cache_spec("anchor:masked=active,tau=2,stale=10,rho=0"));
         d.reset(L);
         d.logits(x, 0.9, 0, pos);
         auto y = x.clone();
@@ -313,7 +315,7 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     auto so = confidence_options(10, 2);
     so.temperature = 0;
     const int64_t layers = m->config().n_blocks, L = so.length;
-    MdlmDenoiser den(m, parse_cache_spec("anchor:stale=3,rho=0.1"));
+    MdlmDenoiser den(m, parse_cache_spec("anchor:masked=active,stale=3,rho=0.1"));
     auto r = sample(den, so);
     const int64_t active = r.cache.position_layers_total - r.cache.position_layers_reused;
     // Five slots (K, V, Attn, Ffn, Token) per recomputed position and layer; every anchored row was a fresh row.
@@ -330,13 +332,13 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     CHECK(r2.store.rows_written == r.store.rows_written);
 
     // fp16 storage: about half the bytes, logits within float16 rounding of the float32 store.
-    MdlmDenoiser half(m, parse_cache_spec("anchor:stale=3,rho=0.1,fp16=1"));
+    MdlmDenoiser half(m, parse_cache_spec("anchor:masked=active,stale=3,rho=0.1,fp16=1"));
     auto rh = sample(half, so);
     CHECK(rh.store.bytes < r.store.bytes * 6 / 10);
     auto ids = scripted_ids(m, L);
     auto pos = torch::arange(L, torch::kInt64);
-    MdlmDenoiser a(m, parse_cache_spec("anchor:stale=10,rho=0")),
-        b(m, parse_cache_spec("anchor:stale=10,rho=0,fp16=1"));
+    MdlmDenoiser a(m, parse_cache_spec("anchor:masked=active,stale=10,rho=0")),
+        b(m, parse_cache_spec("anchor:masked=active,stale=10,rho=0,fp16=1"));
     a.reset(L);
     b.reset(L);
     a.logits(ids, 0.7, 0, pos);
@@ -350,7 +352,7 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     // A byte budget below the whole sequence's latents: layers are evicted and recomputed, the sample completes.
     const double layer_mib = double(r.store.bytes) / double(layers) / (1024.0 * 1024.0);
     std::ostringstream spec;
-    spec << "anchor:stale=3,rho=0.1,budget=" << 2.5 * layer_mib;
+    spec << "anchor:masked=active,stale=3,rho=0.1,budget=" << 2.5 * layer_mib;
     MdlmDenoiser tight(m, parse_cache_spec(spec.str()));
     auto rt = sample(tight, so);
     CHECK(rt.store.evictions > 0);
@@ -358,34 +360,37 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     CHECK(rt.tokens.size() == size_t(L));
     // One that cannot hold one layer is refused, naming the budget.
     std::ostringstream tiny;
-    tiny << "anchor:budget=" << 0.5 * layer_mib;
+    tiny << "anchor:masked=active,budget=" << 0.5 * layer_mib;
     MdlmDenoiser none(m, parse_cache_spec(tiny.str()));
     CHECK_THROWS_WITH(sample(none, so), Catch::Contains("budget"));
 }
 
 TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
-    auto s = parse_cache_spec("anchor:tau=0.9,stale=3,rho=0.1,refresh=8");
+    auto s = parse_cache_spec("anchor:masked=active,tau=0.9,stale=3,rho=0.1,refresh=8");
     CHECK(s.mode == CacheMode::Anchor);
     CHECK(s.anchor.tau_gate == Approx(0.9));
     CHECK(s.anchor.stale == 3);
     CHECK(s.anchor.refresh == 8);
     CHECK(parse_cache_spec(s.to_string()).anchor.rho == Approx(0.1));
     CHECK(parse_cache_spec("off").mode == CacheMode::Off);
-    CHECK(parse_cache_spec("anchor").anchor.stale == 2);
+    // The default anchor mode is the best setting measured on held-out prompts (mdlm_cache.h).
+    CHECK(parse_cache_spec("anchor").anchor.stale == 32);
+    CHECK(parse_cache_spec("anchor").anchor.rho == 0.0);
+    CHECK(parse_cache_spec("anchor").anchor.reuse_masked);
     CHECK_THROWS_AS(parse_cache_spec("anchr"), ParamError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale=-1"), ParamError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:rho=2"), ParamError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:bogus=1"), ParamError);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:stale"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:masked=active,stale=-1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:masked=active,rho=2"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:masked=active,bogus=1"), ParamError);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:masked=active,stale"), ParamError);
     CHECK(parse_cache_spec("anchor:masked=reuse").anchor.reuse_masked);
     CHECK(!parse_cache_spec("anchor:masked=active").anchor.reuse_masked);
     CHECK(parse_cache_spec(parse_cache_spec("anchor:masked=reuse").to_string()).anchor.reuse_masked);
     CHECK_THROWS_WITH(parse_cache_spec("anchor:masked=yes"), Catch::Contains("'active' or 'reuse'"));
-    auto st = parse_cache_spec("anchor:fp16=1,budget=64");
+    auto st = parse_cache_spec("anchor:masked=active,fp16=1,budget=64");
     CHECK(st.anchor.fp16);
     CHECK(st.anchor.budget_mib == 64);
     CHECK(parse_cache_spec(st.to_string()).anchor.budget_mib == 64);
-    CHECK_THROWS_AS(parse_cache_spec("anchor:budget=-1"), Error);
+    CHECK_THROWS_AS(parse_cache_spec("anchor:masked=active,budget=-1"), Error);
 }
 
 TEST_CASE("mdlm sampler: unmask counts per step, blocks, determinism", "[mdlm]") {
@@ -455,7 +460,7 @@ TEST_CASE("mdlm cache: anchor sampling reuses work and stays close to off", "[md
     so.rule = UnmaskRule::Confidence;
     so.temperature = 0;
     MdlmDenoiser off(m, parse_cache_spec("off"));
-    MdlmDenoiser anc(m, parse_cache_spec("anchor:stale=2,rho=0.05,refresh=8"));
+    MdlmDenoiser anc(m, parse_cache_spec("anchor:masked=active,stale=2,rho=0.05,refresh=8"));
     auto a = sample(off, so), b = sample(anc, so);
     CHECK(b.cache.reused_fraction() > 0.2);
     CHECK(b.cache.position_layers_total == 48 * 3 * 16);
@@ -499,7 +504,7 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     CHECK(prof.time_bins == 6);
     CHECK(deltas[1][3] > 0.0);
     prof.save(dir + "/cal.json", true);
-    MdlmDenoiser d(m, parse_cache_spec("anchor:profile=" + dir + "/cal.json"));
+    MdlmDenoiser d(m, parse_cache_spec("anchor:masked=active,profile=" + dir + "/cal.json"));
     SamplerOptions so = co.sampler;
     so.prompt = {464, 3290};
     auto r = sample(d, so);
@@ -529,12 +534,12 @@ TEST_CASE("mdlm profile: the committed kjv-mdlm profile (format anchorcache-mdlm
             CHECK(p.staleness(l, s, T) == p.class_stale[size_t(p.class_of[size_t(l)][size_t(s)])]);
     // The model it was calibrated for takes it; a step-range profile (Stable Diffusion) is refused by name.
     MdlmDenoiser d(load_mdlm(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm"),
-                   parse_cache_spec("anchor:profile=" + path));
+                   parse_cache_spec("anchor:masked=active,profile=" + path));
     auto dir = test::scratch_dir("mdlm_profile_kinds");
     cache::AnchorProfile sd;
     sd.step_ranges = {{0.0, 1.0, 0.2, 0.1}};
     sd.save(dir + "/sd.json", true);
-    CHECK_THROWS_WITH(MdlmDenoiser(tiny_model(), parse_cache_spec("anchor:profile=" + dir + "/sd.json")),
+    CHECK_THROWS_WITH(MdlmDenoiser(tiny_model(), parse_cache_spec("anchor:masked=active,profile=" + dir + "/sd.json")),
                       Catch::Contains("no layer classes"));
 }
 
@@ -623,4 +628,243 @@ TEST_CASE("mdlm training on the KJV: held-out books are written and not trained 
     TrainOptions both = o;
     both.tokens_path = dir + "/x.bin";
     CHECK_THROWS_AS(train_mdlm(both), ParamError);
+}
+
+// ---- parallel decoding, selection rules, block caches, published layouts
+// ----------------------------------------------
+
+TEST_CASE("mdlm sampler: Fast-dLLM threshold and factor counts", "[mdlm][parallel]") {
+    auto c = torch::tensor({0.5, 0.99, 0.2, 0.95}, torch::kFloat64);
+    CHECK(parallel_count(c, 0.9, 0) == 2);
+    CHECK(parallel_count(c, 0.999, 0) == 1); // none above: the best one still
+    CHECK(parallel_count(c, 1.0, 0) == 1);
+    CHECK(parallel_count(c, 0.1, 0) == 4);
+    CHECK(parallel_count(c, 0, 0) == 0); // off
+    // Factor rule: c_i >= 1 - f / (i + 1) for i = 1..n (1-based), the first always.
+    CHECK(parallel_count(c, 0, 1.0) == 2); // 0.95 >= 1 - 1/3; 0.5 < 1 - 1/4
+    CHECK(parallel_count(c, 0, 3.0) == 3); // 0.5 >= 1 - 3/4; 0.2 < 1 - 3/5
+    CHECK(parallel_count(torch::tensor({0.1}, torch::kFloat64), 0, 0.01) == 1);
+}
+
+TEST_CASE("mdlm sampler: threshold 1 is the schedule bit for bit, one token per step at steps = length",
+          "[mdlm][parallel]") {
+    auto m = tiny_model();
+    MdlmDenoiser den(m, parse_cache_spec("off"));
+    for (double temp : {0.0, 1.0}) {
+        auto so = confidence_options(15, 5);
+        so.length = 20; // 15 generated tokens, 15 steps
+        so.temperature = temp;
+        auto plain = sample(den, so);
+        so.threshold = 1.0;
+        auto thr = sample(den, so);
+        CHECK(thr.tokens == plain.tokens);
+        CHECK(thr.unmasked_per_step == std::vector<int64_t>(15, 1));
+        // At fewer steps tau = 1 adds nothing to the schedule either.
+        so.steps = 5;
+        auto thr7 = sample(den, so);
+        so.threshold = 0;
+        CHECK(thr7.tokens == sample(den, so).tokens);
+    }
+    // A threshold below every confidence decodes each block in one step and skips the rest of its steps.
+    auto so = confidence_options(15, 5);
+    so.length = 20;
+    so.block_length = 5; // 3 blocks of 5 steps
+    so.threshold = 1e-12;
+    auto fast = sample(den, so);
+    CHECK(fast.forward_passes == 3);
+    for (auto t : fast.tokens) CHECK(t != kMdlmMaskId);
+    // The factor rule decodes at least one per step and finishes every block.
+    so.threshold = 0;
+    so.factor = 1.0;
+    auto fr = sample(den, so);
+    CHECK(fr.forward_passes <= 15);
+    for (auto t : fr.tokens) CHECK(t != kMdlmMaskId);
+    // Invalid combinations name the field.
+    so.threshold = 0.9;
+    CHECK_THROWS_WITH(sample(den, so), Catch::Contains("threshold"));
+    so.factor = 0;
+    so.rule = UnmaskRule::Ancestral;
+    CHECK_THROWS_WITH(sample(den, so), Catch::Contains("ancestral"));
+    so.rule = UnmaskRule::Confidence;
+    so.threshold = 1.5;
+    CHECK_THROWS_AS(sample(den, so), ParamError);
+}
+
+TEST_CASE("mdlm sampler: margin, entropy and random selection rules", "[mdlm][parallel]") {
+    // Row 0 is peaked, row 1 flat: both rules rank row 0 first.
+    auto logits = torch::tensor({{8.0, 0.0, 0.0, 0.0}, {1.0, 1.0, 1.0, 0.9}});
+    SamplerChain chain(CandidateLayout::Masked);
+    chain.add(greedy_step());
+    auto gen = at::detail::createCPUGenerator(1);
+    auto d = chain.apply(logits, true);
+    auto margin = selection_score(UnmaskRule::Margin, d, gen);
+    auto ent = selection_score(UnmaskRule::Entropy, d, gen);
+    CHECK(margin[0].item<double>() > margin[1].item<double>());
+    CHECK(margin[1].item<double>() == Approx(0.0).margin(1e-12));
+    CHECK(ent[0].item<double>() > ent[1].item<double>());
+    CHECK(-ent[1].item<double>() == Approx(std::log(4.0)).margin(0.01)); // near-uniform: entropy ~ log 4
+    auto rnd = selection_score(UnmaskRule::Random, d, gen);
+    CHECK(rnd.size(0) == 2);
+    CHECK(enum_from_string(unmask_rule_table(), "entropy", "rule") == UnmaskRule::Entropy);
+    // Each rule decodes every position, deterministically for a seed; the rules differ in order.
+    auto m = tiny_model();
+    MdlmDenoiser den(m, parse_cache_spec("off"));
+    std::vector<std::vector<int64_t>> outs;
+    for (auto r : {UnmaskRule::Confidence, UnmaskRule::Margin, UnmaskRule::Entropy, UnmaskRule::Random}) {
+        auto so = confidence_options(3, 2);
+        so.length = 14;
+        so.rule = r;
+        so.top_p = r == UnmaskRule::Margin ? 0.9 : 1.0;
+        auto a = sample(den, so), b = sample(den, so);
+        CHECK(a.tokens == b.tokens);
+        for (auto t : a.tokens) CHECK(t != kMdlmMaskId);
+        outs.push_back(a.tokens);
+    }
+    CHECK(outs[0] != outs[3]);
+}
+
+TEST_CASE("mdlm cache: prefix and dual caches refreshed every step equal off bit for bit", "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    MdlmDenoiser off(m, parse_cache_spec("off"));
+    for (const char* mode : {"prefix:refresh=1", "dual:refresh=1"})
+        for (double temp : {0.0, 1.0}) {
+            auto so = confidence_options(10, 4);
+            so.block_length = 7;
+            so.temperature = temp;
+            MdlmDenoiser c(m, parse_cache_spec(mode));
+            auto a = sample(off, so), b = sample(c, so);
+            INFO(mode << " T=" << temp);
+            CHECK(a.tokens == b.tokens);
+            CHECK(b.cache.reused_fraction() == 0.0);
+            // Ancestral unmasking too.
+            so.rule = UnmaskRule::Ancestral;
+            CHECK(sample(off, so).tokens == sample(c, so).tokens);
+        }
+    // Refreshed once per block: the first step of every block is exact, the others reuse the prompt and finished
+    // blocks (prefix) and the masked suffix too (dual).
+    auto so = confidence_options(10, 4);
+    so.block_length = 7;
+    so.temperature = 0;
+    MdlmDenoiser pre(m, parse_cache_spec("prefix")), dual(m, parse_cache_spec("dual"));
+    auto rp = sample(pre, so), rd = sample(dual, so);
+    CHECK(rp.cache.full_steps == 5);
+    CHECK(rd.cache.full_steps == 5);
+    CHECK(rp.cache.reused_fraction() > 0.1);
+    CHECK(rd.cache.reused_fraction() > rp.cache.reused_fraction());
+    for (auto t : rd.tokens) CHECK(t != kMdlmMaskId);
+    // Step 1 of block 0 (positions 5..11 of 40): dual recomputes 7 positions per layer, prefix the 35 from 5 on.
+    CHECK(rd.cache.active_per_step[1] == 7 * 3);
+    CHECK(rp.cache.active_per_step[1] == 35 * 3);
+    // With the threshold: parallel decoding over the dual cache completes.
+    so.threshold = 0.5;
+    so.steps = 35;
+    auto rt = sample(dual, so);
+    for (auto t : rt.tokens) CHECK(t != kMdlmMaskId);
+    CHECK(parse_cache_spec("dual:refresh=4").to_string() == "dual:refresh=4");
+    CHECK(parse_cache_spec("prefix").mode == CacheMode::Prefix);
+    CHECK_THROWS_WITH(parse_cache_spec("dual:stale=3"), Catch::Contains("refresh"));
+    CHECK(cache_modes_help().find("dual") != std::string::npos);
+}
+
+TEST_CASE("mdlm run: decoding specs carry sampler overrides; unigram entropy", "[mdlm][parallel]") {
+    auto d = parse_decode_spec("dual:refresh=2+threshold=0.9,block=32,unmask=margin");
+    CHECK(d.cache.mode == CacheMode::Dual);
+    CHECK(d.cache.anchor.refresh == 2);
+    CHECK(*d.threshold == Approx(0.9));
+    CHECK(*d.block_length == 32);
+    CHECK(*d.rule == UnmaskRule::Margin);
+    CHECK(parse_decode_spec(d.to_string()).to_string() == d.to_string());
+    SamplerOptions so;
+    d.apply(so);
+    CHECK(so.block_length == 32);
+    CHECK(so.threshold == Approx(0.9));
+    CHECK(parse_decode_spec("off").to_string() == "off");
+    CHECK_THROWS_WITH(parse_decode_spec("off+bogus=1"), Catch::Contains("threshold"));
+    CHECK_THROWS_AS(parse_decode_spec("off+threshold=x"), ParamError);
+    CHECK(unigram_entropy({1, 2, 3, 3}, 2) == Approx(0.0));
+    CHECK(unigram_entropy({9, 1, 2, 3, 4}, 1) == Approx(std::log(4.0)));
+}
+
+namespace {
+// mdlm-owt's published files: `backbone.`-prefixed DiT tensors with the 6-way adaLN, rotary buffers, and Hugging
+// Face's MDLMConfig keys (no gate, `time_conditioning: false`).
+void write_hf_mdlm(const MdlmModel& m, const std::string& dir, bool time_conditioning) {
+    std::filesystem::create_directories(dir);
+    NamedTensors ts;
+    for (auto& [n, v] : mdlm_named_tensors(m)) ts.emplace_back("backbone." + n, v);
+    ts.emplace_back("backbone.rotary_emb.inv_freq", torch::zeros({4}));
+    save_safetensors(dir + "/model.safetensors", ts);
+    const auto& c = m->config();
+    nlohmann::json j = {
+        {"architectures", {"MDLM"}},
+        {"auto_map", {{"AutoConfig", "configuration_mdlm.MDLMConfig"}, {"AutoModelForMaskedLM", "modeling_mdlm.MDLM"}}},
+        {"cond_dim", c.cond_dim},
+        {"dropout", 0.1},
+        {"hidden_dim", c.hidden_size},
+        {"model_length", 64},
+        {"model_type", "mdlm"},
+        {"n_blocks", c.n_blocks},
+        {"n_heads", c.n_heads},
+        {"return_dict", false},
+        {"time_conditioning", time_conditioning},
+        {"torch_dtype", "float32"},
+        {"transformers_version", "4.38.2"},
+        {"vocab_size", c.vocab_size}};
+    std::ofstream(dir + "/config.json") << j.dump(2);
+}
+} // namespace
+
+TEST_CASE("mdlm: mdlm-owt's published layout loads with its own config.json; time_conditioning false feeds sigma 0",
+          "[mdlm][owt]") {
+    auto cfg = tiny_config(GateKind::AdaLN);
+    cfg.freq_embed_size = 256; // MDLM's TimestepEmbedder
+    MdlmModel m(cfg);
+    randomize_mdlm_weights(m, 11);
+    m->eval();
+    auto dir = test::scratch_dir("mdlm_owt");
+    write_hf_mdlm(m, dir + "/owt", false);
+    auto owt = load_mdlm(dir + "/owt");
+    const auto& oc = owt->config();
+    CHECK(oc.gate == GateKind::AdaLN);
+    CHECK(!oc.time_conditioning);
+    CHECK(oc.hidden_size == 32);
+    CHECK(oc.n_heads == 4);
+    CHECK(oc.max_seq_len == 64);
+    CHECK(oc.mask_token_id == 50257);
+    torch::NoGradGuard ng;
+    auto ids = torch::randint(0, 50257, {1, 12}, torch::kInt64);
+    // sigma = 0 whatever t: the logits at t = 0.3 and 0.9 agree and equal the model's at t = 0 (sigma(0) = 0).
+    auto a = owt->forward(ids, torch::tensor({0.3f})), b = owt->forward(ids, torch::tensor({0.9f}));
+    CHECK(test::max_abs_diff(a.narrow(2, 0, 50257), b.narrow(2, 0, 50257)) == 0.0);
+    CHECK(test::max_abs_diff(a.narrow(2, 0, 50257), m->forward(ids, torch::tensor({0.0f})).narrow(2, 0, 50257)) == 0.0);
+    // With time_conditioning true the same weights see sigma(t).
+    write_hf_mdlm(m, dir + "/timed", true);
+    auto timed = load_mdlm(dir + "/timed");
+    CHECK(timed->config().time_conditioning);
+    CHECK(test::max_abs_diff(timed->forward(ids, torch::tensor({0.9f})).narrow(2, 0, 50257),
+                             m->forward(ids, torch::tensor({0.9f})).narrow(2, 0, 50257)) == 0.0);
+    // It samples, and our own config.json round-trips time_conditioning.
+    MdlmDenoiser den(owt, parse_cache_spec("dual"));
+    auto so = confidence_options(5, 1);
+    so.block_length = 7;
+    CHECK(sample(den, so).tokens.size() == 40);
+    save_mdlm(owt, dir + "/ours");
+    CHECK(!load_mdlm(dir + "/ours")->config().time_conditioning);
+}
+
+TEST_CASE("mdlm: LLaDA and Dream layouts are refused naming the missing architecture", "[mdlm][owt]") {
+    auto dir = test::scratch_dir("mdlm_other");
+    auto write = [&](const std::string& sub, const std::string& tensor, const nlohmann::json& cfg) {
+        std::filesystem::create_directories(dir + "/" + sub);
+        save_safetensors(dir + "/" + sub + "/model.safetensors", NamedTensors{{tensor, torch::zeros({4, 4})}});
+        if (!cfg.is_null()) std::ofstream(dir + "/" + sub + "/config.json") << cfg.dump();
+    };
+    write("llada", "model.transformer.blocks.0.q_proj.weight",
+          {{"model_type", "llada"}, {"architectures", {"LLaDAModelLM"}}});
+    write("dream", "model.layers.0.self_attn.q_proj.weight",
+          {{"model_type", "Dream"}, {"architectures", {"DreamModel"}}});
+    write("llada_nocfg", "model.transformer.blocks.0.q_proj.weight", nullptr);
+    CHECK_THROWS_WITH(load_mdlm(dir + "/llada"), Catch::Contains("LLaDA") && Catch::Contains("RMSNorm"));
+    CHECK_THROWS_WITH(load_mdlm(dir + "/dream"), Catch::Contains("Dream") && Catch::Contains("Qwen2"));
+    CHECK_THROWS_WITH(load_mdlm(dir + "/llada_nocfg/model.safetensors"), Catch::Contains("LLaDA"));
 }

@@ -6,6 +6,7 @@
 #include "text/params.h"
 #include "text/token_file.h"
 
+#include <cmath>
 #include <optional>
 
 namespace anchor::text {
@@ -56,7 +57,31 @@ void DiffusionBenchParams::validate() const {
     so.prompt.assign(static_cast<size_t>(prompt_len), 0);
     so.rule = unmask;
     so.temperature = temperature;
-    for (auto T : steps) so.steps = T, so.validate();
+    so.block_length = block_length;
+    for (auto T : steps) {
+        so.steps = T;
+        for (const auto* d : {&baseline}) {
+            SamplerOptions o = so;
+            d->apply(o);
+            o.validate();
+        }
+        for (const auto& d : caches) {
+            SamplerOptions o = so;
+            d.apply(o);
+            o.validate();
+        }
+    }
+}
+
+MeanCi MeanCi::of(const std::vector<double>& v) {
+    MeanCi m;
+    if (v.empty()) return m;
+    double s = 0, s2 = 0;
+    for (double x : v) s += x;
+    m.mean = s / double(v.size());
+    for (double x : v) s2 += (x - m.mean) * (x - m.mean);
+    if (v.size() > 1) m.ci95 = 1.96 * std::sqrt(s2 / double(v.size() - 1) / double(v.size()));
+    return m;
 }
 
 nlohmann::json DiffusionBenchRow::to_json() const {
@@ -65,10 +90,15 @@ nlohmann::json DiffusionBenchRow::to_json() const {
                         {"off_s", off_s.to_json()},
                         {"cached_s", cached_s.to_json()},
                         {"speedup_median", speedup()},
+                        {"speedup_per_prompt", speedups.to_json()},
                         {"reused_fraction", reused},
                         {"token_agreement", agreement},
+                        {"forward_passes_off", forwards_off},
+                        {"forward_passes_cached", forwards_cached},
+                        {"unigram_entropy_off", entropy_off.to_json()},
+                        {"unigram_entropy_cached", entropy_cached.to_json()},
                         {"store", cache::to_json(store)}};
-    if (gen_ppl_off >= 0) o["gen_ppl_off"] = gen_ppl_off, o["gen_ppl_cached"] = gen_ppl_cached;
+    if (gen_ppl_off.mean >= 0) o["gen_ppl_off"] = gen_ppl_off.to_json(), o["gen_ppl_cached"] = gen_ppl_cached.to_json();
     return o;
 }
 
@@ -79,6 +109,7 @@ nlohmann::json DiffusionBenchReport::to_json() const {
     j["length"] = length;
     j["prompt_len"] = prompt_len;
     j["prompts"] = prompts;
+    j["baseline"] = baseline;
     j["unmask"] = unmask_rule_name(unmask);
     j["temperature"] = temperature;
     j["repeats"] = repeats;
@@ -103,6 +134,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     rep.prompt_len = p.prompt_len;
     rep.repeats = p.repeats;
     rep.prompts = p.prompts_from.empty() ? "random tokens" : p.prompts_from;
+    rep.baseline = p.baseline.to_string();
     rep.unmask = p.unmask;
     rep.temperature = p.temperature;
     rep.threads = at::get_num_threads();
@@ -113,12 +145,11 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     const size_t nc = p.caches.size();
     const double R = double(p.repeats);
     for (auto T : p.steps) {
-        // Off runs once per repeat; every cache mode is measured against the same runs, interleaved per repeat.
-        std::vector<double> toff;
-        std::vector<std::vector<double>> tc(nc);
+        // The baseline runs once per repeat; every mode is measured against the same runs, interleaved per repeat.
+        std::vector<double> toff, ppl_off, ent_off;
+        double fwd_off = 0;
+        std::vector<std::vector<double>> tc(nc), ratio(nc), ppl_c(nc), ent_c(nc);
         std::vector<DiffusionBenchRow> rows(nc);
-        std::vector<double> ppl_cached(nc, 0.0);
-        double ppl_off = 0;
         for (int64_t r = 0; r < p.repeats; ++r) {
             SamplerOptions so;
             so.length = p.length;
@@ -126,19 +157,29 @@ run_diffusion_bench(const DiffusionBenchParams& p,
             so.rule = p.unmask;
             so.seed = p.seed + static_cast<uint64_t>(r);
             so.temperature = p.temperature;
+            so.block_length = p.block_length;
             so.prompt = prompts[static_cast<size_t>(r)];
-            MdlmDenoiser off(model, CacheSpec{});
-            auto ro = sample(off, so);
+            SamplerOptions base = so;
+            p.baseline.apply(base);
+            MdlmDenoiser off(model, p.baseline.cache);
+            auto ro = sample(off, base);
             toff.push_back(ro.seconds);
-            if (scorer) ppl_off += gen_ppl(ro.tokens) / R;
+            fwd_off += double(ro.forward_passes) / R;
+            ent_off.push_back(unigram_entropy(ro.tokens, p.prompt_len));
+            if (scorer) ppl_off.push_back(gen_ppl(ro.tokens));
             for (size_t k = 0; k < nc; ++k) {
-                MdlmDenoiser anc(model, p.caches[k]);
-                auto ra = sample(anc, so);
+                SamplerOptions o = so;
+                p.caches[k].apply(o);
+                MdlmDenoiser anc(model, p.caches[k].cache);
+                auto ra = sample(anc, o);
                 tc[k].push_back(ra.seconds);
+                ratio[k].push_back(ro.seconds / ra.seconds);
                 rows[k].reused += ra.cache.reused_fraction() / R;
                 rows[k].agreement += token_agreement(ro.tokens, ra.tokens, p.prompt_len) / R;
+                rows[k].forwards_cached += double(ra.forward_passes) / R;
                 rows[k].store += ra.store;
-                if (scorer) ppl_cached[k] += gen_ppl(ra.tokens) / R;
+                ent_c[k].push_back(unigram_entropy(ra.tokens, p.prompt_len));
+                if (scorer) ppl_c[k].push_back(gen_ppl(ra.tokens));
             }
         }
         for (size_t k = 0; k < nc; ++k) {
@@ -147,7 +188,11 @@ run_diffusion_bench(const DiffusionBenchParams& p,
             row.steps = T;
             row.off_s = Spread::of(toff);
             row.cached_s = Spread::of(tc[k]);
-            if (scorer) row.gen_ppl_off = ppl_off, row.gen_ppl_cached = ppl_cached[k];
+            row.speedups = Spread::of(ratio[k]);
+            row.forwards_off = fwd_off;
+            row.entropy_off = MeanCi::of(ent_off);
+            row.entropy_cached = MeanCi::of(ent_c[k]);
+            if (scorer) row.gen_ppl_off = MeanCi::of(ppl_off), row.gen_ppl_cached = MeanCi::of(ppl_c[k]);
             rep.rows.push_back(row);
             if (progress) progress(rep, &rep.rows.back());
         }

@@ -15,15 +15,37 @@ namespace anchor::text {
 
 // ---- mode strings ---------------------------------------------------------------------------------------------------
 
+const EnumTable<CacheMode>& cache_mode_table() {
+    static const EnumTable<CacheMode> t = {{"off", CacheMode::Off},
+                                           {"anchor", CacheMode::Anchor},
+                                           {"prefix", CacheMode::Prefix},
+                                           {"dual", CacheMode::Dual}};
+    return t;
+}
+
+std::string cache_modes_help() {
+    const AnchorCacheSettings d;
+    std::ostringstream os;
+    os << "off: dense forward at every step (the exact reference)\n"
+       << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
+    for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
+    os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
+       << "prefix[:refresh=R]: Fast-dLLM prefix KV cache: the prompt and finished blocks are computed once per block\n"
+       << "dual[:refresh=R]: Fast-dLLM DualCache: the masked suffix is cached too; only the current block is computed\n"
+       << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
+       << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
+    return os.str();
+}
+
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
     static const std::vector<std::pair<std::string, std::string>> keys = {
         {"tau", "gate-mean threshold above which a layer uses stale_high (default 0.95)"},
-        {"stale", "max age in steps of an anchored entry (default 2)"},
+        {"stale", "max age in steps of an anchored entry (default 32)"},
         {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
-        {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0.05)"},
+        {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0)"},
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
         {"masked",
-         "active: every [MASK] position is recomputed (default); reuse: only those being decoded (dLLM-Cache)"},
+         "reuse: only the [MASK] positions being decoded are recomputed (dLLM-Cache; default); active: every one"},
         {"fp16", "1: store the cached latents as float16 (half the bytes, results move by its rounding; default 0)"},
         {"budget", "byte budget of the latent store in MiB, 0 = unlimited; an evicted layer is recomputed (default 0)"},
         {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
@@ -32,11 +54,14 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
 
 std::string CacheSpec::to_string() const {
     if (mode == CacheMode::Off) return "off";
+    if (mode == CacheMode::Prefix || mode == CacheMode::Dual)
+        return enum_name(cache_mode_table(), mode) +
+               (anchor.refresh > 0 ? ":refresh=" + std::to_string(anchor.refresh) : std::string());
     std::ostringstream os;
     os << "anchor:tau=" << anchor.tau_gate << ",stale=" << anchor.stale;
     if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
     os << ",rho=" << anchor.rho << ",refresh=" << anchor.refresh;
-    if (anchor.reuse_masked) os << ",masked=reuse";
+    os << (anchor.reuse_masked ? ",masked=reuse" : ",masked=active");
     if (anchor.fp16) os << ",fp16=1";
     if (anchor.budget_mib > 0) os << ",budget=" << anchor.budget_mib;
     if (!anchor.profile.empty()) os << ",profile=" << anchor.profile;
@@ -47,9 +72,18 @@ CacheSpec parse_cache_spec(const std::string& s) {
     CacheSpec spec;
     if (s == "off") return spec;
     std::string head = s.substr(0, s.find(':'));
-    if (head != "anchor")
-        throw ParamError("cache", "mode '" + s + "' is unknown (expected 'off' or 'anchor[:key=value,...]')");
-    spec.mode = CacheMode::Anchor;
+    if (head == "anchor")
+        spec.mode = CacheMode::Anchor;
+    else if (head == "prefix")
+        spec.mode = CacheMode::Prefix;
+    else if (head == "dual")
+        spec.mode = CacheMode::Dual;
+    else
+        throw ParamError("cache", "mode '" + s +
+                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R] or "
+                                      "dual[:refresh=R]; --cache help lists them)");
+    const bool block_mode = spec.mode != CacheMode::Anchor;
+    if (block_mode) spec.anchor.refresh = 0;
     if (s.size() <= head.size() + 1) return spec;
     std::string rest = s.substr(head.size() + 1);
     std::stringstream ss(rest);
@@ -64,6 +98,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+        if (block_mode && k != "refresh")
+            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its only key is refresh)");
         auto num = [&](double lo, double hi) {
             size_t used = 0;
             double d = 0;
@@ -189,14 +225,22 @@ private:
     int64_t layer_, step_;
 };
 
+void MdlmDenoiser::begin_block(int64_t lo, int64_t hi) {
+    block_lo_ = lo;
+    block_hi_ = hi;
+    block_started_ = true;
+}
+
 void MdlmDenoiser::reset(int64_t length) {
     const auto& c = model_->config();
     length_ = length;
+    block_lo_ = 0, block_hi_ = length;
+    block_started_ = true;
     rope_ = model_->rope(length, torch::TensorOptions().dtype(torch::kFloat32));
     if (!ns_.empty()) store_.erase_namespace(ns_);
     ns_ = "mdlm/seq" + std::to_string(sequence_++);
     store_.reset_stats();
-    if (spec_.mode == CacheMode::Anchor)
+    if (spec_.mode != CacheMode::Off)
         for (int64_t l = 0; l < c.n_blocks; ++l) create_layer(l);
     stats_ = CacheStats{};
     decisions_.clear();
@@ -233,6 +277,15 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
     const auto& cfg = model_->config();
     const int64_t mask_id = model_->internal_mask_id();
     bool full = step == 0 || (a.refresh > 0 && step % a.refresh == 0);
+    const bool block_mode = spec_.mode == CacheMode::Prefix || spec_.mode == CacheMode::Dual;
+    torch::Tensor block_active; // prefix: [lo, L); dual: [lo, hi)
+    if (block_mode) {
+        full = full || block_started_;
+        block_started_ = false;
+        block_active = torch::zeros({length_}, torch::kBool);
+        const int64_t hi = spec_.mode == CacheMode::Dual ? block_hi_ : length_;
+        block_active.narrow(0, block_lo_, hi - block_lo_).fill_(true);
+    }
     decisions_.clear();
     // The gates depend on t only: every layer's modulation and gate mean first, then one gate decision for the step.
     std::vector<BlockModulation> mods;
@@ -262,12 +315,16 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         if (!present) create_layer(l);
         const auto rows = *store_.fresh_rows(key(l, MdlmSlot::Token), step, stale);
         const bool layer_full = full || rows.unwritten > 0;
-        auto active =
-            rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
-        if (a.reuse_masked) active.index_fill_(0, positions, true);
+        torch::Tensor active;
+        if (block_mode) {
+            active = layer_full ? torch::ones({length_}, torch::kBool) : block_active.clone();
+        } else {
+            active = rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
+            if (a.reuse_masked) active.index_fill_(0, positions, true);
+        }
         // V-verify (dLLM-Cache): among anchored candidates re-activate the rho fraction whose value vectors moved
         // most (lowest cosine similarity between the current V and the cached V).
-        if (!layer_full && a.rho > 0) {
+        if (!block_mode && !layer_full && a.rho > 0) {
             auto cidx = torch::nonzero(~active).reshape(-1);
             int64_t nc = cidx.size(0), nv = static_cast<int64_t>(std::ceil(a.rho * static_cast<double>(nc)));
             if (nc > 0 && nv > 0) {

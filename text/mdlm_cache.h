@@ -21,6 +21,13 @@
 // unattenuated, so the residual stream is dominated by the stable cached branch): cache::TimeGatePolicy with
 // GateDirection::HighReuses decides it from the gate means the modulation computes. Every `refresh` steps (and at
 // step 0) everything is recomputed. Mode `off` is the exact reference (dense forward every step).
+//
+// Block caches (Fast-dLLM, Wu et al. 2025, sec. 3.2), for semi-autoregressive decoding in blocks:
+//   * `prefix`: at the first step of each block every position is computed; at the block's other steps only the
+//     current block and the masked suffix after it are (queries, K/V, FFN), the prompt and the finished blocks
+//     before it keep their K/V and branch outputs from the block's first step (Fast-dLLM's prefix KV cache);
+//   * `dual`: only the current block is computed; the suffix is cached as well (Fast-dLLM's DualCache).
+// `refresh=R` also recomputes everything every R steps (R = 1: every step, which equals `off` bit for bit).
 #pragma once
 
 #include "cache/anchor_policy.h"
@@ -35,18 +42,20 @@
 
 namespace anchor::text {
 
-enum class CacheMode { Off, Anchor };
+enum class CacheMode { Off, Anchor, Prefix, Dual };
+const EnumTable<CacheMode>& cache_mode_table(); // "off", "anchor", "prefix", "dual"
 
+// The defaults are the best setting measured on held-out prompts (tests/bench/results/mdlm_default_anchor_*.txt).
 struct AnchorCacheSettings {
     double tau_gate = 0.95;
-    int64_t stale = 2;       // max age of an anchored entry (steps)
+    int64_t stale = 32;      // max age of an anchored entry (steps)
     int64_t stale_high = -1; // staleness for layers whose gate mean exceeds tau_gate; -1 = 2 * stale
-    double rho = 0.05;       // fraction of anchored candidates re-verified by value change
+    double rho = 0.0;        // fraction of anchored candidates re-verified by value change
     int64_t refresh = 0;     // full recompute every R steps (0 = only step 0)
     std::string profile;     // calibrated anchor profile (JSON) giving per-layer, per-time staleness
     // masked=reuse: a [MASK] position whose logits are not asked for this step is anchored like a decoded one
     // (dLLM-Cache caches the whole response, masks included); the positions being decoded stay active.
-    bool reuse_masked = false;
+    bool reuse_masked = true;
     bool fp16 = false;       // store the latents as float16 (half the bytes; results move by its rounding)
     double budget_mib = 0.0; // byte budget of the store in MiB (0 = unlimited); an evicted layer is recomputed
 };
@@ -57,11 +66,13 @@ struct CacheSpec {
     std::string to_string() const;
 };
 
-// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=reuse,fp16=1,budget=64,
-// profile=FILE" (any subset of keys).
+// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
+// profile=FILE" (any subset of keys) | "prefix[:refresh=R]" | "dual[:refresh=R]".
 // Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
-const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // key -> help (for --help)
+const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)
+// Every mode with its keys and defaults, one per line (`--cache help`).
+std::string cache_modes_help();
 
 // The store (cache/latent_cache.h, one per denoiser) holds, per layer, five row-versioned entries keyed
 // (namespace, layer, slot, anchor):
@@ -108,6 +119,9 @@ public:
 
     // Clears the cache for a new sequence of `length` tokens.
     void reset(int64_t length);
+    // The sampler starts decoding positions [lo, hi) (semi-autoregressive block): the block caches recompute
+    // everything at the next step and then only the block (dual) or the block and its suffix (prefix).
+    void begin_block(int64_t lo, int64_t hi);
     // ids: internal ids [L]; t: diffusion time in (0, 1]; step: global step index (0 = first);
     // positions: int64 [n] rows whose logits are wanted. Returns float logits [n, V] ([MASK] at -inf).
     torch::Tensor logits(const torch::Tensor& ids, double t, int64_t step, const torch::Tensor& positions);
@@ -148,6 +162,8 @@ private:
     bool has_profile_ = false;
     int64_t length_ = 0;
     int64_t total_steps_ = 0;
+    int64_t block_lo_ = 0, block_hi_ = 0;
+    bool block_started_ = false; // begin_block since the last step: the next step recomputes everything
     Rope rope_;
     CacheStats stats_;
     std::vector<LayerDecision> decisions_;

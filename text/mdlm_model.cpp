@@ -8,6 +8,8 @@
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -51,8 +53,29 @@ std::vector<JsonField> plain_fields(MdlmConfig& c) {
                              ANCHOR_JSON_FIELD(c, mlp_ratio)};
     f.insert(f.end(), {ANCHOR_JSON_FIELD(c, freq_embed_size), ANCHOR_JSON_FIELD(c, max_seq_len),
                        ANCHOR_JSON_FIELD(c, rope_base), ANCHOR_JSON_FIELD(c, norm_eps), ANCHOR_JSON_FIELD(c, noise_eps),
-                       ANCHOR_JSON_FIELD(c, tie_word_embeddings), ANCHOR_JSON_FIELD(c, compact_vocab)});
+                       ANCHOR_JSON_FIELD(c, tie_word_embeddings), ANCHOR_JSON_FIELD(c, compact_vocab),
+                       ANCHOR_JSON_FIELD(c, time_conditioning)});
     return f;
+}
+
+// Hugging Face's MDLMConfig (kuleshov-group/mdlm-owt, configuration_mdlm.py): its own key names, no gate (the DiT's
+// 6-way adaLN), full GPT-2 vocabulary with [MASK] last, untied head. `dropout` is training-only.
+MdlmConfig from_hf_mdlm_json(const nlohmann::json& j, const std::string& source) {
+    const JsonConfig f(j, source);
+    MdlmConfig c;
+    c.gate = GateKind::AdaLN;
+    c.time_conditioning = false; // MDLMConfig's default
+    std::vector<JsonField> fields{JsonField{"vocab_size", &c.vocab_size},
+                                  JsonField{"hidden_dim", &c.hidden_size},
+                                  JsonField{"n_heads", &c.n_heads},
+                                  JsonField{"n_blocks", &c.n_blocks},
+                                  JsonField{"cond_dim", &c.cond_dim},
+                                  JsonField{"model_length", &c.max_seq_len},
+                                  JsonField{"time_conditioning", &c.time_conditioning}};
+    f.read(fields);
+    c.mask_token_id = c.vocab_size - 1;
+    c.validate();
+    return c;
 }
 
 } // namespace
@@ -66,6 +89,7 @@ nlohmann::json MdlmConfig::to_json() const {
 }
 
 MdlmConfig MdlmConfig::from_json(const nlohmann::json& j, const std::string& source) {
+    if (j.is_object() && j.contains("hidden_dim") && !j.contains("hidden_size")) return from_hf_mdlm_json(j, source);
     const JsonConfig f(j, source);
     MdlmConfig c;
     f.read(plain_fields(c));
@@ -345,7 +369,9 @@ torch::Tensor MdlmModelImpl::sigma_of_t(const torch::Tensor& t) const {
 }
 
 torch::Tensor MdlmModelImpl::conditioning(const torch::Tensor& t) {
-    return torch::silu(sigma_map->forward(sigma_of_t(t.to(torch::kFloat32))));
+    auto tf = t.to(torch::kFloat32);
+    auto sigma = cfg_.time_conditioning ? sigma_of_t(tf) : torch::zeros_like(tf);
+    return torch::silu(sigma_map->forward(sigma));
 }
 
 Rope MdlmModelImpl::rope(int64_t length, const torch::TensorOptions& opts) const {
@@ -425,10 +451,45 @@ std::vector<std::pair<std::string, torch::Tensor>> mdlm_named_tensors(const Mdlm
     return out;
 }
 
+std::string unsupported_diffusion_lm(const nlohmann::json& config, const std::vector<std::string>& names) {
+    auto has_prefix = [&](const std::string& p) {
+        return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.rfind(p, 0) == 0; });
+    };
+    std::string type, archs;
+    if (config.is_object()) {
+        type = config.value("model_type", std::string());
+        if (config.contains("architectures") && config["architectures"].is_array())
+            for (const auto& a : config["architectures"])
+                if (a.is_string()) archs += a.get<std::string>() + " ";
+    }
+    auto lower = [](std::string s) {
+        for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        return s;
+    };
+    const std::string t = lower(type + " " + archs);
+    const char* lacks = "; this loader implements the MDLM/SEDD DiT only (time-conditioned adaLN blocks, LayerNorm, "
+                        "GELU MLP, fused qkv) and has no ";
+    if (t.find("llada") != std::string::npos || has_prefix("model.transformer.blocks."))
+        return std::string("LLaDA checkpoints are not supported") + lacks +
+               "LLaMA-style decoder (RMSNorm, SwiGLU feed-forward, separate q/k/v projections, no time conditioning)";
+    if (t.find("dream") != std::string::npos ||
+        (has_prefix("model.layers.") && !has_prefix("vocab_embed") && !has_prefix("backbone.")))
+        return std::string("Dream checkpoints are not supported") + lacks +
+               "Qwen2 decoder (RMSNorm, SwiGLU feed-forward, grouped-query attention with q/k/v biases, no time "
+               "conditioning)";
+    return "";
+}
+
 MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint) {
     // The one resolver: a training run folder also holds train_state.safetensors, and its model.safetensors is kept.
     const ModelSource src = resolve_model(path, {nullptr, "MDLM model"});
+    // Another diffusion LM is named by its config before its (large) weights are read, else by its tensor names.
+    if (auto why = unsupported_diffusion_lm(src.config, {}); !why.empty()) throw Error("'" + path + "': " + why);
     auto w = src.load_weights();
+    if (!w.has("vocab_embed.embedding") && !w.has("backbone.vocab_embed.embedding")) {
+        const auto why = unsupported_diffusion_lm(src.config, w.names());
+        if (!why.empty()) throw Error("'" + path + "': " + why);
+    }
     bool prefixed = w.has("backbone.vocab_embed.embedding");
     if (prefixed) w = w.with_prefix_stripped("backbone.");
     MdlmConfig cfg;

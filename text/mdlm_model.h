@@ -34,7 +34,12 @@
 // | vocab_ids                              | [V] int64          | not in SEDD: only in compact-vocabulary models |
 //
 // SEDD/MDLM buffers `blocks.i.attn.rotary_emb.inv_freq` and `rotary_emb.*` are ignored (rope is recomputed).
-// MDLM's published checkpoint has V = 50258 (GPT-2 + [MASK] at 50257) and conditions on sigma(t) like ours.
+// MDLM's published checkpoint has V = 50258 (GPT-2 + [MASK] at 50257). Its config.json is Hugging Face's MDLMConfig
+// (configuration_mdlm.py): vocab_size, model_length, hidden_dim, cond_dim, n_blocks, n_heads, dropout,
+// time_conditioning, and no gate key (its blocks are the 6-way adaLN ones). With `time_conditioning: false` (mdlm-owt)
+// the backbone was trained on sigma = 0 (modeling_mdlm.py zeroes sigma before sigma_map), so conditioning() does too.
+// LLaDA (LLaMA-style causal-free decoder) and Dream (Qwen2 decoder) checkpoints are rejected by name: they have no
+// time conditioning, use RMSNorm + SwiGLU and grouped K/V, none of which this DiT implements.
 //
 // Compact vocabulary: a model trained on a small corpus may keep only the V tokens it saw (`vocab_ids` maps internal
 // id -> GPT-2 id; the last one is [MASK]); ids are translated at the edges by `to_internal` / `to_external`.
@@ -78,11 +83,15 @@ struct MdlmConfig {
     GateKind gate = GateKind::TimeAnchor;
     bool tie_word_embeddings = false;
     bool compact_vocab = false; // `vocab_ids` buffer present
+    // false: the model ignores t (fed sigma = 0, as mdlm-owt was trained; Sahoo et al. 2024 sec. 3.5.1 find time
+    // conditioning unnecessary for masked diffusion).
+    bool time_conditioning = true;
 
     int64_t head_dim() const { return hidden_size / n_heads; }
     void validate() const; // throws anchor::Error
 
     nlohmann::json to_json() const;
+    // Our config.json, or Hugging Face's MDLMConfig layout (recognised by its `hidden_dim` key).
     static MdlmConfig from_json(const nlohmann::json& j, const std::string& source = "MDLM config");
     static MdlmConfig load(const std::string& path); // config.json
     // Shapes only; n_heads (not visible in shapes) comes from `n_heads_hint` or D / 64.
@@ -194,7 +203,8 @@ class MdlmModelImpl : public torch::nn::Module {
 public:
     explicit MdlmModelImpl(const MdlmConfig& cfg);
 
-    // Conditioning: sigma(t) of the log-linear schedule, then c = silu(sigma_map(sigma)). t: [B] in [0, 1].
+    // Conditioning: sigma(t) of the log-linear schedule (0 without time_conditioning), then
+    // c = silu(sigma_map(sigma)). t: [B] in [0, 1].
     torch::Tensor sigma_of_t(const torch::Tensor& t) const;
     torch::Tensor conditioning(const torch::Tensor& t);
     Rope rope(int64_t length, const torch::TensorOptions& opts) const;
@@ -241,9 +251,12 @@ void init_mdlm_weights(MdlmModel& model, uint64_t seed, double std = 0.02);
 void randomize_mdlm_weights(MdlmModel& model, uint64_t seed);
 
 // Loads config.json (or detects it) + safetensors from a folder or a .safetensors file. `backbone.` prefixes
-// (MDLM HF layout) are stripped; rotary buffers ignored. Weights are converted to float32.
+// (MDLM HF layout) are stripped; rotary buffers ignored. Weights are converted to float32. Another diffusion LM's
+// layout (LLaDA, Dream) is an anchor::Error naming the architecture and what this loader lacks for it.
 MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint = 0);
 // Writes `dir/config.json` and `dir/model.safetensors` (atomically) in `dtype` (float32 or float16).
+// The message for a config or tensor names of an unsupported diffusion-LM architecture ("" when it is not one).
+std::string unsupported_diffusion_lm(const nlohmann::json& config, const std::vector<std::string>& tensor_names);
 void save_mdlm(const MdlmModel& model, const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
                bool overwrite = true);
 // Named tensors with checkpoint names (for safetensors).

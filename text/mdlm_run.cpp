@@ -3,9 +3,98 @@
 #include "text/gpt2_model.h"
 #include "text/params.h"
 
+#include <cmath>
+#include <map>
 #include <optional>
+#include <sstream>
 
 namespace anchor::text {
+
+const std::vector<std::pair<std::string, std::string>>& decode_spec_keys() {
+    static const std::vector<std::pair<std::string, std::string>> k = {
+        {"unmask", "unmasking rule of this mode (ancestral, confidence, margin, entropy, random)"},
+        {"threshold", "Fast-dLLM confidence threshold in (0, 1]: unmask every position above it, at least one"},
+        {"factor", "Fast-dLLM factor rule f > 0"},
+        {"block", "semi-autoregressive block length of this mode (0 = one block)"}};
+    return k;
+}
+
+void DecodeSpec::apply(SamplerOptions& o) const {
+    if (rule) o.rule = *rule;
+    if (threshold) o.threshold = *threshold;
+    if (factor) o.factor = *factor;
+    if (block_length) o.block_length = *block_length;
+}
+
+std::string DecodeSpec::to_string() const {
+    std::ostringstream os;
+    os << cache.to_string();
+    std::string sep = "+";
+    auto add = [&](const std::string& k, const std::string& v) { os << sep << k << "=" << v, sep = ","; };
+    auto num = [](double x) {
+        std::ostringstream n;
+        n << x;
+        return n.str();
+    };
+    if (rule) add("unmask", unmask_rule_name(*rule));
+    if (threshold) add("threshold", num(*threshold));
+    if (factor) add("factor", num(*factor));
+    if (block_length) add("block", std::to_string(*block_length));
+    return os.str();
+}
+
+DecodeSpec parse_decode_spec(const std::string& s) {
+    DecodeSpec d;
+    const auto plus = s.find('+');
+    d.cache = parse_cache_spec(s.substr(0, plus));
+    if (plus == std::string::npos) return d;
+    std::stringstream ss(s.substr(plus + 1));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        const auto eq = item.find('=');
+        const std::string k = item.substr(0, eq), v = eq == std::string::npos ? "" : item.substr(eq + 1);
+        auto number = [&] {
+            size_t used = 0;
+            double x = 0;
+            try {
+                x = std::stod(v, &used);
+            } catch (...) {
+                used = 0;
+            }
+            if (v.empty() || used != v.size() || !std::isfinite(x) || x < 0)
+                throw ParamError("cache", "'" + s + "': " + k + "=" + v + " is not a number >= 0");
+            return x;
+        };
+        if (k == "unmask")
+            d.rule = enum_from_string(unmask_rule_table(), v, "cache '" + s + "': unmask");
+        else if (k == "threshold")
+            d.threshold = number();
+        else if (k == "factor")
+            d.factor = number();
+        else if (k == "block") {
+            const double x = number();
+            if (x != std::floor(x)) throw ParamError("cache", "'" + s + "': block=" + v + " is not an integer");
+            d.block_length = static_cast<int64_t>(x);
+        } else {
+            std::string keys;
+            for (const auto& [n, h] : decode_spec_keys()) keys += (keys.empty() ? "" : ", ") + n;
+            throw ParamError("cache", "'" + s + "': '" + item + "' is not one of the decoding keys (" + keys + ")");
+        }
+    }
+    return d;
+}
+
+double unigram_entropy(const std::vector<int64_t>& ids, int64_t from) {
+    std::map<int64_t, int64_t> counts;
+    int64_t n = 0;
+    for (size_t i = static_cast<size_t>(std::max<int64_t>(from, 0)); i < ids.size(); ++i, ++n) counts[ids[i]]++;
+    double h = 0;
+    for (const auto& [id, c] : counts) {
+        const double p = double(c) / double(n);
+        h -= p * std::log(p);
+    }
+    return h;
+}
 
 void DiffusionGenerateParams::validate() const {
     if (model.empty()) throw ParamError("model", "is empty: an MDLM folder or .safetensors file is needed");
@@ -13,6 +102,11 @@ void DiffusionGenerateParams::validate() const {
     if (caches.empty() || caches.size() > 2)
         throw ParamError("caches", "must hold one cache mode or two to compare, got " + std::to_string(caches.size()));
     sampler.validate();
+    for (const auto& c : caches) {
+        SamplerOptions o = sampler;
+        c.apply(o);
+        o.validate();
+    }
 }
 
 double token_agreement(const std::vector<int64_t>& a, const std::vector<int64_t>& b, int64_t from) {
@@ -31,6 +125,7 @@ nlohmann::json DiffusionRun::to_json() const {
                         {"full_steps", result.cache.full_steps},
                         {"store", cache::to_json(result.store)}};
     if (gen_ppl >= 0) j["gen_ppl"] = gen_ppl;
+    j["unigram_entropy"] = unigram_entropy(result.tokens, prompt_tokens);
     return j;
 }
 
@@ -60,10 +155,13 @@ DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepC
     rep.prompt_tokens = static_cast<int64_t>(p.sampler.prompt.size());
     rep.threads = at::get_num_threads();
     for (const auto& spec : p.caches) {
-        MdlmDenoiser den(model, spec);
+        MdlmDenoiser den(model, spec.cache);
         DiffusionRun run;
-        run.cache = den.spec();
-        run.result = sample(den, p.sampler, on_step);
+        run.cache = spec;
+        run.prompt_tokens = rep.prompt_tokens;
+        SamplerOptions so = p.sampler;
+        spec.apply(so);
+        run.result = sample(den, so, on_step);
         // Generative perplexity of the sampled tokens under the scoring GPT-2, conditioned on the prompt.
         if (scorer)
             run.gen_ppl = generative_ppl(scorer->model, run.result.tokens, std::max<int64_t>(rep.prompt_tokens, 1));

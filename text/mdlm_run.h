@@ -6,24 +6,45 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace anchor::text {
 
+// One decoding mode: a cache and the sampler settings it runs with when they differ from the run's (parallel
+// decoding needs its threshold, a block cache its blocks).
+struct DecodeSpec {
+    CacheSpec cache;
+    std::optional<UnmaskRule> rule;
+    std::optional<double> threshold, factor;
+    std::optional<int64_t> block_length;
+    void apply(SamplerOptions& o) const; // the overrides
+    std::string to_string() const;       // "dual+threshold=0.9,block=32"
+};
+// "CACHE[+key=value,...]" with CACHE as parse_cache_spec reads it and keys unmask (a rule name), threshold, factor,
+// block (block length). ParamError (field "cache") naming the bad key.
+DecodeSpec parse_decode_spec(const std::string& s);
+const std::vector<std::pair<std::string, std::string>>& decode_spec_keys(); // key -> help
+
+// Unigram entropy (nats) of the tokens of `ids` from index `from`: the entropy of their empirical distribution
+// (SEDD/MDLM report it beside gen-PPL to catch repetitive samples, which score a low perplexity).
+double unigram_entropy(const std::vector<int64_t>& ids, int64_t from);
+
 struct DiffusionGenerateParams {
-    std::string model;                             // MDLM folder or .safetensors (config.json next to it)
-    int64_t n_heads = 0;                           // when the model has no config.json (0: D / 64)
-    SamplerOptions sampler;                        // prompt: GPT-2 ids
-    std::vector<CacheSpec> caches = {CacheSpec{}}; // one mode, or two run side by side with the same seed
-    std::string score_with;                        // GPT-2 model scoring each text's generative perplexity ("": none)
-    void validate() const;                         // ParamError naming the field
+    std::string model;                               // MDLM folder or .safetensors (config.json next to it)
+    int64_t n_heads = 0;                             // when the model has no config.json (0: D / 64)
+    SamplerOptions sampler;                          // prompt: GPT-2 ids
+    std::vector<DecodeSpec> caches = {DecodeSpec{}}; // one mode, or two run side by side with the same seed
+    std::string score_with;                          // GPT-2 model scoring each text's generative perplexity ("": none)
+    void validate() const;                           // ParamError naming the field
 };
 
 struct DiffusionRun {
-    CacheSpec cache;
+    DecodeSpec cache;
     SampleResult result;
     double gen_ppl = -1; // under score_with, conditioned on the prompt (-1: not scored)
+    int64_t prompt_tokens = 0;
     nlohmann::json to_json() const;
 };
 

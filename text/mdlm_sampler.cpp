@@ -12,7 +12,10 @@ namespace anchor::text {
 
 const EnumTable<UnmaskRule>& unmask_rule_table() {
     static const EnumTable<UnmaskRule> t = {{"ancestral", UnmaskRule::Ancestral},
-                                            {"confidence", UnmaskRule::Confidence}};
+                                            {"confidence", UnmaskRule::Confidence},
+                                            {"margin", UnmaskRule::Margin},
+                                            {"entropy", UnmaskRule::Entropy},
+                                            {"random", UnmaskRule::Random}};
     return t;
 }
 
@@ -33,6 +36,12 @@ void SamplerOptions::validate() const {
     if (!(top_p > 0 && top_p <= 1)) throw ParamError("top_p", "must be in (0, 1]");
     if (!(min_p >= 0 && min_p <= 1)) throw ParamError("min_p", "must be in [0, 1]");
     if (block_length < 0) throw ParamError("block_length", "must be >= 0, got " + std::to_string(block_length));
+    if (!(threshold >= 0 && threshold <= 1)) throw ParamError("threshold", "must be in [0, 1] (0 = off)");
+    if (!(factor >= 0) || !std::isfinite(factor)) throw ParamError("factor", "must be a finite number >= 0 (0 = off)");
+    if (threshold > 0 && factor > 0) throw ParamError("threshold", "and factor exclude each other: give one");
+    if ((threshold > 0 || factor > 0) && rule == UnmaskRule::Ancestral)
+        throw ParamError(threshold > 0 ? "threshold" : "factor",
+                         "needs a ranking rule (confidence, margin, entropy or random), not ancestral unmasking");
     const int64_t gen = length - P;
     const int64_t bl = block_length > 0 ? std::min(block_length, gen) : gen;
     const int64_t nb = (gen + bl - 1) / bl;
@@ -48,6 +57,37 @@ std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps) {
     std::vector<int64_t> k(static_cast<size_t>(steps), n / steps);
     for (int64_t i = 0; i < n % steps; ++i) k[static_cast<size_t>(i)]++;
     return k;
+}
+
+int64_t parallel_count(const torch::Tensor& confidence, double threshold, double factor) {
+    const int64_t m = confidence.size(0);
+    if (m == 0 || (threshold <= 0 && factor <= 0)) return 0;
+    if (threshold > 0) return std::max<int64_t>(1, (confidence > threshold).sum().item<int64_t>());
+    auto c = std::get<0>(torch::sort(confidence.to(torch::kFloat64), 0, true));
+    auto acc = c.accessor<double, 1>();
+    int64_t n = 1; // the first is always decoded
+    while (n < m && acc[n] >= 1.0 - factor / double(n + 2)) ++n;
+    return n;
+}
+
+torch::Tensor selection_score(UnmaskRule rule, TokenCandidates& drawn, at::Generator& gen) {
+    switch (rule) {
+    case UnmaskRule::Margin: {
+        auto p = drawn.probabilities();
+        p = p / p.sum(1, true);
+        auto top2 = std::get<0>(torch::topk(p, std::min<int64_t>(2, p.size(1)), 1));
+        return top2.size(1) > 1 ? top2.select(1, 0) - top2.select(1, 1) : top2.select(1, 0);
+    }
+    case UnmaskRule::Entropy: {
+        auto p = drawn.probabilities();
+        p = p / p.sum(1, true);
+        return torch::xlogy(p, p).sum(1); // -entropy
+    }
+    case UnmaskRule::Random:
+        return torch::rand({drawn.rows()}, gen, torch::kFloat64);
+    default:
+        return drawn.confidence;
+    }
 }
 
 // The samplers' token chain over the rows of the positions they decode: top-k (masking, ties kept) before the
@@ -96,8 +136,10 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
         for (int64_t i = 0; i < L; ++i) ext[static_cast<size_t>(i)] = acc[i];
     };
     int64_t step = 0;
+    const bool parallel = opt.threshold > 0 || opt.factor > 0;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const int64_t lo = P + b * bl, hi = std::min(L, lo + bl);
+        den.begin_block(lo, hi);
         auto in_block = torch::zeros({L}, torch::kBool);
         in_block.narrow(0, lo, hi - lo).fill_(true);
         const int64_t n_masked0 = (ids.eq(mask) & in_block).sum().item<int64_t>();
@@ -124,7 +166,9 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
                 auto drawn = chain.apply(den.logits(ids, t, step, pos), /*want_confidence=*/true);
                 int64_t k = std::min<int64_t>(schedule[static_cast<size_t>(j)], pos.size(0));
                 if (j == S - 1) k = pos.size(0);
-                auto chosen = std::get<1>(torch::topk(drawn.confidence, k, 0, true, true));
+                if (parallel) k = std::max(k, parallel_count(drawn.confidence, opt.threshold, opt.factor));
+                const auto score = selection_score(opt.rule, drawn, gen);
+                auto chosen = std::get<1>(torch::topk(score, k, 0, true, true));
                 ids.index_copy_(0, pos.index_select(0, chosen), drawn.selected.index_select(0, chosen));
                 unmasked = chosen.size(0);
                 res.forward_passes++;

@@ -7,7 +7,18 @@
 //     step, so everything is decoded), independently of the model, and only the unmasked ones draw
 //     x0 ~ p_theta(. | x_t) (so only they need logits, and a step unmasking nothing skips the forward);
 //   confidence (LLaDA, Nie et al. 2025, low-confidence remasking): every masked position of the block draws x0, and
-//     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S.
+//     the k_j with the highest p_theta(x0) are unmasked, k_j = LLaDA's even split of the block's masked count over S;
+//   margin, entropy, random: the same with another score (llama.cpp's --diffusion-algorithm set; Kim et al. 2025's
+//     top-two margin p1 - p2; the lowest entropy -sum p log p of the position's distribution first; uniform noise as
+//     LLaDA's `random` remasking). The scores read the distribution after the token chain's cuts.
+// Parallel decoding (Fast-dLLM, Wu et al. 2025, sec. 3.3), for every rule but ancestral:
+//   threshold tau: a step unmasks every masked position of the block whose p_theta(x0) exceeds tau (Fast-dLLM's
+//     confidence-aware parallel decoding), at least one and at least the schedule's k_j, chosen in the rule's order;
+//     the schedule floor keeps a block within its S steps, so tau = 1 is the plain schedule bit for bit (and with
+//     S = the block's length, one token per step);
+//   factor f (Fast-dLLM's factor rule, Thm. 1): with the confidences c_1 >= c_2 >= ... of the masked positions, the
+//     largest n with (n + 1)(1 - c_i) <= f for every i <= n (i.e. c_i >= 1 - f / (i + 1)), at least one.
+// A block whose positions are all decoded before its last step skips the rest of its steps (no forward pass).
 // Unmasked tokens are never changed again (MDLM's carry-over). Sampling (text/sampler_chain.h): top-k (0 = all),
 // temperature (0 = argmax), top-p, min-p, torch CPU generator seeded with `seed`; all draws of a step come from it in
 // a fixed order.
@@ -23,8 +34,8 @@
 
 namespace anchor::text {
 
-enum class UnmaskRule { Ancestral, Confidence };
-const EnumTable<UnmaskRule>& unmask_rule_table(); // "ancestral", "confidence"
+enum class UnmaskRule { Ancestral, Confidence, Margin, Entropy, Random };
+const EnumTable<UnmaskRule>& unmask_rule_table(); // "ancestral", "confidence", "margin", "entropy", "random"
 std::string unmask_rule_name(UnmaskRule r);
 
 struct SamplerOptions {
@@ -38,6 +49,8 @@ struct SamplerOptions {
     double min_p = 0.0; // min-p cut after the temperature (0 = off)
     uint64_t seed = 0;
     int64_t block_length = 0; // 0 = one block (all generated positions)
+    double threshold = 0.0;   // Fast-dLLM confidence threshold in (0, 1] (0 = off)
+    double factor = 0.0;      // Fast-dLLM factor rule f > 0 (0 = off)
     void validate() const;    // text::ParamError naming the field of an impossible value or combination
 };
 
@@ -60,6 +73,11 @@ struct SampleResult {
 
 // LLaDA's `get_num_transfer_tokens`: n split over `steps`, the remainder going to the first steps.
 std::vector<int64_t> confidence_schedule(int64_t n, int64_t steps);
+// How many positions a parallel step unmasks given the confidences (any order) of the block's masked positions
+// (>= 1 when there is one): those above `threshold`, or the factor rule's n; 0 when both are off.
+int64_t parallel_count(const torch::Tensor& confidence, double threshold, double factor);
+// The rule's score of each decoded row (higher = unmasked first), from the chain's result; random draws from `gen`.
+torch::Tensor selection_score(UnmaskRule rule, TokenCandidates& drawn, at::Generator& gen);
 
 SampleResult sample(MdlmDenoiser& denoiser, const SamplerOptions& opt, const StepCallback& on_step = {});
 

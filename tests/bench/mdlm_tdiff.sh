@@ -1,0 +1,69 @@
+#!/bin/sh
+# Text-diffusion decoding benchmarks of issue 23 (run from the repository root after building anchor-text).
+# Each section writes tests/bench/results/mdlm_<name>_<date>.{txt,json} with its command line at the top.
+# Timings: one thread (OMP_NUM_THREADS=1), modes interleaved per prompt inside one process.
+#   default   the default `anchor` mode: candidates on held-out prompts at generate's defaults (ancestral, T=1, L=128)
+#   fast      parallel decoding + block caches against off on kjv-mdlm, L=256 (gen-PPL, entropy, agreement, curve)
+#   fast_T1   the same at temperature 1 with low thresholds and the factor rule
+#   ancestral the block caches under MDLM's ancestral sampler (temperature 1), L=256, blocks of 32
+#   ancestral8 the anchor cache in that setting over 8 prompts
+#   random768 the same modes on the 12 x 768 random-weight model (speed only)
+set -e
+M=assets/models/kjv-mdlm
+T=$M/eval/heldout_tokens.bin
+G=assets/models/kjv-gpt2
+R=tests/bench/results
+D=${DATE:-$(date +%F)}
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+run() { # name, then the anchor-text arguments
+    name=$1
+    shift
+    { echo "# command: ./build/anchor-text --threads 1 $*"; echo "# date: $(date -u) host load: $(cat /proc/loadavg)"
+      echo "# machine shared with other builds and benchmarks (2 cores): timings are noisy"
+      ./build/anchor-text --threads 1 "$@"; } | tee "$R/mdlm_${name}_$D.txt"
+}
+for s in "${@:-default fast random768}"; do
+  for section in $s; do
+    case $section in
+    default)
+      run default_anchor diffusion bench -m $M --length 128 --prompt-len 16 --steps-list 64 --repeats 7 \
+        --unmask ancestral --temperature 1 --prompts-from $T --score-with $G \
+        --cache anchor:stale=2,rho=0.05,masked=active --cache anchor:stale=8,rho=0,masked=reuse \
+        --cache anchor:stale=16,rho=0,masked=reuse --cache anchor:stale=32,rho=0,masked=reuse \
+        --cache anchor:stale=64,rho=0,masked=reuse \
+        --json $R/mdlm_default_anchor_$D.json --overwrite ;;
+    fast)
+      run fast_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-8} \
+        --unmask confidence --temperature 0 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache prefix --cache off+threshold=0.9 --cache dual+threshold=0.9 \
+        --cache dual+threshold=0.7 --cache dual+threshold=0.5 --cache dual+factor=1 --cache dual+threshold=0.3 \
+        --json $R/mdlm_fast_L256_$D.json --plot $R/mdlm_fast_L256_$D.png --overwrite ;;
+    fast_T1)
+      # Sampled (temperature 1): greedy decoding of this weak model is degenerate (unigram entropy ~1.4 nats), and its
+      # confidences rarely exceed 0.1, so the thresholds that matter here are low ones.
+      run fast_L256_T1 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
+        --unmask confidence --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache dual+threshold=0.1 --cache dual+threshold=0.05 --cache dual+factor=2 \
+        --cache dual+factor=4 --cache anchor \
+        --json $R/mdlm_fast_L256_T1_$D.json --plot $R/mdlm_fast_L256_T1_$D.png --overwrite ;;
+    ancestral)
+      # MDLM's ancestral sampler (temperature 1) in blocks of 32: only the positions being unmasked need logits, so the
+      # block caches save the forward and the head is small.
+      run ancestral_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache prefix --cache anchor --cache dual:refresh=8 \
+        --json $R/mdlm_ancestral_L256_$D.json --plot $R/mdlm_ancestral_L256_$D.png --overwrite ;;
+    ancestral8)
+      # The anchor cache under the same sampler over 8 prompts (a tighter gen-PPL interval).
+      run ancestral_L256_anchor diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats 8 \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache anchor:stale=16 --cache anchor --cache anchor:stale=64 \
+        --json $R/mdlm_ancestral_L256_anchor_$D.json --plot $R/mdlm_ancestral_L256_anchor_$D.png --overwrite ;;
+    random768)
+      run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
+        --unmask confidence --temperature 0 --block-length 32 \
+        --cache dual --cache prefix \
+        --json $R/mdlm_random768_$D.json --overwrite ;;
+    esac
+  done
+done
