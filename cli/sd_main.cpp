@@ -371,6 +371,7 @@ int main(int argc, char** argv) {
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);
         cli::add_sd_info_command(app, subcommands);
+        cli::add_sd_serve_command(app, subcommands);
         app.require_subcommand(0, 1);
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::util::configure_threads(o.threads);

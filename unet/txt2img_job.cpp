@@ -19,7 +19,7 @@ void Txt2ImgJob::validate() const {
     if (prompts.empty()) throw ParamError("prompts", "no prompt");
     if (batch_size < 1) throw ParamError("batch_size", "must be >= 1, got " + std::to_string(batch_size));
     if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
-    if (output.empty()) throw ParamError("output", "no output file");
+    if (write_files && output.empty()) throw ParamError("output", "no output file");
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
     // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
     if (params.steps >= 1) (void)params.init.validate(params.steps);
@@ -123,7 +123,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
     const int n_images = batches.back().first_image + batches.back().images();
     // Every output is checked before the first image: a job never stops half-way on an existing file.
     std::vector<std::string> pngs, latents;
-    for (int k = 0; k < n_images; ++k) {
+    for (int k = 0; k < n_images && job.write_files; ++k) {
         pngs.push_back(Txt2ImgJob::numbered(job.output, k));
         for (const auto& f : {pngs.back(), pngs.back() + ".json"}) check_output_path(f, job.overwrite);
         if (!job.save_latents.empty()) {
@@ -153,21 +153,25 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         std::vector<Txt2ImgJobImage> done;
         for (int i = 0; i < nb; ++i) {
             const int k = k0 + i;
-            if (!latents.empty()) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
+            if (!latents.empty() && job.write_files) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
             auto rec = job.facts;
             rec.update(image_record(p, r, i, ctl.get()));
             rec.update(model_facts);
             rec["base_seed"] = job.params.seed;
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;
-            rec["output"] = pngs[size_t(k)];
+            if (job.write_files) rec["output"] = pngs[size_t(k)];
             rec["cache_mode"] = job.cache;
             if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
             // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
-            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite,
-                      image_text_chunks(infotext_of(p, i, info), rec));
+            const auto chunks = image_text_chunks(infotext_of(p, i, info), rec);
+            if (!job.write_files) {
+                done.push_back({"", rec, encode_png(r.image_uint8[i], chunks, "image " + std::to_string(k))});
+                continue;
+            }
+            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite, chunks);
             write_file_atomic(pngs[size_t(k)] + ".json", rec.dump(2) + "\n", job.overwrite);
-            done.push_back({pngs[size_t(k)], rec});
+            done.push_back({pngs[size_t(k)], rec, ""});
         }
         const int64_t rss = util::rss_now_bytes();
         if (k0 == 0) out.rss_first = rss;

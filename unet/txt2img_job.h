@@ -22,6 +22,9 @@ struct Txt2ImgJob {
     std::string output = "output.png"; // image k > 0 gets a _k suffix; every image a <png>.json sidecar
     std::string save_latents;          // "": none; else initial noise, latents, embeddings, image per image
     bool overwrite = false;
+    // false: nothing is written (no output checks, no sidecars); every image's PNG bytes, with the same text chunks,
+    // come back in Txt2ImgJobImage::png_bytes (a server's reply).
+    bool write_files = true;
     nlohmann::json facts = nlohmann::json::object(); // copied into every sidecar (program, model, threads, ...)
 
     // ParamError naming the field (the pipeline validates its own params when it runs).
@@ -31,8 +34,9 @@ struct Txt2ImgJob {
 };
 
 struct Txt2ImgJobImage {
-    std::string png;
+    std::string png;       // the file written ("" without write_files)
     nlohmann::json record; // what the sidecar holds
+    std::string png_bytes; // without write_files: the encoded PNG with its infotext and record chunks
 };
 
 struct Txt2ImgJobResult {
