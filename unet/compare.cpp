@@ -234,9 +234,9 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
     for (auto& c : ctls) {
         if (on_mode) on_mode(c->spec());
         const size_t index = out.entries.size();
-        auto r = pipe.run(p, c.get(),
-                          progress ? [&](const ProgressInfo& pi) { progress(index, pi); }
-                                   : Txt2ImgPipeline::ProgressFn{});
+        auto r =
+            pipe.run(p, c.get(),
+                     progress ? [&](const ProgressInfo& pi) { progress(index, pi); } : Txt2ImgPipeline::ProgressFn{});
         if (out.entries.empty()) {
             // What every mode was run with, as the image sidecar says it (the per-mode figures are in the entries),
             // and the model facts (LoRAs merged at load, prediction, VAE).

@@ -61,7 +61,8 @@ struct CompareRun {
     nlohmann::json meta;
 };
 CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
-                             const nlohmann::json& meta, const std::function<void(const std::string& mode)>& on_mode = {},
+                             const nlohmann::json& meta,
+                             const std::function<void(const std::string& mode)>& on_mode = {},
                              const std::function<void(size_t mode, const ProgressInfo&)>& progress = {});
 
 // The three paths write_compare uses for `base`.

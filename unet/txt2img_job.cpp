@@ -153,7 +153,8 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         std::vector<Txt2ImgJobImage> done;
         for (int i = 0; i < nb; ++i) {
             const int k = k0 + i;
-            if (!latents.empty() && job.write_files) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
+            if (!latents.empty() && job.write_files)
+                save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
             auto rec = job.facts;
             rec.update(image_record(p, r, i, ctl.get()));
             rec.update(model_facts);
