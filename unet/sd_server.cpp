@@ -176,6 +176,7 @@ void SdServer::add_routes() {
     // Runs a job in the queue; the images with their records.
     auto run_images = [this](const HttpRequest& req, const Txt2ImgJob& job) {
         return http_.run_job(req, [this, job](JobControl& c) {
+            torch::NoGradGuard no_grad; // grad mode is per thread: the worker's own
             c.check();
             const int units = job.batch_count; // one pipeline run per batch
             int unit = 0, full = 0;
@@ -320,6 +321,7 @@ void SdServer::add_routes() {
                                 std::to_string(p.width) + "x" + std::to_string(p.height));
         pipe_.validate(p);
         auto out = http_.run_job(req, [this, p, list, modes](JobControl& c) {
+            torch::NoGradGuard no_grad;
             c.check();
             int full = 0;
             auto run = run_compare_modes(pipe_, p, list, p_.facts, {}, [&](size_t mode, const ProgressInfo& pi) {
