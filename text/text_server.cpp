@@ -70,7 +70,7 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stops,
 TextServer::TextServer(TextServerParams p)
     : p_((p.validate(), std::move(p))), model_(load_gpt2_model(p_.gpt2)),
       tok_(std::make_shared<const Gpt2Tokenizer>(load_gpt2_tokenizer(p_.gpt2, model_))),
-      model_id_(fs::path(p_.gpt2.model).filename().string()), http_(p_.http) {
+      model_id_(fs::path(p_.gpt2.model).filename().string()), threads_(at::get_num_threads()), http_(p_.http) {
     if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
     add_routes();
 }
@@ -138,37 +138,39 @@ void TextServer::add_routes() {
         };
         const std::string note = "kv=" + g.kv.str();
         if (stream) {
-            HttpReply r = http_.stream_job(
-                req, [runner, stops, chunk](JobControl& c, const std::function<void(std::string)>& emit) {
-                    torch::NoGradGuard no_grad; // grad mode is per thread: the worker's own
-                    std::string text;
-                    size_t sent = 0, hold = 0;
-                    for (const auto& s : stops) hold = std::max(hold, s.size() - 1);
-                    bool stopped = false;
-                    const auto rep = runner->run(
-                        [&](const std::string& piece) {
-                            c.check();
-                            if (stopped) return;
-                            const size_t from = text.size();
-                            text += piece;
-                            const size_t at = find_stop(text, stops, from);
-                            if (at != std::string::npos) text.resize(at), stopped = true;
-                            // Text that could still be the start of a stop sequence waits for the next piece.
-                            const size_t upto = stopped ? text.size() : text.size() > hold ? text.size() - hold : 0;
-                            if (upto > sent) emit(serve::sse_event(chunk(text.substr(sent, upto - sent), nullptr)));
-                            sent = std::max(sent, upto);
-                        },
-                        {}, [&] { return stopped || c.cancelled(); });
-                    if (sent < text.size()) emit(serve::sse_event(chunk(text.substr(sent), nullptr)));
-                    const std::string reason = runner->finish_reason() == "length" ? "length" : "stop";
-                    emit(serve::sse_event(chunk("", reason)));
-                    (void)rep;
-                });
+            HttpReply r = http_.stream_job(req, [runner, stops, chunk, threads = threads_](
+                                                    JobControl& c, const std::function<void(std::string)>& emit) {
+                torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread
+                at::set_num_threads(threads);
+                std::string text;
+                size_t sent = 0, hold = 0;
+                for (const auto& s : stops) hold = std::max(hold, s.size() - 1);
+                bool stopped = false;
+                const auto rep = runner->run(
+                    [&](const std::string& piece) {
+                        c.check();
+                        if (stopped) return;
+                        const size_t from = text.size();
+                        text += piece;
+                        const size_t at = find_stop(text, stops, from);
+                        if (at != std::string::npos) text.resize(at), stopped = true;
+                        // Text that could still be the start of a stop sequence waits for the next piece.
+                        const size_t upto = stopped ? text.size() : text.size() > hold ? text.size() - hold : 0;
+                        if (upto > sent) emit(serve::sse_event(chunk(text.substr(sent, upto - sent), nullptr)));
+                        sent = std::max(sent, upto);
+                    },
+                    {}, [&] { return stopped || c.cancelled(); });
+                if (sent < text.size()) emit(serve::sse_event(chunk(text.substr(sent), nullptr)));
+                const std::string reason = runner->finish_reason() == "length" ? "length" : "stop";
+                emit(serve::sse_event(chunk("", reason)));
+                (void)rep;
+            });
             r.note = note;
             return r;
         }
-        auto out = http_.run_job(req, [runner, stops, chunk](JobControl& c) {
+        auto out = http_.run_job(req, [this, runner, stops, chunk](JobControl& c) {
             torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
             std::string text;
             bool stopped = false;
             const auto rep = runner->run(
@@ -224,6 +226,7 @@ void TextServer::add_routes() {
                                 std::to_string(s.length));
         auto out = http_.run_job(req, [this, d, P](JobControl& c) {
             torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
             auto rep = generate_diffusion(d, [&](const StepInfo&) { c.check(); });
             auto j = rep.to_json();
             std::vector<int64_t> gen;

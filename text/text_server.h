@@ -37,6 +37,7 @@ private:
     LoadedGpt2 model_;
     std::shared_ptr<const Gpt2Tokenizer> tok_;
     std::string model_id_;
+    int threads_; // the program's intra-op threads, set again on the job thread
     serve::HttpServer http_;
 };
 

@@ -62,6 +62,27 @@ std::string cache_of(const RequestFields& f, const std::string& field, const std
     return mode;
 }
 
+// The request's name of a library params field (A1111's names where they differ).
+std::string request_field(const std::string& field) {
+    static const std::vector<std::pair<std::string, std::string>> names = {
+        {"prompts", "prompt"},         {"negative_prompts", "negative_prompt"}, {"guidance_scale", "cfg_scale"},
+        {"sampler", "sampler_name"},   {"images_per_prompt", "batch_size"},     {"batch_count", "n_iter"},
+        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"}};
+    for (const auto& [lib, req] : names)
+        if (lib == field) return req;
+    return field;
+}
+
+// Runs `f`; a library ParamError comes out as the 400 of the request field it is about.
+template <class F> void as_request(F&& f) {
+    try {
+        f();
+    } catch (const ParamError& e) {
+        const std::string field = request_field(e.field());
+        throw HttpError(400, field, field + ": " + e.detail());
+    }
+}
+
 int64_t random_seed() {
     std::random_device rd;
     return int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
@@ -116,7 +137,7 @@ nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const 
 } // namespace
 
 SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
-    : pipe_(pipe), p_((p.validate(), std::move(p))), http_(p_.http) {
+    : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()), http_(p_.http) {
     add_routes();
 }
 
@@ -157,26 +178,30 @@ void SdServer::add_routes() {
             if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
             p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
         }
-        const Txt2ImgParams r = pipe_.resolved(p);
+        Txt2ImgParams r;
+        as_request([&] { r = pipe_.resolved(p); });
         if (int64_t(r.width) * r.height > p_.max_pixels)
             throw HttpError(400, "width",
                             "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
                                 std::to_string(r.width) + "x" + std::to_string(r.height));
         job.write_files = false;
         job.facts = p_.facts;
-        job.validate();
-        // The pipeline's own checks, the memory estimate among them, before the job is queued.
-        Txt2ImgParams check = r;
-        check.prompts = job.prompts;
-        check.images_per_prompt = job.batch_size;
-        pipe_.validate(check);
+        // The job's and the pipeline's own checks, the memory estimate among them, before the job is queued.
+        as_request([&] {
+            job.validate();
+            Txt2ImgParams check = r;
+            check.prompts = job.prompts;
+            check.images_per_prompt = job.batch_size;
+            pipe_.validate(check);
+        });
         return job;
     };
 
     // Runs a job in the queue; the images with their records.
     auto run_images = [this](const HttpRequest& req, const Txt2ImgJob& job) {
         return http_.run_job(req, [this, job](JobControl& c) {
-            torch::NoGradGuard no_grad; // grad mode is per thread: the worker's own
+            torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread: the worker's own
+            at::set_num_threads(threads_);
             c.check();
             const int units = job.batch_count; // one pipeline run per batch
             int unit = 0, full = 0;
@@ -314,14 +339,15 @@ void SdServer::add_routes() {
             }
             list += (i ? "," : "") + modes[i];
         }
-        p = pipe_.resolved(p);
+        as_request([&] { p = pipe_.resolved(p); });
         if (int64_t(p.width) * p.height > p_.max_pixels)
             throw HttpError(400, "width",
                             "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
                                 std::to_string(p.width) + "x" + std::to_string(p.height));
-        pipe_.validate(p);
+        as_request([&] { pipe_.validate(p); });
         auto out = http_.run_job(req, [this, p, list, modes](JobControl& c) {
             torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
             c.check();
             int full = 0;
             auto run = run_compare_modes(pipe_, p, list, p_.facts, {}, [&](size_t mode, const ProgressInfo& pi) {

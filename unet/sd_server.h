@@ -39,6 +39,7 @@ private:
     void add_routes();
     Txt2ImgPipeline& pipe_;
     SdServerParams p_;
+    int threads_; // the program's intra-op threads, set again on the job thread
     serve::HttpServer http_;
 };
 

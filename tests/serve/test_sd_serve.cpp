@@ -139,7 +139,12 @@ TEST_CASE("sd serve: bad input is a one-line 400 naming the field", "[serve]") {
     bad("sampler_name", "Heun", "unknown sampler 'Heun'");
     bad("cache", "deepcache:x", "cache");
     bad("width", 100000, "must be in");
-    bad("width", 4096, "width x height must be <=");
+    {
+        auto body = txt2img(1, "off");
+        body["width"] = 4096;
+        body["height"] = 4096;
+        check_400(post_json(c, "/sdapi/v1/txt2img", body, &status), status, "width", "width x height must be <=");
+    }
     bad("batch_size", 100, "must be in [1, 8]");
     bad("prompt", 5, "expected a string");
     bad("width", 30, "multiples of 4");
