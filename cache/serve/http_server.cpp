@@ -406,6 +406,8 @@ namespace {
 
 HttpReply error_reply(int status, const std::string& message, const std::string& field, int retry_after = 0) {
     HttpReply r = HttpReply::json(error_body(status, message, field), status);
+    // The log line says why (one line, printable ASCII: it travels as a header too).
+    for (char c : message.substr(0, 200)) r.note += c >= 32 && c < 127 ? c : ' ';
     if (retry_after > 0) r.headers.emplace_back("Retry-After", std::to_string(retry_after));
     return r;
 }
