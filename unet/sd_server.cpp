@@ -52,12 +52,22 @@ SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
                         enum_choices(sampler_table()) + ")");
 }
 
+// The cache mode's error on one line: its reason and the forms (the help text is for --help).
+std::string cache_error(const ParamError& e) {
+    std::string d = e.detail();
+    const auto cut = d.find("; valid forms");
+    if (cut != std::string::npos) d.resize(cut);
+    std::string forms;
+    for (const auto& m : cache_mode_table()) forms += (forms.empty() ? "" : ", ") + std::string(m.syntax);
+    return d + " (valid forms: " + forms + ")";
+}
+
 std::string cache_of(const RequestFields& f, const std::string& field, const std::string& dflt) {
     const std::string mode = f.string(field, dflt);
     try {
         (void)parse_cache_mode(mode);
     } catch (const ParamError& e) {
-        throw HttpError(400, field, field + ": " + e.detail());
+        throw HttpError(400, field, field + ": " + cache_error(e));
     }
     return mode;
 }
@@ -335,7 +345,7 @@ void SdServer::add_routes() {
             try {
                 (void)parse_cache_mode(modes[i]);
             } catch (const ParamError& e) {
-                throw HttpError(400, "modes", "modes[" + std::to_string(i) + "]: " + e.detail());
+                throw HttpError(400, "modes", "modes[" + std::to_string(i) + "]: " + cache_error(e));
             }
             list += (i ? "," : "") + modes[i];
         }

@@ -95,7 +95,17 @@ extern "C" void on_drain_signal(int) {
 HttpError::HttpError(int status, std::string field, const std::string& message, int retry_after_s)
     : Error(message), status_(status), field_(std::move(field)), retry_after_s_(retry_after_s) {}
 
-nlohmann::json error_body(int status, const std::string& message, const std::string& field) {
+nlohmann::json error_body(int status, const std::string& message_in, const std::string& field) {
+    // One line, whatever the library said: a multi-line message has its lines joined.
+    std::string message;
+    for (char c : message_in) {
+        if (c == '\r') continue;
+        if (c != '\n')
+            message += c;
+        else if (!message.empty() && message.back() != ' ')
+            message += "; ";
+    }
+    while (!message.empty() && (message.back() == ' ' || message.back() == ';')) message.pop_back();
     const char* type = status == 429   ? "rate_limit_error"
                        : status == 503 ? "server_unavailable"
                        : status < 500  ? "invalid_request_error"

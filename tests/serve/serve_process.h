@@ -33,6 +33,7 @@ public:
         log_ = std::string(ANCHOR_BINARY_DIR) + "/tests/serve/" + log_name + ".log";
         std::vector<std::string> argv = {program};
         argv.insert(argv.end(), args.begin(), args.end());
+        std::ofstream(log_, std::ios::trunc).flush(); // not an earlier run's startup line
         pid_ = fork();
         if (pid_ < 0) throw std::runtime_error("fork failed");
         if (pid_ == 0) {
