@@ -125,7 +125,13 @@ void TextServer::add_routes() {
         if (tok_->encode(g.prompt).size() > size_t(p_.max_prompt))
             throw HttpError(400, "prompt", "prompt: at most " + std::to_string(p_.max_prompt) + " tokens");
         // The runner checks the prompt against the KV mode (400 naming max_tokens when a full cache cannot hold it).
-        auto runner = std::make_shared<StreamRunner>(g, model_, tok_);
+        std::shared_ptr<StreamRunner> runner;
+        try {
+            runner = std::make_shared<StreamRunner>(g, model_, tok_);
+        } catch (const ParamError& e) { // the library's field names as OpenAI's
+            const std::string field = e.field() == "max_new_tokens" ? "max_tokens" : e.field();
+            throw HttpError(400, field, field + ": " + e.detail());
+        }
         const std::string id = completion_id(), model_id = model_id_;
         const int64_t created = unix_now();
         auto chunk = [id, created, model_id](const std::string& text, const nlohmann::json& finish) {
