@@ -3,7 +3,7 @@
 model (bounded count and time). Every request must be answered 200 with one image (none lost, none refused: the queue
 holds every client's request), and the report says p50/p99 latency, throughput and the server's RSS growth from after
 the warm-up to the end. Usage: load_test.py ANCHOR_SD OUT.txt [--clients 8] [--requests 50] [--steps 2]"""
-import argparse, json, os, re, signal, subprocess, sys, threading, time, urllib.request
+import argparse, json, os, re, signal, subprocess, sys, tempfile, threading, time, urllib.request
 
 ap = argparse.ArgumentParser()
 ap.add_argument("program")
@@ -15,7 +15,7 @@ ap.add_argument("--cache", default="deepcache:2")
 ap.add_argument("--time-limit", type=float, default=240)
 a = ap.parse_args()
 
-log_path = a.out + ".server.log"
+log_path = os.path.join(tempfile.mkdtemp(prefix="anchor-load-"), "server.log")
 env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
 log = open(log_path, "w")
 srv = subprocess.Popen([a.program, "serve", "--host", "127.0.0.1", "--port", "0", "--queue", str(a.clients + 1),
@@ -91,7 +91,9 @@ lat.sort()
 pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")
 logged = sum(1 for l in open(log_path) if "POST /sdapi/v1/txt2img 200" in l)
 total = a.clients * a.requests
-report = (f"anchor-sd serve load test: {a.clients} clients x {a.requests} requests, txt2img {a.steps} steps DDIM "
+report = (f"command: tests/serve/load_test.py build/anchor-sd OUT --clients {a.clients} --requests {a.requests} "
+          f"--steps {a.steps} --cache {a.cache}\n"
+          f"anchor-sd serve load test: {a.clients} clients x {a.requests} requests, txt2img {a.steps} steps DDIM "
           f"cache {a.cache}, embedded demo model (32x32), loopback, OMP_NUM_THREADS=1, {os.cpu_count()} CPUs\n"
           f"answered 200: {len(lat)}/{total}; errors: {len(errors)}; request log lines (200): {logged} (3 warm-up)\n"
           f"latency p50 {pct(0.50):.1f} ms, p99 {pct(0.99):.1f} ms, max {lat[-1] * 1e3 if lat else 0:.1f} ms; "
