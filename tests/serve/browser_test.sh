@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-build="${1:-$root/build}"
+build="$(cd "${1:-$root/build}" && pwd)"
 source "$here/lib.sh"
 command -v chromium >/dev/null || { echo "SKIP: chromium not installed (apt-get install chromium)"; exit 77; }
 command -v node >/dev/null || { echo "SKIP: node not installed"; exit 77; }
