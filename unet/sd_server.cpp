@@ -153,6 +153,17 @@ SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
 
 void SdServer::serve() {
     http_.drain_on_signals();
+    // One step at the model's size before the first request: the one-time costs of a process's first run (allocator
+    // pools, lazily built kernels) would otherwise land in the first request, and in a compare on its first mode.
+    const auto t0 = std::chrono::steady_clock::now();
+    Txt2ImgParams warm;
+    warm.steps = 1;
+    {
+        torch::NoGradGuard no_grad;
+        (void)pipe_.run(warm);
+    }
+    std::fprintf(stderr, "warm-up: one step in %.2fs\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     http_.serve();
 }
 

@@ -59,6 +59,16 @@ expect_400 '{"prompt":"x","max_tokens":300}' max_tokens /v1/completions # a full
 expect_400 '{"prompt":"x", ' body /v1/completions
 expect_400 '{"prompt":"x","cache":"anchor:tau=x"}' cache /anchor/v1/diffusion
 
+# A streaming client that goes away: its job stops (the queue is empty again long before 4000 tokens are done).
+curl -sN --max-time 1 -o /dev/null "$base/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt":"And God said","max_tokens":4000,"stream":true,"kv":"sink:4,60","positions":"reencode"}' || true
+freed=0
+for _ in $(seq 1 50); do
+  curl -sS "$base/health" | grep -q '"queue":0' && { freed=1; break; }
+  sleep 0.1
+done
+[ "$freed" = 1 ] || fail "the stream's job went on after its client left"
+
 # The official openai client.
 if command -v npm >/dev/null && command -v node >/dev/null; then
   if [ ! -d "$here/node/node_modules/openai" ]; then
