@@ -69,7 +69,7 @@ TEST_CASE("serve core: error bodies are one line in OpenAI's shape", "[serve]") 
 }
 
 TEST_CASE("serve core: base64 both ways, data URLs, bad characters", "[serve]") {
-    for (const std::string s :
+    for (const std::string& s :
          std::vector<std::string>{"f", "fo", "foo", "foob", "fooba", "foobar", std::string("\0\xff\x10", 3)})
         CHECK(base64_decode(base64_encode(s), "x") == s);
     CHECK(base64_encode("foobar") == "Zm9vYmFy");
