@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -460,6 +461,12 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), o_((o
     const int threads = o_.threads;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     svr.set_payload_max_length(64u << 20);
+    // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which a second server on a port in use
+    // would share it silently instead of failing.
+    svr.set_socket_options([](socket_t sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+    });
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         t_request_start = std::chrono::steady_clock::now();
         if (!draining_ || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
