@@ -99,9 +99,11 @@ HttpError::HttpError(int status, std::string field, const std::string& message, 
 nlohmann::json error_body(int status, const std::string& message_in, const std::string& field) {
     // One line, whatever the library said: a multi-line message has its lines joined.
     std::string message;
+    bool line_start = false;
     for (char c : message_in) {
-        if (c == '\r') continue;
-        if (c != '\n')
+        if (c == '\r' || (line_start && (c == ' ' || c == '\t'))) continue;
+        line_start = c == '\n';
+        if (!line_start)
             message += c;
         else if (!message.empty() && message.back() != ' ')
             message += "; ";
