@@ -272,7 +272,7 @@ TEST_CASE("sd serve: OpenAI images, compare, and the listing endpoints", "[serve
     CHECK(json::parse(nf->body)["error"]["message"] == "no such endpoint: GET /sdapi/v1/nothing");
 }
 
-TEST_CASE("sd serve: a full queue is 429 with Retry-After; interrupt and a client gone stop their jobs", "[serve]") {
+TEST_CASE("sd serve: a full queue is 429 with Retry-After, interrupt and a client gone stop their jobs", "[serve]") {
     ServeProcess s(sd_bin(), {"serve", "--port", "0", "--queue", "1", "--no-web"}, "sd_serve_queue");
     auto wait_running = [&] {
         auto c = s.client();
