@@ -46,7 +46,10 @@ SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
     for (const auto& [n, k] : sampler_table())
         if (n == name) return k;
     std::string choices;
-    for (const auto& [n, k] : sampler_table()) choices += (choices.empty() ? "" : ", ") + a1111_sampler(k).sampler;
+    for (const auto& [n, k] : sampler_table()) {
+        const auto a = a1111_sampler(k);
+        choices += (choices.empty() ? "" : ", ") + a.sampler + (a.schedule_type == "Karras" ? " Karras" : "");
+    }
     throw HttpError(400, field,
                     field + ": unknown sampler '" + name + "' (choices: " + choices + "; or " +
                         enum_choices(sampler_table()) + ")");
