@@ -443,7 +443,11 @@ HttpReply guarded(const HttpServer::Handler& h, const HttpRequest& req) {
 void send(const HttpReply& r, httplib::Response& res) {
     res.status = r.status;
     for (const auto& [k, v] : r.headers) res.set_header(k.c_str(), v);
-    if (!r.note.empty()) res.set_header("X-Anchor-Note", r.note);
+    if (!r.note.empty()) { // printable ASCII only: request text must not end the header
+        std::string note;
+        for (char c : r.note.substr(0, 200)) note += c >= 32 && c < 127 ? c : ' ';
+        res.set_header("X-Anchor-Note", note);
+    }
     if (!r.stream) {
         res.set_content(r.body, r.content_type.c_str());
         return;
