@@ -30,7 +30,8 @@ inline std::string read_all(const std::string& path) {
 class ServeProcess {
 public:
     ServeProcess(const std::string& program, std::vector<std::string> args, const std::string& log_name) {
-        log_ = std::string(ANCHOR_BINARY_DIR) + "/tests/serve/" + log_name + ".log";
+        // CTest runs test cases in parallel processes: each has logs of its own.
+        log_ = std::string(ANCHOR_BINARY_DIR) + "/tests/serve/" + log_name + "_" + std::to_string(getpid()) + ".log";
         std::vector<std::string> argv = {program};
         argv.insert(argv.end(), args.begin(), args.end());
         std::ofstream(log_, std::ios::trunc).flush(); // not an earlier run's startup line
