@@ -150,7 +150,8 @@ nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const 
 } // namespace
 
 SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
-    : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()), http_(p_.http) {
+    : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()),
+      infotext_(infotext_facts(pipe.models(), "off")), http_(p_.http) {
     add_routes();
 }
 
@@ -210,6 +211,7 @@ void SdServer::add_routes() {
                                 std::to_string(r.width) + "x" + std::to_string(r.height));
         job.write_files = false;
         job.facts = p_.facts;
+        job.infotext = infotext_;
         // The job's and the pipeline's own checks, the memory estimate among them, before the job is queued.
         as_request([&] {
             job.validate();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cache/serve/http_server.h"
+#include "unet/infotext.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json.hpp>
@@ -39,7 +40,8 @@ private:
     void add_routes();
     Txt2ImgPipeline& pipe_;
     SdServerParams p_;
-    int threads_; // the program's intra-op threads, set again on the job thread
+    int threads_;            // the program's intra-op threads, set again on the job thread
+    InfotextFacts infotext_; // the model file's hash, once at start (not per request)
     serve::HttpServer http_;
 };
 

@@ -197,7 +197,8 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
     if (batches.empty()) return out;
     Txt2ImgParams p = pipe.resolved(job.params);
     // The model file is hashed once per job, before the first image (A1111's "Model hash").
-    const InfotextFacts info = infotext_facts(pipe.models(), job.cache);
+    InfotextFacts info = job.infotext ? *job.infotext : infotext_facts(pipe.models(), job.cache);
+    info.cache_mode = job.cache;
     const nlohmann::json model_facts = model_record(pipe);
     bool first = true;
     for (const auto& batch : batches) {

@@ -3,11 +3,13 @@
 // checked before anything runs. A library call, so that a server or an MPI job runs the same thing.
 #pragma once
 
+#include "unet/infotext.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,10 @@ struct Txt2ImgJob {
     // A batch whose every PNG and sidecar exists is not run again (a failed job resumes); its records are read back.
     bool skip_existing = false;
     nlohmann::json facts = nlohmann::json::object(); // copied into every sidecar (program, model, threads, ...)
+    // The infotext's model facts (infotext_facts: the model file's hash, the LoRAs') when known already: a server
+    // hashes the checkpoint once at load, not per request. Unset: computed at the job's start. Its cache mode is
+    // the job's in any case.
+    std::optional<InfotextFacts> infotext;
 
     // ParamError naming the field (the pipeline validates its own params when it runs).
     void validate() const;
