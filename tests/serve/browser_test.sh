@@ -14,7 +14,8 @@ cd "$root"
 start_server "$work/browser_serve.log" "$build/anchor-sd" serve
 trap 'kill -9 $SERVER_PID 2>/dev/null || true' EXIT
 node --experimental-websocket --no-warnings "$here/browser_page.mjs" "http://127.0.0.1:$PORT" "$work/compare_page.png"
+stop_server "$SERVER_PID" || fail "the server did not exit 0 after SIGTERM"
+# The log is whole once the server is gone (a request's line is written after its reply).
 grep -q 'GET / 200' "$work/browser_serve.log" || fail "the page was not served"
 grep -q 'POST /anchor/v1/compare 200' "$work/browser_serve.log" || fail "no compare request"
-stop_server "$SERVER_PID" || fail "the server did not exit 0 after SIGTERM"
 trap - EXIT

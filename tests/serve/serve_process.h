@@ -82,6 +82,15 @@ public:
     int port() const { return port_; }
     pid_t pid() const { return pid_; }
     std::string log() const { return read_all(log_); }
+    // Whether the log has `text` within `seconds` (the request log line is written after the reply is sent).
+    bool log_has(const std::string& text, int seconds = 5) const {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (log().find(text) == std::string::npos) {
+            if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        return true;
+    }
     httplib::Client client() const {
         httplib::Client c("127.0.0.1", port_);
         c.set_read_timeout(300, 0);

@@ -115,9 +115,8 @@ TEST_CASE("sd serve: txt2img answers base64 PNGs with A1111 parameters and info"
     CHECK(info["anchorcache"][0]["unet_full_steps"] == 2);
     CHECK(r["parameters"]["prompt"] == "a shirt");
     CHECK(r["images"][0] != r["images"][1]);
-    const std::string log = shared_server().log();
-    CHECK(log.find("POST /sdapi/v1/txt2img 200") != std::string::npos);
-    CHECK(log.find("cache=deepcache:2") != std::string::npos);
+    CHECK(shared_server().log_has("POST /sdapi/v1/txt2img 200"));
+    CHECK(shared_server().log_has("cache=deepcache:2"));
 }
 
 TEST_CASE("sd serve: the same request gives the same image, concurrent or one after another", "[serve]") {
@@ -319,7 +318,7 @@ TEST_CASE("sd serve: a full queue is 429 with Retry-After, interrupt and a clien
         if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     CHECK(freed);
-    CHECK(s.log().find("the client closed the connection") != std::string::npos);
+    CHECK(s.log_has("the client closed the connection"));
     int st = 0;
     CHECK(post_json(c, "/sdapi/v1/txt2img", txt2img(4, "off"), &st)["images"].size() == 1);
     CHECK(st == 200);
@@ -347,5 +346,5 @@ TEST_CASE("sd serve: SIGTERM finishes the job in flight, refuses new ones and ex
     CHECK(done.first == 200);
     CHECK(done.second["images"].size() == 1);
     CHECK(s.wait_exit(30) == 0);
-    CHECK(s.log().find("draining") != std::string::npos);
+    CHECK(s.log_has("draining"));
 }

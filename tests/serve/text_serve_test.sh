@@ -82,8 +82,8 @@ else
   echo "SKIP openai client: node/npm not installed"; npm_skip=1
 fi
 
-grep -q 'POST /v1/completions 200 .*kv=' "$work/text_serve.log" || fail "no request log line"
 stop_server "$SERVER_PID" || fail "the server did not exit 0 after SIGTERM"
+grep -q 'POST /v1/completions 200 .*kv=' "$work/text_serve.log" || fail "no request log line"
 trap - EXIT
 echo "text serve: ok"
 [ -z "${npm_skip:-}" ] || exit 77
