@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
@@ -130,6 +131,27 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& opt
         b = e + 1;
     }
     return out;
+}
+
+MpiShard mpi_shard_from_env() {
+    auto get = [](std::initializer_list<const char*> names, int dflt) {
+        for (const char* n : names)
+            if (const char* v = std::getenv(n); v && *v) {
+                try {
+                    return std::stoi(v);
+                } catch (const std::exception&) {
+                    throw UsageError(std::string("environment variable ") + n + " is not a number: '" + v + "'");
+                }
+            }
+        return dflt;
+    };
+    MpiShard s;
+    s.rank = get({"OMPI_COMM_WORLD_RANK", "PMI_RANK"}, 0);
+    s.size = get({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, 1);
+    s.local_rank = get({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}, 0);
+    if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
+        throw UsageError("MPI environment: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size));
+    return s;
 }
 
 std::string default_sd_model() {

@@ -41,6 +41,13 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& opt
 // the file when it cannot be read or holds no prompt.
 std::vector<std::string> read_prompts_file(const std::string& path, int max_n = 1 << 30);
 
+// This process's place in an MPI job, from the environment mpirun gives it (Open MPI's OMPI_COMM_WORLD_*, MPICH's
+// PMI_*): rank 0 of 1 outside mpirun. The batch jobs shard by it without linking an MPI library.
+struct MpiShard {
+    int rank = 0, size = 1, local_rank = 0;
+};
+MpiShard mpi_shard_from_env();
+
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.
 std::string default_sd_model();

@@ -22,6 +22,8 @@ void add_sd_random_model_command(CLI::App& app, SdRunners& runners);
 void add_sd_bench_cache_command(CLI::App& app, SdRunners& runners);
 // `info IMAGE.png`: the `parameters` (A1111) and `anchorcache` (JSON record) text chunks of a PNG (cli/sd_info.cpp).
 void add_sd_info_command(CLI::App& app, SdRunners& runners);
+// `serve`: the HTTP server (unet/sd_server.h): A1111 and OpenAI image APIs, the compare endpoint and page.
+void add_sd_serve_command(CLI::App& app, SdRunners& runners);
 // `train-vae | train-unet | train-classifier | eval-fashion | calibrate` (the Fashion-MNIST demo model).
 void add_sd_train_commands(CLI::App& app, SdRunners& runners);
 

@@ -1,6 +1,7 @@
 // anchor-sd: Stable Diffusion txt2img with anchor caches. Flags follow stable-diffusion.cpp's names. The top level is
 // txt2img (a library call, unet/txt2img_job.h); bench, bench-cache, calibrate, train-* and eval-fashion are
 // subcommands registered beside it, and --threads / --version work before or after any of them.
+#include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/util/threads.h"
 #include "cli/common.h"
@@ -208,6 +209,12 @@ int run(Options& o) {
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
+    // Under mpirun each rank runs its share of the batches; outputs keep the job's global numbering.
+    const auto shard = cli::mpi_shard_from_env();
+    job.shard_rank = shard.rank;
+    job.shard_count = shard.size;
+    if (shard.size > 1) std::fprintf(stderr, "MPI rank %d of %d\n", shard.rank, shard.size);
+    if (job.output.back() == '/') fs::create_directories(job.output);
     Txt2ImgJobCallbacks cb;
     cb.progress = progress_bar;
     cb.batch_done = [&](const std::vector<Txt2ImgJobImage>& imgs, double denoise_s, double decode_s, int64_t rss) {
@@ -218,6 +225,11 @@ int run(Options& o) {
     };
     const auto r = run_txt2img_job(pipe, job, cb);
     for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    // Rank 0 writes one manifest of every image (all shards') once their sidecars are there.
+    if (job.shard_rank == 0 && (job.shard_count > 1 || job.output.back() == '/')) {
+        write_file_atomic(manifest_path(job), job_manifest(job, 3600).dump(2) + "\n", true);
+        std::fprintf(stderr, "manifest: %s (%d images)\n", manifest_path(job).c_str(), job.image_count());
+    }
     // Memory of back-to-back runs in one process (the soak check): RSS after every batch, growth from the first.
     if (r.images.size() > 1 && r.rss_first > 0)
         std::fprintf(stderr, "%zu images: RSS %.1f MiB after the first batch, max %.1f MiB (growth %.2f %%)\n",
@@ -363,8 +375,10 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                        "prompt=[...] / num_images_per_prompt (image i of a batch is not the image of seed + i)")
             ->capture_default_str(),
         "batch_size");
-    bind(app.add_option("-o,--output", j.output,
-                        "output PNG; a JSON sidecar <output>.json is written next to it, image k > 0 gets a _k suffix")
+    bind(app.add_option(
+                "-o,--output", j.output,
+                "output PNG; a JSON sidecar <output>.json is written next to it, image k > 0 gets a _k suffix; a "
+                "folder DIR/ gets DIR/00000.png, ... and DIR/manifest.json")
              ->capture_default_str(),
          "output");
     bind(app.add_option("--clip-skip", o.clip_skip,
@@ -396,6 +410,8 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "a diffusers VAE folder or its weights file"),
          "vae_file");
     app.add_flag("--overwrite", j.overwrite, "replace existing output files");
+    app.add_flag("--skip-existing", j.skip_existing,
+                 "do not run again the batches whose PNGs and sidecars exist (a failed --prompts-file job resumes)");
     app.add_option("--save-latents", j.save_latents,
                    "also write initial_noise, initial_latents, final_latents, prompt_embeds, decoded and image "
                    "(diffusers' names) to this .safetensors file; image k > 0 gets a _k suffix");
@@ -436,6 +452,7 @@ int main(int argc, char** argv) {
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);
         cli::add_sd_info_command(app, subcommands);
+        cli::add_sd_serve_command(app, subcommands);
         app.require_subcommand(0, 1);
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::util::configure_threads(o.threads);

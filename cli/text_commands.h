@@ -21,6 +21,7 @@ using Runner = std::function<int()>;
 void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_gpt2.cpp
 void add_diffusion_commands(CLI::App& app,
                             std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_diffusion.cpp
+void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_serve.cpp
 
 // Library field -> the flag that fills it, for the messages of text::ParamError.
 using FlagNames = std::vector<std::pair<std::string, std::string>>;

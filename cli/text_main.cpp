@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
         std::vector<std::pair<CLI::App*, anchor::cli::Runner>> runners;
         anchor::cli::add_gpt2_commands(app, runners);
         anchor::cli::add_diffusion_commands(app, runners);
+        anchor::cli::add_text_serve_command(app, runners);
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {

@@ -52,9 +52,23 @@ nlohmann::json GenerateReport::to_json() const {
     return j;
 }
 
-StreamRunner::StreamRunner(const GenerateParams& p)
-    : p_((p.validate(), p)), loaded_(load_gpt2_model(p.model)), tok_(load_gpt2_tokenizer(p.model, loaded_)) {
-    prompt_ = tok_.encode(p_.prompt, p_.allow_special);
+StreamRunner::StreamRunner(const GenerateParams& p) : p_((p.validate(), p)), loaded_(load_gpt2_model(p.model)) {
+    tok_ = std::make_shared<const Gpt2Tokenizer>(load_gpt2_tokenizer(p.model, loaded_));
+    encode_prompt();
+}
+
+StreamRunner::StreamRunner(const GenerateParams& p, const LoadedGpt2& model,
+                           std::shared_ptr<const Gpt2Tokenizer> tokenizer)
+    : p_(p), loaded_(model), tok_(std::move(tokenizer)) {
+    if (p_.prompt.empty()) throw ParamError("prompt", "is empty");
+    if (p_.max_new_tokens < 0)
+        throw ParamError("max_new_tokens", "must be >= 0, got " + std::to_string(p_.max_new_tokens));
+    p_.sampling.validate();
+    encode_prompt();
+}
+
+void StreamRunner::encode_prompt() {
+    prompt_ = tok_->encode(p_.prompt, p_.allow_special);
     if (prompt_.empty()) throw ParamError("prompt", "encodes to no tokens");
     const int64_t P = loaded_.config.n_positions, total = static_cast<int64_t>(prompt_.size()) + p_.max_new_tokens;
     if ((p_.kv.mode == KvMode::Full || p_.positions == PositionMode::Absolute) && total > P)
@@ -67,7 +81,9 @@ StreamRunner::StreamRunner(const GenerateParams& p)
 }
 
 GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& on_text,
-                                 const std::function<void(const SoakWindow&)>& on_window) {
+                                 const std::function<void(const SoakWindow&)>& on_window,
+                                 const std::function<bool()>& stop) {
+    finish_ = "length";
     using Clock = std::chrono::steady_clock;
     Gpt2Stream stream(loaded_.model, p_.kv, p_.positions);
     auto chain = make_sampler_chain(p_.sampling);
@@ -90,9 +106,16 @@ GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& 
         const int64_t id = chain.sample(logits);
         chain.accept(id);
         ++r.generated;
-        const std::string piece = dec.push(tok_.token_bytes(id));
+        const std::string piece = dec.push(tok_->token_bytes(id));
         if (on_text && !piece.empty()) on_text(piece);
-        if (p_.stop_at_eos && id == Gpt2Tokenizer::kEndOfText) break;
+        if (p_.stop_at_eos && id == Gpt2Tokenizer::kEndOfText) {
+            finish_ = "eos";
+            break;
+        }
+        if (stop && stop()) {
+            finish_ = "stop";
+            break;
+        }
         if (k + 1 < p_.max_new_tokens) logits = stream.feed(id);
         if (p_.report_every > 0 && r.generated % p_.report_every == 0) {
             const auto now = Clock::now();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,17 +63,27 @@ struct GenerateReport {
 class StreamRunner {
 public:
     explicit StreamRunner(const GenerateParams& p);
+    // With a model and tokenizer loaded once for many runs (a server); p.model is not read. Every run has a KV
+    // cache and a sampler of its own.
+    StreamRunner(const GenerateParams& p, const LoadedGpt2& model, std::shared_ptr<const Gpt2Tokenizer> tokenizer);
     const std::vector<int64_t>& prompt_ids() const { return prompt_; }
     // Feeds the prompt and generates; `on_text` gets the UTF-8 text of every token as soon as it is whole (and the
     // rest at the end), `on_window` each soak window.
+    // `stop` (optional), asked after every token, ends the run early when it returns true (a stop sequence seen, a
+    // client gone).
     GenerateReport run(const std::function<void(const std::string&)>& on_text = {},
-                       const std::function<void(const SoakWindow&)>& on_window = {});
+                       const std::function<void(const SoakWindow&)>& on_window = {},
+                       const std::function<bool()>& stop = {});
+    // The last run's first stop: "eos" (<|endoftext|> with stop_at_eos), "stop" (the callback) or "length".
+    const std::string& finish_reason() const { return finish_; }
 
 private:
+    void encode_prompt();
     GenerateParams p_;
     LoadedGpt2 loaded_;
-    Gpt2Tokenizer tok_;
+    std::shared_ptr<const Gpt2Tokenizer> tok_;
     std::vector<int64_t> prompt_;
+    std::string finish_ = "length";
 };
 
 } // namespace anchor::text

@@ -178,15 +178,10 @@ std::vector<std::string> compare_output_paths(const std::string& base) {
     return {base + ".png", base + "_timeline.png", base + "_report.json"}; // the grid is the -o image itself
 }
 
-nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::string& base, const nlohmann::json& meta,
-                             bool overwrite) {
-    const auto paths = compare_output_paths(base);
-    for (const auto& p : paths) check_output_path(p, overwrite);
+nlohmann::json compare_report(const std::vector<CompareEntry>& e, const nlohmann::json& meta) {
     const auto figs = compare_figures(e);
     nlohmann::json rep = meta;
     rep["reference_mode"] = e.empty() ? "" : e[0].mode;
-    rep["grid_png"] = paths[0];
-    rep["timeline_png"] = paths[1];
     nlohmann::json modes = nlohmann::json::array();
     for (size_t i = 0; i < e.size(); ++i) {
         nlohmann::json m = e[i].log;
@@ -198,35 +193,58 @@ nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::stri
         modes.push_back(m);
     }
     rep["modes"] = modes;
-    write_file_atomic(paths[0], render_compare_grid(e, figs), overwrite);
+    return rep;
+}
+
+nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::string& base, const nlohmann::json& meta,
+                             bool overwrite) {
+    const auto paths = compare_output_paths(base);
+    for (const auto& p : paths) check_output_path(p, overwrite);
+    nlohmann::json rep = compare_report(e, meta);
+    rep["grid_png"] = paths[0];
+    rep["timeline_png"] = paths[1];
+    write_file_atomic(paths[0], render_compare_grid(e, compare_figures(e)), overwrite);
     write_file_atomic(paths[1], render_timeline(e), overwrite);
     write_file_atomic(paths[2], rep.dump(2) + "\n", overwrite);
     return rep;
 }
 
-nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
-                           const std::string& base, const nlohmann::json& meta, bool overwrite,
-                           const std::function<void(const std::string& mode)>& on_mode) {
+namespace {
+
+// The controllers of the modes, all parsed before any work.
+std::vector<std::unique_ptr<CacheController>> compare_controllers(const Txt2ImgParams& p,
+                                                                  const std::string& modes_list) {
     const auto specs = split_mode_list(modes_list);
     if (specs.empty()) throw ParamError("compare", "needs at least one mode");
     if (p.prompts.size() * size_t(p.images_per_prompt) != 1)
         throw ParamError("batch_size", "a compare runs one image per mode");
     std::vector<std::unique_ptr<CacheController>> ctls;
-    for (const auto& s : specs) ctls.push_back(parse_cache_mode(s)); // all parsed before any work
-    for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
-    std::vector<CompareEntry> entries;
-    nlohmann::json report_meta = meta;
+    for (const auto& s : specs) ctls.push_back(parse_cache_mode(s));
+    return ctls;
+}
+
+} // namespace
+
+CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+                             const nlohmann::json& meta, const std::function<void(const std::string& mode)>& on_mode,
+                             const std::function<void(size_t mode, const ProgressInfo&)>& progress) {
+    auto ctls = compare_controllers(p, modes_list);
+    CompareRun out;
+    out.meta = meta;
     for (auto& c : ctls) {
         if (on_mode) on_mode(c->spec());
-        auto r = pipe.run(p, c.get());
-        if (entries.empty()) {
+        const size_t index = out.entries.size();
+        auto r =
+            pipe.run(p, c.get(),
+                     progress ? [&](const ProgressInfo& pi) { progress(index, pi); } : Txt2ImgPipeline::ProgressFn{});
+        if (out.entries.empty()) {
             // What every mode was run with, as the image sidecar says it (the per-mode figures are in the entries),
             // and the model facts (LoRAs merged at load, prediction, VAE).
             auto params = image_record(p, r, 0, nullptr);
             for (const char* k : {"cache", "unet_full_steps", "unet_steps", "timings_s", "index_in_batch"})
                 params.erase(k);
-            report_meta.update(params);
-            report_meta.update(model_record(pipe));
+            out.meta.update(params);
+            out.meta.update(model_record(pipe));
         }
         CompareEntry e;
         e.mode = c->spec();
@@ -237,9 +255,18 @@ nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const 
         e.log["denoise_s"] = r.denoise_s;
         e.log["decode_s"] = r.decode_s;
         e.log["text_s"] = r.text_s;
-        entries.push_back(std::move(e));
+        out.entries.push_back(std::move(e));
     }
-    return write_compare(entries, base, report_meta, overwrite);
+    return out;
+}
+
+nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+                           const std::string& base, const nlohmann::json& meta, bool overwrite,
+                           const std::function<void(const std::string& mode)>& on_mode) {
+    (void)compare_controllers(p, modes_list); // the modes, then the outputs, before any work
+    for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
+    const auto run = run_compare_modes(pipe, p, modes_list, meta, on_mode);
+    return write_compare(run.entries, base, run.meta, overwrite);
 }
 
 } // namespace anchor::unet

@@ -39,6 +39,9 @@ std::vector<CompareFigures> compare_figures(const std::vector<CompareEntry>& ent
 std::string render_compare_grid(const std::vector<CompareEntry>& entries, const std::vector<CompareFigures>& figs);
 std::string render_timeline(const std::vector<CompareEntry>& entries);
 
+// The report of the entries without any file: `meta`, the reference mode and per mode its cache log, wall time,
+// speed-up, PSNR and SSIM vs the first mode.
+nlohmann::json compare_report(const std::vector<CompareEntry>& entries, const nlohmann::json& meta);
 // Writes <base>.png (the grid), <base>_timeline.png and <base>_report.json (base = output path without .png). `meta` is
 // copied into the report (prompt, seed, ...). Returns the report.
 nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
@@ -50,6 +53,17 @@ nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std
 nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
                            const std::string& base, const nlohmann::json& meta, bool overwrite,
                            const std::function<void(const std::string& mode)>& on_mode = {});
+
+// What run_compare runs, without writing anything (a server answers with it): the entries and the report's meta
+// (`meta`, the parameters, the model facts). `progress` hears each mode's steps with the mode's index.
+struct CompareRun {
+    std::vector<CompareEntry> entries;
+    nlohmann::json meta;
+};
+CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+                             const nlohmann::json& meta,
+                             const std::function<void(const std::string& mode)>& on_mode = {},
+                             const std::function<void(size_t mode, const ProgressInfo&)>& progress = {});
 
 // The three paths write_compare uses for `base`.
 std::vector<std::string> compare_output_paths(const std::string& base);

@@ -587,7 +587,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
                         std::to_string(n) + "; no image is written. Check the model weights and the guidance scale");
         r.full_steps += ctl.last_step_was_full() ? 1 : 0;
         if (on_step) on_step(rec);
-        if (progress) progress({k + 1, n, seconds_since(t0)});
+        if (progress) progress({k + 1, n, seconds_since(t0), ctl.last_step_was_full()});
     }
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);
@@ -604,17 +604,21 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     return r;
 }
 
-void write_png(const std::string& path, const Tensor& hwc, bool overwrite, const std::vector<PngTextChunk>& text) {
+std::string encode_png(const Tensor& hwc, const std::vector<PngTextChunk>& text, const std::string& what) {
     auto img = hwc.to(torch::kUInt8).contiguous();
-    TORCH_CHECK(img.dim() == 3 && img.size(2) == 3, "write_png expects [H, W, 3] uint8");
+    TORCH_CHECK(img.dim() == 3 && img.size(2) == 3, "encode_png expects [H, W, 3] uint8");
     const int h = int(img.size(0)), w = int(img.size(1));
     std::string png;
     auto sink = [](void* ctx, void* data, int size) {
         static_cast<std::string*>(ctx)->append((const char*)data, size);
     };
     if (!stbi_write_png_to_func(sink, &png, w, h, 3, img.data_ptr<uint8_t>(), w * 3))
-        throw Error("cannot encode PNG '" + path + "'");
-    write_file_atomic(path, text.empty() ? png : png_insert_text_chunks(png, text, path), overwrite);
+        throw Error("cannot encode PNG '" + what + "'");
+    return text.empty() ? png : png_insert_text_chunks(png, text, what);
+}
+
+void write_png(const std::string& path, const Tensor& hwc, bool overwrite, const std::vector<PngTextChunk>& text) {
+    write_file_atomic(path, encode_png(hwc, text, path), overwrite);
 }
 
 } // namespace anchor::unet

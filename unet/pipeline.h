@@ -131,6 +131,7 @@ struct ProgressInfo {
     int step = 0; // steps done (1-based after a step)
     int total = 0;
     double elapsed_s = 0;
+    bool full = true; // the cache decision of the step just done: the full UNet ran (false: a cached feature)
 };
 
 struct Txt2ImgResult {
@@ -251,5 +252,8 @@ int64_t available_memory_bytes();
 // `text` right after IHDR (metadata readers such as A1111's PNG Info look there first).
 void write_png(const std::string& path, const torch::Tensor& image_uint8_hwc, bool overwrite,
                const std::vector<PngTextChunk>& text = {});
+// The PNG bytes write_png writes (a server answers with them); `what` names the image in errors.
+std::string encode_png(const torch::Tensor& image_uint8_hwc, const std::vector<PngTextChunk>& text = {},
+                       const std::string& what = "image");
 
 } // namespace anchor::unet

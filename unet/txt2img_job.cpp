@@ -8,8 +8,13 @@
 #include "unet/freq_cache.h"
 #include "unet/infotext.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <thread>
 
 namespace anchor::unet {
 
@@ -19,7 +24,10 @@ void Txt2ImgJob::validate() const {
     if (prompts.empty()) throw ParamError("prompts", "no prompt");
     if (batch_size < 1) throw ParamError("batch_size", "must be >= 1, got " + std::to_string(batch_size));
     if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
-    if (output.empty()) throw ParamError("output", "no output file");
+    if (write_files && output.empty()) throw ParamError("output", "no output file");
+    if (shard_count < 1 || shard_rank < 0 || shard_rank >= shard_count)
+        throw ParamError("shard_rank", "rank " + std::to_string(shard_rank) + " of " + std::to_string(shard_count) +
+                                           " shards (needs 0 <= rank < shards)");
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
     // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
     if (params.steps >= 1) (void)params.init.validate(params.steps);
@@ -33,6 +41,11 @@ void Txt2ImgJob::validate() const {
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
+    if (!base.empty() && base.back() == '/') {
+        char name[32];
+        std::snprintf(name, sizeof name, "%05d.png", k);
+        return base + name;
+    }
     if (k == 0) return base;
     const fs::path p(base);
     return (p.parent_path() / (p.stem().string() + "_" + std::to_string(k) + p.extension().string())).string();
@@ -136,25 +149,77 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     return j;
 }
 
+int Txt2ImgJob::image_count() const {
+    const auto batches = plan_batches(prompts, batch_size, batch_count, params.seed);
+    return batches.back().first_image + batches.back().images();
+}
+
+std::string manifest_path(const Txt2ImgJob& job) {
+    if (!job.output.empty() && job.output.back() == '/') return job.output + "manifest.json";
+    const fs::path p(job.output);
+    return (p.parent_path() / (p.stem().string() + "_manifest.json")).string();
+}
+
+nlohmann::json job_manifest(const Txt2ImgJob& job, double wait_s) {
+    const int n = job.image_count();
+    const auto t0 = std::chrono::steady_clock::now();
+    nlohmann::json images = nlohmann::json::array();
+    for (int k = 0; k < n; ++k) {
+        const std::string side = Txt2ImgJob::numbered(job.output, k) + ".json";
+        // A sidecar is written atomically (rename), so one that exists is whole.
+        while (!fs::exists(side)) {
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > wait_s)
+                throw Error("manifest: '" + side + "' (image " + std::to_string(k) + " of " + std::to_string(n) +
+                            ") did not appear within " + std::to_string(int(wait_s)) + " s; did a shard fail?");
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        std::ifstream in(side);
+        images.push_back(nlohmann::json::parse(in));
+    }
+    return {{"images", images}, {"image_count", n}, {"shards", job.shard_count}};
+}
+
 Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb) {
     job.validate();
-    const auto batches = plan_batches(job.prompts, job.batch_size, job.batch_count, job.params.seed);
+    auto batches = plan_batches(job.prompts, job.batch_size, job.batch_count, job.params.seed);
     const int n_images = batches.back().first_image + batches.back().images();
-    // Every output is checked before the first image: a job never stops half-way on an existing file.
     std::vector<std::string> pngs, latents;
-    for (int k = 0; k < n_images; ++k) {
+    for (int k = 0; k < n_images && job.write_files; ++k) {
         pngs.push_back(Txt2ImgJob::numbered(job.output, k));
-        for (const auto& f : {pngs.back(), pngs.back() + ".json"}) check_output_path(f, job.overwrite);
-        if (!job.save_latents.empty()) {
-            latents.push_back(Txt2ImgJob::numbered(job.save_latents, k));
-            check_output_path(latents.back(), job.overwrite);
+        if (!job.save_latents.empty()) latents.push_back(Txt2ImgJob::numbered(job.save_latents, k));
+    }
+    // This shard's batches; with skip_existing, those whose every file exists come back from their sidecars.
+    Txt2ImgJobResult out;
+    std::vector<BatchJob> mine;
+    for (size_t b = 0; b < batches.size(); ++b) {
+        if (int(b % size_t(job.shard_count)) != job.shard_rank) continue;
+        const auto& batch = batches[b];
+        bool done = job.write_files && job.skip_existing;
+        for (int k = batch.first_image; done && k < batch.first_image + batch.images(); ++k)
+            done = fs::exists(pngs[size_t(k)]) && fs::exists(pngs[size_t(k)] + ".json");
+        if (!done) {
+            mine.push_back(batch);
+            continue;
+        }
+        for (int k = batch.first_image; k < batch.first_image + batch.images(); ++k) {
+            std::ifstream in(pngs[size_t(k)] + ".json");
+            out.images.push_back({pngs[size_t(k)], nlohmann::json::parse(in), ""});
         }
     }
+    batches = mine;
+    // Every output is checked before the first image: a job never stops half-way on an existing file.
+    for (const auto& batch : batches)
+        for (int k = batch.first_image; k < batch.first_image + batch.images() && job.write_files; ++k) {
+            for (const auto& f : {pngs[size_t(k)], pngs[size_t(k)] + ".json"}) check_output_path(f, job.overwrite);
+            if (!latents.empty()) check_output_path(latents[size_t(k)], job.overwrite);
+        }
+    if (batches.empty()) return out;
     Txt2ImgParams p = pipe.resolved(job.params);
     // The model file is hashed once per job, before the first image (A1111's "Model hash").
-    const InfotextFacts info = infotext_facts(pipe.models(), job.cache);
+    InfotextFacts info = job.infotext ? *job.infotext : infotext_facts(pipe.models(), job.cache);
+    info.cache_mode = job.cache;
     const nlohmann::json model_facts = model_record(pipe);
-    Txt2ImgJobResult out;
+    bool first = true;
     for (const auto& batch : batches) {
         p.prompts = batch.prompts;
         p.images_per_prompt = batch.images_per_prompt;
@@ -168,32 +233,41 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         auto r = pipe.run(p, ctl.get(),
                           cb.progress ? [&](const ProgressInfo& pi) { cb.progress(pi, label); }
                                       : Txt2ImgPipeline::ProgressFn{});
-        if (k0 == 0) out.warnings = r.warnings;
+        if (first) out.warnings = r.warnings;
         std::vector<Txt2ImgJobImage> done;
         for (int i = 0; i < nb; ++i) {
             const int k = k0 + i;
-            if (!latents.empty()) save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
+            if (!latents.empty() && job.write_files)
+                save_image_tensors(latents[size_t(k)], r, i, nb, p.seed, job.overwrite);
             auto rec = job.facts;
             rec.update(image_record(p, r, i, ctl.get()));
             rec.update(model_facts);
             rec["base_seed"] = job.params.seed;
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;
-            rec["output"] = pngs[size_t(k)];
+            if (job.write_files) rec["output"] = pngs[size_t(k)];
             rec["cache_mode"] = job.cache;
             if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
             // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
-            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite,
-                      image_text_chunks(infotext_of(p, i, info), rec));
+            const auto chunks = image_text_chunks(infotext_of(p, i, info), rec);
+            if (!job.write_files) {
+                done.push_back({"", rec, encode_png(r.image_uint8[i], chunks, "image " + std::to_string(k))});
+                continue;
+            }
+            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite, chunks);
             write_file_atomic(pngs[size_t(k)] + ".json", rec.dump(2) + "\n", job.overwrite);
-            done.push_back({pngs[size_t(k)], rec});
+            done.push_back({pngs[size_t(k)], rec, ""});
         }
         const int64_t rss = util::rss_now_bytes();
-        if (k0 == 0) out.rss_first = rss;
+        if (first) out.rss_first = rss;
+        first = false;
         out.rss_max = std::max(out.rss_max, rss);
         if (cb.batch_done) cb.batch_done(done, r.denoise_s, r.decode_s, rss);
         out.images.insert(out.images.end(), done.begin(), done.end());
     }
+    std::stable_sort(out.images.begin(), out.images.end(), [](const auto& a, const auto& b) {
+        return a.record.value("image_index", 0) < b.record.value("image_index", 0);
+    });
     return out;
 }
 

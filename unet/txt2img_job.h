@@ -3,11 +3,13 @@
 // checked before anything runs. A library call, so that a server or an MPI job runs the same thing.
 #pragma once
 
+#include "unet/infotext.h"
 #include "unet/pipeline.h"
 
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,17 +24,33 @@ struct Txt2ImgJob {
     std::string output = "output.png"; // image k > 0 gets a _k suffix; every image a <png>.json sidecar
     std::string save_latents;          // "": none; else initial noise, latents, embeddings, image per image
     bool overwrite = false;
+    // false: nothing is written (no output checks, no sidecars); every image's PNG bytes, with the same text chunks,
+    // come back in Txt2ImgJobImage::png_bytes (a server's reply).
+    bool write_files = true;
+    // Sharding over processes (mpirun -np N): this process runs batch b of plan_batches when b % shard_count ==
+    // shard_rank; the image numbering stays the job's global one, so N processes write the files one process writes.
+    int shard_rank = 0, shard_count = 1;
+    // A batch whose every PNG and sidecar exists is not run again (a failed job resumes); its records are read back.
+    bool skip_existing = false;
     nlohmann::json facts = nlohmann::json::object(); // copied into every sidecar (program, model, threads, ...)
+    // The infotext's model facts (infotext_facts: the model file's hash, the LoRAs') when known already: a server
+    // hashes the checkpoint once at load, not per request. Unset: computed at the job's start. Its cache mode is
+    // the job's in any case.
+    std::optional<InfotextFacts> infotext;
 
     // ParamError naming the field (the pipeline validates its own params when it runs).
     void validate() const;
-    // The output file of image k of the job: `base` itself for k = 0, <stem>_k<ext> after.
+    // The output file of image k of the job: `base` itself for k = 0, <stem>_k<ext> after; a folder `base` (ending
+    // in '/') gets DIR/00000.png, DIR/00001.png, ...
     static std::string numbered(const std::string& base, int k);
+    // Images of the whole job (every shard).
+    int image_count() const;
 };
 
 struct Txt2ImgJobImage {
-    std::string png;
+    std::string png;       // the file written ("" without write_files)
     nlohmann::json record; // what the sidecar holds
+    std::string png_bytes; // without write_files: the encoded PNG with its infotext and record chunks
 };
 
 struct Txt2ImgJobResult {
@@ -49,6 +67,13 @@ struct Txt2ImgJobCallbacks {
 
 // Checks every output path first (none is replaced without job.overwrite), then runs the batches.
 Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb = {});
+
+// The manifest of a job written to files: every image's record (its sidecar: parameters, seed, timings), read from
+// the sidecars, waiting up to `wait_s` seconds for those other shards are still writing. Throws anchor::Error naming
+// the missing files after that.
+nlohmann::json job_manifest(const Txt2ImgJob& job, double wait_s);
+// Where the manifest goes: DIR/manifest.json for a folder output, else <stem>_manifest.json.
+std::string manifest_path(const Txt2ImgJob& job);
 
 // What every image of the job (and a compare report) records about the model: version, layout, family, attention
 // kernel, the LoRAs merged at load, the prediction type in effect, how it was decided and the v-prediction test's mean

@@ -1,0 +1,83 @@
+// `anchor-sd serve`: the option table of the HTTP server (unet/sd_server.h); the server itself is library code.
+#include "cache/io/assets.h"
+#include "cli/common.h"
+#include "cli/sd_commands.h"
+#include "unet/freq_cache.h"
+#include "unet/sd_server.h"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+namespace anchor::cli {
+
+namespace {
+
+struct ServeOptions {
+    unet::SdServerParams server;
+    bool no_web = false;
+};
+
+int run_serve(ServeOptions& o) {
+    auto& s = o.server;
+    if (s.model.empty()) s.model = default_sd_model();
+    if (!o.no_web && s.http.web_dir.empty()) {
+        const std::string index = find_asset_or_empty("web/index.html");
+        if (!index.empty()) s.http.web_dir = std::filesystem::path(index).parent_path().string();
+    }
+    s.http.program = "anchor-sd serve";
+    s.validate(); // before loading anything
+    const auto t0 = std::chrono::steady_clock::now();
+    unet::SDModels models = unet::load_sd_models(s.model, unet::LoadOptions{});
+    std::fprintf(stderr, "loaded %s in %.1fs\n", s.model.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    unet::Txt2ImgPipeline pipe(models);
+    s.facts = {{"program", "anchor-sd serve"}, {"model", s.model}};
+    unet::SdServer server(pipe, s);
+    server.serve();
+    std::fprintf(stderr, "anchor-sd serve: drained, exiting\n");
+    return 0;
+}
+
+} // namespace
+
+void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
+    auto* cmd = app.add_subcommand(
+        "serve", "HTTP server: the AUTOMATIC1111 API (/sdapi/v1/txt2img, img2img, samplers, progress, "
+                 "...), OpenAI's /v1/images/generations, POST /anchor/v1/compare and the compare page "
+                 "at /");
+    cmd->fallthrough();
+    auto o = std::make_shared<ServeOptions>();
+    auto& s = o->server;
+    auto bind = [](CLI::Option* opt, const char* field) {
+        bind_field(field, opt->get_name());
+        return opt;
+    };
+    cmd->add_option("-m,--model", s.model, "model folder or single file (default: the embedded demo model)");
+    bind(cmd->add_option("--host", s.http.host, "address to listen on")->capture_default_str(), "host");
+    bind(cmd->add_option("--port", s.http.port, "port (0: any free port, printed)")->capture_default_str(), "port");
+    bind(cmd->add_option("--queue", s.http.queue, "jobs waiting or running; one more gets 429 with Retry-After")
+             ->capture_default_str(),
+         "queue");
+    bind(cmd->add_option("--http-threads", s.http.threads, "connection threads")->capture_default_str(), "threads");
+    bind(cmd->add_option("--cache", s.default_cache,
+                         "cache mode of requests without a `cache` field:\n" + unet::cache_mode_help())
+             ->capture_default_str(),
+         "cache");
+    bind(cmd->add_option("--max-steps", s.max_steps, "largest `steps` of a request")->capture_default_str(),
+         "max_steps");
+    bind(cmd->add_option("--max-pixels", s.max_pixels, "largest width x height of a request")->capture_default_str(),
+         "max_pixels");
+    bind(cmd->add_option("--max-images", s.max_images, "largest batch_size x n_iter of a request")
+             ->capture_default_str(),
+         "max_images");
+    bind(cmd->add_option("--max-modes", s.max_modes, "most modes of one compare")->capture_default_str(), "max_modes");
+    bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
+    cmd->add_flag("--no-web", o->no_web, "serve no page at /");
+    runners.emplace_back(cmd, [o]() { return run_serve(*o); });
+}
+
+} // namespace anchor::cli

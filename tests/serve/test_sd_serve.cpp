@@ -1,0 +1,350 @@
+// `anchor-sd serve` on the embedded demo model (assets/models/fashion-sd, 32x32 images), through real HTTP on
+// loopback: the A1111 and OpenAI endpoints, bad input, the queue bound, interrupt, a client that goes away,
+// concurrent requests against the same requests one after another, and the SIGTERM drain.
+#include "serve_process.h"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <future>
+
+using anchor::test::post_json;
+using anchor::test::ServeProcess;
+using nlohmann::json;
+
+namespace {
+
+std::string sd_bin() {
+    return std::string(ANCHOR_BINARY_DIR) + "/anchor-sd";
+}
+
+// Base64 decoding of our own (the server's encoder is not used to check itself).
+std::string unbase64(const std::string& s) {
+    std::string out;
+    int val = 0, bits = -8;
+    for (unsigned char c : s) {
+        const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        const char* p = std::strchr(tbl, c);
+        if (c == '=' || !p || !c) break;
+        val = (val << 6) + int(p - tbl);
+        bits += 6;
+        if (bits >= 0) {
+            out.push_back(char((val >> bits) & 0xFF));
+            bits -= 8;
+        }
+    }
+    return out;
+}
+
+bool is_png(const std::string& b) {
+    return b.size() > 8 && b.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0;
+}
+
+// The image data of a PNG (its IDAT chunks): the pixels, without the text chunks, whose records carry timings.
+std::string idat(const std::string& png) {
+    std::string out;
+    for (size_t i = 8; i + 8 <= png.size();) {
+        const uint32_t n = uint32_t(uint8_t(png[i])) << 24 | uint32_t(uint8_t(png[i + 1])) << 16 |
+                           uint32_t(uint8_t(png[i + 2])) << 8 | uint8_t(png[i + 3]);
+        if (png.compare(i + 4, 4, "IDAT") == 0) out += png.substr(i + 8, n);
+        i += 12 + n;
+    }
+    return out;
+}
+
+std::vector<std::string> pixels(const json& reply) {
+    std::vector<std::string> out;
+    for (const auto& im : reply["images"]) out.push_back(idat(unbase64(im)));
+    return out;
+}
+
+// The per-step decisions of a record, without the wall times.
+json decisions(const json& reply) {
+    json steps = json::parse(reply["info"].get<std::string>())["anchorcache"][0]["cache"]["steps"];
+    for (auto& st : steps) st.erase("ms");
+    return steps;
+}
+
+json txt2img(int seed, const std::string& cache, int steps = 4) {
+    return {{"prompt", "a shirt"},    {"negative_prompt", ""}, {"steps", steps}, {"cfg_scale", 5},
+            {"sampler_name", "DDIM"}, {"seed", seed},          {"cache", cache}};
+}
+
+// A job of several seconds here (64x64, 150 steps: ~50 ms a step on one core).
+json long_txt2img(int seed) {
+    auto j = txt2img(seed, "off", 150);
+    j["width"] = 64;
+    j["height"] = 64;
+    return j;
+}
+
+ServeProcess& shared_server() {
+    static ServeProcess s(sd_bin(), {"serve", "--port", "0", "--queue", "4"}, "sd_serve");
+    return s;
+}
+
+void check_400(const json& body, int status, const std::string& field, const std::string& words) {
+    INFO(body.dump());
+    CHECK(status == 400);
+    CHECK(body["error"]["param"] == field);
+    CHECK(body["error"]["message"].get<std::string>().find(words) != std::string::npos);
+    CHECK(body["error"]["message"].get<std::string>().find('\n') == std::string::npos);
+}
+
+} // namespace
+
+TEST_CASE("sd serve: txt2img answers base64 PNGs with A1111 parameters and info", "[serve]") {
+    auto c = shared_server().client();
+    int status = 0;
+    auto body = txt2img(7, "deepcache:2");
+    body["batch_size"] = 2;
+    const json r = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    REQUIRE(status == 200);
+    REQUIRE(r["images"].size() == 2);
+    const std::string png = unbase64(r["images"][0]);
+    REQUIRE(is_png(png));
+    CHECK(png.find(std::string("parameters\0", 11)) != std::string::npos);
+    CHECK(png.find("Steps: 4") != std::string::npos);
+    CHECK(png.find("Seed: 7") != std::string::npos);
+    const json info = json::parse(r["info"].get<std::string>());
+    CHECK(info["seed"] == 7);
+    CHECK(info["sampler_name"] == "DDIM");
+    CHECK(info["width"] == 32);
+    CHECK(info["infotexts"].size() == 2);
+    CHECK(info["anchorcache"][0]["cache"]["kind"] == "deepcache");
+    CHECK(info["anchorcache"][0]["unet_full_steps"] == 2);
+    CHECK(r["parameters"]["prompt"] == "a shirt");
+    CHECK(r["images"][0] != r["images"][1]);
+    CHECK(shared_server().log_has("POST /sdapi/v1/txt2img 200"));
+    CHECK(shared_server().log_has("cache=deepcache:2"));
+}
+
+TEST_CASE("sd serve: the same request gives the same image, concurrent or one after another", "[serve]") {
+    auto c = shared_server().client();
+    int s1 = 0, s2 = 0;
+    const json a = post_json(c, "/sdapi/v1/txt2img", txt2img(11, "freq"), &s1);
+    const json b = post_json(c, "/sdapi/v1/txt2img", txt2img(12, "deepcache:3"), &s2);
+    REQUIRE(s1 == 200);
+    REQUIRE(s2 == 200);
+    // Both at once (and a third, uncached), each on its own connection.
+    auto run = [](int seed, std::string cache) {
+        auto cl = shared_server().client();
+        int st = 0;
+        json r = post_json(cl, "/sdapi/v1/txt2img", txt2img(seed, cache), &st);
+        return std::make_pair(st, r);
+    };
+    auto fa = std::async(std::launch::async, run, 11, "freq");
+    auto fb = std::async(std::launch::async, run, 12, "deepcache:3");
+    auto fc = std::async(std::launch::async, run, 11, "off");
+    const auto ra = fa.get(), rb = fb.get(), rc = fc.get();
+    REQUIRE(ra.first == 200);
+    REQUIRE(rb.first == 200);
+    REQUIRE(rc.first == 200);
+    CHECK(pixels(ra.second) == pixels(a));
+    CHECK(pixels(rb.second) == pixels(b));
+    // The per-request cache decisions and store statistics match too (no state carried between requests).
+    CHECK(decisions(ra.second) == decisions(a));
+    CHECK(decisions(rb.second) == decisions(b));
+    const json ia = json::parse(a["info"].get<std::string>()), ja = json::parse(ra.second["info"].get<std::string>());
+    CHECK(ia["anchorcache"][0]["cache"]["store"] == ja["anchorcache"][0]["cache"]["store"]);
+}
+
+TEST_CASE("sd serve: bad input is a one-line 400 naming the field", "[serve]") {
+    auto c = shared_server().client();
+    int status = 0;
+    auto r = c.Post("/sdapi/v1/txt2img", "{\"prompt\": \"x\", ", "application/json");
+    REQUIRE(r);
+    check_400(json::parse(r->body), r->status, "body", "malformed JSON");
+    r = c.Post("/sdapi/v1/txt2img", "[1, 2]", "application/json");
+    REQUIRE(r);
+    check_400(json::parse(r->body), r->status, "body", "expected a JSON object");
+
+    auto bad = [&](const char* field, const json& value, const std::string& words) {
+        auto body = txt2img(1, "off");
+        body[field] = value;
+        const json e = post_json(c, "/sdapi/v1/txt2img", body, &status);
+        check_400(e, status, field, words);
+    };
+    bad("steps", "ten", "expected an integer, got a string \"ten\"");
+    bad("steps", 100000, "must be in [1, 150], got 100000");
+    bad("steps", 2.5, "expected an integer");
+    bad("cfg_scale", "high", "expected a number");
+    bad("sampler_name", "Heun", "unknown sampler 'Heun'");
+    bad("cache", "deepcache:x", "cache");
+    bad("width", 100000, "must be in");
+    {
+        auto body = txt2img(1, "off");
+        body["width"] = 4096;
+        body["height"] = 4096;
+        check_400(post_json(c, "/sdapi/v1/txt2img", body, &status), status, "width", "width x height must be <=");
+    }
+    bad("batch_size", 100, "must be in [1, 8]");
+    bad("prompt", 5, "expected a string");
+    bad("width", 30, "multiples of 4");
+    {
+        auto body = txt2img(1, "off");
+        body["batch_size"] = 4;
+        body["n_iter"] = 4;
+        check_400(post_json(c, "/sdapi/v1/txt2img", body, &status), status, "batch_size", "batch_size x n_iter");
+    }
+    // img2img without its image, and with one that is not base64
+    check_400(post_json(c, "/sdapi/v1/img2img", txt2img(1, "off"), &status), status, "init_images", "got none");
+    auto body = txt2img(1, "off");
+    body["init_images"] = {"!!!"};
+    check_400(post_json(c, "/sdapi/v1/img2img", body, &status), status, "init_images", "not base64");
+    const json e = post_json(c, "/anchor/v1/compare", {{"modes", {"off", "bogus"}}}, &status);
+    check_400(e, status, "modes", "modes[1]");
+    const json ee = post_json(c, "/v1/images/generations", {{"prompt", "x"}, {"size", "big"}}, &status);
+    check_400(ee, status, "size", "WIDTHxHEIGHT");
+    // The server is still there.
+    auto h = c.Get("/health");
+    REQUIRE(h);
+    CHECK(h->status == 200);
+}
+
+TEST_CASE("sd serve: img2img from a PNG of the server's own", "[serve]") {
+    auto c = shared_server().client();
+    int status = 0;
+    const json t = post_json(c, "/sdapi/v1/txt2img", txt2img(3, "off"), &status);
+    REQUIRE(status == 200);
+    auto body = txt2img(3, "off", 8);
+    body["init_images"] = {"data:image/png;base64," + t["images"][0].get<std::string>()};
+    body["denoising_strength"] = 0.5;
+    const json r = post_json(c, "/sdapi/v1/img2img", body, &status);
+    REQUIRE(status == 200);
+    const json info = json::parse(r["info"].get<std::string>());
+    CHECK(info["anchorcache"][0]["mode"] == "img2img");
+    CHECK(info["anchorcache"][0]["unet_steps"] == 4); // half of 8 steps
+    CHECK(info["denoising_strength"] == 0.5);
+    CHECK(is_png(unbase64(r["images"][0])));
+}
+
+TEST_CASE("sd serve: OpenAI images, compare, and the listing endpoints", "[serve]") {
+    auto c = shared_server().client();
+    int status = 0;
+    const json g = post_json(c, "/v1/images/generations",
+                             {{"prompt", "a shoe"}, {"n", 2}, {"size", "32x32"}, {"steps", 3}, {"seed", 5}}, &status);
+    REQUIRE(status == 200);
+    REQUIRE(g["data"].size() == 2);
+    CHECK(is_png(unbase64(g["data"][0]["b64_json"])));
+    CHECK(g["created"].is_number());
+
+    const json cmp = post_json(c, "/anchor/v1/compare",
+                               {{"prompt", "a bag"},
+                                {"steps", 8},
+                                {"seed", 9},
+                                {"sampler_name", "DDIM"},
+                                {"modes", {"off", "deepcache:2", "freq"}}},
+                               &status);
+    REQUIRE(status == 200);
+    REQUIRE(cmp["modes"].size() == 3);
+    CHECK(cmp["reference_mode"] == "off");
+    CHECK(cmp["modes"][0]["psnr_vs_first_db"] == "inf");
+    CHECK(cmp["modes"][1]["full_steps"] == 4);
+    CHECK(cmp["modes"][1]["total_steps"] == 8);
+    for (const auto& m : cmp["modes"]) {
+        CHECK(is_png(unbase64(m["image"])));
+        CHECK(m["wall_s"].is_number());
+        CHECK(m["speedup_vs_first"].is_number());
+        CHECK(m["ssim_vs_first"].is_number());
+        CHECK(m["steps"].size() == 8);
+        CHECK(m["steps"][1].contains("energy_change"));
+    }
+
+    auto get = [&](const char* path) {
+        auto r = c.Get(path);
+        REQUIRE(r);
+        CHECK(r->status == 200);
+        return json::parse(r->body);
+    };
+    const json samplers = get("/sdapi/v1/samplers");
+    bool has_ddim = false;
+    for (const auto& s : samplers) has_ddim |= s["name"] == "DDIM";
+    CHECK(has_ddim);
+    CHECK(get("/sdapi/v1/sd-models")[0]["model_name"] == "fashion-sd");
+    CHECK(get("/sdapi/v1/options")["sd_model_checkpoint"] == "fashion-sd");
+    CHECK(get("/sdapi/v1/progress").contains("progress"));
+    CHECK(get("/health")["status"] == "ok");
+    auto nf = c.Get("/sdapi/v1/nothing");
+    REQUIRE(nf);
+    CHECK(nf->status == 404);
+    CHECK(json::parse(nf->body)["error"]["message"] == "no such endpoint: GET /sdapi/v1/nothing");
+}
+
+TEST_CASE("sd serve: a full queue is 429 with Retry-After, interrupt and a client gone stop their jobs", "[serve]") {
+    ServeProcess s(sd_bin(), {"serve", "--port", "0", "--queue", "1", "--no-web"}, "sd_serve_queue");
+    auto wait_running = [&] {
+        auto c = s.client();
+        for (int i = 0; i < 400; ++i) {
+            auto r = c.Get("/sdapi/v1/progress");
+            if (r && json::parse(r->body)["state"]["sampling_step"].get<int>() > 0) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        }
+        return false;
+    };
+    auto long_job = std::async(std::launch::async, [&] {
+        auto c = s.client();
+        int st = 0;
+        json r = post_json(c, "/sdapi/v1/txt2img", long_txt2img(1), &st);
+        return std::make_pair(st, r);
+    });
+    REQUIRE(wait_running());
+    auto c = s.client();
+    auto r = c.Post("/sdapi/v1/txt2img", txt2img(2, "off").dump(), "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 429);
+    CHECK(r->has_header("Retry-After"));
+    CHECK(std::stoi(r->get_header_value("Retry-After")) >= 1);
+    CHECK(json::parse(r->body)["error"]["message"].get<std::string>().find("queue is full") != std::string::npos);
+
+    auto ir = c.Post("/sdapi/v1/interrupt", "", "application/json");
+    REQUIRE(ir);
+    CHECK(json::parse(ir->body)["interrupted"] == true);
+    const auto done = long_job.get();
+    CHECK(done.first == 503);
+    CHECK(done.second["error"]["message"].get<std::string>().find("interrupted") != std::string::npos);
+
+    // A client that gives up: its job stops at a following step and the queue is free again.
+    {
+        httplib::Client impatient("127.0.0.1", s.port());
+        impatient.set_read_timeout(1, 0);
+        auto gone = impatient.Post("/sdapi/v1/txt2img", long_txt2img(3).dump(), "application/json");
+        CHECK(!gone);
+    }
+    bool freed = false;
+    for (int i = 0; i < 100 && !freed; ++i) {
+        auto h = c.Get("/health");
+        freed = h && json::parse(h->body)["queue"] == 0;
+        if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(freed);
+    CHECK(s.log_has("the client closed the connection"));
+    int st = 0;
+    CHECK(post_json(c, "/sdapi/v1/txt2img", txt2img(4, "off"), &st)["images"].size() == 1);
+    CHECK(st == 200);
+}
+
+TEST_CASE("sd serve: SIGTERM finishes the job in flight, refuses new ones and exits 0", "[serve]") {
+    ServeProcess s(sd_bin(), {"serve", "--port", "0", "--no-web"}, "sd_serve_drain");
+    auto job = std::async(std::launch::async, [&] {
+        auto c = s.client();
+        int st = 0;
+        json r = post_json(c, "/sdapi/v1/txt2img", txt2img(1, "off", 150), &st);
+        return std::make_pair(st, r);
+    });
+    auto c = s.client();
+    for (int i = 0; i < 400; ++i) {
+        auto r = c.Get("/sdapi/v1/progress");
+        if (r && json::parse(r->body)["state"]["sampling_step"].get<int>() > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    kill(s.pid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto refused = c.Post("/sdapi/v1/txt2img", txt2img(2, "off").dump(), "application/json");
+    CHECK((!refused || refused->status == 503));
+    const auto done = job.get();
+    CHECK(done.first == 200);
+    CHECK(done.second["images"].size() == 1);
+    CHECK(s.wait_exit(30) == 0);
+    CHECK(s.log_has("draining"));
+}

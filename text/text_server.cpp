@@ -1,0 +1,259 @@
+#include "text/text_server.h"
+
+#include "text/gpt2_generate.h"
+#include "text/mdlm_model.h"
+#include "text/mdlm_run.h"
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+namespace anchor::text {
+
+namespace fs = std::filesystem;
+using serve::HttpError;
+using serve::HttpReply;
+using serve::HttpRequest;
+using serve::JobControl;
+using serve::RequestFields;
+
+void TextServerParams::validate() const {
+    http.validate();
+    gpt2.validate();
+    (void)KvSpec::parse(default_kv);
+    if (max_tokens < 1) throw ParamError("max_tokens", "must be >= 1, got " + std::to_string(max_tokens));
+    if (max_prompt < 1) throw ParamError("max_prompt", "must be >= 1, got " + std::to_string(max_prompt));
+    if (max_length < 2) throw ParamError("max_length", "must be >= 2, got " + std::to_string(max_length));
+    if (max_steps < 1) throw ParamError("max_steps", "must be >= 1, got " + std::to_string(max_steps));
+}
+
+namespace {
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string completion_id() {
+    static std::atomic<uint64_t> n{0};
+    std::random_device rd;
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "cmpl-%08x%06llx", rd(), (unsigned long long)(++n));
+    return buf;
+}
+
+// A library ParamError about a request field, as the 400 of that field.
+template <class F> auto as_field(const std::string& field, F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const ParamError& e) {
+        throw HttpError(400, field, field + ": " + e.detail());
+    }
+}
+
+// The earliest stop sequence in `text` from `from`: its offset, npos when none.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops, size_t from) {
+    size_t best = std::string::npos;
+    for (const auto& s : stops) {
+        const size_t start = from >= s.size() ? from - s.size() + 1 : 0;
+        const size_t at = text.find(s, start);
+        if (at != std::string::npos && at < best) best = at;
+    }
+    return best;
+}
+
+} // namespace
+
+TextServer::TextServer(TextServerParams p)
+    : p_((p.validate(), std::move(p))), model_(load_gpt2_model(p_.gpt2)),
+      tok_(std::make_shared<const Gpt2Tokenizer>(load_gpt2_tokenizer(p_.gpt2, model_))),
+      model_id_(fs::path(p_.gpt2.model).filename().string()), threads_(at::get_num_threads()), http_(p_.http) {
+    if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
+    add_routes();
+}
+
+void TextServer::serve() {
+    http_.drain_on_signals();
+    http_.serve();
+}
+
+void TextServer::add_routes() {
+    auto& http = http_;
+
+    http.get("/v1/models", [this](const HttpRequest&) {
+        nlohmann::json data = nlohmann::json::array();
+        data.push_back({{"id", model_id_}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorcache"}});
+        if (!p_.diffusion_model.empty())
+            data.push_back({{"id", fs::path(p_.diffusion_model).filename().string()},
+                            {"object", "model"},
+                            {"created", 0},
+                            {"owned_by", "anchorcache"},
+                            {"endpoint", "/anchor/v1/diffusion"}});
+        return HttpReply::json({{"object", "list"}, {"data", data}});
+    });
+
+    http.post("/v1/completions", [this](const HttpRequest& req) {
+        const auto f = RequestFields::parse(req.body);
+        const std::string model = f.string("model", model_id_);
+        if (model != model_id_)
+            throw HttpError(404, "model", "model: this server serves '" + model_id_ + "', got '" + model + "'");
+        const auto prompts = f.strings("prompt");
+        if (prompts.size() != 1)
+            throw HttpError(400, "prompt",
+                            "prompt: expected one non-empty string, got " + std::to_string(prompts.size()) +
+                                " prompts");
+        GenerateParams g;
+        g.prompt = prompts[0];
+        g.max_new_tokens = f.integer("max_tokens", 16, 0, p_.max_tokens);
+        g.sampling.temperature = f.number("temperature", 1.0, 0.0, 2.0);
+        g.sampling.top_p = f.number("top_p", 1.0, 1e-9, 1.0);
+        g.sampling.seed = uint64_t(f.integer("seed", int64_t(std::random_device{}()), 0, INT64_MAX));
+        g.stop_at_eos = f.boolean("stop_at_eos", true);
+        g.kv = as_field("kv", [&] { return KvSpec::parse(f.string("kv", p_.default_kv)); });
+        const std::string positions = f.string("positions", g.kv.mode == KvMode::Full ? "wrap" : "reencode");
+        g.positions = as_field("positions", [&] { return enum_from_string(position_mode_table(), positions, "x"); });
+        auto stops = f.strings("stop");
+        if (stops.size() > 4)
+            throw HttpError(400, "stop", "stop: at most 4 sequences, got " + std::to_string(stops.size()));
+        for (size_t i = 0; i < stops.size(); ++i)
+            if (stops[i].empty()) throw HttpError(400, "stop", "stop[" + std::to_string(i) + "]: empty");
+        const bool stream = f.boolean("stream", false);
+        if (g.prompt.empty()) throw HttpError(400, "prompt", "prompt: expected a non-empty string, got \"\"");
+        if (tok_->encode(g.prompt).size() > size_t(p_.max_prompt))
+            throw HttpError(400, "prompt", "prompt: at most " + std::to_string(p_.max_prompt) + " tokens");
+        // The runner checks the prompt against the KV mode (400 naming max_tokens when a full cache cannot hold it).
+        std::shared_ptr<StreamRunner> runner;
+        try {
+            runner = std::make_shared<StreamRunner>(g, model_, tok_);
+        } catch (const ParamError& e) { // the library's field names as OpenAI's
+            const std::string field = e.field() == "max_new_tokens" ? "max_tokens" : e.field();
+            throw HttpError(400, field, field + ": " + e.detail());
+        }
+        const std::string id = completion_id(), model_id = model_id_;
+        const int64_t created = unix_now();
+        auto chunk = [id, created, model_id](const std::string& text, const nlohmann::json& finish) {
+            return nlohmann::json{
+                {"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", model_id},
+                {"choices", {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+        };
+        const std::string note = "kv=" + g.kv.str();
+        if (stream) {
+            HttpReply r = http_.stream_job(req, [runner, stops, chunk, threads = threads_](
+                                                    JobControl& c, const std::function<void(std::string)>& emit) {
+                torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread
+                at::set_num_threads(threads);
+                std::string text;
+                size_t sent = 0, hold = 0;
+                for (const auto& s : stops) hold = std::max(hold, s.size() - 1);
+                bool stopped = false;
+                const auto rep = runner->run(
+                    [&](const std::string& piece) {
+                        c.check();
+                        if (stopped) return;
+                        const size_t from = text.size();
+                        text += piece;
+                        const size_t at = find_stop(text, stops, from);
+                        if (at != std::string::npos) text.resize(at), stopped = true;
+                        // Text that could still be the start of a stop sequence waits for the next piece.
+                        const size_t upto = stopped ? text.size() : text.size() > hold ? text.size() - hold : 0;
+                        if (upto > sent) emit(serve::sse_event(chunk(text.substr(sent, upto - sent), nullptr)));
+                        sent = std::max(sent, upto);
+                    },
+                    {}, [&] { return stopped || c.cancelled(); });
+                if (sent < text.size()) emit(serve::sse_event(chunk(text.substr(sent), nullptr)));
+                const std::string reason = runner->finish_reason() == "length" ? "length" : "stop";
+                emit(serve::sse_event(chunk("", reason)));
+                (void)rep;
+            });
+            r.note = note;
+            return r;
+        }
+        auto out = http_.run_job(req, [this, runner, stops, chunk](JobControl& c) {
+            torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
+            std::string text;
+            bool stopped = false;
+            const auto rep = runner->run(
+                [&](const std::string& piece) {
+                    c.check();
+                    if (stopped) return;
+                    const size_t from = text.size();
+                    text += piece;
+                    const size_t at = find_stop(text, stops, from);
+                    if (at != std::string::npos) text.resize(at), stopped = true;
+                },
+                {}, [&] { return stopped || c.cancelled(); });
+            c.check();
+            auto j = chunk(text, runner->finish_reason() == "length" ? "length" : "stop");
+            j["usage"] = {{"prompt_tokens", rep.prompt_tokens},
+                          {"completion_tokens", rep.generated},
+                          {"total_tokens", rep.prompt_tokens + rep.generated}};
+            j["anchor"] = {
+                {"kv", rep.kv.str()},           {"positions", enum_name(position_mode_table(), rep.positions)},
+                {"sampler", rep.sampler},       {"prefill_s", rep.prefill_s},
+                {"generate_s", rep.generate_s}, {"kv_bytes", rep.kv_bytes}};
+            return j;
+        });
+        HttpReply r = HttpReply::json(out);
+        r.note = note;
+        return r;
+    });
+
+    // Text diffusion (MDLM) with a cache mode; the prompt is text, the reply the generated text, the tokens and the
+    // run's figures (cache reuse, forward passes, seconds).
+    http.post("/anchor/v1/diffusion", [this](const HttpRequest& req) {
+        if (p_.diffusion_model.empty())
+            throw HttpError(404, "", "this server has no diffusion model (start it with --diffusion-model)");
+        const auto f = RequestFields::parse(req.body);
+        DiffusionGenerateParams d;
+        d.model = p_.diffusion_model;
+        auto& s = d.sampler;
+        const std::string prompt = f.string("prompt", "");
+        if (!prompt.empty()) s.prompt = tok_->encode(prompt);
+        s.length = f.integer("length", 128, 2, p_.max_length);
+        s.steps = f.integer("steps", 64, 1, p_.max_steps);
+        s.temperature = f.number("temperature", 1.0, 0.0, 2.0);
+        s.top_p = f.number("top_p", 1.0, 1e-9, 1.0);
+        s.seed = uint64_t(f.integer("seed", 0, 0, INT64_MAX));
+        s.block_length = f.integer("block_length", 0, 0, p_.max_length);
+        const std::string cache = f.string("cache", "off");
+        d.caches = {as_field("cache", [&] { return parse_cache_spec(cache); })};
+        as_field("length", [&] { s.validate(); });
+        const int64_t P = int64_t(s.prompt.size());
+        if (P >= s.length)
+            throw HttpError(400, "length",
+                            "length: must exceed the prompt's " + std::to_string(P) + " tokens, got " +
+                                std::to_string(s.length));
+        auto out = http_.run_job(req, [this, d, P](JobControl& c) {
+            torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
+            auto rep = generate_diffusion(d, [&](const StepInfo&) { c.check(); });
+            auto j = rep.to_json();
+            std::vector<int64_t> gen;
+            for (size_t i = size_t(P); i < rep.runs[0].result.tokens.size(); ++i)
+                if (rep.runs[0].result.tokens[i] != kMdlmMaskId) gen.push_back(rep.runs[0].result.tokens[i]);
+            j["text"] = tok_->decode(gen);
+            return j;
+        });
+        HttpReply r = HttpReply::json(out);
+        r.note = "cache=" + cache;
+        return r;
+    });
+
+    http.get("/health", [this](const HttpRequest&) {
+        const bool draining = http_.draining();
+        return HttpReply::json({{"status", draining ? "draining" : "ok"},
+                                {"model", model_id_},
+                                {"queue", http_.jobs().pending()},
+                                {"queue_capacity", http_.jobs().capacity()}},
+                               draining ? 503 : 200);
+    });
+}
+
+} // namespace anchor::text

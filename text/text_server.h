@@ -1,0 +1,44 @@
+// `anchor-text serve`: OpenAI's completions API (POST /v1/completions, streamed as server-sent events in OpenAI's
+// chunk format ending with [DONE]; GET /v1/models) on one GPT-2 loaded once, with our `kv` field (a sink-rolling KV
+// buffer so a stream can run past the context window) and `positions`; and POST /anchor/v1/diffusion for text
+// diffusion with a `cache` mode. Over the shared server core (cache/serve/): one job at a time, each with its own KV
+// cache and sampler.
+#pragma once
+
+#include "cache/serve/http_server.h"
+#include "text/gpt2_load.h"
+
+#include <memory>
+#include <string>
+
+namespace anchor::text {
+
+struct TextServerParams {
+    serve::ServerOptions http;
+    Gpt2ModelParams gpt2;        // the completions model
+    std::string diffusion_model; // MDLM folder for /anchor/v1/diffusion ("": the endpoint answers 404)
+    std::string default_kv = "full";
+    int64_t max_tokens = 4096; // largest max_tokens of a request
+    int64_t max_prompt = 4096; // largest prompt in tokens
+    int64_t max_length = 1024; // largest diffusion length
+    int64_t max_steps = 1024;  // largest diffusion steps
+    void validate() const;     // ParamError naming the field
+};
+
+class TextServer {
+public:
+    explicit TextServer(TextServerParams p); // loads the GPT-2
+    void serve();
+    serve::HttpServer& http() { return http_; }
+
+private:
+    void add_routes();
+    TextServerParams p_;
+    LoadedGpt2 model_;
+    std::shared_ptr<const Gpt2Tokenizer> tok_;
+    std::string model_id_;
+    int threads_; // the program's intra-op threads, set again on the job thread
+    serve::HttpServer http_;
+};
+
+} // namespace anchor::text

@@ -1,0 +1,457 @@
+#include "unet/sd_server.h"
+
+#include "cache/io/png_text.h"
+#include "unet/compare.h"
+#include "unet/freq_cache.h"
+#include "unet/infotext.h"
+#include "unet/txt2img_job.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace anchor::unet {
+
+namespace fs = std::filesystem;
+using serve::HttpError;
+using serve::HttpReply;
+using serve::HttpRequest;
+using serve::JobControl;
+using serve::RequestFields;
+
+void SdServerParams::validate() const {
+    http.validate();
+    if (max_steps < 1) throw ParamError("max_steps", "must be >= 1, got " + std::to_string(max_steps));
+    if (max_pixels < 64) throw ParamError("max_pixels", "must be >= 64, got " + std::to_string(max_pixels));
+    if (max_images < 1) throw ParamError("max_images", "must be >= 1, got " + std::to_string(max_images));
+    if (max_modes < 1) throw ParamError("max_modes", "must be >= 1, got " + std::to_string(max_modes));
+    (void)parse_cache_mode(default_cache);
+}
+
+namespace {
+
+// Sampler names as A1111 lists them ("DPM++ 2M" with scheduler "Karras", or the older "DPM++ 2M Karras") or as
+// anchor-sd's --sampler spells them.
+SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
+    const std::string field = f.has("sampler_name") ? "sampler_name" : "sampler_index";
+    const std::string name = f.string(field, "");
+    if (name.empty()) return dflt;
+    const std::string schedule = f.string("scheduler", "");
+    if (auto k = sampler_from_a1111(name, schedule)) return *k;
+    for (const auto& [n, k] : sampler_table())
+        if (n == name) return k;
+    std::string choices;
+    for (const auto& [n, k] : sampler_table()) {
+        const auto a = a1111_sampler(k);
+        choices += (choices.empty() ? "" : ", ") + a.sampler + (a.schedule_type == "Karras" ? " Karras" : "");
+    }
+    throw HttpError(400, field,
+                    field + ": unknown sampler '" + name + "' (choices: " + choices + "; or " +
+                        enum_choices(sampler_table()) + ")");
+}
+
+// The cache mode's error on one line: its reason and the forms (the help text is for --help).
+std::string cache_error(const ParamError& e) {
+    std::string d = e.detail();
+    const auto cut = d.find("; valid forms");
+    if (cut != std::string::npos) d.resize(cut);
+    std::string forms;
+    for (const auto& m : cache_mode_table()) forms += (forms.empty() ? "" : ", ") + std::string(m.syntax);
+    return d + " (valid forms: " + forms + ")";
+}
+
+std::string cache_of(const RequestFields& f, const std::string& field, const std::string& dflt) {
+    const std::string mode = f.string(field, dflt);
+    try {
+        (void)parse_cache_mode(mode);
+    } catch (const ParamError& e) {
+        throw HttpError(400, field, field + ": " + cache_error(e));
+    }
+    return mode;
+}
+
+// The request's name of a library params field (A1111's names where they differ).
+std::string request_field(const std::string& field) {
+    static const std::vector<std::pair<std::string, std::string>> names = {
+        {"prompts", "prompt"},         {"negative_prompts", "negative_prompt"}, {"guidance_scale", "cfg_scale"},
+        {"sampler", "sampler_name"},   {"images_per_prompt", "batch_size"},     {"batch_count", "n_iter"},
+        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"}};
+    for (const auto& [lib, req] : names)
+        if (lib == field) return req;
+    return field;
+}
+
+// Runs `f`; a library ParamError comes out as the 400 of the request field it is about.
+template <class F> void as_request(F&& f) {
+    try {
+        f();
+    } catch (const ParamError& e) {
+        const std::string field = request_field(e.field());
+        throw HttpError(400, field, field + ": " + e.detail());
+    }
+}
+
+int64_t random_seed() {
+    std::random_device rd;
+    return int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
+}
+
+// A decoded image of the request as uint8 pixels: written to a private file and read by the pipeline's own reader
+// (PIL's convert("RGB") / convert("L")), so the server decodes exactly as `anchor-sd --init-img` does.
+torch::Tensor request_image(const std::string& b64, const std::string& field, bool grey) {
+    const std::string bytes = serve::base64_decode(b64, field);
+    char tmpl[] = "/tmp/anchor-serve-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) throw Error("serve: cannot create a temporary file for " + field);
+    close(fd);
+    struct Remove {
+        std::string p;
+        ~Remove() {
+            std::error_code ec;
+            fs::remove(p, ec);
+        }
+    } remove{tmpl};
+    {
+        std::ofstream out(tmpl, std::ios::binary);
+        out.write(bytes.data(), std::streamsize(bytes.size()));
+        if (!out) throw Error("serve: cannot write a temporary file for " + field);
+    }
+    try {
+        return grey ? read_image_grey(tmpl, field) : read_image_rgb(tmpl, field);
+    } catch (const ParamError&) {
+        throw HttpError(400, field,
+                        field + ": not a PNG/JPEG image this server can decode (" + std::to_string(bytes.size()) +
+                            " bytes)");
+    }
+}
+
+// Progress of a job for /sdapi/v1/progress (A1111's fields, and ours under "anchor").
+nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const std::string& mode, int full_steps) {
+    const double done = units > 0 && pi.total > 0 ? (double(unit) + double(pi.step) / pi.total) / units : 0.0;
+    const double eta = pi.step > 0 ? pi.elapsed_s / pi.step * (pi.total - pi.step) +
+                                         (units - unit - 1) * pi.elapsed_s / pi.step * pi.total
+                                   : 0.0;
+    return {{"progress", done},
+            {"eta_relative", eta},
+            {"state",
+             {{"job_count", units},
+              {"job_no", unit},
+              {"sampling_step", pi.step},
+              {"sampling_steps", pi.total},
+              {"interrupted", false}}},
+            {"anchor", {{"cache", mode}, {"step_full", pi.full}, {"full_steps", full_steps}}}};
+}
+
+} // namespace
+
+SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
+    : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()),
+      infotext_(infotext_facts(pipe.models(), "off")), http_(p_.http) {
+    add_routes();
+}
+
+void SdServer::serve() {
+    http_.drain_on_signals();
+    // One step at the model's size before the first request: the one-time costs of a process's first run (allocator
+    // pools, lazily built kernels) would otherwise land in the first request, and in a compare on its first mode.
+    const auto t0 = std::chrono::steady_clock::now();
+    Txt2ImgParams warm;
+    warm.steps = 1;
+    {
+        torch::NoGradGuard no_grad;
+        (void)pipe_.run(warm);
+    }
+    std::fprintf(stderr, "warm-up: one step in %.2fs\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    http_.serve();
+}
+
+void SdServer::add_routes() {
+    const std::string model_name = fs::path(p_.model).filename().string();
+    auto& http = http_;
+
+    // The job of a txt2img / img2img / images-generations request, every field checked before anything runs.
+    auto make_job = [this](const RequestFields& f, bool img2img) {
+        Txt2ImgJob job;
+        auto& p = job.params;
+        job.prompts = {f.string("prompt", "")};
+        p.negative_prompts = {f.string("negative_prompt", "")};
+        p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
+        p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
+        p.sampler = sampler_of(f, SamplerKind::EulerAncestral);
+        p.seed = f.integer("seed", -1, -1, (int64_t(1) << 47) - 1);
+        if (p.seed < 0) p.seed = random_seed();
+        p.width = int(f.integer("width", 0, 0, 1 << 14));
+        p.height = int(f.integer("height", 0, 0, 1 << 14));
+        if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
+        job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
+        job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
+        if (job.batch_size * job.batch_count > p_.max_images)
+            throw HttpError(400, "batch_size",
+                            "batch_size: batch_size x n_iter must be <= " + std::to_string(p_.max_images) + ", got " +
+                                std::to_string(job.batch_size) + " x " + std::to_string(job.batch_count));
+        job.cache = cache_of(f, "cache", p_.default_cache);
+        if (img2img) {
+            const auto inits = f.strings("init_images");
+            if (inits.empty()) throw HttpError(400, "init_images", "init_images: expected one base64 image, got none");
+            p.init.init_pixels = request_image(inits[0], "init_images", false);
+            if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
+            p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
+        }
+        Txt2ImgParams r;
+        as_request([&] { r = pipe_.resolved(p); });
+        if (int64_t(r.width) * r.height > p_.max_pixels)
+            throw HttpError(400, "width",
+                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
+                                std::to_string(r.width) + "x" + std::to_string(r.height));
+        job.write_files = false;
+        job.facts = p_.facts;
+        job.infotext = infotext_;
+        // The job's and the pipeline's own checks, the memory estimate among them, before the job is queued.
+        as_request([&] {
+            job.validate();
+            Txt2ImgParams check = r;
+            check.prompts = job.prompts;
+            check.images_per_prompt = job.batch_size;
+            pipe_.validate(check);
+        });
+        return job;
+    };
+
+    // Runs a job in the queue; the images with their records.
+    auto run_images = [this](const HttpRequest& req, const Txt2ImgJob& job) {
+        return http_.run_job(req, [this, job](JobControl& c) {
+            torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread: the worker's own
+            at::set_num_threads(threads_);
+            c.check();
+            const int units = job.batch_count; // one pipeline run per batch
+            int unit = 0, full = 0;
+            Txt2ImgJobCallbacks cb;
+            cb.progress = [&](const ProgressInfo& pi, const std::string&) {
+                c.check(); // an interrupt or a client gone stops the job here, at the next step
+                full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
+                c.set_progress(progress_json(pi, unit, units, job.cache, full));
+            };
+            cb.batch_done = [&](const std::vector<Txt2ImgJobImage>&, double, double, int64_t) { ++unit; };
+            const auto r = run_txt2img_job(pipe_, job, cb);
+            nlohmann::json images = nlohmann::json::array(), records = nlohmann::json::array(),
+                           infotexts = nlohmann::json::array(), seeds = nlohmann::json::array();
+            for (const auto& im : r.images) {
+                images.push_back(serve::base64_encode(im.png_bytes));
+                records.push_back(im.record);
+                seeds.push_back(im.record["seed"]);
+                const auto chunks = parse_png_text_chunks(im.png_bytes, "image");
+                const auto* t = find_png_text(chunks, kInfotextKeyword);
+                infotexts.push_back(t ? t->text : "");
+            }
+            return nlohmann::json{{"images", images},
+                                  {"records", records},
+                                  {"infotexts", infotexts},
+                                  {"seeds", seeds},
+                                  {"warnings", r.warnings}};
+        });
+    };
+
+    // A1111's reply: images, the request's parameters, and `info` as a JSON string.
+    auto a1111_reply = [this, model_name, make_job, run_images](const HttpRequest& req, bool img2img) {
+        const auto f = RequestFields::parse(req.body);
+        const Txt2ImgJob job = make_job(f, img2img);
+        auto out = run_images(req, job);
+        const auto& p = job.params;
+        const auto rp = pipe_.resolved(p);
+        nlohmann::json prompts = nlohmann::json::array(), negatives = nlohmann::json::array();
+        for (size_t i = 0; i < out["images"].size(); ++i)
+            prompts.push_back(job.prompts[0]), negatives.push_back(p.negative_prompts[0]);
+        const nlohmann::json info = {
+            {"prompt", job.prompts[0]},
+            {"all_prompts", prompts},
+            {"negative_prompt", p.negative_prompts[0]},
+            {"all_negative_prompts", negatives},
+            {"seed", p.seed},
+            {"all_seeds", out["seeds"]},
+            {"width", rp.width},
+            {"height", rp.height},
+            {"sampler_name", a1111_sampler(p.sampler).sampler},
+            {"scheduler", a1111_sampler(p.sampler).schedule_type},
+            {"cfg_scale", p.guidance_scale},
+            {"steps", p.steps},
+            {"batch_size", job.batch_size},
+            {"n_iter", job.batch_count},
+            {"sd_model_name", model_name},
+            {"denoising_strength", img2img ? nlohmann::json(p.init.strength) : nlohmann::json(nullptr)},
+            {"infotexts", out["infotexts"]},
+            {"cache", job.cache},
+            {"anchorcache", out["records"]},
+            {"warnings", out["warnings"]}};
+        nlohmann::json params = f.json();
+        if (params.contains("init_images")) params["init_images"] = nlohmann::json::array(); // not echoed back
+        if (params.contains("mask")) params["mask"] = nullptr;
+        HttpReply r = HttpReply::json({{"images", out["images"]}, {"parameters", params}, {"info", info.dump()}});
+        r.note = "cache=" + job.cache;
+        return r;
+    };
+
+    http.post("/sdapi/v1/txt2img", [a1111_reply](const HttpRequest& req) { return a1111_reply(req, false); });
+    http.post("/sdapi/v1/img2img", [a1111_reply](const HttpRequest& req) { return a1111_reply(req, true); });
+
+    // OpenAI's image generation: prompt, n, size "WxH", response_format b64_json; our fields as in txt2img.
+    http.post("/v1/images/generations", [this, make_job, run_images](const HttpRequest& req) {
+        const auto f0 = RequestFields::parse(req.body);
+        nlohmann::json body = f0.json();
+        const std::string format = f0.string("response_format", "b64_json");
+        if (format != "b64_json")
+            throw HttpError(400, "response_format",
+                            "response_format: only b64_json is served (no image hosting), got '" + format + "'");
+        body["batch_size"] = f0.integer("n", 1, 1, p_.max_images);
+        if (f0.has("size")) {
+            const std::string size = f0.string("size", "");
+            int w = 0, h = 0;
+            char x = 0;
+            std::istringstream is(size);
+            if (!(is >> w >> x >> h) || x != 'x' || w <= 0 || h <= 0 || !is.eof())
+                throw HttpError(400, "size", "size: expected WIDTHxHEIGHT such as 512x512, got '" + size + "'");
+            body["width"] = w, body["height"] = h;
+        }
+        const RequestFields f(body);
+        const Txt2ImgJob job = make_job(f, false);
+        auto out = run_images(req, job);
+        nlohmann::json data = nlohmann::json::array();
+        for (size_t i = 0; i < out["images"].size(); ++i)
+            data.push_back(
+                {{"b64_json", out["images"][i]}, {"revised_prompt", job.prompts[0]}, {"seed", out["seeds"][i]}});
+        HttpReply r = HttpReply::json({{"created", std::chrono::duration_cast<std::chrono::seconds>(
+                                                       std::chrono::system_clock::now().time_since_epoch())
+                                                       .count()},
+                                       {"data", data}});
+        r.note = "cache=" + job.cache;
+        return r;
+    });
+
+    // Several cache modes of one image side by side: each image with its wall time, speed-up, full steps, PSNR and
+    // SSIM against the first mode, and its per-step record.
+    http.post("/anchor/v1/compare", [this](const HttpRequest& req) {
+        const auto f = RequestFields::parse(req.body);
+        Txt2ImgParams p;
+        p.prompts = {f.string("prompt", "")};
+        p.negative_prompts = {f.string("negative_prompt", "")};
+        p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
+        p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
+        p.sampler = sampler_of(f, SamplerKind::EulerAncestral);
+        p.seed = f.integer("seed", -1, -1, (int64_t(1) << 47) - 1);
+        if (p.seed < 0) p.seed = random_seed();
+        p.width = int(f.integer("width", 0, 0, 1 << 14));
+        p.height = int(f.integer("height", 0, 0, 1 << 14));
+        std::vector<std::string> modes;
+        if (f.json().contains("modes") && f.json()["modes"].is_array())
+            modes = f.strings("modes");
+        else
+            modes = split_mode_list(f.string("modes", "off,deepcache:3,freq"));
+        if (modes.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
+        if (int(modes.size()) > p_.max_modes)
+            throw HttpError(400, "modes",
+                            "modes: at most " + std::to_string(p_.max_modes) + " modes, got " +
+                                std::to_string(modes.size()));
+        std::string list;
+        for (size_t i = 0; i < modes.size(); ++i) {
+            try {
+                (void)parse_cache_mode(modes[i]);
+            } catch (const ParamError& e) {
+                throw HttpError(400, "modes", "modes[" + std::to_string(i) + "]: " + cache_error(e));
+            }
+            list += (i ? "," : "") + modes[i];
+        }
+        as_request([&] { p = pipe_.resolved(p); });
+        if (int64_t(p.width) * p.height > p_.max_pixels)
+            throw HttpError(400, "width",
+                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
+                                std::to_string(p.width) + "x" + std::to_string(p.height));
+        as_request([&] { pipe_.validate(p); });
+        auto out = http_.run_job(req, [this, p, list, modes](JobControl& c) {
+            torch::NoGradGuard no_grad;
+            at::set_num_threads(threads_);
+            c.check();
+            int full = 0;
+            auto run = run_compare_modes(pipe_, p, list, p_.facts, {}, [&](size_t mode, const ProgressInfo& pi) {
+                c.check();
+                full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
+                auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode], full);
+                c.set_progress(pj);
+            });
+            nlohmann::json rep = compare_report(run.entries, run.meta);
+            for (size_t i = 0; i < run.entries.size(); ++i)
+                rep["modes"][i]["image"] = serve::base64_encode(encode_png(run.entries[i].image_uint8));
+            return rep;
+        });
+        HttpReply r = HttpReply::json(out);
+        r.note = "cache=" + list;
+        return r;
+    });
+
+    http.get("/sdapi/v1/samplers", [](const HttpRequest&) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& [name, k] : sampler_table()) {
+            const auto a = a1111_sampler(k);
+            out.push_back({{"name", a.sampler + (a.schedule_type == "Karras" ? " Karras" : "")},
+                           {"aliases", {name}},
+                           {"options", {{"scheduler", a.schedule_type}}}});
+        }
+        return HttpReply::json(out);
+    });
+    http.get("/sdapi/v1/sd-models", [this, model_name](const HttpRequest&) {
+        return HttpReply::json(nlohmann::json::array({{{"title", model_name},
+                                                       {"model_name", model_name},
+                                                       {"hash", nullptr},
+                                                       {"sha256", nullptr},
+                                                       {"filename", p_.model},
+                                                       {"config", nullptr}}}));
+    });
+    http.get("/sdapi/v1/options", [this, model_name](const HttpRequest&) {
+        return HttpReply::json({{"sd_model_checkpoint", model_name},
+                                {"anchor_default_cache", p_.default_cache},
+                                {"anchor_cache_modes", cache_mode_help()},
+                                {"anchor_max_steps", p_.max_steps},
+                                {"anchor_max_pixels", p_.max_pixels},
+                                {"anchor_max_images", p_.max_images}});
+    });
+    // Clients set the checkpoint through the options; one model is loaded, so only its own name is accepted.
+    http.post("/sdapi/v1/options", [model_name](const HttpRequest& req) {
+        const auto f = RequestFields::parse(req.body);
+        const std::string want = f.string("sd_model_checkpoint", model_name);
+        if (want != model_name)
+            throw HttpError(400, "sd_model_checkpoint",
+                            "sd_model_checkpoint: this server has one model, '" + model_name + "', got '" + want + "'");
+        return HttpReply::json(nullptr);
+    });
+    http.get("/sdapi/v1/progress", [this](const HttpRequest&) {
+        const auto t = http_.jobs().running();
+        nlohmann::json pj = t ? t->control.progress() : nlohmann::json::object();
+        if (pj.empty())
+            pj = {{"progress", 0.0},
+                  {"eta_relative", 0.0},
+                  {"state", {{"job_count", 0}, {"sampling_step", 0}, {"sampling_steps", 0}, {"interrupted", false}}}};
+        pj["state"]["queue"] = http_.jobs().pending();
+        if (t) pj["state"]["interrupted"] = t->control.cancelled();
+        pj["current_image"] = nullptr;
+        return HttpReply::json(pj);
+    });
+    http.post("/sdapi/v1/interrupt", [this](const HttpRequest&) {
+        const auto t = http_.jobs().running();
+        if (t) t->control.cancel("interrupted by POST /sdapi/v1/interrupt");
+        return HttpReply::json({{"interrupted", t != nullptr}});
+    });
+    http.get("/health", [this, model_name](const HttpRequest&) {
+        const bool draining = http_.draining();
+        return HttpReply::json({{"status", draining ? "draining" : "ok"},
+                                {"model", model_name},
+                                {"queue", http_.jobs().pending()},
+                                {"queue_capacity", http_.jobs().capacity()}},
+                               draining ? 503 : 200);
+    });
+}
+
+} // namespace anchor::unet
