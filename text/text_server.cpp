@@ -223,7 +223,7 @@ void TextServer::add_routes() {
         s.seed = uint64_t(f.integer("seed", 0, 0, INT64_MAX));
         s.block_length = f.integer("block_length", 0, 0, p_.max_length);
         const std::string cache = f.string("cache", "off");
-        d.caches = {as_field("cache", [&] { return parse_cache_spec(cache); })};
+        d.caches = {as_field("cache", [&] { return parse_decode_spec(cache); })};
         as_field("length", [&] { s.validate(); });
         const int64_t P = int64_t(s.prompt.size());
         if (P >= s.length)

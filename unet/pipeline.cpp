@@ -182,14 +182,16 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
         widest = std::max(widest, uc.block_out_channels[size_t(i)] * px);
     }
     const double unet = rows * 4.0 * (skips + 6.0 * widest) + 256.0 * (1 << 20);
-    // VAE decoder: ~4 maps of the widest level at image resolution (channels reversed: the last level is full size).
+    // VAE decoder: ~4 maps of its largest level (the full-size one holds the fewest channels).
     if (!m_.vae || !p.decode) return int64_t(unet);
     const auto& vc = m_.vae->config();
     double vae = 0;
     const int nl = int(vc.block_out_channels.size());
     for (int i = 0; i < nl; ++i) {
-        const double scale = double(1 << (nl - 1 - i));
-        vae = std::max(vae, vc.block_out_channels[size_t(i)] * (p.height / scale) * (p.width / scale));
+        // Decoder level i runs at 1/2^i of the image with block_out_channels[i] channels, fed by level i + 1's.
+        const double scale = double(1 << i), ch = std::max(vc.block_out_channels[size_t(i)],
+                                                           vc.block_out_channels[size_t(std::min(i + 1, nl - 1))]);
+        vae = std::max(vae, ch * (p.height / scale) * (p.width / scale));
     }
     vae *= B * 4.0 * 4.0;
     return int64_t(std::max(unet, vae));

@@ -3,6 +3,7 @@
 #include "cache/io/error.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -33,6 +34,15 @@ MappedFile::MappedFile(const std::string& path) {
         size_ = n;
     }
     ::close(fd);
+}
+
+void MappedFile::release(const void* p, size_t n) const {
+    const auto* b = static_cast<const char*>(map_);
+    const auto* c = static_cast<const char*>(p);
+    if (!b || c < b || c + n > b + size_) return;
+    const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (uintptr_t(c) + page - 1) & ~(page - 1), hi = (uintptr_t(c) + n) & ~(page - 1);
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

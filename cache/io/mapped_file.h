@@ -20,6 +20,10 @@ public:
     MappedFile& operator=(const MappedFile&) = delete;
 
     const char* data() const { return static_cast<const char*>(map_); }
+    // Drops the resident pages wholly inside [p, p + n) when that range lies in the mapping (madvise DONTNEED): a
+    // later read maps them from the file again, so a loader that has copied a tensor out keeps no second copy of it
+    // in memory. Only for ranges nobody changed in place (a copy-on-write change would be dropped).
+    void release(const void* p, size_t n) const;
     size_t size() const { return size_; }
 
 private:

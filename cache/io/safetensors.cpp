@@ -137,6 +137,11 @@ void write_safetensors_to(const NamedTensors& tensors, const std::map<std::strin
 
 } // namespace
 
+void SafeTensorsFile::release_pages(const torch::Tensor& view) const {
+    if (view.defined() && view.is_contiguous() && view.device().is_cpu())
+        mapped_.release(view.data_ptr(), size_t(view.numel()) * view.element_size());
+}
+
 std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
     std::string out;
     write_safetensors_to(tensors, metadata, [&](const char* p, size_t n) { out.append(p, n); });

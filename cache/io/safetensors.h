@@ -38,6 +38,8 @@ public:
     const TensorInfo& info(const std::string& name) const;
     // Zero-copy view of the tensor data (copied when the data is not aligned to its element size).
     torch::Tensor tensor(const std::string& name) const;
+    // MappedFile::release for the bytes of a tensor viewed from this file (nothing for other memory).
+    void release_pages(const torch::Tensor& view) const;
 
 private:
     SafeTensorsFile() = default;

@@ -234,7 +234,11 @@ void WeightMap::load_into(torch::nn::Module& module, const std::vector<std::stri
     torch::NoGradGuard ng;
     for (auto& [name, t] : targets) {
         auto it = tensors_.find(name);
-        if (it != tensors_.end()) t.copy_(it->second.to(t.scalar_type()));
+        if (it == tensors_.end()) continue;
+        t.copy_(it->second.to(t.scalar_type()));
+        // The file's copy of it is not needed in memory any more: a multi-GB checkpoint's pages are given back as
+        // it is read instead of staying resident beside the loaded weights.
+        for (const auto& f : files_) f->release_pages(it->second);
     }
 }
 
