@@ -5,6 +5,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "cache/io/yaml_lite.h"
+#include "tests/sd_golden_checks.h"
 #include "tests/sdxl_golden.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
@@ -31,17 +32,7 @@ SDModels& folder_models() {
 }
 
 void check_all(const std::vector<sdgolden::Comparison>& cs) {
-    for (const auto& c : cs) {
-        INFO(c.what);
-        REQUIRE(c.actual.sizes() == c.golden.sizes());
-        const double err = test::max_abs_diff(c.actual, c.golden);
-        if (c.kind == sdgolden::Comparison::Exact)
-            CHECK(err == 0.0);
-        else if (c.kind == sdgolden::Comparison::RelMax)
-            CHECK(err <= c.atol * c.golden.abs().max().item<double>());
-        else
-            CHECK(torch::allclose(c.actual.to(torch::kDouble), c.golden.to(torch::kDouble), c.rtol, c.atol));
-    }
+    for (const auto& c : cs) sdgolden::check_comparison("sdxl", c);
 }
 
 Txt2ImgParams small_run() {

@@ -4,21 +4,11 @@
 // tests/sd_img2img_golden.h. Also the UNet folders such a case names in "models" that hold no golden of their own
 // (inpaint_tiny/unet_inpaint): loaded, their config checked against the weights.
 #include "cache/io/safetensors.h"
-#include "tests/golden_runner/runner.h"
+#include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sd_img2img_golden.h"
 
 namespace anchor::golden {
 namespace {
-
-void apply(Stats& st, const sdgolden::Comparison& c) {
-    if (c.kind == sdgolden::Comparison::Exact) {
-        st.check_equal(c.what, c.actual, c.golden);
-    } else if (c.kind == sdgolden::Comparison::RelMax) {
-        st.check(c.what, c.actual, c.golden, c.atol * c.golden.abs().max().item<double>(), 0.0);
-    } else {
-        st.check(c.what, c.actual, c.golden, c.atol, c.rtol);
-    }
-}
 
 std::vector<fs::path> forward_goldens(const fs::path& dir) {
     std::vector<fs::path> out;
@@ -51,26 +41,19 @@ const bool reg = register_checker(
              r.name = base + ":" + file.stem().string();
              try {
                  if (!load_error.empty()) throw Error(load_error);
-                 for (const auto& c : sdgolden::compare_unet_forward(models, dir, cfg, file)) apply(r.stats, c);
+                 for (const auto& c : sdgolden::compare_unet_forward(models, dir, cfg, file))
+                     apply_comparison(r.stats, c);
              } catch (const std::exception& e) {
                  r.stats.fail(std::string("exception: ") + e.what());
              }
              out.push_back(r);
          }
          for (const auto& run : sdgolden::img2img_runs_of(dir)) {
-             CaseResult tf, fr;
-             tf.name = base + ":" + run + ":teacher-forced";
-             fr.name = base + ":" + run + ":free-running";
-             try {
-                 if (!load_error.empty()) throw Error(load_error);
-                 for (const auto& c : sdgolden::compare_img2img_run(models, dir, cfg, run))
-                     apply(c.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats, c);
-             } catch (const std::exception& e) {
-                 tf.stats.fail(std::string("exception: ") + e.what());
-                 fr.stats.fail(std::string("exception: ") + e.what());
-             }
-             out.push_back(tf);
-             out.push_back(fr);
+             for (auto& r : run_results(base + ":" + run, [&] {
+                      if (!load_error.empty()) throw Error(load_error);
+                      return sdgolden::compare_img2img_run(models, dir, cfg, run);
+                  }))
+                 out.push_back(r);
          }
          return out;
      }});

@@ -6,7 +6,7 @@
 // all come from the case files; a key this checker does not know is a FAIL naming it.
 #include "cache/io/error.h"
 #include "cache/io/weight_map.h"
-#include "tests/golden_runner/runner.h"
+#include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sd_lora_golden.h"
 #include "tests/sdxl_golden.h"
 #include "unet/checkpoint.h"
@@ -136,10 +136,7 @@ void check_sdxl_outputs(const Case& c, const std::string& name, Stats& st) {
 std::vector<CaseResult> check_sdxl_pair_run(const Case& c, const std::string& rel) {
     const auto& pl = c.golden.at("pipeline");
     const std::string run = pl.at("run").get<std::string>();
-    CaseResult tf, fr;
-    tf.name = rel + ":" + run + ":teacher-forced";
-    fr.name = rel + ":" + run + ":free-running";
-    try {
+    return run_results(rel + ":" + run, [&] {
         require_known_keys(pl,
                            {"run", "settings", "negative_prompt", "timesteps", "png", "same_settings_as",
                             "max_abs_diff_final_latents_vs_no_lora_rel", "initial_noise_equals_sdxl_tiny"},
@@ -150,20 +147,8 @@ std::vector<CaseResult> check_sdxl_pair_run(const Case& c, const std::string& re
         LoadOptions o;
         o.loras = sdgolden::lora_pair(c.dir, c.golden, c.targets);
         SDModels m = load_sd_models(c.sdxl_root.string(), o);
-        for (const auto& cmp : sdgolden::compare_sdxl_run(m, pipeline, run, c.dir / (run + ".safetensors"))) {
-            auto& st = cmp.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats;
-            if (cmp.kind == sdgolden::Comparison::Exact)
-                st.check_equal(cmp.what, cmp.actual, cmp.golden);
-            else if (cmp.kind == sdgolden::Comparison::RelMax)
-                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol * cmp.golden.abs().max().item<double>(), 0.0);
-            else
-                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol, cmp.rtol);
-        }
-    } catch (const std::exception& e) {
-        tf.stats.fail(std::string("exception: ") + e.what());
-        fr.stats.fail(std::string("exception: ") + e.what());
-    }
-    return {tf, fr};
+        return sdgolden::compare_sdxl_run(m, pipeline, run, c.dir / (run + ".safetensors"));
+    });
 }
 
 // The file's modules against merge_deltas (multiplier 1) and targets.json (names, ranks, alphas).
@@ -260,36 +245,24 @@ void check_outputs(const Case& c, const std::string& name, Stats& st) {
 // configuration and image size from the run it names as "same_settings_as" (whose initial noise it shares).
 std::vector<CaseResult> check_pair_run(const Case& c, const std::string& rel) {
     const std::string run = c.golden.at("pipeline").at("run").get<std::string>();
-    CaseResult tf, fr;
-    tf.name = rel + ":" + run + ":teacher-forced";
-    fr.name = rel + ":" + run + ":free-running";
-    try {
-        const auto pair = sdgolden::lora_pair(c.dir, c.golden, c.targets);
-        const auto spec = sdgolden::lora_pair_run(c.dir, c.golden);
-        SDModels m = load_base(c);
-        apply_loras(m, pair);
-        for (const auto& cmp : sdgolden::compare_run(m, c.dir, spec.config, run, "")) {
-            auto& st = cmp.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats;
-            if (cmp.kind == sdgolden::Comparison::Exact)
-                st.check_equal(cmp.what, cmp.actual, cmp.golden);
-            else if (cmp.kind == sdgolden::Comparison::RelMax)
-                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol * cmp.golden.abs().max().item<double>(), 0.0);
-            else
-                st.check(cmp.what, cmp.actual, cmp.golden, cmp.atol, cmp.rtol);
-        }
-        if (spec.same_initial_noise) {
-            auto ours = WeightMap::load((c.dir / (run + ".safetensors")).string());
-            auto base = WeightMap::load(spec.base.string());
-            tf.stats.check_equal("initial_noise = " + spec.base.filename().string(), ours.get("initial_noise"),
-                                 base.get("initial_noise"));
-        }
-    } catch (const std::exception& e) {
-        // read_run_spec names golden.json's "pipeline" keys as the config.json of a txt2img case.
-        const std::string why = std::string("exception (golden.json pipeline / pair as a txt2img run): ") + e.what();
-        tf.stats.fail(why);
-        fr.stats.fail(why);
-    }
-    return {tf, fr};
+    // read_run_spec names golden.json's "pipeline" keys as the config.json of a txt2img case.
+    return run_results(
+        rel + ":" + run,
+        [&] {
+            const auto pair = sdgolden::lora_pair(c.dir, c.golden, c.targets);
+            const auto spec = sdgolden::lora_pair_run(c.dir, c.golden);
+            SDModels m = load_base(c);
+            apply_loras(m, pair);
+            auto out = sdgolden::compare_run(m, c.dir, spec.config, run, "");
+            if (spec.same_initial_noise) {
+                auto ours = WeightMap::load((c.dir / (run + ".safetensors")).string());
+                auto base = WeightMap::load(spec.base.string());
+                out.push_back({"initial_noise = " + spec.base.filename().string(), ours.get("initial_noise"),
+                               base.get("initial_noise"), 0, 0, sdgolden::Comparison::Exact});
+            }
+            return out;
+        },
+        "exception (golden.json pipeline / pair as a txt2img run): ");
 }
 
 bool claims(const fs::path& d) {

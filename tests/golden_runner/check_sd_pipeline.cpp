@@ -1,7 +1,7 @@
 // Golden checker for txt2img runs (pipeline_tiny, deepcache): a folder whose config.json has "runs" and "models" and
 // whose `<run>.safetensors` files hold `step.0.noise_pred`. Comparisons in tests/sd_pipeline_golden.h.
 #include "cache/io/safetensors.h"
-#include "tests/golden_runner/runner.h"
+#include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sd_pipeline_golden.h"
 
 namespace anchor::golden {
@@ -23,48 +23,32 @@ std::vector<std::string> runs_of(const fs::path& dir) {
     return runs;
 }
 
-const bool reg = register_checker(
-    {"sd-txt2img", [](const fs::path& d) { return has_file(d, "config.json") && !runs_of(d).empty(); },
-     [](const fs::path& dir, const Context& ctx) {
-         std::vector<CaseResult> out;
-         nlohmann::json cfg;
-         unet::SDModels models;
-         std::string load_error;
-         try {
-             cfg = sdgolden::read_json_file(dir / "config.json");
-             models = sdgolden::load_run_models(dir, cfg);
-         } catch (const std::exception& e) {
-             load_error = e.what();
-         }
-         const auto scratch = fs::temp_directory_path() / ("anchor_golden_sd_" + std::to_string(::getpid()));
-         fs::create_directories(scratch);
-         for (const auto& run : runs_of(dir)) {
-             CaseResult tf, fr;
-             tf.name = relative_name(dir, ctx) + ":" + run + ":teacher-forced";
-             fr.name = relative_name(dir, ctx) + ":" + run + ":free-running";
-             try {
-                 if (!load_error.empty()) throw Error(load_error);
-                 for (const auto& c : sdgolden::compare_run(models, dir, cfg, run, scratch.string())) {
-                     auto& st = c.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats;
-                     if (c.kind == sdgolden::Comparison::Exact) {
-                         st.check_equal(c.what, c.actual, c.golden);
-                     } else if (c.kind == sdgolden::Comparison::RelMax) {
-                         const double gmax = c.golden.abs().max().item<double>();
-                         st.check(c.what, c.actual, c.golden, c.atol * gmax, 0.0);
-                     } else {
-                         st.check(c.what, c.actual, c.golden, c.atol, c.rtol);
-                     }
-                 }
-             } catch (const std::exception& e) {
-                 tf.stats.fail(std::string("exception: ") + e.what());
-                 fr.stats.fail(std::string("exception: ") + e.what());
-             }
-             out.push_back(tf);
-             out.push_back(fr);
-         }
-         fs::remove_all(scratch);
-         return out;
-     }});
+const bool reg =
+    register_checker({"sd-txt2img", [](const fs::path& d) { return has_file(d, "config.json") && !runs_of(d).empty(); },
+                      [](const fs::path& dir, const Context& ctx) {
+                          std::vector<CaseResult> out;
+                          nlohmann::json cfg;
+                          unet::SDModels models;
+                          std::string load_error;
+                          try {
+                              cfg = sdgolden::read_json_file(dir / "config.json");
+                              models = sdgolden::load_run_models(dir, cfg);
+                          } catch (const std::exception& e) {
+                              load_error = e.what();
+                          }
+                          const auto scratch =
+                              fs::temp_directory_path() / ("anchor_golden_sd_" + std::to_string(::getpid()));
+                          fs::create_directories(scratch);
+                          for (const auto& run : runs_of(dir)) {
+                              for (auto& r : run_results(relative_name(dir, ctx) + ":" + run, [&] {
+                                       if (!load_error.empty()) throw Error(load_error);
+                                       return sdgolden::compare_run(models, dir, cfg, run, scratch.string());
+                                   }))
+                                  out.push_back(r);
+                          }
+                          fs::remove_all(scratch);
+                          return out;
+                      }});
 
 } // namespace
 } // namespace anchor::golden

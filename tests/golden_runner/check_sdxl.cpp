@@ -2,49 +2,26 @@
 // golden.json and golden_*.safetensors, claimed by model_index.json's class. Its component folders (unet/, vae/,
 // text_encoder/, text_encoder_2/) are claimed as models that must load with every tensor used. The original SGM
 // single file of the same weights is check_sd.cpp's (key_map.json), which runs these comparisons on it.
-#include "tests/golden_runner/runner.h"
+#include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sdxl_golden.h"
 #include "unet/checkpoint.h"
 
 namespace anchor::golden {
-
-namespace {
-
-void apply(Stats& st, const sdgolden::Comparison& c) {
-    if (c.kind == sdgolden::Comparison::Exact)
-        st.check_equal(c.what, c.actual, c.golden);
-    else if (c.kind == sdgolden::Comparison::RelMax)
-        st.check(c.what, c.actual, c.golden, c.atol * c.golden.abs().max().item<double>(), 0.0);
-    else
-        st.check(c.what, c.actual, c.golden, c.atol, c.rtol);
-}
-
-} // namespace
 
 // Every SDXL comparison of `golden_dir` on `models` (also used for the single-file layout of the same weights).
 std::vector<CaseResult> check_sdxl_models(unet::SDModels& m, const fs::path& golden_dir, const std::string& base) {
     std::vector<CaseResult> out;
     auto group = [&](const std::string& name, const std::function<std::vector<sdgolden::Comparison>()>& f) {
         out.push_back(guarded(base + ":" + name, [&](Stats& st) {
-            for (const auto& c : f()) apply(st, c);
+            for (const auto& c : f()) apply_comparison(st, c);
         }));
     };
     group("text-encoders", [&] { return sdgolden::compare_sdxl_text(m, golden_dir); });
     group("unet", [&] { return sdgolden::compare_sdxl_unet(*m.unet, golden_dir, true); });
     group("vae", [&] { return sdgolden::compare_sdxl_vae(*m.vae, golden_dir); });
     for (const auto& run : sdgolden::sdxl_runs(golden_dir)) {
-        CaseResult tf, fr;
-        tf.name = base + ":" + run + ":teacher-forced";
-        fr.name = base + ":" + run + ":free-running";
-        try {
-            for (const auto& c : sdgolden::compare_sdxl_run(m, golden_dir, run))
-                apply(c.what.rfind("free-running", 0) == 0 ? fr.stats : tf.stats, c);
-        } catch (const std::exception& e) {
-            tf.stats.fail(std::string("exception: ") + e.what());
-            fr.stats.fail(std::string("exception: ") + e.what());
-        }
-        out.push_back(tf);
-        out.push_back(fr);
+        for (auto& r : run_results(base + ":" + run, [&] { return sdgolden::compare_sdxl_run(m, golden_dir, run); }))
+            out.push_back(r);
     }
     return out;
 }
