@@ -71,7 +71,8 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_flag("--baseline", o.baseline, "time the plain module forwards instead of the fast paths");
     cmd.add_flag("--ab", o.ab, "also time plain and fast forwards interleaved and report the speed-up");
     add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
-                    "attention arithmetic of the fast paths (kernels/attention.h)");
+                    "attention arithmetic of the fast paths (kernels/attention.h)",
+                    "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
     cmd.add_flag("--macs-only", opts.macs_only, "print only the analytic MAC count per sample (e.g. '338.6 GMACs')");
     cmd.add_option("--deepcache", o.deepcache, "DeepCache intervals N whose MACs (and cached-step times) are shown")
         ->capture_default_str();

@@ -430,9 +430,10 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                o.attention = enum_from_string(kernels::attention_kernel_table(), s, "--attention");
            },
            "attention arithmetic (" + enum_choices(kernels::attention_kernel_table(), "|") +
-               "): exact = the reference's bits (diffusers on this LibTorch), fused = one fused kernel for many small "
-               "heads with another summation order (within 2e-6 relative), faster for small models; default: the "
-               "model folder's anchorcache.json, else exact")
+               "): exact = the reference's bits (diffusers on this LibTorch); fused = the fused kernel for many "
+               "small heads and the tiled online-softmax kernel for long sequences (no N x N buffer; within 2e-6 "
+               "relative); flash = the tiled kernel wherever it applies; default: the model folder's "
+               "anchorcache.json, else fused for the published SD shapes and exact for narrow (tiny) models")
         ->type_name("NAME");
 }
 

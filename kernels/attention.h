@@ -45,10 +45,13 @@ torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, co
 // * Fused: the fused small-head kernel (small_attention) where it applies, else Exact. Other summation order and
 //   exponential: within 2e-6 relative of the reference, 2-3x faster for many small heads; for models whose outputs do
 //   not hinge on the last bit.
+// * Flash: the tiled online-softmax kernel (flash_attention) wherever it applies (>= 8 queries, any formulation and
+//   layout, causal or no mask), else Exact. No N x M score buffer; within 2e-6 relative of the reference.
 // * Reference: attention_reference itself (the module forwards' reference path).
-enum class AttentionKernel { Exact, Fused, Reference };
+// Fused is the fast choice: the small-head kernel where its heads are small, the tiled one elsewhere.
+enum class AttentionKernel { Exact, Fused, Flash, Reference };
 
-// Names for options and reports ("exact", "fused", "reference").
+// Names for options and reports ("exact", "fused", "flash", "reference").
 const EnumTable<AttentionKernel>& attention_kernel_table();
 
 // Where the heads are.
@@ -93,6 +96,22 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 // ops, which is each family's reference arithmetic): `opts.formula` must be one of the two.
 torch::Tensor attention_matmul(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const AttentionOptions& opts);
+
+// ---- tiled online-softmax attention (kernels/flash_attention.cpp) -------------------------------------------------
+
+// FlashAttention's tiling (Dao et al. 2022, Alg. 1) on the CPU: for each block of 64 queries and 192 keys, scores in a
+// register tile, the running maximum and sum of the online softmax (Milakov & Gimelshein 2018), the output rescaled
+// by e^(m_old - m_new) and P V added; float32 throughout, K^T and V packed once per head.
+enum class FlashIsa { Avx512, Avx2, Portable };
+const EnumTable<FlashIsa>& flash_isa_table();
+FlashIsa flash_best_isa(); // what flash_attention runs by default on this CPU
+bool flash_isa_available(FlashIsa isa);
+// float32 CPU tensors outside autograd, >= kMinQueries queries, no additive mask, in opts.layout.
+bool flash_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const AttentionOptions& opts);
+// softmax(scale q k^T [causal]) v in opts.layout (opts.formula only decides whether q is scaled before the product).
+torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const AttentionOptions& opts, FlashIsa isa = flash_best_isa());
 
 // ---- exact paths ------------------------------------------------------------------------------------------------
 

@@ -146,13 +146,17 @@ torch::Tensor blas_attention(const torch::Tensor& q_, const torch::Tensor& k_, c
 const EnumTable<AttentionKernel>& attention_kernel_table() {
     static const EnumTable<AttentionKernel> t = {{"exact", AttentionKernel::Exact},
                                                  {"fused", AttentionKernel::Fused},
+                                                 {"flash", AttentionKernel::Flash},
                                                  {"reference", AttentionKernel::Reference}};
     return t;
 }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& o) {
-    if (o.formula != ScoreFormula::Diffusers) return attention_matmul(q, k, v, o);
+    const bool tiled = o.kernel == AttentionKernel::Fused || o.kernel == AttentionKernel::Flash;
+    if (o.formula != ScoreFormula::Diffusers)
+        return tiled && flash_attention_applies(q, k, v, o) ? flash_attention(q, k, v, o)
+                                                            : attention_matmul(q, k, v, o);
     TORCH_CHECK(o.layout == AttentionLayout::Projection && !o.causal && !o.additive_mask.defined(),
                 "attention: the diffusers formulation takes the projection layout and no mask");
     TORCH_CHECK(q.dim() == 3 && o.heads >= 1 && q.size(2) % o.heads == 0, "attention: q ", q.sizes(),
@@ -160,6 +164,11 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     const double scale = o.scale >= 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2) / o.heads));
     if (o.kernel == AttentionKernel::Fused && small_attention_applies(q, k, v, o.heads))
         return small_attention(q, k, v, o.heads, scale);
+    if (tiled && flash_attention_applies(q, k, v, o)) {
+        AttentionOptions f = o;
+        f.scale = scale;
+        return flash_attention(q, k, v, f);
+    }
     if (o.kernel != AttentionKernel::Reference && blas_attention_applies(q, k, v, o.heads))
         return blas_attention(q, k, v, o.heads, scale);
     return attention_reference(q, k, v, o.heads, scale, o.chunk_bytes);

@@ -247,6 +247,89 @@ TEST_CASE("small_attention matches matmul-softmax-matmul on both paths", "[kerne
         Catch::Contains("do not match"));
 }
 
+TEST_CASE("flash_attention matches float64 attention on random shapes, every instruction set", "[kernels][attention]") {
+    // As llama.cpp's test-backend-ops: many random shapes for each path this CPU has, against float64, bounded by
+    // twice LibTorch's own float32 error (and 2e-6): query counts on and off the tiles (8..300), keys across the
+    // 192-key blocks (1, 77 = CLIP's prompt, 193, 600), head widths off the lanes (5, 40 = SD 1.5, 64, 80, 160),
+    // both layouts, causal masks aligned to the last key, CLIP's pre-scaled query, large-magnitude scores.
+    torch::manual_seed(13);
+    std::mt19937 rng(3);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    std::vector<FlashIsa> isas;
+    for (auto isa : {FlashIsa::Avx512, FlashIsa::Avx2, FlashIsa::Portable})
+        if (flash_isa_available(isa)) isas.push_back(isa);
+    for (int t = 0; t < 60; ++t) {
+        torch::set_num_threads(t % 2 ? 2 : 1);
+        const int64_t B = pick({1, 2, 3}), N = pick({8, 9, 17, 64, 65, 130, 300}), H = pick({1, 2, 3, 8}),
+                      D = pick({1, 5, 8, 40, 64, 80, 160});
+        const bool causal = t % 5 == 4, heads_layout = t % 3 == 1, prescaled = t % 7 == 3;
+        const int64_t M = causal ? N + pick({0, 0, 5}) : pick({1, 8, 77, 193, 600});
+        const double mag = pick({1, 1, 1, 20});
+        AttentionOptions o;
+        o.heads = H;
+        o.causal = causal;
+        o.layout = heads_layout ? AttentionLayout::Heads : AttentionLayout::Projection;
+        o.formula = prescaled ? ScoreFormula::PreScaledQuery : ScoreFormula::ScaleAfter;
+        auto shape = [&](int64_t n) {
+            return heads_layout ? std::vector<int64_t>{B, H, n, D} : std::vector<int64_t>{B, n, H * D};
+        };
+        auto q = torch::randn(shape(N)) * mag, k = torch::randn(shape(M)), v = torch::randn(shape(M));
+        CAPTURE(t, B, N, M, H, D, causal, heads_layout, prescaled, mag);
+        REQUIRE(flash_attention_applies(q, k, v, o));
+        auto ref = attention_matmul(q, k, v, o);
+        auto truth = attention_matmul(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), o);
+        // Nearly one-hot softmax (scores of magnitude ~20 sqrt(D)): both sides are at the scores' own rounding,
+        // |s| eps, which the order of the D products decides; there the bound is 3x torch's error.
+        const double bound = std::max(2e-6, (mag > 1 ? 3 : 2) * rel_err(ref, truth));
+        for (auto isa : isas) {
+            CAPTURE(enum_name(flash_isa_table(), isa));
+            CHECK(rel_err(flash_attention(q, k, v, o, isa), truth) < bound);
+        }
+    }
+    torch::set_num_threads(1);
+    // The UNet's formulation through the entry point: flash and fused against the reference, with K/V as views into
+    // wider tensors (the reused prompt K/V), at SD 1.5's level-0 head width.
+    {
+        auto q = torch::randn({2, 300, 320}), kw = torch::randn({2, 300, 640}), vw = torch::randn({2, 300, 640});
+        auto k = kw.narrow(2, 320, 320), v = vw.narrow(2, 0, 320);
+        AttentionOptions o;
+        o.heads = 8;
+        auto truth = attention_reference(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), 8,
+                                         1.0 / std::sqrt(40.0));
+        const double bound = std::max(2e-6, 2 * rel_err(attention_reference(q, k, v, 8, 1.0 / std::sqrt(40.0)), truth));
+        for (auto kernel : {AttentionKernel::Flash, AttentionKernel::Fused}) {
+            o.kernel = kernel;
+            CHECK(rel_err(attention(q, k, v, o), truth) < bound);
+        }
+    }
+    // A NaN in q reaches its row's output in its own head, on every path.
+    for (auto isa : isas) {
+        auto q = torch::randn({1, 20, 16}), k = torch::randn({1, 300, 16}), v = torch::randn({1, 300, 16});
+        q[0][3][1] = std::numeric_limits<float>::quiet_NaN();
+        AttentionOptions o;
+        o.heads = 2;
+        auto out = flash_attention(q, k, v, o, isa);
+        CHECK(std::isnan(out[0][3][0].item<float>()));
+        CHECK_FALSE(std::isnan(out[0][3][8].item<float>()));
+        CHECK_FALSE(std::isnan(out[0][4][0].item<float>()));
+    }
+    // What it does not take: fewer queries than a tile, additive masks, autograd, other dtypes.
+    AttentionOptions o;
+    o.heads = 2;
+    auto q7 = torch::randn({1, 7, 8});
+    CHECK_FALSE(flash_attention_applies(q7, q7, q7, o));
+    auto qg = torch::randn({1, 8, 8}).requires_grad_(true);
+    CHECK_FALSE(flash_attention_applies(qg, qg, qg, o));
+    auto qd = torch::randn({1, 8, 8}, torch::kDouble);
+    CHECK_FALSE(flash_attention_applies(qd, qd, qd, o));
+    AttentionOptions om = o;
+    om.additive_mask = torch::zeros({8, 8});
+    auto q8 = torch::randn({1, 8, 8});
+    CHECK_FALSE(flash_attention_applies(q8, q8, q8, om));
+    CHECK_THROWS_WITH(flash_attention(torch::randn({1, 8, 6}), torch::randn({1, 3, 6}), torch::randn({1, 4, 6}), o),
+                      Catch::Contains("do not match"));
+}
+
 namespace {
 // The attention the text models computed before kernels::attention served them, kept verbatim as references.
 // nanoGPT (GPT-2): full causal forward (M == N) and new tokens after a KV cache (M > N); SEDD/MDLM: no mask.
@@ -417,6 +500,29 @@ TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
                 const double refp = time_ms([&] { (void)attention_reference(q, k, v, s[3], sc); }, 50);
                 row("blas_attention", shape_str(s), exact, refp, ours);
             }
+        }
+    // SD 1.5 at 512x512 (CFG batch 2): level-0 self attention (4096 tokens, 8 heads of 40) and cross attention (77
+    // prompt tokens), level 1 (1024 tokens, heads of 80), the VAE mid-block (one head of 512 over 4096 tokens):
+    // the tiled kernel vs the exact BLAS path (the reference's arithmetic) and the portable tiled path.
+    if (!gpu)
+        for (const auto& s : std::vector<std::vector<int64_t>>{
+                 {2, 4096, 4096, 8, 40}, {2, 4096, 77, 8, 40}, {2, 1024, 1024, 8, 80}, {1, 4096, 4096, 1, 512}}) {
+            const int64_t C = s[3] * s[4];
+            auto q = torch::randn({s[0], s[1], C}), k = torch::randn({s[0], s[2], C}),
+                 v = torch::randn({s[0], s[2], C});
+            AttentionOptions o;
+            o.heads = s[3];
+            const double sc = 1.0 / std::sqrt(double(s[4]));
+            const double ours = time_ms([&] { (void)flash_attention(q, k, v, o); }, 3);
+            const double exact = blas_attention_available()
+                                     ? time_ms([&] { (void)blas_attention(q, k, v, s[3], sc); }, 3)
+                                     : time_ms([&] { (void)attention_reference(q, k, v, s[3], sc); }, 3);
+            const double port = time_ms([&] { (void)flash_attention(q, k, v, o, FlashIsa::Portable); }, 1);
+            auto truth =
+                attention_reference(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), s[3], sc);
+            CHECK(rel_err(flash_attention(q, k, v, o), truth) <
+                  std::max(2e-6, 2 * rel_err(attention_reference(q, k, v, s[3], sc), truth)));
+            row("flash_attention", shape_str(s), ours, exact, port);
         }
     // One decode step of GPT-2 small (12 heads x 64) and of a large model (32 x 128), every layer: the per-token
     // cache write of sink-rolling KV.

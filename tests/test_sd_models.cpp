@@ -387,7 +387,7 @@ TEST_CASE("SD 2.x-style single file (linear projections, OpenCLIP text encoder) 
     CHECK(torch::equal(m.text_encoder->encode(ids), te->encode(ids)));
 }
 
-TEST_CASE("the attention arithmetic is the model's: exact by default, a model folder may ask for fused", "[sd][unet]") {
+TEST_CASE("the attention arithmetic is the model's: by its shapes, a model folder may ask for fused", "[sd][unet]") {
     namespace fs = std::filesystem;
     // the golden tiny model: no anchorcache.json, exact
     auto tiny = unet::load_sd_models(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/sd15-tiny-random");
@@ -409,6 +409,41 @@ TEST_CASE("the attention arithmetic is the model's: exact by default, a model fo
         fm.unet->set_attention_kernel(kernels::AttentionKernel::Exact);
         auto exact = fm.unet->forward(x, t, ctx);
         CHECK(test::max_abs_diff(fused, exact) <= 1e-5 * exact.abs().max().item<double>());
+    }
+    // Without a hint, the UNet's shapes decide: SD 1.5 / SDXL (10 channels per GroupNorm group) get the fast kernels,
+    // the tiny reference layouts (1-2 channels per group) the reference's bits.
+    CHECK(unet::default_attention_kernel(unet::UNetConfig{}) == kernels::AttentionKernel::Fused);
+    {
+        unet::UNetConfig narrow;
+        narrow.block_out_channels = {32, 64};
+        CHECK(unet::default_attention_kernel(narrow) == kernels::AttentionKernel::Exact);
+    }
+    // A UNet of the published kind (8 channels per group) at a 32x32 latent: level 0 attends over 1024 tokens, which
+    // the fused choice runs on the tiled kernel; the whole forward stays within rounding of the reference.
+    {
+        unet::UNetConfig c;
+        c.block_out_channels = {64, 128};
+        c.norm_num_groups = 8;
+        c.layers_per_block = {1, 1};
+        c.heads = {2, 2};
+        c.transformer_layers_per_block = {1, 1};
+        c.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+        c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+        c.cross_attention_dim = 32;
+        c.sample_size = 32;
+        CHECK(unet::default_attention_kernel(c) == kernels::AttentionKernel::Fused);
+        torch::manual_seed(3);
+        unet::UNet2DConditionModel u(c);
+        u->eval();
+        c10::InferenceMode guard;
+        auto x = torch::randn({2, 4, 32, 32}), ctx = torch::randn({2, 7, 32});
+        auto t = torch::tensor(300.0, torch::kFloat).reshape({});
+        u->set_attention_kernel(kernels::AttentionKernel::Exact);
+        auto exact = u->forward(x, t, ctx);
+        for (auto k : {kernels::AttentionKernel::Fused, kernels::AttentionKernel::Flash}) {
+            u->set_attention_kernel(k);
+            CHECK(test::max_abs_diff(u->forward(x, t, ctx), exact) <= 1e-5 * exact.abs().max().item<double>());
+        }
     }
     // a malformed hint file is an error naming the file and the field
     const auto dir = test::scratch_dir("model_hints");

@@ -481,7 +481,8 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
     if (!id->weight_files.empty()) m.weights_file = id->weight_files.front();
     m.attention = opts.attention ? *opts.attention
                                  : (fs::is_directory(p) ? read_model_hints(path).attention : std::nullopt)
-                                       .value_or(kernels::AttentionKernel::Exact);
+                                       .value_or(m.unet ? default_attention_kernel(m.unet->config())
+                                                        : kernels::AttentionKernel::Exact);
     if (m.unet) m.unet->set_attention_kernel(m.attention);
     if (m.vae) m.vae->set_attention_kernel(m.attention);
     if (opts.prediction) m.prediction = {*opts.prediction, PredictionSource::Option, m.prediction.test_mean};

@@ -31,7 +31,7 @@ struct LoadOptions {
     bool vae = true;
     // Attention arithmetic of the UNet and the VAE (kernels/attention.h). Unset: the model's own choice, the
     // "attention" of anchorcache.json in a diffusers folder (written for the models this project trains, which have
-    // no reference outputs to match), else Exact, which gives the reference's bits.
+    // no reference outputs to match), else default_attention_kernel of the UNet's shapes (unet/unet_model.h).
     std::optional<kernels::AttentionKernel> attention;
     // LoRAs merged into the UNet and text encoder after loading, in order (unet/lora.h); ParamError("loras").
     std::vector<LoraSpec> loras;

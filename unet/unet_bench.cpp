@@ -2,6 +2,8 @@
 
 #include "cache/io/error.h"
 #include "cache/util/bench.h"
+#include "cache/util/threads.h"
+#include "kernels/cpu_features.h"
 #include "unet/unet_macs.h"
 
 #include <torch/torch.h>
@@ -85,6 +87,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          std::to_string(torch::get_num_threads()) + " threads");
     emit("  " + cfg.describe());
     emit("  load average at start: " + load_average());
+    emit(util::build_description(kernels::cpu_features_string()));
     emit("MACs per UNet forward, one sample (conv + linear layers, DeepCache's definition): " +
          format_gmacs(double(full.total())) + " GMACs");
     emit("  conv " + format_gmacs(double(full.conv), 3) + " G + linear " + format_gmacs(double(full.linear), 3) +
@@ -109,9 +112,12 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     double t0 = now_s();
     UNet2DConditionModel model(cfg);
     model->eval();
-    model->set_attention_kernel(o.attention);
+    const kernels::AttentionKernel attention = o.attention.value_or(default_attention_kernel(cfg));
+    model->set_attention_kernel(attention);
     model->set_fast_paths(!o.baseline);
-    emit("  attention: " + enum_name(kernels::attention_kernel_table(), o.attention));
+    emit("  attention: " + enum_name(kernels::attention_kernel_table(), attention) +
+         (o.attention ? "" : " (the default for these shapes)") +
+         "; tiled kernel: " + enum_name(kernels::flash_isa_table(), kernels::flash_best_isa()));
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     int64_t nparams = 0;
     for (const auto& p : model->parameters()) nparams += p.numel();

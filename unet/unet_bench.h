@@ -5,6 +5,8 @@
 #pragma once
 
 #include "kernels/attention.h"
+
+#include <optional>
 #include "unet/sd_family.h"
 #include "unet/unet_model.h"
 
@@ -22,7 +24,7 @@ struct UNetBenchParams {
     int repeat = 3, warmup = 1, batch = 2; // batch 2 = one classifier-free-guidance step
     bool baseline = false;                 // time the plain module forwards (the reference) instead of the fast paths
     bool ab = false;                       // also time plain and fast forwards interleaved
-    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
+    std::optional<kernels::AttentionKernel> attention; // unset: default_attention_kernel of the config
     std::vector<int> deepcache{2, 3, 5, 10}; // DeepCache intervals whose MACs and cached-step times are shown
     int branch = 0;
     bool time_shallow = true;

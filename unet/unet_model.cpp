@@ -41,6 +41,13 @@ torch::nn::LayerNorm layer_norm(int64_t dim, double eps = 1e-5) {
 
 } // namespace
 
+kernels::AttentionKernel default_attention_kernel(const UNetConfig& c) {
+    int narrowest =
+        c.block_out_channels.empty() ? 0 : *std::min_element(c.block_out_channels.begin(), c.block_out_channels.end());
+    return c.norm_num_groups > 0 && narrowest / c.norm_num_groups >= 8 ? kernels::AttentionKernel::Fused
+                                                                       : kernels::AttentionKernel::Exact;
+}
+
 // ---- attention core ------------------------------------------------------------------------------------------------
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,

@@ -175,6 +175,13 @@ struct UNetConfig {
     std::string describe() const;
 };
 
+// The attention arithmetic a model gets when neither LoadOptions nor a folder's anchorcache.json chooses one: Fused
+// (the small-head and tiled kernels, within 2e-6 relative of the reference) when every GroupNorm group of the UNet
+// holds at least 8 channels, as in the published SD 1.x / 2.x / XL checkpoints (320 / 32 = 10); Exact (the
+// reference's bits) for narrower ones, such as the tiny reference models, whose GroupNorm over 1-2 channels at their
+// 1x1 levels amplifies a last-bit difference ~1000x (tests/golden/sd/README.md).
+kernels::AttentionKernel default_attention_kernel(const UNetConfig& c);
+
 // What the UNet is conditioned on besides the timestep. SD 1.x / 2.x: the text context [B, T, D] of the
 // cross-attentions (a Tensor converts to it). SDXL (UNetConfig::text_time): also the pooled text embedding
 // text_embeds [B, P] and the micro-conditioning time_ids [B, k] (original size, crop top-left, target size; k = 6).

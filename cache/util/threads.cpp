@@ -1,6 +1,9 @@
 #include "cache/util/threads.h"
 
+#include "anchor_build_info.h"
+
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <dlfcn.h>
 #include <fstream>
@@ -32,6 +35,15 @@ std::string blas_in_use() {
     }
     for (const auto& l : libs) out += "\n               " + l;
     return out;
+}
+
+std::string build_description(const std::string& cpu_features) {
+    std::string blas = blas_in_use();
+    if (auto nl = blas.find('\n'); nl != std::string::npos) blas.resize(nl);
+    return std::string("  build: ") + ANCHOR_BUILD_COMPILER + ", " + ANCHOR_BUILD_TYPE + " (" + ANCHOR_BUILD_CXX_FLAGS +
+           "), OpenMP " + (std::string(ANCHOR_BUILD_OPENMP) == "TRUE" ? "on" : "off") + ", LibTorch " + TORCH_VERSION +
+           "\n  cpu: " + cpu_features + "\n  blas: " + blas + "\n  threads: " + std::to_string(at::get_num_threads()) +
+           " intra-op";
 }
 
 int configure_threads(int n) {
