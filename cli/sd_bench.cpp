@@ -73,6 +73,9 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
                     "attention arithmetic of the fast paths (kernels/attention.h)",
                     "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
+    cmd.add_option("--vae", o.vae_repeat, "also time this many VAE decodes of one latent (SD's VAE, random weights)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     cmd.add_flag("--macs-only", opts.macs_only, "print only the analytic MAC count per sample (e.g. '338.6 GMACs')");
     cmd.add_option("--deepcache", o.deepcache, "DeepCache intervals N whose MACs (and cached-step times) are shown")
         ->capture_default_str();

@@ -440,6 +440,7 @@ void add_txt2img_options(CLI::App& app, Options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
+    anchor::util::select_blas_core(argv);
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         app.fallthrough(); // global options (--threads, --version) after a subcommand reach this level

@@ -23,6 +23,7 @@ std::string subcommand_names(const CLI::App& app) {
 } // namespace
 
 int main(int argc, char** argv) {
+    anchor::util::select_blas_core(argv);
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-text: GPT-2 streaming and text diffusion with anchor caches (AnchorCache)"};
         int threads = 0;

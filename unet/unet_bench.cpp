@@ -39,6 +39,7 @@ void UNetBenchParams::validate() const {
                          "must be positive multiples of the VAE factor " + std::to_string(vae_factor) + ", got " +
                              std::to_string(width) + "x" + std::to_string(height));
     if (repeat < 1) throw ParamError("repeat", "must be >= 1");
+    if (vae_repeat < 0) throw ParamError("vae_repeat", "must be >= 0");
     if (warmup < 0) throw ParamError("warmup", "must be >= 0");
     if (batch < 1) throw ParamError("batch", "must be >= 1");
     for (int n : deepcache)
@@ -186,6 +187,30 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         for (int n : o.deepcache)
             emit("  deepcache:" + std::to_string(n) + " -> " + fmt("%.3f", (st.min + (n - 1) * sh.min) / n) +
                  " s per step (" + fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
+    }
+
+    if (o.vae_repeat > 0) {
+        // SD's VAE decoder (the shapes of every SD 1.x/2.x/XL VAE) on one latent, with the UNet's attention choice:
+        // the mid-block attends over all latent positions with one head of 512 channels.
+        torch::manual_seed(uint64_t(o.seed) + 1);
+        AutoencoderKL vae(VaeConfig{});
+        vae->eval();
+        vae->set_attention_kernel(attention);
+        vae->set_fast_paths(!o.baseline);
+        for (auto& p : vae->parameters()) p.set_requires_grad(false);
+        const auto z = torch::randn({1, 4, lh, lw});
+        torch::Tensor img = vae->decode(z); // warm-up
+        std::vector<double> tv;
+        for (int i = 0; i < o.vae_repeat; ++i) {
+            t0 = now_s();
+            img = vae->decode(z);
+            tv.push_back(now_s() - t0);
+        }
+        if (!torch::isfinite(img).all().item<bool>()) throw Error("bench: the VAE output is not finite");
+        const Stats sv = stats_of(tv);
+        emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
+             fmt("%.3f", sv.min) + " s, median " + fmt("%.3f", sv.median) + " s, max " + fmt("%.3f", sv.max) +
+             " s over " + std::to_string(o.vae_repeat) + " runs after 1 warm-up");
     }
 
     if (!o.profile.empty()) {

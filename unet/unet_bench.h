@@ -5,10 +5,11 @@
 #pragma once
 
 #include "kernels/attention.h"
+#include "unet/vae.h"
 
-#include <optional>
 #include "unet/sd_family.h"
 #include "unet/unet_model.h"
+#include <optional>
 
 #include <functional>
 #include <string>
@@ -25,10 +26,11 @@ struct UNetBenchParams {
     bool baseline = false;                 // time the plain module forwards (the reference) instead of the fast paths
     bool ab = false;                       // also time plain and fast forwards interleaved
     std::optional<kernels::AttentionKernel> attention; // unset: default_attention_kernel of the config
-    std::vector<int> deepcache{2, 3, 5, 10}; // DeepCache intervals whose MACs and cached-step times are shown
+    std::vector<int> deepcache{2, 3, 5, 10};           // DeepCache intervals whose MACs and cached-step times are shown
     int branch = 0;
     bool time_shallow = true;
     int gemm_n = 2048, gemm_repeat = 5;
+    int vae_repeat = 0; // > 0: also time this many decodes of one latent by SD's VAE (random weights) at the size
     int64_t seed = 0;
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
     void validate() const;                // ParamError naming the field

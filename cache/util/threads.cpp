@@ -6,6 +6,10 @@
 #include <torch/version.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -28,8 +32,11 @@ std::string blas_in_use() {
     if (auto f = reinterpret_cast<cfg_fn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
         out = std::string("OpenBLAS (") + f() + ")";
         using cores_fn = char* (*)();
-        if (auto c = reinterpret_cast<cores_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
+        if (auto c = reinterpret_cast<cores_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
             out += std::string(", core ") + c();
+            if (const char* from = std::getenv("ANCHOR_BLAS_CORE_FROM"))
+                out += std::string(" (selected at start: OpenBLAS chose ") + from + " for this CPU)";
+        }
     } else {
         out = "reference BLAS or unknown (OpenBLAS not loaded: install libopenblas0-openmp, ~35x faster GEMM)";
     }
@@ -44,6 +51,28 @@ std::string build_description(const std::string& cpu_features) {
            "), OpenMP " + (std::string(ANCHOR_BUILD_OPENMP) == "TRUE" ? "on" : "off") + ", LibTorch " + TORCH_VERSION +
            "\n  cpu: " + cpu_features + "\n  blas: " + blas + "\n  threads: " + std::to_string(at::get_num_threads()) +
            " intra-op";
+}
+
+void select_blas_core(char** argv) {
+    if (std::getenv("OPENBLAS_CORETYPE") != nullptr || argv == nullptr || argv[0] == nullptr) return;
+    using cores_fn = char* (*)();
+    auto corename = reinterpret_cast<cores_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    if (corename == nullptr || std::strcmp(corename(), "Prescott") != 0) return;
+#if defined(__x86_64__)
+    const char* core = nullptr;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
+        core = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        core = "Haswell";
+    if (core == nullptr) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("ANCHOR_BLAS_CORE_FROM", corename(), 1);
+    execv("/proc/self/exe", argv);
+    // exec failed (no /proc): carry on with the kernels OpenBLAS chose
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("ANCHOR_BLAS_CORE_FROM");
+#endif
 }
 
 int configure_threads(int n) {

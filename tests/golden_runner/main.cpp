@@ -51,6 +51,7 @@ void print_line(const std::string& name, const Stats& s) {
 } // namespace
 
 int main(int argc, char** argv) {
+    anchor::util::select_blas_core(argv);
     if (argc < 2 || std::string(argv[1]) == "--help") {
         std::fprintf(stderr, "usage: golden_runner DIR [--verbose] [--filter SUBSTRING] [--threads N]\n");
         return 2;
