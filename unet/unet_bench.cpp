@@ -72,6 +72,14 @@ double unet_bench_macs(const UNetBenchParams& o) {
     return double(unet_mac_breakdown(o.unet, o.height / o.vae_factor, o.width / o.vae_factor, 77).full().total());
 }
 
+namespace {
+std::string join_seconds(const std::vector<double>& t) {
+    std::string s;
+    for (double x : t) s += (s.empty() ? "" : " ") + fmt("%.3f", x);
+    return s + " s";
+}
+} // namespace
+
 void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std::string&)>& emit) {
     o.validate();
     const UNetConfig& cfg = o.unet;
@@ -171,6 +179,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     emit("UNet step (batch " + std::to_string(o.batch) + "): min " + fmt("%.3f", st.min) + " s, median " +
          fmt("%.3f", st.median) + " s, max " + fmt("%.3f", st.max) + " s over " + std::to_string(o.repeat) +
          " runs after " + std::to_string(o.warmup) + " warm-up");
+    emit("  runs: " + join_seconds(times));
 
     Stats sh{};
     if (o.time_shallow && !o.deepcache.empty()) {
@@ -211,6 +220,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
              fmt("%.3f", sv.min) + " s, median " + fmt("%.3f", sv.median) + " s, max " + fmt("%.3f", sv.max) +
              " s over " + std::to_string(o.vae_repeat) + " runs after 1 warm-up");
+        emit("  runs: " + join_seconds(tv));
     }
 
     if (!o.profile.empty()) {

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Ours and the peers, interleaved in one run on this machine (issue: CPU speed against the peers), one results file.
+#
+#   tests/bench/peers.sh [BUILD_DIR] [OUT_FILE] [ROUNDS]
+#
+# Each round runs, one after the other with the same thread count:
+#   SD 1.5 UNet, one CFG step (batch 2), 256x256: anchor-sd bench   | diffusers 0.27.2 (diffusers_sd15_step.py)
+#   SD 1.5 UNet step 512x512 and the VAE decode 512x512: the same two programs (--vae)
+#   GPT-2-small decode at context 16: anchor-text gpt2 bench (f32, f16) | llama.cpp llama-bench tg64 (f32, f16, q8_0)
+#                                       | plain PyTorch with a preallocated KV cache (gpt2_torch_kv_bench.py)
+# and the summary gives min / median / max of every run of every round and the ratio of medians (peer / ours).
+#
+# The peers are installed as ../shared/peers/README.md describes; where they are:
+#   PEERS      the peers folder (default: ../shared/peers next to the checkout)
+#   REF        diffusers v0.27.2 and huggingface_hub v0.22.2 sources, REF/diffusers and REF/hfhub
+#   LLAMA_CPP  a llama.cpp source tree built with -DGGML_NATIVE=ON (build/bin/llama-bench, gguf-py); optional
+#   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
+# The Python peers run with the OpenBLAS kernels anchor-sd runs with (OPENBLAS_CORETYPE as it reports), so both sides
+# use the same GEMM; on CPUs Debian's OpenBLAS does not know, Python would otherwise run the Prescott kernels.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+out=${2:-$root/tests/bench/results/peers_$(date +%F).txt}
+rounds=${3:-2}
+peers=${PEERS:-$root/../shared/peers}
+ref=${REF:-}
+threads=${THREADS:-2}
+reps=${REPS:-3}
+gguf_dir=${GGUF_DIR:-$build/peers}
+sd=$build/anchor-sd
+text=$build/anchor-text
+[ -x "$sd" ] && [ -x "$text" ] || { echo "error: $sd / $text not built" >&2; exit 2; }
+[ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
+[ -n "$ref" ] && [ -d "$ref/diffusers/src" ] || { echo "error: set REF to the folder with diffusers/ and hfhub/" >&2; exit 2; }
+if [ -e "$out" ]; then echo "error: $out exists (not overwritten)" >&2; exit 2; fi
+py=/usr/bin/python3
+export PYTHONPATH="$peers/shim:$ref/diffusers/src:$ref/hfhub/src:$peers"
+core=$("$sd" --version 2>&1 | sed -n 's/.*, core \([A-Za-z0-9]*\).*/\1/p' | head -1)
+[ -n "$core" ] && export OPENBLAS_CORETYPE_PEERS=$core
+llama_bench=
+if [ -n "${LLAMA_CPP:-}" ] && [ -x "$LLAMA_CPP/build/bin/llama-bench" ]; then
+  llama_bench=$LLAMA_CPP/build/bin/llama-bench
+  mkdir -p "$gguf_dir"
+  for t in f32 f16 q8_0; do
+    [ -f "$gguf_dir/gpt2-random-$t.gguf" ] ||
+      $py "$root/tests/bench/make_gpt2_gguf.py" --gguf-py "$LLAMA_CPP/gguf-py" --vocab "$root/assets/vocab/gpt2" \
+        --out "$gguf_dir/gpt2-random-$t.gguf" --type "$t" >/dev/null
+  done
+fi
+raw=$(mktemp)
+trap 'rm -f "$raw" "$out.tmp"' EXIT
+log() { echo "$*" | tee -a "$out.tmp" >&2; }
+# sample LABEL VALUE... : one measurement line per value (seconds or ms) into the raw table
+sample() { local label=$1; shift; for v in "$@"; do echo "$label $v" >>"$raw"; done; }
+peer_py() {
+  if [ -n "${OPENBLAS_CORETYPE_PEERS:-}" ]; then OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE_PEERS "$py" "$@"; else "$py" "$@"; fi
+}
+
+log "# tests/bench/peers.sh $build $out $rounds   ($(date -u '+%F %H:%M UTC'); git $(git -C "$root" rev-parse --short HEAD))"
+log "# $(nproc) cores, $threads threads per run, $reps repeats per run; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+log "# ours: $("$sd" bench --help >/dev/null 2>&1 && "$sd" -t "$threads" bench -W 8 -H 8 --repeat 1 --warmup 0 --deepcache 2 2>/dev/null | grep -E '^  (build|blas):' | tr '\n' ';')"
+log "# peers: diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
+for r in $(seq 1 "$rounds"); do
+  log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  for size in ${SIZES:-256 512}; do
+    vae=(); [ "$size" = 512 ] && vae=(--vae "$reps")
+    o=$("$sd" -t "$threads" bench -W $size -H $size --repeat "$reps" --warmup 1 --deepcache 3 "${vae[@]}" 2>&1)
+    u=$(echo "$o" | grep -A1 '^UNet step' | sed -n 's/^  runs: \(.*\) s$/\1/p')
+    log "  ours      unet $size: $u s   ($(echo "$o" | grep -m1 'attention:' | xargs))"
+    sample "unet$size ours" $u
+    if [ "$size" = 512 ]; then
+      v=$(echo "$o" | grep -A1 '^VAE decode' | sed -n 's/^  runs: \(.*\) s$/\1/p')
+      log "  ours      vae  $size: $v s"
+      sample "vae$size ours" $v
+    fi
+    pvae=(); [ "$size" = 512 ] && pvae=(--vae)
+    p=$(peer_py "$peers/diffusers_sd15_step.py" --size $size --reps "$reps" --threads "$threads" "${pvae[@]}" 2>&1)
+    pu=$(echo "$p" | awk '$1 == "unet_step_s" {print $3}' | xargs)
+    log "  diffusers unet $size: $pu s"
+    sample "unet$size diffusers" $pu
+    if [ "$size" = 512 ]; then
+      pv=$(echo "$p" | awk '$1 == "vae_decode_s" {print $3}' | xargs)
+      log "  diffusers vae  $size: $pv s"
+      sample "vae$size diffusers" $pv
+    fi
+  done
+  o=$("$text" -t "$threads" gpt2 bench --repeats "$reps" --stream-tokens 32 --recompute-repeats 1 2>&1)
+  f32=$(echo "$o" | grep -A1 'f32 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
+  f16=$(echo "$o" | grep -A1 'f16 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
+  log "  ours      gpt2 decode ctx16 ms/token: f32 $f32 (min/median/max), f16 $f16"
+  sample "gpt2-f32 ours" $f32
+  sample "gpt2-f16 ours" $f16
+  if [ -n "$llama_bench" ]; then
+    for t in f32 f16 q8_0; do
+      j=$("$llama_bench" -m "$gguf_dir/gpt2-random-$t.gguf" -t "$threads" -p 0 -n 64 -r "$reps" -o json 2>/dev/null)
+      ms=$(echo "$j" | $py -c 'import json,sys; print(" ".join("%.2f" % (1e3 / v) for v in json.load(sys.stdin)[0]["samples_ts"]))')
+      log "  llama.cpp gpt2 tg64 $t ms/token: $ms"
+      sample "gpt2-$t llama.cpp" $ms
+    done
+  fi
+  p=$(peer_py "$peers/gpt2_torch_kv_bench.py" --threads "$threads" --ctx 16 --reps "$reps" --prefill 2>&1 || true)
+  pt=$(echo "$p" | sed -n 's/^ctx   16->.*ms\/token min \([0-9.]*\) median \([0-9.]*\) max \([0-9.]*\).*/\1 \2 \3/p')
+  log "  pytorch   gpt2 decode ctx16 ms/token: $pt (min/median/max)"
+  sample "gpt2-f32 pytorch" $pt
+done
+log ""
+log "summary (min / median / max over every run of every round - for the GPT-2 rows of ours and PyTorch, over each run's min, median and max; ratio = peer median / our median, > 1: we are faster)"
+$py - "$raw" <<'EOF' | tee -a "$out.tmp" >&2
+import collections, statistics, sys
+d = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    work, who, v = line.split()
+    d.setdefault(work, collections.OrderedDict()).setdefault(who, []).append(float(v))
+units = {"unet256": "s", "unet512": "s", "vae512": "s"}
+for work, sides in d.items():
+    ours = sides.get("ours")
+    for who, vs in sides.items():
+        med = statistics.median(vs)
+        ratio = "" if who == "ours" or not ours else "  ratio %.2fx" % (med / statistics.median(ours))
+        print("%-9s %-10s %8.3f / %8.3f / %8.3f %s (n=%d)%s" % (work, who, min(vs), med, max(vs), units.get(work, "ms"), len(vs), ratio))
+EOF
+mv "$out.tmp" "$out"
+echo "wrote $out" >&2
