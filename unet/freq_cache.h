@@ -59,6 +59,12 @@ struct CacheStepLog {
     double anchored_fraction = 0; // freq reuse steps: fraction of anchored DCT coefficients (1 when all reused)
     double macs = 0;              // UNet MACs of the step per sample (0 when no MAC model is attached)
     double ms = 0;                // wall time of the UNet evaluation (and the probe)
+    double noise_level = 0;       // sigma of the step (0 when the loop gave none)
+    double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
+    // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
+    // bound), "drift" (the probe left its forecast), "store" (no usable cached entry), "interval" (DeepCache), "off";
+    // "" for a reuse.
+    std::string why;
 };
 
 enum class CacheKind { Off, DeepCache, Freq };
@@ -79,9 +85,20 @@ struct FreqParams {
     // r_k falls from 0.65 to 0.06 (mean ~0.3); thr = 1.0 needs ~3 steps of mean change per full step, i.e. about
     // 3x fewer full steps (0.3 gave 14/20 full there). r_k scales ~1/steps, so longer runs reuse more (max caps it).
     double thr = 1.0;
-    int max_reuse = 4; // at most this many consecutive reuses
-    int band = 4;      // low band u + v < band of the probe spectrum
+    int max_reuse = -1; // at most this many consecutive reuses; -1: no count bound ("max=none")
+    // The reuse run bound in the schedule's own units (DctChangePolicy::set_span_bound): a fraction of the loop's
+    // log-sigma range; 0 = none. Unlike a count it means the same stretch of the schedule at 10 or 50 steps.
+    double span = 0.25;
+    int band = 4; // low band u + v < band of the probe spectrum
     bool extrapolate = true;
+    // Forecast order of the non-anchored coefficients along the timestep axis: 1 = linear through the last two full
+    // steps; 2 = TaylorSeer's second-order term (Liu et al., ICCV 2025, eq. 6) with the real spacing of the last
+    // three full steps (see FreqAnchorDenoiser::extrapolation_curvature).
+    int order = 1;
+    // Per-image safety bound (0 = off): the probe's low-band energies are forecast from the last two full steps like
+    // the feature; when some image's relative residual |e_k - e^_k|_1 / |e_k|_1 exceeds `drift`, its trajectory has
+    // left the forecast and the step is full ("drift").
+    double drift = 0.0;
     int branch = 0; // DeepCache branch of the cached feature
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
@@ -125,16 +142,21 @@ public:
     // The store this mode caches in (its own unless set_store is called before the run).
     void set_store(std::shared_ptr<cache::LatentCache> store, std::string ns);
     const BatchFeatureStore& features() const { return features_; }
+    void set_noise_levels(std::vector<double> sigmas) override { sigmas_ = std::move(sigmas); }
 
 protected:
     std::vector<CacheStepLog> log_;
     BatchFeatureStore features_;
+    std::vector<double> sigmas_; // noise levels of the loop's steps (empty when the loop gave none)
+    double noise_level(int step) const {
+        return step >= 0 && size_t(step) < sigmas_.size() ? sigmas_[size_t(step)] : 0;
+    }
     double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx, bool full,
                      int branch);
 };
 
 // Slots of the feature caches' store entries.
-enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2 };
+enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
 //
@@ -153,6 +175,11 @@ public:
     double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x);
     // conv_in(x) of the last update: handed to the UNet so that it is computed once per step.
     const torch::Tensor& stem() const { return stem_; }
+    // Low-band energies [rows, C, L] of the last update.
+    const torch::Tensor& energies() const { return prev_; }
+    // The largest over the images of the relative L1 change sum |e - ref| / (sum ref + eps), each image pooled over
+    // its rows (b, n + b, ...); the whole batch when images is 1 or does not divide the rows.
+    static double largest_image_change(const torch::Tensor& e, const torch::Tensor& ref, int images);
 
 private:
     int band_;
@@ -172,17 +199,32 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
 
-    // The feature for a reuse at step k from the last two full steps (exposed for tests): spectra X0 (step s0) and
-    // X1 (step s1) and the cached feature F1. Sets *anchored_fraction. X0 undefined: F1 as it is.
+    // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
+    // steps and at the reuse step), so a schedule's real spacing enters, not the step count; for evenly spaced
+    // timesteps (DDIM) it is the step index scaled.
+    //
+    // The feature for a reuse at u = k from the last two full steps (exposed for tests): spectra X0 (at s0) and
+    // X1 (at s1) and the cached feature F1. Sets *anchored_fraction. X0 undefined: F1 as it is.
     static torch::Tensor reuse_feature(const torch::Tensor& F1, const torch::Tensor& X1, const torch::Tensor& X0,
-                                       int s1, int s0, int k, double tau, bool extrapolate, double* anchored_fraction);
-    // Per-step change of the feature from its non-anchored coefficients, in the spatial domain:
-    // idct2(where(anchored, 0, X1 - X0)) / (s1 - s0). By linearity of the DCT the reuse feature at step k is
+                                       double s1, double s0, double k, double tau, bool extrapolate,
+                                       double* anchored_fraction);
+    // Change per unit of u of the feature from its non-anchored coefficients, in the spatial domain:
+    // idct2(where(anchored, 0, X1 - X0)) / (s1 - s0). By linearity of the DCT the reuse feature at u = k is
     // F1 + slope (k - s1). Undefined when X0 is undefined or every coefficient is anchored. Sets *anchored_fraction.
-    static torch::Tensor extrapolation_slope(const torch::Tensor& X1, const torch::Tensor& X0, int s1, int s0,
+    static torch::Tensor extrapolation_slope(const torch::Tensor& X1, const torch::Tensor& X0, double s1, double s0,
                                              double tau, double* anchored_fraction);
-    // F1 + slope * steps_since_full in float, back in F1's dtype; F1 itself when the slope is undefined.
-    static torch::Tensor extrapolate_feature(const torch::Tensor& F1, const torch::Tensor& slope, int steps_since_full);
+    // The second-order term of order=2, TaylorSeer's finite difference with unequal spacing: twice the divided
+    // difference f[s1, s0, s00] = ((X1 - X0) / (s1 - s0) - (X0 - X00) / (s0 - s00)) / (s1 - s00) over the coefficients
+    // not anchored between X0 and X1, in the spatial domain. The feature at u = k is then
+    // F1 + slope (k - s1) + curvature (k - s1)^2 / 2 (a Taylor expansion at s1 with backward differences, not the
+    // interpolating parabola, which overshoots). Undefined when X00 or X0 is undefined or everything is anchored.
+    static torch::Tensor extrapolation_curvature(const torch::Tensor& X1, const torch::Tensor& X0,
+                                                 const torch::Tensor& X00, double s1, double s0, double s00,
+                                                 double tau);
+    // F1 + slope h + curvature h^2 / 2 in float, back in F1's dtype; undefined terms are left out (F1 itself when
+    // both are).
+    static torch::Tensor extrapolate_feature(const torch::Tensor& F1, const torch::Tensor& slope, double h,
+                                             const torch::Tensor& curvature = {});
     // Boolean mask of anchored coefficients: |X1^2 - X0^2| / (X0^2 + eps) < tau.
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
@@ -193,8 +235,13 @@ private:
     int num_steps_ = 0;
     bool last_full_ = true;
     bool have_slope_ = false; // the store holds an extrapolation slope of the last two full steps
+    bool have_curv_ = false;  // ... and a curvature term of the last three (order 2)
     double anchored_fraction_ = 1.0;
-    int s1_ = -1, s0_ = -1;
+    int s1_ = -1, s0_ = -1, s00_ = -1; // the last three full steps
+    double u1_ = 0, u0_ = 0, u00_ = 0; // their timesteps
+    torch::Tensor e1_, e0_;            // the probe's energies at the last two full steps (drift)
+    int images_ = 1;                   // images in the batch (begin)
+    int staleness() const;             // the store's bound for a reuse
 };
 
 // DeepCache (Ma et al. 2023, uniform skip mode; "deepcache:N[,branch=B]"): FixedIntervalPolicy makes step i full
@@ -220,7 +267,8 @@ private:
     bool last_full_ = true;
 };
 
-// "off" | "deepcache:N[,branch=B]" | "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B]".
+// "off" | "deepcache:N[,branch=B]" |
+// "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,profile=FILE]".
 // Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode
