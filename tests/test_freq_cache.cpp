@@ -21,9 +21,9 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(parse_cache_mode("deepcache:2,branch=1")->spec() == "deepcache:2,branch=1");
     auto f = parse_cache_mode("freq");
     CHECK(f->name() == "freq");
-    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=none,span=0.25,band=4,extrapolate=1,order=1,branch=0");
+    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
-          "freq:tau=0.05,thr=0.5,max=2,span=0.25,band=3,extrapolate=0,order=1,branch=1");
+          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
@@ -193,7 +193,8 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
         CHECK(ref.full == std::vector<bool>{1, 0, 0, 1, 0, 0, 1, 0, 0, 1});
-        for (const char* spec : {"freq:thr=1e30,max=2,span=0,extrapolate=0", "freq:thr=1e30,max=2,span=0,tau=1e30"}) {
+        for (const char* spec :
+             {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0", "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30"}) {
             INFO(spec);
             auto fq = parse_cache_mode(spec);
             auto r = run_tiny(models, *fq, 10);
@@ -208,7 +209,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
     }
     SECTION("first and last steps are full, the max cap holds, extrapolation changes the result") {
         for (int max : {0, 1, 3}) {
-            auto fq = parse_cache_mode("freq:thr=1e30,span=0,max=" + std::to_string(max));
+            auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=0,max=" + std::to_string(max));
             auto r = run_tiny(models, *fq, 12);
             REQUIRE(r.full.size() == 12);
             CHECK(r.full.front());
@@ -217,7 +218,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
             for (bool f : r.full) worst = std::max(worst, run = f ? 0 : run + 1);
             CHECK(worst == max); // thr never reached: exactly `max` reuses between full steps
         }
-        auto fq = parse_cache_mode("freq:thr=1e30,max=2,span=0,tau=0.01");
+        auto fq = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,tau=0.01");
         auto r = run_tiny(models, *fq, 10);
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
@@ -243,7 +244,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
     SECTION("the span bound in the loop's noise levels, the reason of every full step, the drift bound") {
-        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25");
+        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0");
         auto r = run_tiny(models, *fq, 12);
         const auto& log = fq->log();
         REQUIRE(log.size() == 12);
@@ -272,7 +273,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30");
         CHECK(torch::equal(run_tiny(models, *loose, 12).latents, r.latents));
         // order 2 changes the result only once three full steps exist, and stays close to order 1.
-        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,order=2");
+        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2");
         auto r2 = run_tiny(models, *o2, 12);
         CHECK(r2.full == r.full);
         CHECK_FALSE(torch::equal(r2.latents, r.latents));
@@ -296,7 +297,7 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     CHECK(cache_log_json(*dc)["store"]["hits"] == 6);
     // One store shared by two modes (a server's), each run in its namespace: the same results as stores of their own.
     auto shared = std::make_shared<cache::LatentCache>();
-    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,span=0,extrapolate=0");
+    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0");
     a->set_store(shared, "request-a");
     b->set_store(shared, "request-b");
     CHECK(torch::equal(run_tiny(models, *a, 10).latents, ref.latents));

@@ -89,10 +89,11 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
-         "log-sigma distance since the last full step passes S (default 0.25) of the loop's log-sigma range; "
+         "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
          "coefficients of the cached feature with energy change rate < T (default 0.01) are reused, the others "
          "forecast along the timestep (extrapolate=1, default; order=1 linear, order=2 TaylorSeer's second-order "
-         "term); drift=D > 0 makes a step full when the probe's own forecast misses by more than D; profile=FILE "
+         "term); drift=D (default 0.6, 0 = off) makes a step full when the probe's own forecast misses by more than D; "
+         "profile=FILE "
          "(anchor-sd calibrate) sets A per range of steps"},
     };
     return t;
@@ -108,8 +109,8 @@ std::string FreqParams::describe() const {
     return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) +
            ",max=" + (max_reuse < 0 ? std::string("none") : std::to_string(max_reuse)) + ",span=" + fmt_num(span) +
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
-           ",order=" + std::to_string(order) + (drift > 0 ? ",drift=" + fmt_num(drift) : "") +
-           ",branch=" + std::to_string(branch) + (profile.empty() ? "" : ",profile=" + profile);
+           ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
+           (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
