@@ -32,7 +32,8 @@ FixedIntervalPolicy::FixedIntervalPolicy(int interval) : interval_(interval) {
 }
 
 Decision FixedIntervalPolicy::decide(const StepSignals& s) {
-    return {s.step % interval_ == 0 ? Action::Full : Action::Reuse, {}};
+    const bool full = s.step % interval_ == 0;
+    return {full ? Action::Full : Action::Reuse, {}, full ? "interval" : ""};
 }
 
 std::string FixedIntervalPolicy::describe() const {
@@ -100,19 +101,41 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
     if (!std::isfinite(s.energy_change) || s.energy_change < 0)
         throw Error("DctChangePolicy: step " + std::to_string(s.step) + " has an invalid energy change " +
                     fmt(s.energy_change));
-    if (s.step == 0 || is_last(s)) {
-        reset();
-        return {Action::Full, {}};
-    }
+    auto full = [&](const char* why) {
+        mark_full(s.step);
+        return Decision{Action::Full, {}, why};
+    };
+    if (s.step == 0) return full("first");
+    if (is_last(s)) return full("last");
     acc_ += s.energy_change;
     const double thr =
         step_thresholds_.empty() ? threshold_ : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];
-    if (acc_ >= thr || reuses_ >= max_reuse_) {
-        reset();
-        return {Action::Full, {}};
+    if (acc_ >= thr) return full("change");
+    if (reuses_ >= max_reuse_) return full("count");
+    if (max_span_ > 0 && size_t(s.step) < log_sigma_.size()) {
+        const double range = log_sigma_.front() - log_sigma_.back();
+        if (full_log_sigma_ - log_sigma_[size_t(s.step)] > max_span_ * range) return full("span");
     }
     ++reuses_;
-    return {Action::Reuse, {}};
+    return {Action::Reuse, {}, ""};
+}
+
+void DctChangePolicy::mark_full(int step) {
+    reset();
+    if (step >= 0 && size_t(step) < log_sigma_.size()) full_log_sigma_ = log_sigma_[size_t(step)];
+}
+
+void DctChangePolicy::set_span_bound(double max_span, std::vector<double> noise_levels) {
+    if (!std::isfinite(max_span) || max_span < 0)
+        throw UsageError("dct policy span must be a finite number >= 0, got " + fmt(max_span));
+    max_span_ = max_span;
+    log_sigma_.clear();
+    for (double sigma : noise_levels) {
+        if (!std::isfinite(sigma) || !(sigma > 0))
+            throw UsageError("dct policy noise levels must be positive and finite, got " + fmt(sigma));
+        log_sigma_.push_back(std::log(sigma));
+    }
+    full_log_sigma_ = log_sigma_.empty() ? 0.0 : log_sigma_.front();
 }
 
 std::string DctChangePolicy::describe() const {

@@ -38,6 +38,8 @@ struct StepSignals {
 struct Decision {
     Action action = Action::Full;
     std::vector<Action> layers; // per-layer actions (empty when the policy decides for the whole step)
+    // Why a step is Full, for the per-step record ("first", "last", "change", "count", "span", ...); "" for Reuse.
+    const char* why = "";
 };
 
 class AnchorPolicy {
@@ -106,11 +108,24 @@ public:
     double accumulated() const { return acc_; }
     // Per-step thresholds (a calibrated profile): step k uses thresholds[min(k, size - 1)]; empty = the fixed one.
     void set_step_thresholds(std::vector<double> thresholds) { step_thresholds_ = std::move(thresholds); }
+    // A reuse run bounded in the schedule's own units, the same for any step count and sampler: given the noise
+    // levels sigma_0 > ... > sigma_{n-1} of the loop's steps, step k is full ("span") when
+    //   ln sigma_full - ln sigma_k > max_span * (ln sigma_0 - ln sigma_{n-1}),
+    // i.e. the log-sigma (half the log-SNR) distance since the last full step passes a fraction of the whole loop's.
+    // max_span 0 or no levels: no such bound. Throws UsageError for a negative or non-finite max_span, or a level
+    // that is not positive and finite.
+    void set_span_bound(double max_span, std::vector<double> noise_levels);
+    // Step `step` was made full by a rule of the caller's (a store miss, a drift bound): the run of reuses and the
+    // accumulated change restart there, as after a full step of the policy's own.
+    void mark_full(int step);
 
 private:
     double threshold_;
     std::vector<double> step_thresholds_;
     int max_reuse_;
+    double max_span_ = 0.0;
+    std::vector<double> log_sigma_;
+    double full_log_sigma_ = 0.0; // ln sigma of the last full step
     double acc_ = 0.0;
     int reuses_ = 0;
 };

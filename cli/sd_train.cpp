@@ -54,13 +54,57 @@ void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, doubl
 struct EvalOptions {
     unet::train::FashionEvalParams eval;
     std::string modes = "off,deepcache:2,deepcache:3,deepcache:4,deepcache:5,deepcache:6,freq:thr=0.5,freq,freq:thr=2";
+    std::string prompts_file, seeds; // eval-cache: the prompts file and the seed list
 };
+
+// Speed-quality plots of an eval report, one per sampler and statistic (mean and worst image): one curve per cache
+// kind and step count through its modes, x = speed-up, y = PSNR; the reference mode (identical images) is left out.
+std::vector<std::string> write_speed_quality_plots(const nlohmann::json& rep, const fs::path& dir, bool overwrite) {
+    std::vector<std::string> written;
+    for (const auto& sampler : rep["samplers"])
+        for (const char* stat : {"psnr_db", "psnr_min_db"}) {
+            std::vector<LossSeries> series;
+            for (const auto& c : rep["cells"]) {
+                if (c["sampler"] != sampler) continue;
+                std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> kinds;
+                for (const auto& m : c["modes"]) {
+                    if (!m[stat].is_number()) continue;
+                    const auto mode = m["mode"].get<std::string>();
+                    const std::string kind = mode.substr(0, mode.find(':'));
+                    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+                    if (it == kinds.end())
+                        it = kinds.emplace(kinds.end(), kind, std::vector<std::pair<double, double>>{});
+                    it->second.push_back({m["speedup_vs_first"].get<double>(), m[stat].get<double>()});
+                }
+                for (auto& [kind, pts] : kinds) {
+                    std::sort(pts.begin(), pts.end());
+                    LossSeries s{kind + ", " + std::to_string(c["steps"].get<int>()) + " steps", {}, {}};
+                    for (const auto& [x, y] : pts) s.steps.push_back(x), s.losses.push_back(y);
+                    series.push_back(s);
+                }
+            }
+            if (series.empty()) continue;
+            const std::string name = sampler.get<std::string>();
+            const bool mean = std::string(stat) == "psnr_db";
+            PlotAxes ax{name + ": " + (mean ? "mean" : "worst-image") + " PSNR vs the uncached image", "speed-up (x)",
+                        "PSNR (dB)", false};
+            const std::string path = (dir / ("speed_quality_" + name + (mean ? "" : "_min") + ".png")).string();
+            write_file_atomic(path, line_plot_png(series, ax), overwrite);
+            written.push_back(path);
+        }
+    return written;
+}
 
 int run_eval(EvalOptions& o) {
     o.eval.modes = unet::split_mode_list(o.modes);
+    if (!o.prompts_file.empty()) o.eval.prompts = read_prompts_file(o.prompts_file);
+    if (!o.seeds.empty()) o.eval.seed_list = parse_int_list(o.seeds, "--seeds");
     const auto r = unet::train::run_fashion_eval(o.eval);
     std::printf("%s", r.table().c_str());
     std::printf("wrote %s\n", r.report_path.c_str());
+    for (const auto& path :
+         write_speed_quality_plots(r.report, fs::path(r.report_path).parent_path(), o.eval.overwrite))
+        std::printf("wrote %s\n", path.c_str());
     return 0;
 }
 
@@ -113,20 +157,31 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     add_train_options(cc, *cl, 1500, 128, 2e-3);
     runners.emplace_back(cc, [cl]() { return unet::train::train_classifier(*cl), 0; });
 
+    // eval-fashion (the class prompts, seeds 1000 ..) and eval-cache (prompts and seeds given) share one table.
+    auto add_eval_options = [](CLI::App* c, EvalOptions& ev, bool grid) {
+        c->fallthrough();
+        c->add_option("-m,--model", ev.eval.model, "model folder")->capture_default_str();
+        c->add_option("--classifier", ev.eval.classifier, "classifier (default: <model>/eval/classifier.safetensors)");
+        c->add_option("--modes", ev.modes, "cache modes, the first is the reference")->capture_default_str();
+        if (grid) {
+            c->add_option("--prompts", ev.prompts_file, "prompts file, one per line (all in one batch)")->required();
+            c->add_option("--seeds", ev.seeds, "seeds, comma-separated (each gives one image per prompt)")->required();
+        } else {
+            c->add_option("--seeds", ev.eval.seeds, "number of seeds from 1000 (each gives one image per class)")
+                ->capture_default_str();
+        }
+        c->add_option("--samplers", ev.eval.samplers, "samplers of the grid")->delimiter(',')->capture_default_str();
+        c->add_option("--steps", ev.eval.steps, "step counts of the grid")->delimiter(',')->capture_default_str();
+        c->add_option("--repeats", ev.eval.repeats, "timed runs per seed and mode; the fastest counts")
+            ->capture_default_str();
+        c->add_option("--cfg-scale", ev.eval.cfg, "guidance scale")->capture_default_str();
+        c->add_option("-o,--output", ev.eval.out, "output folder (default: <model>/eval)");
+        c->add_flag("--overwrite", ev.eval.overwrite,
+                    "replace cache_eval.json, the sample sheets and plots already in the folder");
+    };
     auto ev = std::make_shared<EvalOptions>();
     auto* ce = app.add_subcommand("eval-fashion", "prompt adherence and cache speed/quality on the fashion model");
-    ce->fallthrough();
-    ce->add_option("-m,--model", ev->eval.model, "model folder")->capture_default_str();
-    ce->add_option("--classifier", ev->eval.classifier, "classifier (default: <model>/eval/classifier.safetensors)");
-    ce->add_option("--modes", ev->modes, "cache modes, the first is the reference")->capture_default_str();
-    ce->add_option("--seeds", ev->eval.seeds, "seeds (each gives one image per class)")->capture_default_str();
-    ce->add_option("--steps", ev->eval.steps, "DDIM steps")->capture_default_str();
-    ce->add_option("--repeats", ev->eval.repeats, "timed runs per seed and mode; the fastest counts")
-        ->capture_default_str();
-    ce->add_option("--cfg-scale", ev->eval.cfg, "guidance scale")->capture_default_str();
-    ce->add_option("-o,--output", ev->eval.out, "output folder (default: <model>/eval)");
-    ce->add_flag("--overwrite", ev->eval.overwrite,
-                 "replace cache_eval.json and samples_<mode>.png already in the folder");
+    add_eval_options(ce, *ev, false);
     // Bound when eval-fashion runs, not when it is declared: txt2img binds some of the same fields (prompts, steps)
     // to its own options.
     auto bind_eval_fields = [] {
@@ -142,6 +197,16 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     runners.emplace_back(ce, [ev, bind_eval_fields]() {
         bind_eval_fields();
         return run_eval(*ev);
+    });
+    auto eg = std::make_shared<EvalOptions>();
+    auto* cg = app.add_subcommand("eval-cache", "cache speed/quality over a prompts x seeds x samplers x steps grid: "
+                                                "PSNR (mean, median, worst, share >= 30 dB), SSIM, speed-up, full "
+                                                "steps, classifier adherence, speed-quality plots");
+    add_eval_options(cg, *eg, true);
+    runners.emplace_back(cg, [eg, bind_eval_fields]() {
+        bind_eval_fields();
+        bind_field("samplers", "--samplers");
+        return run_eval(*eg);
     });
 
     auto cal = std::make_shared<CalibrateOptions>();

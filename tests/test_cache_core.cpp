@@ -419,6 +419,51 @@ TEST_CASE("DCT change policy accumulates change, caps reuse, keeps first and las
     CHECK(never_reuse.decide({1, 5, {}, 0.0}).action == Action::Full);
 }
 
+TEST_CASE("DCT change policy: the span bound is a fraction of the loop's log-sigma range, and says why",
+          "[cache][policy]") {
+    // sigma_k = exp(-k / 2) over 12 steps: ln sigma falls by 0.5 a step, the range is 5.5; span 0.25 allows 1.375, so
+    // a run of reuses ends at the third step after a full one (distance 1.5). No change ever reaches the threshold
+    // and there is no count bound.
+    std::vector<double> sigmas;
+    for (int k = 0; k < 12; ++k) sigmas.push_back(std::exp(-0.5 * k));
+    DctChangePolicy p(1e30, std::numeric_limits<int>::max());
+    p.set_span_bound(0.25, sigmas);
+    std::string pattern, why;
+    for (int i = 0; i < 12; ++i) {
+        const auto d = p.decide({i, 12, {}, 0.1});
+        pattern += d.action == Action::Full ? 'F' : 'r';
+        if (d.action == Action::Full) why += std::string(d.why) + " ";
+    }
+    CHECK(pattern == "FrrFrrFrrFrF");
+    CHECK(why == "first span span span last ");
+    // The same stretch of the schedule at twice the steps: twice the reuses per run (distance 0.25 a step, bound
+    // 0.25 x 5.75 = 1.4375: five reuses, the sixth step is at 1.5).
+    std::vector<double> fine;
+    for (int k = 0; k < 24; ++k) fine.push_back(std::exp(-0.25 * k));
+    p.reset();
+    p.set_span_bound(0.25, fine);
+    pattern.clear();
+    for (int i = 0; i < 24; ++i) pattern += p.decide({i, 24, {}, 0.01}).action == Action::Full ? 'F' : 'r';
+    CHECK(pattern == "FrrrrrFrrrrrFrrrrrFrrrrF");
+    // A full step the caller decided (mark_full) restarts the run and the distance there.
+    p.reset();
+    p.set_span_bound(0.25, sigmas);
+    CHECK(p.decide({0, 12, {}, 0.0}).action == Action::Full);
+    CHECK(p.decide({1, 12, {}, 0.1}).action == Action::Reuse);
+    p.mark_full(1);
+    CHECK(p.decide({2, 12, {}, 0.1}).action == Action::Reuse);
+    CHECK(p.decide({3, 12, {}, 0.1}).action == Action::Reuse);
+    CHECK(std::string(p.decide({4, 12, {}, 0.1}).why) == "span");
+    // The other reasons.
+    DctChangePolicy q(0.3, 1);
+    CHECK(std::string(q.decide({0, 6, {}, 0.0}).why) == "first");
+    CHECK(std::string(q.decide({1, 6, {}, 0.4}).why) == "change");
+    CHECK(std::string(q.decide({2, 6, {}, 0.0}).why).empty());
+    CHECK(std::string(q.decide({3, 6, {}, 0.0}).why) == "count");
+    CHECK_THROWS_AS(q.set_span_bound(-0.1, sigmas), UsageError);
+    CHECK_THROWS_AS(q.set_span_bound(0.2, {1.0, 0.0}), UsageError);
+}
+
 TEST_CASE("policy spec strings", "[cache][policy]") {
     CHECK(make_policy("interval:2")->describe() == "interval:2");
     CHECK(make_policy("gate:0.25")->describe() == "gate:0.25");

@@ -21,18 +21,40 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(parse_cache_mode("deepcache:2,branch=1")->spec() == "deepcache:2,branch=1");
     auto f = parse_cache_mode("freq");
     CHECK(f->name() == "freq");
-    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=4,band=4,extrapolate=1,branch=0");
+    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
-          "freq:tau=0.05,thr=0.5,max=2,band=3,extrapolate=0,branch=1");
+          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1");
+    CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
+          "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
 }
 
 TEST_CASE("cache mode parsing: malformed forms are errors of the cache field listing the valid forms", "[freq]") {
-    for (const char* bad : {"", "on", "deepcache", "deepcache:", "deepcache:0", "deepcache:x", "deepcache:3,foo=1",
-                            "deepcache:3,branch=-1", "off:1", "freq:", "freq:tau", "freq:tau=abc", "freq:max=-1",
-                            "freq:band=0", "freq:thr=0", "freq:extrapolate=2", "freq:speed=3", "freq:tau=nan"}) {
+    for (const char* bad : {"",
+                            "on",
+                            "deepcache",
+                            "deepcache:",
+                            "deepcache:0",
+                            "deepcache:x",
+                            "deepcache:3,foo=1",
+                            "deepcache:3,branch=-1",
+                            "off:1",
+                            "freq:",
+                            "freq:tau",
+                            "freq:tau=abc",
+                            "freq:max=-1",
+                            "freq:band=0",
+                            "freq:thr=0",
+                            "freq:extrapolate=2",
+                            "freq:speed=3",
+                            "freq:tau=nan",
+                            "freq:max=never",
+                            "freq:span=-0.1",
+                            "freq:order=3",
+                            "freq:order=0",
+                            "freq:drift=-1"}) {
         INFO(bad);
         try {
             parse_cache_mode(bad);
@@ -102,6 +124,34 @@ TEST_CASE("reuse feature: anchored coefficients are reused, the others extrapola
     }
 }
 
+TEST_CASE("order 2: TaylorSeer's second-order term with unequal spacing, by hand", "[freq]") {
+    // A feature that is u^2 everywhere, full steps at timesteps u00 = 10, u0 = 8, u1 = 7, a reuse at k = 5:
+    //   f[u1, u0] = (49 - 64) / (7 - 8) = 15, f[u0, u00] = (64 - 100) / (8 - 10) = 18,
+    //   f[u1, u0, u00] = (15 - 18) / (7 - 10) = 1, so the curvature term is 2;
+    //   order 1: 49 + 15 (5 - 7) = 19; order 2: 19 + 2 (5 - 7)^2 / 2 = 23 (the true value is 25).
+    // tau 0 anchors nothing (a rate is never < 0), so every coefficient is forecast.
+    auto cst = [](double v) { return torch::full({1, 2, 4, 4}, v); };
+    const auto F1 = cst(49), X1 = cache::dct2(F1), X0 = cache::dct2(cst(64)), X00 = cache::dct2(cst(100));
+    double frac = -1;
+    auto slope = FreqAnchorDenoiser::extrapolation_slope(X1, X0, 7, 8, 0.0, &frac);
+    CHECK(frac == 0.0);
+    REQUIRE(slope.defined());
+    CHECK(torch::allclose(slope, cst(15), 1e-5, 1e-4));
+    auto curv = FreqAnchorDenoiser::extrapolation_curvature(X1, X0, X00, 7, 8, 10, 0.0);
+    REQUIRE(curv.defined());
+    CHECK(torch::allclose(curv, cst(2), 1e-5, 1e-4));
+    CHECK(torch::allclose(FreqAnchorDenoiser::extrapolate_feature(F1, slope, 5 - 7), cst(19), 1e-5, 1e-4));
+    CHECK(torch::allclose(FreqAnchorDenoiser::extrapolate_feature(F1, slope, 5 - 7, curv), cst(23), 1e-5, 1e-4));
+    // Anchored coefficients get neither term: with tau huge everything is anchored.
+    CHECK_FALSE(FreqAnchorDenoiser::extrapolation_curvature(X1, X0, X00, 7, 8, 10, 1e30).defined());
+    // Fewer than three full steps, or two at the same timestep: no curvature.
+    CHECK_FALSE(FreqAnchorDenoiser::extrapolation_curvature(X1, X0, torch::Tensor(), 7, 8, 10, 0.0).defined());
+    CHECK_FALSE(FreqAnchorDenoiser::extrapolation_curvature(X1, X0, X00, 7, 8, 8, 0.0).defined());
+    // Equal spacing (DDIM): the order-1 forecast along the timestep is the step-index one of before.
+    auto a = FreqAnchorDenoiser::reuse_feature(F1, X1, X0, 700, 800, 500, 0.0, true, &frac);
+    CHECK(torch::allclose(a, cst(49 + (49 - 64) * 2.0), 1e-5, 1e-3));
+}
+
 namespace {
 
 struct TinyRun {
@@ -143,7 +193,8 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
         CHECK(ref.full == std::vector<bool>{1, 0, 0, 1, 0, 0, 1, 0, 0, 1});
-        for (const char* spec : {"freq:thr=1e30,max=2,extrapolate=0", "freq:thr=1e30,max=2,tau=1e30"}) {
+        for (const char* spec :
+             {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0", "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30"}) {
             INFO(spec);
             auto fq = parse_cache_mode(spec);
             auto r = run_tiny(models, *fq, 10);
@@ -158,7 +209,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
     }
     SECTION("first and last steps are full, the max cap holds, extrapolation changes the result") {
         for (int max : {0, 1, 3}) {
-            auto fq = parse_cache_mode("freq:thr=1e30,max=" + std::to_string(max));
+            auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=0,max=" + std::to_string(max));
             auto r = run_tiny(models, *fq, 12);
             REQUIRE(r.full.size() == 12);
             CHECK(r.full.front());
@@ -167,7 +218,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
             for (bool f : r.full) worst = std::max(worst, run = f ? 0 : run + 1);
             CHECK(worst == max); // thr never reached: exactly `max` reuses between full steps
         }
-        auto fq = parse_cache_mode("freq:thr=1e30,max=2,tau=0.01");
+        auto fq = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,tau=0.01");
         auto r = run_tiny(models, *fq, 10);
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
@@ -192,6 +243,43 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         CHECK(fq->log()[1].energy_change > 0.0);
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
+    SECTION("the span bound in the loop's noise levels, the reason of every full step, the drift bound") {
+        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0");
+        auto r = run_tiny(models, *fq, 12);
+        const auto& log = fq->log();
+        REQUIRE(log.size() == 12);
+        // The pipeline handed the controller the DDIM steps' sigmas: positive, decreasing.
+        for (size_t k = 1; k < log.size(); ++k) CHECK(log[k].noise_level < log[k - 1].noise_level);
+        CHECK(log.back().noise_level > 0);
+        // The rule by hand from the logged levels: full once ln sigma fell by more than a quarter of the loop's
+        // range since the last full step.
+        const double bound = 0.25 * (std::log(log.front().noise_level) - std::log(log.back().noise_level));
+        double last = std::log(log.front().noise_level);
+        for (size_t k = 0; k < log.size(); ++k) {
+            INFO("step " << k);
+            const double ls = std::log(log[k].noise_level);
+            const bool expect = k == 0 || k + 1 == log.size() || last - ls > bound;
+            CHECK(r.full[k] == expect);
+            CHECK(log[k].why == (!expect ? "" : k == 0 ? "first" : k + 1 == log.size() ? "last" : "span"));
+            if (expect) last = ls;
+        }
+        CHECK(cache_log_json(*fq)["steps"][0]["why"] == "first");
+        // drift: a bound no forecast meets makes every step full for that reason; a huge one changes nothing.
+        auto strict = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e-12");
+        auto rs = run_tiny(models, *strict, 12);
+        CHECK(std::all_of(rs.full.begin(), rs.full.end(), [](bool f) { return f; }));
+        CHECK(strict->log()[1].why == "drift");
+        CHECK(strict->log()[1].drift > 1e-12);
+        auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30");
+        CHECK(torch::equal(run_tiny(models, *loose, 12).latents, r.latents));
+        // order 2 changes the result only once three full steps exist, and stays close to order 1.
+        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2");
+        auto r2 = run_tiny(models, *o2, 12);
+        CHECK(r2.full == r.full);
+        CHECK_FALSE(torch::equal(r2.latents, r.latents));
+        const double rel = (r2.latents - r.latents).abs().max().item<double>() / r.latents.abs().max().item<double>();
+        CHECK(rel < 0.5);
+    }
 }
 
 TEST_CASE("the feature caches keep their state in the shared LatentCache, with the mode's staleness", "[freq][sd]") {
@@ -209,7 +297,7 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     CHECK(cache_log_json(*dc)["store"]["hits"] == 6);
     // One store shared by two modes (a server's), each run in its namespace: the same results as stores of their own.
     auto shared = std::make_shared<cache::LatentCache>();
-    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,extrapolate=0");
+    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0");
     a->set_store(shared, "request-a");
     b->set_store(shared, "request-b");
     CHECK(torch::equal(run_tiny(models, *a, 10).latents, ref.latents));

@@ -85,11 +85,16 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
         {CacheKind::Off, "off", "off", "full UNet at every step"},
         {CacheKind::DeepCache, "deepcache", "deepcache:N[,branch=B]",
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
-        {CacheKind::Freq, "freq", "freq[:tau=T,thr=A,max=M,band=K,extrapolate=0|1,branch=B,profile=FILE]",
+        {CacheKind::Freq, "freq",
+         "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
-         "energy change of conv_in(x) reaches A (default 1.0) or after M (default 4) reuses; coefficients of the "
-         "cached feature with energy change rate < T (default 0.01) are reused, the others extrapolated linearly "
-         "(extrapolate=1, default); profile=FILE (anchor-sd calibrate) sets A per range of steps"},
+         "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
+         "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
+         "coefficients of the cached feature with energy change rate < T (default 0.01) are reused, the others "
+         "forecast along the timestep (extrapolate=1, default; order=1 linear, order=2 TaylorSeer's second-order "
+         "term); drift=D (default 0.6, 0 = off) makes a step full when the probe's own forecast misses by more than D; "
+         "profile=FILE "
+         "(anchor-sd calibrate) sets A per range of steps"},
     };
     return t;
 }
@@ -101,9 +106,11 @@ std::string cache_mode_help() {
 }
 
 std::string FreqParams::describe() const {
-    return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) + ",max=" + std::to_string(max_reuse) +
+    return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) +
+           ",max=" + (max_reuse < 0 ? std::string("none") : std::to_string(max_reuse)) + ",span=" + fmt_num(span) +
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
-           ",branch=" + std::to_string(branch) + (profile.empty() ? "" : ",profile=" + profile);
+           ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
+           (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -186,19 +193,19 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
     } else {
         e = cache::dct2_low_band(s, band_).square();
     }
-    double r = 0.0;
-    if (prev_.defined() && prev_.sizes() == e.sizes()) {
-        const int64_t rows = e.size(0), n = images_;
-        if (n <= 1 || rows % n != 0) {
-            r = cache::relative_spectral_change(e, prev_);
-        } else { // image b owns rows b, n + b, 2n + b, ...
-            for (int64_t b = 0; b < n; ++b) {
-                auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(e.device()));
-                r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), prev_.index_select(0, idx)));
-            }
-        }
-    }
+    const double r = prev_.defined() && prev_.sizes() == e.sizes() ? largest_image_change(e, prev_, images_) : 0.0;
     prev_ = e;
+    return r;
+}
+
+double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, int images) {
+    const int64_t rows = e.size(0), n = images;
+    if (n <= 1 || rows % n != 0) return cache::relative_spectral_change(e, ref);
+    double r = 0.0;
+    for (int64_t b = 0; b < n; ++b) { // image b owns rows b, n + b, 2n + b, ...
+        auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(e.device()));
+        r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), ref.index_select(0, idx)));
+    }
     return r;
 }
 
@@ -214,10 +221,16 @@ double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const to
     return mac_fn(full);
 }
 
-FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), policy_(p.thr, p.max_reuse), probe_(p.band) {
+FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
+    : p_(p), policy_(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), probe_(p.band) {
     if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + fmt_num(p.tau));
     if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + fmt_num(p.thr));
-    if (p.max_reuse < 0) throw ParamError("cache", "freq: max must be >= 0, got " + std::to_string(p.max_reuse));
+    if (p.max_reuse < -1)
+        throw ParamError("cache", "freq: max must be >= 0 or none, got " + std::to_string(p.max_reuse));
+    if (!(p.span >= 0)) throw ParamError("cache", "freq: span must be >= 0, got " + fmt_num(p.span));
+    if (p.order != 1 && p.order != 2)
+        throw ParamError("cache", "freq: order must be 1 or 2, got " + std::to_string(p.order));
+    if (!(p.drift >= 0)) throw ParamError("cache", "freq: drift must be >= 0, got " + fmt_num(p.drift));
     if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
@@ -225,9 +238,12 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), policy_(p.t
 nlohmann::json FreqAnchorDenoiser::params_json() const {
     return {{"tau", p_.tau},
             {"thr", p_.thr},
-            {"max", p_.max_reuse},
+            {"max", p_.max_reuse < 0 ? nlohmann::json("none") : nlohmann::json(p_.max_reuse)},
+            {"span", p_.span},
             {"band", p_.band},
             {"extrapolate", p_.extrapolate},
+            {"order", p_.order},
+            {"drift", p_.drift},
             {"branch", p_.branch}};
 }
 
@@ -236,13 +252,22 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     policy_.reset();
     if (p_.profile_data.has_step_ranges())
         policy_.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
+    // The loop's noise levels when the pipeline gave them for this loop (a caller driving predict itself gives none:
+    // then no span bound).
+    policy_.set_span_bound(p_.span, sigmas_.size() == size_t(num_steps) ? sigmas_ : std::vector<double>{});
+    images_ = std::max(images, 1);
     probe_.reset(images);
     features_.begin(images);
     log_.clear();
-    have_slope_ = false;
+    have_slope_ = have_curv_ = false;
     anchored_fraction_ = 1.0;
-    s1_ = s0_ = -1;
+    s1_ = s0_ = s00_ = -1;
+    e1_ = e0_ = Tensor();
     last_full_ = true;
+}
+
+int FreqAnchorDenoiser::staleness() const {
+    return p_.max_reuse >= 0 ? p_.max_reuse : std::max(num_steps_, 1);
 }
 
 Tensor FreqAnchorDenoiser::anchored_mask(const Tensor& X1, const Tensor& X0, double tau) {
@@ -272,10 +297,10 @@ Tensor unanchored_difference(const Tensor& X1, const Tensor& X0, double tau, int
 }
 } // namespace
 
-Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X0, int s1, int s0, double tau,
+Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X0, double s1, double s0, double tau,
                                                double* anchored_fraction) {
     if (anchored_fraction) *anchored_fraction = 1.0;
-    if (!X0.defined() || s1 <= s0) return Tensor();
+    if (!X0.defined() || s1 == s0) return Tensor();
     Tensor diff;
     double frac = 1.0;
     if (X1.device().is_cpu() && X1.scalar_type() == torch::kFloat && X0.scalar_type() == torch::kFloat &&
@@ -290,16 +315,30 @@ Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X
     }
     if (anchored_fraction) *anchored_fraction = frac;
     if (frac >= 1.0) return Tensor();
-    return cache::idct2(diff).div_(double(s1 - s0));
+    return cache::idct2(diff).div_(s1 - s0);
 }
 
-Tensor FreqAnchorDenoiser::extrapolate_feature(const Tensor& F1, const Tensor& slope, int steps_since_full) {
-    if (!slope.defined()) return F1;
-    return (F1.to(torch::kFloat) + slope * double(steps_since_full)).to(F1.scalar_type());
+Tensor FreqAnchorDenoiser::extrapolation_curvature(const Tensor& X1, const Tensor& X0, const Tensor& X00, double s1,
+                                                   double s0, double s00, double tau) {
+    if (!X0.defined() || !X00.defined() || s1 == s0 || s0 == s00 || s1 == s00) return Tensor();
+    auto mask = anchored_mask(X1, X0, tau);
+    if (mask.all().item<bool>()) return Tensor();
+    const auto a = X1.to(torch::kFloat), b = X0.to(torch::kFloat), c = X00.to(torch::kFloat);
+    auto dd = ((a - b) / (s1 - s0) - (b - c) / (s0 - s00)) * (2.0 / (s1 - s00));
+    return cache::idct2(torch::where(mask, torch::zeros_like(dd), dd));
 }
 
-Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, int s1, int s0, int k,
-                                         double tau, bool extrapolate, double* anchored_fraction) {
+Tensor FreqAnchorDenoiser::extrapolate_feature(const Tensor& F1, const Tensor& slope, double h,
+                                               const Tensor& curvature) {
+    if (!slope.defined() && !curvature.defined()) return F1;
+    auto f = F1.to(torch::kFloat);
+    if (slope.defined()) f = f + slope * h;
+    if (curvature.defined()) f = f + curvature * (0.5 * h * h);
+    return f.to(F1.scalar_type());
+}
+
+Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, double s1, double s0,
+                                         double k, double tau, bool extrapolate, double* anchored_fraction) {
     auto slope = extrapolation_slope(X1, X0, s1, s0, tau, anchored_fraction);
     return extrapolate ? extrapolate_feature(F1, slope, k - s1) : F1;
 }
@@ -309,17 +348,32 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
     CacheStepLog rec = probed_step(probe_, unet, x, step);
+    rec.noise_level = noise_level(step);
+    const double u = t.item<double>(); // the forecast axis: the UNet's timestep
     cache::StepSignals sig;
     sig.step = step;
     sig.num_steps = num_steps_;
     sig.energy_change = rec.energy_change;
-    bool full = policy_.decide(sig).action == cache::Action::Full;
+    const auto decision = policy_.decide(sig);
+    bool full = decision.action == cache::Action::Full;
+    const char* why = decision.why;
     rec.accumulated = full ? 0.0 : policy_.accumulated();
-    // The reuse reads the feature of the last full step, at most max_reuse steps old (the policy's own bound): when
+    // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
+    // trajectory has left that forecast gets a full step whatever its accumulated change.
+    if (!full && p_.drift > 0 && e1_.defined()) {
+        const auto& e = probe_.energies();
+        auto forecast = e0_.defined() && u1_ != u0_ ? e1_ + (e1_ - e0_) * ((u - u1_) / (u1_ - u0_)) : e1_;
+        if (forecast.sizes() == e.sizes()) {
+            rec.drift = ShallowProbe::largest_image_change(e, forecast, images_);
+            if (rec.drift > p_.drift) full = true, why = "drift";
+        }
+    }
+    // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
     // the store has no such entry (first step, a new batch size, an eviction) the step is full.
     std::optional<Tensor> F1;
-    if (!full) F1 = features_.get(p_.branch, kFeature, 0, step, p_.max_reuse);
-    if (!F1 || F1->size(0) != x.size(0)) full = true;
+    if (!full) F1 = features_.get(p_.branch, kFeature, 0, step, staleness());
+    if (!full && (!F1 || F1->size(0) != x.size(0))) full = true, why = "store";
+    if (full && decision.action != cache::Action::Full) policy_.mark_full(step);
     Tensor out;
     if (full) {
         SkipFeatureCapture f(p_.branch);
@@ -327,36 +381,53 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         if (!f.feature.defined())
             throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
                         " (it has " + std::to_string(unet.num_skips()) + " skips)");
-        // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0).
-        if (s0_ >= 0) features_.erase(p_.branch, kSpectrum, s0_);
-        s0_ = s1_;
-        s1_ = step;
+        // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0), and
+        // for order 2 the one before (s00).
+        const int dropped = p_.order >= 2 ? s00_ : s0_;
+        if (dropped >= 0) features_.erase(p_.branch, kSpectrum, dropped);
+        s00_ = s0_, s0_ = s1_, s1_ = step;
+        u00_ = u0_, u0_ = u1_, u1_ = u;
+        e0_ = e1_, e1_ = probe_.energies();
         const auto X1 = cache::dct2(f.feature.to(torch::kFloat));
         features_.put(p_.branch, kFeature, 0, f.feature, step);
         features_.put(p_.branch, kSpectrum, s1_, X1, step);
-        // The anchor mask and the extrapolation are fixed until the next full step: work them out once here, so that
-        // a reuse step costs one axpy on top of the shallow path. (A quadratic through three full steps was tried and
-        // lost 1.8 dB on fashion-sd at 20/80 full steps: the curvature estimate overshoots.)
-        Tensor X0;
-        if (s0_ >= 0)
-            if (auto prev = features_.get(p_.branch, kSpectrum, s0_, step, std::numeric_limits<int>::max())) X0 = *prev;
-        auto slope = extrapolation_slope(X1, X0, s1_, s0_, p_.tau, &anchored_fraction_);
+        // The anchor mask and the forecast terms are fixed until the next full step: work them out once here, so
+        // that a reuse step costs one or two axpys on top of the shallow path.
+        auto spectrum = [&](int s) {
+            Tensor X;
+            if (s >= 0)
+                if (auto v = features_.get(p_.branch, kSpectrum, s, step, std::numeric_limits<int>::max())) X = *v;
+            return X;
+        };
+        const Tensor X0 = spectrum(s0_);
+        auto slope = extrapolation_slope(X1, X0, u1_, u0_, p_.tau, &anchored_fraction_);
         have_slope_ = p_.extrapolate && slope.defined();
         if (have_slope_)
             features_.put(p_.branch, kSlope, 0, slope, step);
         else
             features_.erase(p_.branch, kSlope, 0);
+        Tensor curv;
+        if (have_slope_ && p_.order >= 2)
+            curv = extrapolation_curvature(X1, X0, spectrum(s00_), u1_, u0_, u00_, p_.tau);
+        have_curv_ = curv.defined();
+        if (have_curv_)
+            features_.put(p_.branch, kCurvature, 0, curv, step);
+        else
+            features_.erase(p_.branch, kCurvature, 0);
         rec.anchored_fraction = 0.0;
     } else {
-        Tensor slope;
+        Tensor slope, curv;
         if (have_slope_)
-            if (auto sl = features_.get(p_.branch, kSlope, 0, step, p_.max_reuse)) slope = *sl;
-        auto F = extrapolate_feature(*F1, slope, step - s1_);
+            if (auto sl = features_.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
+        if (have_curv_ && slope.defined())
+            if (auto c = features_.get(p_.branch, kCurvature, 0, step, staleness())) curv = *c;
+        auto F = extrapolate_feature(*F1, slope, u - u1_, curv);
         rec.anchored_fraction = anchored_fraction_;
         out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
     }
     last_full_ = full;
     rec.full = full;
+    rec.why = full ? why : "";
     rec.macs = step_macs(unet, x, ctx, full, p_.branch);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
@@ -395,11 +466,15 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
     CacheStepLog rec = probed_step(probe_, unet, x, step);
-    bool full = !policy_ || policy_->decide({step, num_steps_, {}, rec.energy_change}).action == cache::Action::Full;
+    rec.noise_level = noise_level(step);
+    cache::Decision d;
+    d.why = "off";
+    if (policy_) d = policy_->decide({step, num_steps_, {}, rec.energy_change});
+    bool full = d.action == cache::Action::Full;
     // The feature of the last full step serves the interval - 1 steps after it.
     std::optional<Tensor> cached;
     if (!full) cached = features_.get(branch_, kFeature, 0, step, interval_ - 1);
-    if (!cached || cached->size(0) != x.size(0)) full = true;
+    if (!full && (!cached || cached->size(0) != x.size(0))) full = true, d.why = "store";
     Tensor out;
     if (full) {
         SkipFeatureCapture f(branch_);
@@ -409,6 +484,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
         out = unet.forward_shallow(x, t, ctx, branch_, *cached, probe_.stem());
     }
     last_full_ = rec.full = full;
+    rec.why = full ? d.why : "";
     rec.anchored_fraction = full ? 0.0 : 1.0;
     rec.macs = step_macs(unet, x, ctx, full, branch_);
     rec.ms = ms_since(t0);
@@ -458,8 +534,15 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.tau = parse_double(spec, k, v);
                 else if (k == "thr")
                     p.thr = parse_double(spec, k, v);
-                else if (k == "max")
-                    p.max_reuse = parse_int(spec, k, v);
+                else if (k == "max") {
+                    p.max_reuse = v == "none" ? -1 : parse_int(spec, k, v);
+                    if (v != "none" && p.max_reuse < 0) bad_mode(spec, "max must be >= 0 or none, got '" + v + "'");
+                } else if (k == "span")
+                    p.span = parse_double(spec, k, v);
+                else if (k == "order")
+                    p.order = parse_int(spec, k, v);
+                else if (k == "drift")
+                    p.drift = parse_double(spec, k, v);
                 else if (k == "band")
                     p.band = parse_int(spec, k, v);
                 else if (k == "branch")
@@ -510,6 +593,9 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"energy_change", r.energy_change},
                          {"accumulated", r.accumulated},
                          {"anchored_fraction", r.anchored_fraction},
+                         {"noise_level", r.noise_level},
+                         {"drift", r.drift},
+                         {"why", r.why},
                          {"macs", r.macs},
                          {"ms", r.ms}});
         full += r.full ? 1 : 0;

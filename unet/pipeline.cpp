@@ -8,6 +8,7 @@
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb_image_write.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,28 @@ using torch::Tensor;
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The noise level of loop steps begin .. num_loop_steps - 1 (DenoiseController::set_noise_levels): the sampler's own
+// sigmas where it has them, else sqrt((1 - abar_t) / abar_t) at the step's timestep (abar interpolated linearly
+// between training steps for a fractional one, the index clamped to the training range).
+std::vector<double> loop_noise_levels(const Scheduler& sched, const SchedulerConfig& cfg, int begin) {
+    const auto sig = sched.sigmas();
+    const auto abar = make_alphas_cumprod(cfg).to(torch::kDouble).contiguous();
+    const double* a = abar.data_ptr<double>();
+    const int64_t N = abar.numel();
+    std::vector<double> out;
+    for (int i = begin; i < sched.num_loop_steps(); ++i) {
+        if (size_t(i) < sig.size()) {
+            out.push_back(sig[size_t(i)]);
+            continue;
+        }
+        const double t = std::clamp(sched.timestep(i), 0.0, double(N - 1));
+        const int64_t lo = int64_t(std::floor(t)), hi = std::min(lo + 1, N - 1);
+        const double ab = a[lo] + (t - double(lo)) * (a[hi] - a[lo]);
+        out.push_back(std::sqrt((1.0 - ab) / ab));
+    }
+    return out;
 }
 } // namespace
 
@@ -573,6 +596,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.initial_latents = latents;
     const bool blend = p.init.inpaint() && !r.init.unet9;
     const int begin = r.init.begin, n = sched->num_loop_steps() - begin;
+    ctl.set_noise_levels(loop_noise_levels(*sched, sc, begin));
     ctl.begin(n, int(B));                                         // the caches see the steps that run, numbered from 0
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     t0 = std::chrono::steady_clock::now();

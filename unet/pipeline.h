@@ -86,6 +86,10 @@ public:
     // Called once before the loop with the number of loop steps and the number of images in the batch (the UNet
     // batch is [uncond rows; cond rows] with guidance, image b in rows b and images + b).
     virtual void begin(int num_steps, int images) { (void)num_steps, (void)images; }
+    // Called right before begin() with the noise level of every step that runs, in loop order: sigma_k =
+    // sqrt((1 - abar) / abar) at the step's timestep (the sigma samplers' own sigmas; the same quantity for DDIM and
+    // PNDM), so that a cache can measure distances in the schedule's own units whatever the sampler and step count.
+    virtual void set_noise_levels(std::vector<double> sigmas) { (void)sigmas; }
     // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
     // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
     // Every override declares the same default.

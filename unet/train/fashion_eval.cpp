@@ -24,47 +24,113 @@ using util::fmt;
 void FashionEvalParams::validate() const {
     if (modes.empty()) throw ParamError("modes", "no cache mode");
     for (const auto& m : modes) (void)parse_cache_mode(m);
-    if (seeds < 1) throw ParamError("seeds", "must be >= 1");
+    if (seed_list.empty() && seeds < 1) throw ParamError("seeds", "must be >= 1");
     if (repeats < 1) throw ParamError("repeats", "must be >= 1");
+    if (samplers.empty()) throw ParamError("samplers", "no sampler");
+    for (const auto& s : samplers) (void)sampler_from_string(s);
+    if (steps.empty()) throw ParamError("steps", "no step count");
+    for (int n : steps)
+        if (n < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(n));
+    for (const auto& pr : prompts)
+        if (pr.empty()) throw ParamError("prompts", "an empty prompt");
 }
 
-std::string FashionEvalReport::table() const {
-    char line[512];
-    std::snprintf(line, sizeof line, "%-58s %6s %9s %9s %10s %8s %10s %8s %8s\n", "mode", "full", "wall s", "speed-up",
-                  "PSNR", "SSIM", "adherence", "full ms", "reuse ms");
-    std::string out = line;
-    for (const auto& m : report["modes"]) {
-        const auto& ps = m["psnr_db"];
-        const std::string psnr = ps.is_number() ? fmt("%.2f dB", ps.get<double>()) : std::string("inf");
-        const double reuse = m["reuse_step_ms"].get<double>();
-        std::snprintf(line, sizeof line, "%-58s %3d/%-3d %8.3f %8.2fx %10s %8.4f %9.1f%% %8.2f %8s\n",
-                      m["mode"].get<std::string>().c_str(), m["full_steps"].get<int>(), m["total_steps"].get<int>(),
-                      m["wall_s"].get<double>(), m["speedup_vs_first"].get<double>(), psnr.c_str(),
-                      m["ssim"].get<double>(), 100 * m["classifier_adherence"].get<double>(),
-                      m["full_step_ms"].get<double>(), reuse > 0 ? fmt("%.2f", reuse).c_str() : "-");
-        out += line;
+namespace {
+
+// Order statistics and the share above 30 dB of one mode's per-image PSNRs (inf: identical images).
+struct PsnrStats {
+    double mean = INFINITY, median = INFINITY, min = INFINITY, share30 = 1.0;
+};
+PsnrStats psnr_stats(std::vector<double> v) {
+    PsnrStats st;
+    if (v.empty()) return st;
+    std::sort(v.begin(), v.end());
+    st.min = v.front();
+    const size_t n = v.size();
+    st.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    double sum = 0;
+    size_t finite = 0, above = 0;
+    for (double x : v) {
+        if (std::isfinite(x)) sum += x, ++finite;
+        above += x >= 30.0;
     }
+    // The mean of the finite ones (an identical image has no finite PSNR); inf when every image is identical.
+    st.mean = finite ? sum / double(finite) : INFINITY;
+    st.share30 = double(above) / double(n);
+    return st;
+}
+
+nlohmann::json db(double v) {
+    return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json("inf");
+}
+
+std::string safe_name(std::string s) { // a file name of letters, digits, '.', '_' and '-'
+    for (char& ch : s)
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
+    return s;
+}
+
+} // namespace
+
+std::string FashionEvalReport::table() const {
+    char line[640];
+    std::snprintf(line, sizeof line, "%-9s %5s %-66s %7s %8s %9s %9s %9s %6s %7s %9s %8s %8s\n", "sampler", "steps",
+                  "mode", "full", "speed-up", "PSNR mean", "median", "min", ">=30dB", "SSIM", "adherence", "full ms",
+                  "reuse ms");
+    std::string out = line;
+    auto dbs = [](const nlohmann::json& v) {
+        return v.is_number() ? fmt("%.2f", v.get<double>()) : std::string("inf");
+    };
+    for (const auto& c : report["cells"])
+        for (const auto& m : c["modes"]) {
+            const double reuse = m["reuse_step_ms"].get<double>();
+            const auto& ad = m["classifier_adherence"];
+            std::snprintf(line, sizeof line, "%-9s %5d %-66s %3d/%-3d %7.2fx %9s %9s %9s %5.0f%% %7.4f %9s %8.2f %8s\n",
+                          c["sampler"].get<std::string>().c_str(), c["steps"].get<int>(),
+                          m["mode"].get<std::string>().c_str(), m["full_steps"].get<int>() / c["runs"].get<int>(),
+                          m["total_steps"].get<int>() / c["runs"].get<int>(), m["speedup_vs_first"].get<double>(),
+                          dbs(m["psnr_db"]).c_str(), dbs(m["psnr_median_db"]).c_str(), dbs(m["psnr_min_db"]).c_str(),
+                          100 * m["share_psnr_30db"].get<double>(), m["ssim"].get<double>(),
+                          ad.is_number() ? fmt("%.1f%%", 100 * ad.get<double>()).c_str() : "-",
+                          m["full_step_ms"].get<double>(), reuse > 0 ? fmt("%.2f", reuse).c_str() : "-");
+            out += line;
+        }
     return out;
 }
 
 FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     o.validate();
     const auto& modes = o.modes;
+    std::vector<std::string> prompts = o.prompts;
+    if (prompts.empty())
+        for (int c = 0; c < 10; ++c) prompts.push_back(fashion_prompt(c, 0));
+    std::vector<int64_t> seeds = o.seed_list;
+    if (seeds.empty())
+        for (int s = 0; s < o.seeds; ++s) seeds.push_back(1000 + s);
+    std::vector<int> classes; // the class each prompt names (-1: none, not scored for adherence)
+    for (const auto& pr : prompts) classes.push_back(fashion_class_of_prompt(pr));
+    const int64_t n_img = int64_t(prompts.size());
+    // The default grid (one cell: ddim, one step count) keeps the sheet names samples_<mode>.png.
+    const bool one_cell = o.samplers.size() == 1 && o.steps.size() == 1;
+
     // Every output is known before the first image: refuse existing ones now, not after minutes of generation.
     const fs::path out = o.out.empty() ? fs::path(o.model) / "eval" : fs::path(o.out);
     fs::create_directories(out);
     const std::string report = (out / "cache_eval.json").string();
-    std::vector<std::string> sheets;
+    std::vector<std::string> specs;
     for (const auto& m : modes) {
-        std::string safe = parse_cache_mode(m)->spec(); // a file name of letters, digits, '.', '_' and '-'
-        for (char& ch : safe)
-            if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
-        const std::string sheet = (out / ("samples_" + safe + ".png")).string();
-        if (std::find(sheets.begin(), sheets.end(), sheet) != sheets.end())
-            throw ParamError("modes", "lists '" + m + "' twice (as " + safe + ")");
-        sheets.push_back(sheet);
-        check_output_path(sheet, o.overwrite);
+        const std::string spec = parse_cache_mode(m)->spec();
+        if (std::find(specs.begin(), specs.end(), spec) != specs.end())
+            throw ParamError("modes", "lists '" + m + "' twice (as " + safe_name(spec) + ")");
+        specs.push_back(spec);
     }
+    auto sheet_path = [&](const std::string& sampler, int steps, size_t k) {
+        const std::string cell = one_cell ? "" : sampler + "_" + std::to_string(steps) + "_";
+        return (out / ("samples_" + cell + safe_name(specs[k]) + ".png")).string();
+    };
+    for (const auto& sm : o.samplers)
+        for (int st : o.steps)
+            for (size_t k = 0; k < modes.size(); ++k) check_output_path(sheet_path(sm, st, k), o.overwrite);
     check_output_path(report, o.overwrite);
     const std::string cls_path =
         o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string() : o.classifier;
@@ -72,96 +138,122 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     auto models = load_sd_models(o.model);
     Txt2ImgPipeline pipe(models);
     Txt2ImgParams p;
-    p.prompts.clear(); // the default is one empty prompt
-    for (int c = 0; c < 10; ++c) p.prompts.push_back(fashion_prompt(c, 0));
-    p.steps = o.steps;
-    p.sampler = SamplerKind::DDIM;
+    p.prompts = prompts;
+    p.steps = o.steps.front();
+    p.sampler = sampler_from_string(o.samplers.front());
     p.guidance_scale = o.cfg;
     p = pipe.resolved(p);
     pipe.run(p); // warm-up
 
+    nlohmann::json rep = {{"model", o.model},
+                          {"classifier", cls_path},
+                          {"prompts", prompts},
+                          {"seeds", seeds},
+                          {"samplers", o.samplers},
+                          {"steps", o.steps},
+                          {"cfg_scale", o.cfg},
+                          {"repeats", o.repeats},
+                          {"timing", "per cell, modes interleaved per seed; per (seed, mode) the fastest of the "
+                                     "repeats; speed-up = the first mode's denoising time / the mode's"},
+                          {"psnr", "per image against the first mode's image of the same prompt and seed; the mean "
+                                   "leaves out identical images (inf)"},
+                          {"images_per_mode_and_cell", n_img * int64_t(seeds.size())},
+                          {"cells", nlohmann::json::array()}};
     struct ModeResult {
         std::string spec;
         std::vector<double> wall;         // per seed: fastest of the repeats
         double full_ms = 0, reuse_ms = 0; // controller time of full / reuse steps (UNet + probe), fastest repeats
         int full_n = 0, reuse_n = 0;
-        double psnr_sum = 0, ssim_sum = 0;
-        int psnr_n = 0, correct = 0, full = 0, total = 0;
+        std::vector<double> psnr;
+        double ssim_sum = 0;
+        int correct = 0, scored = 0, full = 0, total = 0;
         std::vector<torch::Tensor> tiles;
     };
-    std::vector<ModeResult> res(modes.size());
-    std::vector<std::vector<torch::Tensor>> ref(size_t(o.seeds)); // first-mode images per seed
-    for (int s = 0; s < o.seeds; ++s) {
-        p.seed = 1000 + s;
-        for (size_t k = 0; k < modes.size(); ++k) {
-            auto& m = res[k];
-            Txt2ImgResult r;
-            double best = INFINITY;
-            std::vector<CacheStepLog> best_log;
-            for (int rep = 0; rep < o.repeats; ++rep) {
-                auto ctl = parse_cache_mode(modes[k]);
-                m.spec = ctl->spec();
-                r = pipe.run(p, ctl.get());
-                if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
+    for (const auto& sampler : o.samplers)
+        for (int steps : o.steps) {
+            p.sampler = sampler_from_string(sampler);
+            p.steps = steps;
+            std::vector<ModeResult> res(modes.size());
+            for (int64_t seed : seeds) {
+                p.seed = seed;
+                std::vector<torch::Tensor> ref; // the first mode's images of this seed
+                for (size_t k = 0; k < modes.size(); ++k) {
+                    auto& m = res[k];
+                    Txt2ImgResult r;
+                    double best = INFINITY;
+                    std::vector<CacheStepLog> best_log;
+                    for (int rep_i = 0; rep_i < o.repeats; ++rep_i) {
+                        auto ctl = parse_cache_mode(modes[k]);
+                        m.spec = ctl->spec();
+                        r = pipe.run(p, ctl.get());
+                        if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
+                    }
+                    m.wall.push_back(best);
+                    for (const auto& st : best_log) {
+                        (st.full ? m.full_ms : m.reuse_ms) += st.ms;
+                        ++(st.full ? m.full_n : m.reuse_n);
+                    }
+                    m.full += r.full_steps, m.total += r.total_steps;
+                    {
+                        c10::InferenceMode im;
+                        auto pred = classifier->forward(rgb_to_classifier_input(r.image, true)).argmax(1);
+                        for (int64_t i = 0; i < n_img; ++i)
+                            if (classes[size_t(i)] >= 0)
+                                ++m.scored, m.correct += pred[i].item<int64_t>() == classes[size_t(i)];
+                    }
+                    for (int64_t i = 0; i < n_img; ++i) {
+                        auto img = r.image[i].permute({1, 2, 0}).contiguous();
+                        if (k == 0) ref.push_back(img);
+                        m.psnr.push_back(cache::psnr(img, ref[size_t(i)], 1.0));
+                        m.ssim_sum += cache::ssim(img, ref[size_t(i)], 1.0);
+                    }
+                    m.tiles.push_back(r.image_uint8); // [n, H, W, 3]
+                }
             }
-            m.wall.push_back(best);
-            for (const auto& st : best_log) {
-                (st.full ? m.full_ms : m.reuse_ms) += st.ms;
-                ++(st.full ? m.full_n : m.reuse_n);
+            nlohmann::json cell = {{"sampler", sampler},
+                                   {"steps", steps},
+                                   {"runs", int(seeds.size())},
+                                   {"modes", nlohmann::json::array()}};
+            auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+            const double wall0 = sum(res[0].wall);
+            for (size_t k = 0; k < res.size(); ++k) {
+                const auto& m = res[k];
+                const double wall = sum(m.wall);
+                const auto ps = psnr_stats(m.psnr);
+                const double images = double(m.psnr.size());
+                const double full_ms = m.full_n ? m.full_ms / m.full_n : 0;
+                const double reuse_ms = m.reuse_n ? m.reuse_ms / m.reuse_n : 0;
+                // Sample sheet: one row per seed, one column per prompt.
+                std::vector<torch::Tensor> rows;
+                for (auto& t : m.tiles) rows.push_back(torch::cat(t.unbind(0), 1));
+                const std::string sheet = sheet_path(sampler, steps, k);
+                write_png(sheet, torch::cat(rows, 0), o.overwrite);
+                cell["modes"].push_back(
+                    {{"mode", m.spec},
+                     {"full_steps", m.full},
+                     {"total_steps", m.total},
+                     {"wall_s", wall},
+                     {"wall_s_per_seed", m.wall},
+                     {"speedup_vs_first", wall0 / wall},
+                     {"full_step_ms", full_ms},
+                     {"reuse_step_ms", reuse_ms},
+                     {"psnr_db", db(ps.mean)},
+                     {"psnr_median_db", db(ps.median)},
+                     {"psnr_min_db", db(ps.min)},
+                     {"share_psnr_30db", ps.share30},
+                     {"psnr_per_image_db",
+                      [&] {
+                          nlohmann::json a = nlohmann::json::array();
+                          for (double v : m.psnr) a.push_back(db(v));
+                          return a;
+                      }()},
+                     {"ssim", images > 0 ? m.ssim_sum / images : 1.0},
+                     {"classifier_adherence",
+                      m.scored ? nlohmann::json(double(m.correct) / m.scored) : nlohmann::json(nullptr)},
+                     {"samples", sheet}});
             }
-            m.full += r.full_steps, m.total += r.total_steps;
-            {
-                c10::InferenceMode im;
-                auto pred = classifier->forward(rgb_to_classifier_input(r.image, true)).argmax(1);
-                m.correct += (pred == torch::arange(10)).sum().item<int>();
-            }
-            for (int c = 0; c < 10; ++c) {
-                auto img = r.image[c].permute({1, 2, 0}).contiguous();
-                if (k == 0) ref[size_t(s)].push_back(img);
-                const double ps = cache::psnr(img, ref[size_t(s)][size_t(c)], 1.0);
-                if (!std::isinf(ps)) m.psnr_sum += ps, ++m.psnr_n;
-                m.ssim_sum += cache::ssim(img, ref[size_t(s)][size_t(c)], 1.0);
-            }
-            m.tiles.push_back(r.image_uint8); // [10, H, W, 3]
+            rep["cells"].push_back(cell);
         }
-    }
-
-    nlohmann::json rep = {{"model", o.model},
-                          {"classifier", cls_path},
-                          {"steps", o.steps},
-                          {"sampler", "ddim"},
-                          {"cfg_scale", o.cfg},
-                          {"seeds", o.seeds},
-                          {"repeats", o.repeats},
-                          {"timing", "modes interleaved per seed; per (seed, mode) the fastest of the repeats"},
-                          {"images_per_mode", 10 * o.seeds},
-                          {"modes", nlohmann::json::array()}};
-    auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
-    const double wall0 = sum(res[0].wall);
-    for (size_t k = 0; k < res.size(); ++k) {
-        const auto& m = res[k];
-        const double wall = sum(m.wall);
-        const double psnr = m.psnr_n ? m.psnr_sum / m.psnr_n : INFINITY, ssim = m.ssim_sum / (10.0 * o.seeds);
-        const double adherence = double(m.correct) / (10.0 * o.seeds);
-        const double full_ms = m.full_n ? m.full_ms / m.full_n : 0, reuse_ms = m.reuse_n ? m.reuse_ms / m.reuse_n : 0;
-        // Sample sheet: one row per seed, one column per class.
-        std::vector<torch::Tensor> rows;
-        for (auto& t : m.tiles) rows.push_back(torch::cat(t.unbind(0), 1));
-        const std::string& sheet = sheets[k];
-        write_png(sheet, torch::cat(rows, 0), o.overwrite);
-        rep["modes"].push_back({{"mode", m.spec},
-                                {"full_steps", m.full},
-                                {"total_steps", m.total},
-                                {"wall_s", wall},
-                                {"wall_s_per_seed", m.wall},
-                                {"speedup_vs_first", wall0 / wall},
-                                {"full_step_ms", full_ms},
-                                {"reuse_step_ms", reuse_ms},
-                                {"psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
-                                {"ssim", ssim},
-                                {"classifier_adherence", adherence},
-                                {"samples", sheet}});
-    }
     write_file_atomic(report, rep.dump(2) + "\n", o.overwrite);
     return {rep, report};
 }

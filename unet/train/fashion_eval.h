@@ -18,7 +18,14 @@ struct FashionEvalParams {
     std::vector<std::string> modes{"off",         "deepcache:2",  "deepcache:3", "deepcache:4", "deepcache:5",
                                    "deepcache:6", "freq:thr=0.5", "freq",        "freq:thr=2"};
     std::string out; // report folder: <model>/eval by default
-    int seeds = 4, steps = 20, repeats = 1;
+    // The grid: every sampler x step count x seed is a cell, one batch of all prompts, run by every mode (the modes
+    // interleaved per cell, the first is the reference of the cell). Empty prompts: the 10 class prompts
+    // "a photo of a <class>"; empty seed_list: the seeds 1000 .. 1000 + seeds - 1.
+    std::vector<std::string> prompts;
+    std::vector<int64_t> seed_list;
+    std::vector<std::string> samplers{"ddim"}; // sampler_table() names
+    std::vector<int> steps{20};
+    int seeds = 4, repeats = 1;
     double cfg = 5.0;
     bool overwrite = false;
     void validate() const; // ParamError naming the field
@@ -27,7 +34,7 @@ struct FashionEvalParams {
 struct FashionEvalReport {
     nlohmann::json report; // written to <out>/cache_eval.json
     std::string report_path;
-    std::string table() const; // one line per mode
+    std::string table() const; // one line per cell and mode
 };
 
 FashionEvalReport run_fashion_eval(const FashionEvalParams& p);
