@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/cpu_features.h"
+#include "kernels/simd_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -72,44 +73,6 @@ void head_plain(const HeadArgs& a, HeadBuffers& b) {
 }
 
 #if defined(__x86_64__)
-// exp(x) for x <= 0 (scores minus their maximum): Cephes' expf (Moshier), range reduction x = n ln2 + r with ln2 split
-// in two, degree-6 polynomial for e^r on |r| <= ln2/2, 2^n built in the exponent bits; relative error ~1e-7.
-// Below -60 it returns exactly 0: e^-60 = 8.8e-27 is invisible next to the maximum's term 1 in float32, and values
-// near the bottom of the float range would make the probabilities (e / sum) denormal, which costs a microcode assist
-// per FMA in the weighted sum (large-magnitude scores, e.g. random weights, would run several times slower).
-__attribute__((target("avx2,fma"))) inline __m256 exp_ps(__m256 x) {
-    // NaN stays NaN (unordered compare keeps it, max_ps returns its second operand when one is NaN), so a broken
-    // model still reaches the pipeline's NaN check.
-    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-60.f), _CMP_NLE_UQ);
-    x = _mm256_max_ps(_mm256_set1_ps(-60.f), x);
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
-
-__attribute__((target("avx2,fma"))) inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
 // R query rows at once: R independent FMA chains hide the 4-cycle FMA latency that one row's chain of D (scores) or
 // M (weighted sum) dependent FMAs would expose; with one row at a time the kernel ran at a quarter of this speed.
 template <int R> __attribute__((target("avx2,fma"))) void rows_avx2(const HeadArgs& a, HeadBuffers& b, int64_t i0) {
@@ -134,14 +97,14 @@ template <int R> __attribute__((target("avx2,fma"))) void rows_avx2(const HeadAr
         for (int64_t j = a.M; j < Mp; ++j) sr[j] = -std::numeric_limits<float>::infinity();
         __m256 vmax = _mm256_loadu_ps(sr);
         for (int64_t j = 8; j < Mp; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
-        const __m256 mx = _mm256_set1_ps(hmax8(vmax));
+        const __m256 mx = _mm256_set1_ps(simd::hmax8(vmax));
         __m256 vsum = _mm256_setzero_ps();
         for (int64_t j = 0; j < Mp; j += 8) {
-            const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
+            const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
             _mm256_storeu_ps(sr + j, e);
             vsum = _mm256_add_ps(vsum, e);
         }
-        const float sum = hsum8(vsum); // padded keys: exp(-inf - max) is exactly 0 (below -60)
+        const float sum = simd::hsum8(vsum); // padded keys: exp(-inf - max) is exactly 0 (below -60)
         const __m256 inv = _mm256_set1_ps(1.f / sum);
         for (int64_t j = 0; j < Mp; j += 8) _mm256_storeu_ps(sr + j, _mm256_mul_ps(_mm256_loadu_ps(sr + j), inv));
     }

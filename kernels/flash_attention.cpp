@@ -8,10 +8,12 @@
 //
 // Instruction sets: AVX-512F (16 lanes, 8 query rows x 48 keys of scores in 24 accumulators), AVX2/FMA (8 lanes,
 // 6 rows x 16 keys), a portable scalar path; chosen at run time (cpu_features). The exponential is Cephes' expf
-// polynomial (as in small_attention) in the vector paths, __builtin_expf in the portable one.
+// polynomial (kernels/simd_math.h, shared with small_attention) in the vector paths, __builtin_expf in the portable
+// one.
 #include "kernels/attention.h"
 
 #include "kernels/cpu_features.h"
+#include "kernels/simd_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -90,36 +92,9 @@ struct Vec {
     static T add(T a, T b) { return _mm256_add_ps(a, b); }
     static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
     static T max(T a, T b) { return _mm256_max_ps(a, b); }
-    static float hmax(T v) {
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-        return _mm_cvtss_f32(m);
-    }
-    static float hsum(T v) {
-        __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
-        return _mm_cvtss_f32(m);
-    }
-    // e^x for x <= 0 (Cephes expf; exactly 0 below -60, NaN stays NaN: see small_attention's exp_ps)
-    static T exp(T x) {
-        const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-60.f), _CMP_NLE_UQ);
-        x = _mm256_max_ps(_mm256_set1_ps(-60.f), x);
-        const __m256 n =
-            _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-        __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-        r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-        y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-        return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-    }
+    static float hmax(T v) { return simd::hmax8(v); }
+    static float hsum(T v) { return simd::hsum8(v); }
+    static T exp(T x) { return simd::exp_ps(x); } // e^x for x <= 0 (kernels/simd_math.h)
     static float exp1(float v) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(v))); }
 };
 #include "kernels/flash_tile.inc"
@@ -147,24 +122,7 @@ struct Vec {
     static T max(T a, T b) { return _mm512_max_ps(a, b); }
     static float hmax(T v) { return _mm512_reduce_max_ps(v); }
     static float hsum(T v) { return _mm512_reduce_add_ps(v); }
-    static T exp(T x) {
-        const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-60.f), _CMP_NLE_UQ);
-        x = _mm512_max_ps(_mm512_set1_ps(-60.f), x);
-        const __m512 n =
-            _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                 _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-        r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-        __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-        y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-        const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-        return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
-    }
+    static T exp(T x) { return simd::exp_ps(x); }
     static float exp1(float v) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(v))); }
 };
 #include "kernels/flash_tile.inc"
