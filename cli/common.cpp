@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <filesystem>
@@ -133,25 +134,29 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& opt
     return out;
 }
 
-MpiShard mpi_shard_from_env() {
-    auto get = [](std::initializer_list<const char*> names, int dflt) {
-        for (const char* n : names)
-            if (const char* v = std::getenv(n); v && *v) {
-                try {
-                    return std::stoi(v);
-                } catch (const std::exception&) {
-                    throw UsageError(std::string("environment variable ") + n + " is not a number: '" + v + "'");
-                }
-            }
-        return dflt;
-    };
-    MpiShard s;
-    s.rank = get({"OMPI_COMM_WORLD_RANK", "PMI_RANK"}, 0);
-    s.size = get({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, 1);
-    s.local_rank = get({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}, 0);
-    if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
-        throw UsageError("MPI environment: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size));
-    return s;
+void add_batch_options(CLI::App* sub, BatchArgs& a, const std::string& what) {
+    sub->add_option("--prompts-file", a.prompts_file,
+                    "One prompt per line ('#' comments): one " + what +
+                        " each, prompt k with seed + k; under mpirun the prompts are shared out by rank");
+    sub->add_option("-o,--output", a.output,
+                    "With --prompts-file: a folder DIR/ (DIR/00000.txt, ... and DIR/manifest.json) or a file name "
+                    "(out.txt, out_1.txt, ...); every output gets a <file>.json record")
+        ->capture_default_str();
+    sub->add_flag("--skip-existing", a.skip_existing,
+                  "With --prompts-file: do not run again the prompts whose output and record exist (a failed job "
+                  "resumes)");
+}
+
+batch::ItemJob make_item_job(const BatchArgs& a, bool overwrite, const nlohmann::json& facts) {
+    batch::ItemJob job;
+    job.items = read_prompts_file(a.prompts_file);
+    job.output = a.output;
+    job.skip_existing = a.skip_existing;
+    job.overwrite = overwrite;
+    job.facts = facts;
+    job.shard = batch::shard_from_env();
+    if (job.shard.size > 1) std::fprintf(stderr, "MPI rank %d of %d\n", job.shard.rank, job.shard.size);
+    return job;
 }
 
 std::string default_sd_model() {

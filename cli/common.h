@@ -1,6 +1,10 @@
 // Shared program-edge helpers for anchor-sd and anchor-text: runtime facts, threads, error handling.
 #pragma once
 
+#include "cache/util/batch_job.h"
+
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -41,12 +45,15 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& opt
 // the file when it cannot be read or holds no prompt.
 std::vector<std::string> read_prompts_file(const std::string& path, int max_n = 1 << 30);
 
-// This process's place in an MPI job, from the environment mpirun gives it (Open MPI's OMPI_COMM_WORLD_*, MPICH's
-// PMI_*): rank 0 of 1 outside mpirun. The batch jobs shard by it without linking an MPI library.
-struct MpiShard {
-    int rank = 0, size = 1, local_rank = 0;
+// A batch job's options (anchor-text's --prompts-file, -o, --skip-existing; anchor-sd has its own table): the
+// prompts file's lines as the items, this process's MPI shard (cache/util/batch_job.h), "MPI rank r of n" printed.
+struct BatchArgs {
+    std::string prompts_file, output = "out/";
+    bool skip_existing = false;
 };
-MpiShard mpi_shard_from_env();
+// Adds --prompts-file, -o/--output and --skip-existing to `sub` (`what`: the kind of output, for --help).
+void add_batch_options(CLI::App* sub, BatchArgs& a, const std::string& what);
+batch::ItemJob make_item_job(const BatchArgs& a, bool overwrite, const nlohmann::json& facts);
 
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.

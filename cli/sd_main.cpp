@@ -38,6 +38,8 @@ struct Options {
     std::optional<PredictionType> prediction; // unset: auto
     std::string vae;
     torch::ScalarType weights_dtype = torch::kFloat;
+    std::string device = "cpu"; // --device (batch::DeviceSpec)
+    batch::Shard shard;         // this process's place under mpirun
 };
 
 std::string fmt_s(double s) {
@@ -165,6 +167,8 @@ LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     lo.prediction = o.prediction;
     lo.vae_file = o.vae;
     lo.weights_dtype = o.weights_dtype;
+    // Under mpirun each process of a machine takes the GPU of its local rank (with cuda or auto).
+    lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), o.shard.local_rank);
     lo.validate(); // before loading anything
     return lo;
 }
@@ -201,7 +205,8 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
 
 int run(Options& o) {
     auto& job = o.job;
-    (void)load_options(o, {}); // --dtype / --weights-dtype before loading anything
+    o.shard = batch::shard_from_env();
+    (void)load_options(o, {}); // --dtype / --weights-dtype / --device before loading anything
     const auto loras = prepare_job(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
@@ -210,10 +215,11 @@ int run(Options& o) {
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
     // Under mpirun each rank runs its share of the batches; outputs keep the job's global numbering.
-    const auto shard = cli::mpi_shard_from_env();
-    job.shard_rank = shard.rank;
-    job.shard_count = shard.size;
-    if (shard.size > 1) std::fprintf(stderr, "MPI rank %d of %d\n", shard.rank, shard.size);
+    job.shard_rank = o.shard.rank;
+    job.shard_count = o.shard.size;
+    if (o.shard.size > 1)
+        std::fprintf(stderr, "MPI rank %d of %d (local rank %d, %s)\n", o.shard.rank, o.shard.size, o.shard.local_rank,
+                     pipe.resolved(job.params).device.str().c_str());
     if (job.output.back() == '/') fs::create_directories(job.output);
     Txt2ImgJobCallbacks cb;
     cb.progress = progress_bar;
@@ -401,6 +407,11 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                               "how Linear/Conv weights are kept in memory; f16/bf16 halve them, the compute stays f32 "
                               "(needs --dtype f32)"),
          "weights_dtype");
+    bind(app.add_option("--device", o.device,
+                        "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device, else the CPU); "
+                        "cuda and auto take the GPU of the MPI local rank under mpirun")
+             ->capture_default_str(),
+         "device");
     bind(cli::add_enum_option(app, "--prediction", o.prediction, prediction_option_table(),
                               "what the UNet predicts: auto = the model's scheduler config, epsilon for SD 1.x single "
                               "files, the v-prediction test for SD 2.x single files"),

@@ -19,6 +19,7 @@ namespace {
 struct ServeOptions {
     unet::SdServerParams server;
     bool no_web = false;
+    std::string device = "cpu"; // --device (batch::DeviceSpec)
 };
 
 int run_serve(ServeOptions& o) {
@@ -30,12 +31,16 @@ int run_serve(ServeOptions& o) {
     }
     s.http.program = "anchor-sd serve";
     s.validate(); // before loading anything
+    unet::LoadOptions lo;
+    // Replicas started by mpirun (or with OMPI_COMM_WORLD_LOCAL_RANK set) take the GPU of their local rank.
+    lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), batch::shard_from_env().local_rank);
+    lo.validate();
     const auto t0 = std::chrono::steady_clock::now();
-    unet::SDModels models = unet::load_sd_models(s.model, unet::LoadOptions{});
+    unet::SDModels models = unet::load_sd_models(s.model, lo);
     std::fprintf(stderr, "loaded %s in %.1fs\n", s.model.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     unet::Txt2ImgPipeline pipe(models);
-    s.facts = {{"program", "anchor-sd serve"}, {"model", s.model}};
+    s.facts = {{"program", "anchor-sd serve"}, {"model", s.model}, {"device", lo.device.str()}};
     unet::SdServer server(pipe, s);
     server.serve();
     std::fprintf(stderr, "anchor-sd serve: drained, exiting\n");
@@ -75,6 +80,11 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
              ->capture_default_str(),
          "max_images");
     bind(cmd->add_option("--max-modes", s.max_modes, "most modes of one compare")->capture_default_str(), "max_modes");
+    bind(cmd->add_option("--device", o->device,
+                         "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device); cuda and auto "
+                         "take the GPU of the MPI local rank")
+             ->capture_default_str(),
+         "device");
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");
     runners.emplace_back(cmd, [o]() { return run_serve(*o); });

@@ -16,6 +16,7 @@
 #include "text/mdlm_bench.h"
 #include "text/mdlm_calibrate.h"
 #include "text/mdlm_run.h"
+#include "text/text_job.h"
 #include "text/token_file.h"
 #include "text/train/mdlm_train.h"
 
@@ -204,6 +205,7 @@ struct GenerateArgs {
     SampleArgs s;
     std::string cache = "off", compare, score_with, json_out;
     bool show_steps = false, overwrite = false;
+    BatchArgs batch; // --prompts-file
 };
 
 // Runs of equal / differing tokens of r against o, decoded together; differing runs are wrapped in [[ ]].
@@ -256,6 +258,28 @@ int run_generate(const GenerateArgs& a) {
                                               {"caches", a.compare.empty() ? "--cache" : "--compare"}});
     if (a.cache == "help" || a.compare == "help") return print_cache_help();
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
+    if (!a.batch.prompts_file.empty()) {
+        if (!a.s.prompt.empty() || !a.s.prompt_ids.empty() || !a.compare.empty() || a.show_steps || !a.json_out.empty())
+            throw UsageError("--prompts-file runs one --cache mode over its prompts: not with --prompt, --prompt-ids, "
+                             "--compare, --show-steps or --json");
+        return with_flag_errors(flags, [&] {
+            DiffusionGenerateParams p;
+            p.model = a.s.model_path();
+            p.n_heads = a.s.n_heads;
+            p.sampler = a.s.o;
+            p.score_with = a.score_with;
+            p.caches = {parse_decode_spec(a.cache)};
+            const auto job = make_item_job(a.batch, a.overwrite,
+                                           {{"program", "anchor-text diffusion generate"}, {"cache", a.cache}});
+            const auto r = run_diffusion_prompts(p, a.s.io.tokenizer(), job, [](const nlohmann::json& rec) {
+                std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["seconds"] << " s, "
+                          << rec["forward_passes"] << " forward passes)\n";
+            });
+            std::cerr << r.ran << " prompts generated, " << r.skipped << " done before"
+                      << (r.manifest.empty() ? "" : "; manifest " + r.manifest) << "\n";
+            return 0;
+        });
+    }
     const auto rep = with_flag_errors(flags, [&] {
         DiffusionGenerateParams p;
         p.model = a.s.model_path();
@@ -478,7 +502,8 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     gen->add_flag("--show-steps", g->show_steps, "Print the sequence after every step");
     gen->add_option("--score-with", g->score_with, "GPT-2 model: print each text's generative perplexity under it");
     gen->add_option("--json", g->json_out, "Also write every run (tokens, timings, cache and store statistics) here");
-    gen->add_flag("--overwrite", g->overwrite, "Replace an existing --json file");
+    add_batch_options(gen, g->batch, "text file");
+    gen->add_flag("--overwrite", g->overwrite, "Replace existing output files (--json, --prompts-file outputs)");
     runners.emplace_back(gen, [g] { return run_generate(*g); });
 
     auto c = std::make_shared<CalibrateArgs>();

@@ -12,6 +12,7 @@
 #include "text/gpt2_bench.h"
 #include "text/gpt2_generate.h"
 #include "text/gpt2_ppl.h"
+#include "text/text_job.h"
 #include "text/train/gpt2_train.h"
 
 #include <CLI/CLI.hpp>
@@ -144,6 +145,7 @@ struct GenArgs {
     text::GenerateParams p;
     std::string kv = "full", report_json;
     bool overwrite = false;
+    BatchArgs batch; // --prompts-file
 };
 
 void print_soak(const text::GenerateReport& r) {
@@ -171,8 +173,20 @@ int run_generate(GenArgs a) {
         if (a.p.report_every == 0) throw UsageError("--report-json needs --report-every N");
         check_output_path(a.report_json, a.overwrite);
     }
+    if (a.batch.prompts_file.empty() == a.p.prompt.empty())
+        throw UsageError("give a prompt (-p/--prompt TEXT, not empty) or --prompts-file FILE, not both");
     return with_flag_errors(flags, [&] {
         a.p.kv = text::KvSpec::parse(a.kv);
+        if (!a.batch.prompts_file.empty()) {
+            const auto job = make_item_job(a.batch, a.overwrite, {{"program", "anchor-text gpt2 generate"}});
+            const auto r = text::run_gpt2_prompts(a.p, job, [](const nlohmann::json& rec) {
+                std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["generated"] << " tokens, "
+                          << rec["timings_s"]["generate"] << " s)\n";
+            });
+            std::cerr << r.ran << " prompts generated, " << r.skipped << " done before"
+                      << (r.manifest.empty() ? "" : "; manifest " + r.manifest) << "\n";
+            return 0;
+        }
         text::StreamRunner runner(a.p);
         std::cout << a.p.prompt << std::flush;
         const auto r = runner.run([](const std::string& piece) { std::cout << piece << std::flush; },
@@ -399,7 +413,8 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     auto* g = gpt2->add_subcommand("generate", "Generate text, printing tokens as they are produced");
     add_model_options(g, gen->p.model);
     add_stream_options(g, gen->kv, gen->p.positions);
-    g->add_option("-p,--prompt", gen->p.prompt, "Prompt text")->required();
+    g->add_option("-p,--prompt", gen->p.prompt, "Prompt text");
+    add_batch_options(g, gen->batch, "text file");
     g->add_option("--max-new", gen->p.max_new_tokens, "New tokens (may exceed n_positions with sink/window modes)")
         ->capture_default_str();
     auto& sp = gen->p.sampling;
@@ -419,7 +434,7 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     g->add_option("--report-every", gen->p.report_every,
                   "Soak: print latency and RSS every N generated tokens, and the growth/drift at the end");
     g->add_option("--report-json", gen->report_json, "Soak: write the --report-every figures to this JSON file");
-    g->add_flag("--overwrite", gen->overwrite, "Replace an existing --report-json file");
+    g->add_flag("--overwrite", gen->overwrite, "Replace existing output files (--report-json, --prompts-file outputs)");
     runners.emplace_back(g, [gen]() { return run_generate(*gen); });
 
     auto bo = std::make_shared<BenchArgs>();

@@ -1,6 +1,7 @@
 #include "text/gpt2_generate.h"
 
 #include "cache/util/bench.h"
+#include "cache/util/memory.h"
 #include "text/params.h"
 
 #include <chrono>
@@ -67,6 +68,17 @@ StreamRunner::StreamRunner(const GenerateParams& p, const LoadedGpt2& model,
     encode_prompt();
 }
 
+int64_t estimate_stream_bytes(const Gpt2Config& c, const KvSpec& kv, int64_t prompt_tokens, int64_t max_new_tokens) {
+    const double cap = double(kv.mode == KvMode::Full   ? c.n_positions
+                              : kv.mode == KvMode::Sink ? kv.sinks + kv.window
+                                                        : kv.window);
+    const double kv_bytes = kv.mode == KvMode::Recompute ? 0.0 : 2.0 * double(c.n_layer) * cap * double(c.n_embd) * 4;
+    const double T = kv.mode == KvMode::Recompute ? cap : std::min(double(prompt_tokens), cap);
+    const double work = 4.0 * (T * (6.0 * double(c.n_embd) + 2.0 * double(c.inner())) +
+                               2.0 * double(c.n_head) * T * cap + 2.0 * double(c.vocab_size));
+    return int64_t(kv_bytes + work + 16.0 * double(max_new_tokens));
+}
+
 void StreamRunner::encode_prompt() {
     prompt_ = tok_->encode(p_.prompt, p_.allow_special);
     if (prompt_.empty()) throw ParamError("prompt", "encodes to no tokens");
@@ -78,6 +90,12 @@ void StreamRunner::encode_prompt() {
                              " positions " + enum_name(position_mode_table(), p_.positions) +
                              "; use kv sink:S,W with positions reencode, wrap or cache to go "
                              "further");
+    const auto& c = loaded_.config;
+    const double need = double(estimate_stream_bytes(c, p_.kv, int64_t(prompt_.size()), p_.max_new_tokens));
+    const double kv_part = double(estimate_stream_bytes(c, p_.kv, 0, 0));
+    check_fits_memory(kv_part * 2 > need ? "kv" : "prompt", need,
+                      "kv " + p_.kv.str() + " with a prompt of " + std::to_string(prompt_.size()) + " tokens",
+                      "choose a smaller kv window or prompt");
 }
 
 GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& on_text,

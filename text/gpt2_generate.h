@@ -58,8 +58,14 @@ struct GenerateReport {
     nlohmann::json to_json() const; // the soak report (--report-json): windows, growth, drift
 };
 
-// Loads the model (validating the parameters first), encodes the prompt and checks it fits the KV mode; run()
-// streams.
+// Peak bytes a stream adds to the weights: its KV buffers (the mode's capacity, preallocated), the working set of the
+// widest forward (the prompt's first chunk, or a recompute window) with its attention scores, the logits, and the
+// generated tokens and text. StreamRunner refuses a run that needs more than the memory available (ParamError "kv"
+// when the buffers dominate, else "prompt").
+int64_t estimate_stream_bytes(const Gpt2Config& c, const KvSpec& kv, int64_t prompt_tokens, int64_t max_new_tokens);
+
+// Loads the model (validating the parameters first), encodes the prompt and checks it fits the KV mode and the
+// memory available; run() streams.
 class StreamRunner {
 public:
     explicit StreamRunner(const GenerateParams& p);

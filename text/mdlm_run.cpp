@@ -1,5 +1,6 @@
 #include "text/mdlm_run.h"
 
+#include "cache/util/memory.h"
 #include "text/gpt2_model.h"
 #include "text/params.h"
 
@@ -15,7 +16,8 @@ const std::vector<std::pair<std::string, std::string>>& decode_spec_keys() {
         {"unmask", "unmasking rule of this mode (ancestral, confidence, margin, entropy, random)"},
         {"threshold", "Fast-dLLM confidence threshold in (0, 1]: unmask every position above it, at least one"},
         {"factor", "Fast-dLLM factor rule f > 0"},
-        {"block", "semi-autoregressive block length of this mode (0 = one block)"}};
+        {"block", "semi-autoregressive block length of this mode (0 = one block)"},
+        {"steps", "denoising steps of this mode (fewer than the run's: several tokens per step)"}};
     return k;
 }
 
@@ -24,6 +26,7 @@ void DecodeSpec::apply(SamplerOptions& o) const {
     if (threshold) o.threshold = *threshold;
     if (factor) o.factor = *factor;
     if (block_length) o.block_length = *block_length;
+    if (steps) o.steps = *steps;
 }
 
 std::string DecodeSpec::to_string() const {
@@ -40,6 +43,7 @@ std::string DecodeSpec::to_string() const {
     if (threshold) add("threshold", num(*threshold));
     if (factor) add("factor", num(*factor));
     if (block_length) add("block", std::to_string(*block_length));
+    if (steps) add("steps", std::to_string(*steps));
     return os.str();
 }
 
@@ -71,10 +75,11 @@ DecodeSpec parse_decode_spec(const std::string& s) {
             d.threshold = number();
         else if (k == "factor")
             d.factor = number();
-        else if (k == "block") {
+        else if (k == "block" || k == "steps") {
             const double x = number();
-            if (x != std::floor(x)) throw ParamError("cache", "'" + s + "': block=" + v + " is not an integer");
-            d.block_length = static_cast<int64_t>(x);
+            if (x != std::floor(x) || x > 1e9)
+                throw ParamError("cache", "'" + s + "': " + k + "=" + v + " is not an integer");
+            (k == "block" ? d.block_length : d.steps) = static_cast<int64_t>(x);
         } else {
             std::string keys;
             for (const auto& [n, h] : decode_spec_keys()) keys += (keys.empty() ? "" : ", ") + n;
@@ -123,6 +128,7 @@ nlohmann::json DiffusionRun::to_json() const {
                         {"unmasked_per_step", result.unmasked_per_step},
                         {"reused_fraction", result.cache.reused_fraction()},
                         {"full_steps", result.cache.full_steps},
+                        {"drift_refreshes", result.cache.drift_refreshes},
                         {"store", cache::to_json(result.store)}};
     if (gen_ppl >= 0) j["gen_ppl"] = gen_ppl;
     j["unigram_entropy"] = unigram_entropy(result.tokens, prompt_tokens);
@@ -144,11 +150,31 @@ nlohmann::json DiffusionReport::to_json() const {
     return j;
 }
 
+int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o) {
+    const double L = double(o.length), D = double(c.hidden_size), F = double(c.mlp_ratio) * D;
+    // A block's working set (q, k, v, attention output, MLP hidden, residuals) and one head-batched score matrix
+    // (with its softmax), the logits of every position with their softmax, and the cache's stored features (up to
+    // the input, attention and MLP outputs of every block).
+    const double block = L * (8 * D + 2 * F) + 2.0 * double(c.n_heads) * L * L;
+    const double logits = 2.0 * L * double(c.vocab_size);
+    const double cache = 3.0 * double(c.n_blocks) * L * D;
+    return int64_t(4.0 * (block + logits + cache));
+}
+
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {
     p.validate();
-    auto model = load_mdlm(p.model, p.n_heads);
-    std::optional<LoadedGpt2> scorer;
-    if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
+    const auto model = load_mdlm(p.model, p.n_heads);
+    return generate_diffusion(model, p, on_step);
+}
+
+DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenerateParams& p,
+                                   const StepCallback& on_step, const LoadedGpt2* scorer_in) {
+    p.validate();
+    check_fits_memory("length", double(estimate_sampling_bytes(model->config(), p.sampler)),
+                      "sampling " + std::to_string(p.sampler.length) + " positions", "choose a smaller length");
+    std::optional<LoadedGpt2> loaded;
+    if (!scorer_in && !p.score_with.empty()) loaded = load_gpt2(p.score_with);
+    const LoadedGpt2* scorer = scorer_in ? scorer_in : loaded ? &*loaded : nullptr;
     DiffusionReport rep;
     rep.model = p.model;
     rep.score_with = p.score_with;

@@ -12,6 +12,8 @@
 
 namespace anchor::text {
 
+struct LoadedGpt2;
+
 // One decoding mode: a cache and the sampler settings it runs with when they differ from the run's (parallel
 // decoding needs its threshold, a block cache its blocks).
 struct DecodeSpec {
@@ -19,11 +21,14 @@ struct DecodeSpec {
     std::optional<UnmaskRule> rule;
     std::optional<double> threshold, factor;
     std::optional<int64_t> block_length;
+    // Denoising steps of this mode: fewer than the baseline's decodes several tokens per step (the schedule's count
+    // per step), which is how parallel decoding is compared with one-token-per-step decoding.
+    std::optional<int64_t> steps;
     void apply(SamplerOptions& o) const; // the overrides
     std::string to_string() const;       // "dual+threshold=0.9,block=32"
 };
 // "CACHE[+key=value,...]" with CACHE as parse_cache_spec reads it and keys unmask (a rule name), threshold, factor,
-// block (block length). ParamError (field "cache") naming the bad key.
+// block (block length), steps. ParamError (field "cache") naming the bad key.
 DecodeSpec parse_decode_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& decode_spec_keys(); // key -> help
 
@@ -62,5 +67,14 @@ double token_agreement(const std::vector<int64_t>& a, const std::vector<int64_t>
 
 // `on_step` (optional) sees every step of every run.
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step = {});
+// The same with the model loaded once for many runs (a server, a prompts file): p.model is only recorded. `scorer`:
+// the GPT-2 of p.score_with when the caller has it loaded (null: loaded here when score_with is set).
+DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenerateParams& p,
+                                   const StepCallback& on_step = {}, const LoadedGpt2* scorer = nullptr);
+
+// Peak bytes one sampling run adds to the weights: the block activations and attention scores of a full forward
+// over `length` positions, the logits, and the per-layer features a cache keeps. ParamError("length") from
+// generate_diffusion when it exceeds the memory available.
+int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o);
 
 } // namespace anchor::text

@@ -1,8 +1,10 @@
 #include "text/text_server.h"
 
+#include "cache/util/memory.h"
 #include "text/gpt2_generate.h"
 #include "text/mdlm_model.h"
 #include "text/mdlm_run.h"
+#include "text/text_job.h"
 
 #include <atomic>
 #include <chrono>
@@ -65,12 +67,42 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stops,
     return best;
 }
 
+// Runs a completion with the stop sequences applied: the text up to the earliest stop comes back; `emit` (streaming;
+// may be empty) gets every piece as soon as it can no longer be the start of a stop sequence. Ends early when a stop
+// sequence appears or the client is gone (JobControl: the check throws at the next token).
+std::string run_completion(StreamRunner& runner, const std::vector<std::string>& stops, JobControl& c,
+                           const std::function<void(const std::string&)>& emit, GenerateReport& rep) {
+    std::string text;
+    size_t sent = 0, hold = 0;
+    for (const auto& s : stops) hold = std::max(hold, s.size() - 1);
+    bool stopped = false;
+    rep = runner.run(
+        [&](const std::string& piece) {
+            c.check();
+            if (stopped) return;
+            const size_t from = text.size();
+            text += piece;
+            const size_t at = find_stop(text, stops, from);
+            if (at != std::string::npos) text.resize(at), stopped = true;
+            if (!emit) return;
+            const size_t upto = stopped ? text.size() : text.size() > hold ? text.size() - hold : 0;
+            if (upto > sent) emit(text.substr(sent, upto - sent));
+            sent = std::max(sent, upto);
+        },
+        {}, [&] { return stopped || c.cancelled(); });
+    c.check();
+    if (emit && sent < text.size()) emit(text.substr(sent));
+    return text;
+}
+
 } // namespace
 
 TextServer::TextServer(TextServerParams p)
     : p_((p.validate(), std::move(p))), model_(load_gpt2_model(p_.gpt2)),
       tok_(std::make_shared<const Gpt2Tokenizer>(load_gpt2_tokenizer(p_.gpt2, model_))),
       model_id_(fs::path(p_.gpt2.model).filename().string()), threads_(at::get_num_threads()), http_(p_.http) {
+    // One diffusion model in memory for every request (each run has its own denoiser and caches).
+    if (!p_.diffusion_model.empty()) mdlm_ = load_mdlm(p_.diffusion_model);
     if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
     add_routes();
 }
@@ -124,7 +156,8 @@ void TextServer::add_routes() {
         if (g.prompt.empty()) throw HttpError(400, "prompt", "prompt: expected a non-empty string, got \"\"");
         if (tok_->encode(g.prompt).size() > size_t(p_.max_prompt))
             throw HttpError(400, "prompt", "prompt: at most " + std::to_string(p_.max_prompt) + " tokens");
-        // The runner checks the prompt against the KV mode (400 naming max_tokens when a full cache cannot hold it).
+        // The runner checks the prompt against the KV mode (400 naming max_tokens when a full cache cannot hold it)
+        // and the memory estimate of the stream (400 naming kv or prompt).
         std::shared_ptr<StreamRunner> runner;
         try {
             runner = std::make_shared<StreamRunner>(g, model_, tok_);
@@ -148,28 +181,11 @@ void TextServer::add_routes() {
                                                     JobControl& c, const std::function<void(std::string)>& emit) {
                 torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread
                 at::set_num_threads(threads);
-                std::string text;
-                size_t sent = 0, hold = 0;
-                for (const auto& s : stops) hold = std::max(hold, s.size() - 1);
-                bool stopped = false;
-                const auto rep = runner->run(
-                    [&](const std::string& piece) {
-                        c.check();
-                        if (stopped) return;
-                        const size_t from = text.size();
-                        text += piece;
-                        const size_t at = find_stop(text, stops, from);
-                        if (at != std::string::npos) text.resize(at), stopped = true;
-                        // Text that could still be the start of a stop sequence waits for the next piece.
-                        const size_t upto = stopped ? text.size() : text.size() > hold ? text.size() - hold : 0;
-                        if (upto > sent) emit(serve::sse_event(chunk(text.substr(sent, upto - sent), nullptr)));
-                        sent = std::max(sent, upto);
-                    },
-                    {}, [&] { return stopped || c.cancelled(); });
-                if (sent < text.size()) emit(serve::sse_event(chunk(text.substr(sent), nullptr)));
-                const std::string reason = runner->finish_reason() == "length" ? "length" : "stop";
-                emit(serve::sse_event(chunk("", reason)));
-                (void)rep;
+                GenerateReport rep;
+                (void)run_completion(
+                    *runner, stops, c, [&](const std::string& piece) { emit(serve::sse_event(chunk(piece, nullptr))); },
+                    rep);
+                emit(serve::sse_event(chunk("", runner->finish_reason() == "length" ? "length" : "stop")));
             });
             r.note = note;
             return r;
@@ -177,19 +193,8 @@ void TextServer::add_routes() {
         auto out = http_.run_job(req, [this, runner, stops, chunk](JobControl& c) {
             torch::NoGradGuard no_grad;
             at::set_num_threads(threads_);
-            std::string text;
-            bool stopped = false;
-            const auto rep = runner->run(
-                [&](const std::string& piece) {
-                    c.check();
-                    if (stopped) return;
-                    const size_t from = text.size();
-                    text += piece;
-                    const size_t at = find_stop(text, stops, from);
-                    if (at != std::string::npos) text.resize(at), stopped = true;
-                },
-                {}, [&] { return stopped || c.cancelled(); });
-            c.check();
+            GenerateReport rep;
+            const std::string text = run_completion(*runner, stops, c, {}, rep);
             auto j = chunk(text, runner->finish_reason() == "length" ? "length" : "stop");
             j["usage"] = {{"prompt_tokens", rep.prompt_tokens},
                           {"completion_tokens", rep.generated},
@@ -225,6 +230,11 @@ void TextServer::add_routes() {
         const std::string cache = f.string("cache", "off");
         d.caches = {as_field("cache", [&] { return parse_decode_spec(cache); })};
         as_field("length", [&] { s.validate(); });
+        // The memory a run of this length needs, before it is queued.
+        as_field("length", [&] {
+            check_fits_memory("length", double(estimate_sampling_bytes(mdlm_->config(), s)),
+                              "sampling " + std::to_string(s.length) + " positions", "choose a smaller length");
+        });
         const int64_t P = int64_t(s.prompt.size());
         if (P >= s.length)
             throw HttpError(400, "length",
@@ -233,12 +243,9 @@ void TextServer::add_routes() {
         auto out = http_.run_job(req, [this, d, P](JobControl& c) {
             torch::NoGradGuard no_grad;
             at::set_num_threads(threads_);
-            auto rep = generate_diffusion(d, [&](const StepInfo&) { c.check(); });
+            auto rep = generate_diffusion(mdlm_, d, [&](const StepInfo&) { c.check(); });
             auto j = rep.to_json();
-            std::vector<int64_t> gen;
-            for (size_t i = size_t(P); i < rep.runs[0].result.tokens.size(); ++i)
-                if (rep.runs[0].result.tokens[i] != kMdlmMaskId) gen.push_back(rep.runs[0].result.tokens[i]);
-            j["text"] = tok_->decode(gen);
+            j["text"] = generated_text(rep.runs[0].result.tokens, P, *tok_);
             return j;
         });
         HttpReply r = HttpReply::json(out);
@@ -246,14 +253,7 @@ void TextServer::add_routes() {
         return r;
     });
 
-    http.get("/health", [this](const HttpRequest&) {
-        const bool draining = http_.draining();
-        return HttpReply::json({{"status", draining ? "draining" : "ok"},
-                                {"model", model_id_},
-                                {"queue", http_.jobs().pending()},
-                                {"queue_capacity", http_.jobs().capacity()}},
-                               draining ? 503 : 200);
-    });
+    http.add_health(model_id_);
 }
 
 } // namespace anchor::text

@@ -7,6 +7,7 @@
 
 #include "cache/serve/http_server.h"
 #include "text/gpt2_load.h"
+#include "text/mdlm_model.h"
 
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@ private:
     void add_routes();
     TextServerParams p_;
     LoadedGpt2 model_;
+    MdlmModel mdlm_{nullptr}; // the diffusion model (null without --diffusion-model)
     std::shared_ptr<const Gpt2Tokenizer> tok_;
     std::string model_id_;
     int threads_; // the program's intra-op threads, set again on the job thread

@@ -95,6 +95,11 @@ void LoadOptions::validate() const {
                                               enum_name(weights_dtype_table(), weights_dtype) +
                                               ") are upcast to a float32 compute; with compute dtype " +
                                               std::string(c10::toString(dtype)) + " keep f32");
+    if (!device.is_cpu() &&
+        !(device.is_cuda() && torch::cuda::is_available() && device.index() < int(torch::cuda::device_count())))
+        throw ParamError("device", "'" + device.str() + "' is not a device of this LibTorch (CUDA devices: " +
+                                       std::to_string(torch::cuda::is_available() ? torch::cuda::device_count() : 0) +
+                                       ")");
 }
 
 void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
@@ -497,6 +502,7 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
     if (m.unet) store_weights_as(*m.unet, opts.weights_dtype);
     if (m.vae) store_weights_as(*m.vae, opts.weights_dtype);
     if (m.text_encoder) store_weights_as(*m.text_encoder, opts.weights_dtype);
+    if (m.unet && !opts.device.is_cpu()) m.unet->to(opts.device);
     return m;
 }
 

@@ -47,9 +47,13 @@ struct LoadOptions {
     // which halves their memory. Biases, GroupNorm/LayerNorm parameters and embeddings stay float32. Distinct from
     // `dtype` (the compute dtype): only with dtype float32.
     torch::ScalarType weights_dtype = torch::kFloat;
+    // Where the UNet runs: the CPU, or a CUDA device of a CUDA build (batch::select_device picks one by MPI local
+    // rank). The text encoders and the VAE stay on the CPU; a pipeline's jobs run where its UNet is
+    // (Txt2ImgParams::device).
+    torch::Device device = torch::kCPU;
 
     // ParamError("weights_dtype") for a type other than f32/f16/bf16 or reduced-precision weights under a
-    // reduced-precision compute dtype.
+    // reduced-precision compute dtype; ParamError("device") for a device this LibTorch does not have.
     void validate() const;
 };
 

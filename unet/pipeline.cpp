@@ -3,6 +3,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/memory.h"
 
 #define STB_IMAGE_WRITE_STATIC
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -76,6 +77,8 @@ SchedulerConfig Txt2ImgPipeline::scheduler_config(const Txt2ImgParams& p) const 
 
 Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     const int size = int(m_.unet->config().sample_size) * m_.vae_scale_factor();
+    // The default (CPU) follows the UNet: a pipeline whose UNet was loaded onto a GPU runs its jobs there.
+    if (p.device.is_cpu()) p.device = m_.unet->conv_in->weight.device();
     if (p.device.is_cuda() && p.device.index() < 0) p.device = torch::Device(torch::kCUDA, 0);
     if (p.init.enabled() && (p.width == 0 || p.height == 0)) {
         // diffusers' get_default_height_width: the init image's size, rounded down to a multiple of the VAE factor.
@@ -171,24 +174,6 @@ void validate_sdxl(const Txt2ImgParams& p, const SDModels& m) {
 }
 } // namespace
 
-namespace {
-std::string fmt_gib(double bytes) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f", bytes / double(1LL << 30));
-    return b;
-}
-} // namespace
-
-int64_t available_memory_bytes() {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    int64_t kb = 0;
-    std::string unit;
-    while (f >> key >> kb >> unit)
-        if (key == "MemAvailable:") return kb * 1024;
-    return -1;
-}
-
 int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
@@ -242,11 +227,9 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
         throw ParamError("guidance_scale", "must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
     // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
-    const double need = double(estimate_peak_bytes(p)), avail = double(available_memory_bytes());
-    if (avail > 0 && need > avail)
-        throw ParamError("width", "a " + std::to_string(p.width) + "x" + std::to_string(p.height) +
-                                      " image needs about " + fmt_gib(need) + " GiB of memory, this machine has " +
-                                      fmt_gib(avail) + " GiB available; choose a smaller width/height");
+    check_fits_memory("width", double(estimate_peak_bytes(p)),
+                      "a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image",
+                      "choose a smaller width/height");
     if (!p.device.is_cpu() && !(p.device.is_cuda() && torch::cuda::is_available()))
         throw ParamError("device", "'" + p.device.str() + "' is not available to this LibTorch (CUDA " +
                                        (torch::cuda::is_available() ? "present" : "absent") + ")");

@@ -64,7 +64,7 @@ struct Txt2ImgParams {
     PromptSyntax prompt_syntax = PromptSyntax::A1111;
     // Where the UNet runs (the models must be there); the scheduler, the generator and the initial noise stay on the
     // CPU, so a seed gives the same noise on every device (as diffusers with a CPU generator). Only the CPU and a
-    // CUDA device of a CUDA build.
+    // CUDA device of a CUDA build. The default, CPU, resolves to the UNet's device (LoadOptions::device).
     torch::Device device = torch::kCPU;
     // Given text conditioning ([uncond rows; cond rows] with guidance): the text encoder is not used (a random-weight
     // UNet benchmark has none).
@@ -248,9 +248,6 @@ std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int 
 // Classifier-free guidance (Ho & Salimans 2022) on a CFG batch [uncond rows; cond rows]: u + g * (c - u), the
 // operation order of diffusers.
 torch::Tensor cfg_combine(const torch::Tensor& noise_pred, double guidance);
-
-// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
-int64_t available_memory_bytes();
 
 // Writes an RGB uint8 NHWC image (one batch row) as PNG, atomically (write_file_atomic), with the text chunks
 // `text` right after IHDR (metadata readers such as A1111's PNG Info look there first).

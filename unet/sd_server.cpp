@@ -175,11 +175,8 @@ void SdServer::add_routes() {
     const std::string model_name = fs::path(p_.model).filename().string();
     auto& http = http_;
 
-    // The job of a txt2img / img2img / images-generations request, every field checked before anything runs.
-    auto make_job = [this](const RequestFields& f, bool img2img) {
-        Txt2ImgJob job;
-        auto& p = job.params;
-        job.prompts = {f.string("prompt", "")};
+    // A1111's fields every image request shares (the prompt aside), each range-checked (400 naming it).
+    auto read_image_fields = [this](const RequestFields& f, Txt2ImgParams& p) {
         p.negative_prompts = {f.string("negative_prompt", "")};
         p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
         p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
@@ -188,6 +185,20 @@ void SdServer::add_routes() {
         if (p.seed < 0) p.seed = random_seed();
         p.width = int(f.integer("width", 0, 0, 1 << 14));
         p.height = int(f.integer("height", 0, 0, 1 << 14));
+    };
+    auto check_pixels = [this](const Txt2ImgParams& r) {
+        if (int64_t(r.width) * r.height > p_.max_pixels)
+            throw HttpError(400, "width",
+                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
+                                std::to_string(r.width) + "x" + std::to_string(r.height));
+    };
+
+    // The job of a txt2img / img2img / images-generations request, every field checked before anything runs.
+    auto make_job = [this, read_image_fields, check_pixels](const RequestFields& f, bool img2img) {
+        Txt2ImgJob job;
+        auto& p = job.params;
+        job.prompts = {f.string("prompt", "")};
+        read_image_fields(f, p);
         if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
         job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
         job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
@@ -205,10 +216,7 @@ void SdServer::add_routes() {
         }
         Txt2ImgParams r;
         as_request([&] { r = pipe_.resolved(p); });
-        if (int64_t(r.width) * r.height > p_.max_pixels)
-            throw HttpError(400, "width",
-                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
-                                std::to_string(r.width) + "x" + std::to_string(r.height));
+        check_pixels(r);
         job.write_files = false;
         job.facts = p_.facts;
         job.infotext = infotext_;
@@ -334,18 +342,11 @@ void SdServer::add_routes() {
 
     // Several cache modes of one image side by side: each image with its wall time, speed-up, full steps, PSNR and
     // SSIM against the first mode, and its per-step record.
-    http.post("/anchor/v1/compare", [this](const HttpRequest& req) {
+    http.post("/anchor/v1/compare", [this, read_image_fields, check_pixels](const HttpRequest& req) {
         const auto f = RequestFields::parse(req.body);
         Txt2ImgParams p;
         p.prompts = {f.string("prompt", "")};
-        p.negative_prompts = {f.string("negative_prompt", "")};
-        p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
-        p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
-        p.sampler = sampler_of(f, SamplerKind::EulerAncestral);
-        p.seed = f.integer("seed", -1, -1, (int64_t(1) << 47) - 1);
-        if (p.seed < 0) p.seed = random_seed();
-        p.width = int(f.integer("width", 0, 0, 1 << 14));
-        p.height = int(f.integer("height", 0, 0, 1 << 14));
+        read_image_fields(f, p);
         std::vector<std::string> modes;
         if (f.json().contains("modes") && f.json()["modes"].is_array())
             modes = f.strings("modes");
@@ -366,10 +367,7 @@ void SdServer::add_routes() {
             list += (i ? "," : "") + modes[i];
         }
         as_request([&] { p = pipe_.resolved(p); });
-        if (int64_t(p.width) * p.height > p_.max_pixels)
-            throw HttpError(400, "width",
-                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
-                                std::to_string(p.width) + "x" + std::to_string(p.height));
+        check_pixels(p);
         as_request([&] { pipe_.validate(p); });
         auto out = http_.run_job(req, [this, p, list, modes](JobControl& c) {
             torch::NoGradGuard no_grad;
@@ -444,14 +442,7 @@ void SdServer::add_routes() {
         if (t) t->control.cancel("interrupted by POST /sdapi/v1/interrupt");
         return HttpReply::json({{"interrupted", t != nullptr}});
     });
-    http.get("/health", [this, model_name](const HttpRequest&) {
-        const bool draining = http_.draining();
-        return HttpReply::json({{"status", draining ? "draining" : "ok"},
-                                {"model", model_name},
-                                {"queue", http_.jobs().pending()},
-                                {"queue_capacity", http_.jobs().capacity()}},
-                               draining ? 503 : 200);
-    });
+    http.add_health(model_name);
 }
 
 } // namespace anchor::unet

@@ -3,18 +3,17 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/util/batch_job.h"
 #include "cache/util/bench.h"
 #include "kernels/attention.h"
 #include "unet/freq_cache.h"
 #include "unet/infotext.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <thread>
 
 namespace anchor::unet {
 
@@ -41,14 +40,7 @@ void Txt2ImgJob::validate() const {
 }
 
 std::string Txt2ImgJob::numbered(const std::string& base, int k) {
-    if (!base.empty() && base.back() == '/') {
-        char name[32];
-        std::snprintf(name, sizeof name, "%05d.png", k);
-        return base + name;
-    }
-    if (k == 0) return base;
-    const fs::path p(base);
-    return (p.parent_path() / (p.stem().string() + "_" + std::to_string(k) + p.extension().string())).string();
+    return batch::numbered_output(base, k, ".png");
 }
 
 namespace {
@@ -155,28 +147,14 @@ int Txt2ImgJob::image_count() const {
 }
 
 std::string manifest_path(const Txt2ImgJob& job) {
-    if (!job.output.empty() && job.output.back() == '/') return job.output + "manifest.json";
-    const fs::path p(job.output);
-    return (p.parent_path() / (p.stem().string() + "_manifest.json")).string();
+    return batch::manifest_path(job.output);
 }
 
 nlohmann::json job_manifest(const Txt2ImgJob& job, double wait_s) {
     const int n = job.image_count();
-    const auto t0 = std::chrono::steady_clock::now();
-    nlohmann::json images = nlohmann::json::array();
-    for (int k = 0; k < n; ++k) {
-        const std::string side = Txt2ImgJob::numbered(job.output, k) + ".json";
-        // A sidecar is written atomically (rename), so one that exists is whole.
-        while (!fs::exists(side)) {
-            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > wait_s)
-                throw Error("manifest: '" + side + "' (image " + std::to_string(k) + " of " + std::to_string(n) +
-                            ") did not appear within " + std::to_string(int(wait_s)) + " s; did a shard fail?");
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-        std::ifstream in(side);
-        images.push_back(nlohmann::json::parse(in));
-    }
-    return {{"images", images}, {"image_count", n}, {"shards", job.shard_count}};
+    std::vector<std::string> pngs;
+    for (int k = 0; k < n; ++k) pngs.push_back(Txt2ImgJob::numbered(job.output, k));
+    return {{"images", batch::read_records(pngs, wait_s)}, {"image_count", n}, {"shards", job.shard_count}};
 }
 
 Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, const Txt2ImgJobCallbacks& cb) {
@@ -193,15 +171,15 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
     std::vector<BatchJob> mine;
     for (size_t b = 0; b < batches.size(); ++b) {
         if (int(b % size_t(job.shard_count)) != job.shard_rank) continue;
-        const auto& batch = batches[b];
+        const auto& bj = batches[b];
         bool done = job.write_files && job.skip_existing;
-        for (int k = batch.first_image; done && k < batch.first_image + batch.images(); ++k)
-            done = fs::exists(pngs[size_t(k)]) && fs::exists(pngs[size_t(k)] + ".json");
+        for (int k = bj.first_image; done && k < bj.first_image + bj.images(); ++k)
+            done = batch::output_done(pngs[size_t(k)]);
         if (!done) {
-            mine.push_back(batch);
+            mine.push_back(bj);
             continue;
         }
-        for (int k = batch.first_image; k < batch.first_image + batch.images(); ++k) {
+        for (int k = bj.first_image; k < bj.first_image + bj.images(); ++k) {
             std::ifstream in(pngs[size_t(k)] + ".json");
             out.images.push_back({pngs[size_t(k)], nlohmann::json::parse(in), ""});
         }

@@ -528,6 +528,17 @@ void HttpServer::get(const std::string& path, Handler h) {
         path, [h](const httplib::Request& req, httplib::Response& res) { send(guarded(h, to_request(req)), res); });
 }
 
+void HttpServer::add_health(const std::string& model) {
+    get("/health", [this, model](const HttpRequest&) {
+        const bool d = draining();
+        return HttpReply::json({{"status", d ? "draining" : "ok"},
+                                {"model", model},
+                                {"queue", jobs_.pending()},
+                                {"queue_capacity", jobs_.capacity()}},
+                               d ? 503 : 200);
+    });
+}
+
 void HttpServer::post(const std::string& path, Handler h) {
     impl_->svr.Post(
         path, [h](const httplib::Request& req, httplib::Response& res) { send(guarded(h, to_request(req)), res); });

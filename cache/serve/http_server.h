@@ -189,6 +189,9 @@ public:
     // anything else 500; the server goes on.
     void get(const std::string& path, Handler h);
     void post(const std::string& path, Handler h);
+    // GET /health: {"status": "ok" | "draining" (503), "model", "queue", "queue_capacity"}, what a load balancer or a
+    // supervisor polls.
+    void add_health(const std::string& model);
 
     JobQueue& jobs() { return jobs_; }
     const ServerOptions& options() const { return o_; }

@@ -56,6 +56,8 @@ expect_400 '{"prompt":"x","max_tokens":100000}' max_tokens /v1/completions
 expect_400 '{"prompt":"x","kv":"sink:banana"}' kv /v1/completions
 expect_400 '{"prompt":"x","temperature":9}' temperature /v1/completions
 expect_400 '{"prompt":"x","max_tokens":300}' max_tokens /v1/completions # a full KV cache past n_positions
+# A KV buffer no machine holds: refused by the memory estimate before anything is allocated.
+expect_400 '{"prompt":"x","kv":"sink:4,1000000000","positions":"wrap"}' kv /v1/completions
 expect_400 '{"prompt":"x", ' body /v1/completions
 expect_400 '{"prompt":"x","cache":"anchor:tau=x"}' cache /anchor/v1/diffusion
 
