@@ -766,6 +766,64 @@ TEST_CASE("mdlm cache: prefix and dual caches refreshed every step equal off bit
     CHECK(cache_modes_help().find("dual") != std::string::npos);
 }
 
+TEST_CASE(
+    "mdlm cache: Elastic-Cache drift refresh: the probe, its layers, off at 0 and off's bits when it always fires",
+    "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    auto so = confidence_options(10, 4);
+    so.block_length = 7;
+    so.temperature = 0;
+    MdlmDenoiser off(m, parse_cache_spec("off")), dual(m, parse_cache_spec("dual"));
+    const auto ro = sample(off, so), rd = sample(dual, so);
+    // G = 0 is dual itself (no probe runs).
+    MdlmDenoiser zero(m, parse_cache_spec("dual:drift=0"));
+    const auto rz = sample(zero, so);
+    CHECK(rz.tokens == rd.tokens);
+    CHECK(rz.cache.drift_refreshes == 0);
+    // G = 1: a layer whose probe's key moved at all refreshes itself and every deeper layer. Whenever every step's
+    // first layer fires, the run is off's, bit for bit.
+    for (const char* mode : {"dual:drift=1", "prefix:drift=1"}) {
+        INFO(mode);
+        MdlmDenoiser always(m, parse_cache_spec(mode));
+        std::vector<std::vector<LayerDecision>> steps;
+        auto rec = so;
+        const auto ra = sample(always, rec, [&](const StepInfo&) { steps.push_back(always.last_decisions()); });
+        bool every_layer_full = true;
+        for (const auto& st : steps)
+            for (const auto& d : st) every_layer_full = every_layer_full && d.full;
+        if (every_layer_full) CHECK(ra.tokens == ro.tokens);
+        CHECK(ra.cache.drift_refreshes > 0);
+        // Once a layer fires, every deeper one is full; a probe is a cached position outside the block.
+        for (const auto& st : steps) {
+            bool fired = false;
+            for (const auto& d : st) {
+                if (fired) CHECK(d.full);
+                if (d.probe >= 0) {
+                    CHECK(d.probe_cos <= 1.0 + 1e-6);
+                    if (!d.full) CHECK(!d.active[d.probe].item<bool>());
+                    fired = fired || d.probe_cos < 1.0;
+                }
+            }
+        }
+    }
+    // A threshold between: fewer refreshes than G = 1, more computation than plain dual, and it completes.
+    MdlmDenoiser mid(m, parse_cache_spec("dual:drift=0.99"));
+    const auto rm = sample(mid, so);
+    for (auto t : rm.tokens) CHECK(t != kMdlmMaskId);
+    CHECK(rm.cache.reused_fraction() <= rd.cache.reused_fraction());
+    CHECK(parse_cache_spec("dual:drift=0.9,refresh=4").to_string() == "dual:refresh=4,drift=0.9");
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:drift=0.9"), Catch::Contains("prefix and dual"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:drift=2"), Catch::Contains("drift=2"));
+    // A decoding spec's own step count.
+    auto d = parse_decode_spec("dual:drift=0.9+steps=12,block=7");
+    CHECK(*d.steps == 12);
+    SamplerOptions o;
+    d.apply(o);
+    CHECK(o.steps == 12);
+    CHECK(parse_decode_spec(d.to_string()).to_string() == d.to_string());
+    CHECK_THROWS_WITH(parse_decode_spec("dual+steps=1.5"), Catch::Contains("integer"));
+}
+
 TEST_CASE("mdlm run: decoding specs carry sampler overrides; unigram entropy", "[mdlm][parallel]") {
     auto d = parse_decode_spec("dual:refresh=2+threshold=0.9,block=32,unmask=margin");
     CHECK(d.cache.mode == CacheMode::Dual);

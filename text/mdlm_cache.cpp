@@ -30,9 +30,15 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R]: Fast-dLLM prefix KV cache: the prompt and finished blocks are computed once per block\n"
-       << "dual[:refresh=R]: Fast-dLLM DualCache: the masked suffix is cached too; only the current block is computed\n"
+       << "prefix[:refresh=R,drift=G]: Fast-dLLM prefix KV cache: the prompt and finished blocks are computed once per "
+          "block\n"
+       << "dual[:refresh=R,drift=G]: Fast-dLLM DualCache: the masked suffix is cached too; only the current block is "
+          "computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
+       << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
+          "moves\n"
+       << "      (cosine similarity to its cached key below G), that layer and the deeper ones recompute everything\n"
+       << "      (0 = off, default; e.g. 0.9)\n"
        << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
     return os.str();
 }
@@ -54,9 +60,14 @@ const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
 
 std::string CacheSpec::to_string() const {
     if (mode == CacheMode::Off) return "off";
-    if (mode == CacheMode::Prefix || mode == CacheMode::Dual)
-        return enum_name(cache_mode_table(), mode) +
-               (anchor.refresh > 0 ? ":refresh=" + std::to_string(anchor.refresh) : std::string());
+    if (mode == CacheMode::Prefix || mode == CacheMode::Dual) {
+        std::ostringstream os;
+        os << enum_name(cache_mode_table(), mode);
+        std::string sep = ":";
+        if (anchor.refresh > 0) os << sep << "refresh=" << anchor.refresh, sep = ",";
+        if (anchor.drift > 0) os << sep << "drift=" << anchor.drift;
+        return os.str();
+    }
     std::ostringstream os;
     os << "anchor:tau=" << anchor.tau_gate << ",stale=" << anchor.stale;
     if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
@@ -80,8 +91,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
         spec.mode = CacheMode::Dual;
     else
         throw ParamError("cache", "mode '" + s +
-                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R] or "
-                                      "dual[:refresh=R]; --cache help lists them)");
+                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R,drift=G] "
+                                      "or dual[:refresh=R,drift=G]; --cache help lists them)");
     const bool block_mode = spec.mode != CacheMode::Anchor;
     if (block_mode) spec.anchor.refresh = 0;
     if (s.size() <= head.size() + 1) return spec;
@@ -98,8 +109,10 @@ CacheSpec parse_cache_spec(const std::string& s) {
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        if (block_mode && k != "refresh")
-            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its only key is refresh)");
+        if (block_mode && k != "refresh" && k != "drift")
+            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its keys: refresh, drift)");
+        if (!block_mode && k == "drift")
+            throw ParamError("cache", "option drift is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
             size_t used = 0;
             double d = 0;
@@ -128,6 +141,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.rho = num(0.0, 1.0);
         else if (k == "refresh")
             spec.anchor.refresh = integer(0);
+        else if (k == "drift")
+            spec.anchor.drift = num(0.0, 1.0);
         else if (k == "masked") {
             if (v != "active" && v != "reuse")
                 throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
@@ -271,6 +286,32 @@ torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::
     return x;
 }
 
+namespace {
+// Elastic-Cache's probe: the cached (not recomputed) position the block's queries attend to most at this layer, from
+// the block's current queries and the cached keys; -1 when every position is in the block.
+int64_t most_attended_cached(MdlmBlockImpl& b, const torch::Tensor& x, const BlockModulation& m,
+                             const torch::Tensor& block_idx, const torch::Tensor& block_active,
+                             const torch::Tensor& keys, const Rope& rope) {
+    if (block_idx.size(0) == 0 || block_idx.size(0) == x.size(1)) return -1;
+    torch::Tensor q, k, v;
+    b.qkv(b.attn_input(x.index_select(1, block_idx), m), rope.select(block_idx), q, k, v); // q [1, H, n, d]
+    const double scale = 1.0 / std::sqrt(double(q.size(-1)));
+    auto p = torch::softmax(torch::matmul(q[0], keys.transpose(1, 2)) * scale, -1); // [H, n, L]
+    auto mass = p.sum(std::vector<int64_t>{0, 1}).masked_fill(block_active, -1.0);
+    return mass.argmax().item<int64_t>();
+}
+
+// Cosine similarity of position `pos`'s key recomputed from the layer's current input with its cached key.
+double key_similarity(MdlmBlockImpl& b, const torch::Tensor& x, const BlockModulation& m, int64_t pos,
+                      const torch::Tensor& keys, const Rope& rope) {
+    const auto idx = torch::full({1}, pos, torch::kInt64);
+    torch::Tensor q, k, v;
+    b.qkv(b.attn_input(x.index_select(1, idx), m), rope.select(idx), q, k, v); // k [1, H, 1, d]
+    auto now = k[0].select(1, 0).reshape(-1), old = keys.select(1, pos).reshape(-1);
+    return torch::cosine_similarity(now, old, 0, 1e-8).item<double>();
+}
+} // namespace
+
 torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
                                           int64_t step, const torch::Tensor& positions) {
     const auto& a = spec_.anchor;
@@ -300,6 +341,8 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
     const auto gate = gate_policy_.decide(signals);
     auto x = x0;
     int64_t active_total = 0;
+    bool drifted = false; // drift=G: a shallower layer's probe moved, so this and every deeper layer recompute
+    const auto block_idx = block_mode ? torch::nonzero(block_active).reshape(-1) : torch::Tensor();
     for (int64_t l = 0; l < cfg.n_blocks; ++l) {
         auto& b = model_->block_list[static_cast<size_t>(l)];
         const auto& m = mods[static_cast<size_t>(l)];
@@ -314,7 +357,17 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             present = present && store_.contains(key(l, slot));
         if (!present) create_layer(l);
         const auto rows = *store_.fresh_rows(key(l, MdlmSlot::Token), step, stale);
-        const bool layer_full = full || rows.unwritten > 0;
+        int64_t probe = -1;
+        double probe_cos = 1.0;
+        if (block_mode && a.drift > 0 && !full && !drifted && rows.unwritten == 0) {
+            probe = most_attended_cached(*b, x, m, block_idx, block_active, read(l, MdlmSlot::K), rope_);
+            if (probe >= 0) {
+                probe_cos = key_similarity(*b, x, m, probe, read(l, MdlmSlot::K), rope_);
+                drifted = probe_cos < a.drift;
+                if (drifted) stats_.drift_refreshes++;
+            }
+        }
+        const bool layer_full = full || drifted || rows.unwritten > 0;
         torch::Tensor active;
         if (block_mode) {
             active = layer_full ? torch::ones({length_}, torch::kBool) : block_active.clone();
@@ -345,7 +398,7 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         if (na > 0) write(l, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         active_total += na;
-        decisions_.push_back({l, stale, gate_mean, layer_full, active});
+        decisions_.push_back({l, stale, gate_mean, layer_full, active, probe, probe_cos});
     }
     stats_.position_layers_total += length_ * cfg.n_blocks;
     stats_.position_layers_reused += length_ * cfg.n_blocks - active_total;

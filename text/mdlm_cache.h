@@ -28,6 +28,15 @@
 //     before it keep their K/V and branch outputs from the block's first step (Fast-dLLM's prefix KV cache);
 //   * `dual`: only the current block is computed; the suffix is cached as well (Fast-dLLM's DualCache).
 // `refresh=R` also recomputes everything every R steps (R = 1: every step, which equals `off` bit for bit).
+//
+// Adaptive refresh (Elastic-Cache, Nguyen-Tri et al. 2025, sec. 4), `prefix|dual:drift=G`: at each step and layer the
+// cached token the current block attends to most (attention mass summed over the block's queries and the heads) is a
+// probe of how far the cache has drifted: its key is recomputed from the layer's current input, and when the cosine
+// similarity to its cached key falls below G this layer and every deeper one recompute every position (the deeper
+// layers' inputs change with it). Shallow layers, whose states move least, keep their cache; a block's first step
+// still recomputes everything. G = 0: off (dual/prefix as above); G = 1: every layer whose probe moved at all.
+// The delayed cache of dKV-Cache (Ma et al. 2025) is the `anchor` rule's "token changed" term: a just-decoded
+// position is recomputed once with its new token, then cached.
 #pragma once
 
 #include "cache/anchor_policy.h"
@@ -58,6 +67,8 @@ struct AnchorCacheSettings {
     bool reuse_masked = true;
     bool fp16 = false;       // store the latents as float16 (half the bytes; results move by its rounding)
     double budget_mib = 0.0; // byte budget of the store in MiB (0 = unlimited); an evicted layer is recomputed
+    // prefix/dual: Elastic-Cache's drift threshold G on the most-attended cached token's key (0 = off; see above).
+    double drift = 0.0;
 };
 
 struct CacheSpec {
@@ -67,7 +78,7 @@ struct CacheSpec {
 };
 
 // "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
-// profile=FILE" (any subset of keys) | "prefix[:refresh=R]" | "dual[:refresh=R]".
+// profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G]" | "dual[:refresh=R,drift=G]".
 // Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)
@@ -97,6 +108,7 @@ struct CacheStats {
     int64_t position_layers_total = 0;    // positions x layers over all steps
     int64_t position_layers_reused = 0;   // anchored ones
     int64_t full_steps = 0;               // steps where everything was recomputed
+    int64_t drift_refreshes = 0;          // steps where the drift probe refreshed the deeper layers (drift=G)
     std::vector<int64_t> active_per_step; // sum over layers of active positions
     double reused_fraction() const {
         return position_layers_total ? double(position_layers_reused) / double(position_layers_total) : 0.0;
@@ -110,6 +122,9 @@ struct LayerDecision {
     double gate_mean = 0.0;
     bool full = false;
     torch::Tensor active; // bool [L]
+    // drift=G: the probe (most-attended cached position, -1 when none was probed) and its key's cosine similarity.
+    int64_t probe = -1;
+    double probe_cos = 1.0;
 };
 
 // The denoiser the sampler calls: logits for selected positions given the current tokens and time.
