@@ -149,12 +149,19 @@ FlagNames with(FlagNames base, const FlagNames& more) {
 
 // ---- shared option groups -------------------------------------------------------------------------------------------
 
+void add_attention_option(CLI::App& app, kernels::AttentionKernel& k) {
+    add_enum_option(app, "--attention", k, kernels::attention_kernel_table(),
+                    "Attention arithmetic: exact (SEDD's, the default), fused or flash (the tiled kernel: no L x L "
+                    "score buffer, within 2e-6 relative)");
+}
+
 struct SampleArgs {
     std::string model;
     std::string prompt, prompt_ids;
     int64_t n_heads = 0;
     SamplerOptions o; // every field but the prompt
     TextIo io;
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
 
     SampleArgs() { o.rule = UnmaskRule::Ancestral; }
     void add(CLI::App* app) {
@@ -185,6 +192,7 @@ struct SampleArgs {
         app->add_option("--factor", o.factor, "Parallel decoding by Fast-dLLM's factor rule (0 = off)")
             ->capture_default_str();
         app->add_option("--heads", n_heads, "Attention heads when the model has no config.json (default D/64)");
+        add_attention_option(*app, attention);
     }
     std::vector<int64_t> prompt_tokens() const {
         if (!prompt.empty() && !prompt_ids.empty()) throw UsageError("give either --prompt or --prompt-ids, not both");
@@ -268,6 +276,7 @@ int run_generate(const GenerateArgs& a) {
             p.n_heads = a.s.n_heads;
             p.sampler = a.s.o;
             p.score_with = a.score_with;
+            p.attention = a.s.attention;
             p.caches = {parse_decode_spec(a.cache)};
             const auto job = make_item_job(a.batch, a.overwrite,
                                            {{"program", "anchor-text diffusion generate"}, {"cache", a.cache}});
@@ -286,6 +295,7 @@ int run_generate(const GenerateArgs& a) {
         p.n_heads = a.s.n_heads;
         p.sampler = a.s.options();
         p.score_with = a.score_with;
+        p.attention = a.s.attention;
         // --compare A,B: both runs side by side with the same seed.
         const auto comma = a.compare.find(',');
         if (!a.compare.empty() && comma == std::string::npos)
@@ -332,6 +342,7 @@ int run_calibrate(CalibrateArgs a) {
                                               {"max_stale", "--max-stale"}});
     const auto prof = with_flag_errors(flags, [&] {
         auto model = load_mdlm(a.s.model_path(), a.s.n_heads);
+        model->set_attention_kernel(a.s.attention);
         for (const auto& p : a.prompt_id_lists) a.co.prompts.push_back(parse_ids(p, "--prompt-ids"));
         if (!a.prompts_from.empty())
             for (auto& p :
@@ -575,6 +586,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--steps-list", b->steps_list, "Step counts, comma separated")->capture_default_str();
     be->add_option("--repeats", bp.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     add_enum_option(*be, "--unmask", bp.unmask, unmask_rule_table(), "Unmasking rule");
+    add_attention_option(*be, bp.attention);
     be->add_option("--cache", b->caches, "Modes to measure against the baseline (repeatable). " + cache_help())
         ->capture_default_str();
     be->add_option("--baseline", b->baseline, "The mode every --cache is measured against")->capture_default_str();

@@ -129,6 +129,27 @@ TEST_CASE("CLIP text encoder agrees with its float64 evaluation on random prompt
     }
 }
 
+TEST_CASE("CLIP text encoder with the tiled attention kernel: within 2e-6 of exact, causal mask its own", "[sd][clip]") {
+    auto te = load_text_encoder_folder(test::golden("sd/clip_tiny"));
+    auto fast = load_text_encoder_folder(test::golden("sd/clip_tiny"));
+    torch::NoGradGuard ng;
+    torch::manual_seed(5);
+    for (auto k : {kernels::AttentionKernel::Fused, kernels::AttentionKernel::Flash}) {
+        fast->set_attention_kernel(k);
+        for (int i = 0; i < 6; ++i) {
+            const int64_t B = 1 + i % 3;
+            auto ids = torch::randint(0, 49406, {B, 77}, torch::kLong);
+            const auto a = te->forward(ids), b = fast->forward(ids);
+            for (size_t l = 1; l < a.hidden_states.size(); ++l) {
+                const auto& x = a.hidden_states[l];
+                const double scale = x.abs().max().item<double>();
+                INFO(enum_name(kernels::attention_kernel_table(), k) << " layer " << l << " batch " << B);
+                CHECK(test::max_abs_diff(x, b.hidden_states[l]) <= 2e-6 * scale * 10);
+            }
+        }
+    }
+}
+
 TEST_CASE("CLIP config detected from shapes equals config.json", "[sd][clip]") {
     auto w = golden_map("sd/clip_tiny/model.safetensors");
     auto d = ClipTextConfig::detect_from_weights(w);

@@ -124,6 +124,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
                     const std::function<void(const DiffusionBenchReport&, const DiffusionBenchRow*)>& progress) {
     p.validate();
     auto model = p.model.empty() ? random_model(p.layers, p.dim, p.seed) : load_mdlm(p.model, p.n_heads);
+    model->set_attention_kernel(p.attention);
     std::optional<LoadedGpt2> scorer;
     if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
     const auto prompts = bench_prompts(p, model);

@@ -25,8 +25,9 @@ struct DiffusionBenchParams {
     int64_t repeats = 3;                   // runs per step count (each with its own prompt and seed + r)
     std::vector<int64_t> steps = {64, 128, 256};
     UnmaskRule unmask = UnmaskRule::Confidence;
-    double temperature = 0.0; // 0: argmax, so agreement measures the cache
-    int64_t block_length = 0; // of every mode that does not set its own
+    double temperature = 0.0;                                             // 0: argmax, so agreement measures the cache
+    int64_t block_length = 0;                                             // of every mode that does not set its own
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // the model's (kernels/attention.h)
     uint64_t seed = 0;
     DecodeSpec baseline;            // what every mode is measured against (off)
     std::vector<DecodeSpec> caches; // each measured against the baseline

@@ -214,11 +214,16 @@ torch::Tensor MdlmBlockImpl::value(const torch::Tensor& h) {
     return torch::matmul(h, wv.t()).view({B, n, H, d}).permute({0, 2, 1, 3}).contiguous();
 }
 
+void MdlmModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
+    for (auto& b : block_list) b->kernel = k;
+}
+
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
     kernels::AttentionOptions ao;
     ao.layout = kernels::AttentionLayout::Heads;
     ao.formula = kernels::ScoreFormula::ScaleAfter;
+    ao.kernel = kernel;
     auto o = kernels::attention(q, k, v, ao); // [B, H, nq, d]
     o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
     return attn_out->forward(o);

@@ -47,6 +47,8 @@
 
 #include "cache/io/enum_table.h"
 
+#include "kernels/attention.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -164,6 +166,9 @@ struct MdlmBlockImpl : torch::nn::Module {
     torch::nn::Sequential mlp{nullptr};
     torch::nn::Linear adaLN_modulation{nullptr};
     torch::nn::Linear gate_attn{nullptr}, gate_ffn{nullptr}; // TimeAnchor only
+    // attend()'s arithmetic (kernels/attention.h): Exact = SEDD's matmul-softmax-matmul; Fused/Flash the tiled
+    // kernel (no L x L score buffer, within 2e-6 relative).
+    kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
 };
 TORCH_MODULE(MdlmBlock);
 
@@ -229,6 +234,7 @@ public:
     void set_vocab_ids(const torch::Tensor& ids);
 
     const MdlmConfig& config() const { return cfg_; }
+    void set_attention_kernel(kernels::AttentionKernel k); // every block's (MdlmBlockImpl::kernel)
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};

@@ -163,7 +163,8 @@ int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o) {
 
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {
     p.validate();
-    const auto model = load_mdlm(p.model, p.n_heads);
+    auto model = load_mdlm(p.model, p.n_heads);
+    model->set_attention_kernel(p.attention);
     return generate_diffusion(model, p, on_step);
 }
 

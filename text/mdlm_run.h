@@ -42,7 +42,9 @@ struct DiffusionGenerateParams {
     SamplerOptions sampler;                          // prompt: GPT-2 ids
     std::vector<DecodeSpec> caches = {DecodeSpec{}}; // one mode, or two run side by side with the same seed
     std::string score_with;                          // GPT-2 model scoring each text's generative perplexity ("": none)
-    void validate() const;                           // ParamError naming the field
+    // The model's attention arithmetic when generate_diffusion loads it (kernels/attention.h; Exact: SEDD's).
+    kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
+    void validate() const; // ParamError naming the field
 };
 
 struct DiffusionRun {

@@ -490,6 +490,8 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                                                         : kernels::AttentionKernel::Exact);
     if (m.unet) m.unet->set_attention_kernel(m.attention);
     if (m.vae) m.vae->set_attention_kernel(m.attention);
+    for (auto* te : {&m.text_encoder, &m.text_encoder_2})
+        if (*te) (*te)->set_attention_kernel(m.attention);
     if (opts.prediction) m.prediction = {*opts.prediction, PredictionSource::Option, m.prediction.test_mean};
     if (!opts.vae_file.empty() && m.vae) {
         m.vae = load_vae_file(opts.vae_file, m.vae->config(), opts.dtype);

@@ -78,7 +78,12 @@ torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     o.heads = heads;
     o.scale = 1.0 / std::sqrt(double(head_dim));
     o.formula = kernels::ScoreFormula::PreScaledQuery;
-    o.additive_mask = mask;
+    o.kernel = kernel;
+    // The mask is CLIP's causal one (ClipTextModelImpl::forward): the fast kernels apply it themselves.
+    if (kernel == kernels::AttentionKernel::Exact || kernel == kernels::AttentionKernel::Reference)
+        o.additive_mask = mask;
+    else
+        o.causal = true;
     return kernels::linear(out_proj, kernels::attention(kernels::linear(q_proj, x), kernels::linear(k_proj, x),
                                                         kernels::linear(v_proj, x), o));
 }
@@ -127,6 +132,10 @@ ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipTextConfig& c) {
     encoder = register_module("encoder", ClipEncoder(c));
     final_layer_norm = register_module(
         "final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+}
+
+void ClipTextModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
+    for (auto& layer : text_model->encoder->items) layer->self_attn->kernel = k;
 }
 
 ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& c) : cfg_(c) {

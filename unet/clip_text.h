@@ -3,6 +3,8 @@
 // layer_norm1, mlp.fc1, mlp.fc2, layer_norm2}, text_model.final_layer_norm.
 #pragma once
 
+#include "kernels/attention.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json_fwd.hpp>
@@ -43,6 +45,9 @@ struct ClipAttentionImpl : torch::nn::Module {
     torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask);
     torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
     int heads, head_dim;
+    // Exact: Hugging Face's arithmetic with the additive causal mask (the goldens' bits); Fused/Flash: the tiled
+    // kernel with its causal mask, the same mask without an N x N buffer (kernels/attention.h).
+    kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
 };
 TORCH_MODULE(ClipAttention);
 
@@ -111,6 +116,7 @@ public:
     // final_layer_norm(last layer) at each row's EOS, through text_projection when there is one.
     torch::Tensor pooled(const ClipTextOutput& out, const torch::Tensor& input_ids);
     const ClipTextConfig& config() const { return cfg_; }
+    void set_attention_kernel(kernels::AttentionKernel k); // every layer's (ClipAttentionImpl::kernel)
     // Loads HF-named weights (the `text_model.embeddings.position_ids` buffer is ignored whatever its dtype).
     void load(const WeightMap& w);
 
