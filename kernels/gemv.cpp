@@ -29,8 +29,8 @@ inline uint16_t float_to_half(float f) {
     return c10::Half(f).x;
 }
 
-// Rows per kernel call share one load of x (four accumulators in flight).
-constexpr int64_t kRowGroup = 4;
+// Thread ranges are multiples of this many rows (whole cache lines of y per thread for the usual shapes).
+constexpr int64_t kRowGroup = 16;
 
 // Splits [0, rows) into one contiguous range per thread (multiples of kRowGroup, so each thread streams one
 // sequential stretch of the weights and the hardware prefetcher sees one stream) and runs range(r0, r1) on each.
@@ -95,127 +95,83 @@ __attribute__((target("avx2,fma,f16c"))) float dot_f16_avx2(const uint16_t* w, c
 }
 
 // ---- AVX-512 ----------------------------------------------------------------------------------------------------
-// Four rows per pass: each 16-wide chunk of x is loaded once for four independent FMA chains; the row tail is one
-// masked load, so any column count takes the vector path.
+// One row at a time, front to back: the weights are read as one sequential stream, which the L2 streamer prefetches
+// (interleaving several short rows puts several streams into one 4 KiB page, and the prefetcher follows one per page
+// direction). Four independent FMA chains per row hide the FMA latency; x stays in L1. The row tail is one masked
+// load, so any column count takes the vector path.
 
-__attribute__((target("avx512f"))) void rows_f32_avx512(const float* w, const float* x, const float* b, float* y,
-                                                        int64_t r0, int64_t r1, int64_t cols) {
+template <class Load>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline float dot_avx512(const float* x,
+                                                                                            int64_t cols, Load load) {
     const int64_t full = cols & ~int64_t(15);
-    const __mmask16 tail = static_cast<__mmask16>((1u << (cols & 15)) - 1);
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float* w0 = w + r * cols;
-        const float *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        int64_t c = 0;
-        for (; c < full; c += 16) {
-            const __m512 xv = _mm512_loadu_ps(x + c);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + c), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + c), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + c), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + c), xv, a3);
-        }
-        if (tail) {
-            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + c);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + c), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + c), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + c), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + c), xv, a3);
-        }
-        y[r] = _mm512_reduce_add_ps(a0) + (b ? b[r] : 0.f);
-        y[r + 1] = _mm512_reduce_add_ps(a1) + (b ? b[r + 1] : 0.f);
-        y[r + 2] = _mm512_reduce_add_ps(a2) + (b ? b[r + 2] : 0.f);
-        y[r + 3] = _mm512_reduce_add_ps(a3) + (b ? b[r + 3] : 0.f);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 64 <= full; c += 64) {
+        a0 = _mm512_fmadd_ps(load(c), _mm512_loadu_ps(x + c), a0);
+        a1 = _mm512_fmadd_ps(load(c + 16), _mm512_loadu_ps(x + c + 16), a1);
+        a2 = _mm512_fmadd_ps(load(c + 32), _mm512_loadu_ps(x + c + 32), a2);
+        a3 = _mm512_fmadd_ps(load(c + 48), _mm512_loadu_ps(x + c + 48), a3);
     }
-    for (; r < r1; ++r) {
-        const float* wr = w + r * cols;
-        __m512 a = _mm512_setzero_ps();
-        int64_t c = 0;
-        for (; c < full; c += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(wr + c), _mm512_loadu_ps(x + c), a);
-        if (tail) a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, wr + c), _mm512_maskz_loadu_ps(tail, x + c), a);
-        y[r] = _mm512_reduce_add_ps(a) + (b ? b[r] : 0.f);
+    for (; c < full; c += 16) a0 = _mm512_fmadd_ps(load(c), _mm512_loadu_ps(x + c), a0);
+    if (c < cols) {
+        const __mmask16 tail = static_cast<__mmask16>((1u << (cols - c)) - 1);
+        a1 = _mm512_fmadd_ps(load(c, tail), _mm512_maskz_loadu_ps(tail, x + c), a1);
     }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_f16x16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_f16x16(const uint16_t* p, __mmask16 m) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+struct LoadF32 {
+    const float* w;
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c) const {
+        return _mm512_loadu_ps(w + c);
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c,
+                                                                                          __mmask16 m) const {
+        return _mm512_maskz_loadu_ps(m, w + c);
+    }
+};
+
+struct LoadF16 {
+    const uint16_t* w;
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c) const {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)));
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c,
+                                                                                          __mmask16 m) const {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + c));
+    }
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void
+rows_f32_avx512(const float* w, const float* x, const float* b, float* y, int64_t r0, int64_t r1, int64_t cols) {
+    for (int64_t r = r0; r < r1; ++r) y[r] = dot_avx512(x, cols, LoadF32{w + r * cols}) + (b ? b[r] : 0.f);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void
 rows_f16_avx512(const uint16_t* w, const float* x, const float* b, float* y, int64_t r0, int64_t r1, int64_t cols) {
-    const int64_t full = cols & ~int64_t(15);
-    const __mmask16 tail = static_cast<__mmask16>((1u << (cols & 15)) - 1);
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint16_t* w0 = w + r * cols;
-        const uint16_t *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        int64_t c = 0;
-        for (; c < full; c += 16) {
-            const __m512 xv = _mm512_loadu_ps(x + c);
-            a0 = _mm512_fmadd_ps(load_f16x16(w0 + c), xv, a0);
-            a1 = _mm512_fmadd_ps(load_f16x16(w1 + c), xv, a1);
-            a2 = _mm512_fmadd_ps(load_f16x16(w2 + c), xv, a2);
-            a3 = _mm512_fmadd_ps(load_f16x16(w3 + c), xv, a3);
-        }
-        if (tail) {
-            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + c);
-            a0 = _mm512_fmadd_ps(load_f16x16(w0 + c, tail), xv, a0);
-            a1 = _mm512_fmadd_ps(load_f16x16(w1 + c, tail), xv, a1);
-            a2 = _mm512_fmadd_ps(load_f16x16(w2 + c, tail), xv, a2);
-            a3 = _mm512_fmadd_ps(load_f16x16(w3 + c, tail), xv, a3);
-        }
-        y[r] = _mm512_reduce_add_ps(a0) + (b ? b[r] : 0.f);
-        y[r + 1] = _mm512_reduce_add_ps(a1) + (b ? b[r + 1] : 0.f);
-        y[r + 2] = _mm512_reduce_add_ps(a2) + (b ? b[r + 2] : 0.f);
-        y[r + 3] = _mm512_reduce_add_ps(a3) + (b ? b[r + 3] : 0.f);
-    }
-    for (; r < r1; ++r) {
-        const uint16_t* wr = w + r * cols;
-        __m512 a = _mm512_setzero_ps();
-        int64_t c = 0;
-        for (; c < full; c += 16) a = _mm512_fmadd_ps(load_f16x16(wr + c), _mm512_loadu_ps(x + c), a);
-        if (tail) a = _mm512_fmadd_ps(load_f16x16(wr + c, tail), _mm512_maskz_loadu_ps(tail, x + c), a);
-        y[r] = _mm512_reduce_add_ps(a) + (b ? b[r] : 0.f);
-    }
+    for (int64_t r = r0; r < r1; ++r) y[r] = dot_avx512(x, cols, LoadF16{w + r * cols}) + (b ? b[r] : 0.f);
 }
 
 // ---- q8_0 ---------------------------------------------------------------------------------------------------------
 // Per block: |w| (unsigned) times x with w's sign moved onto it (the sign trick of llama.cpp's AVX2 q8_0 dot), summed
 // in int32 (vpdpbusd with VNNI; maddubs + madd on plain AVX2 - no saturation, |w| <= 127 so pairs stay < 2^15),
-// converted once and scaled by d_w * d_x. Four rows share each x block.
+// converted once and scaled by d_w * d_x. One row at a time, front to back, as the f32/f16 kernels.
 
 #define ANCHOR_Q8_ROWS(TARGET, NAME, DOT)                                                                              \
     __attribute__((target(TARGET))) void NAME(const BlockQ8_0* w, const float* xd, const int8_t* xq, const float* b,   \
                                               float* y, int64_t r0, int64_t r1, int64_t nb) {                          \
-        int64_t r = r0;                                                                                                \
-        for (; r + 4 <= r1; r += 4) {                                                                                  \
-            const BlockQ8_0* w0 = w + r * nb;                                                                          \
-            const BlockQ8_0 *w1 = w0 + nb, *w2 = w1 + nb, *w3 = w2 + nb;                                               \
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),                       \
-                   a3 = _mm256_setzero_ps();                                                                           \
-            for (int64_t i = 0; i < nb; ++i) {                                                                         \
-                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block));            \
-                const float dx = xd[i];                                                                                \
-                a0 = DOT(w0[i], xv, dx, a0);                                                                           \
-                a1 = DOT(w1[i], xv, dx, a1);                                                                           \
-                a2 = DOT(w2[i], xv, dx, a2);                                                                           \
-                a3 = DOT(w3[i], xv, dx, a3);                                                                           \
-            }                                                                                                          \
-            y[r] = hsum(a0) + (b ? b[r] : 0.f);                                                                        \
-            y[r + 1] = hsum(a1) + (b ? b[r + 1] : 0.f);                                                                \
-            y[r + 2] = hsum(a2) + (b ? b[r + 2] : 0.f);                                                                \
-            y[r + 3] = hsum(a3) + (b ? b[r + 3] : 0.f);                                                                \
-        }                                                                                                              \
-        for (; r < r1; ++r) {                                                                                          \
+        for (int64_t r = r0; r < r1; ++r) {                                                                            \
             const BlockQ8_0* wr = w + r * nb;                                                                          \
-            __m256 a = _mm256_setzero_ps();                                                                            \
-            for (int64_t i = 0; i < nb; ++i)                                                                           \
-                a = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block)), xd[i], a);     \
-            y[r] = hsum(a) + (b ? b[r] : 0.f);                                                                         \
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                                 \
+            int64_t i = 0;                                                                                             \
+            for (; i + 2 <= nb; i += 2) {                                                                              \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block)), xd[i], a0);   \
+                a1 = DOT(wr[i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (i + 1) * kQ8Block)),     \
+                         xd[i + 1], a1);                                                                               \
+            }                                                                                                          \
+            if (i < nb)                                                                                                \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block)), xd[i], a0);   \
+            y[r] = hsum(_mm256_add_ps(a0, a1)) + (b ? b[r] : 0.f);                                                     \
         }                                                                                                              \
     }
 
@@ -284,6 +240,37 @@ float quantize_block(const float* v, int64_t n, int8_t* q) {
     return d;
 }
 
+#if defined(__x86_64__)
+// quantize_block for whole rows, 16 values per step, bit-identical to it: the same amax, d = amax / 127 and
+// 1 / d, the same float product, and roundf's rounding (half away from zero) as trunc plus a step where the
+// remainder is >= 0.5 in magnitude (the remainder x - trunc(x) is exact).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_activation_avx512(const float* x, float* d,
+                                                                                     int8_t* q, int64_t n) {
+    const int64_t nb = q8_0_blocks(n);
+    for (int64_t i = 0; i < nb; ++i) {
+        const int64_t c0 = i * kQ8Block, m = std::min(kQ8Block, n - c0);
+        const __mmask16 k0 = m >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << m) - 1);
+        const __mmask16 k1 = m >= 32 ? __mmask16(0xFFFF) : m > 16 ? __mmask16((1u << (m - 16)) - 1) : __mmask16(0);
+        const __m512 v0 = _mm512_maskz_loadu_ps(k0, x + c0), v1 = _mm512_maskz_loadu_ps(k1, x + c0 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float dd = amax / 127.f, id = dd != 0.f ? 1.f / dd : 0.f;
+        d[i] = dd;
+        const __m512 idv = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
+        for (int h = 0; h < 2; ++h) {
+            const __m512 p = _mm512_mul_ps(h ? v1 : v0, idv);
+            __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(p, t)), half, _CMP_GE_OQ);
+            const __m512 sign = _mm512_castsi512_ps(
+                _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(INT32_MIN)),
+                                _mm512_castps_si512(_mm512_set1_ps(1.f))));
+            t = _mm512_mask_add_ps(t, up, t, sign);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c0 + 16 * h),
+                             _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+        }
+    }
+}
+#endif
+
 } // namespace
 
 bool gemv_uses_avx2() {
@@ -344,6 +331,9 @@ void quantize_row_q8_0(const float* v, BlockQ8_0* out, int64_t n) {
 }
 
 void quantize_activation_q8_0(const float* x, float* d, int8_t* q, int64_t n) {
+#if defined(__x86_64__)
+    if (gemv_uses_avx512()) return quantize_activation_avx512(x, d, q, n);
+#endif
     for (int64_t i = 0; i < q8_0_blocks(n); ++i) {
         const int64_t c0 = i * kQ8Block;
         d[i] = quantize_block(x + c0, std::min(kQ8Block, n - c0), q + c0);

@@ -1,7 +1,7 @@
 // Bandwidth-bound matrix-vector product for batch-1 decoding: y = W x + b with W row-major [rows, cols] in float32,
 // float16 or q8_0. At batch 1 every weight byte is read once per token, so decode speed is memory bandwidth / weight
-// bytes; the kernels stream four rows at a time (one x load feeds four accumulators) with AVX-512 (AVX2/FMA where the
-// CPU has no AVX-512; F16C widening for f16 weights) and split rows over OpenMP threads.
+// bytes; the kernels read the rows front to back (one sequential stream the hardware prefetcher follows) with AVX-512
+// (AVX2/FMA where the CPU has no AVX-512; F16C widening for f16 weights) and split rows over OpenMP threads.
 // The SIMD path is chosen at run time (kernels/cpu_features.h); the portable reference path is always available.
 #pragma once
 
