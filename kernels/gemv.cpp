@@ -7,8 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -413,6 +418,24 @@ torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, cons
     gemv_q8_0(reinterpret_cast<const BlockQ8_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
     return y;
+}
+
+torch::Tensor huge_page_copy(const torch::Tensor& t_in) {
+    auto t = t_in.detach().to(torch::kCPU).contiguous();
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = t.nbytes();
+#if defined(__linux__)
+    if (bytes >= kHuge) {
+        const size_t alloc = (bytes + kHuge - 1) / kHuge * kHuge;
+        void* p = std::aligned_alloc(kHuge, alloc);
+        if (!p) throw Error("huge_page_copy: cannot allocate " + std::to_string(alloc) + " bytes");
+        madvise(p, alloc, MADV_HUGEPAGE);    // advisory: without THP the copy is still correct, on 4 KiB pages
+        std::memcpy(p, t.data_ptr(), bytes); // first touch after the advice: the faults map huge pages
+        return torch::from_blob(
+            p, t.sizes(), [](void* q) { std::free(q); }, t.options());
+    }
+#endif
+    return t.clone();
 }
 
 torch::Tensor gemv_torch(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& bias) {

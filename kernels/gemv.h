@@ -51,6 +51,12 @@ torch::Tensor quantize_q8_0(const torch::Tensor& w);
 // The rows of quantize_q8_0 times x [cols] (cols = x.numel()), plus bias [rows] or undefined. Returns y [rows].
 torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x, const torch::Tensor& bias = {});
 
+// A contiguous copy of `t` (CPU) for weights that are streamed every token, in memory the kernel is asked to back with
+// 2 MiB transparent huge pages (madvise(MADV_HUGEPAGE); Linux's THP default is madvise-only). With 4 KiB pages the
+// stream takes a TLB miss every 4 KiB and the hardware prefetchers, which stop at page boundaries, restart on each
+// page; on 2 MiB pages the same gemv reads markedly faster. Tensors under 2 MiB, and other systems, get a plain copy.
+torch::Tensor huge_page_copy(const torch::Tensor& t);
+
 // Tensor form: w [rows, cols] contiguous CPU float32/float16, x [cols] float32, bias [rows] or undefined.
 // Other dtypes/devices fall back to torch::addmv. Returns y [rows] float32.
 torch::Tensor gemv(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& bias = {});

@@ -140,7 +140,7 @@ Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
 
 void Conv1DImpl::finalize() {
     torch::NoGradGuard ng;
-    w_rows_ = weight.detach().t().contiguous();
+    w_rows_ = kernels::huge_page_copy(weight.detach().t());
     // The parameter becomes an [in, out] view of the row-major copy: one copy of the weights in memory.
     weight.set_data(w_rows_.t());
 }
@@ -148,8 +148,10 @@ void Conv1DImpl::finalize() {
 void Conv1DImpl::set_decode_weights(DecodeWeights dw) {
     torch::NoGradGuard ng;
     const bool rows = w_rows_.defined();
-    w_rows_f16_ = dw == DecodeWeights::F16 && rows ? w_rows_.to(torch::kFloat16) : torch::Tensor();
-    w_rows_q8_ = dw == DecodeWeights::Q8_0 && rows ? kernels::quantize_q8_0(w_rows_) : torch::Tensor();
+    w_rows_f16_ =
+        dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(w_rows_.to(torch::kFloat16)) : torch::Tensor();
+    w_rows_q8_ =
+        dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(w_rows_)) : torch::Tensor();
 }
 
 int64_t Conv1DImpl::decode_bytes() const {
@@ -269,9 +271,11 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
         for (auto* c : b->conv1ds()) c->finalize();
     }
     if (explicit_lm_head.defined() && !explicit_lm_head.equal(wte->weight.detach())) {
-        lm_head_ = explicit_lm_head.detach().to(torch::kFloat32).contiguous();
+        lm_head_ = kernels::huge_page_copy(explicit_lm_head.detach().to(torch::kFloat32));
         tied_ = false;
     } else {
+        // Tied: the embedding table is the LM head every step streams; it moves to huge pages once.
+        wte->weight.set_data(kernels::huge_page_copy(wte->weight.detach()));
         lm_head_ = wte->weight.detach();
         tied_ = true;
     }
@@ -282,8 +286,9 @@ void Gpt2ModelImpl::set_decode_weights(DecodeWeights dw) {
     for (auto& b : blocks_)
         for (auto* c : b->conv1ds()) c->set_decode_weights(dw);
     torch::NoGradGuard ng;
-    lm_head_f16_ = dw == DecodeWeights::F16 ? lm_head_.to(torch::kFloat16).contiguous() : torch::Tensor();
-    lm_head_q8_ = dw == DecodeWeights::Q8_0 ? kernels::quantize_q8_0(lm_head_) : torch::Tensor();
+    lm_head_f16_ = dw == DecodeWeights::F16 ? kernels::huge_page_copy(lm_head_.to(torch::kFloat16)) : torch::Tensor();
+    lm_head_q8_ =
+        dw == DecodeWeights::Q8_0 ? kernels::huge_page_copy(kernels::quantize_q8_0(lm_head_)) : torch::Tensor();
     decode_dtype_ = dw;
 }
 
