@@ -6,7 +6,7 @@
 # Each round runs, one after the other with the same thread count:
 #   SD 1.5 UNet, one CFG step (batch 2), 256x256: anchor-sd bench   | diffusers 0.27.2 (diffusers_sd15_step.py)
 #   SD 1.5 UNet step 512x512 and the VAE decode 512x512: the same two programs (--vae)
-#   GPT-2-small decode at context 16: anchor-text gpt2 bench (f32, f16) | llama.cpp llama-bench tg64 (f32, f16, q8_0)
+#   GPT-2-small decode at context 16: anchor-text gpt2 bench (f32, f16, q8_0) | llama.cpp llama-bench tg64 (same)
 #                                       | plain PyTorch with a preallocated KV cache (gpt2_torch_kv_bench.py)
 # and the summary gives min / median / max of every run of every round and the ratio of medians (peer / ours).
 #
