@@ -11,6 +11,9 @@ struct CpuFeatures {
     bool fma = false;
     bool f16c = false;
     bool avx512f = false;
+    bool avx512bw = false; // with avx512vl: masked 16-bit loads (f16 row tails)
+    bool avx512vl = false;
+    bool avx512vnni = false; // vpdpbusd: the int8 dot of the q8_0 gemv
 };
 
 const CpuFeatures& cpu_features();

@@ -5,6 +5,20 @@
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -13,10 +27,34 @@ namespace anchor::kernels {
 
 namespace {
 
-inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+inline float half_to_float(uint16_t h) {
+    return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
+inline uint16_t float_to_half(float f) {
+    return c10::Half(f).x;
+}
 
-// Rows per OpenMP chunk: enough work per thread to amortise the fork, few enough to balance 50257-row LM heads.
-constexpr int64_t kRowBlock = 16;
+// Thread ranges are multiples of this many rows (whole cache lines of y per thread for the usual shapes).
+constexpr int64_t kRowGroup = 16;
+
+// Splits [0, rows) into one contiguous range per thread (multiples of kRowGroup, so each thread streams one
+// sequential stretch of the weights and the hardware prefetcher sees one stream) and runs range(r0, r1) on each.
+template <class Range> void run_rows(int64_t rows, int64_t cols, Range range) {
+    // Small products (GPT-2 tiny, a 64-wide layer) are not worth waking the thread pool for.
+    const bool parallel = rows * cols >= (1 << 16) && rows >= 2 * kRowGroup;
+#if defined(_OPENMP)
+#pragma omp parallel if (parallel)
+    {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t per = (rows + nt * kRowGroup - 1) / (nt * kRowGroup) * kRowGroup;
+        const int64_t r0 = std::min(rows, t * per), r1 = std::min(rows, r0 + per);
+        if (r0 < r1) range(r0, r1);
+    }
+#else
+    (void)parallel;
+    range(0, rows);
+#endif
+}
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
@@ -26,6 +64,8 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
     lo = _mm_hadd_ps(lo, lo);
     return _mm_cvtss_f32(lo);
 }
+
+// ---- AVX2 / FMA (F16C) -----------------------------------------------------------------------------------------
 
 __attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* w, const float* x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
@@ -58,6 +98,106 @@ __attribute__((target("avx2,fma,f16c"))) float dot_f16_avx2(const uint16_t* w, c
     for (; i < n; ++i) s += half_to_float(w[i]) * x[i];
     return s;
 }
+
+// ---- AVX-512 ----------------------------------------------------------------------------------------------------
+// One row at a time, front to back: the weights are read as one sequential stream, which the L2 streamer prefetches
+// (interleaving several short rows puts several streams into one 4 KiB page, and the prefetcher follows one per page
+// direction). Four independent FMA chains per row hide the FMA latency; x stays in L1. The row tail is one masked
+// load, so any column count takes the vector path.
+
+template <class Load>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline float dot_avx512(const float* x,
+                                                                                            int64_t cols, Load load) {
+    const int64_t full = cols & ~int64_t(15);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 64 <= full; c += 64) {
+        a0 = _mm512_fmadd_ps(load(c), _mm512_loadu_ps(x + c), a0);
+        a1 = _mm512_fmadd_ps(load(c + 16), _mm512_loadu_ps(x + c + 16), a1);
+        a2 = _mm512_fmadd_ps(load(c + 32), _mm512_loadu_ps(x + c + 32), a2);
+        a3 = _mm512_fmadd_ps(load(c + 48), _mm512_loadu_ps(x + c + 48), a3);
+    }
+    for (; c < full; c += 16) a0 = _mm512_fmadd_ps(load(c), _mm512_loadu_ps(x + c), a0);
+    if (c < cols) {
+        const __mmask16 tail = static_cast<__mmask16>((1u << (cols - c)) - 1);
+        a1 = _mm512_fmadd_ps(load(c, tail), _mm512_maskz_loadu_ps(tail, x + c), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+struct LoadF32 {
+    const float* w;
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c) const {
+        return _mm512_loadu_ps(w + c);
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c,
+                                                                                          __mmask16 m) const {
+        return _mm512_maskz_loadu_ps(m, w + c);
+    }
+};
+
+struct LoadF16 {
+    const uint16_t* w;
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c) const {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)));
+    }
+    __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) __m512 operator()(int64_t c,
+                                                                                          __mmask16 m) const {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + c));
+    }
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void
+rows_f32_avx512(const float* w, const float* x, const float* b, float* y, int64_t r0, int64_t r1, int64_t cols) {
+    for (int64_t r = r0; r < r1; ++r) y[r] = dot_avx512(x, cols, LoadF32{w + r * cols}) + (b ? b[r] : 0.f);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void
+rows_f16_avx512(const uint16_t* w, const float* x, const float* b, float* y, int64_t r0, int64_t r1, int64_t cols) {
+    for (int64_t r = r0; r < r1; ++r) y[r] = dot_avx512(x, cols, LoadF16{w + r * cols}) + (b ? b[r] : 0.f);
+}
+
+// ---- q8_0 ---------------------------------------------------------------------------------------------------------
+// Per block: |w| (unsigned) times x with w's sign moved onto it (the sign trick of llama.cpp's AVX2 q8_0 dot), summed
+// in int32 (vpdpbusd with VNNI; maddubs + madd on plain AVX2 - no saturation, |w| <= 127 so pairs stay < 2^15),
+// converted once and scaled by d_w * d_x. One row at a time, front to back, as the f32/f16 kernels.
+
+#define ANCHOR_Q8_ROWS(TARGET, NAME, DOT)                                                                              \
+    __attribute__((target(TARGET))) void NAME(const BlockQ8_0* w, const float* xd, const int8_t* xq, const float* b,   \
+                                              float* y, int64_t r0, int64_t r1, int64_t nb) {                          \
+        for (int64_t r = r0; r < r1; ++r) {                                                                            \
+            const BlockQ8_0* wr = w + r * nb;                                                                          \
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                                 \
+            int64_t i = 0;                                                                                             \
+            for (; i + 2 <= nb; i += 2) {                                                                              \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block)), xd[i], a0);   \
+                a1 = DOT(wr[i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (i + 1) * kQ8Block)),     \
+                         xd[i + 1], a1);                                                                               \
+            }                                                                                                          \
+            if (i < nb)                                                                                                \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ8Block)), xd[i], a0);   \
+            y[r] = hsum(_mm256_add_ps(a0, a1)) + (b ? b[r] : 0.f);                                                     \
+        }                                                                                                              \
+    }
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) inline __m256
+dot_block_vnni(const BlockQ8_0& blk, __m256i xv, float dx, __m256 acc) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.q));
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(_cvtsh_ss(blk.d) * dx), acc);
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 dot_block_avx2(const BlockQ8_0& blk, __m256i xv, float dx,
+                                                                      __m256 acc) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.q));
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+    const __m256i s = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(_cvtsh_ss(blk.d) * dx), acc);
+}
+
+ANCHOR_Q8_ROWS("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", rows_q8_vnni, dot_block_vnni)
+ANCHOR_Q8_ROWS("avx2,fma,f16c", rows_q8_avx2, dot_block_avx2)
+#undef ANCHOR_Q8_ROWS
 #endif
 
 float dot_f32_plain(const float* w, const float* x, int64_t n) {
@@ -72,22 +212,84 @@ float dot_f16_plain(const uint16_t* w, const float* x, int64_t n) {
     return s;
 }
 
-template <class T, class Dot>
-void gemv_rows(const T* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols, Dot dot) {
-    // Small products (GPT-2 tiny, a 64-wide layer) are not worth waking the thread pool for.
-    const bool parallel = rows * cols >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int64_t r1 = std::min(rows, r0 + kRowBlock);
-        for (int64_t r = r0; r < r1; ++r) y[r] = dot(w + r * cols, x, cols) + (b ? b[r] : 0.f);
+inline int32_t dot_block_int(const int8_t* a, const int8_t* b) {
+    int32_t s = 0;
+    for (int64_t i = 0; i < kQ8Block; ++i) s += int32_t(a[i]) * int32_t(b[i]);
+    return s;
+}
+
+void rows_q8_plain(const BlockQ8_0* w, const float* xd, const int8_t* xq, const float* b, float* y, int64_t r0,
+                   int64_t r1, int64_t nb) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const BlockQ8_0* wr = w + r * nb;
+        float s = 0.f;
+        for (int64_t i = 0; i < nb; ++i)
+            s += float(dot_block_int(wr[i].q, xq + i * kQ8Block)) * (half_to_float(wr[i].d) * xd[i]);
+        y[r] = s + (b ? b[r] : 0.f);
     }
 }
+
+template <class T, class Dot>
+void gemv_rows(const T* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols, Dot dot) {
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) y[r] = dot(w + r * cols, x, cols) + (b ? b[r] : 0.f);
+    });
+}
+
+// Block scale and quants of n <= 32 values (the rest of the block zero): ggml's quantize_row_q8_0_ref.
+float quantize_block(const float* v, int64_t n, int8_t* q) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    for (int64_t i = 0; i < kQ8Block; ++i) q[i] = i < n ? static_cast<int8_t>(std::lround(v[i] * id)) : 0;
+    return d;
+}
+
+#if defined(__x86_64__)
+// quantize_block for whole rows, 16 values per step, bit-identical to it: the same amax, d = amax / 127 and
+// 1 / d, the same float product, and roundf's rounding (half away from zero) as trunc plus a step where the
+// remainder is >= 0.5 in magnitude (the remainder x - trunc(x) is exact).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_activation_avx512(const float* x, float* d,
+                                                                                     int8_t* q, int64_t n) {
+    const int64_t nb = q8_0_blocks(n);
+    for (int64_t i = 0; i < nb; ++i) {
+        const int64_t c0 = i * kQ8Block, m = std::min(kQ8Block, n - c0);
+        const __mmask16 k0 = m >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << m) - 1);
+        const __mmask16 k1 = m >= 32 ? __mmask16(0xFFFF) : m > 16 ? __mmask16((1u << (m - 16)) - 1) : __mmask16(0);
+        const __m512 v0 = _mm512_maskz_loadu_ps(k0, x + c0), v1 = _mm512_maskz_loadu_ps(k1, x + c0 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float dd = amax / 127.f, id = dd != 0.f ? 1.f / dd : 0.f;
+        d[i] = dd;
+        const __m512 idv = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
+        for (int h = 0; h < 2; ++h) {
+            const __m512 p = _mm512_mul_ps(h ? v1 : v0, idv);
+            __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(p, t)), half, _CMP_GE_OQ);
+            const __m512 sign = _mm512_castsi512_ps(
+                _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(INT32_MIN)),
+                                _mm512_castps_si512(_mm512_set1_ps(1.f))));
+            t = _mm512_mask_add_ps(t, up, t, sign);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c0 + 16 * h),
+                             _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+        }
+    }
+}
+#endif
 
 } // namespace
 
 bool gemv_uses_avx2() {
     const auto& f = cpu_features();
     return f.avx2 && f.fma && f.f16c;
+}
+
+bool gemv_uses_avx512() {
+    const auto& f = cpu_features();
+    return gemv_uses_avx2() && f.avx512f && f.avx512bw && f.avx512vl;
+}
+
+std::string gemv_isa() {
+    return gemv_uses_avx512() ? "AVX-512 gemv" : gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv";
 }
 
 void gemv_ref_f32(const float* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
@@ -108,6 +310,8 @@ void gemv_ref_f16(const uint16_t* w, const float* x, const float* b, float* y, i
 
 void gemv_f32(const float* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
 #if defined(__x86_64__)
+    if (gemv_uses_avx512())
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_f32_avx512(w, x, b, y, r0, r1, cols); });
     if (gemv_uses_avx2()) return gemv_rows(w, x, b, y, rows, cols, dot_f32_avx2);
 #endif
     gemv_rows(w, x, b, y, rows, cols, dot_f32_plain);
@@ -115,9 +319,123 @@ void gemv_f32(const float* w, const float* x, const float* b, float* y, int64_t 
 
 void gemv_f16(const uint16_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
 #if defined(__x86_64__)
+    if (gemv_uses_avx512())
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_f16_avx512(w, x, b, y, r0, r1, cols); });
     if (gemv_uses_avx2()) return gemv_rows(w, x, b, y, rows, cols, dot_f16_avx2);
 #endif
     gemv_rows(w, x, b, y, rows, cols, dot_f16_plain);
+}
+
+// ---- q8_0 -----------------------------------------------------------------------------------------------------------
+
+void quantize_row_q8_0(const float* v, BlockQ8_0* out, int64_t n) {
+    for (int64_t i = 0; i < q8_0_blocks(n); ++i) {
+        const int64_t c0 = i * kQ8Block;
+        out[i].d = float_to_half(quantize_block(v + c0, std::min(kQ8Block, n - c0), out[i].q));
+    }
+}
+
+void quantize_activation_q8_0(const float* x, float* d, int8_t* q, int64_t n) {
+#if defined(__x86_64__)
+    if (gemv_uses_avx512()) return quantize_activation_avx512(x, d, q, n);
+#endif
+    for (int64_t i = 0; i < q8_0_blocks(n); ++i) {
+        const int64_t c0 = i * kQ8Block;
+        d[i] = quantize_block(x + c0, std::min(kQ8Block, n - c0), q + c0);
+    }
+}
+
+void gemv_ref_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
+    const int64_t nb = q8_0_blocks(cols);
+    std::vector<float> xd(static_cast<size_t>(nb));
+    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ8Block));
+    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
+    for (int64_t r = 0; r < rows; ++r) {
+        double s = b ? b[r] : 0.0;
+        for (int64_t i = 0; i < nb; ++i)
+            s += double(dot_block_int(w[r * nb + i].q, xq.data() + i * kQ8Block)) * half_to_float(w[r * nb + i].d) *
+                 xd[i];
+        y[r] = static_cast<float>(s);
+    }
+}
+
+void gemv_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
+    const int64_t nb = q8_0_blocks(cols);
+    // x is quantised once per product (cols values), then read by every row from L1.
+    alignas(64) float xd_stack[256];
+    alignas(64) int8_t xq_stack[256 * kQ8Block];
+    std::vector<float> xd_heap;
+    std::vector<int8_t> xq_heap;
+    float* xd = xd_stack;
+    int8_t* xq = xq_stack;
+    if (nb > 256) {
+        xd_heap.resize(static_cast<size_t>(nb));
+        xq_heap.resize(static_cast<size_t>(nb * kQ8Block));
+        xd = xd_heap.data();
+        xq = xq_heap.data();
+    }
+    quantize_activation_q8_0(x, xd, xq, cols);
+#if defined(__x86_64__)
+    const auto& f = cpu_features();
+    if (gemv_uses_avx2() && f.avx512f && f.avx512vl && f.avx512vnni)
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_vnni(w, xd, xq, b, y, r0, r1, nb); });
+    if (gemv_uses_avx2())
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_avx2(w, xd, xq, b, y, r0, r1, nb); });
+#endif
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_plain(w, xd, xq, b, y, r0, r1, nb); });
+}
+
+torch::Tensor quantize_q8_0(const torch::Tensor& w_in) {
+    if (w_in.dim() != 2) throw Error("quantize_q8_0: weight must be 2-D, got " + std::to_string(w_in.dim()) + "-D");
+    auto w = w_in.detach().to(torch::kCPU).to(torch::kFloat32).contiguous();
+    const int64_t rows = w.size(0), cols = w.size(1), nb = q8_0_blocks(cols);
+    auto out = torch::empty({rows, nb * int64_t(sizeof(BlockQ8_0))}, torch::kUInt8);
+    const float* src = w.data_ptr<float>();
+    auto* dst = reinterpret_cast<BlockQ8_0*>(out.data_ptr<uint8_t>());
+    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) quantize_row_q8_0(src + r * cols, dst + r * nb, cols);
+    });
+    return out;
+}
+
+torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias) {
+    const int64_t cols = x_in.numel();
+    if (wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.is_contiguous() || !wq.device().is_cpu() ||
+        wq.size(1) != q8_0_blocks(cols) * int64_t(sizeof(BlockQ8_0)))
+        throw Error("gemv_q8_0: weight must be contiguous CPU uint8 [rows, " +
+                    std::to_string(q8_0_blocks(cols) * int64_t(sizeof(BlockQ8_0))) + "] q8_0 blocks for " +
+                    std::to_string(cols) + " inputs");
+    const int64_t rows = wq.size(0);
+    auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
+    torch::Tensor b;
+    if (bias.defined()) {
+        if (bias.numel() != rows)
+            throw Error("gemv_q8_0: bias has " + std::to_string(bias.numel()) + " values for " + std::to_string(rows) +
+                        " rows");
+        b = bias.to(torch::kFloat32).contiguous();
+    }
+    auto y = torch::empty({rows}, torch::kFloat32);
+    gemv_q8_0(reinterpret_cast<const BlockQ8_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
+              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
+    return y;
+}
+
+torch::Tensor huge_page_copy(const torch::Tensor& t_in) {
+    auto t = t_in.detach().to(torch::kCPU).contiguous();
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = t.nbytes();
+#if defined(__linux__)
+    if (bytes >= kHuge) {
+        const size_t alloc = (bytes + kHuge - 1) / kHuge * kHuge;
+        void* p = std::aligned_alloc(kHuge, alloc);
+        if (!p) throw Error("huge_page_copy: cannot allocate " + std::to_string(alloc) + " bytes");
+        madvise(p, alloc, MADV_HUGEPAGE);    // advisory: without THP the copy is still correct, on 4 KiB pages
+        std::memcpy(p, t.data_ptr(), bytes); // first touch after the advice: the faults map huge pages
+        return torch::from_blob(
+            p, t.sizes(), [](void* q) { std::free(q); }, t.options());
+    }
+#endif
+    return t.clone();
 }
 
 torch::Tensor gemv_torch(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& bias) {

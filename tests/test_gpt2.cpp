@@ -1,5 +1,6 @@
 // GPT-2 tokenizer, model, KV cache and streaming against tests/golden/text (README there gives the semantics).
 #include "tests/test_util.h"
+#include "text/gpt2_load.h"
 #include "text/gpt2_tokenizer.h"
 #include "text/params.h"
 
@@ -8,6 +9,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <c10/util/Half.h>
+
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -367,18 +371,18 @@ TEST_CASE("GPT-2 decode with the gemv kernel equals the torch reference path", "
 TEST_CASE("GPT-2 decode with f16 decode weights stays within their rounding of the f32 path", "[gemv][gpt2]") {
     auto& m = tiny();
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
-    auto run = [&](torch::ScalarType dtype) {
-        m.model->set_decode_weights(dtype);
+    auto run = [&](DecodeWeights dw) {
+        m.model->set_decode_weights(dw);
         Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
         std::vector<torch::Tensor> out;
         for (auto t : ids) out.push_back(s.feed(t));
         return torch::stack(out);
     };
     const int64_t f32_bytes = m.model->decode_weight_bytes();
-    auto ref = run(torch::kFloat32);
-    auto half = run(torch::kFloat16);
+    auto ref = run(DecodeWeights::F32);
+    auto half = run(DecodeWeights::F16);
     CHECK(m.model->decode_weight_bytes() * 2 == f32_bytes);
-    auto back = run(torch::kFloat32); // switching back drops the copies: bit-identical f32 path again
+    auto back = run(DecodeWeights::F32); // switching back drops the copies: bit-identical f32 path again
     CHECK(m.model->decode_weight_bytes() == f32_bytes);
     CHECK(torch::equal(back, ref));
     const double rel = test::max_abs_diff(half, ref) / ref.abs().max().item<double>();
@@ -386,11 +390,154 @@ TEST_CASE("GPT-2 decode with f16 decode weights stays within their rounding of t
     CHECK(rel > 0.0);  // the copy is really used
     CHECK(rel < 5e-3); // f16 has 11 significant bits; the golden model's large weights amplify little beyond that
     // Batched forwards keep float32 weights.
-    m.model->set_decode_weights(torch::kFloat16);
+    m.model->set_decode_weights(DecodeWeights::F16);
     auto batched = m.model->forward(torch::tensor(ids, torch::kInt64)).logits;
-    m.model->set_decode_weights(torch::kFloat32);
+    m.model->set_decode_weights(DecodeWeights::F32);
     CHECK(torch::equal(batched, m.model->forward(torch::tensor(ids, torch::kInt64)).logits));
-    CHECK_THROWS_AS(m.model->set_decode_weights(torch::kBFloat16), anchor::Error);
+}
+
+namespace {
+// Rows of quantize_q8_0 as blocks.
+const kernels::BlockQ8_0* q8_blocks(const torch::Tensor& wq) {
+    return reinterpret_cast<const kernels::BlockQ8_0*>(wq.data_ptr<uint8_t>());
+}
+} // namespace
+
+TEST_CASE("q8_0 quantisation follows the ggml block format and round trip", "[gemv][kernels][q8_0]") {
+    torch::manual_seed(11);
+    for (int64_t cols : {1, 5, 31, 32, 33, 64, 100, 768}) {
+        auto w = torch::randn({3, cols}) * 2.0;
+        auto wq = kernels::quantize_q8_0(w);
+        const int64_t nb = kernels::q8_0_blocks(cols);
+        REQUIRE(wq.size(1) == nb * 34);
+        const auto* blk = q8_blocks(wq);
+        // Dequantised: d * q; the error of each value is at most half a step (d / 2) plus the f16 rounding of d.
+        auto wa = w.accessor<float, 2>();
+        for (int64_t r = 0; r < 3; ++r)
+            for (int64_t i = 0; i < nb; ++i) {
+                const auto& b = blk[r * nb + i];
+                const float d = static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
+                float amax = 0.f;
+                int maxq = 0;
+                for (int64_t j = 0; j < 32; ++j) {
+                    const int64_t c = i * 32 + j;
+                    if (c >= cols) {
+                        CHECK(b.q[j] == 0); // zero padding of the last block
+                        continue;
+                    }
+                    amax = std::max(amax, std::fabs(wa[r][c]));
+                    maxq = std::max(maxq, std::abs(int(b.q[j])));
+                    CHECK(std::fabs(d * b.q[j] - wa[r][c]) <= d * 0.5f + std::fabs(wa[r][c]) * 2e-3f + 1e-6f);
+                }
+                CHECK(maxq == 127); // the largest value of a block maps to +-127
+                CHECK(d == Approx(amax / 127.f).epsilon(1e-3));
+            }
+    }
+    auto z = kernels::quantize_q8_0(torch::zeros({2, 40}));
+    for (int64_t i = 0; i < z.numel(); ++i) CHECK(z.data_ptr<uint8_t>()[i] == 0); // d = 0 and q = 0, no NaN
+}
+
+TEST_CASE("q8_0 gemv matches quantise-then-reference on many shapes", "[gemv][kernels][q8_0]") {
+    torch::manual_seed(12);
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1},
+                                                                      {3, 7},
+                                                                      {5, 32},
+                                                                      {7, 33},
+                                                                      {9, 95},
+                                                                      {64, 256},
+                                                                      {130, 768},
+                                                                      {768, 3072},
+                                                                      {2307, 768},
+                                                                      {33, 1031},
+                                                                      {50257, 64}}) {
+        auto w = torch::randn({rows, cols});
+        auto x = torch::randn({cols});
+        auto b = torch::randn({rows});
+        auto wq = kernels::quantize_q8_0(w);
+        std::vector<float> want(rows), want_nob(rows);
+        kernels::gemv_ref_q8_0(q8_blocks(wq), x.data_ptr<float>(), b.data_ptr<float>(), want.data(), rows, cols);
+        kernels::gemv_ref_q8_0(q8_blocks(wq), x.data_ptr<float>(), nullptr, want_nob.data(), rows, cols);
+        auto ref = torch::from_blob(want.data(), {rows}).to(torch::kDouble);
+        auto got = kernels::gemv_q8_0(wq, x, b).to(torch::kDouble);
+        const double scale = ref.abs().max().item<double>() + 1e-12;
+        const double e = (got - ref).abs().max().item<double>() / scale;
+        INFO(rows << "x" << cols << " q8_0 fast vs reference rel err " << e);
+        // Both compute the same int32 block sums; only the float accumulation order differs.
+        CHECK(e < 1e-5);
+        auto got_nob = kernels::gemv_q8_0(wq, x).to(torch::kDouble);
+        CHECK((got_nob - torch::from_blob(want_nob.data(), {rows}).to(torch::kDouble)).abs().max().item<double>() /
+                  scale <
+              1e-5);
+        // And the quantised product stays near the float32 one: each of the two roundings is <= 1/254 of a block's
+        // max per value, the errors independent, so the relative error of the dot shrinks like 1/sqrt(cols).
+        auto exact = torch::addmv(b.to(torch::kDouble), w.to(torch::kDouble), x.to(torch::kDouble));
+        const double eq = ((got - exact).abs().max() / exact.abs().max().clamp_min(1e-12)).item<double>();
+        INFO("q8_0 vs exact f32 rel err " << eq);
+        CHECK(eq < 3e-2);
+    }
+    CHECK_THROWS_AS(kernels::gemv_q8_0(torch::zeros({4, 34}, torch::kUInt8), torch::zeros({33})), anchor::Error);
+}
+
+TEST_CASE("f32 / f16 gemv fast paths match the reference on ragged shapes", "[gemv][kernels]") {
+    torch::manual_seed(13);
+    for (int64_t rows : {1, 2, 3, 4, 5, 9, 17, 130}) {
+        for (int64_t cols : {1, 3, 15, 16, 17, 31, 33, 100, 769}) {
+            auto w = torch::randn({rows, cols});
+            auto x = torch::randn({cols});
+            auto b = torch::randn({rows});
+            std::vector<float> y(rows), r(rows);
+            kernels::gemv_f32(w.data_ptr<float>(), x.data_ptr<float>(), b.data_ptr<float>(), y.data(), rows, cols);
+            kernels::gemv_ref_f32(w.data_ptr<float>(), x.data_ptr<float>(), b.data_ptr<float>(), r.data(), rows, cols);
+            auto wh = w.to(torch::kHalf);
+            const auto* wp = reinterpret_cast<const uint16_t*>(wh.data_ptr<at::Half>());
+            std::vector<float> yh(rows), rh(rows);
+            kernels::gemv_f16(wp, x.data_ptr<float>(), nullptr, yh.data(), rows, cols);
+            kernels::gemv_ref_f16(wp, x.data_ptr<float>(), nullptr, rh.data(), rows, cols);
+            double scale = 1e-12, scale_h = 1e-12, e = 0, eh = 0;
+            for (int64_t i = 0; i < rows; ++i) {
+                scale = std::max(scale, double(std::fabs(r[i])));
+                scale_h = std::max(scale_h, double(std::fabs(rh[i])));
+            }
+            for (int64_t i = 0; i < rows; ++i) {
+                e = std::max(e, std::fabs(double(y[i]) - r[i]) / scale);
+                eh = std::max(eh, std::fabs(double(yh[i]) - rh[i]) / scale_h);
+            }
+            INFO(rows << "x" << cols << " (" << kernels::gemv_isa() << ") f32 " << e << " f16 " << eh);
+            CHECK(e < 1e-5);
+            CHECK(eh < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("GPT-2 decode with q8_0 decode weights stays within their rounding of the f32 path", "[gemv][gpt2][q8_0]") {
+    auto& m = tiny();
+    auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
+    auto run = [&](DecodeWeights dw) {
+        m.model->set_decode_weights(dw);
+        Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
+        std::vector<torch::Tensor> out;
+        for (auto t : ids) out.push_back(s.feed(t));
+        return torch::stack(out);
+    };
+    const int64_t f32_bytes = m.model->decode_weight_bytes();
+    auto ref = run(DecodeWeights::F32);
+    auto q8 = run(DecodeWeights::Q8_0);
+    const int64_t q8_bytes = m.model->decode_weight_bytes();
+    auto back = run(DecodeWeights::F32);
+    CHECK(torch::equal(back, ref));
+    // 34 bytes per 32 weights (rows padded to whole blocks).
+    CHECK(q8_bytes < f32_bytes * 0.3);
+    const double rel = test::max_abs_diff(q8, ref) / ref.abs().max().item<double>();
+    INFO("q8_0 decode weights: max |logit diff| / max |logit| = " << rel);
+    CHECK(rel > 0.0);
+    // Unit roundoff of q8_0 is 1/254 of a block's largest value, for the weights and again for the activations, ~8x
+    // f16's; the golden model amplifies its roundings ~10x (the f16 bound above), hence 1e-1.
+    CHECK(rel < 1e-1);
+    // The next-token choice rarely moves: the argmax agrees with the f32 path on nearly every step.
+    const double agree = ref.argmax(-1).eq(q8.argmax(-1)).to(torch::kDouble).mean().item<double>();
+    INFO("argmax agreement " << agree);
+    CHECK(agree > 0.9);
+    CHECK(enum_from_string(decode_weight_table(), "q8_0", "decode_weights") == DecodeWeights::Q8_0);
 }
 
 TEST_CASE("encode_first equals the start of encode", "[gpt2][tokenizer]") {

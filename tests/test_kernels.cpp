@@ -2,6 +2,7 @@
 #include "cache/io/error.h"
 #include "kernels/attention.h"
 #include "kernels/dct_energy.h"
+#include "kernels/decode_ops.h"
 #include "kernels/dispatch.h"
 #include "kernels/ring_write.h"
 #include "tests/test_util.h"
@@ -9,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -563,4 +565,49 @@ TEST_CASE("kernel performance vs reference paths", "[.kernels-perf]") {
         row("ring_write f32", shape_str(s), ours, tor, cpu);
     }
     SUCCEED();
+}
+
+TEST_CASE("batch-1 decode ops match the tensor operations", "[kernels][decode_ops]") {
+    torch::manual_seed(21);
+    for (int64_t n : {1, 7, 16, 64, 100, 768, 3072, 3073}) {
+        auto x = torch::randn({n}) * 3.0;
+        auto g = torch::randn({n}), b = torch::randn({n});
+        auto y = torch::empty({n});
+        kernels::layer_norm_row(x.data_ptr<float>(), g.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), n,
+                                1e-5f);
+        auto want = torch::layer_norm(x.to(torch::kDouble), {n}, g.to(torch::kDouble), b.to(torch::kDouble), 1e-5);
+        INFO("n " << n);
+        CHECK((y.to(torch::kDouble) - want).abs().max().item<double>() < 1e-5 * (1 + want.abs().max().item<double>()));
+        // GELU over a wide range (|x| up to ~15: tanh saturates, and the small-|x| side where 1 - e cancels).
+        auto gx = torch::randn({n}) * 5.0;
+        auto fast = gx.clone(), ref = gx.clone(), erf = gx.clone();
+        kernels::gelu_tanh_row(fast.data_ptr<float>(), n);
+        kernels::gelu_tanh_row_ref(ref.data_ptr<float>(), n);
+        kernels::gelu_erf_row(erf.data_ptr<float>(), n);
+        auto want_t = torch::gelu(gx.to(torch::kDouble), "tanh");
+        CHECK((fast.to(torch::kDouble) - want_t).abs().max().item<double>() <
+              2e-6 * (1 + gx.abs().max().item<double>()));
+        CHECK((ref.to(torch::kDouble) - want_t).abs().max().item<double>() <
+              2e-6 * (1 + gx.abs().max().item<double>()));
+        CHECK((erf.to(torch::kDouble) - torch::gelu(gx.to(torch::kDouble))).abs().max().item<double>() <
+              2e-6 * (1 + gx.abs().max().item<double>()));
+    }
+    for (auto [heads, d, len, slots] : std::vector<std::array<int64_t, 4>>{
+             {1, 16, 1, 1}, {12, 64, 16, 20}, {4, 16, 33, 40}, {3, 8, 5, 9}, {2, 24, 17, 17}, {12, 64, 900, 1024}}) {
+        auto q = torch::randn({heads * d});
+        auto k = torch::randn({heads, slots, d}) * 0.5, v = torch::randn({heads, slots, d});
+        const float scale = 1.f / std::sqrt(float(d));
+        auto fast = torch::empty({heads * d}), ref = torch::empty({heads * d});
+        kernels::attend_one_query(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), fast.data_ptr<float>(),
+                                  heads, d, len, slots * d, scale);
+        kernels::attend_one_query_ref(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                      ref.data_ptr<float>(), heads, d, len, slots * d, scale);
+        auto kd = k.narrow(1, 0, len).to(torch::kDouble), vd = v.narrow(1, 0, len).to(torch::kDouble);
+        auto qd = q.view({heads, 1, d}).to(torch::kDouble);
+        auto want = torch::matmul(torch::softmax(torch::matmul(qd, kd.transpose(1, 2)) * double(scale), -1), vd)
+                        .reshape({heads * d});
+        INFO(heads << " heads x " << d << ", " << len << " of " << slots << " slots");
+        CHECK((fast.to(torch::kDouble) - want).abs().max().item<double>() < 1e-5);
+        CHECK((ref.to(torch::kDouble) - want).abs().max().item<double>() < 1e-5);
+    }
 }

@@ -94,7 +94,7 @@ nlohmann::json Gpt2BenchReport::to_json() const {
                         {"memcpy_gbs", memcpy_gbs.to_json()},
                         {"weight_bytes", weight_bytes},
                         {"prompt", {{"tokens", prompt_tokens}, {"seconds", prompt_s.to_json()}}},
-                        {"f16_skipped", f16_skipped},
+                        {"copies_skipped", copies_skipped},
                         {"sink", {{"spec", sink_spec}, {"kv_bytes", sink_kv_bytes}}},
                         {"recompute", {{"window", recompute_window}, {"seconds", recompute_s.to_json()}}},
                         {"sink_speedup", sink_speedup},
@@ -163,19 +163,21 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
     }
     tell(r, Gpt2BenchStage::Prompt);
 
-    // Decode latency at several contexts (full KV cache), with float32 weights and with the float16 copy
-    // (--decode-weights f16), measured in the same run.
+    // Decode latency at several contexts (full KV cache), with float32 weights and with the float16 and q8_0 copies
+    // (--decode-weights f16 / q8_0), measured in the same run.
     std::vector<double> f32_median;
-    for (auto dtype : {torch::kFloat32, torch::kFloat16}) {
-        if (dtype == torch::kFloat16 && !fast_decode_kernel()) {
-            r.f16_skipped = true;
-            tell(r, Gpt2BenchStage::DecodeSection);
+    for (auto dw : {DecodeWeights::F32, DecodeWeights::F16, DecodeWeights::Q8_0}) {
+        if (dw != DecodeWeights::F32 && !fast_decode_kernel()) {
+            if (!r.copies_skipped) {
+                r.copies_skipped = true;
+                tell(r, Gpt2BenchStage::DecodeSection);
+            }
             continue;
         }
-        model->set_decode_weights(dtype);
+        model->set_decode_weights(dw);
         const double bytes = static_cast<double>(model->decode_weight_bytes());
-        const bool f16 = dtype == torch::kFloat16;
-        r.decode.push_back({enum_name(decode_weight_table(), dtype), bytes, {}});
+        const bool copy = dw != DecodeWeights::F32;
+        r.decode.push_back({enum_name(decode_weight_table(), dw), bytes, {}});
         tell(r, Gpt2BenchStage::DecodeSection);
         size_t n = 0;
         for (int64_t ctx : {int64_t(16), int64_t(256), int64_t(900)}) {
@@ -188,7 +190,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
                 row.seconds = Spread::of(time_steps(s, p.repeats, rng, V));
                 row.gbs = bytes / row.seconds.median / 1e9;
                 row.memcpy_read_percent = 100.0 * row.gbs / (r.memcpy_gbs.median / 2.0);
-                if (!f16)
+                if (!copy)
                     f32_median.push_back(row.seconds.median);
                 else if (n < f32_median.size())
                     row.speedup_vs_f32 = f32_median[n] / row.seconds.median;
@@ -198,7 +200,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
             tell(r, Gpt2BenchStage::DecodeRow);
         }
     }
-    model->set_decode_weights(torch::kFloat32);
+    model->set_decode_weights(DecodeWeights::F32);
 
     // Attention-sink streaming: latency and RSS stay flat however long the stream.
     const int64_t S = 4, W = std::max<int64_t>(1, std::min<int64_t>(1020, P - 4));

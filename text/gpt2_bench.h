@@ -36,15 +36,15 @@ struct Gpt2BenchReport {
         bool skipped = false; // context + repeats > n_positions
         Spread seconds;       // per token
         double gbs = 0, memcpy_read_percent = 0;
-        double speedup_vs_f32 = 0; // f16 rows: the f32 median over this one's (0: no f32 row)
+        double speedup_vs_f32 = 0; // f16 / q8_0 rows: the f32 median over this one's (0: no f32 row)
     };
     struct DecodeSection {
-        std::string weights;     // "f32" | "f16"
+        std::string weights;     // "f32" | "f16" | "q8_0"
         double weight_bytes = 0; // streamed per token
         std::vector<DecodeRow> rows;
     };
     std::vector<DecodeSection> decode; // full KV cache, by decode weights
-    bool f16_skipped = false;          // the reference kernel reads f32 weights only
+    bool copies_skipped = false;       // f16 / q8_0: the reference kernel reads f32 weights only
     std::string sink_spec;
     int64_t sink_kv_bytes = 0;
     struct StreamRow {

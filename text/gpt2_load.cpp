@@ -8,16 +8,15 @@
 
 namespace anchor::text {
 
-const EnumTable<torch::ScalarType>& decode_weight_table() {
-    static const EnumTable<torch::ScalarType> t = {{"f32", torch::kFloat32}, {"f16", torch::kFloat16}};
+const EnumTable<DecodeWeights>& decode_weight_table() {
+    static const EnumTable<DecodeWeights> t = {
+        {"f32", DecodeWeights::F32}, {"f16", DecodeWeights::F16}, {"q8_0", DecodeWeights::Q8_0}};
     return t;
 }
 
 void Gpt2ModelParams::validate() const {
     if (model.empty()) throw ParamError("model", "is empty: a GPT-2 folder, .safetensors file or index is needed");
     if (n_head < 0) throw ParamError("n_head", "must be >= 0, got " + std::to_string(n_head));
-    if (decode_weights != torch::kFloat32 && decode_weights != torch::kFloat16)
-        throw ParamError("decode_weights", std::string("must be f32 or f16, got ") + c10::toString(decode_weights));
 }
 
 LoadedGpt2 load_gpt2_model(const Gpt2ModelParams& p) {

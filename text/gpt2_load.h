@@ -9,14 +9,14 @@
 
 namespace anchor::text {
 
-// The weights one-token steps read (Gpt2ModelImpl::set_decode_weights): "f32", "f16".
-const EnumTable<torch::ScalarType>& decode_weight_table();
+// The weights one-token steps read (Gpt2ModelImpl::set_decode_weights): "f32", "f16", "q8_0".
+const EnumTable<DecodeWeights>& decode_weight_table();
 
 struct Gpt2ModelParams {
     std::string model;  // folder (config.json + any *.safetensors), .safetensors file or *.safetensors.index.json
     std::string vocab;  // tokenizer folder; "": the model folder when it has one, else Gpt2Tokenizer::default_dir()
     int64_t n_head = 0; // head count when the model has no config.json (0: n_embd / 64)
-    torch::ScalarType decode_weights = torch::kFloat32;
+    DecodeWeights decode_weights = DecodeWeights::F32;
     void validate() const; // ParamError naming the field
 };
 

@@ -7,6 +7,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
+#include "kernels/decode_ops.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemv.h"
 #include "text/params.h"
@@ -55,7 +56,7 @@ bool fast_decode_kernel() {
 }
 std::string decode_kernel() {
     if (!g_fast_decode) return "torch::addmv/mv (reference)";
-    return kernels::gemv_uses_avx2() ? "AVX2/FMA gemv" : "portable gemv";
+    return kernels::gemv_isa();
 }
 
 // ---- config ------------------------------------------------------------------------------------------------------
@@ -139,14 +140,36 @@ Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
 
 void Conv1DImpl::finalize() {
     torch::NoGradGuard ng;
-    w_rows_ = weight.detach().t().contiguous();
+    w_rows_ = kernels::huge_page_copy(weight.detach().t());
     // The parameter becomes an [in, out] view of the row-major copy: one copy of the weights in memory.
     weight.set_data(w_rows_.t());
 }
 
-void Conv1DImpl::set_decode_f16(bool on) {
+void Conv1DImpl::set_decode_weights(DecodeWeights dw) {
     torch::NoGradGuard ng;
-    w_rows_f16_ = on && w_rows_.defined() ? w_rows_.to(torch::kFloat16) : torch::Tensor();
+    const bool rows = w_rows_.defined();
+    w_rows_f16_ =
+        dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(w_rows_.to(torch::kFloat16)) : torch::Tensor();
+    w_rows_q8_ =
+        dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(w_rows_)) : torch::Tensor();
+}
+
+int64_t Conv1DImpl::decode_bytes() const {
+    if (w_rows_q8_.defined()) return w_rows_q8_.nbytes();
+    if (w_rows_f16_.defined()) return w_rows_f16_.nbytes();
+    return weight.numel() * int64_t(sizeof(float));
+}
+
+void Conv1DImpl::decode_row(const float* x, float* y) const {
+    const int64_t in = w_rows_.size(1), out = w_rows_.size(0);
+    const float* b = bias.data_ptr<float>();
+    if (w_rows_q8_.defined())
+        kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(w_rows_q8_.data_ptr<uint8_t>()), x, b, y, out,
+                           in);
+    else if (w_rows_f16_.defined())
+        kernels::gemv_f16(reinterpret_cast<const uint16_t*>(w_rows_f16_.data_ptr<at::Half>()), x, b, y, out, in);
+    else
+        kernels::gemv_f32(w_rows_.data_ptr<float>(), x, b, y, out, in);
 }
 
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
@@ -154,8 +177,10 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     auto shape = x.sizes().vec();
     shape.back() = out;
     if (x.numel() == in && w_rows_.defined()) { // one token: matrix-vector over contiguous rows
-        if (g_fast_decode)
+        if (g_fast_decode) {
+            if (w_rows_q8_.defined()) return kernels::gemv_q8_0(w_rows_q8_, x.reshape({in}), bias).view(shape);
             return kernels::gemv(w_rows_f16_.defined() ? w_rows_f16_ : w_rows_, x.reshape({in}), bias).view(shape);
+        }
         return torch::addmv(bias, w_rows_, x.reshape({in})).view(shape);
     }
     return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
@@ -246,32 +271,34 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
         for (auto* c : b->conv1ds()) c->finalize();
     }
     if (explicit_lm_head.defined() && !explicit_lm_head.equal(wte->weight.detach())) {
-        lm_head_ = explicit_lm_head.detach().to(torch::kFloat32).contiguous();
+        lm_head_ = kernels::huge_page_copy(explicit_lm_head.detach().to(torch::kFloat32));
         tied_ = false;
     } else {
+        // Tied: the embedding table is the LM head every step streams; it moves to huge pages once.
+        wte->weight.set_data(kernels::huge_page_copy(wte->weight.detach()));
         lm_head_ = wte->weight.detach();
         tied_ = true;
     }
     for (auto& p : parameters()) p.set_requires_grad(false);
 }
 
-void Gpt2ModelImpl::set_decode_weights(torch::ScalarType dtype) {
-    if (dtype != torch::kFloat32 && dtype != torch::kFloat16)
-        throw Error(std::string("decode weights must be float32 or float16, not ") + c10::toString(dtype));
-    const bool f16 = dtype == torch::kFloat16;
+void Gpt2ModelImpl::set_decode_weights(DecodeWeights dw) {
     for (auto& b : blocks_)
-        for (auto* c : b->conv1ds()) c->set_decode_f16(f16);
+        for (auto* c : b->conv1ds()) c->set_decode_weights(dw);
     torch::NoGradGuard ng;
-    lm_head_f16_ = f16 ? lm_head_.to(torch::kFloat16).contiguous() : torch::Tensor();
-    decode_dtype_ = dtype;
+    lm_head_f16_ = dw == DecodeWeights::F16 ? kernels::huge_page_copy(lm_head_.to(torch::kFloat16)) : torch::Tensor();
+    lm_head_q8_ =
+        dw == DecodeWeights::Q8_0 ? kernels::huge_page_copy(kernels::quantize_q8_0(lm_head_)) : torch::Tensor();
+    decode_dtype_ = dw;
 }
 
 int64_t Gpt2ModelImpl::decode_weight_bytes() const {
-    const int64_t per = decode_dtype_ == torch::kFloat16 ? 2 : 4;
-    int64_t n = lm_head_.numel();
+    int64_t n = lm_head_q8_.defined()    ? lm_head_q8_.nbytes()
+                : lm_head_f16_.defined() ? lm_head_f16_.nbytes()
+                                         : lm_head_.numel() * int64_t(sizeof(float));
     for (const auto& b : blocks_)
-        for (const auto* c : b->conv1ds()) n += c->weight.numel();
-    return n * per;
+        for (const auto* c : b->conv1ds()) n += c->decode_bytes();
+    return n;
 }
 
 torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
@@ -279,8 +306,10 @@ torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
         shape.back() = lm_head_.size(0);
-        if (g_fast_decode)
+        if (g_fast_decode) {
+            if (lm_head_q8_.defined()) return kernels::gemv_q8_0(lm_head_q8_, x.reshape({C})).view(shape);
             return kernels::gemv(lm_head_f16_.defined() ? lm_head_f16_ : lm_head_, x.reshape({C})).view(shape);
+        }
         return torch::mv(lm_head_, x.reshape({C})).view(shape);
     }
     return torch::matmul(x, lm_head_.t());
@@ -321,11 +350,76 @@ torch::Tensor Gpt2ModelImpl::step(const torch::Tensor& ids_in, const std::vector
         if (p < 0 || p >= cfg_.n_positions)
             throw Error("GPT-2 step: position id " + std::to_string(p) + " outside [0, " +
                         std::to_string(cfg_.n_positions) + ")");
+    if (step_one_applies(ids, caches)) return step_one(ids.to(torch::kLong).item<int64_t>(), pos_ids[0], caches);
     auto pos = torch::tensor(pos_ids, torch::kLong);
     auto x = wte(ids.to(torch::kLong)) + wpe(pos);
     for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l](x, &caches[l], pos_ids);
     if (last_only) x = x.narrow(1, T - 1, 1);
     return logits_of(ln_f(x));
+}
+
+bool Gpt2ModelImpl::step_one_applies(const torch::Tensor& ids, const std::vector<cache::SinkRollingKV>& caches) const {
+    if (!g_fast_decode || ids.numel() != 1 || ids.size(0) != 1) return false;
+    auto cpu_f32 = [](const torch::Tensor& t) {
+        return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+    };
+    if (!cpu_f32(wte->weight) || !cpu_f32(wpe->weight) || !cpu_f32(lm_head_) || !cpu_f32(ln_f->weight)) return false;
+    for (const auto& c : caches)
+        if (!cpu_f32(c.k_storage()) || !cpu_f32(c.v_storage()) || c.k_storage().size(0) != 1) return false;
+    for (const auto& b : blocks_)
+        for (const auto* c : b->conv1ds())
+            if (!cpu_f32(c->w_rows()) || !cpu_f32(c->bias)) return false;
+    return true;
+}
+
+torch::Tensor Gpt2ModelImpl::step_one(int64_t id, int64_t pos, std::vector<cache::SinkRollingKV>& caches) {
+    const int64_t C = cfg_.n_embd, H = cfg_.n_head, D = cfg_.head_dim(), F = cfg_.inner(), V = lm_head_.size(0);
+    if (id < 0 || id >= cfg_.vocab_size)
+        throw Error("GPT-2 step: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) +
+                    ")");
+    std::vector<float> buf(static_cast<size_t>(C * 3 + 3 * C + F));
+    float *x = buf.data(), *h = x + C, *att = h + C, *qkv = att + C, *ff = qkv + 3 * C;
+    const float* te = wte->weight.data_ptr<float>() + id * C;
+    const float* pe = wpe->weight.data_ptr<float>() + pos * C;
+    for (int64_t i = 0; i < C; ++i) x[i] = te[i] + pe[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(double(D)));
+    auto norm = [&](const torch::nn::LayerNorm& ln, const float* in, float* out) {
+        kernels::layer_norm_row(in, ln->weight.data_ptr<float>(), ln->bias.data_ptr<float>(), out, C,
+                                static_cast<float>(ln->options.eps()));
+    };
+    for (size_t l = 0; l < blocks_.size(); ++l) {
+        auto& blk = *blocks_[l];
+        auto& kv = caches[l];
+        norm(blk.ln_1, x, h);
+        blk.attn->c_attn->decode_row(h, qkv);
+        // q, k, v side by side as c_attn gives them; k and v are [1, H, 1, D] rows, as the module path appends them.
+        auto k = torch::from_blob(qkv + C, {1, H, 1, D}), v = torch::from_blob(qkv + 2 * C, {1, H, 1, D});
+        kv.append(k, v, pos);
+        const int64_t cap = kv.capacity();
+        kernels::attend_one_query(qkv, kv.k_storage().data_ptr<float>(), kv.v_storage().data_ptr<float>(), att, H, D,
+                                  kv.filled(), cap * D, scale);
+        blk.attn->c_proj->decode_row(att, h);
+        for (int64_t i = 0; i < C; ++i) x[i] += h[i];
+        norm(blk.ln_2, x, h);
+        blk.mlp->c_fc->decode_row(h, ff);
+        if (cfg_.tanh_gelu())
+            kernels::gelu_tanh_row(ff, F);
+        else
+            kernels::gelu_erf_row(ff, F);
+        blk.mlp->c_proj->decode_row(ff, h);
+        for (int64_t i = 0; i < C; ++i) x[i] += h[i];
+    }
+    norm(ln_f, x, h);
+    auto logits = torch::empty({1, 1, V}, torch::kFloat32);
+    float* y = logits.data_ptr<float>();
+    if (lm_head_q8_.defined())
+        kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(lm_head_q8_.data_ptr<uint8_t>()), h, nullptr, y,
+                           V, C);
+    else if (lm_head_f16_.defined())
+        kernels::gemv_f16(reinterpret_cast<const uint16_t*>(lm_head_f16_.data_ptr<at::Half>()), h, nullptr, y, V, C);
+    else
+        kernels::gemv_f32(lm_head_.data_ptr<float>(), h, nullptr, y, V, C);
+    return logits;
 }
 
 std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int64_t window, bool evict,

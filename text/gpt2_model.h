@@ -31,8 +31,13 @@ namespace anchor::text {
 // torch::addmv / torch::mv reference path. Process-wide (benchmarks compare both).
 void set_fast_decode_kernel(bool on);
 bool fast_decode_kernel();
-// The matrix-vector kernel batch-1 steps run now: "AVX2/FMA gemv", "portable gemv" or "torch::addmv/mv (reference)".
+// The matrix-vector kernel batch-1 steps run now: "AVX-512 gemv", "AVX2/FMA gemv", "portable gemv" or
+// "torch::addmv/mv (reference)".
 std::string decode_kernel();
+
+// The weights batch-1 steps read (`--decode-weights`): float32, a float16 copy, or a q8_0 copy (llama.cpp's block
+// format: 32 int8 values and one float16 scale per block, kernels/gemv.h).
+enum class DecodeWeights { F32, F16, Q8_0 };
 
 struct Gpt2Config {
     int64_t n_layer = 12;
@@ -64,13 +69,17 @@ public:
     Conv1DImpl(int64_t in, int64_t out);
     torch::Tensor forward(const torch::Tensor& x);
     void finalize(); // re-lays the loaded weight out as [out, in] rows (once, after loading)
-    // Batch-1 steps read a float16 copy of the rows (half the bytes) when on; batched forwards keep float32.
-    void set_decode_f16(bool on);
+    // Batch-1 steps read a float16 or q8_0 copy of the rows (half / ~0.27 of the bytes) when asked; batched forwards
+    // keep float32.
+    void set_decode_weights(DecodeWeights dw);
     const torch::Tensor& w_rows() const { return w_rows_; }
+    int64_t decode_bytes() const; // bytes of the rows one batch-1 step reads
+    // y[out] = W x[in] + b through the decode copy in use (kernels::gemv_*); after finalize().
+    void decode_row(const float* x, float* y) const;
     torch::Tensor weight, bias;
 
 private:
-    torch::Tensor w_rows_, w_rows_f16_;
+    torch::Tensor w_rows_, w_rows_f16_, w_rows_q8_;
 };
 TORCH_MODULE(Conv1D);
 
@@ -136,12 +145,14 @@ public:
     void finalize(const torch::Tensor& explicit_lm_head = {});
     const torch::Tensor& lm_head() const { return lm_head_; }
     bool lm_head_tied() const { return tied_; }
-    // Decode weights (`--decode-weights f16`): batch-1 steps are bound by the bytes of weights read per token, so a
-    // float16 copy of every Conv1D and the LM head (F16C-widened in kernels::gemv) halves that traffic, as
-    // llama.cpp's f16 models do. Costs a second, half-size copy of those weights; prompts and batched forwards stay
-    // float32. Logits move by the f16 rounding of the weights (relative ~1e-3). Only with the fast decode kernel.
-    void set_decode_weights(torch::ScalarType dtype); // kFloat32 (default, drops the copies) or kFloat16
-    torch::ScalarType decode_weights() const { return decode_dtype_; }
+    // Decode weights (`--decode-weights f16|q8_0`): batch-1 steps are bound by the bytes of weights read per token,
+    // so a float16 copy of every Conv1D and the LM head (F16C-widened in kernels::gemv) halves that traffic, as
+    // llama.cpp's f16 models do, and a q8_0 copy (34 bytes per 32 weights; the activations quantised per block as
+    // llama.cpp does) brings it to 0.27. Costs a second copy of those weights; prompts and batched forwards stay
+    // float32. Logits move by the rounding of the weights (f16: relative ~1e-3; q8_0: ~1e-2). Only with the fast
+    // decode kernel.
+    void set_decode_weights(DecodeWeights dw); // F32 (default) drops the copies
+    DecodeWeights decode_weights() const { return decode_dtype_; }
     int64_t decode_weight_bytes() const; // bytes one batch-1 step streams: every Conv1D weight and the LM head
     const Gpt2Config& config() const { return cfg_; }
 
@@ -151,10 +162,15 @@ public:
 
 private:
     torch::Tensor logits_of(const torch::Tensor& x); // ln_f already applied
+    // One token of one sequence on raw rows (kernels/decode_ops.h, kernels::gemv_*): the same arithmetic as the
+    // module forwards without their ~40 LibTorch ops per layer. Used by step() with the fast decode kernel; the
+    // module forwards stay the reference (set_fast_decode_kernel(false)).
+    torch::Tensor step_one(int64_t id, int64_t pos, std::vector<cache::SinkRollingKV>& caches);
+    bool step_one_applies(const torch::Tensor& ids, const std::vector<cache::SinkRollingKV>& caches) const;
     Gpt2Config cfg_;
     std::vector<Gpt2Block> blocks_;
-    torch::Tensor lm_head_, lm_head_f16_;
-    torch::ScalarType decode_dtype_ = torch::kFloat32;
+    torch::Tensor lm_head_, lm_head_f16_, lm_head_q8_;
+    DecodeWeights decode_dtype_ = DecodeWeights::F32;
     bool tied_ = true;
 };
 TORCH_MODULE(Gpt2Model);

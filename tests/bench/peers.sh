@@ -6,7 +6,7 @@
 # Each round runs, one after the other with the same thread count:
 #   SD 1.5 UNet, one CFG step (batch 2), 256x256: anchor-sd bench   | diffusers 0.27.2 (diffusers_sd15_step.py)
 #   SD 1.5 UNet step 512x512 and the VAE decode 512x512: the same two programs (--vae)
-#   GPT-2-small decode at context 16: anchor-text gpt2 bench (f32, f16) | llama.cpp llama-bench tg64 (f32, f16, q8_0)
+#   GPT-2-small decode at context 16: anchor-text gpt2 bench (f32, f16, q8_0) | llama.cpp llama-bench tg64 (same)
 #                                       | plain PyTorch with a preallocated KV cache (gpt2_torch_kv_bench.py)
 # and the summary gives min / median / max of every run of every round and the ratio of medians (peer / ours).
 #
@@ -15,6 +15,7 @@
 #   REF        diffusers v0.27.2 and huggingface_hub v0.22.2 sources, REF/diffusers and REF/hfhub
 #   LLAMA_CPP  a llama.cpp source tree built with -DGGML_NATIVE=ON (build/bin/llama-bench, gguf-py); optional
 #   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
+#   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed)
 # The Python peers run with the OpenBLAS kernels anchor-sd runs with (OPENBLAS_CORETYPE as it reports), so both sides
 # use the same GEMM; on CPUs Debian's OpenBLAS does not know, Python would otherwise run the Prescott kernels.
 set -euo pipefail
@@ -29,10 +30,19 @@ reps=${REPS:-3}
 gguf_dir=${GGUF_DIR:-$build/peers}
 sd=$build/anchor-sd
 text=$build/anchor-text
-[ -x "$sd" ] && [ -x "$text" ] || { echo "error: $sd / $text not built" >&2; exit 2; }
 [ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
-[ -n "$ref" ] && [ -d "$ref/diffusers/src" ] || { echo "error: set REF to the folder with diffusers/ and hfhub/" >&2; exit 2; }
+only=${ONLY:-}
+case "$only" in "" | gpt2) ;; *) echo "error: ONLY must be empty or gpt2, got '$only'" >&2; exit 2 ;; esac
+if [ "$only" != gpt2 ]; then
+  [ -n "$ref" ] && [ -d "$ref/diffusers/src" ] || { echo "error: set REF to the folder with diffusers/ and hfhub/" >&2; exit 2; }
+fi
 if [ -e "$out" ]; then echo "error: $out exists (not overwritten)" >&2; exit 2; fi
+if [ "$only" = gpt2 ]; then
+  [ -x "$text" ] || { echo "error: $text not built" >&2; exit 2; }
+  sd=$text # --version: the same build and BLAS report
+else
+  [ -x "$sd" ] && [ -x "$text" ] || { echo "error: $sd / $text not built" >&2; exit 2; }
+fi
 py=/usr/bin/python3
 export PYTHONPATH="$peers/shim:$ref/diffusers/src:$ref/hfhub/src:$peers"
 core=$("$sd" --version 2>&1 | sed -n 's/.*, core \([A-Za-z0-9]*\).*/\1/p' | head -1)
@@ -58,11 +68,17 @@ peer_py() {
 
 log "# tests/bench/peers.sh $build $out $rounds   ($(date -u '+%F %H:%M UTC'); git $(git -C "$root" rev-parse --short HEAD))"
 log "# $(nproc) cores, $threads threads per run, $reps repeats per run; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+if [ "$only" = gpt2 ]; then
+  log "# ours: $("$text" -t "$threads" --version 2>&1 | grep -E 'BLAS|blas|threads|build' | xargs | tr '\n' ';')"
+else
 log "# ours: $("$sd" bench --help >/dev/null 2>&1 && "$sd" -t "$threads" bench -W 8 -H 8 --repeat 1 --warmup 0 --deepcache 2 2>/dev/null | grep -E '^  (build|blas):' | tr '\n' ';')"
-log "# peers: diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
+fi
+log "# peers: ${only:+ONLY=$only; }diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
 for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  for size in ${SIZES:-256 512}; do
+  sizes=${SIZES:-256 512}
+  [ "$only" = gpt2 ] && sizes=
+  for size in $sizes; do
     vae=(); [ "$size" = 512 ] && vae=(--vae "$reps")
     o=$("$sd" -t "$threads" bench -W $size -H $size --repeat "$reps" --warmup 1 --deepcache 3 "${vae[@]}" 2>&1)
     u=$(echo "$o" | grep -A1 '^UNet step' | sed -n 's/^  runs: \(.*\) s$/\1/p')
@@ -87,9 +103,11 @@ for r in $(seq 1 "$rounds"); do
   o=$("$text" -t "$threads" gpt2 bench --repeats "$reps" --stream-tokens 32 --recompute-repeats 1 2>&1)
   f32=$(echo "$o" | grep -A1 'f32 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
   f16=$(echo "$o" | grep -A1 'f16 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
-  log "  ours      gpt2 decode ctx16 ms/token: f32 $f32 (min/median/max), f16 $f16"
+  q8=$(echo "$o" | grep -A1 'q8_0 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
+  log "  ours      gpt2 decode ctx16 ms/token: f32 $f32 (min/median/max), f16 $f16, q8_0 $q8   ($(echo "$o" | grep -o 'decode matrix-vector kernel: [^,]*'))"
   sample "gpt2-f32 ours" $f32
   sample "gpt2-f16 ours" $f16
+  sample "gpt2-q8_0 ours" $q8
   if [ -n "$llama_bench" ]; then
     for t in f32 f16 q8_0; do
       j=$("$llama_bench" -m "$gguf_dir/gpt2-random-$t.gguf" -t "$threads" -p 0 -n 64 -r "$reps" -o json 2>/dev/null)
