@@ -73,6 +73,8 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
                     "attention arithmetic of the fast paths (kernels/attention.h)",
                     "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
+    add_enum_option(cmd, "--weights-dtype", o.weights_dtype, unet::weights_dtype_table(),
+                    "how the UNet's (and VAE's) Linear/Conv weights are kept: f16/bf16 halve them, upcast per layer");
     cmd.add_option("--vae", o.vae_repeat, "also time this many VAE decodes of one latent (SD's VAE, random weights)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();

@@ -1,5 +1,7 @@
 #include "unet/unet_bench.h"
 
+#include "unet/checkpoint.h"
+
 #include "cache/io/error.h"
 #include "cache/util/bench.h"
 #include "cache/util/threads.h"
@@ -128,10 +130,12 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          (o.attention ? "" : " (the default for these shapes)") +
          "; tiled kernel: " + enum_name(kernels::flash_isa_table(), kernels::flash_best_isa()));
     for (auto& p : model->parameters()) p.set_requires_grad(false);
+    store_weights_as(*model, o.weights_dtype);
     int64_t nparams = 0;
     for (const auto& p : model->parameters()) nparams += p.numel();
-    emit("model: " + fmt("%.1f", double(nparams) / 1e6) + " M parameters, built in " + fmt("%.1f", now_s() - t0) +
-         " s");
+    emit("model: " + fmt("%.1f", double(nparams) / 1e6) + " M parameters (" +
+         fmt("%.0f", double(parameter_bytes(*model)) / 1048576.0) + " MiB, weights " +
+         enum_name(weights_dtype_table(), o.weights_dtype) + "), built in " + fmt("%.1f", now_s() - t0) + " s");
 
     auto sample = torch::randn({o.batch, cfg.in_channels, lh, lw});
     UNetCond context{torch::randn({o.batch, tokens, cfg.cross_attention_dim})};
@@ -207,6 +211,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         vae->set_attention_kernel(attention);
         vae->set_fast_paths(!o.baseline);
         for (auto& p : vae->parameters()) p.set_requires_grad(false);
+        store_weights_as(*vae, o.weights_dtype);
         const auto z = torch::randn({1, 4, lh, lw});
         torch::Tensor img = vae->decode(z); // warm-up
         std::vector<double> tv;

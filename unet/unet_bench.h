@@ -30,6 +30,8 @@ struct UNetBenchParams {
     int branch = 0;
     bool time_shallow = true;
     int gemm_n = 2048, gemm_repeat = 5;
+    // How the Linear/Conv weights are kept (LoadOptions::weights_dtype): f16/bf16 halve them, upcast per layer.
+    torch::ScalarType weights_dtype = torch::kFloat;
     int vae_repeat = 0; // > 0: also time this many decodes of one latent by SD's VAE (random weights) at the size
     int64_t seed = 0;
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
