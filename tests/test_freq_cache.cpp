@@ -334,7 +334,9 @@ TEST_CASE("freq probe: one decision for a batch, from the image that changes mos
     const double r0 = alone.update(*models.unet, x1.index_select(0, rows0));
     pooled.update(*models.unet, x0);
     const double rp = pooled.update(*models.unet, x1);
-    CHECK(r == Approx(r0).epsilon(1e-12));
+    // The same image's change, up to float32 rounding: a batch of 4 and one of 2 may take convolution paths that round
+    // differently on some CPUs (1.2e-8 relative on an AMD EPYC).
+    CHECK(r == Approx(r0).epsilon(1e-6));
     CHECK(r > rp * 1.2);
 }
 
