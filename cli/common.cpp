@@ -159,6 +159,20 @@ batch::ItemJob make_item_job(const BatchArgs& a, bool overwrite, const nlohmann:
     return job;
 }
 
+void print_item_job_result(const batch::ItemJobResult& r) {
+    std::fprintf(stderr, "%d prompts generated, %d done before%s\n", r.ran, r.skipped,
+                 r.manifest.empty() ? "" : ("; manifest " + r.manifest).c_str());
+}
+
+CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+    auto* o = app.add_option("--device", device,
+                             "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device, else the "
+                             "CPU); cuda and auto take the GPU of the MPI local rank under mpirun")
+                  ->capture_default_str();
+    bind_field("device", o->get_name());
+    return o;
+}
+
 std::string default_sd_model() {
     for (const char* rel : {"models/fashion-sd", "models/sd15-tiny-random"}) {
         const std::string p = find_asset_or_empty(std::string(rel) + "/unet/config.json");

@@ -12,7 +12,8 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+} // namespace CLI
 
 namespace anchor {
 
@@ -54,6 +55,10 @@ struct BatchArgs {
 // Adds --prompts-file, -o/--output and --skip-existing to `sub` (`what`: the kind of output, for --help).
 void add_batch_options(CLI::App* sub, BatchArgs& a, const std::string& what);
 batch::ItemJob make_item_job(const BatchArgs& a, bool overwrite, const nlohmann::json& facts);
+// "N prompts generated, M done before; manifest F" on stderr.
+void print_item_job_result(const batch::ItemJobResult& r);
+// --device (batch::DeviceSpec) for anchor-sd and anchor-sd serve; the field it names is "device".
+CLI::Option* add_device_option(CLI::App& app, std::string& device);
 
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.

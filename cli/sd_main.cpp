@@ -407,11 +407,7 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                               "how Linear/Conv weights are kept in memory; f16/bf16 halve them, the compute stays f32 "
                               "(needs --dtype f32)"),
          "weights_dtype");
-    bind(app.add_option("--device", o.device,
-                        "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device, else the CPU); "
-                        "cuda and auto take the GPU of the MPI local rank under mpirun")
-             ->capture_default_str(),
-         "device");
+    cli::add_device_option(app, o.device);
     bind(cli::add_enum_option(app, "--prediction", o.prediction, prediction_option_table(),
                               "what the UNet predicts: auto = the model's scheduler config, epsilon for SD 1.x single "
                               "files, the v-prediction test for SD 2.x single files"),

@@ -80,11 +80,7 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
              ->capture_default_str(),
          "max_images");
     bind(cmd->add_option("--max-modes", s.max_modes, "most modes of one compare")->capture_default_str(), "max_modes");
-    bind(cmd->add_option("--device", o->device,
-                         "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device); cuda and auto "
-                         "take the GPU of the MPI local rank")
-             ->capture_default_str(),
-         "device");
+    add_device_option(*cmd, o->device);
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");
     runners.emplace_back(cmd, [o]() { return run_serve(*o); });

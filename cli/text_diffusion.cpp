@@ -284,8 +284,7 @@ int run_generate(const GenerateArgs& a) {
                 std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["seconds"] << " s, "
                           << rec["forward_passes"] << " forward passes)\n";
             });
-            std::cerr << r.ran << " prompts generated, " << r.skipped << " done before"
-                      << (r.manifest.empty() ? "" : "; manifest " + r.manifest) << "\n";
+            print_item_job_result(r);
             return 0;
         });
     }

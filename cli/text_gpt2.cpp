@@ -183,8 +183,7 @@ int run_generate(GenArgs a) {
                 std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["generated"] << " tokens, "
                           << rec["timings_s"]["generate"] << " s)\n";
             });
-            std::cerr << r.ran << " prompts generated, " << r.skipped << " done before"
-                      << (r.manifest.empty() ? "" : "; manifest " + r.manifest) << "\n";
+            print_item_job_result(r);
             return 0;
         }
         text::StreamRunner runner(a.p);

@@ -398,6 +398,18 @@ torch::Tensor quantize_q8_0(const torch::Tensor& w_in) {
     return out;
 }
 
+namespace {
+// The bias of a tensor-form gemv as contiguous float32 [rows] (undefined when there is none); anchor::Error naming
+// `who` when its length is not the row count.
+torch::Tensor float_bias(const torch::Tensor& bias, int64_t rows, const char* who) {
+    if (!bias.defined()) return {};
+    if (bias.numel() != rows)
+        throw Error(std::string(who) + ": bias has " + std::to_string(bias.numel()) + " values for " +
+                    std::to_string(rows) + " rows");
+    return bias.to(torch::kFloat32).contiguous();
+}
+} // namespace
+
 torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias) {
     const int64_t cols = x_in.numel();
     if (wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.is_contiguous() || !wq.device().is_cpu() ||
@@ -407,13 +419,7 @@ torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, cons
                     std::to_string(cols) + " inputs");
     const int64_t rows = wq.size(0);
     auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
-    torch::Tensor b;
-    if (bias.defined()) {
-        if (bias.numel() != rows)
-            throw Error("gemv_q8_0: bias has " + std::to_string(bias.numel()) + " values for " + std::to_string(rows) +
-                        " rows");
-        b = bias.to(torch::kFloat32).contiguous();
-    }
+    const torch::Tensor b = float_bias(bias, rows, "gemv_q8_0");
     auto y = torch::empty({rows}, torch::kFloat32);
     gemv_q8_0(reinterpret_cast<const BlockQ8_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
@@ -451,13 +457,7 @@ torch::Tensor gemv(const torch::Tensor& w, const torch::Tensor& x_in, const torc
         return gemv_torch(w, x_in.reshape({-1}), bias);
     const int64_t rows = w.size(0), cols = w.size(1);
     auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
-    torch::Tensor b;
-    if (bias.defined()) {
-        if (bias.numel() != rows)
-            throw Error("gemv: bias has " + std::to_string(bias.numel()) + " values for " + std::to_string(rows) +
-                        " rows");
-        b = bias.to(torch::kFloat32).contiguous();
-    }
+    const torch::Tensor b = float_bias(bias, rows, "gemv");
     auto y = torch::empty({rows}, torch::kFloat32);
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     if (w.scalar_type() == torch::kFloat32)

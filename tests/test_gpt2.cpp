@@ -131,6 +131,14 @@ std::vector<int64_t> to_vec(const torch::Tensor& t) {
     return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+// The logits of every token of `ids` fed one at a time through a full KV cache at absolute positions, [T, V].
+torch::Tensor stream_logits(Gpt2Model& model, const std::vector<int64_t>& ids) {
+    Gpt2Stream s(model, KvSpec::parse("full"), PositionMode::Absolute);
+    std::vector<torch::Tensor> out;
+    for (auto t : ids) out.push_back(s.feed(t));
+    return torch::stack(out);
+}
+
 } // namespace
 
 TEST_CASE("GPT-2 tiny: config, loader and full forward match the reference", "[gpt2][model]") {
@@ -373,10 +381,7 @@ TEST_CASE("GPT-2 decode with f16 decode weights stays within their rounding of t
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
     auto run = [&](DecodeWeights dw) {
         m.model->set_decode_weights(dw);
-        Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
-        std::vector<torch::Tensor> out;
-        for (auto t : ids) out.push_back(s.feed(t));
-        return torch::stack(out);
+        return stream_logits(m.model, ids);
     };
     const int64_t f32_bytes = m.model->decode_weight_bytes();
     auto ref = run(DecodeWeights::F32);
@@ -514,10 +519,7 @@ TEST_CASE("GPT-2 decode with q8_0 decode weights stays within their rounding of 
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
     auto run = [&](DecodeWeights dw) {
         m.model->set_decode_weights(dw);
-        Gpt2Stream s(m.model, KvSpec::parse("full"), PositionMode::Absolute);
-        std::vector<torch::Tensor> out;
-        for (auto t : ids) out.push_back(s.feed(t));
-        return torch::stack(out);
+        return stream_logits(m.model, ids);
     };
     const int64_t f32_bytes = m.model->decode_weight_bytes();
     auto ref = run(DecodeWeights::F32);

@@ -138,50 +138,60 @@ Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
     bias = register_parameter("bias", torch::zeros({out}));
 }
 
+void DecodeRows::set_copies(DecodeWeights dw) {
+    torch::NoGradGuard ng;
+    const bool rows = f32.defined();
+    f16 = dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(f32.to(torch::kFloat16)) : torch::Tensor();
+    q8 = dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(f32)) : torch::Tensor();
+}
+
+int64_t DecodeRows::bytes() const {
+    if (q8.defined()) return q8.nbytes();
+    if (f16.defined()) return f16.nbytes();
+    return f32.numel() * int64_t(sizeof(float));
+}
+
+void DecodeRows::gemv(const float* x, const float* b, float* y) const {
+    const int64_t in = f32.size(1), out = f32.size(0);
+    if (q8.defined())
+        kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(q8.data_ptr<uint8_t>()), x, b, y, out, in);
+    else if (f16.defined())
+        kernels::gemv_f16(reinterpret_cast<const uint16_t*>(f16.data_ptr<at::Half>()), x, b, y, out, in);
+    else
+        kernels::gemv_f32(f32.data_ptr<float>(), x, b, y, out, in);
+}
+
+torch::Tensor DecodeRows::gemv(const torch::Tensor& x, const torch::Tensor& bias) const {
+    if (q8.defined()) return kernels::gemv_q8_0(q8, x, bias);
+    return kernels::gemv(f16.defined() ? f16 : f32, x, bias);
+}
+
 void Conv1DImpl::finalize() {
     torch::NoGradGuard ng;
-    w_rows_ = kernels::huge_page_copy(weight.detach().t());
+    rows_.f32 = kernels::huge_page_copy(weight.detach().t());
     // The parameter becomes an [in, out] view of the row-major copy: one copy of the weights in memory.
-    weight.set_data(w_rows_.t());
+    weight.set_data(rows_.f32.t());
 }
 
 void Conv1DImpl::set_decode_weights(DecodeWeights dw) {
-    torch::NoGradGuard ng;
-    const bool rows = w_rows_.defined();
-    w_rows_f16_ =
-        dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(w_rows_.to(torch::kFloat16)) : torch::Tensor();
-    w_rows_q8_ =
-        dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(w_rows_)) : torch::Tensor();
+    rows_.set_copies(dw);
 }
 
 int64_t Conv1DImpl::decode_bytes() const {
-    if (w_rows_q8_.defined()) return w_rows_q8_.nbytes();
-    if (w_rows_f16_.defined()) return w_rows_f16_.nbytes();
-    return weight.numel() * int64_t(sizeof(float));
+    return rows_.f32.defined() ? rows_.bytes() : weight.numel() * int64_t(sizeof(float));
 }
 
 void Conv1DImpl::decode_row(const float* x, float* y) const {
-    const int64_t in = w_rows_.size(1), out = w_rows_.size(0);
-    const float* b = bias.data_ptr<float>();
-    if (w_rows_q8_.defined())
-        kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(w_rows_q8_.data_ptr<uint8_t>()), x, b, y, out,
-                           in);
-    else if (w_rows_f16_.defined())
-        kernels::gemv_f16(reinterpret_cast<const uint16_t*>(w_rows_f16_.data_ptr<at::Half>()), x, b, y, out, in);
-    else
-        kernels::gemv_f32(w_rows_.data_ptr<float>(), x, b, y, out, in);
+    rows_.gemv(x, bias.data_ptr<float>(), y);
 }
 
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     const int64_t in = weight.size(0), out = weight.size(1);
     auto shape = x.sizes().vec();
     shape.back() = out;
-    if (x.numel() == in && w_rows_.defined()) { // one token: matrix-vector over contiguous rows
-        if (g_fast_decode) {
-            if (w_rows_q8_.defined()) return kernels::gemv_q8_0(w_rows_q8_, x.reshape({in}), bias).view(shape);
-            return kernels::gemv(w_rows_f16_.defined() ? w_rows_f16_ : w_rows_, x.reshape({in}), bias).view(shape);
-        }
-        return torch::addmv(bias, w_rows_, x.reshape({in})).view(shape);
+    if (x.numel() == in && rows_.f32.defined()) { // one token: matrix-vector over contiguous rows
+        if (g_fast_decode) return rows_.gemv(x.reshape({in}), bias).view(shape);
+        return torch::addmv(bias, rows_.f32, x.reshape({in})).view(shape);
     }
     return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
 }
@@ -261,7 +271,7 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : cfg_(c) {
     }
     ln_f = register_module("ln_f",
                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
-    lm_head_ = wte->weight;
+    lm_.f32 = wte->weight;
     eval();
 }
 
@@ -271,12 +281,12 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
         for (auto* c : b->conv1ds()) c->finalize();
     }
     if (explicit_lm_head.defined() && !explicit_lm_head.equal(wte->weight.detach())) {
-        lm_head_ = kernels::huge_page_copy(explicit_lm_head.detach().to(torch::kFloat32));
+        lm_.f32 = kernels::huge_page_copy(explicit_lm_head.detach().to(torch::kFloat32));
         tied_ = false;
     } else {
         // Tied: the embedding table is the LM head every step streams; it moves to huge pages once.
         wte->weight.set_data(kernels::huge_page_copy(wte->weight.detach()));
-        lm_head_ = wte->weight.detach();
+        lm_.f32 = wte->weight.detach();
         tied_ = true;
     }
     for (auto& p : parameters()) p.set_requires_grad(false);
@@ -285,17 +295,12 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
 void Gpt2ModelImpl::set_decode_weights(DecodeWeights dw) {
     for (auto& b : blocks_)
         for (auto* c : b->conv1ds()) c->set_decode_weights(dw);
-    torch::NoGradGuard ng;
-    lm_head_f16_ = dw == DecodeWeights::F16 ? kernels::huge_page_copy(lm_head_.to(torch::kFloat16)) : torch::Tensor();
-    lm_head_q8_ =
-        dw == DecodeWeights::Q8_0 ? kernels::huge_page_copy(kernels::quantize_q8_0(lm_head_)) : torch::Tensor();
+    lm_.set_copies(dw);
     decode_dtype_ = dw;
 }
 
 int64_t Gpt2ModelImpl::decode_weight_bytes() const {
-    int64_t n = lm_head_q8_.defined()    ? lm_head_q8_.nbytes()
-                : lm_head_f16_.defined() ? lm_head_f16_.nbytes()
-                                         : lm_head_.numel() * int64_t(sizeof(float));
+    int64_t n = lm_.bytes();
     for (const auto& b : blocks_)
         for (const auto* c : b->conv1ds()) n += c->decode_bytes();
     return n;
@@ -305,14 +310,11 @@ torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     const int64_t C = cfg_.n_embd;
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
-        shape.back() = lm_head_.size(0);
-        if (g_fast_decode) {
-            if (lm_head_q8_.defined()) return kernels::gemv_q8_0(lm_head_q8_, x.reshape({C})).view(shape);
-            return kernels::gemv(lm_head_f16_.defined() ? lm_head_f16_ : lm_head_, x.reshape({C})).view(shape);
-        }
-        return torch::mv(lm_head_, x.reshape({C})).view(shape);
+        shape.back() = lm_.f32.size(0);
+        if (g_fast_decode) return lm_.gemv(x.reshape({C})).view(shape);
+        return torch::mv(lm_.f32, x.reshape({C})).view(shape);
     }
-    return torch::matmul(x, lm_head_.t());
+    return torch::matmul(x, lm_.f32.t());
 }
 
 Gpt2Output Gpt2ModelImpl::forward(const torch::Tensor& ids_in, bool want_hidden, bool last_only,
@@ -363,7 +365,7 @@ bool Gpt2ModelImpl::step_one_applies(const torch::Tensor& ids, const std::vector
     auto cpu_f32 = [](const torch::Tensor& t) {
         return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
     };
-    if (!cpu_f32(wte->weight) || !cpu_f32(wpe->weight) || !cpu_f32(lm_head_) || !cpu_f32(ln_f->weight)) return false;
+    if (!cpu_f32(wte->weight) || !cpu_f32(wpe->weight) || !cpu_f32(lm_.f32) || !cpu_f32(ln_f->weight)) return false;
     for (const auto& c : caches)
         if (!cpu_f32(c.k_storage()) || !cpu_f32(c.v_storage()) || c.k_storage().size(0) != 1) return false;
     for (const auto& b : blocks_)
@@ -373,7 +375,7 @@ bool Gpt2ModelImpl::step_one_applies(const torch::Tensor& ids, const std::vector
 }
 
 torch::Tensor Gpt2ModelImpl::step_one(int64_t id, int64_t pos, std::vector<cache::SinkRollingKV>& caches) {
-    const int64_t C = cfg_.n_embd, H = cfg_.n_head, D = cfg_.head_dim(), F = cfg_.inner(), V = lm_head_.size(0);
+    const int64_t C = cfg_.n_embd, H = cfg_.n_head, D = cfg_.head_dim(), F = cfg_.inner(), V = lm_.f32.size(0);
     if (id < 0 || id >= cfg_.vocab_size)
         throw Error("GPT-2 step: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) +
                     ")");
@@ -412,13 +414,7 @@ torch::Tensor Gpt2ModelImpl::step_one(int64_t id, int64_t pos, std::vector<cache
     norm(ln_f, x, h);
     auto logits = torch::empty({1, 1, V}, torch::kFloat32);
     float* y = logits.data_ptr<float>();
-    if (lm_head_q8_.defined())
-        kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(lm_head_q8_.data_ptr<uint8_t>()), h, nullptr, y,
-                           V, C);
-    else if (lm_head_f16_.defined())
-        kernels::gemv_f16(reinterpret_cast<const uint16_t*>(lm_head_f16_.data_ptr<at::Half>()), h, nullptr, y, V, C);
-    else
-        kernels::gemv_f32(lm_head_.data_ptr<float>(), h, nullptr, y, V, C);
+    lm_.gemv(h, nullptr, y);
     return logits;
 }
 

@@ -63,6 +63,17 @@ struct Gpt2Config {
     std::string describe() const;
 };
 
+// The [out, in] float32 rows batch-1 steps multiply by one vector, with the reduced copy `--decode-weights` asks for
+// (at most one of f16, q8 is defined): every Conv1D's and the LM head's.
+struct DecodeRows {
+    torch::Tensor f32, f16, q8;
+    void set_copies(DecodeWeights dw); // copies of f32 on huge pages (kernels::huge_page_copy); F32 drops them
+    int64_t bytes() const;             // of the rows a step reads
+    // y = W x + b (b may be null) through the copy in use (kernels::gemv_f32 / gemv_f16 / gemv_q8_0).
+    void gemv(const float* x, const float* b, float* y) const;
+    torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& bias = {}) const; // x [in] -> y [out]
+};
+
 // HF Conv1D: weight [in, out], y = x @ W + b. After finalize(), `w_rows()` is the [out, in] row-major copy.
 class Conv1DImpl : public torch::nn::Module {
 public:
@@ -72,14 +83,14 @@ public:
     // Batch-1 steps read a float16 or q8_0 copy of the rows (half / ~0.27 of the bytes) when asked; batched forwards
     // keep float32.
     void set_decode_weights(DecodeWeights dw);
-    const torch::Tensor& w_rows() const { return w_rows_; }
+    const torch::Tensor& w_rows() const { return rows_.f32; }
     int64_t decode_bytes() const; // bytes of the rows one batch-1 step reads
     // y[out] = W x[in] + b through the decode copy in use (kernels::gemv_*); after finalize().
     void decode_row(const float* x, float* y) const;
     torch::Tensor weight, bias;
 
 private:
-    torch::Tensor w_rows_, w_rows_f16_, w_rows_q8_;
+    DecodeRows rows_;
 };
 TORCH_MODULE(Conv1D);
 
@@ -143,7 +154,7 @@ public:
 
     // After load: Conv1D re-layout, LM head = explicit lm_head.weight or tied wte.weight.
     void finalize(const torch::Tensor& explicit_lm_head = {});
-    const torch::Tensor& lm_head() const { return lm_head_; }
+    const torch::Tensor& lm_head() const { return lm_.f32; }
     bool lm_head_tied() const { return tied_; }
     // Decode weights (`--decode-weights f16|q8_0`): batch-1 steps are bound by the bytes of weights read per token,
     // so a float16 copy of every Conv1D and the LM head (F16C-widened in kernels::gemv) halves that traffic, as
@@ -169,7 +180,7 @@ private:
     bool step_one_applies(const torch::Tensor& ids, const std::vector<cache::SinkRollingKV>& caches) const;
     Gpt2Config cfg_;
     std::vector<Gpt2Block> blocks_;
-    torch::Tensor lm_head_, lm_head_f16_, lm_head_q8_;
+    DecodeRows lm_; // the LM head (wte's table when tied)
     DecodeWeights decode_dtype_ = DecodeWeights::F32;
     bool tied_ = true;
 };

@@ -161,6 +161,11 @@ int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o) {
     return int64_t(4.0 * (block + logits + cache));
 }
 
+void check_sampling_memory(const MdlmConfig& c, const SamplerOptions& o) {
+    check_fits_memory("length", double(estimate_sampling_bytes(c, o)),
+                      "sampling " + std::to_string(o.length) + " positions", "choose a smaller length");
+}
+
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {
     p.validate();
     auto model = load_mdlm(p.model, p.n_heads);
@@ -171,8 +176,7 @@ DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepC
 DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenerateParams& p,
                                    const StepCallback& on_step, const LoadedGpt2* scorer_in) {
     p.validate();
-    check_fits_memory("length", double(estimate_sampling_bytes(model->config(), p.sampler)),
-                      "sampling " + std::to_string(p.sampler.length) + " positions", "choose a smaller length");
+    check_sampling_memory(model->config(), p.sampler);
     std::optional<LoadedGpt2> loaded;
     if (!scorer_in && !p.score_with.empty()) loaded = load_gpt2(p.score_with);
     const LoadedGpt2* scorer = scorer_in ? scorer_in : loaded ? &*loaded : nullptr;

@@ -75,8 +75,9 @@ DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenera
                                    const StepCallback& on_step = {}, const LoadedGpt2* scorer = nullptr);
 
 // Peak bytes one sampling run adds to the weights: the block activations and attention scores of a full forward
-// over `length` positions, the logits, and the per-layer features a cache keeps. ParamError("length") from
-// generate_diffusion when it exceeds the memory available.
+// over `length` positions, the logits, and the per-layer features a cache keeps.
 int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o);
+// ParamError("length") when estimate_sampling_bytes exceeds the memory available (cache/util/memory.h).
+void check_sampling_memory(const MdlmConfig& c, const SamplerOptions& o);
 
 } // namespace anchor::text

@@ -1,6 +1,5 @@
 #include "text/text_server.h"
 
-#include "cache/util/memory.h"
 #include "text/gpt2_generate.h"
 #include "text/mdlm_model.h"
 #include "text/mdlm_run.h"
@@ -231,10 +230,7 @@ void TextServer::add_routes() {
         d.caches = {as_field("cache", [&] { return parse_decode_spec(cache); })};
         as_field("length", [&] { s.validate(); });
         // The memory a run of this length needs, before it is queued.
-        as_field("length", [&] {
-            check_fits_memory("length", double(estimate_sampling_bytes(mdlm_->config(), s)),
-                              "sampling " + std::to_string(s.length) + " positions", "choose a smaller length");
-        });
+        as_field("length", [&] { check_sampling_memory(mdlm_->config(), s); });
         const int64_t P = int64_t(s.prompt.size());
         if (P >= s.length)
             throw HttpError(400, "length",
