@@ -214,6 +214,17 @@ struct GenerateArgs {
     std::string cache = "off", compare, score_with, json_out;
     bool show_steps = false, overwrite = false;
     BatchArgs batch; // --prompts-file
+
+    // The run's parameters but the caches; the prompt from --prompt/--prompt-ids when `with_prompt`.
+    DiffusionGenerateParams params(bool with_prompt) const {
+        DiffusionGenerateParams p;
+        p.model = s.model_path();
+        p.n_heads = s.n_heads;
+        p.sampler = with_prompt ? s.options() : s.o;
+        p.score_with = score_with;
+        p.attention = s.attention;
+        return p;
+    }
 };
 
 // Runs of equal / differing tokens of r against o, decoded together; differing runs are wrapped in [[ ]].
@@ -261,40 +272,33 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
                   << " vs " << rb.gen_ppl << "\n";
 }
 
+// --prompts-file: one --cache mode over every prompt, one text file and record each (text/text_job.h).
+int run_generate_prompts(const GenerateArgs& a, const FlagNames& flags) {
+    if (!a.s.prompt.empty() || !a.s.prompt_ids.empty() || !a.compare.empty() || a.show_steps || !a.json_out.empty())
+        throw UsageError("--prompts-file runs one --cache mode over its prompts: not with --prompt, --prompt-ids, "
+                         "--compare, --show-steps or --json");
+    return with_flag_errors(flags, [&] {
+        auto p = a.params(false);
+        p.caches = {parse_decode_spec(a.cache)};
+        const auto job =
+            make_item_job(a.batch, a.overwrite, {{"program", "anchor-text diffusion generate"}, {"cache", a.cache}});
+        const auto r = run_diffusion_prompts(p, a.s.io.tokenizer(), job, [](const nlohmann::json& rec) {
+            std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["seconds"] << " s, "
+                      << rec["forward_passes"] << " forward passes)\n";
+        });
+        print_item_job_result(r);
+        return 0;
+    });
+}
+
 int run_generate(const GenerateArgs& a) {
     const auto flags = with(sampler_flags(), {{"cache", a.compare.empty() ? "--cache" : "--compare"},
                                               {"caches", a.compare.empty() ? "--cache" : "--compare"}});
     if (a.cache == "help" || a.compare == "help") return print_cache_help();
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
-    if (!a.batch.prompts_file.empty()) {
-        if (!a.s.prompt.empty() || !a.s.prompt_ids.empty() || !a.compare.empty() || a.show_steps || !a.json_out.empty())
-            throw UsageError("--prompts-file runs one --cache mode over its prompts: not with --prompt, --prompt-ids, "
-                             "--compare, --show-steps or --json");
-        return with_flag_errors(flags, [&] {
-            DiffusionGenerateParams p;
-            p.model = a.s.model_path();
-            p.n_heads = a.s.n_heads;
-            p.sampler = a.s.o;
-            p.score_with = a.score_with;
-            p.attention = a.s.attention;
-            p.caches = {parse_decode_spec(a.cache)};
-            const auto job = make_item_job(a.batch, a.overwrite,
-                                           {{"program", "anchor-text diffusion generate"}, {"cache", a.cache}});
-            const auto r = run_diffusion_prompts(p, a.s.io.tokenizer(), job, [](const nlohmann::json& rec) {
-                std::cerr << "wrote " << rec["output"].get<std::string>() << " (" << rec["seconds"] << " s, "
-                          << rec["forward_passes"] << " forward passes)\n";
-            });
-            print_item_job_result(r);
-            return 0;
-        });
-    }
+    if (!a.batch.prompts_file.empty()) return run_generate_prompts(a, flags);
     const auto rep = with_flag_errors(flags, [&] {
-        DiffusionGenerateParams p;
-        p.model = a.s.model_path();
-        p.n_heads = a.s.n_heads;
-        p.sampler = a.s.options();
-        p.score_with = a.score_with;
-        p.attention = a.s.attention;
+        auto p = a.params(true);
         // --compare A,B: both runs side by side with the same seed.
         const auto comma = a.compare.find(',');
         if (!a.compare.empty() && comma == std::string::npos)

@@ -154,25 +154,23 @@ ItemJobResult run_item_job(const ItemJob& job, const std::function<ItemOutput(in
     for (int64_t k = 0; k < n; ++k) outputs.push_back(numbered_output(job.output, k, job.ext));
     if (job.output.back() == '/') fs::create_directories(job.output);
     // Every output of this shard is checked before the first item runs: a job never stops half-way on a user's file.
-    std::vector<int64_t> todo;
+    std::vector<char> earlier(size_t(n), 0); // output and sidecar written by an earlier run (skip_existing)
+    for (int64_t k = 0; k < n; ++k) {
+        if (!job.shard.owns(k)) continue;
+        earlier[size_t(k)] = job.skip_existing && output_done(outputs[size_t(k)]);
+        if (earlier[size_t(k)]) continue;
+        check_output_path(outputs[size_t(k)], job.overwrite);
+        check_output_path(sidecar_of(outputs[size_t(k)]), job.overwrite);
+    }
     ItemJobResult out;
     for (int64_t k = 0; k < n; ++k) {
         if (!job.shard.owns(k)) continue;
-        if (job.skip_existing && output_done(outputs[size_t(k)])) continue;
-        check_output_path(outputs[size_t(k)], job.overwrite);
-        check_output_path(sidecar_of(outputs[size_t(k)]), job.overwrite);
-        todo.push_back(k);
-    }
-    size_t next = 0;
-    for (int64_t k = 0; k < n; ++k) {
-        if (!job.shard.owns(k)) continue;
         const std::string& file = outputs[size_t(k)];
-        if (next >= todo.size() || todo[next] != k) { // done by an earlier run
+        if (earlier[size_t(k)]) {
             out.records.push_back(read_json_file(sidecar_of(file)));
             ++out.skipped;
             continue;
         }
-        ++next;
         ItemOutput o = run(k, job.items[size_t(k)]);
         nlohmann::json rec = std::move(o.record);
         if (!rec.is_object()) rec = nlohmann::json::object();
