@@ -3,6 +3,7 @@
 // subcommands registered beside it, and --threads / --version work before or after any of them.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/heap.h"
 #include "cache/util/threads.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
@@ -448,6 +449,7 @@ void add_txt2img_options(CLI::App& app, Options& o) {
 
 int main(int argc, char** argv) {
     anchor::util::select_blas_core(argv);
+    anchor::util::configure_heap();
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-sd: Stable Diffusion txt2img with anchor caches (AnchorCache)"};
         app.fallthrough(); // global options (--threads, --version) after a subcommand reach this level

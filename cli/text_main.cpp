@@ -1,5 +1,6 @@
 // anchor-text: GPT-2 streaming with sink-rolling KV buffers and text diffusion with time-anchor caches.
 #include "cache/io/error.h"
+#include "cache/util/heap.h"
 #include "cache/util/threads.h"
 #include "cli/common.h"
 #include "cli/text_commands.h"
@@ -24,6 +25,7 @@ std::string subcommand_names(const CLI::App& app) {
 
 int main(int argc, char** argv) {
     anchor::util::select_blas_core(argv);
+    anchor::util::configure_heap();
     return anchor::run_program([&]() -> int {
         CLI::App app{"anchor-text: GPT-2 streaming and text diffusion with anchor caches (AnchorCache)"};
         int threads = 0;

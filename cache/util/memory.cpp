@@ -1,6 +1,7 @@
 #include "cache/util/memory.h"
 
 #include "cache/io/error.h"
+#include "cache/util/heap.h"
 
 #include <cstdio>
 #include <fstream>
@@ -12,7 +13,8 @@ int64_t available_memory_bytes() {
     std::string key, unit;
     int64_t kb = 0;
     while (f >> key >> kb >> unit)
-        if (key == "MemAvailable:") return kb * 1024;
+        // What the heap keeps freed is this process's to reuse (cache/util/heap.h): available too.
+        if (key == "MemAvailable:") return kb * 1024 + util::heap_free_bytes();
     return -1;
 }
 

@@ -8,7 +8,8 @@
 
 namespace anchor {
 
-// MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read (the check is then skipped).
+// MemAvailable of /proc/meminfo plus what this process's heap holds freed (util::heap_free_bytes), in bytes; -1
+// where /proc/meminfo cannot be read (the check is then skipped).
 int64_t available_memory_bytes();
 // "1.5" (GiB, one decimal) for messages.
 std::string fmt_gib(double bytes);

@@ -1,5 +1,7 @@
 #include "cache/util/threads.h"
 
+#include "cache/util/heap.h"
+
 #include "anchor_build_info.h"
 
 #include <torch/torch.h>
@@ -50,7 +52,7 @@ std::string build_description(const std::string& cpu_features) {
     return std::string("  build: ") + ANCHOR_BUILD_COMPILER + ", " + ANCHOR_BUILD_TYPE + " (" + ANCHOR_BUILD_CXX_FLAGS +
            "), OpenMP " + (std::string(ANCHOR_BUILD_OPENMP) == "TRUE" ? "on" : "off") + ", LibTorch " + TORCH_VERSION +
            "\n  cpu: " + cpu_features + "\n  blas: " + blas + "\n  threads: " + std::to_string(at::get_num_threads()) +
-           " intra-op";
+           " intra-op\n  heap: " + heap_mode();
 }
 
 void select_blas_core(char** argv) {

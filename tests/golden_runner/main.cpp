@@ -5,6 +5,7 @@
 // A folder that looks like a reference case (config.json, golden_*.safetensors, a JSON file with "cases", or a
 // <run>.json + <run>.safetensors pair) but that only the generic load/integrity checker claims is reported as FAIL:
 // nothing is skipped silently.
+#include "cache/util/heap.h"
 #include "cache/util/threads.h"
 #include "tests/golden_runner/runner.h"
 
@@ -52,6 +53,7 @@ void print_line(const std::string& name, const Stats& s) {
 
 int main(int argc, char** argv) {
     anchor::util::select_blas_core(argv);
+    anchor::util::configure_heap();
     if (argc < 2 || std::string(argv[1]) == "--help") {
         std::fprintf(stderr, "usage: golden_runner DIR [--verbose] [--filter SUBSTRING] [--threads N]\n");
         return 2;
