@@ -27,12 +27,6 @@ struct BenchOptions {
     bool macs_only = false, overwrite = false;
 };
 
-// trace.json -> trace_shallow.json (only the file name's extension counts, not a dot in a folder name).
-std::string shallow_profile_path(const std::string& profile) {
-    const std::filesystem::path p(profile);
-    return (p.parent_path() / (p.stem().string() + "_shallow" + p.extension().string())).string();
-}
-
 int run_bench(BenchOptions& o) {
     auto& b = o.bench;
     if (!o.unet_config.empty()) {
@@ -49,8 +43,10 @@ int run_bench(BenchOptions& o) {
     }
     // --profile writes a second trace, of one shallow step, when --deepcache gives it a cached feature.
     if (!b.profile.empty() && b.time_shallow && !b.deepcache.empty())
-        b.profile_shallow = shallow_profile_path(b.profile);
-    for (const auto& f : {o.output, b.profile, b.profile_shallow})
+        b.profile_shallow = unet::sibling_profile_path(b.profile, "_shallow");
+    const std::string vae_profile =
+        !b.profile.empty() && b.vae_repeat > 0 ? unet::sibling_profile_path(b.profile, "_vae") : "";
+    for (const auto& f : {o.output, b.profile, b.profile_shallow, vae_profile})
         if (!f.empty()) check_output_path(f, o.overwrite);
     std::ostringstream out;
     unet::run_unet_bench(b, [&](const std::string& line) {
@@ -73,6 +69,9 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
                     "attention arithmetic of the fast paths (kernels/attention.h)",
                     "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
+    add_enum_option(cmd, "--gemm", o.gemm, kernels::gemm_backend_table(),
+                    "library of the linear layers and convolutions on the fast paths (kernels/onednn.h)",
+                    "onednn with the fused/flash attention, torch with exact (unet::default_gemm_backend)");
     add_enum_option(cmd, "--weights-dtype", o.weights_dtype, unet::weights_dtype_table(),
                     "how the UNet's (and VAE's) Linear/Conv weights are kept: f16/bf16 halve them, upcast per layer");
     cmd.add_option("--vae", o.vae_repeat, "also time this many VAE decodes of one latent (SD's VAE, random weights)")
@@ -91,7 +90,7 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_option("-o,--output", opts.output, "also write the report to this file");
     cmd.add_option("--profile", o.profile,
                    "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one "
-                   "shallow step to <stem>_shallow<ext>");
+                   "shallow step to <stem>_shallow<ext>; with --vae, one decode to <stem>_vae<ext>");
     cmd.add_flag("--overwrite", opts.overwrite, "replace an existing --output file");
 }
 

@@ -488,14 +488,16 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                                  : (fs::is_directory(p) ? read_model_hints(path).attention : std::nullopt)
                                        .value_or(m.unet ? default_attention_kernel(m.unet->config())
                                                         : kernels::AttentionKernel::Exact);
-    if (m.unet) m.unet->set_attention_kernel(m.attention);
-    if (m.vae) m.vae->set_attention_kernel(m.attention);
+    m.gemm = opts.gemm.value_or(default_gemm_backend(m.attention));
+    if (m.unet) m.unet->set_attention_kernel(m.attention), perf::set_gemm_backend(*m.unet, m.gemm);
+    if (m.vae) m.vae->set_attention_kernel(m.attention), perf::set_gemm_backend(*m.vae, m.gemm);
     for (auto* te : {&m.text_encoder, &m.text_encoder_2})
         if (*te) (*te)->set_attention_kernel(m.attention);
     if (opts.prediction) m.prediction = {*opts.prediction, PredictionSource::Option, m.prediction.test_mean};
     if (!opts.vae_file.empty() && m.vae) {
         m.vae = load_vae_file(opts.vae_file, m.vae->config(), opts.dtype);
         m.vae->set_attention_kernel(m.attention);
+        perf::set_gemm_backend(*m.vae, m.gemm);
         m.vae_file = opts.vae_file;
     }
     if (!opts.loras.empty()) apply_loras(m, opts.loras);

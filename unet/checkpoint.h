@@ -33,6 +33,9 @@ struct LoadOptions {
     // "attention" of anchorcache.json in a diffusers folder (written for the models this project trains, which have
     // no reference outputs to match), else default_attention_kernel of the UNet's shapes (unet/unet_model.h).
     std::optional<kernels::AttentionKernel> attention;
+    // Which library runs the UNet's and the VAE's linear layers and convolutions (kernels/onednn.h). Unset:
+    // default_gemm_backend of the attention in effect (oneDNN with the fast attention kernels, LibTorch with exact).
+    std::optional<kernels::GemmBackend> gemm;
     // LoRAs merged into the UNet and text encoder after loading, in order (unet/lora.h); ParamError("loras").
     std::vector<LoraSpec> loras;
     // What the UNet predicts. Unset ("auto"): a diffusers folder's scheduler_config.json, epsilon for SD 1.x single
@@ -136,6 +139,7 @@ struct SDModels {
     AutoencoderKL vae{nullptr};
     std::string scheduler_config_path; // diffusers scheduler/scheduler_config.json, empty when there is none
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // in effect (LoadOptions::attention)
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch;              // in effect (LoadOptions::gemm)
     std::vector<LoraApplied> loras;                                       // merged into the weights (unet/lora.h)
     PredictionDecision prediction;                   // what the UNet predicts and why (the scheduler's prediction_type)
     std::string vae_file;                            // LoadOptions::vae_file when the VAE was replaced, else empty

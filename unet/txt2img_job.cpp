@@ -77,6 +77,7 @@ nlohmann::json model_record(const Txt2ImgPipeline& pipe) {
             {"model_layout", m.layout},
             {"model_family", enum_name(sd_family_table(), m.family)},
             {"attention", enum_name(kernels::attention_kernel_table(), m.attention)},
+            {"gemm", enum_name(kernels::gemm_backend_table(), m.gemm)},
             {"loras", lora_records_json(m.loras)}, // merged at load: name, file, sha256, multiplier
             {"prediction", pred},
             {"vae", m.vae_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.vae_file)},

@@ -16,20 +16,28 @@
 #endif
 
 #include <algorithm>
+#include <filesystem>
 
 namespace anchor::unet {
 
 using namespace util;
 
 // fp32 GEMM rate of this process' BLAS on the threads in effect: min time of `repeat` n x n x n products.
-double gemm_gflops(int64_t n, int repeat) {
+double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend) {
     torch::NoGradGuard ng;
     auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
-    torch::mm_out(c, a, b); // warm-up (page faults, thread pool)
+    const bool onednn = backend == kernels::GemmBackend::OneDnn && kernels::onednn_available();
+    auto product = [&] {
+        if (onednn)
+            c = kernels::onednn_linear(a, b, {});
+        else
+            torch::mm_out(c, a, b);
+    };
+    product(); // warm-up (page faults, thread pool)
     double best = 1e30;
     for (int i = 0; i < repeat; ++i) {
         const double t0 = now_s();
-        torch::mm_out(c, a, b);
+        product();
         best = std::min(best, now_s() - t0);
     }
     return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
@@ -49,6 +57,11 @@ void UNetBenchParams::validate() const {
 #ifndef ANCHOR_HAVE_RECORD_PROFILE
     if (!profile.empty()) throw ParamError("profile", "needs LibTorch's legacy profiler header");
 #endif
+}
+
+std::string sibling_profile_path(const std::string& profile, const std::string& suffix) {
+    const std::filesystem::path p(profile);
+    return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
 }
 
 UNetConfig unet_config_of_family(SdFamily family) {
@@ -126,9 +139,13 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     const kernels::AttentionKernel attention = o.attention.value_or(default_attention_kernel(cfg));
     model->set_attention_kernel(attention);
     model->set_fast_paths(!o.baseline);
+    const kernels::GemmBackend backend = o.gemm.value_or(default_gemm_backend(attention));
+    perf::set_gemm_backend(*model, backend);
     emit("  attention: " + enum_name(kernels::attention_kernel_table(), attention) +
          (o.attention ? "" : " (the default for these shapes)") +
          "; tiled kernel: " + enum_name(kernels::flash_isa_table(), kernels::flash_best_isa()));
+    emit("  linear layers and convolutions: " + enum_name(kernels::gemm_backend_table(), backend) +
+         (o.gemm ? "" : " (follows attention)") + "; " + kernels::onednn_description());
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     store_weights_as(*model, o.weights_dtype);
     int64_t nparams = 0;
@@ -210,6 +227,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         vae->eval();
         vae->set_attention_kernel(attention);
         vae->set_fast_paths(!o.baseline);
+        perf::set_gemm_backend(*vae, backend);
         for (auto& p : vae->parameters()) p.set_requires_grad(false);
         store_weights_as(*vae, o.weights_dtype);
         const auto z = torch::randn({1, 4, lh, lw});
@@ -221,6 +239,12 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
             tv.push_back(now_s() - t0);
         }
         if (!torch::isfinite(img).all().item<bool>()) throw Error("bench: the VAE output is not finite");
+#ifdef ANCHOR_HAVE_RECORD_PROFILE
+        if (!o.profile.empty()) { // --profile: one more decode under the profiler, next to the UNet step's trace
+            torch::autograd::profiler::RecordProfile prof(sibling_profile_path(o.profile, "_vae"));
+            vae->decode(z);
+        }
+#endif
         const Stats sv = stats_of(tv);
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
              fmt("%.3f", sv.min) + " s, median " + fmt("%.3f", sv.median) + " s, max " + fmt("%.3f", sv.max) +
@@ -245,12 +269,17 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     const double flops = 2.0 * double(full.total()) * double(o.batch);
     const double flops_attn = 2.0 * double(full.total() + full.attention) * double(o.batch);
     const double achieved = flops / st.min / 1e9, achieved_med = flops / st.median / 1e9;
-    const double gemm = gemm_gflops(o.gemm_n, o.gemm_repeat);
+    // The rate of the backend the layers ran on (oneDNN's matmul beside LibTorch's BLAS when it is oneDNN).
+    const double gemm_torch = gemm_gflops(o.gemm_n, o.gemm_repeat, kernels::GemmBackend::Torch);
+    const double gemm = backend == kernels::GemmBackend::OneDnn && kernels::onednn_available()
+                            ? gemm_gflops(o.gemm_n, o.gemm_repeat, backend)
+                            : gemm_torch;
     emit("achieved: " + fmt("%.1f", achieved) + " GFLOP/s (2 x MACs x batch / min time; median " +
          fmt("%.1f", achieved_med) + "), with attention matmuls " + fmt("%.1f", flops_attn / st.min / 1e9) +
          " GFLOP/s");
     emit("GEMM " + std::to_string(o.gemm_n) + "x" + std::to_string(o.gemm_n) + " fp32 (torch::mm, min of " +
-         std::to_string(o.gemm_repeat) + "): " + fmt("%.1f", gemm) + " GFLOP/s");
+         std::to_string(o.gemm_repeat) + "): " + fmt("%.1f", gemm_torch) + " GFLOP/s" +
+         (gemm != gemm_torch ? "; oneDNN matmul (the layers' backend): " + fmt("%.1f", gemm) + " GFLOP/s" : ""));
     emit("ratio: " + fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
          fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/attention.h"
+#include "kernels/onednn.h"
 #include "unet/vae.h"
 
 #include "unet/sd_family.h"
@@ -26,6 +27,7 @@ struct UNetBenchParams {
     bool baseline = false;                 // time the plain module forwards (the reference) instead of the fast paths
     bool ab = false;                       // also time plain and fast forwards interleaved
     std::optional<kernels::AttentionKernel> attention; // unset: default_attention_kernel of the config
+    std::optional<kernels::GemmBackend> gemm;          // unset: default_gemm_backend of the attention
     std::vector<int> deepcache{2, 3, 5, 10};           // DeepCache intervals whose MACs and cached-step times are shown
     int branch = 0;
     bool time_shallow = true;
@@ -44,13 +46,18 @@ struct UNetBenchParams {
 // add_embedding input: 2.57 G parameters).
 UNetConfig unet_config_of_family(SdFamily family);
 
+// The traces beside --profile's (trace.json): one shallow step (suffix "_shallow") and, with --vae, one VAE decode
+// ("_vae"): <stem><suffix><ext>; only the file name's extension counts, not a dot in a folder name.
+std::string sibling_profile_path(const std::string& profile, const std::string& suffix);
+
 // The analytic MAC count per sample of a full UNet forward at the params' size.
 double unet_bench_macs(const UNetBenchParams& p);
 
 // Runs the benchmark; every line of the report goes to `emit` as it is known (the program prints and keeps them).
 void run_unet_bench(const UNetBenchParams& p, const std::function<void(const std::string&)>& emit);
 
-// fp32 GEMM rate of this process' BLAS on the threads in effect: GFLOP/s of the fastest of `repeat` n^3 products.
-double gemm_gflops(int64_t n, int repeat);
+// fp32 GEMM rate on the threads in effect: GFLOP/s of the fastest of `repeat` n^3 products, on LibTorch's BLAS
+// (torch::mm) or oneDNN's matmul.
+double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend = kernels::GemmBackend::Torch);
 
 } // namespace anchor::unet

@@ -48,6 +48,13 @@ kernels::AttentionKernel default_attention_kernel(const UNetConfig& c) {
                                                                        : kernels::AttentionKernel::Exact;
 }
 
+kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel a) {
+    return a == kernels::AttentionKernel::Exact || a == kernels::AttentionKernel::Reference ||
+                   !kernels::onednn_available()
+               ? kernels::GemmBackend::Torch
+               : kernels::GemmBackend::OneDnn;
+}
+
 // ---- attention core ------------------------------------------------------------------------------------------------
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
@@ -76,14 +83,14 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_chann
 Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
     auto h = norm1->forward(x);
     torch::silu_(h);
-    h = perf::conv2d(conv1, h, fast);
+    h = perf::conv2d(conv1, h, *this);
     if (time_emb_proj && temb_act.defined())
-        h.add_(kernels::linear(time_emb_proj, temb_act).unsqueeze(-1).unsqueeze(-1));
+        h.add_(perf::linear(time_emb_proj, temb_act, *this).unsqueeze(-1).unsqueeze(-1));
     h = norm2->forward(h);
     torch::silu_(h);
-    h = perf::conv2d(conv2, h, fast);
+    h = perf::conv2d(conv2, h, *this);
     // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
-    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x, fast) : x, h, h, fast);
+    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x, *this) : x, h, h, fast);
 }
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding(padding_) {
@@ -91,8 +98,8 @@ Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding
 }
 
 Tensor Downsample2DImpl::forward(const Tensor& x) {
-    if (padding == 0) return perf::conv2d(conv, F::pad(x, F::PadFuncOptions({0, 1, 0, 1})), fast);
-    return perf::conv2d(conv, x, fast);
+    if (padding == 0) return perf::conv2d(conv, F::pad(x, F::PadFuncOptions({0, 1, 0, 1})), *this);
+    return perf::conv2d(conv, x, *this);
 }
 
 Upsample2DImpl::Upsample2DImpl(int64_t channels) {
@@ -105,7 +112,7 @@ Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_
         opts.size(*size);
     else
         opts.scale_factor(std::vector<double>{2.0, 2.0});
-    return perf::conv2d(conv, F::interpolate(x, opts), fast);
+    return perf::conv2d(conv, F::interpolate(x, opts), *this);
 }
 
 // ---- transformer
@@ -129,12 +136,13 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
         if (kv_ctx_.defined() && kv_ctx_.is_same(context))
             ++kv_hits_;
         else
-            kv_ctx_ = context, k_ctx_ = kernels::linear(to_k, context), v_ctx_ = kernels::linear(to_v, context);
+            kv_ctx_ = context, k_ctx_ = perf::linear(to_k, context, *this), v_ctx_ = perf::linear(to_v, context, *this);
         k = k_ctx_, v = v_ctx_;
     } else {
-        k = kernels::linear(to_k, c), v = kernels::linear(to_v, c);
+        k = perf::linear(to_k, c, *this), v = perf::linear(to_v, c, *this);
     }
-    return kernels::linear(out_linear, multi_head_attention(kernels::linear(to_q, x), k, v, heads, kernel, fast));
+    return perf::linear(out_linear, multi_head_attention(perf::linear(to_q, x, *this), k, v, heads, kernel, fast),
+                        *this);
 }
 
 void CrossAttentionImpl::set_context_kv_reuse(bool on) {
@@ -148,7 +156,7 @@ GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
 }
 
 Tensor GegluImpl::forward(const Tensor& x) {
-    auto hg = kernels::linear(proj, x).chunk(2, -1);
+    auto hg = perf::linear(proj, x, *this).chunk(2, -1);
     return hg[0] * torch::gelu(hg[1]);
 }
 
@@ -162,7 +170,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
 }
 
 Tensor FeedForwardImpl::forward(const Tensor& x) {
-    return kernels::linear(out, geglu->forward(x));
+    return perf::linear(out, geglu->forward(x), *this);
 }
 
 BasicTransformerBlockImpl::BasicTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim,
@@ -217,13 +225,13 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, c
     if (tap) tap("norm", h);
     int64_t inner;
     if (!linear_projection) {
-        h = perf::conv2d(proj_in_conv, h, fast);
+        h = perf::conv2d(proj_in_conv, h, *this);
         if (tap) tap("proj_in", h);
         inner = h.size(1);
         h = h.permute({0, 2, 3, 1}).reshape({B, H * W, inner});
     } else {
         inner = h.size(1);
-        h = kernels::linear(proj_in_linear, h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}));
+        h = perf::linear(proj_in_linear, h.permute({0, 2, 3, 1}).reshape({B, H * W, inner}), *this);
         if (tap) tap("proj_in", h);
     }
     for (size_t d = 0; d < blocks.size(); ++d) {
@@ -232,10 +240,10 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, c
     }
     if (!linear_projection) {
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
-        h = perf::conv2d(proj_out_conv, h, fast);
+        h = perf::conv2d(proj_out_conv, h, *this);
         if (tap) tap("proj_out", h);
     } else {
-        h = kernels::linear(proj_out_linear, h);
+        h = perf::linear(proj_out_linear, h, *this);
         if (tap) tap("proj_out", h);
         h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
     }
@@ -525,7 +533,7 @@ Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& tim
 
 Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
     c10::InferenceMode guard(!is_training());
-    return perf::conv2d(conv_in, sample.to(conv_in->bias.scalar_type()), fast);
+    return perf::conv2d(conv_in, sample.to(conv_in->bias.scalar_type()), *this);
 }
 
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
@@ -616,7 +624,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
             throw Error("UNet: the given conv_in output has shape " + shape_str(stem.sizes().vec()) + ", expected " +
                         shape_str(want));
     }
-    auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x, fast);
+    auto h = stem.defined() ? stem.to(dtype) : perf::conv2d(conv_in, x, *this);
     emit(FeatureKind::ConvIn, -1, -1, h);
     std::vector<Tensor> skips{h};
     const auto downs_walk = down_layers();
@@ -676,7 +684,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     }
     h = conv_norm_out->forward(h);
     emit(FeatureKind::ConvNormOut, -1, -1, h);
-    h = perf::conv2d(conv_out, torch::silu(h), fast);
+    h = perf::conv2d(conv_out, torch::silu(h), *this);
     emit(FeatureKind::ConvOut, -1, -1, h);
     return h;
 }

@@ -86,14 +86,14 @@ private:
 };
 TORCH_MODULE(CrossAttention);
 
-struct GegluImpl : torch::nn::Module {
+struct GegluImpl : torch::nn::Module, perf::FastPaths {
     GegluImpl(int64_t dim_in, int64_t dim_out);
     torch::Tensor forward(const torch::Tensor& x);
     torch::nn::Linear proj{nullptr};
 };
 TORCH_MODULE(Geglu);
 
-struct FeedForwardImpl : torch::nn::Module {
+struct FeedForwardImpl : torch::nn::Module, perf::FastPaths {
     FeedForwardImpl(int64_t dim, int64_t mult = 4);
     torch::Tensor forward(const torch::Tensor& x);
     torch::nn::ModuleList net; // net.0 = GEGLU, net.1 = dropout (no weights), net.2 = Linear
@@ -181,6 +181,10 @@ struct UNetConfig {
 // reference's bits) for narrower ones, such as the tiny reference models, whose GroupNorm over 1-2 channels at their
 // 1x1 levels amplifies a last-bit difference ~1000x (tests/golden/sd/README.md).
 kernels::AttentionKernel default_attention_kernel(const UNetConfig& c);
+// The GEMM backend that goes with an attention choice: LibTorch (the reference's bits) for Exact/Reference, whose
+// models must match their reference outputs bit for bit; oneDNN's inference kernels (kernels/onednn.h) for the fast
+// attention kernels, where this build has them.
+kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel attention);
 
 // What the UNet is conditioned on besides the timestep. SD 1.x / 2.x: the text context [B, T, D] of the
 // cross-attentions (a Tensor converts to it). SDXL (UNetConfig::text_time): also the pooled text embedding

@@ -14,6 +14,9 @@
 // * residual adds, GEGLU product: in place on fresh outputs (fewer allocations; identical values).
 #pragma once
 
+#include "kernels/linear.h"
+#include "kernels/onednn.h"
+
 #include <torch/torch.h>
 
 #include <ATen/Config.h>
@@ -28,8 +31,11 @@
 namespace anchor::unet::perf {
 
 // The per-module switch: true (default) runs the fast paths, false the plain module forwards (the reference).
+// `gemm`: which library runs the module's linear layers and convolutions on the fast paths (kernels/onednn.h; set
+// for a whole model by set_gemm_backend below).
 struct FastPaths {
     bool fast = true;
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch;
 };
 
 // Score-buffer bound of the attention's query chunks in fast mode.
@@ -175,6 +181,49 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, bool
 #else
     return conv->forward(x);
 #endif
+}
+
+// The GEMM backend of every module under `root` (a UNet, a VAE).
+inline void set_gemm_backend(torch::nn::Module& root, kernels::GemmBackend b) {
+    for (const auto& m : root.modules(true))
+        if (auto* f = dynamic_cast<FastPaths*>(m.get())) f->gemm = b;
+}
+
+inline bool use_onednn(const FastPaths& m) {
+    return m.fast && m.gemm == kernels::GemmBackend::OneDnn && kernels::onednn_available();
+}
+
+// conv2d(conv, x, m.fast) on LibTorch, or on oneDNN's inference kernels (kernels/onednn.h) for a module on the fast
+// paths with the OneDnn backend (a reduced-precision weight upcast at use, as on LibTorch).
+inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, const FastPaths& m) {
+    if (use_onednn(m)) {
+        const auto& o = conv->options;
+        const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
+        if (pad != nullptr && detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) != nullptr) {
+            const auto& w = conv->weight;
+            const auto wf = x.scalar_type() == torch::kFloat &&
+                                    (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
+                                ? w.to(torch::kFloat)
+                                : w;
+            if (kernels::onednn_conv2d_applies(x, wf, o.groups()))
+                return kernels::onednn_conv2d(x, wf, conv->bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
+                                              at::IntArrayRef(o.dilation()));
+        }
+    }
+    return conv2d(conv, x, m.fast);
+}
+
+// kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.
+inline torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const FastPaths& m) {
+    if (use_onednn(m)) {
+        const auto& w = l->weight;
+        const auto wf =
+            x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
+                ? w.to(torch::kFloat)
+                : w;
+        if (kernels::onednn_linear_applies(x, wf)) return kernels::onednn_linear(x, wf, l->bias);
+    }
+    return kernels::linear(l, x);
 }
 
 } // namespace anchor::unet::perf

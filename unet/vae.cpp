@@ -27,6 +27,15 @@ torch::nn::Conv2d conv1(int64_t in, int64_t out) {
     return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1));
 }
 
+// The coder's outer convolutions (conv_in, conv_out, quant_conv, post_quant_conv) take the plain module forward on
+// LibTorch, as the reference does, and oneDNN's kernels with that backend like every other layer.
+Tensor outer_conv(torch::nn::Conv2d& c, const Tensor& x, kernels::GemmBackend gemm) {
+    perf::FastPaths how;
+    how.fast = gemm == kernels::GemmBackend::OneDnn;
+    how.gemm = gemm;
+    return perf::conv2d(c, x, how);
+}
+
 } // namespace
 
 VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& source) {
@@ -105,9 +114,9 @@ VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
 Tensor VaeAttentionImpl::forward(const Tensor& x) {
     const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
-    auto o = multi_head_attention(kernels::linear(to_q, h), kernels::linear(to_k, h), kernels::linear(to_v, h), 1,
+    auto o = multi_head_attention(perf::linear(to_q, h, *this), perf::linear(to_k, h, *this), perf::linear(to_v, h, *this), 1,
                                   kernel, fast);
-    o = kernels::linear(out_linear, o).transpose(1, 2).reshape({B, C, H, W});
+    o = perf::linear(out_linear, o, *this).transpose(1, 2).reshape({B, C, H, W});
     return o + x;
 }
 
@@ -172,7 +181,7 @@ VaeCoderImpl::VaeCoderImpl(const VaeConfig& c, bool decoder_) : decoder(decoder_
 }
 
 Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
-    auto h = perf::conv2d(conv_in, x, false);
+    auto h = outer_conv(conv_in, x, gemm);
     if (f) (*f)[p + "conv_in"] = h;
     auto mid = [&] {
         h = mid_block->forward(h);
@@ -186,7 +195,7 @@ Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& 
     if (!decoder) mid();
     h = conv_norm_out->forward(h);
     if (f) (*f)[p + "conv_norm_out"] = h;
-    h = perf::conv2d(conv_out, torch::silu(h), false);
+    h = outer_conv(conv_out, torch::silu(h), gemm);
     if (f) (*f)[p + "conv_out"] = h;
     return h;
 }
@@ -206,7 +215,7 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
 Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
-    auto h = perf::conv2d(post_quant_conv, z.to(post_quant_conv->bias.scalar_type()), false);
+    auto h = outer_conv(post_quant_conv, z.to(post_quant_conv->bias.scalar_type()), gemm);
     if (f) (*f)[prefix + "post_quant_conv"] = h;
     return decoder->forward(h, f, prefix + "decoder.");
 }
@@ -215,7 +224,7 @@ LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f,
     c10::InferenceMode guard(!is_training());
     auto h = encoder->forward(image.to(quant_conv->bias.scalar_type()), f, prefix + "encoder.");
     LatentDistribution d;
-    d.moments = perf::conv2d(quant_conv, h, false);
+    d.moments = outer_conv(quant_conv, h, gemm);
     if (f) (*f)[prefix + "quant_conv"] = d.moments;
     auto mv = d.moments.chunk(2, 1);
     d.mean = mv[0];
@@ -229,8 +238,8 @@ void AutoencoderKLImpl::load(const WeightMap& w) {
 }
 
 void AutoencoderKLImpl::set_fast_paths(bool on) {
-    for (const auto& m : modules(false))
-        if (auto* a = dynamic_cast<VaeAttentionImpl*>(m.get())) a->fast = on;
+    for (const auto& m : modules(true))
+        if (auto* f = dynamic_cast<perf::FastPaths*>(m.get())) f->fast = on;
 }
 
 void AutoencoderKLImpl::set_attention_kernel(kernels::AttentionKernel k) {

@@ -85,7 +85,7 @@ using FeatureMap = std::map<std::string, torch::Tensor>;
 // diffusers' Encoder and Decoder share one layout: conv_in, the blocks, the mid block, GroupNorm, SiLU, conv_out. The
 // encoder's blocks (`down_blocks`) come before the mid block and halve the size; the decoder's (`up_blocks`, one
 // resnet more each) come after it and double it.
-struct VaeCoderImpl : torch::nn::Module {
+struct VaeCoderImpl : torch::nn::Module, perf::FastPaths {
     VaeCoderImpl(const VaeConfig& c, bool decoder);
     // Features (when f is given) keyed "<prefix>conv_in", "<prefix>down_blocks.<i>" / "up_blocks.<i>", ...
     torch::Tensor forward(const torch::Tensor& x, FeatureMap* f, const std::string& prefix);
@@ -104,7 +104,7 @@ struct LatentDistribution {
     torch::Tensor sample(torch::Generator* gen) const;
 };
 
-class AutoencoderKLImpl : public torch::nn::Module {
+class AutoencoderKLImpl : public torch::nn::Module, public perf::FastPaths {
 public:
     explicit AutoencoderKLImpl(const VaeConfig& c);
     // Raw decoder output for latents z (no 1/scaling_factor, no clamp). Features keyed like the golden file
@@ -114,7 +114,7 @@ public:
     const VaeConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
     void set_attention_kernel(kernels::AttentionKernel k); // kernels/attention.h; Exact by default
-    void set_fast_paths(bool on);                          // unet_perf.h (the VAE's attention)
+    void set_fast_paths(bool on);                          // unet_perf.h (every module)
 
     VaeCoder encoder{nullptr};
     VaeCoder decoder{nullptr};

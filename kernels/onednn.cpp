@@ -1,0 +1,274 @@
+#include "kernels/onednn.h"
+
+#if defined(ANCHOR_HAVE_DNNL)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#include <ATen/record_function.h>
+
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace anchor::kernels {
+
+const EnumTable<GemmBackend>& gemm_backend_table() {
+    static const EnumTable<GemmBackend> t = {{"torch", GemmBackend::Torch}, {"onednn", GemmBackend::OneDnn}};
+    return t;
+}
+
+namespace {
+
+bool f32_cpu_no_grad(const torch::Tensor& t) {
+    return t.defined() && t.scalar_type() == torch::kFloat && t.device().is_cpu() && !t.is_mkldnn() &&
+           !(torch::GradMode::is_enabled() && t.requires_grad());
+}
+
+} // namespace
+
+bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w) {
+    return onednn_available() && f32_cpu_no_grad(x) && f32_cpu_no_grad(w) && w.dim() == 2 && x.dim() >= 1 &&
+           x.size(-1) == w.size(1) && w.stride(1) == 1 && w.size(0) > 0 && w.size(1) > 0;
+}
+
+bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& w, int64_t groups) {
+    return onednn_available() && f32_cpu_no_grad(x) && f32_cpu_no_grad(w) && x.dim() == 4 && w.dim() == 4 &&
+           groups == 1 && w.size(1) == x.size(1) && x.size(0) > 0 && w.size(0) > 0;
+}
+
+#if defined(ANCHOR_HAVE_DNNL) && DNNL_VERSION_MAJOR == 2
+
+namespace {
+
+using dims = dnnl::memory::dims;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+dnnl::engine& cpu_engine() {
+    static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    return e;
+}
+
+dnnl::primitive_attr user_scratchpad() {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user); // scratch from LibTorch's allocator, per call
+    return a;
+}
+
+// Primitive descriptors and primitives by shape: creating a descriptor walks oneDNN's implementation list on every
+// call otherwise (tens of microseconds; a small model's layers take about that).
+template <class Pd, class Prim> class PrimitiveCache {
+public:
+    struct Entry {
+        Pd pd;
+        Prim prim;
+    };
+    template <class Make> Entry get(const std::vector<int64_t>& key, Make&& make) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        if (it != map_.end()) return it->second;
+        if (map_.size() >= kCapacity) map_.clear(); // shapes of a model are few; a new model starts over
+        Pd pd = make();
+        Entry e{pd, Prim(pd)};
+        map_.emplace(key, e);
+        return e;
+    }
+
+private:
+    static constexpr size_t kCapacity = 512;
+    struct Hash {
+        size_t operator()(const std::vector<int64_t>& v) const {
+            size_t h = 1469598103934665603ull;
+            for (int64_t x : v) h = (h ^ size_t(x)) * 1099511628211ull;
+            return h;
+        }
+    };
+    std::mutex mu_;
+    std::unordered_map<std::vector<int64_t>, Entry, Hash> map_;
+};
+
+// A oneDNN memory over a fresh LibTorch byte buffer kept alive by `owner`.
+dnnl::memory buffer_memory(const dnnl::memory::desc& md, torch::Tensor& owner) {
+    owner = torch::empty({std::max<int64_t>(int64_t(md.get_size()), 1)}, torch::kByte);
+    return dnnl::memory(md, cpu_engine(), owner.data_ptr());
+}
+
+dnnl::memory::desc strided_md(const dims& d, const dims& strides) {
+    return dnnl::memory::desc(d, dt::f32, strides);
+}
+
+using MatmulCache = PrimitiveCache<dnnl::matmul::primitive_desc, dnnl::matmul>;
+using ConvCache = PrimitiveCache<dnnl::convolution_forward::primitive_desc, dnnl::convolution_forward>;
+
+MatmulCache& matmul_cache() {
+    static MatmulCache c;
+    return c;
+}
+ConvCache& conv_cache() {
+    static ConvCache c;
+    return c;
+}
+
+dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t ldx, int64_t ldw, bool bias) {
+    const auto src = strided_md({M, K}, {ldx, 1});
+    const auto wei = strided_md({K, N}, {1, ldw}); // W [N, K] read as its transpose
+    const auto dst = strided_md({M, N}, {N, 1});
+    auto d = bias ? dnnl::matmul::desc(src, wei, strided_md({1, N}, {N, 1}), dst) : dnnl::matmul::desc(src, wei, dst);
+    return dnnl::matmul::primitive_desc(d, user_scratchpad(), cpu_engine());
+}
+
+struct ConvShape {
+    int64_t n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+    bool bias, plain_weight;
+    std::vector<int64_t> key() const {
+        return {n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, bias, plain_weight};
+    }
+};
+
+dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
+    const dims src{s.n, s.c, s.h, s.w}, wei{s.k, s.c, s.kh, s.kw}, dst{s.n, s.k, s.oh, s.ow};
+    const dnnl::memory::desc src_md(src, dt::f32, tag::any), dst_md(dst, dt::f32, tag::any);
+    const dnnl::memory::desc wei_md(wei, dt::f32, s.plain_weight ? tag::oihw : tag::any);
+    // oneDNN counts dilation from 0 (no dilation), LibTorch from 1.
+    const dims strides{s.sh, s.sw}, pad{s.ph, s.pw}, dil{s.dh - 1, s.dw - 1};
+    auto d = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                      dnnl::algorithm::convolution_direct, src_md, wei_md,
+                                                      dnnl::memory::desc({s.k}, dt::f32, tag::x), dst_md, strides,
+                                                      dil, pad, pad)
+                    : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                      dnnl::algorithm::convolution_direct, src_md, wei_md, dst_md,
+                                                      strides, dil, pad, pad);
+    return dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), cpu_engine());
+}
+
+// Reorders `user` into a buffer of layout `md` when they differ (the buffer owned by `owner`).
+dnnl::memory in_layout(dnnl::stream& s, dnnl::memory user, const dnnl::memory::desc& md, torch::Tensor& owner) {
+    if (user.get_desc() == md) return user;
+    auto m = buffer_memory(md, owner);
+    dnnl::reorder(user, m).execute(s, user, m);
+    return m;
+}
+
+} // namespace
+
+bool onednn_available() {
+    return true;
+}
+
+std::string onednn_description() {
+    const auto* v = dnnl::version();
+    std::string s = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                    std::to_string(v->patch);
+    try {
+        s += ", matmul " + std::string(matmul_pd(2048, 320, 320, 320, 320, true).impl_info_str());
+        ConvShape c{2, 320, 64, 64, 320, 3, 3, 1, 1, 1, 1, 1, 1, 64, 64, true, false};
+        s += ", convolution " + std::string(conv_pd(c).impl_info_str());
+    } catch (const dnnl::error& e) {
+        s += std::string(" (no kernel for SD's shapes: ") + e.what() + ")";
+    }
+    return s;
+}
+
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+    TORCH_CHECK(onednn_linear_applies(x, w), "onednn_linear: input ", x.sizes(), " ", x.scalar_type(), " and weight ",
+                w.sizes(), " ", w.scalar_type(), " are not float32 CPU tensors of matching width outside autograd");
+    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && f32_cpu_no_grad(bias)),
+                "onednn_linear: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
+                w.sizes());
+    RECORD_FUNCTION("anchor::onednn_linear", std::vector<c10::IValue>({x}));
+    const int64_t K = w.size(1), N = w.size(0);
+    auto x2 = x.reshape({-1, K});
+    if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
+    const int64_t M = x2.size(0);
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = N;
+    auto out = torch::empty(out_sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
+    if (M == 0) return out;
+    const auto b = bias.defined() ? bias.contiguous() : bias;
+    const int64_t ldx = x2.stride(0), ldw = w.stride(0);
+    auto e = matmul_cache().get({M, K, N, ldx, ldw, b.defined()}, [&] { return matmul_pd(M, K, N, ldx, ldw, b.defined()); });
+    auto& eng = cpu_engine();
+    dnnl::stream s(eng);
+    torch::Tensor scratch_buf;
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(e.pd.src_desc(), eng, x2.data_ptr())},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(e.pd.weights_desc(), eng, w.data_ptr())},
+        {DNNL_ARG_DST, dnnl::memory(e.pd.dst_desc(), eng, out.data_ptr())},
+        {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
+    if (b.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.pd.bias_desc(), eng, b.data_ptr()));
+    e.prim.execute(s, args);
+    s.wait();
+    return out;
+}
+
+torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+    TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1), "onednn_conv2d: input ", x_in.sizes(), " ",
+                x_in.scalar_type(), " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
+                " are not float32 CPU tensors [N, C, H, W] and [K, C, kh, kw] outside autograd");
+    TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
+                    padding[0] >= 0 && padding[1] >= 0 && dilation[0] > 0 && dilation[1] > 0,
+                "onednn_conv2d: stride ", stride, ", padding ", padding, ", dilation ", dilation,
+                " must be two positive (padding: non-negative) numbers each");
+    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w_in.size(0) && f32_cpu_no_grad(bias)),
+                "onednn_conv2d: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
+                w_in.sizes());
+    RECORD_FUNCTION("anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
+    const auto x = x_in.contiguous(), w = w_in.contiguous();
+    const auto b = bias.defined() ? bias.contiguous() : bias;
+    ConvShape sh{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride[0], stride[1],
+                 padding[0], padding[1], dilation[0], dilation[1], 0, 0, b.defined(), false};
+    sh.oh = (sh.h + 2 * sh.ph - sh.dh * (sh.kh - 1) - 1) / sh.sh + 1;
+    sh.ow = (sh.w + 2 * sh.pw - sh.dw * (sh.kw - 1) - 1) / sh.sw + 1;
+    TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ",
+                w.sizes(), " with padding ", padding, " and dilation ", dilation);
+    sh.plain_weight = sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
+    auto out = torch::empty({sh.n, sh.k, sh.oh, sh.ow}, x.options());
+    auto e = conv_cache().get(sh.key(), [&] { return conv_pd(sh); });
+    auto& eng = cpu_engine();
+    dnnl::stream s(eng);
+    dnnl::memory user_src({{sh.n, sh.c, sh.h, sh.w}, dt::f32, tag::nchw}, eng, x.data_ptr());
+    dnnl::memory user_wei({{sh.k, sh.c, sh.kh, sh.kw}, dt::f32, tag::oihw}, eng, w.data_ptr());
+    dnnl::memory user_dst({{sh.n, sh.k, sh.oh, sh.ow}, dt::f32, tag::nchw}, eng, out.data_ptr());
+    torch::Tensor src_buf, wei_buf, dst_buf, scratch_buf;
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, in_layout(s, user_src, e.pd.src_desc(), src_buf)},
+        {DNNL_ARG_WEIGHTS, in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
+        {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
+    const bool direct_dst = e.pd.dst_desc() == user_dst.get_desc();
+    dnnl::memory conv_dst = direct_dst ? user_dst : buffer_memory(e.pd.dst_desc(), dst_buf);
+    args.emplace(DNNL_ARG_DST, conv_dst);
+    if (b.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.pd.bias_desc(), eng, b.data_ptr()));
+    e.prim.execute(s, args);
+    if (!direct_dst) {
+        args.clear();
+        src_buf = wei_buf = scratch_buf = torch::Tensor(); // free before the output reorder
+        dnnl::reorder(conv_dst, user_dst).execute(s, conv_dst, user_dst);
+    }
+    s.wait();
+    return out;
+}
+
+#else // no oneDNN 2.x at build time: LibTorch's kernels only
+
+bool onednn_available() {
+    return false;
+}
+
+std::string onednn_description() {
+    return "not built (no oneDNN 2.x headers and library at build time: Debian's libdnnl-dev)";
+}
+
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+    TORCH_CHECK(false, "onednn_linear: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
+}
+
+torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, at::IntArrayRef,
+                            at::IntArrayRef, at::IntArrayRef) {
+    TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
+}
+
+#endif
+
+} // namespace anchor::kernels

@@ -1,0 +1,56 @@
+// Linear layers and convolutions on oneDNN's inference kernels, called directly (the oneDNN LibTorch itself links).
+//
+// Why: LibTorch 1.13 runs a linear layer on the BLAS (OpenBLAS here), and on the AVX-512 machines we measure on
+// oneDNN's brgemm matmul runs SD's shapes at ~340-380 GFLOP/s where OpenBLAS' sgemm reaches ~160-200 (2 threads,
+// Zen 5; tests/bench/results/onednn_gemm_2026-12-02.txt). LibTorch's own convolution goes through oneDNN too (ideep),
+// as fast at SD's large sizes but with its weight reordered on every call unless a packed copy is kept (the LibTorch
+// fast path of unet/unet_perf.h keeps one: ~1.2 GB for SD 1.5's UNet), and 1.2-1.8x slower on the few positions of
+// the deep levels at 256x256.
+//
+// What is different from LibTorch's arithmetic: the summation order (blocking) of the products, so results differ in
+// the last bits (a few 1e-7 of the output's magnitude, tests/test_onednn.cpp against float64). The tiny reference
+// models, whose GroupNorm over 1-2 channels amplifies a last-bit difference ~1000x, keep LibTorch's (they keep the
+// exact attention too: unet/unet_model.h default_gemm_backend).
+//
+// No second copy of a weight is kept: the matmul reads the [N, K] weight as it is (a transposed "ba" operand), and
+// a convolution's weight is reordered to the kernel's blocked layout on every call (a few ms for SD's largest,
+// against tens of ms of compute); where the positions are few (a deep UNet level at 256x256) the convolution takes
+// the plain weight layout, whose gemm-based kernel is then as fast.
+#pragma once
+
+#include "cache/io/enum_table.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace anchor::kernels {
+
+// Which library multiplies: LibTorch (its BLAS and ideep convolution: the reference's bits) or oneDNN's inference
+// kernels (this file) where they apply.
+enum class GemmBackend { Torch, OneDnn };
+const EnumTable<GemmBackend>& gemm_backend_table(); // "torch", "onednn"
+
+// Built with oneDNN 2.x (ANCHOR_HAVE_DNNL); decided at build time.
+bool onednn_available();
+// "oneDNN 2.6.3, matmul brg:avx512_core, convolution brgconv:avx512_core" (the kernels oneDNN picks on this CPU for
+// a typical SD shape), or why it is not available.
+std::string onednn_description();
+
+// float32 CPU tensors outside autograd: x [..., K] with K == weight.size(1), weight [N, K] with unit stride along K.
+bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& weight);
+// x W^T + b (b may be undefined) -> [..., N], float32.
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// float32 CPU tensors outside autograd, x [N, C, H, W], weight [K, C, kh, kw], one group, zero padding (symmetric,
+// as numbers), any stride and dilation.
+bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& weight, int64_t groups);
+torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation);
+
+// Output positions per call (N * H_out * W_out) at or below which onednn_conv2d hands the kernel the plain weight
+// instead of reordering it (measured crossover: tests/bench/results/onednn_gemm_2026-12-02.txt).
+constexpr int64_t kPlainWeightMaxPositions = 256;
+
+} // namespace anchor::kernels
