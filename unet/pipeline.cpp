@@ -3,6 +3,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/heap.h"
 #include "cache/util/memory.h"
 
 #define STB_IMAGE_WRITE_STATIC
@@ -582,6 +583,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     ctl.set_noise_levels(loop_noise_levels(*sched, sc, begin));
     ctl.begin(n, int(B));                                         // the caches see the steps that run, numbered from 0
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
+    util::HeapScope heap; // freed blocks reused from one step to the next and by the decode (cache/util/heap.h)
     t0 = std::chrono::steady_clock::now();
     StepRecord rec;
     for (int k = 0; k < n; ++k) {

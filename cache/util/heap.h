@@ -1,33 +1,55 @@
-// How the process's heap hands out the large blocks a forward pass allocates and frees every layer.
+// Where the large blocks of a forward pass come from: a cache of freed blocks on 2 MiB pages, LibTorch's CPU
+// allocator while a forward runs.
 //
-// Why: glibc serves every block above its mmap threshold (at most 32 MiB, 128 KiB at start) with a fresh mmap() and
-// returns it with munmap() on free, so each large activation of every layer is faulted in page by page again: a
-// 512x512 VAE decode allocates and frees ~100 blocks of 64-512 MiB. On the virtual machines we measure on a page
-// fault costs ~9 us (a 128 MiB block ~300 ms before the first byte is computed): tests/bench/results/
-// heap_reuse_2026-12-02.txt measured SD 1.5's VAE decode at 512x512 ~26 s with glibc's defaults and ~8 s with
-// freed blocks kept for reuse (UNet CFG step ~11 -> ~7 s; 10.1 M -> 2.1 M minor faults per run). The cost is a
-// peak RSS ~12 % higher (7340 -> 8192 MiB there): a freed block in the middle of the heap does not always fit the next
-// larger request. The same reason makes Intel recommend jemalloc/tcmalloc for PyTorch CPU inference.
+// Why: glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh mmap() and returns it with
+// munmap() on free, so each large activation of every layer is faulted in again, page by page: a 512x512 VAE decode
+// allocates and frees ~100 blocks of 64-512 MiB, a UNet step ~1000 smaller ones. On the virtual machines we measure
+// on a 4 KiB page fault costs ~9 us (a 128 MiB block ~300 ms before its first byte is computed). Keeping freed blocks
+// for the next allocation of that size and backing them with 2 MiB transparent huge pages (one fault per 2 MiB)
+// removes that cost: tests/bench/results/heap_reuse_2026-12-02.txt. The same reason makes Intel recommend
+// jemalloc/tcmalloc for PyTorch CPU inference.
 //
-// configure_heap() turns off glibc's mmap for large chunks (M_MMAP_MAX 0: they come from the heap and their pages
-// stay mapped when freed) and its trimming of the heap top (M_TRIM_THRESHOLD), for the whole process: LibTorch's
-// tensors, oneDNN's reorder buffers and scratchpads alike. What is freed is kept and reused by the next allocation
-// of that size; the resident size stays at the peak of what was live (it is not returned to the system until exit).
+// Bounded memory: the cache is active only while some HeapScope is alive (the UNet and VAE forwards and the
+// denoising loop open one), and then it never holds more than it must: a new block is mapped only after freed blocks
+// have been released down to the high-water mark of live + cached bytes (so the resident size stays at the peak of
+// what was live, rounded to 2 MiB per block), and when the last scope closes every cached block is unmapped.
+// Outside scopes, and for blocks under 1 MiB, LibTorch's own allocator serves (model loading, weights, small
+// tensors).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace anchor::util {
 
-// Programs call this first thing in main(), before any large allocation (blocks mapped before it are unaffected).
-// ANCHOR_HEAP=system in the environment leaves glibc's defaults (for comparisons); returns what is in effect.
+// Installs the block cache as LibTorch's CPU allocator (once; later calls return the same). Programs call it first
+// thing in main(). ANCHOR_HEAP=system in the environment leaves LibTorch's allocator (for comparisons). Returns
+// heap_mode().
 std::string configure_heap();
 
-// Bytes freed but kept mapped by the heap (mallinfo2's fordblks, every arena): memory this process can allocate
-// again without the system's. 0 where glibc's statistics are not available.
-int64_t heap_free_bytes();
-
-// "reuse (mmap off, no trim)", "system (glibc defaults, ANCHOR_HEAP=system)" or "system (not configured)".
+// "block cache (2 MiB pages, during forwards)", "system (LibTorch's allocator, ANCHOR_HEAP=system)" or
+// "system (not configured)".
 std::string heap_mode();
+
+// While alive, freed blocks of >= 1 MiB are kept for reuse (see above); nests, and may be opened on any thread.
+class HeapScope {
+public:
+    HeapScope();
+    ~HeapScope();
+    HeapScope(const HeapScope&) = delete;
+    HeapScope& operator=(const HeapScope&) = delete;
+};
+
+struct HeapStats {
+    int64_t live_bytes = 0;   // blocks of the cache handed out and not yet freed
+    int64_t cached_bytes = 0; // freed, kept mapped for reuse
+    int64_t hits = 0, misses = 0;
+    int64_t mapped_bytes = 0, released_bytes = 0; // totals since start
+};
+HeapStats heap_stats();
+
+// Bytes freed but kept mapped for reuse: memory this process can allocate again without the system's (the memory
+// check counts them as available).
+int64_t heap_free_bytes();
 
 } // namespace anchor::util
