@@ -120,25 +120,28 @@ dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t 
 
 struct ConvShape {
     int64_t n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
-    bool bias, plain_weight;
+    bool bias, plain_weight, channels_last;
     std::vector<int64_t> key() const {
-        return {n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, bias, plain_weight};
+        return {n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, bias, plain_weight, channels_last};
     }
 };
 
 dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
     const dims src{s.n, s.c, s.h, s.w}, wei{s.k, s.c, s.kh, s.kw}, dst{s.n, s.k, s.oh, s.ow};
-    const dnnl::memory::desc src_md(src, dt::f32, tag::any), dst_md(dst, dt::f32, tag::any);
+    // Channels-last tensors are handed over as they are (the kernel reads and writes NHWC: no reorder, no copy);
+    // NCHW ones in the kernel's preferred layout, reordered on the way in and out.
+    const tag io = s.channels_last ? tag::nhwc : tag::any;
+    const dnnl::memory::desc src_md(src, dt::f32, io), dst_md(dst, dt::f32, io);
     const dnnl::memory::desc wei_md(wei, dt::f32, s.plain_weight ? tag::oihw : tag::any);
     // oneDNN counts dilation from 0 (no dilation), LibTorch from 1.
     const dims strides{s.sh, s.sw}, pad{s.ph, s.pw}, dil{s.dh - 1, s.dw - 1};
-    auto d = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                      dnnl::algorithm::convolution_direct, src_md, wei_md,
-                                                      dnnl::memory::desc({s.k}, dt::f32, tag::x), dst_md, strides,
-                                                      dil, pad, pad)
-                    : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                      dnnl::algorithm::convolution_direct, src_md, wei_md, dst_md,
-                                                      strides, dil, pad, pad);
+    auto d =
+        s.bias
+            ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                              src_md, wei_md, dnnl::memory::desc({s.k}, dt::f32, tag::x), dst_md,
+                                              strides, dil, pad, pad)
+            : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                              src_md, wei_md, dst_md, strides, dil, pad, pad);
     return dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), cpu_engine());
 }
 
@@ -158,11 +161,11 @@ bool onednn_available() {
 
 std::string onednn_description() {
     const auto* v = dnnl::version();
-    std::string s = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                    std::to_string(v->patch);
+    std::string s =
+        "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
     try {
         s += ", matmul " + std::string(matmul_pd(2048, 320, 320, 320, 320, true).impl_info_str());
-        ConvShape c{2, 320, 64, 64, 320, 3, 3, 1, 1, 1, 1, 1, 1, 64, 64, true, false};
+        ConvShape c{2, 320, 64, 64, 320, 3, 3, 1, 1, 1, 1, 1, 1, 64, 64, true, false, false};
         s += ", convolution " + std::string(conv_pd(c).impl_info_str());
     } catch (const dnnl::error& e) {
         s += std::string(" (no kernel for SD's shapes: ") + e.what() + ")";
@@ -187,7 +190,8 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
     if (M == 0) return out;
     const auto b = bias.defined() ? bias.contiguous() : bias;
     const int64_t ldx = x2.stride(0), ldw = w.stride(0);
-    auto e = matmul_cache().get({M, K, N, ldx, ldw, b.defined()}, [&] { return matmul_pd(M, K, N, ldx, ldw, b.defined()); });
+    auto e =
+        matmul_cache().get({M, K, N, ldx, ldw, b.defined()}, [&] { return matmul_pd(M, K, N, ldx, ldw, b.defined()); });
     auto& eng = cpu_engine();
     dnnl::stream s(eng);
     torch::Tensor scratch_buf;
@@ -204,8 +208,8 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
 
 torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
-    TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1), "onednn_conv2d: input ", x_in.sizes(), " ",
-                x_in.scalar_type(), " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
+    TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1), "onednn_conv2d: input ", x_in.sizes(), " ", x_in.scalar_type(),
+                " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
                 " are not float32 CPU tensors [N, C, H, W] and [K, C, kh, kw] outside autograd");
     TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
                     padding[0] >= 0 && padding[1] >= 0 && dilation[0] > 0 && dilation[1] > 0,
@@ -215,22 +219,27 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
                 "onednn_conv2d: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
                 w_in.sizes());
     RECORD_FUNCTION("anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
-    const auto x = x_in.contiguous(), w = w_in.contiguous();
+    const bool channels_last = x_in.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x_in.is_contiguous();
+    const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
     const auto b = bias.defined() ? bias.contiguous() : bias;
-    ConvShape sh{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride[0], stride[1],
-                 padding[0], padding[1], dilation[0], dilation[1], 0, 0, b.defined(), false};
+    ConvShape sh{x.size(0),   x.size(1), x.size(2), x.size(3),   w.size(0),  w.size(2),
+                 w.size(3),   stride[0], stride[1], padding[0],  padding[1], dilation[0],
+                 dilation[1], 0,         0,         b.defined(), false,      channels_last};
     sh.oh = (sh.h + 2 * sh.ph - sh.dh * (sh.kh - 1) - 1) / sh.sh + 1;
     sh.ow = (sh.w + 2 * sh.pw - sh.dw * (sh.kw - 1) - 1) / sh.sw + 1;
-    TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ",
-                w.sizes(), " with padding ", padding, " and dilation ", dilation);
+    TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ", w.sizes(),
+                " with padding ", padding, " and dilation ", dilation);
     sh.plain_weight = sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
-    auto out = torch::empty({sh.n, sh.k, sh.oh, sh.ow}, x.options());
+    auto out = torch::empty(
+        {sh.n, sh.k, sh.oh, sh.ow},
+        x.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
     auto e = conv_cache().get(sh.key(), [&] { return conv_pd(sh); });
     auto& eng = cpu_engine();
     dnnl::stream s(eng);
-    dnnl::memory user_src({{sh.n, sh.c, sh.h, sh.w}, dt::f32, tag::nchw}, eng, x.data_ptr());
+    const tag io = channels_last ? tag::nhwc : tag::nchw;
+    dnnl::memory user_src({{sh.n, sh.c, sh.h, sh.w}, dt::f32, io}, eng, x.data_ptr());
     dnnl::memory user_wei({{sh.k, sh.c, sh.kh, sh.kw}, dt::f32, tag::oihw}, eng, w.data_ptr());
-    dnnl::memory user_dst({{sh.n, sh.k, sh.oh, sh.ow}, dt::f32, tag::nchw}, eng, out.data_ptr());
+    dnnl::memory user_dst({{sh.n, sh.k, sh.oh, sh.ow}, dt::f32, io}, eng, out.data_ptr());
     torch::Tensor src_buf, wei_buf, dst_buf, scratch_buf;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, in_layout(s, user_src, e.pd.src_desc(), src_buf)},
@@ -247,6 +256,38 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
         dnnl::reorder(conv_dst, user_dst).execute(s, conv_dst, user_dst);
     }
     s.wait();
+    return out;
+}
+
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+    TORCH_CHECK(onednn_conv2d_applies(x, w, 1) && w.size(2) == 3 && w.size(3) == 3, "onednn_upsample2x_conv3x3: input ",
+                x.sizes(), " and weight ", w.sizes(), " are not a float32 CPU 3x3 convolution outside autograd");
+    RECORD_FUNCTION("anchor::onednn_upsample2x_conv3x3", std::vector<c10::IValue>({x}));
+    const int64_t N = x.size(0), K = w.size(0), H = x.size(2), W = x.size(3);
+    // Taps of the phase's two rows (dim 2) or columns (dim 3): phase 0 = (w0, w1 + w2), phase 1 = (w0 + w1, w2).
+    auto phase = [](const torch::Tensor& t, int64_t dim, int p) {
+        const auto a = t.select(dim, 0), b = t.select(dim, 1), c = t.select(dim, 2);
+        return p == 0 ? torch::stack({a, b + c}, dim) : torch::stack({a + b, c}, dim);
+    };
+    std::vector<torch::Tensor> phases;
+    for (int dy = 0; dy < 2; ++dy) {
+        const auto rows = phase(w, 2, dy);
+        for (int dx = 0; dx < 2; ++dx) phases.push_back(phase(rows, 3, dx));
+    }
+    const auto w4 = torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
+    const auto b4 = bias.defined() ? bias.repeat({4}) : bias;
+    const std::vector<int64_t> one{1, 1};
+    const auto y = onednn_conv2d(x, w4, b4, one, one, one); // [N, 4K, H+1, W+1], x's layout
+    const bool channels_last = y.is_contiguous(torch::MemoryFormat::ChannelsLast) && !y.is_contiguous();
+    auto out =
+        torch::empty({N, K, 2 * H, 2 * W}, y.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast
+                                                                                   : torch::MemoryFormat::Contiguous));
+    // out[n, k, 2i + dy, 2j + dx] = y[n, p K + k, i + dy, j + dx]: four strided copies, of K-long rows when
+    // channels-last.
+    const auto o6 = out.view({N, K, H, 2, W, 2});
+    for (int dy = 0; dy < 2; ++dy)
+        for (int dx = 0; dx < 2; ++dx)
+            o6.select(5, dx).select(3, dy).copy_(y.narrow(1, (2 * dy + dx) * K, K).narrow(2, dy, H).narrow(3, dx, W));
     return out;
 }
 
@@ -267,6 +308,11 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, at::IntArrayRef,
                             at::IntArrayRef, at::IntArrayRef) {
     TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
+}
+
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+    TORCH_CHECK(false, "onednn_upsample2x_conv3x3: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(),
+                ")");
 }
 
 #endif

@@ -49,6 +49,15 @@ bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& weight, 
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation);
 
+// conv2d(upsample_nearest_2x(x), weight, bias, padding 1) for a 3x3 weight, without the upsampled input: each of the
+// four output phases (dy, dx) of the upsampled grid sees only two rows and two columns of x, with the taps that fall
+// on the same pixel summed (dy = 0: rows i-1 <- w[0], i <- w[1] + w[2]; dy = 1: i <- w[0] + w[1], i+1 <- w[2]; the
+// same for columns). So the four phases are one 2x2 convolution of x with 4K output channels and padding 1, whose
+// output [N, 4K, H+1, W+1] is interleaved into [N, K, 2H, 2W]: 16 instead of 36 multiplies per (input, output) pair
+// and input pixel, and no 4x larger upsampled tensor (the "resize-convolution" of SD's upsamplers). The layout of x
+// (NCHW or channels-last) is kept. Applies where onednn_conv2d_applies and the weight is [K, C, 3, 3].
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
 // Output positions per call (N * H_out * W_out) at or below which onednn_conv2d hands the kernel the plain weight
 // instead of reordering it (measured crossover: tests/bench/results/onednn_gemm_2026-12-02.txt).
 constexpr int64_t kPlainWeightMaxPositions = 256;

@@ -40,9 +40,9 @@ TEST_CASE("onednn_linear matches float64 on random shapes", "[kernels][onednn]")
                       N = pick({1, 5, 64, 320, 1000});
         torch::manual_seed(uint64_t(i));
         auto x = torch::randn({M, K}) * double(pick({1, 20}));
-        if (i % 4 == 1) x = x.view({1, M, K});                                             // batch dims
-        if (i % 4 == 2) x = torch::randn({K + 3, M}).narrow(0, 1, K).t();                  // a transposed view
-        if (i % 4 == 3) x = torch::randn({M, K + 5}).narrow(1, 2, K);                      // rows with a gap
+        if (i % 4 == 1) x = x.view({1, M, K});                            // batch dims
+        if (i % 4 == 2) x = torch::randn({K + 3, M}).narrow(0, 1, K).t(); // a transposed view
+        if (i % 4 == 3) x = torch::randn({M, K + 5}).narrow(1, 2, K);     // rows with a gap
         const auto w = torch::randn({N, K}) / std::sqrt(double(K));
         const auto b = i % 3 == 0 ? torch::Tensor() : torch::randn({N});
         INFO("x " << x.sizes() << " strides " << x.strides() << ", w " << w.sizes() << (b.defined() ? ", bias" : ""));
@@ -101,10 +101,12 @@ TEST_CASE("onednn kernels: strided inputs, NaN, refusals", "[kernels][onednn]") 
     ln.index_put_({2, 1}, std::numeric_limits<float>::infinity());
     CHECK_FALSE(torch::isfinite(kernels::onednn_linear(ln, torch::randn({3, 8}), {})).all().item<bool>());
     // Where they do not apply: other dtypes, groups, autograd, mismatched widths.
-    CHECK_FALSE(kernels::onednn_linear_applies(torch::zeros({2, 3}, torch::kDouble), torch::zeros({4, 3}, torch::kDouble)));
+    CHECK_FALSE(
+        kernels::onednn_linear_applies(torch::zeros({2, 3}, torch::kDouble), torch::zeros({4, 3}, torch::kDouble)));
     CHECK_FALSE(kernels::onednn_linear_applies(torch::zeros({2, 3}), torch::zeros({4, 5})));
     CHECK_FALSE(kernels::onednn_conv2d_applies(torch::zeros({1, 32, 8, 8}), torch::zeros({32, 16, 3, 3}), 2));
-    CHECK_FALSE(kernels::onednn_conv2d_applies(torch::zeros({1, 16, 8, 8}).requires_grad_(), torch::zeros({16, 16, 3, 3}), 1));
+    CHECK_FALSE(
+        kernels::onednn_conv2d_applies(torch::zeros({1, 16, 8, 8}).requires_grad_(), torch::zeros({16, 16, 3, 3}), 1));
     CHECK_THROWS_WITH(kernels::onednn_linear(torch::zeros({2, 3}), torch::zeros({4, 5}), {}),
                       Catch::Contains("matching width"));
     CHECK_THROWS_WITH(kernels::onednn_linear(torch::zeros({2, 3}), torch::zeros({4, 3}), torch::zeros({5})),
@@ -186,10 +188,10 @@ TEST_CASE("oneDNN kernel performance on SD shapes", "[.onednn-perf]") {
         const char* what;
         int64_t m, k, n;
     };
-    for (const Lin& s : {Lin{"unet 512 level 0 attention projection", 8192, 320, 320},
-                         Lin{"unet 512 level 0 GEGLU", 8192, 320, 2560}, Lin{"unet 512 level 0 FF out", 8192, 1280, 320},
-                         Lin{"unet 256 level 0 GEGLU", 2048, 320, 2560}, Lin{"unet 256 level 2 GEGLU", 128, 1280, 10240},
-                         Lin{"unet context K/V", 154, 768, 1280}}) {
+    for (const Lin& s :
+         {Lin{"unet 512 level 0 attention projection", 8192, 320, 320}, Lin{"unet 512 level 0 GEGLU", 8192, 320, 2560},
+          Lin{"unet 512 level 0 FF out", 8192, 1280, 320}, Lin{"unet 256 level 0 GEGLU", 2048, 320, 2560},
+          Lin{"unet 256 level 2 GEGLU", 128, 1280, 10240}, Lin{"unet context K/V", 154, 768, 1280}}) {
         torch::manual_seed(1);
         const auto x = torch::randn({s.m, s.k}), w = torch::randn({s.n, s.k}) * 0.02, b = torch::randn({s.n});
         report(std::string("linear ") + s.what + " [" + std::to_string(s.m) + "x" + std::to_string(s.k) + "] x [" +
@@ -214,5 +216,30 @@ TEST_CASE("oneDNN kernel performance on SD shapes", "[.onednn-perf]") {
                    std::to_string(s.h) + "," + std::to_string(s.h) + "] -> " + std::to_string(s.k),
                2e-9 * double(s.n * s.c * s.k * 9 * s.h * s.h), time_of([&] { return at::conv2d(x, w, b, 1, 1); }),
                time_of([&] { return kernels::onednn_conv2d(x, w, b, one, one, one); }));
+    }
+}
+
+TEST_CASE("onednn_upsample2x_conv3x3 equals the convolution of the upsampled input", "[kernels][onednn]") {
+    if (!kernels::onednn_available()) return;
+    std::mt19937 rng(23);
+    auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+    const std::vector<int64_t> one{1, 1};
+    for (int i = 0; i < 24; ++i) {
+        const int64_t N = pick({1, 2}), C = pick({4, 16, 32, 64}), K = pick({3, 16, 48}), H = pick({1, 2, 5, 8, 13}),
+                      W = pick({1, 3, 8, 11});
+        torch::manual_seed(uint64_t(200 + i));
+        auto x = torch::randn({N, C, H, W});
+        if (i % 2) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        const auto w = torch::randn({K, C, 3, 3}) / std::sqrt(double(9 * C));
+        const auto b = i % 3 == 0 ? torch::Tensor() : torch::randn({K});
+        INFO("x " << x.sizes() << (i % 2 ? " channels-last" : "") << ", w " << w.sizes());
+        const auto y = kernels::onednn_upsample2x_conv3x3(x, w, b);
+        const auto up = torch::upsample_nearest2d(x.to(torch::kDouble), {2 * H, 2 * W});
+        const auto ref = at::conv2d(up, w.to(torch::kDouble), b.defined() ? b.to(torch::kDouble) : b, one, one);
+        REQUIRE(y.sizes() == ref.sizes());
+        CHECK(y.is_contiguous(i % 2 && C > 1 && H * W > 1 ? torch::MemoryFormat::ChannelsLast
+                                                          : torch::MemoryFormat::Contiguous));
+        check_close(rel_err(y, ref),
+                    rel_err(at::conv2d(torch::upsample_nearest2d(x, {2 * H, 2 * W}), w, b, one, one), ref));
     }
 }

@@ -153,6 +153,21 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     emit("model: " + fmt("%.1f", double(nparams) / 1e6) + " M parameters (" +
          fmt("%.0f", double(parameter_bytes(*model)) / 1048576.0) + " MiB, weights " +
          enum_name(weights_dtype_table(), o.weights_dtype) + "), built in " + fmt("%.1f", now_s() - t0) + " s");
+    // SD's VAE (the shapes of every SD 1.x/2.x/XL VAE), built now so that the run's peak RSS below counts both
+    // models' weights and nothing of their random initialisation (built in float32, then converted).
+    AutoencoderKL vae{nullptr};
+    if (o.vae_repeat > 0) {
+        torch::manual_seed(uint64_t(o.seed) + 1);
+        vae = AutoencoderKL(VaeConfig{});
+        vae->eval();
+        vae->set_attention_kernel(attention);
+        vae->set_fast_paths(!o.baseline);
+        perf::set_gemm_backend(*vae, backend);
+        for (auto& p : vae->parameters()) p.set_requires_grad(false);
+        store_weights_as(*vae, o.weights_dtype);
+    }
+    const double build_peak = peak_rss_mib();
+    const bool peak_reset = reset_peak_rss();
 
     auto sample = torch::randn({o.batch, cfg.in_channels, lh, lw});
     UNetCond context{torch::randn({o.batch, tokens, cfg.cross_attention_dim})};
@@ -220,16 +235,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     }
 
     if (o.vae_repeat > 0) {
-        // SD's VAE decoder (the shapes of every SD 1.x/2.x/XL VAE) on one latent, with the UNet's attention choice:
-        // the mid-block attends over all latent positions with one head of 512 channels.
-        torch::manual_seed(uint64_t(o.seed) + 1);
-        AutoencoderKL vae(VaeConfig{});
-        vae->eval();
-        vae->set_attention_kernel(attention);
-        vae->set_fast_paths(!o.baseline);
-        perf::set_gemm_backend(*vae, backend);
-        for (auto& p : vae->parameters()) p.set_requires_grad(false);
-        store_weights_as(*vae, o.weights_dtype);
+        // The decoder on one latent, with the UNet's attention choice: the mid-block attends over all latent positions
+        // with one head of 512 channels.
         const auto z = torch::randn({1, 4, lh, lw});
         torch::Tensor img = vae->decode(z); // warm-up
         std::vector<double> tv;
@@ -283,7 +290,13 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     emit("ratio: " + fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
          fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
-    emit("peak RSS (VmHWM): " + fmt("%.0f", peak_rss_mib()) + " MiB");
+    if (peak_reset)
+        emit("peak RSS (VmHWM) of the run: " + fmt("%.0f", peak_rss_mib()) + " MiB (weights " +
+             fmt("%.0f", double(parameter_bytes(*model) + (vae ? parameter_bytes(*vae) : 0)) / 1048576.0) +
+             " MiB, steps" + (o.vae_repeat > 0 ? " and decodes" : "") +
+             "); while building the random models: " + fmt("%.0f", build_peak) + " MiB");
+    else
+        emit("peak RSS (VmHWM): " + fmt("%.0f", peak_rss_mib()) + " MiB (building the random models included)");
     emit("load average at end: " + load_average());
 }
 

@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
+#include "cache/util/heap.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "unet/sd_family.h"
@@ -107,6 +108,10 @@ Upsample2DImpl::Upsample2DImpl(int64_t channels) {
 }
 
 Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_t>> size) {
+    // On oneDNN the doubling and the 3x3 convolution are one convolution of x (kernels/onednn.h, resize-convolution).
+    const bool doubled = !size || (x.dim() == 4 && (*size) == std::vector<int64_t>{2 * x.size(2), 2 * x.size(3)});
+    if (doubled && perf::use_onednn(*this))
+        if (auto y = perf::upsample2x_conv3x3(conv, x); y.defined()) return y;
     auto opts = F::InterpolateFuncOptions().mode(torch::kNearest);
     if (size)
         opts.size(*size);
@@ -569,6 +574,7 @@ std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_laye
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                      FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
+    util::HeapScope heap;                     // reuse the step's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
     const auto dtype = conv_in->bias.scalar_type();
     TORCH_CHECK(sample.dim() == 4, "UNet sample must be [B, C, H, W], got ", sample.sizes());

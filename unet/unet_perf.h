@@ -213,6 +213,24 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, cons
     return conv2d(conv, x, m.fast);
 }
 
+// conv(nearest_2x(x)) for a 3x3, stride-1, padding-1 convolution on oneDNN's kernels without the upsampled tensor
+// (kernels::onednn_upsample2x_conv3x3); undefined where that does not apply (the caller runs the two steps).
+inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Tensor& x) {
+    const auto& o = conv->options;
+    const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    const auto& w = conv->weight;
+    if (pad == nullptr || detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) == nullptr ||
+        at::IntArrayRef(*pad) != at::IntArrayRef({1, 1}) || at::IntArrayRef(o.stride()) != at::IntArrayRef({1, 1}) ||
+        at::IntArrayRef(o.dilation()) != at::IntArrayRef({1, 1}) || w.dim() != 4 || w.size(2) != 3 || w.size(3) != 3)
+        return {};
+    const auto wf =
+        x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
+            ? w.to(torch::kFloat)
+            : w;
+    if (!kernels::onednn_conv2d_applies(x, wf, o.groups())) return {};
+    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias);
+}
+
 // kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.
 inline torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {

@@ -6,6 +6,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
+#include "cache/util/heap.h"
 #include "kernels/linear.h"
 
 #include <nlohmann/json.hpp>
@@ -114,8 +115,8 @@ VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
 Tensor VaeAttentionImpl::forward(const Tensor& x) {
     const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
-    auto o = multi_head_attention(perf::linear(to_q, h, *this), perf::linear(to_k, h, *this), perf::linear(to_v, h, *this), 1,
-                                  kernel, fast);
+    auto o = multi_head_attention(perf::linear(to_q, h, *this), perf::linear(to_k, h, *this),
+                                  perf::linear(to_v, h, *this), 1, kernel, fast);
     o = perf::linear(out_linear, o, *this).transpose(1, 2).reshape({B, C, H, W});
     return o + x;
 }
@@ -214,17 +215,27 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
 
 Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
+    util::HeapScope heap;                     // reuse the decode's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
-    auto h = outer_conv(post_quant_conv, z.to(post_quant_conv->bias.scalar_type()), gemm);
+    auto h = outer_conv(post_quant_conv, in_layout(z.to(post_quant_conv->bias.scalar_type())), gemm);
     if (f) (*f)[prefix + "post_quant_conv"] = h;
-    return decoder->forward(h, f, prefix + "decoder.");
+    return decoder->forward(h, f, prefix + "decoder.").contiguous();
+}
+
+Tensor AutoencoderKLImpl::in_layout(const Tensor& x) const {
+    // On oneDNN the coder runs channels-last: its convolutions read and write NHWC as it is (kernels/onednn.h), with
+    // no blocked copy of each input and output (at 512x512, 128 MiB each per layer), and GroupNorm, SiLU, the
+    // upsampling and the residual adds keep the layout.
+    const bool cl = fast && gemm == kernels::GemmBackend::OneDnn && kernels::onednn_available() && x.dim() == 4;
+    return cl ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
 }
 
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training());
-    auto h = encoder->forward(image.to(quant_conv->bias.scalar_type()), f, prefix + "encoder.");
+    util::HeapScope heap;
+    auto h = encoder->forward(in_layout(image.to(quant_conv->bias.scalar_type())), f, prefix + "encoder.");
     LatentDistribution d;
-    d.moments = outer_conv(quant_conv, h, gemm);
+    d.moments = outer_conv(quant_conv, h, gemm).contiguous();
     if (f) (*f)[prefix + "quant_conv"] = d.moments;
     auto mv = d.moments.chunk(2, 1);
     d.mean = mv[0];

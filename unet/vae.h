@@ -121,6 +121,7 @@ public:
     torch::nn::Conv2d quant_conv{nullptr}, post_quant_conv{nullptr};
 
 private:
+    torch::Tensor in_layout(const torch::Tensor& x) const; // channels-last on the oneDNN fast path
     VaeConfig cfg_;
 };
 TORCH_MODULE(AutoencoderKL);

@@ -31,6 +31,12 @@ inline int64_t rss_now_bytes() {
 inline int64_t peak_rss_bytes() {
     return proc_status_bytes("VmHWM");
 } // its high-water mark
+// Resets VmHWM to the current RSS (Linux >= 4.0: "5" to /proc/self/clear_refs), so that a later peak_rss_* is the
+// high-water mark since now; false where that is not possible (the peak then counts from the start).
+inline bool reset_peak_rss() {
+    std::ofstream f("/proc/self/clear_refs");
+    return bool(f << "5" << std::flush);
+}
 // Peak resident set size in MiB; -1 when unavailable.
 inline double peak_rss_mib() {
     const auto b = peak_rss_bytes();
