@@ -4,6 +4,7 @@
 
 #include "cache/io/error.h"
 #include "cache/util/bench.h"
+#include "cache/util/heap.h"
 #include "cache/util/threads.h"
 #include "kernels/cpu_features.h"
 #include "unet/unet_macs.h"
@@ -179,6 +180,9 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     }
     auto timestep = torch::tensor(int64_t(999));
 
+    // The steps and decodes as a txt2img run makes them: inside one heap scope (Txt2ImgPipeline::run), so a step's
+    // freed blocks serve the next step (cache/util/heap.h).
+    util::HeapScope heap;
     SkipFeatureCapture feats(o.branch);
     for (int i = 0; i < o.warmup; ++i) model->forward(sample, timestep, context, &feats);
     std::vector<double> times;

@@ -15,7 +15,11 @@
 #   REF        diffusers v0.27.2 and huggingface_hub v0.22.2 sources, REF/diffusers and REF/hfhub
 #   LLAMA_CPP  a llama.cpp source tree built with -DGGML_NATIVE=ON (build/bin/llama-bench, gguf-py); optional
 #   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
-#   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed)
+#   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed); "sd": the SD rows alone
+#   PEER_GLIBC_TUNABLES  GLIBC_TUNABLES for the Python peers alone, e.g. glibc.malloc.mmap_max=0:glibc.malloc.
+#              trim_threshold=68719476736:glibc.malloc.hugetlb=1 (freed blocks kept for reuse, on huge pages): where a
+#              page fault is expensive, PyTorch on glibc's defaults pays one per 4 KiB of every large activation,
+#              and this gives diffusers what cache/util/heap.h gives us
 # The Python peers run with the OpenBLAS kernels anchor-sd runs with (OPENBLAS_CORETYPE as it reports), so both sides
 # use the same GEMM; on CPUs Debian's OpenBLAS does not know, Python would otherwise run the Prescott kernels.
 set -euo pipefail
@@ -32,7 +36,7 @@ sd=$build/anchor-sd
 text=$build/anchor-text
 [ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
 only=${ONLY:-}
-case "$only" in "" | gpt2) ;; *) echo "error: ONLY must be empty or gpt2, got '$only'" >&2; exit 2 ;; esac
+case "$only" in "" | gpt2 | sd) ;; *) echo "error: ONLY must be empty, gpt2 or sd, got '$only'" >&2; exit 2 ;; esac
 if [ "$only" != gpt2 ]; then
   [ -n "$ref" ] && [ -d "$ref/diffusers/src" ] || { echo "error: set REF to the folder with diffusers/ and hfhub/" >&2; exit 2; }
 fi
@@ -63,7 +67,10 @@ log() { echo "$*" | tee -a "$out.tmp" >&2; }
 # sample LABEL VALUE... : one measurement line per value (seconds or ms) into the raw table
 sample() { local label=$1; shift; for v in "$@"; do echo "$label $v" >>"$raw"; done; }
 peer_py() {
-  if [ -n "${OPENBLAS_CORETYPE_PEERS:-}" ]; then OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE_PEERS "$py" "$@"; else "$py" "$@"; fi
+  local env=()
+  [ -n "${OPENBLAS_CORETYPE_PEERS:-}" ] && env+=("OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE_PEERS")
+  [ -n "${PEER_GLIBC_TUNABLES:-}" ] && env+=("GLIBC_TUNABLES=$PEER_GLIBC_TUNABLES")
+  env "${env[@]}" "$py" "$@"
 }
 
 log "# tests/bench/peers.sh $build $out $rounds   ($(date -u '+%F %H:%M UTC'); git $(git -C "$root" rev-parse --short HEAD))"
@@ -73,7 +80,7 @@ if [ "$only" = gpt2 ]; then
 else
 log "# ours: $("$sd" bench --help >/dev/null 2>&1 && "$sd" -t "$threads" bench -W 8 -H 8 --repeat 1 --warmup 0 --deepcache 2 2>/dev/null | grep -E '^  (build|blas):' | tr '\n' ';')"
 fi
-log "# peers: ${only:+ONLY=$only; }diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
+log "# peers: ${only:+ONLY=$only; }diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}, GLIBC_TUNABLES=${PEER_GLIBC_TUNABLES:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
 for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
   sizes=${SIZES:-256 512}
@@ -88,6 +95,7 @@ for r in $(seq 1 "$rounds"); do
       v=$(echo "$o" | grep -A1 '^VAE decode' | sed -n 's/^  runs: \(.*\) s$/\1/p')
       log "  ours      vae  $size: $v s"
       sample "vae$size ours" $v
+      log "  ours      $(echo "$o" | grep -m1 '^peak RSS' | xargs)"
     fi
     pvae=(); [ "$size" = 512 ] && pvae=(--vae)
     p=$(peer_py "$peers/diffusers_sd15_step.py" --size $size --reps "$reps" --threads "$threads" "${pvae[@]}" 2>&1)
@@ -100,6 +108,7 @@ for r in $(seq 1 "$rounds"); do
       sample "vae$size diffusers" $pv
     fi
   done
+  [ "$only" = sd ] && continue
   o=$("$text" -t "$threads" gpt2 bench --repeats "$reps" --stream-tokens 32 --recompute-repeats 1 2>&1)
   f32=$(echo "$o" | grep -A1 'f32 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
   f16=$(echo "$o" | grep -A1 'f16 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
