@@ -3,6 +3,8 @@
 // scripts/convert_diffusers_to_original_stable_diffusion.py; see tests/golden/sd/sd15_tiny_single_file/README.md.
 #include "unet/checkpoint.h"
 
+#include "cache/util/heap.h"
+
 #include "cache/io/json_config.h"
 
 #include "cache/io/error.h"
@@ -112,6 +114,7 @@ void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
         else if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(sub.get()))
             convert(c->weight);
     }
+    util::release_free_heap(); // the float32 copies just freed, most of them under glibc's mmap threshold
 }
 
 int64_t parameter_bytes(const torch::nn::Module& m) {

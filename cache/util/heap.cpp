@@ -3,6 +3,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -188,6 +189,12 @@ HeapStats heap_stats() {
 
 int64_t heap_free_bytes() {
     return heap_stats().cached_bytes;
+}
+
+void release_free_heap() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
 }
 
 } // namespace anchor::util

@@ -48,6 +48,11 @@ struct HeapStats {
 };
 HeapStats heap_stats();
 
+// Returns the pages of glibc's free heap chunks to the system (malloc_trim(0): the free pages in the middle of each
+// arena too, not only its top). For after a large transient allocation of blocks under glibc's mmap threshold, e.g.
+// the float32 weights freed once --weights-dtype has converted them: without it they stay resident.
+void release_free_heap();
+
 // Bytes freed but kept mapped for reuse: memory this process can allocate again without the system's (the memory
 // check counts them as available).
 int64_t heap_free_bytes();
