@@ -11,14 +11,21 @@
 
 namespace anchor::kernels {
 
-// A weight stored in reduced precision (float16/bfloat16, SD's --weights-dtype) under a float32 input is upcast here,
-// at use: the model keeps no float32 copy. Float32 weights take the plain call, as before.
+// A weight stored in reduced precision (float16/bfloat16, SD's --weights-dtype) under a float32 input is upcast at
+// use: the model keeps no float32 copy.
+inline bool upcast_at_use(const torch::Tensor& w, const torch::Tensor& x) {
+    return x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16);
+}
+
+// The weight a computation on x reads: w, or its float32 upcast (upcast_at_use).
+inline torch::Tensor weight_for(const torch::Tensor& w, const torch::Tensor& x) {
+    return upcast_at_use(w, x) ? w.to(torch::kFloat) : w;
+}
+
+// Float32 weights take the plain call; reduced-precision ones are upcast here (upcast_at_use).
 inline torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
     const auto bias = m->bias.defined() ? c10::optional<torch::Tensor>(m->bias) : c10::nullopt;
-    const auto w = m->weight.scalar_type();
-    if (x.scalar_type() == torch::kFloat && (w == torch::kHalf || w == torch::kBFloat16))
-        return at::linear(x, m->weight.to(torch::kFloat), bias);
-    return at::linear(x, m->weight, bias);
+    return at::linear(x, weight_for(m->weight, x), bias);
 }
 
 } // namespace anchor::kernels

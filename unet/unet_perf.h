@@ -89,14 +89,19 @@ inline bool torch_picks_mkldnn(const torch::Tensor& x, const torch::Tensor& w, c
 #endif
 }
 
-// conv->forward(x) for a weight stored in reduced precision (SD's --weights-dtype) under a float32 input: the weight
-// upcast at use (the model keeps no float32 copy), the bias as it is (float32). Zero padding given as numbers only:
-// what every convolution of these models has.
+// The convolution's padding where it is zero padding given as numbers (what every convolution of these models has),
+// else null.
+inline const torch::ExpandingArray<2>* zero_padding(const torch::nn::detail::ConvNdOptions<2>& o) {
+    const auto* pad = variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    return pad != nullptr && variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) != nullptr ? pad : nullptr;
+}
+
+// conv->forward(x) for a weight stored in reduced precision under a float32 input (kernels::upcast_at_use), the bias
+// as it is (float32). Zero padding given as numbers only.
 inline torch::Tensor conv2d_upcast(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
     const auto& o = conv.options;
-    const auto* pad = variant_get_if<torch::ExpandingArray<2>>(o.padding());
-    TORCH_CHECK(pad != nullptr && variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) != nullptr,
-                "a reduced-precision convolution weight needs zero padding given as numbers");
+    const auto* pad = zero_padding(o);
+    TORCH_CHECK(pad != nullptr, "a reduced-precision convolution weight needs zero padding given as numbers");
     const auto bias = conv.bias.defined() ? c10::optional<torch::Tensor>(conv.bias) : c10::nullopt;
     return at::conv2d(x, conv.weight.to(torch::kFloat), bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
                       at::IntArrayRef(o.dilation()), o.groups());
@@ -121,17 +126,15 @@ inline torch::Tensor reference_add(const torch::Tensor& lhs, const torch::Tensor
 // LibTorch built with oneDNN); otherwise exactly conv->forward(x).
 // A reduced-precision weight under a float32 input is upcast at use (detail::conv2d_upcast).
 inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, bool fast) { // holder: non-const Impl
-    if (x.scalar_type() == torch::kFloat &&
-        (conv->weight.scalar_type() == torch::kHalf || conv->weight.scalar_type() == torch::kBFloat16))
-        return detail::conv2d_upcast(*conv, x);
+    if (kernels::upcast_at_use(conv->weight, x)) return detail::conv2d_upcast(*conv, x);
 #if AT_MKLDNN_ENABLED()
     const auto& o = conv->options;
     const torch::Tensor& w = conv->weight;
-    const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    const auto* pad = detail::zero_padding(o);
     auto& c = detail::cache();
-    if (!fast || c.disabled || pad == nullptr || !detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) ||
-        x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat || !x.device().is_cpu() ||
-        !w.device().is_cpu() || x.dim() != 4 || x.requires_grad() || w.requires_grad() || !at::hasMKLDNN())
+    if (!fast || c.disabled || pad == nullptr || x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat ||
+        !x.device().is_cpu() || !w.device().is_cpu() || x.dim() != 4 || x.requires_grad() || w.requires_grad() ||
+        !at::hasMKLDNN())
         return conv->forward(x);
     const std::vector<int64_t> padding = at::IntArrayRef(*pad).vec(), stride = at::IntArrayRef(o.stride()).vec(),
                                dilation = at::IntArrayRef(o.dilation()).vec();
@@ -198,13 +201,8 @@ inline bool use_onednn(const FastPaths& m) {
 inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {
         const auto& o = conv->options;
-        const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
-        if (pad != nullptr && detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) != nullptr) {
-            const auto& w = conv->weight;
-            const auto wf = x.scalar_type() == torch::kFloat &&
-                                    (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
-                                ? w.to(torch::kFloat)
-                                : w;
+        if (const auto* pad = detail::zero_padding(o)) {
+            const auto wf = kernels::weight_for(conv->weight, x);
             if (kernels::onednn_conv2d_applies(x, wf, o.groups()))
                 return kernels::onednn_conv2d(x, wf, conv->bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
                                               at::IntArrayRef(o.dilation()));
@@ -217,16 +215,13 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, cons
 // (kernels::onednn_upsample2x_conv3x3); undefined where that does not apply (the caller runs the two steps).
 inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Tensor& x) {
     const auto& o = conv->options;
-    const auto* pad = detail::variant_get_if<torch::ExpandingArray<2>>(o.padding());
+    const auto* pad = detail::zero_padding(o);
     const auto& w = conv->weight;
-    if (pad == nullptr || detail::variant_get_if<torch::enumtype::kZeros>(o.padding_mode()) == nullptr ||
-        at::IntArrayRef(*pad) != at::IntArrayRef({1, 1}) || at::IntArrayRef(o.stride()) != at::IntArrayRef({1, 1}) ||
+    if (pad == nullptr || at::IntArrayRef(*pad) != at::IntArrayRef({1, 1}) ||
+        at::IntArrayRef(o.stride()) != at::IntArrayRef({1, 1}) ||
         at::IntArrayRef(o.dilation()) != at::IntArrayRef({1, 1}) || w.dim() != 4 || w.size(2) != 3 || w.size(3) != 3)
         return {};
-    const auto wf =
-        x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
-            ? w.to(torch::kFloat)
-            : w;
+    const auto wf = kernels::weight_for(w, x);
     if (!kernels::onednn_conv2d_applies(x, wf, o.groups())) return {};
     return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias);
 }
@@ -234,11 +229,7 @@ inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Ten
 // kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.
 inline torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {
-        const auto& w = l->weight;
-        const auto wf =
-            x.scalar_type() == torch::kFloat && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16)
-                ? w.to(torch::kFloat)
-                : w;
+        const auto wf = kernels::weight_for(l->weight, x);
         if (kernels::onednn_linear_applies(x, wf)) return kernels::onednn_linear(x, wf, l->bias);
     }
     return kernels::linear(l, x);

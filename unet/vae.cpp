@@ -226,8 +226,7 @@ Tensor AutoencoderKLImpl::in_layout(const Tensor& x) const {
     // On oneDNN the coder runs channels-last: its convolutions read and write NHWC as it is (kernels/onednn.h), with
     // no blocked copy of each input and output (at 512x512, 128 MiB each per layer), and GroupNorm, SiLU, the
     // upsampling and the residual adds keep the layout.
-    const bool cl = fast && gemm == kernels::GemmBackend::OneDnn && kernels::onednn_available() && x.dim() == 4;
-    return cl ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+    return perf::use_onednn(*this) && x.dim() == 4 ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
 }
 
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {

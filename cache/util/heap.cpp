@@ -51,21 +51,21 @@ public:
             }
             live_ += got;
         }
-        if (p == nullptr) {
-            p = map(size);
-            if (p == nullptr) { // out of address space or memory: the system allocator says so its own way
-                std::lock_guard<std::mutex> lock(mu_);
-                live_ -= got;
-                return base_->allocate(n);
-            }
-            std::lock_guard<std::mutex> lock(mu_);
-            mapped_ += size;
-            high_water_ = std::max(high_water_, live_ + cached_);
-        }
+        const bool fresh = p == nullptr;
+        if (fresh) p = map(size); // outside the lock: the mapping's system call
         {
             std::lock_guard<std::mutex> lock(mu_);
-            sizes_.emplace(p, got);
+            if (p == nullptr) { // out of address space or memory: the system allocator says so its own way
+                live_ -= got;
+            } else {
+                if (fresh) {
+                    mapped_ += size;
+                    high_water_ = std::max(high_water_, live_ + cached_);
+                }
+                sizes_.emplace(p, got);
+            }
         }
+        if (p == nullptr) return base_->allocate(n);
         // The context is the pointer itself, as LibTorch's raw_allocate/raw_deallocate require.
         return {p, p, &BlockCache::release, c10::Device(c10::DeviceType::CPU)};
     }
