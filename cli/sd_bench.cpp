@@ -71,7 +71,7 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
                     "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
     add_enum_option(cmd, "--gemm", o.gemm, kernels::gemm_backend_table(),
                     "library of the linear layers and convolutions on the fast paths (kernels/onednn.h)",
-                    "onednn with the fused/flash attention, torch with exact (unet::default_gemm_backend)");
+                    "winograd with the fused/flash attention, torch with exact (unet::default_gemm_backend)");
     add_enum_option(cmd, "--weights-dtype", o.weights_dtype, unet::weights_dtype_table(),
                     "how the UNet's (and VAE's) Linear/Conv weights are kept: f16/bf16 halve them, upcast per layer");
     cmd.add_option("--vae", o.vae_repeat, "also time this many VAE decodes of one latent (SD's VAE, random weights)")

@@ -451,8 +451,9 @@ void add_txt2img_options(CLI::App& app, Options& o) {
            "library of the UNet's and VAE's linear layers and convolutions (" +
                enum_choices(kernels::gemm_backend_table(), "|") +
                "): torch = LibTorch's BLAS and convolution (the reference's bits); onednn = oneDNN's inference kernels "
-               "(about 2x faster on AVX-512 machines, a different summation order: ~1e-7 relative); default: onednn "
-               "with the fused/flash attention, torch with exact")
+               "(about 2x faster on AVX-512 machines, a different summation order: ~1e-7 relative); winograd = onednn with "
+               "the wide 3x3 convolutions in Winograd F(4x4,3x3) form (fewer multiplies, ~1e-6 relative); default: "
+               "winograd with the fused/flash attention, torch with exact")
         ->type_name("NAME");
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/onednn.h"
 
+#include "kernels/winograd.h"
+
 #if defined(ANCHOR_HAVE_DNNL)
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
@@ -14,7 +16,8 @@
 namespace anchor::kernels {
 
 const EnumTable<GemmBackend>& gemm_backend_table() {
-    static const EnumTable<GemmBackend> t = {{"torch", GemmBackend::Torch}, {"onednn", GemmBackend::OneDnn}};
+    static const EnumTable<GemmBackend> t = {
+        {"torch", GemmBackend::Torch}, {"onednn", GemmBackend::OneDnn}, {"winograd", GemmBackend::Winograd}};
     return t;
 }
 
@@ -108,6 +111,15 @@ MatmulCache& matmul_cache() {
 ConvCache& conv_cache() {
     static ConvCache c;
     return c;
+}
+
+// Batched: B products of [M, K] by [N, K]^T, each operand with its own batch and row strides.
+dnnl::matmul::primitive_desc batched_matmul_pd(const std::vector<int64_t>& k) {
+    const int64_t B = k[0], M = k[1], K = k[2], N = k[3];
+    const auto src = strided_md({B, M, K}, {k[4], k[5], 1});
+    const auto wei = strided_md({B, K, N}, {k[6], 1, k[7]});
+    const auto dst = strided_md({B, M, N}, {k[8], k[9], 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), user_scratchpad(), cpu_engine());
 }
 
 dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t ldx, int64_t ldw, bool bias) {
@@ -206,8 +218,35 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
     return out;
 }
 
+void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& w) {
+    TORCH_CHECK(a.dim() == 3 && w.dim() == 3 && out.dim() == 3 && a.size(0) == w.size(0) && a.size(2) == w.size(2) &&
+                    out.size(0) == a.size(0) && out.size(1) == a.size(1) && out.size(2) == w.size(1) &&
+                    f32_cpu_no_grad(a) && f32_cpu_no_grad(w) && f32_cpu_no_grad(out) && a.stride(2) == 1 &&
+                    w.stride(2) == 1 && out.stride(2) == 1,
+                "onednn_batched_linear_out: ", out.sizes(), " = ", a.sizes(), " x ", w.sizes(),
+                "^T are not float32 CPU tensors [B, M, N], [B, M, K] and [B, N, K] with unit inner strides");
+    RECORD_FUNCTION("anchor::onednn_batched_linear", std::vector<c10::IValue>({a}));
+    const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = w.size(1);
+    if (B == 0 || M == 0 || N == 0) return;
+    if (K == 0) {
+        out.zero_();
+        return;
+    }
+    const std::vector<int64_t> key{B, M, K, N, a.stride(0), a.stride(1), w.stride(0), w.stride(1), out.stride(0),
+                                   out.stride(1), -1};
+    auto e = matmul_cache().get(key, [&] { return batched_matmul_pd(key); });
+    auto& eng = cpu_engine();
+    dnnl::stream s(eng);
+    torch::Tensor scratch_buf;
+    e.prim.execute(s, {{DNNL_ARG_SRC, dnnl::memory(e.pd.src_desc(), eng, a.data_ptr())},
+                       {DNNL_ARG_WEIGHTS, dnnl::memory(e.pd.weights_desc(), eng, w.data_ptr())},
+                       {DNNL_ARG_DST, dnnl::memory(e.pd.dst_desc(), eng, out.data_ptr())},
+                       {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}});
+    s.wait();
+}
+
 torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool winograd) {
     TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1), "onednn_conv2d: input ", x_in.sizes(), " ", x_in.scalar_type(),
                 " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
                 " are not float32 CPU tensors [N, C, H, W] and [K, C, kh, kw] outside autograd");
@@ -218,6 +257,8 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w_in.size(0) && f32_cpu_no_grad(bias)),
                 "onednn_conv2d: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
                 w_in.sizes());
+    if (winograd && winograd_applies(x_in, w_in, stride, padding, dilation))
+        return winograd_conv3x3(x_in, w_in, bias, WinogradGemm::OneDnn);
     RECORD_FUNCTION("anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
     const bool channels_last = x_in.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x_in.is_contiguous();
     const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
@@ -305,8 +346,12 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
     TORCH_CHECK(false, "onednn_linear: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
 }
 
+void onednn_batched_linear_out(torch::Tensor&, const torch::Tensor& a, const torch::Tensor& w) {
+    TORCH_CHECK(false, "onednn_batched_linear_out: this build has no oneDNN (", a.sizes(), ", ", w.sizes(), ")");
+}
+
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, at::IntArrayRef,
-                            at::IntArrayRef, at::IntArrayRef) {
+                            at::IntArrayRef, at::IntArrayRef, bool) {
     TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
 }
 

@@ -28,12 +28,17 @@
 namespace anchor::kernels {
 
 // Which library multiplies: LibTorch (its BLAS and ideep convolution: the reference's bits) or oneDNN's inference
-// kernels (this file) where they apply.
-enum class GemmBackend { Torch, OneDnn };
-const EnumTable<GemmBackend>& gemm_backend_table(); // "torch", "onednn"
+// kernels (this file) where they apply; Winograd = oneDNN's kernels, with the 3x3 convolutions in Winograd's
+// F(4x4, 3x3) form where that pays (kernels/winograd.h).
+enum class GemmBackend { Torch, OneDnn, Winograd };
+const EnumTable<GemmBackend>& gemm_backend_table(); // "torch", "onednn", "winograd"
 
 // Built with oneDNN 2.x (ANCHOR_HAVE_DNNL); decided at build time.
 bool onednn_available();
+// Whether backend `b` runs on oneDNN's kernels in this build.
+inline bool runs_on_onednn(GemmBackend b) {
+    return b != GemmBackend::Torch && onednn_available();
+}
 // "oneDNN 2.6.3, matmul brg:avx512_core, convolution brgconv:avx512_core" (the kernels oneDNN picks on this CPU for
 // a typical SD shape), or why it is not available.
 std::string onednn_description();
@@ -42,12 +47,18 @@ std::string onednn_description();
 bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& weight);
 // x W^T + b (b may be undefined) -> [..., N], float32.
 torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+// out [B, M, N] = a [B, M, K] times w [B, N, K] transposed: B products of float32 operands with any batch and row
+// strides and unit inner strides (kernels/winograd.h).
+void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& w);
 
 // float32 CPU tensors outside autograd, x [N, C, H, W], weight [K, C, kh, kw], one group, zero padding (symmetric,
 // as numbers), any stride and dilation.
 bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& weight, int64_t groups);
+// `winograd`: a 3x3, stride-1, padding-1 convolution where winograd_applies runs as winograd_conv3x3
+// (kernels/winograd.h) instead.
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation);
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            bool winograd = false);
 
 // conv2d(upsample_nearest_2x(x), weight, bias, padding 1) for a 3x3 weight, without the upsampled input: each of the
 // four output phases (dy, dx) of the upsampled grid sees only two rows and two columns of x, with the taps that fall

@@ -2,11 +2,13 @@
 // error; the UNet and the VAE on both backends; and (hidden) their speed on SD's shapes.
 #include "cache/util/heap.h"
 #include "kernels/onednn.h"
+#include "kernels/winograd.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -164,6 +166,56 @@ TEST_CASE("UNet and VAE forwards on oneDNN stay within 1e-5 of LibTorch's", "[ke
     CHECK(vrel < 1e-5);
 }
 
+TEST_CASE("UNet and VAE forwards with Winograd convolutions stay within 1e-5 of LibTorch's", "[kernels][winograd]") {
+    if (!kernels::onednn_available()) return;
+    c10::InferenceMode guard;
+    // Wide enough and large enough that the outer levels' 3x3 convolutions take the Winograd kernel.
+    unet::UNetConfig c;
+    c.block_out_channels = {64, 64};
+    c.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+    c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+    c.layers_per_block = {1, 1};
+    c.heads = {2, 2};
+    c.transformer_layers_per_block = {1, 1};
+    c.norm_num_groups = 8;
+    c.cross_attention_dim = 32;
+    torch::manual_seed(6);
+    unet::UNet2DConditionModel model(c);
+    model->eval();
+    const auto x = torch::randn({2, 4, 32, 32}), t = torch::tensor(int64_t(500));
+    const std::vector<int64_t> one{1, 1};
+    REQUIRE(kernels::winograd_applies(torch::zeros({2, 64, 32, 32}), torch::zeros({64, 64, 3, 3}), one, one, one));
+    const unet::UNetCond ctx{torch::randn({2, 7, 32})};
+    unet::perf::set_gemm_backend(*model, kernels::GemmBackend::Torch);
+    const auto y_torch = model->forward(x, t, ctx);
+    unet::perf::set_gemm_backend(*model, kernels::GemmBackend::OneDnn);
+    const auto y_direct = model->forward(x, t, ctx);
+    unet::perf::set_gemm_backend(*model, kernels::GemmBackend::Winograd);
+    const auto y_wino = model->forward(x, t, ctx);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+    };
+    INFO("UNet: Winograd " << rel(y_wino, y_torch) << ", direct " << rel(y_direct, y_torch));
+    CHECK(!torch::equal(y_wino, y_direct)); // it ran
+    CHECK(rel(y_wino, y_torch) < 1e-5);
+
+    unet::VaeConfig vc;
+    vc.block_out_channels = {64, 64};
+    vc.norm_num_groups = 8;
+    unet::AutoencoderKL vae(vc);
+    vae->eval();
+    const auto z = torch::randn({1, 4, 32, 32});
+    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Torch);
+    const auto d_torch = vae->decode(z);
+    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::OneDnn);
+    const auto d_direct = vae->decode(z);
+    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Winograd);
+    const auto d_wino = vae->decode(z);
+    INFO("VAE: Winograd " << rel(d_wino, d_torch) << ", direct " << rel(d_direct, d_torch));
+    CHECK(!torch::equal(d_wino, d_direct));
+    CHECK(rel(d_wino, d_torch) < 1e-5);
+}
+
 // Performance mode (hidden: `anchor_tests "[.onednn-perf]"`): LibTorch and oneDNN interleaved on SD 1.5's shapes,
 // UNet layers at batch 2 (one CFG step) and the VAE decoder's 3x3 convolutions at batch 1; min of 3 each.
 TEST_CASE("oneDNN kernel performance on SD shapes", "[.onednn-perf]") {
@@ -219,6 +271,49 @@ TEST_CASE("oneDNN kernel performance on SD shapes", "[.onednn-perf]") {
     }
 }
 
+TEST_CASE("Winograd against oneDNN's direct convolution on SD shapes", "[.winograd-perf]") {
+    if (!kernels::onednn_available()) return;
+    util::configure_heap();
+    c10::InferenceMode guard;
+    util::HeapScope heap;
+    auto time_of = [](const std::function<torch::Tensor()>& f) {
+        std::vector<double> t;
+        for (int r = 0; r < 5; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            f();
+            if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    };
+    struct Conv {
+        const char* what;
+        int64_t n, c, k, h;
+        bool channels_last;
+    };
+    for (const Conv& s :
+         {Conv{"unet 512 level 0", 2, 320, 320, 64, false}, Conv{"unet 512 level 0 up", 2, 640, 320, 64, false},
+          Conv{"unet 512 level 1", 2, 640, 640, 32, false}, Conv{"unet 512 level 2", 2, 1280, 1280, 16, false},
+          Conv{"unet 256 level 0", 2, 320, 320, 32, false}, Conv{"unet 256 level 1", 2, 640, 640, 16, false},
+          Conv{"unet 256 level 2", 2, 1280, 1280, 8, false}, Conv{"vae 512 mid", 1, 512, 512, 64, true},
+          Conv{"vae 512 up1", 1, 512, 512, 128, true}, Conv{"vae 512 up2 in", 1, 512, 256, 256, true},
+          Conv{"vae 512 up2", 1, 256, 256, 256, true}, Conv{"vae 512 up3 in", 1, 256, 128, 512, true},
+          Conv{"vae 512 up3", 1, 128, 128, 512, true}}) {
+        torch::manual_seed(1);
+        auto x = torch::randn({s.n, s.c, s.h, s.h});
+        if (s.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        const auto w = torch::randn({s.k, s.c, 3, 3}) * 0.02, b = torch::randn({s.k});
+        const std::vector<int64_t> one{1, 1};
+        const double direct = time_of([&] { return kernels::onednn_conv2d(x, w, b, one, one, one); }),
+                     wino = time_of([&] { return kernels::winograd_conv3x3(x, w, b); }),
+                     gflop = 2e-9 * double(s.n * s.c * s.k * 9 * s.h * s.h);
+        WARN("conv3x3 " << s.what << " [" << s.n << "," << s.c << "," << s.h << "," << s.h << "]"
+                        << (s.channels_last ? " NHWC" : " NCHW") << " -> " << s.k << ": direct " << direct * 1e3
+                        << " ms (" << gflop / direct << " GFLOP/s), Winograd " << wino * 1e3 << " ms ("
+                        << gflop / wino << " GFLOP/s equivalent), " << direct / wino << "x");
+    }
+}
+
 TEST_CASE("onednn_upsample2x_conv3x3 equals the convolution of the upsampled input", "[kernels][onednn]") {
     if (!kernels::onednn_available()) return;
     std::mt19937 rng(23);
@@ -242,4 +337,108 @@ TEST_CASE("onednn_upsample2x_conv3x3 equals the convolution of the upsampled inp
         check_close(rel_err(y, ref),
                     rel_err(at::conv2d(torch::upsample_nearest2d(x, {2 * H, 2 * W}), w, b, one, one), ref));
     }
+}
+
+TEST_CASE("winograd_conv3x3 matches float64 in strips, both layouts, both GEMMs", "[kernels][onednn][winograd]") {
+    const std::vector<int64_t> one{1, 1};
+    std::mt19937 rng(31);
+    auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+    for (int i = 0; i < 40; ++i) {
+        const int64_t N = pick({1, 2}), C = pick({1, 3, 16, 48, 64}), K = pick({1, 5, 16, 80}),
+                      H = pick({1, 3, 4, 5, 9, 17}), W = pick({1, 4, 7, 16, 21});
+        // Strips from one tile row up to the whole map.
+        const int64_t strip_bytes = pick({1, 20000, 200000, int64_t(64) << 20});
+        const auto gemm = kernels::onednn_available() && i % 4 != 3 ? kernels::WinogradGemm::OneDnn
+                                                                     : kernels::WinogradGemm::Torch;
+        torch::manual_seed(uint64_t(300 + i));
+        auto x = torch::randn({N, C, H, W}) * double(pick({1, 10}));
+        if (i % 2) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        const auto w = torch::randn({K, C, 3, 3}) / std::sqrt(double(9 * C));
+        const auto b = i % 3 == 0 ? torch::Tensor() : torch::randn({K});
+        INFO("x " << x.sizes() << (i % 2 ? " channels-last" : "") << ", w " << w.sizes() << ", strips of "
+                  << strip_bytes << " bytes, " << (gemm == kernels::WinogradGemm::OneDnn ? "oneDNN" : "LibTorch"));
+        const auto y = kernels::winograd_conv3x3(x, w, b, gemm, strip_bytes);
+        const auto ref = at::conv2d(x.to(torch::kDouble), w.to(torch::kDouble), b.defined() ? b.to(torch::kDouble) : b,
+                                    one, one);
+        REQUIRE(y.sizes() == ref.sizes());
+        CHECK(y.is_contiguous(i % 2 && C > 1 && K > 1 && H * W > 1 ? torch::MemoryFormat::ChannelsLast
+                                                                   : torch::MemoryFormat::Contiguous));
+        // The transforms' constants (up to 8 and 1/24) cost a few bits more than a direct sum.
+        const double e = rel_err(y, ref), t = rel_err(at::conv2d(x, w, b, one, one), ref);
+        INFO("Winograd " << e << ", LibTorch " << t);
+        CHECK(e <= std::max(1e-5, 16 * t));
+    }
+    // NaN in, NaN out; refusals name the operands.
+    auto xn = torch::randn({1, 16, 8, 8});
+    xn.index_put_({0, 3, 4, 4}, std::numeric_limits<float>::quiet_NaN());
+    CHECK(torch::isnan(kernels::winograd_conv3x3(xn, torch::randn({16, 16, 3, 3}), {})).any().item<bool>());
+    CHECK_THROWS_WITH(kernels::winograd_conv3x3(torch::zeros({1, 4, 8, 8}), torch::zeros({4, 4, 5, 5}), {}),
+                      Catch::Contains("[K, C, 3, 3]"));
+    CHECK_THROWS_WITH(kernels::winograd_conv3x3(torch::zeros({1, 4, 8, 8}), torch::zeros({4, 4, 3, 3}), torch::zeros({3})),
+                      Catch::Contains("bias"));
+    // Through onednn_conv2d: taken where winograd_applies, the direct kernel elsewhere (narrow, few positions, 1x1).
+    if (!kernels::onednn_available()) return;
+    const int64_t c = kernels::kWinogradMinChannels, side = 64;
+    const auto x = torch::randn({1, c, side, side}), w = torch::randn({c, c, 3, 3}) * 0.05;
+    REQUIRE(kernels::winograd_applies(x, w, one, one, one));
+    CHECK(torch::equal(kernels::onednn_conv2d(x, w, {}, one, one, one, true), kernels::winograd_conv3x3(x, w, {})));
+    const auto narrow = torch::randn({1, 4, side, side}), wn = torch::randn({c, 4, 3, 3});
+    CHECK_FALSE(kernels::winograd_applies(narrow, wn, one, one, one));
+    CHECK(torch::equal(kernels::onednn_conv2d(narrow, wn, {}, one, one, one, true),
+                       kernels::onednn_conv2d(narrow, wn, {}, one, one, one)));
+    const auto few = torch::randn({1, c, 4, 4});
+    CHECK_FALSE(kernels::winograd_applies(few, w, one, one, one));
+    CHECK(torch::equal(kernels::onednn_conv2d(few, w, {}, one, one, one, true),
+                       kernels::onednn_conv2d(few, w, {}, one, one, one)));
+    CHECK_FALSE(kernels::winograd_applies(x, w, {2, 2}, one, one));
+}
+
+TEST_CASE("group_norm_silu_ equals GroupNorm then SiLU, in the input's storage", "[kernels][group_norm]") {
+    std::mt19937 rng(41);
+    auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+    for (int i = 0; i < 24; ++i) {
+        const int64_t N = pick({1, 2, 3}), G = pick({1, 2, 32}), C = G * pick({1, 3, 8}), H = pick({1, 5, 16}),
+                      W = pick({1, 7, 16});
+        torch::manual_seed(uint64_t(400 + i));
+        // Activations with an offset: the statistics must not lose the variance to the mean.
+        auto x = torch::randn({N, C, H, W}) * double(pick({1, 30})) + double(pick({0, 5}));
+        if (i % 2) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        const bool affine = i % 3 != 0;
+        const auto w = affine ? torch::randn({C}) : torch::Tensor(), b = affine ? torch::randn({C}) : torch::Tensor();
+        INFO("x " << x.sizes() << (i % 2 ? " channels-last" : "") << ", " << G << " groups");
+        const auto ref = torch::silu(torch::group_norm(x.to(torch::kDouble), G, affine ? w.to(torch::kDouble) : w,
+                                                       affine ? b.to(torch::kDouble) : b, 1e-6));
+        auto y = x.clone(i % 2 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous);
+        const void* storage = y.data_ptr();
+        y = kernels::group_norm_silu_(y, G, w, b, 1e-6);
+        CHECK(y.data_ptr() == storage);
+        const double e = rel_err(y, ref),
+                     t = rel_err(torch::silu(torch::group_norm(x, G, w, b, 1e-6)), ref);
+        INFO("in place " << e << ", LibTorch " << t);
+        CHECK(e <= std::max(2e-6, 4 * t));
+    }
+    CHECK_THROWS_WITH(kernels::group_norm_silu_(torch::zeros({1, 6, 2, 2}), 4, {}, {}, 1e-6),
+                      Catch::Contains("6, 2, 2"));
+}
+
+TEST_CASE("a resnet block normalises its input in place only when it owns it", "[kernels][group_norm]") {
+    if (!kernels::onednn_available()) return;
+    c10::InferenceMode guard;
+    torch::manual_seed(8);
+    unet::ResnetBlock2D block(64, 32, 0, 8, 1e-6); // a shortcut convolution: the input is free after it
+    block->eval();
+    unet::perf::set_gemm_backend(*block, kernels::GemmBackend::OneDnn);
+    const auto x = torch::randn({1, 64, 16, 16}).contiguous(torch::MemoryFormat::ChannelsLast);
+    const auto kept = x.clone();
+    const auto shared = block->forward(x, {}); // x is still the caller's: left as it is
+    CHECK(torch::equal(x, kept));
+    auto owned_in = x.clone();
+    const auto owned = block->forward(std::move(owned_in), {}); // moved in: normalised in its own storage
+    const double rel = (owned - shared).abs().max().item<double>() / shared.abs().max().item<double>();
+    INFO("owned vs shared input: " << rel);
+    CHECK(rel < 1e-5);
+    unet::perf::set_gemm_backend(*block, kernels::GemmBackend::Torch); // the reference path never writes its input
+    const auto y = x.clone();
+    block->forward(y, {});
+    CHECK(torch::equal(y, kept));
 }

@@ -27,7 +27,7 @@ using namespace util;
 double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend) {
     torch::NoGradGuard ng;
     auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
-    const bool onednn = backend == kernels::GemmBackend::OneDnn && kernels::onednn_available();
+    const bool onednn = kernels::runs_on_onednn(backend);
     auto product = [&] {
         if (onednn)
             c = kernels::onednn_linear(a, b, {});
@@ -282,7 +282,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     const double achieved = flops / st.min / 1e9, achieved_med = flops / st.median / 1e9;
     // The rate of the backend the layers ran on (oneDNN's matmul beside LibTorch's BLAS when it is oneDNN).
     const double gemm_torch = gemm_gflops(o.gemm_n, o.gemm_repeat, kernels::GemmBackend::Torch);
-    const double gemm = backend == kernels::GemmBackend::OneDnn && kernels::onednn_available()
+    const double gemm = kernels::runs_on_onednn(backend)
                             ? gemm_gflops(o.gemm_n, o.gemm_repeat, backend)
                             : gemm_torch;
     emit("achieved: " + fmt("%.1f", achieved) + " GFLOP/s (2 x MACs x batch / min time; median " +

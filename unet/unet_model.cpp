@@ -53,7 +53,7 @@ kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel a) {
     return a == kernels::AttentionKernel::Exact || a == kernels::AttentionKernel::Reference ||
                    !kernels::onednn_available()
                ? kernels::GemmBackend::Torch
-               : kernels::GemmBackend::OneDnn;
+               : kernels::GemmBackend::Winograd;
 }
 
 // ---- attention core ------------------------------------------------------------------------------------------------
@@ -81,17 +81,22 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_chann
     if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1, 1, 0));
 }
 
-Tensor ResnetBlock2DImpl::forward(const Tensor& x, const Tensor& temb_act) {
-    auto h = norm1->forward(x);
-    torch::silu_(h);
+Tensor ResnetBlock2DImpl::forward(Tensor x, const Tensor& temb_act) {
+    // A block that owns its input (moved in) and maps it through a shortcut convolution takes the shortcut first and
+    // may then normalise x in x's own storage (perf::group_norm_silu): one map of the input's size less at the peak.
+    Tensor shortcut;
+    if (conv_shortcut && perf::use_onednn(*this) && perf::sole_owner(x))
+        shortcut = perf::conv2d(conv_shortcut, x, *this);
+    const bool consumed = shortcut.defined();
+    auto h = perf::group_norm_silu(norm1, consumed ? std::move(x) : x, *this);
     h = perf::conv2d(conv1, h, *this);
     if (time_emb_proj && temb_act.defined())
         h.add_(perf::linear(time_emb_proj, temb_act, *this).unsqueeze(-1).unsqueeze(-1));
-    h = norm2->forward(h);
-    torch::silu_(h);
+    h = perf::group_norm_silu(norm2, std::move(h), *this);
     h = perf::conv2d(conv2, h, *this);
     // diffusers: (shortcut(x) + h) / output_scale_factor, the factor is 1 for SD.
-    return perf::reference_add(conv_shortcut ? perf::conv2d(conv_shortcut, x, *this) : x, h, h, fast);
+    if (!consumed) shortcut = conv_shortcut ? perf::conv2d(conv_shortcut, x, *this) : x;
+    return perf::reference_add(shortcut, h, h, fast);
 }
 
 Downsample2DImpl::Downsample2DImpl(int64_t channels, int64_t padding_) : padding(padding_) {

@@ -37,7 +37,8 @@ struct ResnetBlock2DImpl : torch::nn::Module, perf::FastPaths {
     // temb_channels <= 0: no time embedding projection (VAE).
     ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps);
     // temb_act: silu(temb) (already activated, computed once per UNet call), or undefined.
-    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& temb_act);
+    // x moved in (its only reference) lets the oneDNN paths normalise it in place.
+    torch::Tensor forward(torch::Tensor x, const torch::Tensor& temb_act);
     torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};
     torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv_shortcut{nullptr};
     torch::nn::Linear time_emb_proj{nullptr};
@@ -182,8 +183,8 @@ struct UNetConfig {
 // 1x1 levels amplifies a last-bit difference ~1000x (tests/golden/sd/README.md).
 kernels::AttentionKernel default_attention_kernel(const UNetConfig& c);
 // The GEMM backend that goes with an attention choice: LibTorch (the reference's bits) for Exact/Reference, whose
-// models must match their reference outputs bit for bit; oneDNN's inference kernels (kernels/onednn.h) for the fast
-// attention kernels, where this build has them.
+// models must match their reference outputs bit for bit; oneDNN's inference kernels (kernels/onednn.h) with the wide
+// 3x3 convolutions in Winograd form (kernels/winograd.h) for the fast attention kernels, where this build has them.
 kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel attention);
 
 // What the UNet is conditioned on besides the timestep. SD 1.x / 2.x: the text context [B, T, D] of the

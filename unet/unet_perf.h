@@ -14,6 +14,7 @@
 // * residual adds, GEGLU product: in place on fresh outputs (fewer allocations; identical values).
 #pragma once
 
+#include "kernels/group_norm.h"
 #include "kernels/linear.h"
 #include "kernels/onednn.h"
 
@@ -193,7 +194,7 @@ inline void set_gemm_backend(torch::nn::Module& root, kernels::GemmBackend b) {
 }
 
 inline bool use_onednn(const FastPaths& m) {
-    return m.fast && m.gemm == kernels::GemmBackend::OneDnn && kernels::onednn_available();
+    return m.fast && kernels::runs_on_onednn(m.gemm);
 }
 
 // conv2d(conv, x, m.fast) on LibTorch, or on oneDNN's inference kernels (kernels/onednn.h) for a module on the fast
@@ -205,7 +206,8 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, cons
             const auto wf = kernels::weight_for(conv->weight, x);
             if (kernels::onednn_conv2d_applies(x, wf, o.groups()))
                 return kernels::onednn_conv2d(x, wf, conv->bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
-                                              at::IntArrayRef(o.dilation()));
+                                              at::IntArrayRef(o.dilation()),
+                                              m.gemm == kernels::GemmBackend::Winograd);
         }
     }
     return conv2d(conv, x, m.fast);
@@ -224,6 +226,24 @@ inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Ten
     const auto wf = kernels::weight_for(w, x);
     if (!kernels::onednn_conv2d_applies(x, wf, o.groups())) return {};
     return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias);
+}
+
+// Whether x's storage is referenced by x alone (no other tensor, view or caller holds it): then it may be overwritten.
+inline bool sole_owner(const torch::Tensor& x) {
+    return x.defined() && x.use_count() == 1 && x.storage().use_count() == 1 && !x.requires_grad();
+}
+
+// silu(norm(x)): in x's storage (kernels::group_norm_silu_, another summation order than LibTorch's GroupNorm) on
+// the oneDNN paths, whose bits differ from the reference anyway, where x is the caller's alone; else LibTorch's
+// GroupNorm and an in-place SiLU on its output.
+inline torch::Tensor group_norm_silu(torch::nn::GroupNorm norm, torch::Tensor x, const FastPaths& m) {
+    const auto& o = norm->options;
+    if (use_onednn(m) && x.scalar_type() == torch::kFloat && sole_owner(x) &&
+        (x.is_contiguous() || (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))))
+        return kernels::group_norm_silu_(std::move(x), o.num_groups(), o.affine() ? norm->weight : torch::Tensor(),
+                                         o.affine() ? norm->bias : torch::Tensor(), o.eps());
+    auto h = norm->forward(x);
+    return torch::silu_(h);
 }
 
 // kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.

@@ -32,7 +32,7 @@ torch::nn::Conv2d conv1(int64_t in, int64_t out) {
 // LibTorch, as the reference does, and oneDNN's kernels with that backend like every other layer.
 Tensor outer_conv(torch::nn::Conv2d& c, const Tensor& x, kernels::GemmBackend gemm) {
     perf::FastPaths how;
-    how.fast = gemm == kernels::GemmBackend::OneDnn;
+    how.fast = gemm != kernels::GemmBackend::Torch;
     how.gemm = gemm;
     return perf::conv2d(c, x, how);
 }
@@ -156,7 +156,7 @@ VaeBlockImpl::VaeBlockImpl(int64_t in, int64_t out, int n, int64_t groups, Sampl
 }
 
 Tensor VaeBlockImpl::forward(Tensor h) {
-    for (auto& r : res) h = r->forward(h, Tensor());
+    for (auto& r : res) h = r->forward(std::move(h), Tensor());
     if (down) h = down->forward(h);
     if (up) h = up->forward(h);
     return h;
@@ -190,13 +190,18 @@ Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& 
     };
     if (decoder) mid();
     for (size_t i = 0; i < blocks.size(); ++i) {
-        h = blocks[i]->forward(h);
+        h = blocks[i]->forward(std::move(h)); // moved: its first resnet may normalise it in place
         if (f) (*f)[p + (decoder ? "up_blocks." : "down_blocks.") + std::to_string(i)] = h;
     }
     if (!decoder) mid();
-    h = conv_norm_out->forward(h);
-    if (f) (*f)[p + "conv_norm_out"] = h;
-    h = outer_conv(conv_out, torch::silu(h), gemm);
+    if (f) {
+        h = conv_norm_out->forward(h);
+        (*f)[p + "conv_norm_out"] = h;
+        h = torch::silu(h);
+    } else {
+        h = perf::group_norm_silu(conv_norm_out, std::move(h), *this);
+    }
+    h = outer_conv(conv_out, h, gemm);
     if (f) (*f)[p + "conv_out"] = h;
     return h;
 }
