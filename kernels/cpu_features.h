@@ -2,6 +2,14 @@
 // runs everywhere and the portable reference path is always available.
 #pragma once
 
+// A function compiled for AVX-512, AVX2 and baseline x86-64 and picked by the loader (GCC's function
+// multiversioning): for plain loops the compiler vectorises, without a per-ISA copy of the source.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ANCHOR_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ANCHOR_TARGET_CLONES
+#endif
+
 #include <string>
 
 namespace anchor::kernels {

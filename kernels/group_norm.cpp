@@ -1,5 +1,7 @@
 #include "kernels/group_norm.h"
 
+#include "kernels/cpu_features.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
@@ -10,14 +12,8 @@ namespace anchor::kernels {
 
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ANCHOR_NORM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ANCHOR_NORM_CLONES
-#endif
-
 // sum[c] += x[p * C + c], sq[c] += x[p * C + c]^2 over pixels p in [0, P): channels innermost (vectorised over c).
-ANCHOR_NORM_CLONES
+ANCHOR_TARGET_CLONES
 void accumulate_pixels(const float* __restrict x, int64_t P, int64_t C, double* __restrict sum, double* __restrict sq) {
     for (int64_t p = 0; p < P; ++p) {
         const float* r = x + p * C;
@@ -30,7 +26,7 @@ void accumulate_pixels(const float* __restrict x, int64_t P, int64_t C, double* 
 }
 
 // Sum and sum of squares of one contiguous plane.
-ANCHOR_NORM_CLONES
+ANCHOR_TARGET_CLONES
 void accumulate_plane(const float* __restrict x, int64_t n, double& sum, double& sq) {
     double s = 0, q = 0;
     for (int64_t i = 0; i < n; ++i) {

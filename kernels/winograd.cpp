@@ -1,5 +1,6 @@
 #include "kernels/winograd.h"
 
+#include "kernels/cpu_features.h"
 #include "kernels/onednn.h"
 
 #include <ATen/Parallel.h>
@@ -16,20 +17,14 @@ constexpr int64_t kTile = 4; // outputs per tile side, m in F(m x m, 3 x 3)
 constexpr int64_t kIn = 6;   // input tile side, m + r - 1
 constexpr int64_t kXi = 36;  // tile positions
 
-// The three transforms, each vectorised across channels (the innermost, contiguous dimension of every operand);
-// compiled for AVX-512, AVX2 and baseline x86-64 and picked by the loader (GCC's function multiversioning).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ANCHOR_WINOGRAD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ANCHOR_WINOGRAD_CLONES
-#endif
+// The three transforms, each vectorised across channels (the innermost, contiguous dimension of every operand).
 
 // Channels per block: the innermost loops run over a block so that they vectorise (one AVX-512 register, two AVX2).
 constexpr int64_t kBlock = 16;
 
 // u[xi * xi_stride + c] = (G g G^T)[xi] for g = w[c * 9 .. c * 9 + 8], c in [0, C): one output channel's weights.
 // G = [[1/4, 0, 0], [-1/6, -1/6, -1/6], [-1/6, 1/6, -1/6], [1/24, 1/12, 1/6], [1/24, -1/12, 1/6], [0, 0, 1]].
-ANCHOR_WINOGRAD_CLONES
+ANCHOR_TARGET_CLONES
 void transform_weight_row(const float* __restrict w, float* __restrict u, int64_t xi_stride, int64_t C) {
     for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
         const int64_t n = std::min(kBlock, C - c0);
@@ -64,7 +59,7 @@ void transform_weight_row(const float* __restrict w, float* __restrict u, int64_
 // v[xi * xi_stride + c] = (B^T d B)[xi] for the tile d[i][j][c] = rows[i * 6 + j][c] (a zero row outside the image).
 // B^T = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0],
 //        [0, 4, 0, -5, 0, 1]].
-ANCHOR_WINOGRAD_CLONES
+ANCHOR_TARGET_CLONES
 void transform_input_tile(const float* const* rows, float* __restrict v, int64_t xi_stride, int64_t C) {
     for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
         const int64_t n = std::min(kBlock, C - c0);
@@ -100,7 +95,7 @@ void transform_input_tile(const float* const* rows, float* __restrict v, int64_t
 
 // out[i * 4 + j][k] = (A^T m A)[i][j] + bias[k] for m[xi] = prod[xi * xi_stride + k] (outputs outside the image go
 // to a scratch row). A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]].
-ANCHOR_WINOGRAD_CLONES
+ANCHOR_TARGET_CLONES
 void transform_output_tile(const float* __restrict prod, int64_t xi_stride, const float* __restrict bias,
                            float* const* out, int64_t K) {
     for (int64_t k0 = 0; k0 < K; k0 += kBlock) {

@@ -27,6 +27,21 @@ void check_close(double onednn, double torch32) {
     CHECK(onednn <= std::max(2e-6, 4 * torch32));
 }
 
+// SD's UNet layout narrowed to run in a test: two levels (cross-attention, plain), one layer each, 32-wide context.
+unet::UNet2DConditionModel small_unet(std::vector<int> channels, int64_t groups, uint64_t seed) {
+    unet::UNetConfig c;
+    c.block_out_channels = std::move(channels);
+    c.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
+    c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
+    c.layers_per_block = {1, 1};
+    c.heads = {2, 2};
+    c.transformer_layers_per_block = {1, 1};
+    c.norm_num_groups = groups;
+    c.cross_attention_dim = 32;
+    torch::manual_seed(seed);
+    return unet::UNet2DConditionModel(c);
+}
+
 } // namespace
 
 TEST_CASE("onednn_linear matches float64 on random shapes", "[kernels][onednn]") {
@@ -122,17 +137,7 @@ TEST_CASE("UNet and VAE forwards on oneDNN stay within 1e-5 of LibTorch's", "[ke
     if (!kernels::onednn_available()) return;
     c10::InferenceMode guard;
     // SD's layout narrowed to run in a test: groups of >= 8 channels (what default_gemm_backend gives oneDNN).
-    unet::UNetConfig c;
-    c.block_out_channels = {32, 64};
-    c.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
-    c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
-    c.layers_per_block = {1, 1};
-    c.heads = {2, 2};
-    c.transformer_layers_per_block = {1, 1};
-    c.norm_num_groups = 4;
-    c.cross_attention_dim = 32;
-    torch::manual_seed(5);
-    unet::UNet2DConditionModel model(c);
+    unet::UNet2DConditionModel model = small_unet({32, 64}, 4, 5);
     model->eval();
     const auto x = torch::randn({2, 4, 16, 16}), t = torch::tensor(int64_t(500));
     const unet::UNetCond ctx{torch::randn({2, 7, 32})};
@@ -170,17 +175,7 @@ TEST_CASE("UNet and VAE forwards with Winograd convolutions stay within 1e-5 of 
     if (!kernels::onednn_available()) return;
     c10::InferenceMode guard;
     // Wide enough and large enough that the outer levels' 3x3 convolutions take the Winograd kernel.
-    unet::UNetConfig c;
-    c.block_out_channels = {64, 64};
-    c.down_block_types = {"CrossAttnDownBlock2D", "DownBlock2D"};
-    c.up_block_types = {"UpBlock2D", "CrossAttnUpBlock2D"};
-    c.layers_per_block = {1, 1};
-    c.heads = {2, 2};
-    c.transformer_layers_per_block = {1, 1};
-    c.norm_num_groups = 8;
-    c.cross_attention_dim = 32;
-    torch::manual_seed(6);
-    unet::UNet2DConditionModel model(c);
+    unet::UNet2DConditionModel model = small_unet({64, 64}, 8, 6);
     model->eval();
     const auto x = torch::randn({2, 4, 32, 32}), t = torch::tensor(int64_t(500));
     const std::vector<int64_t> one{1, 1};
