@@ -21,11 +21,15 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(parse_cache_mode("deepcache:2,branch=1")->spec() == "deepcache:2,branch=1");
     auto f = parse_cache_mode("freq");
     CHECK(f->name() == "freq");
-    CHECK(f->spec() == "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0");
+    CHECK(f->spec() ==
+          "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=raw,"
+          "correct=1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
-          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1");
+          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1,probe=raw,correct=1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
-          "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0");
+          "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1");
+    CHECK(parse_cache_mode("freq:probe=det,correct=0")->spec() ==
+          "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=det,correct=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -54,7 +58,9 @@ TEST_CASE("cache mode parsing: malformed forms are errors of the cache field lis
                             "freq:span=-0.1",
                             "freq:order=3",
                             "freq:order=0",
-                            "freq:drift=-1"}) {
+                            "freq:drift=-1",
+                            "freq:probe=noisy",
+                            "freq:correct=2"}) {
         INFO(bad);
         try {
             parse_cache_mode(bad);
@@ -158,6 +164,12 @@ struct TinyRun {
     std::vector<bool> full;
     torch::Tensor latents;
 };
+
+// The tiny SD model of the DeepCache golden.
+unet::SDModels deepcache_models() {
+    const std::filesystem::path dir = test::golden("sd/deepcache");
+    return sdgolden::load_run_models(dir, sdgolden::read_json_file(dir / "config.json"));
+}
 
 TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
     namespace fs = std::filesystem;
@@ -316,10 +328,7 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
 TEST_CASE("freq probe: one decision for a batch, from the image that changes most", "[freq]") {
     // Two images (rows 0, 1 uncond; 2, 3 cond): image 1's rows stay the same, image 0's change. The batch's change is
     // image 0's alone, not the pooled change of both (which the unchanged image would dilute).
-    namespace fs = std::filesystem;
-    const fs::path dir = test::golden("sd/deepcache");
-    auto cfg = sdgolden::read_json_file(dir / "config.json");
-    auto models = sdgolden::load_run_models(dir, cfg);
+    auto models = deepcache_models();
     torch::manual_seed(3);
     auto x0 = torch::randn({4, 4, 8, 8}), x1 = x0.clone();
     x1.index_put_({torch::tensor({0, 2})}, x0.index({torch::tensor({0, 2})}) * 1.7 + 0.3);
@@ -373,4 +382,94 @@ TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files 
         << R"({"ranges":[{"begin":0,"end":0.5,"threshold":1e9},{"begin":0.5,"end":1,"threshold":1e-9}]})";
     auto c = unet::parse_cache_mode("freq:max=100,profile=" + dir + "/steep.json");
     CHECK(c->spec().find("profile=") != std::string::npos);
+}
+
+TEST_CASE("forecast then calibrate: the share of the probe's forecast step it moved, by hand", "[freq]") {
+    // Three rows of 2x3 stems. S1 = 0, S0 = -1, h = 0.5: the forecast step S^ - S1 is 0.5 everywhere.
+    const auto S1 = torch::zeros({3, 2, 3}), S0 = torch::full({3, 2, 3}, -1.0);
+    auto S = torch::zeros({3, 2, 3});
+    S[0].fill_(0.25); // half of the forecast step: alpha 0.5
+    S[1].fill_(3.0);  // six forecast steps: clamped to 2
+    S[2].fill_(-1.0); // against the trend: clamped to 0
+    auto a = FreqAnchorDenoiser::forecast_calibration(S, S1, S0, 0.5);
+    REQUIRE(a.sizes() == torch::IntArrayRef{3});
+    CHECK(a[0].item<double>() == Approx(0.5));
+    CHECK(a[1].item<double>() == 2.0);
+    CHECK(a[2].item<double>() == 0.0);
+    // One element moved: <S - S1, step> = 0.5 * 0.5 over |step|^2 = 6 * 0.25 -> 1/6.
+    auto one = torch::zeros({1, 2, 3});
+    one[0][1][2] = 0.5;
+    CHECK(FreqAnchorDenoiser::forecast_calibration(one, S1[0].unsqueeze(0), S0[0].unsqueeze(0), 0.5).item<double>() ==
+          Approx(1.0 / 6.0));
+    // The forecast does not move (S1 == S0): alpha 1, the forecast as it is.
+    CHECK(FreqAnchorDenoiser::forecast_calibration(S, S1, S1, 0.5)[1].item<double>() == 1.0);
+    // F1 + alpha (F - F1) per row, in F1's dtype.
+    const auto F1 = torch::ones({3, 1, 2, 2}, torch::kHalf), F = torch::full({3, 1, 2, 2}, 3.0);
+    auto Fc = FreqAnchorDenoiser::calibrated_feature(F1, F, a);
+    CHECK(Fc.scalar_type() == torch::kHalf);
+    CHECK(Fc[0].eq(2.0).all().item<bool>());
+    CHECK(Fc[1].eq(5.0).all().item<bool>());
+    CHECK(Fc[2].eq(1.0).all().item<bool>());
+}
+
+TEST_CASE("Euler a: the injected noise carried forward leaves the deterministic trajectory", "[freq][schedulers]") {
+    // With a model whose denoised estimate is a fixed X0 (eps = (x - X0) / sigma), each Euler a step is
+    // x' = X0 + (x - X0) sigma_down / sigma + sigma_up z. Less the injected noise N it must follow the noise-free
+    // recursion y' = X0 + (y - X0) sigma_down / sigma from the same start, with sigma_up / sigma_down by hand.
+    auto sched = make_scheduler(SamplerKind::EulerAncestral);
+    sched->set_timesteps(6);
+    const auto sig = sched->sigmas();
+    torch::manual_seed(11);
+    const auto X0 = torch::randn({1, 4, 3, 3});
+    auto x = torch::randn({1, 4, 3, 3}) * sig[0];
+    auto y = x.clone();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    CHECK_FALSE(sched->injected_noise().defined());
+    for (int i = 0; i < 6; ++i) {
+        const double s = sig[size_t(i)], t = sig[size_t(i) + 1];
+        const double up = std::min(t, std::sqrt(t * t * (s * s - t * t) / (s * s))), down = std::sqrt(t * t - up * up);
+        x = sched->step((x - X0) / s, i, x, &gen);
+        y = X0 + (y - X0) * (down / s);
+        if (up > 0) {
+            REQUIRE(sched->injected_noise().defined());
+            INFO("step " << i);
+            CHECK(torch::allclose(x - sched->injected_noise(), y, 1e-4, 1e-4));
+        }
+    }
+    sched->set_timesteps(6);
+    CHECK_FALSE(sched->injected_noise().defined());
+    CHECK(sched->injected_carry() == 1.0);
+    // The output's response to fresh input noise with the denoised estimate fixed: eps = (c_in^-1 input - x0) / sigma
+    // with c_in = 1 / sqrt(sigma^2 + 1) at sigma = 2 moves by sqrt(5) / 2 per unit; v by 1 / sigma; a sample not.
+    CHECK(InjectedNoise::gain(PredictionType::Epsilon, 2.0) == Approx(std::sqrt(5.0) / 2.0));
+    CHECK(InjectedNoise::gain(PredictionType::VPrediction, 2.0) == Approx(0.5));
+    CHECK(InjectedNoise::gain(PredictionType::Sample, 2.0) == 0.0);
+    CHECK(InjectedNoise::gain(PredictionType::Epsilon, 0.0) == 0.0);
+    // Deterministic samplers inject nothing; DDIM with eta > 0 does.
+    for (auto [kind, eta] : {std::pair{SamplerKind::DDIM, 0.0}, std::pair{SamplerKind::DDIM, 0.5},
+                             std::pair{SamplerKind::DPMPP2M, -1.0}}) {
+        auto sc = make_scheduler(kind, {}, eta < 0 ? std::nullopt : std::optional<double>(eta));
+        sc->set_timesteps(4);
+        auto z = torch::randn({1, 4, 3, 3});
+        sc->step(torch::randn({1, 4, 3, 3}), 0, z, &gen);
+        CHECK(sc->injected_noise().defined() == (eta > 0));
+    }
+}
+
+TEST_CASE("freq probe=det: the decision looks at the input less the injected noise", "[freq]") {
+    auto models = deepcache_models();
+    torch::manual_seed(4);
+    const auto x0 = torch::randn({2, 4, 8, 8}), d = torch::randn({2, 4, 8, 8}) * 0.3, n = torch::randn({2, 4, 8, 8});
+    ShallowProbe det(4), plain(4);
+    det.reset(1);
+    plain.reset(1);
+    det.update(*models.unet, x0);
+    plain.update(*models.unet, x0);
+    // x1 = x0 + d + n with n injected: the probe sees the change d alone, as if n had not been added ...
+    const double r = det.update(*models.unet, x0 + d + n, n);
+    CHECK(r == Approx(plain.update(*models.unet, x0 + d)).epsilon(1e-5));
+    // ... while the UNet still gets conv_in of the real input.
+    CHECK(torch::allclose(det.stem(), models.unet->stem(x0 + d + n)));
+    CHECK(torch::allclose(det.observed(), plain.observed(), 1e-5, 1e-5));
+    CHECK_THROWS_AS(det.update(*models.unet, x0, n.narrow(0, 0, 1)), Error);
 }

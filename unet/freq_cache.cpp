@@ -24,10 +24,11 @@ using torch::Tensor;
 namespace {
 
 // A step's record, begun with the shallow probe's r_k (both modes probe every step: the log and the policies read it).
-CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, const Tensor& x, int step) {
+CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, const Tensor& x, int step,
+                         const Tensor& injected = {}) {
     CacheStepLog rec;
     rec.step = step;
-    rec.energy_change = probe.update(unet, x);
+    rec.energy_change = probe.update(unet, x, injected);
     return rec;
 }
 
@@ -86,13 +87,17 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
         {CacheKind::DeepCache, "deepcache", "deepcache:N[,branch=B]",
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
-         "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,profile=FILE]",
+         "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
+         "correct=0|1,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
          "coefficients of the cached feature with energy change rate < T (default 0.01) are reused, the others "
          "forecast along the timestep (extrapolate=1, default; order=1 linear, order=2 TaylorSeer's second-order "
          "term); drift=D (default 0.6, 0 = off) makes a step full when the probe's own forecast misses by more than D; "
+         "probe=raw (default) decides on the input as it is, probe=det on the input less the sampler's injected "
+         "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
+         "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "profile=FILE "
          "(anchor-sd calibrate) sets A per range of steps"},
     };
@@ -110,6 +115,7 @@ std::string FreqParams::describe() const {
            ",max=" + (max_reuse < 0 ? std::string("none") : std::to_string(max_reuse)) + ",span=" + fmt_num(span) +
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
+           ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            (profile.empty() ? "" : ",profile=" + profile);
 }
 
@@ -179,10 +185,14 @@ void CacheController::set_store(std::shared_ptr<cache::LatentCache> store, std::
 
 // ---- probe ------------------------------------------------------------------------------------------------------
 
-double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x) {
+double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& injected) {
     torch::NoGradGuard ng;
     stem_ = unet.stem(x); // the UNet reuses it as its conv_in output this step (forward's `stem`)
-    auto s = stem_.to(torch::kFloat);
+    if (injected.defined() && injected.sizes() != x.sizes())
+        throw Error("freq probe: the injected noise has shape " + shape_str(injected.sizes().vec()) +
+                    ", the model input " + shape_str(x.sizes().vec()));
+    observed_ = injected.defined() ? unet.stem(x - injected) : stem_;
+    auto s = observed_.to(torch::kFloat);
     // Only the L low-band coefficients (u + v < band) enter r_k. On the CPU one [maps, HW] x [HW, L] product
     // (cache::dct2_low_band); on a GPU the batched cuFFT energy kernel (kernels/cuda/dct_energy.cu), band picked after.
     Tensor e;
@@ -244,7 +254,9 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"extrapolate", p_.extrapolate},
             {"order", p_.order},
             {"drift", p_.drift},
-            {"branch", p_.branch}};
+            {"branch", p_.branch},
+            {"probe", p_.probe_det ? "det" : "raw"},
+            {"correct", p_.correct}};
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
@@ -263,6 +275,7 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     anchored_fraction_ = 1.0;
     s1_ = s0_ = s00_ = -1;
     e1_ = e0_ = Tensor();
+    injected_ = injected_full_ = InjectedNoise();
     last_full_ = true;
 }
 
@@ -347,7 +360,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
                                    const UNetCond& ctx, int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
-    CacheStepLog rec = probed_step(probe_, unet, x, step);
+    CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
     const double u = t.item<double>(); // the forecast axis: the UNet's timestep
     cache::StepSignals sig;
@@ -385,9 +398,15 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         // for order 2 the one before (s00).
         const int dropped = p_.order >= 2 ? s00_ : s0_;
         if (dropped >= 0) features_.erase(p_.branch, kSpectrum, dropped);
+        // correct=1 forecasts the probe's stem from the last two full steps.
+        if (p_.correct) {
+            if (s0_ >= 0) features_.erase(p_.branch, kStem, s0_);
+            features_.put(p_.branch, kStem, step, probe_.observed(), step);
+        }
         s00_ = s0_, s0_ = s1_, s1_ = step;
         u00_ = u0_, u0_ = u1_, u1_ = u;
         e0_ = e1_, e1_ = probe_.energies();
+        injected_full_ = injected_;
         const auto X1 = cache::dct2(f.feature.to(torch::kFloat));
         features_.put(p_.branch, kFeature, 0, f.feature, step);
         features_.put(p_.branch, kSpectrum, s1_, X1, step);
@@ -422,8 +441,27 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         if (have_curv_ && slope.defined())
             if (auto c = features_.get(p_.branch, kCurvature, 0, step, staleness())) curv = *c;
         auto F = extrapolate_feature(*F1, slope, u - u1_, curv);
+        if (p_.correct && slope.defined() && u1_ != u0_) {
+            const auto S1 = features_.get(p_.branch, kStem, s1_, step, std::numeric_limits<int>::max());
+            const auto S0 = features_.get(p_.branch, kStem, s0_, step, std::numeric_limits<int>::max());
+            if (S1 && S0 && S1->sizes() == probe_.observed().sizes()) {
+                const auto alpha = forecast_calibration(probe_.observed(), *S1, *S0, (u - u1_) / (u1_ - u0_));
+                F = calibrated_feature(*F1, F, alpha);
+                rec.calibration = alpha.mean().item<double>();
+            }
+        }
         rec.anchored_fraction = anchored_fraction_;
-        out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
+        // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
+        // effect added back analytically (FreqParams::probe_det).
+        const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
+        if (p_.probe_det && injected_.part.defined() && gain > 0) {
+            auto D = injected_.part;
+            if (injected_full_.part.defined() && injected_full_.carry != 0)
+                D = D - injected_full_.part * (injected_.carry / injected_full_.carry);
+            out = unet.forward_shallow(x - D, t, ctx, p_.branch, F) + D * gain;
+        } else {
+            out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
+        }
     }
     last_full_ = full;
     rec.full = full;
@@ -432,6 +470,21 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
+}
+
+Tensor FreqAnchorDenoiser::forecast_calibration(const Tensor& S, const Tensor& S1, const Tensor& S0, double h) {
+    const auto s = S.to(torch::kFloat).flatten(1), s1 = S1.to(torch::kFloat).flatten(1);
+    const auto step = (s1 - S0.to(torch::kFloat).flatten(1)) * h; // S^ - S1
+    const auto num = ((s - s1) * step).sum(1), den = step.square().sum(1);
+    return torch::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()), torch::ones_like(den))
+        .clamp(0.0, 2.0);
+}
+
+Tensor FreqAnchorDenoiser::calibrated_feature(const Tensor& F1, const Tensor& F, const Tensor& alpha) {
+    std::vector<int64_t> shape(size_t(F1.dim()), 1);
+    shape[0] = F1.size(0);
+    const auto f1 = F1.to(torch::kFloat);
+    return (f1 + (F.to(torch::kFloat) - f1) * alpha.to(F1.device()).reshape(shape)).to(F1.scalar_type());
 }
 
 // ---- off / deepcache --------------------------------------------------------------------------------------------
@@ -553,6 +606,12 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     if (!p.profile_data.has_step_ranges())
                         throw Error("anchor profile '" + v +
                                     "' has no step ranges (write one with anchor-sd calibrate)");
+                } else if (k == "probe") {
+                    if (v != "det" && v != "raw") bad_mode(spec, "probe must be det or raw, got '" + v + "'");
+                    p.probe_det = v == "det";
+                } else if (k == "correct") {
+                    if (v != "0" && v != "1") bad_mode(spec, "correct must be 0 or 1, got '" + v + "'");
+                    p.correct = v == "1";
                 } else if (k == "extrapolate") {
                     if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
                     p.extrapolate = v == "1";
@@ -595,6 +654,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"anchored_fraction", r.anchored_fraction},
                          {"noise_level", r.noise_level},
                          {"drift", r.drift},
+                         {"calibration", r.calibration},
                          {"why", r.why},
                          {"macs", r.macs},
                          {"ms", r.ms}});

@@ -64,6 +64,7 @@ struct CacheStepLog {
     double ms = 0;                // wall time of the UNet evaluation (and the probe)
     double noise_level = 0;       // sigma of the step (0 when the loop gave none)
     double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
+    double calibration = 1;       // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
     // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
     // bound), "drift" (the probe left its forecast), "store" (no usable cached entry), "interval" (DeepCache), "off";
     // "" for a reuse.
@@ -104,6 +105,19 @@ struct FreqParams {
     // (tests/bench/results/eval_cache_2026-12-01/README.md); it decides most full steps at every step count.
     double drift = 0.6;
     int branch = 0; // DeepCache branch of the cached feature
+    // probe=det|raw: how a sampler that injects noise (Euler a, DDIM with eta > 0) is handled. raw: as any other;
+    // the probe reads every step's fresh noise as change. det: the decisions (change, drift) look at the model input
+    // less the injected noise carried forward (Scheduler::injected_noise), the deterministic part of the trajectory;
+    // and a reuse step runs the shallow path on the input less the noise injected since the last full step D (the
+    // input the cached feature's trajectory would have reached without it) and adds that noise's own effect on the
+    // output, InjectedNoise::gain * D: with the denoised estimate held fixed, fresh white noise in the input moves
+    // the predicted noise by itself. The same for deterministic samplers (nothing is injected).
+    bool probe_det = false;
+    // correct=1: forecast then calibrate (FoCa, Zheng et al., AAAI 2026: a forecast corrected by what the cheap
+    // path observes). The probe's stem, computed at every step anyway, is forecast like the feature from the last two
+    // full steps; the share of that forecast it actually moved (forecast_calibration) scales the feature's forecast
+    // step per image: F = F1 + alpha (F^_k - F1). Nothing to calibrate with extrapolate=0.
+    bool correct = true;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
@@ -160,7 +174,7 @@ protected:
 };
 
 // Slots of the feature caches' store entries.
-enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3 };
+enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3, kStem = 4 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
 //
@@ -172,13 +186,16 @@ class ShallowProbe {
 public:
     explicit ShallowProbe(int band) : band_(band) {}
     void reset(int images = 1) {
-        prev_ = stem_ = torch::Tensor();
+        prev_ = stem_ = observed_ = torch::Tensor();
         images_ = std::max(images, 1);
     }
-    // Returns r_k (0 on the first call).
-    double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x);
+    // Returns r_k (0 on the first call). `injected` (rows and channels of x): the energies come from
+    // conv_in(x - injected), the deterministic part of the input (FreqParams::probe_det).
+    double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& injected = {});
     // conv_in(x) of the last update: handed to the UNet so that it is computed once per step.
     const torch::Tensor& stem() const { return stem_; }
+    // What the energies of the last update came from: conv_in(x - injected), or stem() when nothing was injected.
+    const torch::Tensor& observed() const { return observed_; }
     // Low-band energies [rows, C, L] of the last update.
     const torch::Tensor& energies() const { return prev_; }
     // The largest over the images of the relative L1 change sum |e - ref| / (sum ref + eps), each image pooled over
@@ -189,7 +206,7 @@ private:
     int band_;
     int images_ = 1;
     torch::Tensor prev_; // low-band energies [rows, C, L] of the previous step
-    torch::Tensor stem_;
+    torch::Tensor stem_, observed_;
 };
 
 class FreqAnchorDenoiser : public CacheController {
@@ -202,6 +219,7 @@ public:
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
+    void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
     // steps and at the reuse step), so a schedule's real spacing enters, not the step count; for evenly spaced
@@ -229,6 +247,17 @@ public:
     // both are).
     static torch::Tensor extrapolate_feature(const torch::Tensor& F1, const torch::Tensor& slope, double h,
                                              const torch::Tensor& curvature = {});
+    // The calibration of correct=1, per row of the batch: the probe's stem S at the reuse step against its own linear
+    // forecast from the stems S1, S0 of the last two full steps, S^ = S1 + (S1 - S0) h with h = (u - u1) / (u1 - u0):
+    //   alpha = <S - S1, S^ - S1> / |S^ - S1|^2,
+    // the share of the forecast step the shallow path really moved (1 where the forecast does not move). Clamped to
+    // [0, 2]: a stem moving against the trend of the full steps is no ground to reverse the deep feature's, and more
+    // than twice the forecast's own step is beyond what two full steps support. Float [rows].
+    static torch::Tensor forecast_calibration(const torch::Tensor& S, const torch::Tensor& S1, const torch::Tensor& S0,
+                                              double h);
+    // F1 + alpha (F - F1), alpha [rows] broadcast over the other dimensions, in float, back in F1's dtype.
+    static torch::Tensor calibrated_feature(const torch::Tensor& F1, const torch::Tensor& F,
+                                            const torch::Tensor& alpha);
     // Boolean mask of anchored coefficients: |X1^2 - X0^2| / (X0^2 + eps) < tau.
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
@@ -244,6 +273,8 @@ private:
     int s1_ = -1, s0_ = -1, s00_ = -1; // the last three full steps
     double u1_ = 0, u0_ = 0, u00_ = 0; // their timesteps
     torch::Tensor e1_, e0_;            // the probe's energies at the last two full steps (drift)
+    InjectedNoise injected_;           // the sampler's injected noise in this step's input (set_injected_noise)
+    InjectedNoise injected_full_;      // ... at the last full step
     int images_ = 1;                   // images in the batch (begin)
     int staleness() const;             // the store's bound for a reuse
 };
@@ -272,7 +303,8 @@ private:
 };
 
 // "off" | "deepcache:N[,branch=B]" |
-// "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,profile=FILE]".
+// "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,correct=0|1,
+// profile=FILE]".
 // Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode

@@ -49,6 +49,19 @@ std::vector<double> loop_noise_levels(const Scheduler& sched, const SchedulerCon
 }
 } // namespace
 
+double InjectedNoise::gain(PredictionType prediction, double sigma) {
+    if (!(sigma > 0)) return 0.0;
+    switch (prediction) {
+    case PredictionType::Epsilon:
+        return std::sqrt(sigma * sigma + 1.0) / sigma;
+    case PredictionType::VPrediction:
+        return 1.0 / sigma;
+    case PredictionType::Sample:
+        return 0.0;
+    }
+    return 0.0;
+}
+
 Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx, int,
                              const Tensor& stem) {
     return unet.forward(x, t, ctx, nullptr, stem);
@@ -413,6 +426,16 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
     // 9-channel inpainting UNet: [scaled latents, mask, masked image latents]; only the latents are scaled.
     if (extra.defined()) model_input = torch::cat({model_input, extra.to(model_input.scalar_type())}, 1);
     const auto dev = context.context.device();
+    InjectedNoise injected;
+    if (sched.injected_noise().defined()) {
+        const auto& n = sched.injected_noise();
+        auto part = sched.scale_model_input(cfg ? torch::cat({n, n}, 0) : n, i).to(model_input.scalar_type());
+        if (extra.defined()) part = torch::cat({part, torch::zeros_like(extra, part.options())}, 1);
+        injected.part = part.to(dev);
+        injected.carry = sched.scale_model_input(torch::ones({1}), i).item<double>() * sched.injected_carry();
+        injected.prediction = sched.prediction_type();
+    }
+    ctl.set_injected_noise(injected);
     auto t = torch::tensor(tv, torch::kFloat).reshape({}).to(dev);
     // .to(CPU) waits for the device: the one synchronisation per step
     auto noise_pred = ctl.predict(*m_.unet, model_input.to(dev), t, context, ctl_step < 0 ? i : ctl_step)

@@ -78,6 +78,23 @@ struct Txt2ImgParams {
     Img2ImgParams init;
 };
 
+// The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
+struct InjectedNoise {
+    // N_k scaled like the latents, rows and channels as the model input (zeros in a 9-channel UNet's extra
+    // channels); undefined where the sampler has none (deterministic samplers, the first step).
+    torch::Tensor part;
+    // c_in(k) * Scheduler::injected_carry() (c_in the model-input scale of step k): the part of an earlier step s
+    // carried to step k is part_s * carry_k / carry_s.
+    double carry = 1.0;
+    PredictionType prediction = PredictionType::Epsilon;
+    // How much the model output moves per unit of white noise added to the model input with the denoised estimate
+    // held fixed, at noise level sigma (the VE sigma of set_noise_levels): the input is c_in (x0 + sigma eps) with
+    // c_in = 1 / sqrt(sigma^2 + 1) (Euler-type) or the VP sample sqrt(abar) x0 + sqrt(1 - abar) eps (DDIM-type), and
+    // in both d eps = d input * sqrt(sigma^2 + 1) / sigma; v = alpha eps - sigma_vp x0 gives d v = d input / sigma; a
+    // sample prediction does not move.
+    static double gain(PredictionType prediction, double sigma);
+};
+
 // Per-step evaluation of the (CFG-batched) UNet.
 class DenoiseController {
 public:
@@ -90,6 +107,9 @@ public:
     // sqrt((1 - abar) / abar) at the step's timestep (the sigma samplers' own sigmas; the same quantity for DDIM and
     // PNDM), so that a cache can measure distances in the schedule's own units whatever the sampler and step count.
     virtual void set_noise_levels(std::vector<double> sigmas) { (void)sigmas; }
+    // Called before every predict() with the sampler's injected noise in that step's model input (InjectedNoise):
+    // model_input minus its part is the deterministic part of the trajectory, which a cache may decide on.
+    virtual void set_injected_noise(const InjectedNoise& noise) { (void)noise; }
     // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
     // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
     // Every override declares the same default.

@@ -339,9 +339,11 @@ public:
             throw Error(std::string(name_) + ": begin index " + std::to_string(begin) + " outside [0, " +
                         std::to_string(ts_.size()) + ")");
         begin_ = begin;
+        reset_injected_noise();
         restart();
     }
     int begin_index() const override { return begin_; }
+    PredictionType prediction_type() const override { return cfg_.prediction_type; }
     // Alpha-bar form (DDIM / PNDM add_noise): abar at the timestep of loop step i, float32 like diffusers.
     torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
         check_index(i);
@@ -400,6 +402,7 @@ public:
         n_ = n;
         begin_ = 0;
         ts_ = custom_schedule() ? rounded_schedule_timesteps(n) : spaced_timesteps(cfg_, n, true);
+        reset_injected_noise();
     }
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
@@ -420,7 +423,11 @@ public:
         const float std_dev = static_cast<float>(eta_) * std::sqrt(variance);
         auto direction = double(std::sqrt(1.0f - a_prev - std_dev * std_dev)) * eps;
         auto prev_sample = double(std::sqrt(a_prev)) * x0 + direction;
-        if (eta_ > 0) prev_sample = prev_sample + double(std_dev) * draw_noise(out, gen);
+        if (eta_ > 0) {
+            const auto fresh = double(std_dev) * draw_noise(out, gen);
+            prev_sample = prev_sample + fresh;
+            carry_injected_noise(std::sqrt(1.0f - a_prev - std_dev * std_dev) / std::sqrt(b_t), fresh);
+        }
         return prev_sample;
     }
 
@@ -596,7 +603,10 @@ class EulerAncestralScheduler final : public SigmaScheduler {
 public:
     EulerAncestralScheduler(const SchedulerConfig& cfg, double eta)
         : SigmaScheduler(cfg, "EulerAncestral"), eta_(static_cast<float>(eta)) {}
-    void set_timesteps(int n) override { set_sigma_timesteps(n); }
+    void set_timesteps(int n) override {
+        set_sigma_timesteps(n);
+        reset_injected_noise();
+    }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const float sigma = sig_[i];
@@ -613,8 +623,9 @@ public:
         auto derivative = (sample - x0) / double(sigma);
         const float dt = sigma_down - sigma;
         auto prev_sample = sample + derivative * double(dt);
-        auto noise = draw_noise(out, gen);
-        prev_sample = prev_sample + noise * double(sigma_up);
+        const auto fresh = draw_noise(out, gen) * double(sigma_up);
+        prev_sample = prev_sample + fresh;
+        if (sigma_up > 0) carry_injected_noise(double(sigma_down) / double(sigma), fresh);
         return prev_sample.to(out.scalar_type());
     }
 

@@ -124,6 +124,34 @@ public:
     // pair of sigma_i (DPM-Solver). diffusers' sigma schedulers take sigma from their begin or step index, the
     // alpha-bar ones from the timestep: both are loop step i here.
     virtual torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const = 0;
+
+    // ---- addition: the injected noise carried forward (for the feature caches) ----
+    // The part of the current sample that the fresh noise of the noise-term samplers put there (Euler a; DDIM with
+    // eta > 0), each step carrying it as it carries the sample with the denoised estimate held fixed:
+    //   N_{i+1} = c_i N_i + s_i z_i,  Euler a: c = sigma_down / sigma, s = sigma_up (k-diffusion get_ancestral_step);
+    //                                 DDIM: c = sqrt(1 - abar_prev - std^2) / sqrt(1 - abar_t), s = std (eq. 12, 16).
+    // sample - N is then the deterministic part of the trajectory, what a cache's step decision should look at: the
+    // fresh noise changes the sample at every step by design and is no evidence that the deep features moved.
+    // Undefined for samplers without a noise term and before the first step that draws one; set_timesteps and
+    // set_begin_index start it again.
+    const torch::Tensor& injected_noise() const { return injected_; }
+    // The product of the carries c of the steps so far (1 at the start): N of an earlier step s, carried to the current
+    // one, is N_s * injected_carry() / (injected_carry() at s).
+    double injected_carry() const { return carry_; }
+    // What the model predicts (eps, v or the sample): how its output responds to noise in its input.
+    virtual PredictionType prediction_type() const { return PredictionType::Epsilon; }
+
+protected:
+    void carry_injected_noise(double carry, const torch::Tensor& fresh) {
+        injected_ = injected_.defined() ? injected_ * carry + fresh : fresh;
+        carry_ *= carry;
+    }
+    void reset_injected_noise() {
+        injected_ = torch::Tensor();
+        carry_ = 1.0;
+    }
+    torch::Tensor injected_;
+    double carry_ = 1.0;
 };
 
 // The scheduler of `kind` with cfg's schedule (effective_schedule) and eta (effective_eta: unset = the sampler's
