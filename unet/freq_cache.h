@@ -25,7 +25,10 @@
 //    and the feature handed to forward_shallow is idct2(X_k). Anchored coefficients are the stable ones, where any
 //    extrapolation would only add noise; the moving ones carry a trend that plain reuse (DeepCache) freezes. With
 //    extrapolate=0, or before two full steps exist, or when every coefficient is anchored, the cached feature F1 is
-//    passed unchanged (bit-identical to DeepCache reuse for the same schedule).
+//    passed unchanged (bit-identical to DeepCache reuse for the same schedule). With correct=1 (the default) the
+//    forecast step is then calibrated per image by what the probe observed (forecast_calibration: the share of its
+//    own linear forecast the stem moved), and probe=det separates a noise-injecting sampler's fresh noise from the
+//    trajectory (FreqParams::probe_det).
 //
 // Where the state lives: every mode keeps what it caches (the deep feature, its spectra, the extrapolation slope) in
 // the shared store cache::LatentCache (cache/latent_cache.h), the same store the text-diffusion cache uses, under
