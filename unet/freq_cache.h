@@ -223,6 +223,7 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
+    bool wants_injected_noise() const override { return p_.probe_det; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
     // steps and at the reuse step), so a schedule's real spacing enters, not the step count; for evenly spaced

@@ -110,6 +110,8 @@ public:
     // Called before every predict() with the sampler's injected noise in that step's model input (InjectedNoise):
     // model_input minus its part is the deterministic part of the trajectory, which a cache may decide on.
     virtual void set_injected_noise(const InjectedNoise& noise) { (void)noise; }
+    // Whether this controller reads that noise: the loop builds it (a copy of the latents per step) only then.
+    virtual bool wants_injected_noise() const { return false; }
     // The noise prediction for `model_input` [2B or B, C, h, w] at loop step `step` (timestep tensor 0-dim float).
     // `stem`: conv_in(model_input) when a wrapping controller's probe computed it already (UNet forward's `stem`).
     // Every override declares the same default.
