@@ -16,6 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::write_bytes;
+
 struct Case {
     std::string name;
     std::string program; // "sd" | "text"
@@ -23,11 +25,6 @@ struct Case {
     int exit_code;
     std::vector<std::string> must_contain; // substrings of the output (case-sensitive)
 };
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream f(path, std::ios::binary);
-    f << bytes;
-}
 
 // Copies the tiny SD model and rewrites its UNet weights: `drop` tensors removed, `reshape` replaced by a [3, 3].
 // A copy of the tiny SD model with tensors dropped, one reshaped to [3, 3], one filled with NaN (poison) and one

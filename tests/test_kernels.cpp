@@ -21,15 +21,9 @@
 
 using namespace anchor;
 using namespace anchor::kernels;
+using anchor::test::rel_err;
 
 namespace {
-
-// max |a - b| / max |b|
-double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
-    auto a64 = a.to(torch::kCPU).to(torch::kFloat64), b64 = b.to(torch::kCPU).to(torch::kFloat64);
-    const double den = b64.abs().max().item<double>();
-    return (a64 - b64).abs().max().item<double>() / (den > 0 ? den : 1.0);
-}
 
 // The float32 rounding of the largest score, eps * max sum_i |q_i k_i| * scale (q, k [B, H, n, D] or, with
 // heads = H > 0, [B, n, H*D]): a floor of the error any float32 attention has when the softmax is nearly one-hot,

@@ -3,6 +3,7 @@
 #include "cache/util/heap.h"
 #include "kernels/onednn.h"
 #include "kernels/winograd.h"
+#include "tests/test_util.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
 
@@ -14,12 +15,9 @@
 #include <random>
 
 using namespace anchor;
+using anchor::test::rel_err;
 
 namespace {
-
-double rel_err(const torch::Tensor& y, const torch::Tensor& ref64) {
-    return (y.to(torch::kDouble) - ref64).abs().max().item<double>() / ref64.abs().max().item<double>();
-}
 
 // Both float32 results differ from float64 by rounding only: oneDNN's within max(2e-6, 4x LibTorch's).
 void check_close(double onednn, double torch32) {

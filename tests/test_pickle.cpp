@@ -28,19 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_bytes(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    REQUIRE(f);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream f(path, std::ios::binary);
-    f << bytes;
-}
-
+using test::read_bytes;
+using test::write_bytes;
 using test::error_of;
 
 void le(std::string& out, uint64_t v, int bytes) {

@@ -22,15 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_bytes(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::string& b) {
-    std::ofstream(path, std::ios::binary) << b;
-}
-
+using test::read_bytes;
+using test::write_bytes;
 // A 3x2 RGB image with distinct pixels.
 torch::Tensor small_image() {
     return torch::arange(18, torch::kInt32).mul(13).remainder(256).to(torch::kUInt8).reshape({2, 3, 3});

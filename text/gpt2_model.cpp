@@ -6,6 +6,7 @@
 #include "cache/io/model_source.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "cache/util/strings.h"
 #include "kernels/attention.h"
 #include "kernels/decode_ops.h"
 #include "kernels/dispatch.h"
@@ -28,10 +29,6 @@ namespace fs = std::filesystem;
 namespace anchor::text {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string strip_transformer(const std::string& n) {
     static const std::string p = "transformer.";

@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/sha256.h"
+#include "cache/util/strings.h"
 #include "unet/checkpoint.h"
 #include "unet/name_conversion.h"
 
@@ -20,10 +21,6 @@ namespace anchor::unet {
 namespace fs = std::filesystem;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string underscored(std::string s) {
     for (auto& c : s)

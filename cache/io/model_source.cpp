@@ -4,6 +4,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/torch_checkpoint.h"
 #include "cache/io/weight_map.h"
+#include "cache/util/strings.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -34,10 +35,6 @@ const EnumTable<ModelArch>& model_arch_table() {
 }
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 nlohmann::json read_json(const fs::path& p) {
     std::ifstream f(p);

@@ -4,6 +4,7 @@
 #include "cache/io/mapped_file.h"
 #include "cache/io/pickle.h"
 #include "cache/io/zip_file.h"
+#include "cache/util/strings.h"
 
 #include <cerrno>
 #include <cstring>
@@ -18,10 +19,6 @@
 namespace anchor {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The pre-1.6 torch.save format begins with the pickled magic number 0x1950a86a20f9469cfc6c (torch/serialization.py,
 // MAGIC_NUMBER): PROTO 2, LONG1 of 10 bytes.

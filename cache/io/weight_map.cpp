@@ -1,6 +1,7 @@
 #include "cache/io/weight_map.h"
 
 #include "cache/io/model_source.h"
+#include "cache/util/strings.h"
 
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
@@ -19,10 +20,6 @@ namespace fs = std::filesystem;
 namespace anchor {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

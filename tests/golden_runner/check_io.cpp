@@ -213,7 +213,7 @@ std::vector<CaseResult> run_files(const fs::path& dir, const Context& ctx) {
     return {r};
 }
 
-const bool registered = register_checker({"files", claims_files, run_files});
+const bool registered_io = register_checker({"files", claims_files, run_files});
 
 } // namespace
 } // namespace anchor::golden

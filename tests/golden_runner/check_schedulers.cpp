@@ -61,7 +61,7 @@ std::vector<CaseResult> run_schedulers(const fs::path& dir, const Context& ctx) 
     return results;
 }
 
-const bool registered =
+const bool registered_schedulers =
     register_checker({"schedulers", [](const fs::path& dir) { return !scheduler_runs(dir).empty(); }, run_schedulers});
 
 } // namespace

@@ -122,7 +122,7 @@ bool is_single_file_case(const fs::path& dir) {
     return false;
 }
 
-const bool reg_tok = register_checker(
+const bool registered_sd_tok = register_checker(
     {"sd-clip-tokenizer", [](const fs::path& d) { return has_file(d, "tokenizer_golden.json"); },
      [](const fs::path& dir, const Context& ctx) {
          return std::vector<CaseResult>{guarded(relative_name(dir, ctx) + ":tokenizer", [&](Stats& st) {
@@ -158,7 +158,7 @@ const bool reg_tok = register_checker(
          })};
      }});
 
-const bool reg_clip = register_checker(
+const bool registered_sd_clip = register_checker(
     {"sd-clip-text",
      [](const fs::path& d) { return config_class(d) == "CLIPTextModel" && has_file(d, "golden_outputs.safetensors"); },
      [](const fs::path& dir, const Context& ctx) {
@@ -168,7 +168,7 @@ const bool reg_clip = register_checker(
          })};
      }});
 
-const bool reg_unet =
+const bool registered_sd_unet =
     register_checker({"sd-unet",
                       [](const fs::path& d) {
                           return config_class(d) == "UNet2DConditionModel" && has_file(d, "golden_outputs.safetensors");
@@ -180,7 +180,7 @@ const bool reg_unet =
                           })};
                       }});
 
-const bool reg_vae = register_checker(
+const bool registered_sd_vae = register_checker(
     {"sd-vae",
      [](const fs::path& d) { return config_class(d) == "AutoencoderKL" && has_file(d, "golden_outputs.safetensors"); },
      [](const fs::path& dir, const Context& ctx) {
@@ -190,7 +190,7 @@ const bool reg_vae = register_checker(
          })};
      }});
 
-const bool reg_single = register_checker(
+const bool registered_sd_single = register_checker(
     {"sd-single-file", is_single_file_case, [](const fs::path& dir, const Context& ctx) {
          std::vector<CaseResult> out;
          const std::string base = relative_name(dir, ctx);

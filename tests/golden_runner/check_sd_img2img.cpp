@@ -22,7 +22,7 @@ std::vector<fs::path> forward_goldens(const fs::path& dir) {
     return out;
 }
 
-const bool reg = register_checker(
+const bool registered_sd_img2img = register_checker(
     {"sd-img2img",
      [](const fs::path& d) { return has_file(d, "config.json") && !sdgolden::img2img_runs_of(d).empty(); },
      [](const fs::path& dir, const Context& ctx) {
@@ -74,7 +74,7 @@ bool named_by_parent_case(const fs::path& d) {
     return false;
 }
 
-const bool reg_unet = register_checker(
+const bool registered_sd_img2img_unet = register_checker(
     {"sd-unet-weights", named_by_parent_case, [](const fs::path& dir, const Context& ctx) {
          CaseResult r;
          r.name = relative_name(dir, ctx) + ":load (forward checked by the case above)";

@@ -272,7 +272,7 @@ bool claims(const fs::path& d) {
     return g.contains("pair") && g.contains("single_multiplier");
 }
 
-const bool reg = register_checker(
+const bool registered_sd_lora = register_checker(
     {"sd-lora", claims, [](const fs::path& dir, const Context& ctx) {
          const std::string rel = relative_name(dir, ctx);
          std::vector<CaseResult> out;

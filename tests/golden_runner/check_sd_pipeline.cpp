@@ -23,7 +23,7 @@ std::vector<std::string> runs_of(const fs::path& dir) {
     return runs;
 }
 
-const bool reg =
+const bool registered_sd_pipeline =
     register_checker({"sd-txt2img", [](const fs::path& d) { return has_file(d, "config.json") && !runs_of(d).empty(); },
                       [](const fs::path& dir, const Context& ctx) {
                           std::vector<CaseResult> out;

@@ -28,7 +28,7 @@ std::vector<CaseResult> check_sdxl_models(unet::SDModels& m, const fs::path& gol
 
 namespace {
 
-const bool reg =
+const bool registered_sdxl =
     register_checker({"sdxl", sdgolden::is_sdxl_golden_folder, [](const fs::path& dir, const Context& ctx) {
                           const std::string base = relative_name(dir, ctx);
                           unet::SDModels m;
@@ -46,7 +46,7 @@ const bool reg =
                       }});
 
 // A component folder of a pipeline folder (listed in its model_index.json): it must load, every tensor used.
-const bool reg_component =
+const bool registered_sdxl_component =
     register_checker({"sd-component",
                       [](const fs::path& d) {
                           const auto parent = d.parent_path();

@@ -367,7 +367,7 @@ bool claims_model(const fs::path& dir) {
             !file_with_tensors(dir, {"input_ids", "logits_last8", "incremental_argmax"}).empty());
 }
 
-const bool registered = [] {
+const bool registered_text = [] {
     register_checker(
         {"gpt2-tokenizer", [](const fs::path& d) { return has_file(d, "tokenizer_cases.json"); }, run_tokenizer});
     register_checker({"gpt2-eval-text", [](const fs::path& d) { return !token_text_pairs(d).empty(); }, run_eval_text});
