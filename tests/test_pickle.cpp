@@ -28,9 +28,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::error_of;
 using test::read_bytes;
 using test::write_bytes;
-using test::error_of;
 
 void le(std::string& out, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));

@@ -21,8 +21,6 @@
 
 namespace anchor::unet {
 
-using namespace util;
-
 // fp32 GEMM rate of this process' BLAS on the threads in effect: min time of `repeat` n x n x n products.
 double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend) {
     torch::NoGradGuard ng;
@@ -37,9 +35,9 @@ double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend) {
     product(); // warm-up (page faults, thread pool)
     double best = 1e30;
     for (int i = 0; i < repeat; ++i) {
-        const double t0 = now_s();
+        const double t0 = util::now_s();
         product();
-        best = std::min(best, now_s() - t0);
+        best = std::min(best, util::now_s() - t0);
     }
     return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
 }
@@ -91,7 +89,7 @@ double unet_bench_macs(const UNetBenchParams& o) {
 namespace {
 std::string join_seconds(const std::vector<double>& t) {
     std::string s;
-    for (double x : t) s += (s.empty() ? "" : " ") + fmt("%.3f", x);
+    for (double x : t) s += (s.empty() ? "" : " ") + util::fmt("%.3f", x);
     return s + " s";
 }
 } // namespace
@@ -111,7 +109,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          std::to_string(o.batch) + (o.batch == 2 ? " (one CFG step)" : "") + ", float32, " +
          std::to_string(torch::get_num_threads()) + " threads");
     emit("  " + cfg.describe());
-    emit("  load average at start: " + load_average());
+    emit("  load average at start: " + util::load_average());
     emit(util::build_description(kernels::cpu_features_string()));
     emit("MACs per UNet forward, one sample (conv + linear layers, DeepCache's definition): " +
          format_gmacs(double(full.total())) + " GMACs");
@@ -127,14 +125,14 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         emit("  deepcache:" + std::to_string(n) + " (branch " + std::to_string(o.branch) +
              ", uniform): " + format_gmacs(per, 2) + " G per step (full " + format_gmacs(double(full.total()), 2) +
              " G, cached step " + format_gmacs(double(macs.shallow(o.branch).total()), 2) + " G, " +
-             fmt("%.2fx fewer", double(full.total()) / per) + ")");
+             util::fmt("%.2fx fewer", double(full.total()) / per) + ")");
     }
     emit("  published (DeepCache, SD 1.5 512x512): 338.83 G -> 130.45 G per step for deepcache:5");
 
     emit(std::string("  forward: ") +
          (o.baseline ? "plain module forwards (--baseline)" : "fast paths (unet/unet_perf.h)"));
     torch::manual_seed(uint64_t(o.seed));
-    double t0 = now_s();
+    double t0 = util::now_s();
     UNet2DConditionModel model(cfg);
     model->eval();
     const kernels::AttentionKernel attention = o.attention.value_or(default_attention_kernel(cfg));
@@ -151,9 +149,10 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     store_weights_as(*model, o.weights_dtype);
     int64_t nparams = 0;
     for (const auto& p : model->parameters()) nparams += p.numel();
-    emit("model: " + fmt("%.1f", double(nparams) / 1e6) + " M parameters (" +
-         fmt("%.0f", double(parameter_bytes(*model)) / 1048576.0) + " MiB, weights " +
-         enum_name(weights_dtype_table(), o.weights_dtype) + "), built in " + fmt("%.1f", now_s() - t0) + " s");
+    emit("model: " + util::fmt("%.1f", double(nparams) / 1e6) + " M parameters (" +
+         util::fmt("%.0f", double(parameter_bytes(*model)) / 1048576.0) + " MiB, weights " +
+         enum_name(weights_dtype_table(), o.weights_dtype) + "), built in " + util::fmt("%.1f", util::now_s() - t0) +
+         " s");
     // SD's VAE (the shapes of every SD 1.x/2.x/XL VAE), built now so that the run's peak RSS below counts both
     // models' weights and nothing of their random initialisation (built in float32, then converted).
     AutoencoderKL vae{nullptr};
@@ -167,8 +166,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         for (auto& p : vae->parameters()) p.set_requires_grad(false);
         store_weights_as(*vae, o.weights_dtype);
     }
-    const double build_peak = peak_rss_mib();
-    const bool peak_reset = reset_peak_rss();
+    const double build_peak = util::peak_rss_mib();
+    const bool peak_reset = util::reset_peak_rss();
 
     auto sample = torch::randn({o.batch, cfg.in_channels, lh, lw});
     UNetCond context{torch::randn({o.batch, tokens, cfg.cross_attention_dim})};
@@ -188,9 +187,9 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     std::vector<double> times;
     torch::Tensor y;
     for (int i = 0; i < o.repeat; ++i) {
-        t0 = now_s();
+        t0 = util::now_s();
         y = model->forward(sample, timestep, context);
-        times.push_back(now_s() - t0);
+        times.push_back(util::now_s() - t0);
     }
     if (!torch::isfinite(y).all().item<bool>()) throw Error("bench: the UNet output is not finite");
     if (o.ab) {
@@ -199,43 +198,44 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         torch::Tensor yp, yf;
         for (int i = 0; i < o.repeat; ++i) {
             model->set_fast_paths(false);
-            t0 = now_s();
+            t0 = util::now_s();
             yp = model->forward(sample, timestep, context);
-            tp.push_back(now_s() - t0);
+            tp.push_back(util::now_s() - t0);
             model->set_fast_paths(true);
-            t0 = now_s();
+            t0 = util::now_s();
             yf = model->forward(sample, timestep, context);
-            tf.push_back(now_s() - t0);
+            tf.push_back(util::now_s() - t0);
         }
         model->set_fast_paths(!o.baseline);
-        const Stats sp = stats_of(tp), sf = stats_of(tf);
+        const util::Stats sp = util::stats_of(tp), sf = util::stats_of(tf);
         const double rel = (yf - yp).abs().max().item<double>() / yp.abs().max().item<double>();
-        emit("A/B interleaved: plain min " + fmt("%.3f", sp.min) + " s / median " + fmt("%.3f", sp.median) +
-             " s, fast min " + fmt("%.3f", sf.min) + " s / median " + fmt("%.3f", sf.median) + " s, speed-up " +
-             fmt("%.3fx", sp.min / sf.min) + " (min), " + fmt("%.3fx", sp.median / sf.median) +
-             " (median); max |fast - plain| / max |plain| = " + fmt("%.2e", rel));
+        emit("A/B interleaved: plain min " + util::fmt("%.3f", sp.min) + " s / median " + util::fmt("%.3f", sp.median) +
+             " s, fast min " + util::fmt("%.3f", sf.min) + " s / median " + util::fmt("%.3f", sf.median) +
+             " s, speed-up " + util::fmt("%.3fx", sp.min / sf.min) + " (min), " +
+             util::fmt("%.3fx", sp.median / sf.median) +
+             " (median); max |fast - plain| / max |plain| = " + util::fmt("%.2e", rel));
     }
-    const Stats st = stats_of(times);
-    emit("UNet step (batch " + std::to_string(o.batch) + "): min " + fmt("%.3f", st.min) + " s, median " +
-         fmt("%.3f", st.median) + " s, max " + fmt("%.3f", st.max) + " s over " + std::to_string(o.repeat) +
+    const util::Stats st = util::stats_of(times);
+    emit("UNet step (batch " + std::to_string(o.batch) + "): min " + util::fmt("%.3f", st.min) + " s, median " +
+         util::fmt("%.3f", st.median) + " s, max " + util::fmt("%.3f", st.max) + " s over " + std::to_string(o.repeat) +
          " runs after " + std::to_string(o.warmup) + " warm-up");
     emit("  runs: " + join_seconds(times));
 
-    Stats sh{};
+    util::Stats sh{};
     if (o.time_shallow && !o.deepcache.empty()) {
         if (!feats.feature.defined()) model->forward(sample, timestep, context, &feats);
         std::vector<double> ts;
         for (int i = 0; i < o.repeat + 1; ++i) { // first one warms the shallow shapes
-            t0 = now_s();
+            t0 = util::now_s();
             model->forward_shallow(sample, timestep, context, o.branch, feats.feature);
-            if (i > 0) ts.push_back(now_s() - t0);
+            if (i > 0) ts.push_back(util::now_s() - t0);
         }
-        sh = stats_of(ts);
-        emit("  cached (shallow, branch " + std::to_string(o.branch) + ") step: min " + fmt("%.3f", sh.min) +
-             " s, median " + fmt("%.3f", sh.median) + " s");
+        sh = util::stats_of(ts);
+        emit("  cached (shallow, branch " + std::to_string(o.branch) + ") step: min " + util::fmt("%.3f", sh.min) +
+             " s, median " + util::fmt("%.3f", sh.median) + " s");
         for (int n : o.deepcache)
-            emit("  deepcache:" + std::to_string(n) + " -> " + fmt("%.3f", (st.min + (n - 1) * sh.min) / n) +
-                 " s per step (" + fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
+            emit("  deepcache:" + std::to_string(n) + " -> " + util::fmt("%.3f", (st.min + (n - 1) * sh.min) / n) +
+                 " s per step (" + util::fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
     }
 
     if (o.vae_repeat > 0) {
@@ -245,9 +245,9 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         torch::Tensor img = vae->decode(z); // warm-up
         std::vector<double> tv;
         for (int i = 0; i < o.vae_repeat; ++i) {
-            t0 = now_s();
+            t0 = util::now_s();
             img = vae->decode(z);
-            tv.push_back(now_s() - t0);
+            tv.push_back(util::now_s() - t0);
         }
         if (!torch::isfinite(img).all().item<bool>()) throw Error("bench: the VAE output is not finite");
 #ifdef ANCHOR_HAVE_RECORD_PROFILE
@@ -256,10 +256,10 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
             vae->decode(z);
         }
 #endif
-        const Stats sv = stats_of(tv);
+        const util::Stats sv = util::stats_of(tv);
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
-             fmt("%.3f", sv.min) + " s, median " + fmt("%.3f", sv.median) + " s, max " + fmt("%.3f", sv.max) +
-             " s over " + std::to_string(o.vae_repeat) + " runs after 1 warm-up");
+             util::fmt("%.3f", sv.min) + " s, median " + util::fmt("%.3f", sv.median) + " s, max " +
+             util::fmt("%.3f", sv.max) + " s over " + std::to_string(o.vae_repeat) + " runs after 1 warm-up");
         emit("  runs: " + join_seconds(tv));
     }
 
@@ -282,26 +282,25 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     const double achieved = flops / st.min / 1e9, achieved_med = flops / st.median / 1e9;
     // The rate of the backend the layers ran on (oneDNN's matmul beside LibTorch's BLAS when it is oneDNN).
     const double gemm_torch = gemm_gflops(o.gemm_n, o.gemm_repeat, kernels::GemmBackend::Torch);
-    const double gemm = kernels::runs_on_onednn(backend)
-                            ? gemm_gflops(o.gemm_n, o.gemm_repeat, backend)
-                            : gemm_torch;
-    emit("achieved: " + fmt("%.1f", achieved) + " GFLOP/s (2 x MACs x batch / min time; median " +
-         fmt("%.1f", achieved_med) + "), with attention matmuls " + fmt("%.1f", flops_attn / st.min / 1e9) +
+    const double gemm = kernels::runs_on_onednn(backend) ? gemm_gflops(o.gemm_n, o.gemm_repeat, backend) : gemm_torch;
+    emit("achieved: " + util::fmt("%.1f", achieved) + " GFLOP/s (2 x MACs x batch / min time; median " +
+         util::fmt("%.1f", achieved_med) + "), with attention matmuls " + util::fmt("%.1f", flops_attn / st.min / 1e9) +
          " GFLOP/s");
     emit("GEMM " + std::to_string(o.gemm_n) + "x" + std::to_string(o.gemm_n) + " fp32 (torch::mm, min of " +
-         std::to_string(o.gemm_repeat) + "): " + fmt("%.1f", gemm_torch) + " GFLOP/s" +
-         (gemm != gemm_torch ? "; oneDNN matmul (the layers' backend): " + fmt("%.1f", gemm) + " GFLOP/s" : ""));
-    emit("ratio: " + fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
-         fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
-         fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
+         std::to_string(o.gemm_repeat) + "): " + util::fmt("%.1f", gemm_torch) + " GFLOP/s" +
+         (gemm != gemm_torch ? "; oneDNN matmul (the layers' backend): " + util::fmt("%.1f", gemm) + " GFLOP/s" : ""));
+    emit("ratio: " + util::fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
+         util::fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
+         util::fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
     if (peak_reset)
-        emit("peak RSS (VmHWM) of the run: " + fmt("%.0f", peak_rss_mib()) + " MiB (weights " +
-             fmt("%.0f", double(parameter_bytes(*model) + (vae ? parameter_bytes(*vae) : 0)) / 1048576.0) +
+        emit("peak RSS (VmHWM) of the run: " + util::fmt("%.0f", util::peak_rss_mib()) + " MiB (weights " +
+             util::fmt("%.0f", double(parameter_bytes(*model) + (vae ? parameter_bytes(*vae) : 0)) / 1048576.0) +
              " MiB, steps" + (o.vae_repeat > 0 ? " and decodes" : "") +
-             "); while building the random models: " + fmt("%.0f", build_peak) + " MiB");
+             "); while building the random models: " + util::fmt("%.0f", build_peak) + " MiB");
     else
-        emit("peak RSS (VmHWM): " + fmt("%.0f", peak_rss_mib()) + " MiB (building the random models included)");
-    emit("load average at end: " + load_average());
+        emit("peak RSS (VmHWM): " + util::fmt("%.0f", util::peak_rss_mib()) +
+             " MiB (building the random models included)");
+    emit("load average at end: " + util::load_average());
 }
 
 } // namespace anchor::unet

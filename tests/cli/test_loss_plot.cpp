@@ -1,5 +1,4 @@
 // Tests of the programs' own modules (cli/): they link anchor_cli, which the library tests (anchor_tests) do not.
-#define CATCH_CONFIG_MAIN
 #include "cli/loss_plot.h"
 #include "tests/test_util.h"
 
