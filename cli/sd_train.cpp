@@ -34,7 +34,6 @@ namespace anchor::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using namespace util;
 using unet::train::TrainOptions;
 
 void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, double lr) {
