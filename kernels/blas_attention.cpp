@@ -46,9 +46,18 @@ SgemmFn sgemm() {
 constexpr int64_t kNaiveBmmWork = 400;
 
 // The naive kernel's arithmetic: baddbmm with beta 0 into a zero-filled result accumulates alpha * a * b term by term;
-// bmm accumulates a * b. No fused multiply-add: LibTorch compiles that loop for baseline x86-64.
-__attribute__((optimize("fp-contract=off"))) void naive_scores(const float* q, int64_t qs, const float* k, int64_t ks,
-                                                               float* s, int64_t N, int64_t M, int64_t D, float alpha) {
+// bmm accumulates a * b. No fused multiply-add: LibTorch compiles that loop for baseline x86-64. GCC takes the
+// optimize attribute; clang ignores it and takes the fp pragma in the body.
+#if defined(__clang__)
+#define ANCHOR_NO_FP_CONTRACT
+#define ANCHOR_NO_FP_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#else
+#define ANCHOR_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#define ANCHOR_NO_FP_CONTRACT_BODY
+#endif
+ANCHOR_NO_FP_CONTRACT void naive_scores(const float* q, int64_t qs, const float* k, int64_t ks, float* s, int64_t N,
+                                        int64_t M, int64_t D, float alpha) {
+    ANCHOR_NO_FP_CONTRACT_BODY
     for (int64_t i = 0; i < N; ++i)
         for (int64_t j = 0; j < M; ++j) {
             float r = 0.f;
@@ -57,8 +66,9 @@ __attribute__((optimize("fp-contract=off"))) void naive_scores(const float* q, i
         }
 }
 
-__attribute__((optimize("fp-contract=off"))) void naive_output(const float* p, const float* v, int64_t vs, float* o,
-                                                               int64_t os, int64_t N, int64_t M, int64_t D) {
+ANCHOR_NO_FP_CONTRACT void naive_output(const float* p, const float* v, int64_t vs, float* o, int64_t os, int64_t N,
+                                        int64_t M, int64_t D) {
+    ANCHOR_NO_FP_CONTRACT_BODY
     for (int64_t i = 0; i < N; ++i)
         for (int64_t d = 0; d < D; ++d) {
             float r = 0.f;
@@ -66,6 +76,8 @@ __attribute__((optimize("fp-contract=off"))) void naive_output(const float* p, c
             o[i * os + d] = r;
         }
 }
+#undef ANCHOR_NO_FP_CONTRACT
+#undef ANCHOR_NO_FP_CONTRACT_BODY
 
 } // namespace
 

@@ -77,8 +77,13 @@ void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
 
 #if defined(__x86_64__)
 // ---- AVX2 / FMA ---------------------------------------------------------------------------------------------------
+#if defined(__clang__)
+// clang ignores GCC's target pragma; its attribute region gives every function below the target.
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 struct Vec {
     using T = __m256;
@@ -102,11 +107,19 @@ void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
     flash_block<6, 2, 2>(h, i0, i1, s);
 }
 } // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 // ---- AVX-512F -----------------------------------------------------------------------------------------------------
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 namespace avx512 {
 struct Vec {
     using T = __m512;
@@ -130,7 +143,11 @@ void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
     flash_block<8, 3, 3>(h, i0, i1, s);
 }
 } // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 using RunFn = void (*)(const FlashHead&, int64_t, int64_t, FlashScratch&);

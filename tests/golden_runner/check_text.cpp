@@ -321,12 +321,15 @@ std::vector<CaseResult> run_streaming(const fs::path& dir, const Context& ctx) {
             if (st->has("probe_steps")) probes = to_vec(st->tensor("probe_steps"));
             const auto known = variants(S, W);
             if (j.contains("variants"))
-                for (const auto& [name, what] : j["variants"].items())
+                for (const auto& item : j["variants"].items()) {
+                    const std::string name = item.key(); // a named copy: C++17 lambdas cannot capture a binding
                     if (std::none_of(known.begin(), known.end(), [&](const Variant& v) { return v.name == name; })) {
                         CaseResult r{base + "/" + name, {}};
-                        r.stats.fail("variant '" + name + "' (" + what.dump() + ") is not understood by this checker");
+                        r.stats.fail("variant '" + name + "' (" + item.value().dump() +
+                                     ") is not understood by this checker");
                         out.push_back(r);
                     }
+                }
             for (const auto& v : known) {
                 CaseResult r{base + "/" + v.name, {}};
                 if (!st->has(v.name + ".logprob_next")) continue;
