@@ -431,10 +431,16 @@ void add_txt2img_options(CLI::App& app, Options& o) {
     app.add_option("--deepcache-branch", o.deepcache_branch, "DeepCache skip branch (0 = shallowest)")
         ->capture_default_str();
     bind(app.add_option("--cache", j.cache, "cache mode:\n" + cache_mode_help())->capture_default_str(), "cache");
-    bind(app.add_option("--compare", o.compare,
-                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write the labelled "
-                        "grid to <output> itself, plus <stem>_timeline.png and <stem>_report.json"),
-         "compare");
+    auto* compare = bind(app.add_option("--compare", o.compare,
+                                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
+                                        "the labelled grid to <output> itself, plus <stem>_timeline.png and "
+                                        "<stem>_report.json"),
+                         "compare");
+    bind(app.add_flag("--free-params", p.free_params,
+                      "release the text encoder's weights once the prompts are encoded and the UNet's before the VAE "
+                      "decode of the last batch: a lower peak memory for one-shot runs")
+             ->excludes(compare),
+         "free_params");
     app.add_option_function<std::string>(
            "--attention",
            [&o](const std::string& s) {
@@ -447,11 +453,13 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                "anchorcache.json, else fused for the published SD shapes and exact for narrow (tiny) models")
         ->type_name("NAME");
     app.add_option_function<std::string>(
-           "--gemm", [&o](const std::string& s) { o.gemm = enum_from_string(kernels::gemm_backend_table(), s, "--gemm"); },
+           "--gemm",
+           [&o](const std::string& s) { o.gemm = enum_from_string(kernels::gemm_backend_table(), s, "--gemm"); },
            "library of the UNet's and VAE's linear layers and convolutions (" +
                enum_choices(kernels::gemm_backend_table(), "|") +
                "): torch = LibTorch's BLAS and convolution (the reference's bits); onednn = oneDNN's inference kernels "
-               "(about 2x faster on AVX-512 machines, a different summation order: ~1e-7 relative); winograd = onednn with "
+               "(about 2x faster on AVX-512 machines, a different summation order: ~1e-7 relative); winograd = onednn "
+               "with "
                "the wide 3x3 convolutions in Winograd F(4x4,3x3) form (fewer multiplies, ~1e-6 relative); default: "
                "winograd with the fused/flash attention, torch with exact")
         ->type_name("NAME");

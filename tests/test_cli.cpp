@@ -97,12 +97,13 @@ TEST_CASE("anchor-sd defaults to the model's own image size", "[cli][sd]") {
     CHECK(json.find("\"height\": 16") != std::string::npos);
 }
 
-TEST_CASE("anchor-sd --vae, --weights-dtype and --prediction are recorded in the sidecar", "[cli][sd][sd_load]") {
+TEST_CASE("anchor-sd --vae, --weights-dtype and --prediction are recorded in the sidecar (with --free-params)",
+          "[cli][sd][sd_load]") {
     const auto dir = test::scratch_dir("cli_sd_load_options");
     const std::string vae = "assets/models/sd15-tiny-random/vae/diffusion_pytorch_model.safetensors";
     auto r = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "2",
-                                                "--vae", vae, "--weights-dtype", "f16", "--prediction", "eps", "-o",
-                                                dir + "/a.png", "--threads", "1"});
+                                                "--vae", vae, "--weights-dtype", "f16", "--prediction", "eps",
+                                                "--free-params", "-o", dir + "/a.png", "--threads", "1"});
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     std::ifstream f(dir + "/a.png.json");

@@ -1,7 +1,9 @@
 // The model files SD users have: SD 2.x v-prediction detection for single files, --prediction, --vae FILE and
 // --weights-dtype (unet/checkpoint.h).
+#include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/io/weight_map.h"
 #include "tests/sd_tiny_configs.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
@@ -269,4 +271,89 @@ TEST_CASE("weight storage dtype (--weights-dtype) is checked before loading", "[
     o.weights_dtype = torch::kDouble;
     const auto msg = error_of([&] { o.validate(); });
     CHECK_THAT(msg, Catch::Contains("f32, f16, bf16"));
+}
+
+TEST_CASE("deferred layers (cache/io/deferred_weights.h): real shapes, the scope's weight dtype, no initialisation "
+          "written, and the forward of the eager layer once filled",
+          "[sd_load][deferred]") {
+    torch::manual_seed(3);
+    const auto lo = torch::nn::LinearOptions(6, 5), lo_nobias = torch::nn::LinearOptions(6, 5).bias(false);
+    const auto co = torch::nn::Conv2dOptions(8, 12, 3).stride(2).padding(1).groups(4);
+    // Outside a scope: LibTorch's own layers.
+    CHECK(make_linear(lo)->weight.abs().sum().item<double>() > 0);
+    torch::nn::Linear eager_l(lo);
+    torch::nn::Conv2d eager_c(co);
+    torch::nn::Linear lazy_l{nullptr}, lazy_nb{nullptr};
+    torch::nn::Conv2d lazy_c{nullptr};
+    {
+        const DeferredWeights outer(torch::kBFloat16);
+        {
+            const DeferredWeights inner; // float32: the innermost scope wins
+            lazy_c = make_conv2d(co);
+        }
+        lazy_l = make_linear(lo);
+        lazy_nb = make_linear(lo_nobias);
+    }
+    CHECK(lazy_l->weight.sizes() == eager_l->weight.sizes());
+    CHECK(lazy_l->weight.scalar_type() == torch::kBFloat16);
+    CHECK(lazy_l->bias.scalar_type() == torch::kFloat); // biases stay float32, as store_weights_as leaves them
+    CHECK(lazy_l->options.in_features() == 6);
+    CHECK(lazy_l->options.out_features() == 5);
+    CHECK_FALSE(lazy_nb->bias.defined());
+    CHECK(lazy_c->weight.sizes() == eager_c->weight.sizes());
+    CHECK(lazy_c->bias.sizes() == eager_c->bias.sizes());
+    CHECK(lazy_c->weight.scalar_type() == torch::kFloat);
+    CHECK(lazy_c->options.in_channels() == 8);
+    CHECK(lazy_c->options.out_channels() == 12);
+    // After the copy a loader makes, the forward is the eager layer's, bit for bit.
+    {
+        torch::NoGradGuard ng;
+        lazy_c->weight.copy_(eager_c->weight);
+        lazy_c->bias.copy_(eager_c->bias);
+    }
+    const auto x = torch::randn({2, 8, 9, 9});
+    CHECK(torch::equal(lazy_c->forward(x), eager_c->forward(x)));
+    // A whole model loaded through the deferred layers is the one loaded into initialised layers.
+    WeightMap w = WeightMap::load(kTiny + "/vae");
+    AutoencoderKL eager(VaeConfig::from_json_file(kTiny + "/vae/config.json"));
+    eager->load(w);
+    auto deferred = load_vae_folder(kTiny + "/vae");
+    const auto pe = eager->named_parameters(true), pd = deferred->named_parameters(true);
+    REQUIRE(pe.size() == pd.size());
+    for (const auto& p : pe) CHECK(torch::equal(p.value(), pd[p.key()]));
+}
+
+TEST_CASE("free_params releases the text encoder, the VAE encoder and the UNet after their last use: the same image, "
+          "and the models refuse a second run",
+          "[sd_load][free_params]") {
+    auto kept = load_sd_models(kTiny);
+    auto freed = load_sd_models(kTiny);
+    Txt2ImgPipeline pipe(freed);
+    Txt2ImgParams p;
+    p.prompts = {"a photo of an astronaut riding a horse on mars"};
+    p.steps = 6;
+    p.sampler = SamplerKind::DDIM;
+    p.width = p.height = 16;
+    p.free_params = true;
+    const auto r = pipe.run(p);
+    CHECK(torch::equal(r.image, short_run(kept).image));
+    CHECK(parameter_bytes(*freed.unet) == 0);
+    CHECK(parameter_bytes(*freed.text_encoder) == 0);
+    CHECK(parameter_bytes(*freed.vae->encoder) == 0);
+    CHECK(parameter_bytes(*freed.vae->decoder) == parameter_bytes(*kept.vae->decoder));
+    const std::string e = error_of([&] { pipe.run(p); });
+    CHECK_THAT(
+        e, Catch::Contains("weights released after their last use (free_params): text encoders, VAE encoder, UNet"));
+    // A job releases them on its last batch only: every batch before it still has the models.
+    auto job_models = load_sd_models(kTiny);
+    Txt2ImgPipeline job_pipe(job_models);
+    Txt2ImgJob job;
+    job.params = p;
+    job.params.steps = 2;
+    job.prompts = {"a", "b"};
+    job.batch_size = 1;
+    job.write_files = false;
+    const auto out = run_txt2img_job(job_pipe, job);
+    CHECK(out.images.size() == 2);
+    CHECK(job_models.released.size() == 3);
 }

@@ -7,6 +7,7 @@
 
 #include "cache/io/json_config.h"
 
+#include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
@@ -15,6 +16,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -71,10 +73,12 @@ ModelSource component_source(const std::string& dir) {
 } // namespace
 
 UNet2DConditionModel load_unet_folder(const std::string& dir, torch::ScalarType dtype) {
+    const DeferredWeights deferred;
     return load_component<UNet2DConditionModel, UNetConfig>(component_source(dir), dtype);
 }
 
 AutoencoderKL load_vae_folder(const std::string& dir, torch::ScalarType dtype) {
+    const DeferredWeights deferred;
     return load_component<AutoencoderKL, VaeConfig>(component_source(dir), dtype);
 }
 
@@ -115,6 +119,37 @@ void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
             convert(c->weight);
     }
     util::release_free_heap(); // the float32 copies just freed, most of them under glibc's mmap threshold
+}
+
+namespace {
+void release_weights(torch::nn::Module& m) {
+    c10::InferenceMode off(false); // set_data on a parameter is refused inside inference mode
+    torch::NoGradGuard ng;
+    for (auto& t : m.parameters(true)) t.set_data(torch::empty({0}, t.options()));
+    for (auto& t : m.buffers(true)) t.set_data(torch::empty({0}, t.options()));
+}
+} // namespace
+
+void release_text_encoders(SDModels& m) {
+    for (auto* te : {&m.text_encoder, &m.text_encoder_2})
+        if (*te) release_weights(**te);
+    m.released.push_back("text encoders");
+    util::release_free_heap();
+}
+
+void release_vae_encoder(SDModels& m) {
+    if (m.vae) {
+        release_weights(*m.vae->encoder);
+        if (m.vae->quant_conv) release_weights(*m.vae->quant_conv);
+    }
+    m.released.push_back("VAE encoder");
+    util::release_free_heap();
+}
+
+void release_unet(SDModels& m) {
+    if (m.unet) release_weights(*m.unet);
+    m.released.push_back("UNet");
+    util::release_free_heap();
 }
 
 int64_t parameter_bytes(const torch::nn::Module& m) {
@@ -175,6 +210,7 @@ AutoencoderKL load_vae_file(const std::string& path, const VaeConfig& base, torc
     const WeightMap file = vs.load_weights();
     const bool own_config = vs.arch == ModelArch::AutoencoderKL && !vs.config_file.empty();
     const VaeConfig cfg = own_config ? VaeConfig::from_json_file(vs.config_file) : base;
+    const DeferredWeights deferred;
     AutoencoderKL vae(cfg);
     // Original (LDM) names, with or without the full checkpoint's `first_stage_model.` prefix, or diffusers names.
     const std::string prefix = has_prefix(file, "first_stage_model.") ? "first_stage_model." : "";
@@ -354,6 +390,9 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
     }
     WeightMap uw, vw, tw, tw2;
     if (o.unet) {
+        // SD 2.x's v-prediction test (below) runs on float32 weights, as before any conversion.
+        std::optional<DeferredWeights> float_weights;
+        if (m.family == SdFamily::SD2 && !oc.prediction) float_weights.emplace(torch::kFloat);
         m.unet = UNet2DConditionModel(ucfg);
         uw = gather(
             file, *m.unet, [&](const std::string& n) { return unet_ldm_name(n, ucfg); }, up, "unet", missing, used);
@@ -482,7 +521,13 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
         target = files[0].string();
     }
     const ModelSource src = resolve_model(target, {nullptr, "Stable Diffusion model"});
-    SDModels m = src.layout == ModelLayout::DiffusersPipeline ? load_diffusers(src, opts) : load_single_file(src, opts);
+    SDModels m;
+    {
+        // Layers are filled from the file, not initialised first; weights go straight into their storage dtype
+        // unless LoRAs are merged into them (in float32, below).
+        const DeferredWeights deferred(opts.loras.empty() ? opts.weights_dtype : torch::kFloat);
+        m = src.layout == ModelLayout::DiffusersPipeline ? load_diffusers(src, opts) : load_single_file(src, opts);
+    }
     m.source = path;
     const ModelSource* id =
         src.layout == ModelLayout::DiffusersPipeline && src.has_component("unet") ? &src.component("unet") : &src;

@@ -144,8 +144,16 @@ struct SDModels {
     PredictionDecision prediction;                   // what the UNet predicts and why (the scheduler's prediction_type)
     std::string vae_file;                            // LoadOptions::vae_file when the VAE was replaced, else empty
     torch::ScalarType weights_dtype = torch::kFloat; // LoadOptions::weights_dtype
+    // What Txt2ImgParams::free_params released ("text encoders", "UNet"); empty while every model can run.
+    std::vector<std::string> released;
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
+
+// Frees the weights (every parameter and buffer) of the text encoders or of the UNet and returns the freed heap to
+// the system; the modules keep their configurations, and `released` names what went.
+void release_text_encoders(SDModels& m);
+void release_unet(SDModels& m);
+void release_vae_encoder(SDModels& m); // txt2img never encodes an image
 
 // `path`: a diffusers folder, a single-file checkpoint (.safetensors), or a folder holding exactly one single-file
 // checkpoint. Throws anchor::Error naming the file and listing every missing tensor.

@@ -2,6 +2,8 @@
 // q scaled by head_dim^-0.5 before the product).
 #include "unet/clip_text.h"
 
+#include "cache/io/deferred_weights.h"
+
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
@@ -65,10 +67,10 @@ ClipTextConfig ClipTextConfig::detect_from_weights(const WeightMap& w) {
 
 ClipAttentionImpl::ClipAttentionImpl(const ClipTextConfig& c)
     : heads(c.num_attention_heads), head_dim(c.hidden_size / c.num_attention_heads) {
-    q_proj = register_module("q_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-    k_proj = register_module("k_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-    v_proj = register_module("v_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
-    out_proj = register_module("out_proj", torch::nn::Linear(c.hidden_size, c.hidden_size));
+    q_proj = register_module("q_proj", make_linear(torch::nn::LinearOptions(c.hidden_size, c.hidden_size)));
+    k_proj = register_module("k_proj", make_linear(torch::nn::LinearOptions(c.hidden_size, c.hidden_size)));
+    v_proj = register_module("v_proj", make_linear(torch::nn::LinearOptions(c.hidden_size, c.hidden_size)));
+    out_proj = register_module("out_proj", make_linear(torch::nn::LinearOptions(c.hidden_size, c.hidden_size)));
 }
 
 torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
@@ -89,8 +91,8 @@ torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTextConfig& c) : quick_gelu(c.hidden_act == "quick_gelu") {
-    fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.intermediate_size));
-    fc2 = register_module("fc2", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+    fc1 = register_module("fc1", make_linear(torch::nn::LinearOptions(c.hidden_size, c.intermediate_size)));
+    fc2 = register_module("fc2", make_linear(torch::nn::LinearOptions(c.intermediate_size, c.hidden_size)));
 }
 
 torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
@@ -141,9 +143,8 @@ void ClipTextModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
 ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& c) : cfg_(c) {
     text_model = register_module("text_model", ClipTextTransformer(c));
     if (c.projection_dim > 0)
-        text_projection =
-            register_module("text_projection",
-                            torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.projection_dim).bias(false)));
+        text_projection = register_module(
+            "text_projection", make_linear(torch::nn::LinearOptions(c.hidden_size, c.projection_dim).bias(false)));
 }
 
 ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {

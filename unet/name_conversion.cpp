@@ -160,6 +160,7 @@ WeightMap gather(const WeightMap& file, torch::nn::Module& module,
                  const std::function<std::string(const std::string&)>& to_ldm, const std::string& prefix,
                  const std::string& what, std::vector<std::string>& missing, std::set<std::string>& used) {
     WeightMap out;
+    out.keep_files_of(file);
     for (const auto& p : module.named_parameters(true)) {
         const std::string ln = prefix + to_ldm(p.key());
         if (!file.has(ln)) {

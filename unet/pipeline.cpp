@@ -220,6 +220,11 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
 }
 
 void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
+    if (!m_.released.empty()) {
+        std::string what;
+        for (const auto& r : m_.released) what += (what.empty() ? "" : ", ") + r;
+        throw Error("weights released after their last use (free_params): " + what + "; load the model again");
+    }
     if (p_in.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p_in.steps));
     (void)effective_eta(p_in.sampler, p_in.eta);                    // ParamError("eta")
     (void)effective_schedule(p_in.sampler, scheduler_config(p_in)); // ParamError("schedule")
@@ -571,6 +576,10 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const bool cfg = p.guidance_scale > 1.0;
     auto t0 = std::chrono::steady_clock::now();
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
+    if (p.free_params) {
+        release_text_encoders(m_);
+        if (!p.init.enabled()) release_vae_encoder(m_);
+    }
     r.prompt_embeds = cond.context;
     r.text_embeds = cond.text_embeds;
     r.time_ids = cond.time_ids;
@@ -626,6 +635,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);
     r.final_latents = latents;
+    if (p.free_params) release_unet(m_);
     if (!p.decode) return r;
     t0 = std::chrono::steady_clock::now();
     auto d = decode(latents);

@@ -71,6 +71,11 @@ struct Txt2ImgParams {
     torch::Tensor prompt_embeds;
     torch::Tensor pooled_prompt_embeds; // SDXL with prompt_embeds: the pooled embeddings, rows as prompt_embeds
     bool decode = true;                 // false: stop at the final latents (no VAE needed)
+    // For one-shot runs on machines with little memory (stable-diffusion.cpp's free_params_immediately): the text
+    // encoders' weights (and, without an init image, the VAE encoder's) are released once the prompts are encoded
+    // and the UNet's once the loop ends, so none is resident beside the VAE decode. The models cannot run again
+    // afterwards (validate refuses).
+    bool free_params = false;
     // img2img (an init image) and inpaint (an init image and a mask), diffusers' StableDiffusionImg2ImgPipeline /
     // StableDiffusionInpaintPipeline: the loop runs the last steps of the schedule (strength), from the noised VAE
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor

@@ -203,6 +203,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         p.prompts = batch.prompts;
         p.images_per_prompt = batch.images_per_prompt;
         p.seed = batch.seed;
+        p.free_params = job.params.free_params && &batch == &batches.back(); // the models' last use in this job
         auto ctl = parse_cache_mode(job.cache);
         const int nb = batch.images(), k0 = batch.first_image;
         const std::string label = n_images == 1 ? ""

@@ -1,6 +1,8 @@
 // UNet2DConditionModel forward with diffusers 0.27 semantics (see tests/golden/sd/unet_sd15_tiny/README.md).
 #include "unet/unet_model.h"
 
+#include "cache/io/deferred_weights.h"
+
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
@@ -26,7 +28,7 @@ namespace {
 
 torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride = 1, int64_t pad = -1) {
     if (pad < 0) pad = k / 2;
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(pad));
+    return make_conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(pad));
 }
 
 torch::nn::GroupNorm group_norm(int64_t groups, int64_t ch, double eps) {
@@ -75,7 +77,8 @@ Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, i
 ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in, int64_t out, int64_t temb_channels, int64_t groups, double eps) {
     norm1 = register_module("norm1", group_norm(groups, in, eps));
     conv1 = register_module("conv1", conv(in, out, 3));
-    if (temb_channels > 0) time_emb_proj = register_module("time_emb_proj", torch::nn::Linear(temb_channels, out));
+    if (temb_channels > 0)
+        time_emb_proj = register_module("time_emb_proj", make_linear(torch::nn::LinearOptions(temb_channels, out)));
     norm2 = register_module("norm2", group_norm(groups, out, eps));
     conv2 = register_module("conv2", conv(out, out, 3));
     if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1, 1, 0));
@@ -131,11 +134,11 @@ Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_
 CrossAttentionImpl::CrossAttentionImpl(int64_t query_dim, int64_t context_dim, int64_t heads_, int64_t head_dim)
     : heads(heads_) {
     const int64_t inner = heads * head_dim;
-    to_q = register_module("to_q", torch::nn::Linear(torch::nn::LinearOptions(query_dim, inner).bias(false)));
-    to_k = register_module("to_k", torch::nn::Linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
-    to_v = register_module("to_v", torch::nn::Linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
+    to_q = register_module("to_q", make_linear(torch::nn::LinearOptions(query_dim, inner).bias(false)));
+    to_k = register_module("to_k", make_linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
+    to_v = register_module("to_v", make_linear(torch::nn::LinearOptions(context_dim, inner).bias(false)));
     to_out = register_module("to_out", torch::nn::ModuleList());
-    out_linear = torch::nn::Linear(inner, query_dim);
+    out_linear = make_linear(torch::nn::LinearOptions(inner, query_dim));
     to_out->push_back(out_linear);
 }
 
@@ -162,7 +165,7 @@ void CrossAttentionImpl::set_context_kv_reuse(bool on) {
 }
 
 GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
-    proj = register_module("proj", torch::nn::Linear(dim_in, dim_out * 2));
+    proj = register_module("proj", make_linear(torch::nn::LinearOptions(dim_in, dim_out * 2)));
 }
 
 Tensor GegluImpl::forward(const Tensor& x) {
@@ -173,7 +176,7 @@ Tensor GegluImpl::forward(const Tensor& x) {
 FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t mult) {
     net = register_module("net", torch::nn::ModuleList());
     geglu = Geglu(dim, dim * mult);
-    out = torch::nn::Linear(dim * mult, dim);
+    out = make_linear(torch::nn::LinearOptions(dim * mult, dim));
     net->push_back(geglu);
     net->push_back(torch::nn::Dropout(0.0));
     net->push_back(out);
@@ -211,7 +214,7 @@ Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, 
     const int64_t head_dim = channels / heads, inner = channels;
     norm = register_module("norm", group_norm(groups, channels, 1e-6));
     if (linear)
-        proj_in_linear = register_module("proj_in", torch::nn::Linear(channels, inner));
+        proj_in_linear = register_module("proj_in", make_linear(torch::nn::LinearOptions(channels, inner)));
     else
         proj_in_conv = register_module("proj_in", conv(channels, inner, 1, 1, 0));
     transformer_blocks = register_module("transformer_blocks", torch::nn::ModuleList());
@@ -220,7 +223,7 @@ Transformer2DModelImpl::Transformer2DModelImpl(int64_t channels, int64_t heads, 
         transformer_blocks->push_back(blocks.back());
     }
     if (linear)
-        proj_out_linear = register_module("proj_out", torch::nn::Linear(inner, channels));
+        proj_out_linear = register_module("proj_out", make_linear(torch::nn::LinearOptions(inner, channels)));
     else
         proj_out_conv = register_module("proj_out", conv(inner, channels, 1, 1, 0));
 }
@@ -412,8 +415,8 @@ Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, do
 }
 
 TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim) {
-    linear_1 = register_module("linear_1", torch::nn::Linear(in, dim));
-    linear_2 = register_module("linear_2", torch::nn::Linear(dim, dim));
+    linear_1 = register_module("linear_1", make_linear(torch::nn::LinearOptions(in, dim)));
+    linear_2 = register_module("linear_2", make_linear(torch::nn::LinearOptions(dim, dim)));
 }
 
 Tensor TimestepEmbeddingImpl::forward(const Tensor& x) {

@@ -1,6 +1,8 @@
 // AutoencoderKL encoder/decoder with diffusers 0.27 semantics (tests/golden/sd/vae_tiny/README.md).
 #include "unet/vae.h"
 
+#include "cache/io/deferred_weights.h"
+
 #include <algorithm>
 
 #include "cache/io/error.h"
@@ -22,10 +24,10 @@ namespace {
 constexpr double kEps = 1e-6; // every VAE norm (resnets, attention, conv_norm_out)
 
 torch::nn::Conv2d conv3(int64_t in, int64_t out) {
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+    return make_conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
 }
 torch::nn::Conv2d conv1(int64_t in, int64_t out) {
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1));
+    return make_conv2d(torch::nn::Conv2dOptions(in, out, 1));
 }
 
 // The coder's outer convolutions (conv_in, conv_out, quant_conv, post_quant_conv) take the plain module forward on
@@ -104,11 +106,11 @@ VaeConfig VaeConfig::detect_from_weights(const WeightMap& w) {
 
 VaeAttentionImpl::VaeAttentionImpl(int64_t ch, int64_t groups) {
     group_norm = register_module("group_norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, ch).eps(kEps)));
-    to_q = register_module("to_q", torch::nn::Linear(ch, ch));
-    to_k = register_module("to_k", torch::nn::Linear(ch, ch));
-    to_v = register_module("to_v", torch::nn::Linear(ch, ch));
+    to_q = register_module("to_q", make_linear(torch::nn::LinearOptions(ch, ch)));
+    to_k = register_module("to_k", make_linear(torch::nn::LinearOptions(ch, ch)));
+    to_v = register_module("to_v", make_linear(torch::nn::LinearOptions(ch, ch)));
     to_out = register_module("to_out", torch::nn::ModuleList());
-    out_linear = torch::nn::Linear(ch, ch);
+    out_linear = make_linear(torch::nn::LinearOptions(ch, ch));
     to_out->push_back(out_linear);
 }
 

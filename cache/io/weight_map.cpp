@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -180,6 +181,11 @@ WeightMap WeightMap::renamed(const std::function<std::string(const std::string&)
         out.insert(n, v, source(k));
     }
     return out;
+}
+
+void WeightMap::keep_files_of(const WeightMap& other) {
+    for (const auto& f : other.files_)
+        if (std::find(files_.begin(), files_.end(), f) == files_.end()) files_.push_back(f);
 }
 
 void WeightMap::load_into(torch::nn::Module& module, const std::vector<std::string>& ignore,

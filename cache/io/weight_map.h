@@ -31,6 +31,9 @@ public:
     // The tensors a sharded checkpoint's index names, each from its shard (every absent one reported at once).
     static WeightMap load_index(const std::string& index);
 
+    // A map built from `other`'s tensors (renamed or reshaped views) gives their file pages back as load_into copies
+    // them, as `other` itself would.
+    void keep_files_of(const WeightMap& other);
     // Adds a tensor under `name` (the source is recorded for error messages).
     void insert(const std::string& name, torch::Tensor t, const std::string& source = "<memory>");
     bool has(const std::string& name) const { return tensors_.count(name) != 0; }
