@@ -229,6 +229,17 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
                              const nlohmann::json& meta, const std::function<void(const std::string& mode)>& on_mode,
                              const std::function<void(size_t mode, const ProgressInfo&)>& progress) {
     auto ctls = compare_controllers(p, modes_list);
+    {
+        // A process's first UNet call pays one-time costs (oneDNN primitives built, weights and buffers paged in):
+        // 15x a later step on the demo model. Untimed here, they would land on the first mode's wall time and
+        // inflate every speed-up against it. The shallow paths run the same layers at the same shapes.
+        Txt2ImgParams w = p;
+        w.steps = 1;
+        w.decode = false;
+        w.free_params = false;
+        if (w.init.enabled()) w.init.strength = 1.0; // one loop step whatever the strength
+        (void)pipe.run(w);
+    }
     CompareRun out;
     out.meta = meta;
     for (auto& c : ctls) {

@@ -55,7 +55,8 @@ nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const 
                            const std::function<void(const std::string& mode)>& on_mode = {});
 
 // What run_compare runs, without writing anything (a server answers with it): the entries and the report's meta
-// (`meta`, the parameters, the model facts). `progress` hears each mode's steps with the mode's index.
+// (`meta`, the parameters, the model facts). `progress` hears each mode's steps with the mode's index. One untimed
+// step at p's size runs first.
 struct CompareRun {
     std::vector<CompareEntry> entries;
     nlohmann::json meta;
