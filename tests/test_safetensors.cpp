@@ -1,5 +1,6 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "cache/io/sha256.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
 
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <random>
 
 using namespace anchor;
 
@@ -92,12 +94,12 @@ TEST_CASE("safetensors corruptions fail with their own messages", "[io][safetens
                                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                                      std::string(12, '\0'))),
                Catch::Contains("data of tensor 'b' [4, 12) overlaps tensor 'a' [0, 8)"));
-    CHECK_THAT(error_of(header_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                                     std::string(8, '\0'))),
-               Catch::Contains("tensor 'a': shape [3] x F32 (4 bytes) needs 12 bytes but data_offsets span 8"));
-    CHECK_THAT(error_of(header_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
-                                     std::string(8, '\0'))),
-               Catch::Contains("are reversed"));
+    CHECK_THAT(
+        error_of(header_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0'))),
+        Catch::Contains("tensor 'a': shape [3] x F32 (4 bytes) needs 12 bytes but data_offsets span 8"));
+    CHECK_THAT(
+        error_of(header_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", std::string(8, '\0'))),
+        Catch::Contains("are reversed"));
     CHECK_THAT(error_of(header_bytes(R"({"__metadata__":{"k":1}})", "")),
                Catch::Contains("__metadata__ value of 'k' is not a string"));
     CHECK_THAT(error_of(header_bytes(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", "")),
@@ -148,8 +150,7 @@ TEST_CASE("WeightMap reports all missing, unexpected and wrong-shape names at on
     good.load_into(m, {"ignored\\..*"}, {"pos"});
     CHECK(m.lin->weight.scalar_type() == torch::kFloat32);
     CHECK(m.lin->weight.sum().item<float>() == 12.0f);
-    CHECK_THROWS_WITH(good.get("lin.bias", {3}),
-                      Catch::Contains("tensor 'lin.bias': expected shape [3], got [2]"));
+    CHECK_THROWS_WITH(good.get("lin.bias", {3}), Catch::Contains("tensor 'lin.bias': expected shape [3], got [2]"));
     CHECK_THROWS_WITH(good.get("nope"), Catch::Contains("missing tensor 'nope'"));
 }
 
@@ -157,9 +158,9 @@ TEST_CASE("WeightMap loads sharded checkpoints through the index", "[io][weights
     const std::string dir = test::scratch_dir("sharded");
     save_safetensors(dir + "/model-00001-of-00002.safetensors", {{"a", torch::ones({2})}});
     save_safetensors(dir + "/model-00002-of-00002.safetensors", {{"b", torch::zeros({3})}});
-    nlohmann::json idx = {{"metadata", {{"total_size", 20}}},
-                          {"weight_map",
-                           {{"a", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}}}};
+    nlohmann::json idx = {
+        {"metadata", {{"total_size", 20}}},
+        {"weight_map", {{"a", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}}}};
     std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
     auto wm = WeightMap::load(dir);
     CHECK(wm.size() == 2);
@@ -181,4 +182,36 @@ TEST_CASE("save refuses to overwrite unless asked", "[io][atomic]") {
     int n = 0;
     for (auto& e : std::filesystem::directory_iterator(dir)) (void)e, ++n;
     CHECK(n == 1);
+}
+
+TEST_CASE("SHA-256: FIPS 180-4 vectors, and the SHA-NI path equals the portable one on every length and split",
+          "[io][sha256]") {
+    const bool had = anchor::detail::use_sha256_fast_path(true);
+    INFO("SHA-NI on this CPU: " << anchor::detail::sha256_fast_path_available());
+    std::mt19937 rng(11);
+    std::string big(3 * 65536 + 77, '\0');
+    for (auto& ch : big) ch = char(rng());
+    for (const bool fast : {false, true}) {
+        anchor::detail::use_sha256_fast_path(fast);
+        CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+        CHECK(sha256_hex(std::string(1000000, 'a')) ==
+              "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    }
+    // Every length around the 64-byte block and its padding boundary, and a file read in 64 KiB pieces.
+    std::vector<std::string> portable;
+    anchor::detail::use_sha256_fast_path(false);
+    for (size_t n = 0; n <= 200; ++n) portable.push_back(sha256_hex(big.substr(0, n)));
+    portable.push_back(sha256_hex(big));
+    const auto file = test::scratch_dir("sha256") + "/big.bin";
+    test::write_bytes(file, big);
+    const std::string portable_file = sha256_file(file);
+    CHECK(portable_file == portable.back());
+    anchor::detail::use_sha256_fast_path(true);
+    for (size_t n = 0; n <= 200; ++n) CHECK(sha256_hex(big.substr(0, n)) == portable[n]);
+    CHECK(sha256_hex(big) == portable.back());
+    CHECK(sha256_file(file) == portable_file);
+    anchor::detail::use_sha256_fast_path(had);
 }
