@@ -23,13 +23,16 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=raw,"
-          "correct=1");
+          "correct=1,skip=1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
-          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1,probe=raw,correct=1");
+          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1,probe=raw,correct=1,"
+          "skip=1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
-          "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1");
-    CHECK(parse_cache_mode("freq:probe=det,correct=0")->spec() ==
-          "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=det,correct=0");
+          "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
+          "skip=1");
+    CHECK(parse_cache_mode("freq:probe=det,correct=0,skip=0")->spec() ==
+          "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=det,correct=0,"
+          "skip=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -205,8 +208,8 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
         CHECK(ref.full == std::vector<bool>{1, 0, 0, 1, 0, 0, 1, 0, 0, 1});
-        for (const char* spec :
-             {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0", "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30"}) {
+        for (const char* spec : {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0",
+                                 "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30,skip=0"}) {
             INFO(spec);
             auto fq = parse_cache_mode(spec);
             auto r = run_tiny(models, *fq, 10);
@@ -256,7 +259,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
     SECTION("the span bound in the loop's noise levels, the reason of every full step, the drift bound") {
-        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0");
+        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,skip=0");
         auto r = run_tiny(models, *fq, 12);
         const auto& log = fq->log();
         REQUIRE(log.size() == 12);
@@ -277,15 +280,15 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         }
         CHECK(cache_log_json(*fq)["steps"][0]["why"] == "first");
         // drift: a bound no forecast meets makes every step full for that reason; a huge one changes nothing.
-        auto strict = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e-12");
+        auto strict = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e-12,skip=0");
         auto rs = run_tiny(models, *strict, 12);
         CHECK(std::all_of(rs.full.begin(), rs.full.end(), [](bool f) { return f; }));
         CHECK(strict->log()[1].why == "drift");
         CHECK(strict->log()[1].drift > 1e-12);
-        auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30");
+        auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30,skip=0");
         CHECK(torch::equal(run_tiny(models, *loose, 12).latents, r.latents));
         // order 2 changes the result only once three full steps exist, and stays close to order 1.
-        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2");
+        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2,skip=0");
         auto r2 = run_tiny(models, *o2, 12);
         CHECK(r2.full == r.full);
         CHECK_FALSE(torch::equal(r2.latents, r.latents));
@@ -309,7 +312,8 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     CHECK(cache_log_json(*dc)["store"]["hits"] == 6);
     // One store shared by two modes (a server's), each run in its namespace: the same results as stores of their own.
     auto shared = std::make_shared<cache::LatentCache>();
-    auto a = parse_cache_mode("deepcache:3"), b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0");
+    auto a = parse_cache_mode("deepcache:3"),
+         b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0");
     a->set_store(shared, "request-a");
     b->set_store(shared, "request-b");
     CHECK(torch::equal(run_tiny(models, *a, 10).latents, ref.latents));
@@ -472,4 +476,66 @@ TEST_CASE("freq probe=det: the decision looks at the input less the injected noi
     CHECK(torch::allclose(det.stem(), models.unet->stem(x0 + d + n)));
     CHECK(torch::allclose(det.observed(), plain.observed(), 1e-5, 1e-5));
     CHECK_THROWS_AS(det.update(*models.unet, x0, n.narrow(0, 0, 1)), Error);
+}
+
+TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last two computed ones, by hand",
+          "[freq][sd]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
+    Txt2ImgPipeline pipe(models);
+    Txt2ImgParams p;
+    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
+    p.guidance_scale = cfg.value("guidance_scale", 7.5);
+    p.steps = 16;
+    p.seed = 42;
+    p.width = pcfg.at("width").get<int>();
+    p.height = pcfg.at("height").get<int>();
+    p.sampler = SamplerKind::DDIM;
+    c10::InferenceMode guard;
+    for (int skip : {1, 2}) {
+        INFO("skip=" << skip);
+        auto fq = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=" + std::to_string(skip));
+        std::vector<StepRecord> recs;
+        pipe.run(p, fq.get(), {}, [&](const StepRecord& r) { recs.push_back(r); });
+        const auto& log = fq->log();
+        REQUIRE(log.size() == recs.size());
+        int forecasts = 0, run = 0;
+        std::vector<size_t> computed; // steps whose output a UNet computed (full or shallow)
+        for (size_t k = 0; k < log.size(); ++k) {
+            if (!log[k].forecast) {
+                computed.push_back(k), run = 0;
+                continue;
+            }
+            ++forecasts, ++run;
+            CHECK_FALSE(log[k].full);
+            CHECK(log[k].macs == 0.0);
+            CHECK(run <= skip); // at most `skip` in a row
+            REQUIRE(computed.size() >= 2);
+            const auto &a = recs[computed[computed.size() - 2]], &b = recs[computed.back()];
+            const double h = (recs[k].timestep - b.timestep) / (b.timestep - a.timestep);
+            const auto expect = b.noise_pred + (b.noise_pred - a.noise_pred) * h;
+            CHECK(test::max_abs_diff(recs[k].noise_pred, expect) <= 1e-6 * expect.abs().max().item<double>());
+        }
+        CHECK(forecasts > 0);
+        CHECK(cache_log_json(*fq)["steps"][computed.back() + 1 < log.size() ? computed.back() + 1 : 0].contains(
+            "forecast"));
+    }
+    // A step into which the sampler injected noise is computed: Euler a never forecasts.
+    p.sampler = SamplerKind::EulerAncestral;
+    auto fq = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=2");
+    pipe.run(p, fq.get());
+    for (const auto& s : fq->log()) CHECK_FALSE(s.forecast);
+    // Nor does a sampler whose step combines more than one earlier output (LMS: order 4).
+    p.sampler = SamplerKind::LMS;
+    auto lms = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=2");
+    pipe.run(p, lms.get());
+    for (const auto& s : lms->log()) CHECK_FALSE(s.forecast);
+    // skip=0 is the shallow path at every reuse.
+    auto none = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=0");
+    p.sampler = SamplerKind::DDIM;
+    pipe.run(p, none.get());
+    for (const auto& s : none->log()) CHECK_FALSE(s.forecast);
 }

@@ -88,7 +88,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,profile=FILE]",
+         "correct=0|1,skip=N,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -98,7 +98,8 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "probe=raw (default) decides on the input as it is, probe=det on the input less the sampler's injected "
          "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
-         "profile=FILE "
+         "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
+         "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM); profile=FILE "
          "(anchor-sd calibrate) sets A per range of steps"},
     };
     return t;
@@ -116,7 +117,7 @@ std::string FreqParams::describe() const {
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
-           (profile.empty() ? "" : ",profile=" + profile);
+           ",skip=" + std::to_string(skip) + (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -256,7 +257,8 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"drift", p_.drift},
             {"branch", p_.branch},
             {"probe", p_.probe_det ? "det" : "raw"},
-            {"correct", p_.correct}};
+            {"correct", p_.correct},
+            {"skip", p_.skip}};
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
@@ -277,6 +279,8 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     e1_ = e0_ = Tensor();
     injected_ = injected_full_ = InjectedNoise();
     last_full_ = true;
+    o1_ = o0_ = Tensor();
+    forecasts_ = 0;
 }
 
 int FreqAnchorDenoiser::staleness() const {
@@ -388,7 +392,13 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (!full && (!F1 || F1->size(0) != x.size(0))) full = true, why = "store";
     if (full && decision.action != cache::Action::Full) policy_.mark_full(step);
     Tensor out;
-    if (full) {
+    // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected.
+    const bool forecast = !full && p_.skip > 0 && forecasts_ < p_.skip && o0_.defined() && uo1_ != uo0_ &&
+                          o1_.size(0) == x.size(0) && !injected_.part.defined() && sampler_history_ <= 1;
+    if (forecast) {
+        out = o1_ + (o1_ - o0_) * ((u - uo1_) / (uo1_ - uo0_));
+        ++forecasts_;
+    } else if (full) {
         SkipFeatureCapture f(p_.branch);
         out = unet.forward(x, t, ctx, &f, probe_.stem());
         if (!f.feature.defined())
@@ -463,10 +473,16 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
         }
     }
+    if (!forecast) {
+        o0_ = o1_, uo0_ = uo1_;
+        o1_ = out, uo1_ = u;
+        forecasts_ = 0;
+    }
     last_full_ = full;
     rec.full = full;
+    rec.forecast = forecast;
     rec.why = full ? why : "";
-    rec.macs = step_macs(unet, x, ctx, full, p_.branch);
+    rec.macs = forecast ? 0.0 : step_macs(unet, x, ctx, full, p_.branch);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -612,6 +628,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "correct") {
                     if (v != "0" && v != "1") bad_mode(spec, "correct must be 0 or 1, got '" + v + "'");
                     p.correct = v == "1";
+                } else if (k == "skip") {
+                    p.skip = parse_int(spec, k, v);
+                    if (p.skip < 0) bad_mode(spec, "skip must be >= 0, got '" + v + "'");
                 } else if (k == "extrapolate") {
                     if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
                     p.extrapolate = v == "1";
@@ -655,6 +674,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"noise_level", r.noise_level},
                          {"drift", r.drift},
                          {"calibration", r.calibration},
+                         {"forecast", r.forecast},
                          {"why", r.why},
                          {"macs", r.macs},
                          {"ms", r.ms}});

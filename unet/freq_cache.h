@@ -68,6 +68,7 @@ struct CacheStepLog {
     double noise_level = 0;       // sigma of the step (0 when the loop gave none)
     double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
     double calibration = 1;       // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
+    bool forecast = false;        // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
     // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
     // bound), "drift" (the probe left its forecast), "store" (no usable cached entry), "interval" (DeepCache), "off";
     // "" for a reuse.
@@ -121,6 +122,16 @@ struct FreqParams {
     // full steps; the share of that forecast it actually moved (forecast_calibration) scales the feature's forecast
     // step per image: F = F1 + alpha (F^_k - F1). Nothing to calibrate with extrapolate=0.
     bool correct = true;
+    // skip=N (0 = off): up to N reuse steps in a row between computed steps run no UNet layer at all: the model output
+    // is forecast along the timestep from the last two computed outputs (first order with the real spacing; TeaCache
+    // and FORA reuse the whole output unchanged), the probe still deciding. A step into which the sampler injected
+    // noise (Euler a, DDIM eta > 0) is always computed, and so is every step of a sampler that combines more than one
+    // earlier model output (LMS, PLMS): a forecast enters that history, and order-4 weights (Adams-Bashforth's 55/24,
+    // -59/24, 37/24, -9/24) amplify its error (LMS 20 on fresh images: 33.5 -> 29.1 dB mean with it). Chosen on
+    // held-out prompts x seeds 7001-7002: at the same full steps and quality, skip=1 takes a reuse step from ~0.17 of a
+    // full step to ~0.08 (DDIM 20 2.2x -> 2.7x, DDIM 50 3.3x -> 4.4x;
+    // tests/bench/results/eval_cache_2026-12-03/README.md); skip=2 costs quality at 20 steps.
+    int skip = 1;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
@@ -223,7 +234,10 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
-    bool wants_injected_noise() const override { return p_.probe_det; }
+    // probe=det reads it; skip=N computes every step into which noise was injected (an output forecast cannot know
+    // the fresh noise).
+    bool wants_injected_noise() const override { return p_.probe_det || p_.skip > 0; }
+    void set_sampler_history(int earlier_outputs) override { sampler_history_ = earlier_outputs; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
     // steps and at the reuse step), so a schedule's real spacing enters, not the step count; for evenly spaced
@@ -280,6 +294,10 @@ private:
     InjectedNoise injected_;           // the sampler's injected noise in this step's input (set_injected_noise)
     InjectedNoise injected_full_;      // ... at the last full step
     int images_ = 1;                   // images in the batch (begin)
+    torch::Tensor o1_, o0_;            // skip=N: the last two computed model outputs
+    double uo1_ = 0, uo0_ = 0;         // ... their timesteps
+    int forecasts_ = 0;                // output forecasts since the last computed step
+    int sampler_history_ = 0;          // set_sampler_history
     int staleness() const;             // the store's bound for a reuse
 };
 

@@ -613,6 +613,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const bool blend = p.init.inpaint() && !r.init.unet9;
     const int begin = r.init.begin, n = sched->num_loop_steps() - begin;
     ctl.set_noise_levels(loop_noise_levels(*sched, sc, begin));
+    ctl.set_sampler_history(sched->earlier_outputs());
     ctl.begin(n, int(B));                                         // the caches see the steps that run, numbered from 0
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     util::HeapScope heap; // freed blocks reused from one step to the next and by the decode (cache/util/heap.h)

@@ -112,6 +112,8 @@ public:
     // sqrt((1 - abar) / abar) at the step's timestep (the sigma samplers' own sigmas; the same quantity for DDIM and
     // PNDM), so that a cache can measure distances in the schedule's own units whatever the sampler and step count.
     virtual void set_noise_levels(std::vector<double> sigmas) { (void)sigmas; }
+    // Called with them: how many earlier model outputs the sampler's step combines (Scheduler::earlier_outputs).
+    virtual void set_sampler_history(int earlier_outputs) { (void)earlier_outputs; }
     // Called before every predict() with the sampler's injected noise in that step's model input (InjectedNoise):
     // model_input minus its part is the deterministic part of the trajectory, which a cache may decide on.
     virtual void set_injected_noise(const InjectedNoise& noise) { (void)noise; }

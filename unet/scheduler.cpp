@@ -442,6 +442,7 @@ public:
     explicit PndmScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "PNDM") {
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
+    int earlier_outputs() const override { return 3; }
     void set_timesteps(int n) override {
         check_num_steps(cfg_, n, "PNDM");
         n_ = n;
@@ -637,6 +638,7 @@ private:
 class LmsScheduler final : public SigmaScheduler {
 public:
     explicit LmsScheduler(const SchedulerConfig& cfg) : SigmaScheduler(cfg, "LMS") {}
+    int earlier_outputs() const override { return 3; }
     void set_timesteps(int n) override {
         set_sigma_timesteps(n);
         derivatives_.clear();
@@ -699,6 +701,7 @@ private:
 class DpmSolverScheduler final : public SchedulerBase {
 public:
     explicit DpmSolverScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "DPMSolver++2M") {}
+    int earlier_outputs() const override { return 1; }
     std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }

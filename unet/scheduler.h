@@ -140,6 +140,9 @@ public:
     double injected_carry() const { return carry_; }
     // What the model predicts (eps, v or the sample): how its output responds to noise in its input.
     virtual PredictionType prediction_type() const { return PredictionType::Epsilon; }
+    // How many earlier model outputs one step combines with the current one: 0 for the single-step samplers (DDIM,
+    // Euler, Euler a), 1 for DPM-Solver++ 2M, 3 for the order-4 linear multistep ones (LMS, PLMS).
+    virtual int earlier_outputs() const { return 0; }
 
 protected:
     void carry_injected_noise(double carry, const torch::Tensor& fresh) {
