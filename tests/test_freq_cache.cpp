@@ -52,6 +52,8 @@ TEST_CASE("cache mode parsing: malformed forms are errors of the cache field lis
                             "freq:tau",
                             "freq:tau=abc",
                             "freq:max=-1",
+                            "freq:skip=-1",
+                            "freq:skip=x",
                             "freq:band=0",
                             "freq:thr=0",
                             "freq:extrapolate=2",
