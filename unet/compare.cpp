@@ -87,7 +87,11 @@ std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::v
     const int h0 = int(e[0].image_uint8.size(0)), w0 = int(e[0].image_uint8.size(1));
     // Integer nearest-neighbour upscale so the tile is at least 256 px wide (labels need ~250 px).
     const int scale = std::max(1, (256 + w0 - 1) / w0);
-    const int tw = std::max(w0 * scale, 260), th = h0 * scale, label_h = 92, pad = 8;
+    // A mode's spec in lines of 32 characters (a full freq spec takes four), the figures under it.
+    constexpr size_t kLabelChars = 32;
+    size_t mode_lines = 1;
+    for (const auto& m : e) mode_lines = std::max(mode_lines, (m.mode.size() + kLabelChars - 1) / kLabelChars);
+    const int tw = std::max(w0 * scale, 260), th = h0 * scale, label_h = 77 + 15 * int(mode_lines), pad = 8;
     const int cols = int(std::min<size_t>(e.size(), 4)), rows = int((e.size() + 3) / 4);
     cv::Mat grid(rows * (th + label_h + pad) + pad, cols * (tw + pad) + pad, CV_8UC3, cv::Scalar(255, 255, 255));
     for (size_t i = 0; i < e.size(); ++i) {
@@ -95,9 +99,9 @@ std::string render_compare_grid(const std::vector<CompareEntry>& e, const std::v
         cv::Mat img = to_bgr(e[i].image_uint8), big;
         cv::resize(img, big, {img.cols * scale, img.rows * scale}, 0, 0, cv::INTER_NEAREST);
         big.copyTo(grid(cv::Rect(x, y, big.cols, big.rows)));
-        int ly = y + th + 16;
-        put(grid, e[i].mode.substr(0, 30), x, ly, 0.4, {0, 0, 0});
-        if (e[i].mode.size() > 30) put(grid, e[i].mode.substr(30, 32), x, ly += 15, 0.4, {0, 0, 0});
+        int ly = y + th + 1;
+        for (size_t c = 0; c == 0 || c < e[i].mode.size(); c += kLabelChars)
+            put(grid, e[i].mode.substr(c, kLabelChars), x, ly += 15, 0.4, {0, 0, 0});
         int full = 0;
         for (const auto& s : e[i].steps) full += s.full ? 1 : 0;
         put(grid,
@@ -123,17 +127,22 @@ std::string render_timeline(const std::vector<CompareEntry>& e) {
     const int W = left + int(n) * cell + 20, H = top + int(e.size()) * row_h + 40;
     cv::Mat m(H, W, CV_8UC3, cv::Scalar(255, 255, 255));
     put(m, "bar: low-band DCT energy change of conv_in(x) (max " + fmt("%.3g", emax) + ")", 8, 18, 0.42);
-    put(m, "full", W - 150, 18, 0.42, {0, 110, 230});
-    put(m, "reuse", W - 100, 18, 0.42, {200, 120, 40});
+    put(m, "full", W - 230, 18, 0.42, {0, 110, 230});
+    put(m, "reuse", W - 180, 18, 0.42, {200, 120, 40});
+    put(m, "forecast", W - 120, 18, 0.42, {230, 190, 140});
     for (size_t r = 0; r < e.size(); ++r) {
         const int y0 = top + int(r) * row_h, base = y0 + row_h - 12;
-        put(m, e[r].mode.substr(0, 30), 6, y0 + 24, 0.42, {0, 0, 0});
-        if (e[r].mode.size() > 30) put(m, e[r].mode.substr(30, 30), 6, y0 + 40, 0.38, {0, 0, 0});
+        put(m, e[r].mode.substr(0, 30), 6, y0 + 22, 0.42, {0, 0, 0});
+        for (size_t c = 30, line = 1; c < e[r].mode.size() && line < 4; c += 30, ++line)
+            put(m, e[r].mode.substr(c, 30), 6, y0 + 22 + 14 * int(line), 0.38, {0, 0, 0});
         cv::line(m, {left, base}, {left + int(n) * cell, base}, {160, 160, 160});
         for (const auto& s : e[r].steps) {
             const int x = left + s.step * cell;
             const int hbar = emax > 0 ? int(std::lround((row_h - 22) * s.energy_change / emax)) : 0;
-            const cv::Scalar col = s.full ? cv::Scalar(0, 110, 230) : cv::Scalar(200, 120, 40);
+            // Light blue: a reuse step that ran no UNet layer (freq skip=N, the output forecast).
+            const cv::Scalar col = s.full       ? cv::Scalar(0, 110, 230)
+                                   : s.forecast ? cv::Scalar(230, 190, 140)
+                                                : cv::Scalar(200, 120, 40);
             cv::rectangle(m, cv::Rect(x + 1, base - std::max(hbar, 2), cell - 2, std::max(hbar, 2)), col, cv::FILLED);
             // A marker under the axis: filled square = full, outline = reuse.
             cv::rectangle(m, cv::Rect(x + 2, base + 3, cell - 4, 6), col, s.full ? cv::FILLED : 1);
