@@ -122,7 +122,7 @@ void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
 }
 
 namespace {
-void release_weights(torch::nn::Module& m) {
+void release_module_weights(torch::nn::Module& m) {
     c10::InferenceMode off(false); // set_data on a parameter is refused inside inference mode
     torch::NoGradGuard ng;
     for (auto& t : m.parameters(true)) t.set_data(torch::empty({0}, t.options()));
@@ -130,25 +130,27 @@ void release_weights(torch::nn::Module& m) {
 }
 } // namespace
 
-void release_text_encoders(SDModels& m) {
-    for (auto* te : {&m.text_encoder, &m.text_encoder_2})
-        if (*te) release_weights(**te);
-    m.released.push_back("text encoders");
-    util::release_free_heap();
-}
-
-void release_vae_encoder(SDModels& m) {
-    if (m.vae) {
-        release_weights(*m.vae->encoder);
-        if (m.vae->quant_conv) release_weights(*m.vae->quant_conv);
+void release_weights(SDModels& m, std::initializer_list<ModelPart> parts) {
+    for (const ModelPart part : parts) {
+        switch (part) {
+        case ModelPart::TextEncoders:
+            for (auto* te : {&m.text_encoder, &m.text_encoder_2})
+                if (*te) release_module_weights(**te);
+            m.released.push_back("text encoders");
+            break;
+        case ModelPart::VaeEncoder:
+            if (m.vae) {
+                release_module_weights(*m.vae->encoder);
+                if (m.vae->quant_conv) release_module_weights(*m.vae->quant_conv);
+            }
+            m.released.push_back("VAE encoder");
+            break;
+        case ModelPart::Unet:
+            if (m.unet) release_module_weights(*m.unet);
+            m.released.push_back("UNet");
+            break;
+        }
     }
-    m.released.push_back("VAE encoder");
-    util::release_free_heap();
-}
-
-void release_unet(SDModels& m) {
-    if (m.unet) release_weights(*m.unet);
-    m.released.push_back("UNet");
     util::release_free_heap();
 }
 

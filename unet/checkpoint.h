@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -149,11 +150,12 @@ struct SDModels {
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 
-// Frees the weights (every parameter and buffer) of the text encoders or of the UNet and returns the freed heap to
-// the system; the modules keep their configurations, and `released` names what went.
-void release_text_encoders(SDModels& m);
-void release_unet(SDModels& m);
-void release_vae_encoder(SDModels& m); // txt2img never encodes an image
+// The parts Txt2ImgParams::free_params releases: the text encoders, the VAE encoder (txt2img never encodes an image),
+// the UNet.
+enum class ModelPart { TextEncoders, VaeEncoder, Unet };
+// Frees the weights (every parameter and buffer) of `parts` and returns the freed heap to the system once; the
+// modules keep their configurations, and `released` names what went.
+void release_weights(SDModels& m, std::initializer_list<ModelPart> parts);
 
 // `path`: a diffusers folder, a single-file checkpoint (.safetensors), or a folder holding exactly one single-file
 // checkpoint. Throws anchor::Error naming the file and listing every missing tensor.

@@ -577,8 +577,10 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     auto t0 = std::chrono::steady_clock::now();
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
     if (p.free_params) {
-        release_text_encoders(m_);
-        if (!p.init.enabled()) release_vae_encoder(m_);
+        if (p.init.enabled())
+            release_weights(m_, {ModelPart::TextEncoders});
+        else // txt2img never encodes an image
+            release_weights(m_, {ModelPart::TextEncoders, ModelPart::VaeEncoder});
     }
     r.prompt_embeds = cond.context;
     r.text_embeds = cond.text_embeds;
@@ -636,7 +638,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);
     r.final_latents = latents;
-    if (p.free_params) release_unet(m_);
+    if (p.free_params) release_weights(m_, {ModelPart::Unet});
     if (!p.decode) return r;
     t0 = std::chrono::steady_clock::now();
     auto d = decode(latents);
