@@ -86,14 +86,18 @@ int64_t linear_conv_weight_bytes(torch::nn::Module& m, torch::ScalarType expect)
     return n;
 }
 
-Txt2ImgResult short_run(SDModels& m) {
-    Txt2ImgPipeline pipe(m);
+Txt2ImgParams short_params() {
     Txt2ImgParams p;
     p.prompts = {"a photo of an astronaut riding a horse on mars"};
     p.steps = 6;
     p.sampler = SamplerKind::DDIM;
     p.width = p.height = 16;
-    return pipe.run(p);
+    return p;
+}
+
+Txt2ImgResult short_run(SDModels& m) {
+    Txt2ImgPipeline pipe(m);
+    return pipe.run(short_params());
 }
 
 } // namespace
@@ -329,11 +333,7 @@ TEST_CASE("free_params releases the text encoder, the VAE encoder and the UNet a
     auto kept = load_sd_models(kTiny);
     auto freed = load_sd_models(kTiny);
     Txt2ImgPipeline pipe(freed);
-    Txt2ImgParams p;
-    p.prompts = {"a photo of an astronaut riding a horse on mars"};
-    p.steps = 6;
-    p.sampler = SamplerKind::DDIM;
-    p.width = p.height = 16;
+    Txt2ImgParams p = short_params();
     p.free_params = true;
     const auto r = pipe.run(p);
     CHECK(torch::equal(r.image, short_run(kept).image));
