@@ -394,7 +394,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     Tensor out;
     // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected.
     const bool forecast = !full && p_.skip > 0 && forecasts_ < p_.skip && o0_.defined() && uo1_ != uo0_ &&
-                          o1_.size(0) == x.size(0) && !injected_.part.defined() && sampler_history_ <= 1;
+                          o1_.size(0) == x.size(0) && !injected_.present && sampler_history_ <= 1;
     if (forecast) {
         out = o1_ + (o1_ - o0_) * ((u - uo1_) / (uo1_ - uo0_));
         ++forecasts_;

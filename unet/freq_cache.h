@@ -234,9 +234,7 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
-    // probe=det reads it; skip=N computes every step into which noise was injected (an output forecast cannot know
-    // the fresh noise).
-    bool wants_injected_noise() const override { return p_.probe_det || p_.skip > 0; }
+    bool wants_injected_noise() const override { return p_.probe_det; }
     void set_sampler_history(int earlier_outputs) override { sampler_history_ = earlier_outputs; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full

@@ -432,7 +432,8 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
     if (extra.defined()) model_input = torch::cat({model_input, extra.to(model_input.scalar_type())}, 1);
     const auto dev = context.context.device();
     InjectedNoise injected;
-    if (ctl.wants_injected_noise() && sched.injected_noise().defined()) {
+    injected.present = sched.injected_noise().defined();
+    if (ctl.wants_injected_noise() && injected.present) {
         const auto& n = sched.injected_noise();
         auto part = sched.scale_model_input(cfg ? torch::cat({n, n}, 0) : n, i).to(model_input.scalar_type());
         if (extra.defined()) part = torch::cat({part, torch::zeros_like(extra, part.options())}, 1);

@@ -88,6 +88,9 @@ struct InjectedNoise {
     // N_k scaled like the latents, rows and channels as the model input (zeros in a 9-channel UNet's extra
     // channels); undefined where the sampler has none (deterministic samplers, the first step).
     torch::Tensor part;
+    // Whether the sampler injected noise into this step's input at all: set for every controller, while `part` is
+    // built only for one that wants_injected_noise().
+    bool present = false;
     // c_in(k) * Scheduler::injected_carry() (c_in the model-input scale of step k): the part of an earlier step s
     // carried to step k is part_s * carry_k / carry_s.
     double carry = 1.0;
