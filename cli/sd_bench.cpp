@@ -70,7 +70,8 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
                     "attention arithmetic of the fast paths (kernels/attention.h)",
                     "fused for the published SD shapes, exact for narrow ones (unet::default_attention_kernel)");
     add_enum_option(cmd, "--gemm", o.gemm, kernels::gemm_backend_table(),
-                    "library of the linear layers and convolutions on the fast paths (kernels/onednn.h)",
+                    "library of the linear layers and convolutions on the fast paths (kernels/onednn.h; bf16: bfloat16 "
+                    "operands summed in float32)",
                     "winograd with the fused/flash attention, torch with exact (unet::default_gemm_backend)");
     add_enum_option(cmd, "--weights-dtype", o.weights_dtype, unet::weights_dtype_table(),
                     "how the UNet's (and VAE's) Linear/Conv weights are kept: f16/bf16 halve them, upcast per layer");

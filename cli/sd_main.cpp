@@ -460,8 +460,10 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                "): torch = LibTorch's BLAS and convolution (the reference's bits); onednn = oneDNN's inference kernels "
                "(about 2x faster on AVX-512 machines, a different summation order: ~1e-7 relative); winograd = onednn "
                "with "
-               "the wide 3x3 convolutions in Winograd F(4x4,3x3) form (fewer multiplies, ~1e-6 relative); default: "
-               "winograd with the fused/flash attention, torch with exact")
+               "the wide 3x3 convolutions in Winograd F(4x4,3x3) form (fewer multiplies, ~1e-6 relative); bf16 = onednn "
+               "with bfloat16 operands summed in float32 (CPUs with AVX512-BF16/AMX: ~1.8x faster than winograd on SD "
+               "1.5, images ~45 dB from float32; keeps a packed bf16 copy of the weights: add --weights-dtype bf16); "
+               "default: winograd with the fused/flash attention, torch with exact")
         ->type_name("NAME");
 }
 

@@ -22,6 +22,8 @@ struct CpuFeatures {
     bool avx512bw = false; // with avx512vl: masked 16-bit loads (f16 row tails)
     bool avx512vl = false;
     bool avx512vnni = false; // vpdpbusd: the int8 dot of the q8_0 gemv
+    bool avx512bf16 = false; // vdpbf16ps: bfloat16 products summed in float32 (the bf16 GEMM backend)
+    bool amx_bf16 = false;   // AMX tiles with bfloat16 (ditto)
 };
 
 const CpuFeatures& cpu_features();

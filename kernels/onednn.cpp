@@ -1,5 +1,6 @@
 #include "kernels/onednn.h"
 
+#include "kernels/cpu_features.h"
 #include "kernels/winograd.h"
 
 #if defined(ANCHOR_HAVE_DNNL)
@@ -8,6 +9,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -17,7 +19,10 @@ namespace anchor::kernels {
 
 const EnumTable<GemmBackend>& gemm_backend_table() {
     static const EnumTable<GemmBackend> t = {
-        {"torch", GemmBackend::Torch}, {"onednn", GemmBackend::OneDnn}, {"winograd", GemmBackend::Winograd}};
+        {"torch", GemmBackend::Torch},
+        {"onednn", GemmBackend::OneDnn},
+        {"winograd", GemmBackend::Winograd},
+        {"bf16", GemmBackend::Bf16}};
     return t;
 }
 
@@ -28,15 +33,32 @@ bool f32_cpu_no_grad(const torch::Tensor& t) {
            !(torch::GradMode::is_enabled() && t.requires_grad());
 }
 
+// A weight the bf16 kernels take: float32 (rounded per call) or bfloat16 as stored.
+bool weight_ok(const torch::Tensor& w, bool bf16) {
+    if (!bf16 || !w.defined() || w.scalar_type() != torch::kBFloat16) return f32_cpu_no_grad(w);
+    return w.device().is_cpu() && !w.is_mkldnn() && !(torch::GradMode::is_enabled() && w.requires_grad());
+}
+
 } // namespace
 
-bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w) {
-    return onednn_available() && f32_cpu_no_grad(x) && f32_cpu_no_grad(w) && w.dim() == 2 && x.dim() >= 1 &&
+bool onednn_bf16_native() {
+    return onednn_available() && (cpu_features().avx512bf16 || cpu_features().amx_bf16);
+}
+
+std::string gemm_backend_unavailable(GemmBackend b) {
+    if (b != GemmBackend::Bf16 || onednn_bf16_native()) return "";
+    if (!onednn_available()) return "bf16 runs on oneDNN, and this build has none";
+    return "bf16 needs a CPU that multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16); this one has: " +
+           cpu_features_string();
+}
+
+bool onednn_linear_applies(const torch::Tensor& x, const torch::Tensor& w, bool bf16) {
+    return onednn_available() && f32_cpu_no_grad(x) && weight_ok(w, bf16) && w.dim() == 2 && x.dim() >= 1 &&
            x.size(-1) == w.size(1) && w.stride(1) == 1 && w.size(0) > 0 && w.size(1) > 0;
 }
 
-bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& w, int64_t groups) {
-    return onednn_available() && f32_cpu_no_grad(x) && f32_cpu_no_grad(w) && x.dim() == 4 && w.dim() == 4 &&
+bool onednn_conv2d_applies(const torch::Tensor& x, const torch::Tensor& w, int64_t groups, bool bf16) {
+    return onednn_available() && f32_cpu_no_grad(x) && weight_ok(w, bf16) && x.dim() == 4 && w.dim() == 4 &&
            groups == 1 && w.size(1) == x.size(1) && x.size(0) > 0 && w.size(0) > 0;
 }
 
@@ -97,8 +119,8 @@ dnnl::memory buffer_memory(const dnnl::memory::desc& md, torch::Tensor& owner) {
     return dnnl::memory(md, cpu_engine(), owner.data_ptr());
 }
 
-dnnl::memory::desc strided_md(const dims& d, const dims& strides) {
-    return dnnl::memory::desc(d, dt::f32, strides);
+dnnl::memory::desc strided_md(const dims& d, const dims& strides, dt type = dt::f32) {
+    return dnnl::memory::desc(d, type, strides);
 }
 
 using MatmulCache = PrimitiveCache<dnnl::matmul::primitive_desc, dnnl::matmul>;
@@ -122,9 +144,12 @@ dnnl::matmul::primitive_desc batched_matmul_pd(const std::vector<int64_t>& k) {
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), user_scratchpad(), cpu_engine());
 }
 
-dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t ldx, int64_t ldw, bool bias) {
-    const auto src = strided_md({M, K}, {ldx, 1});
-    const auto wei = strided_md({K, N}, {1, ldw}); // W [N, K] read as its transpose
+dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t ldx, int64_t ldw, bool bias,
+                                       bool bf16 = false) {
+    const dt in = bf16 ? dt::bf16 : dt::f32; // operands; the bias and the output stay float32
+    const auto src = strided_md({M, K}, {ldx, 1}, in);
+    // W [N, K] read as its transpose; bf16: in the kernel's own layout, packed once (PackedWeights)
+    const auto wei = bf16 ? dnnl::memory::desc({K, N}, in, tag::any) : strided_md({K, N}, {1, ldw}, in);
     const auto dst = strided_md({M, N}, {N, 1});
     auto d = bias ? dnnl::matmul::desc(src, wei, strided_md({1, N}, {N, 1}), dst) : dnnl::matmul::desc(src, wei, dst);
     return dnnl::matmul::primitive_desc(d, user_scratchpad(), cpu_engine());
@@ -132,9 +157,9 @@ dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t 
 
 struct ConvShape {
     int64_t n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
-    bool bias, plain_weight, channels_last;
+    bool bias, plain_weight, channels_last, bf16;
     std::vector<int64_t> key() const {
-        return {n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, bias, plain_weight, channels_last};
+        return {n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, bias, plain_weight, channels_last, bf16};
     }
 };
 
@@ -143,8 +168,9 @@ dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
     // Channels-last tensors are handed over as they are (the kernel reads and writes NHWC: no reorder, no copy);
     // NCHW ones in the kernel's preferred layout, reordered on the way in and out.
     const tag io = s.channels_last ? tag::nhwc : tag::any;
-    const dnnl::memory::desc src_md(src, dt::f32, io), dst_md(dst, dt::f32, io);
-    const dnnl::memory::desc wei_md(wei, dt::f32, s.plain_weight ? tag::oihw : tag::any);
+    const dt in = s.bf16 ? dt::bf16 : dt::f32; // operands; the bias and the output stay float32
+    const dnnl::memory::desc src_md(src, in, io), dst_md(dst, dt::f32, io);
+    const dnnl::memory::desc wei_md(wei, in, s.plain_weight ? tag::oihw : tag::any);
     // oneDNN counts dilation from 0 (no dilation), LibTorch from 1.
     const dims strides{s.sh, s.sw}, pad{s.ph, s.pw}, dil{s.dh - 1, s.dw - 1};
     auto d =
@@ -155,6 +181,58 @@ dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
             : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                               src_md, wei_md, dst_md, strides, dil, pad, pad);
     return dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), cpu_engine());
+}
+
+// The bf16 kernels' weights, reordered (and rounded) once into the layout the kernel wants and kept while the weight
+// lives unchanged: a weight's reorder reads and writes it whole, as long as the product itself where the positions
+// are few (SD's 1280-channel levels at 256x256: ~10 ms of a 20 ms convolution). One packed bf16 copy per weight
+// (half the float32 weight's bytes) is the memory this costs; onednn_drop_packed_weights frees it.
+class PackedWeights {
+public:
+    dnnl::memory get(const torch::Tensor& w, const dnnl::memory& user, const dnnl::memory::desc& md, dnnl::stream& s) {
+        const int64_t version = w.is_inference() ? 0 : int64_t(w._version());
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& v = map_[w.unsafeGetTensorImpl()];
+        for (auto& e : v)
+            if (e.md == md) {
+                if (e.owner.lock().get() == w.unsafeGetTensorImpl() && e.data == w.data_ptr() && e.version == version)
+                    return e.mem;
+                e.owner.reset(); // a different weight (or changed in place): packed again below
+            }
+        for (auto it = map_.begin(); it != map_.end();) { // entries of weights that are gone
+            auto& es = it->second;
+            es.erase(std::remove_if(es.begin(), es.end(), [](const Entry& e) { return e.owner.expired(); }), es.end());
+            it = es.empty() && &es != &v ? map_.erase(it) : std::next(it);
+        }
+        Entry e{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()),
+                w.data_ptr(), version, md, {}, {}};
+        e.mem = buffer_memory(md, e.buf);
+        dnnl::memory src = user;
+        dnnl::reorder(src, e.mem).execute(s, src, e.mem);
+        v.push_back(e);
+        return e.mem;
+    }
+    void clear() {
+        std::lock_guard<std::mutex> lock(mu_);
+        map_.clear();
+    }
+
+private:
+    struct Entry {
+        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner;
+        const void* data;
+        int64_t version;
+        dnnl::memory::desc md;
+        torch::Tensor buf;
+        dnnl::memory mem;
+    };
+    std::mutex mu_;
+    std::unordered_map<const c10::TensorImpl*, std::vector<Entry>> map_;
+};
+
+PackedWeights& packed_weights() {
+    static PackedWeights p;
+    return p;
 }
 
 // Reorders `user` into a buffer of layout `md` when they differ (the buffer owned by `owner`).
@@ -171,30 +249,41 @@ bool onednn_available() {
     return true;
 }
 
+void onednn_drop_packed_weights() {
+    packed_weights().clear();
+}
+
 std::string onednn_description() {
     const auto* v = dnnl::version();
     std::string s =
         "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
     try {
         s += ", matmul " + std::string(matmul_pd(2048, 320, 320, 320, 320, true).impl_info_str());
-        ConvShape c{2, 320, 64, 64, 320, 3, 3, 1, 1, 1, 1, 1, 1, 64, 64, true, false, false};
+        ConvShape c{2, 320, 64, 64, 320, 3, 3, 1, 1, 1, 1, 1, 1, 64, 64, true, false, false, false};
         s += ", convolution " + std::string(conv_pd(c).impl_info_str());
+        if (onednn_bf16_native()) {
+            c.bf16 = true;
+            s += "; bf16: matmul " + std::string(matmul_pd(2048, 320, 320, 320, 320, true, true).impl_info_str()) +
+                 ", convolution " + std::string(conv_pd(c).impl_info_str());
+        }
     } catch (const dnnl::error& e) {
         s += std::string(" (no kernel for SD's shapes: ") + e.what() + ")";
     }
     return s;
 }
 
-torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
-    TORCH_CHECK(onednn_linear_applies(x, w), "onednn_linear: input ", x.sizes(), " ", x.scalar_type(), " and weight ",
-                w.sizes(), " ", w.scalar_type(), " are not float32 CPU tensors of matching width outside autograd");
-    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && f32_cpu_no_grad(bias)),
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& bias, bool bf16) {
+    TORCH_CHECK(onednn_linear_applies(x, w_in, bf16), "onednn_linear: input ", x.sizes(), " ", x.scalar_type(), " and weight ",
+                w_in.sizes(), " ", w_in.scalar_type(), " are not float32 CPU tensors of matching width outside autograd");
+    TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w_in.size(0) && f32_cpu_no_grad(bias)),
                 "onednn_linear: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
-                w.sizes());
-    RECORD_FUNCTION("anchor::onednn_linear", std::vector<c10::IValue>({x}));
+                w_in.sizes());
+    RECORD_FUNCTION(bf16 ? "anchor::onednn_linear_bf16" : "anchor::onednn_linear", std::vector<c10::IValue>({x}));
+    const auto& w = w_in; // bf16: read through PackedWeights (its layout, rounded once)
     const int64_t K = w.size(1), N = w.size(0);
     auto x2 = x.reshape({-1, K});
     if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
+    if (bf16) x2 = x2.to(torch::kBFloat16); // rounded to nearest even, as oneDNN's reorder would
     const int64_t M = x2.size(0);
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = N;
@@ -202,14 +291,20 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, cons
     if (M == 0) return out;
     const auto b = bias.defined() ? bias.contiguous() : bias;
     const int64_t ldx = x2.stride(0), ldw = w.stride(0);
-    auto e =
-        matmul_cache().get({M, K, N, ldx, ldw, b.defined()}, [&] { return matmul_pd(M, K, N, ldx, ldw, b.defined()); });
+    auto e = matmul_cache().get({M, K, N, ldx, ldw, b.defined(), bf16},
+                                [&] { return matmul_pd(M, K, N, ldx, ldw, b.defined(), bf16); });
     auto& eng = cpu_engine();
     dnnl::stream s(eng);
     torch::Tensor scratch_buf;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(e.pd.src_desc(), eng, x2.data_ptr())},
-        {DNNL_ARG_WEIGHTS, dnnl::memory(e.pd.weights_desc(), eng, w.data_ptr())},
+        {DNNL_ARG_WEIGHTS,
+         bf16 ? packed_weights().get(w_in,
+                                     dnnl::memory(strided_md({K, N}, {1, w_in.stride(0)},
+                                                             w_in.scalar_type() == torch::kBFloat16 ? dt::bf16 : dt::f32),
+                                                  eng, w_in.data_ptr()),
+                                     e.pd.weights_desc(), s)
+              : dnnl::memory(e.pd.weights_desc(), eng, w.data_ptr())},
         {DNNL_ARG_DST, dnnl::memory(e.pd.dst_desc(), eng, out.data_ptr())},
         {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
     if (b.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.pd.bias_desc(), eng, b.data_ptr()));
@@ -246,8 +341,10 @@ void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const
 }
 
 torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool winograd) {
-    TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1), "onednn_conv2d: input ", x_in.sizes(), " ", x_in.scalar_type(),
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            ConvArithmetic arithmetic) {
+    const bool bf16 = arithmetic == ConvArithmetic::Bf16;
+    TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1, bf16), "onednn_conv2d: input ", x_in.sizes(), " ", x_in.scalar_type(),
                 " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
                 " are not float32 CPU tensors [N, C, H, W] and [K, C, kh, kw] outside autograd");
     TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2 && stride[0] > 0 && stride[1] > 0 &&
@@ -257,20 +354,21 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w_in.size(0) && f32_cpu_no_grad(bias)),
                 "onednn_conv2d: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
                 w_in.sizes());
-    if (winograd && winograd_applies(x_in, w_in, stride, padding, dilation))
+    if (arithmetic == ConvArithmetic::Winograd && winograd_applies(x_in, w_in, stride, padding, dilation))
         return winograd_conv3x3(x_in, w_in, bias, WinogradGemm::OneDnn);
-    RECORD_FUNCTION("anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
+    RECORD_FUNCTION(bf16 ? "anchor::onednn_conv2d_bf16" : "anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
     const bool channels_last = x_in.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x_in.is_contiguous();
     const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
     const auto b = bias.defined() ? bias.contiguous() : bias;
     ConvShape sh{x.size(0),   x.size(1), x.size(2), x.size(3),   w.size(0),  w.size(2),
                  w.size(3),   stride[0], stride[1], padding[0],  padding[1], dilation[0],
-                 dilation[1], 0,         0,         b.defined(), false,      channels_last};
+                 dilation[1], 0,         0,         b.defined(), false,      channels_last, bf16};
     sh.oh = (sh.h + 2 * sh.ph - sh.dh * (sh.kh - 1) - 1) / sh.sh + 1;
     sh.ow = (sh.w + 2 * sh.pw - sh.dw * (sh.kw - 1) - 1) / sh.sw + 1;
     TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ", w.sizes(),
                 " with padding ", padding, " and dilation ", dilation);
-    sh.plain_weight = sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
+    // (bf16: always the kernel's blocked layout, into which the per-call reorder rounds the weight anyway)
+    sh.plain_weight = !bf16 && sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
     auto out = torch::empty(
         {sh.n, sh.k, sh.oh, sh.ow},
         x.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
@@ -279,12 +377,14 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     dnnl::stream s(eng);
     const tag io = channels_last ? tag::nhwc : tag::nchw;
     dnnl::memory user_src({{sh.n, sh.c, sh.h, sh.w}, dt::f32, io}, eng, x.data_ptr());
-    dnnl::memory user_wei({{sh.k, sh.c, sh.kh, sh.kw}, dt::f32, tag::oihw}, eng, w.data_ptr());
+    const dt wt = w.scalar_type() == torch::kBFloat16 ? dt::bf16 : dt::f32;
+    dnnl::memory user_wei({{sh.k, sh.c, sh.kh, sh.kw}, wt, tag::oihw}, eng, w.data_ptr());
     dnnl::memory user_dst({{sh.n, sh.k, sh.oh, sh.ow}, dt::f32, io}, eng, out.data_ptr());
     torch::Tensor src_buf, wei_buf, dst_buf, scratch_buf;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, in_layout(s, user_src, e.pd.src_desc(), src_buf)},
-        {DNNL_ARG_WEIGHTS, in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
+        {DNNL_ARG_WEIGHTS, bf16 ? packed_weights().get(w_in, user_wei, e.pd.weights_desc(), s)
+                                : in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
         {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
     const bool direct_dst = e.pd.dst_desc() == user_dst.get_desc();
     dnnl::memory conv_dst = direct_dst ? user_dst : buffer_memory(e.pd.dst_desc(), dst_buf);
@@ -300,9 +400,12 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     return out;
 }
 
-torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
-    TORCH_CHECK(onednn_conv2d_applies(x, w, 1) && w.size(2) == 3 && w.size(3) == 3, "onednn_upsample2x_conv3x3: input ",
-                x.sizes(), " and weight ", w.sizes(), " are not a float32 CPU 3x3 convolution outside autograd");
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& bias,
+                                        bool bf16) {
+    TORCH_CHECK(onednn_conv2d_applies(x, w_in, 1, bf16) && w_in.size(2) == 3 && w_in.size(3) == 3,
+                "onednn_upsample2x_conv3x3: input ",
+                x.sizes(), " and weight ", w_in.sizes(), " are not a float32 CPU 3x3 convolution outside autograd");
+    const auto w = w_in.to(torch::kFloat); // the taps are summed in float32 (a bf16-stored weight upcast)
     RECORD_FUNCTION("anchor::onednn_upsample2x_conv3x3", std::vector<c10::IValue>({x}));
     const int64_t N = x.size(0), K = w.size(0), H = x.size(2), W = x.size(3);
     // Taps of the phase's two rows (dim 2) or columns (dim 3): phase 0 = (w0, w1 + w2), phase 1 = (w0 + w1, w2).
@@ -318,7 +421,8 @@ torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Ten
     const auto w4 = torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
     const auto b4 = bias.defined() ? bias.repeat({4}) : bias;
     const std::vector<int64_t> one{1, 1};
-    const auto y = onednn_conv2d(x, w4, b4, one, one, one); // [N, 4K, H+1, W+1], x's layout
+    const auto y = onednn_conv2d(x, w4, b4, one, one, one,
+                                 bf16 ? ConvArithmetic::Bf16 : ConvArithmetic::F32); // [N, 4K, H+1, W+1], x's layout
     const bool channels_last = y.is_contiguous(torch::MemoryFormat::ChannelsLast) && !y.is_contiguous();
     auto out =
         torch::empty({N, K, 2 * H, 2 * W}, y.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast
@@ -338,11 +442,13 @@ bool onednn_available() {
     return false;
 }
 
+void onednn_drop_packed_weights() {}
+
 std::string onednn_description() {
     return "not built (no oneDNN 2.x headers and library at build time: Debian's libdnnl-dev)";
 }
 
-torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, bool) {
     TORCH_CHECK(false, "onednn_linear: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
 }
 
@@ -351,11 +457,11 @@ void onednn_batched_linear_out(torch::Tensor&, const torch::Tensor& a, const tor
 }
 
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, at::IntArrayRef,
-                            at::IntArrayRef, at::IntArrayRef, bool) {
+                            at::IntArrayRef, at::IntArrayRef, ConvArithmetic) {
     TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
 }
 
-torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) {
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, bool) {
     TORCH_CHECK(false, "onednn_upsample2x_conv3x3: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(),
                 ")");
 }

@@ -4,6 +4,7 @@
 #include "kernels/onednn.h"
 #include "kernels/winograd.h"
 #include "tests/test_util.h"
+#include "unet/checkpoint.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
 
@@ -209,6 +210,117 @@ TEST_CASE("UNet and VAE forwards with Winograd convolutions stay within 1e-5 of 
     CHECK(rel(d_wino, d_torch) < 1e-5);
 }
 
+// The bf16 backend rounds both operands to bfloat16 and sums their products in float32: a product of two bfloat16
+// numbers is exact in float32, so against float64 products of the ROUNDED operands only the float32 summation
+// differs, within the float32 kernels' own bound. Random shapes, float32 and bfloat16-stored weights, and the packed
+// weight kept per weight (a repeated call gives the same bits; a weight changed in place is packed again).
+TEST_CASE("bf16 linear and convolution equal float64 products of the bf16-rounded operands", "[kernels][onednn]") {
+    if (!kernels::onednn_bf16_native()) {
+        WARN("no native bfloat16 on this CPU (or no oneDNN): only the refusal is tested");
+        CHECK_THAT(kernels::gemm_backend_unavailable(kernels::GemmBackend::Bf16), Catch::Contains("bf16"));
+        return;
+    }
+    CHECK(kernels::gemm_backend_unavailable(kernels::GemmBackend::Bf16).empty());
+    CHECK(kernels::gemm_backend_unavailable(kernels::GemmBackend::OneDnn).empty());
+    const auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
+    std::mt19937 rng(17);
+    auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+    for (int i = 0; i < 24; ++i) {
+        const int64_t M = pick({1, 7, 77, 300}), K = pick({3, 40, 320, 768}), N = pick({1, 5, 64, 320});
+        torch::manual_seed(uint64_t(300 + i));
+        auto x = torch::randn({M, K}) * double(pick({1, 20}));
+        if (i % 3 == 1) x = x.view({1, M, K});
+        if (i % 3 == 2) x = torch::randn({M, K + 5}).narrow(1, 2, K);
+        auto w = torch::randn({N, K}) / std::sqrt(double(K));
+        if (i % 2) w = w.to(torch::kBFloat16); // as --weights-dtype bf16 stores it
+        const auto b = i % 4 == 0 ? torch::Tensor() : torch::randn({N});
+        INFO("linear x " << x.sizes() << " strides " << x.strides() << ", w " << w.sizes() << " " << w.scalar_type());
+        REQUIRE(kernels::onednn_linear_applies(x, w, true));
+        CHECK_FALSE(kernels::onednn_linear_applies(x, torch::zeros({N, K}, torch::kBFloat16), false));
+        const auto y = kernels::onednn_linear(x, w, b, true);
+        const auto ref = at::linear(rounded(x), rounded(w), b.defined() ? b.to(torch::kDouble) : b);
+        REQUIRE(y.scalar_type() == torch::kFloat);
+        CHECK(rel_err(y, ref) <= std::max(2e-6, 4 * rel_err(at::linear(x, w.to(torch::kFloat), b), at::linear(
+                                                                x.to(torch::kDouble), w.to(torch::kDouble),
+                                                                b.defined() ? b.to(torch::kDouble) : b))));
+        CHECK(torch::equal(kernels::onednn_linear(x, w, b, true), y)); // the packed weight, again
+    }
+    for (int i = 0; i < 24; ++i) {
+        const int64_t N = pick({1, 2}), C = pick({16, 32, 96}), K = pick({16, 48, 64});
+        const int64_t kh = pick({1, 3}), stride = pick({1, 2}), pad = kh == 3 ? 1 : 0;
+        const int64_t H = pick({5, 8, 16, 33}), W = pick({7, 16, 24});
+        torch::manual_seed(uint64_t(400 + i));
+        auto x = torch::randn({N, C, H, W}) * double(pick({1, 10}));
+        if (i % 3 == 2) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        auto w = torch::randn({K, C, kh, kh}) / std::sqrt(double(C * kh * kh));
+        if (i % 2) w = w.to(torch::kBFloat16);
+        const auto b = i % 4 == 0 ? torch::Tensor() : torch::randn({K});
+        const std::vector<int64_t> st{stride, stride}, pd{pad, pad}, dl{1, 1};
+        INFO("conv x " << x.sizes() << ", w " << w.sizes() << " " << w.scalar_type() << ", stride " << stride);
+        REQUIRE(kernels::onednn_conv2d_applies(x, w, 1, true));
+        const auto y = kernels::onednn_conv2d(x, w, b, st, pd, dl, kernels::ConvArithmetic::Bf16);
+        const auto ref = at::conv2d(rounded(x), rounded(w), b.defined() ? b.to(torch::kDouble) : b, st, pd, dl);
+        REQUIRE(y.sizes() == ref.sizes());
+        const auto wf = w.to(torch::kFloat);
+        CHECK(rel_err(y, ref) <=
+              std::max(2e-6, 4 * rel_err(at::conv2d(x, wf, b, st, pd, dl),
+                                         at::conv2d(x.to(torch::kDouble), wf.to(torch::kDouble),
+                                                    b.defined() ? b.to(torch::kDouble) : b, st, pd, dl))));
+        CHECK(torch::equal(kernels::onednn_conv2d(x, w, b, st, pd, dl, kernels::ConvArithmetic::Bf16), y));
+    }
+    // A weight changed in place (its version moves) is packed again, not read from the stale copy.
+    const std::vector<int64_t> one{1, 1};
+    auto x = torch::randn({1, 32, 16, 16}), w = torch::randn({32, 32, 3, 3});
+    const auto y1 = kernels::onednn_conv2d(x, w, {}, one, one, one, kernels::ConvArithmetic::Bf16);
+    w.mul_(2);
+    CHECK(torch::allclose(kernels::onednn_conv2d(x, w, {}, one, one, one, kernels::ConvArithmetic::Bf16), 2 * y1));
+    auto xl = torch::randn({9, 40}), wl = torch::randn({24, 40});
+    const auto l1 = kernels::onednn_linear(xl, wl, {}, true);
+    wl.mul_(2);
+    CHECK(torch::allclose(kernels::onednn_linear(xl, wl, {}, true), 2 * l1));
+    kernels::onednn_drop_packed_weights();
+    CHECK(torch::allclose(kernels::onednn_linear(xl, wl, {}, true), 2 * l1));
+}
+
+// The whole UNet and VAE on the bf16 backend: within bfloat16's rounding of the float32 reference (each operand
+// rounded by at most 2^-9 relative; a few layers deep that is ~1e-2 of the output's range), and not the same bits.
+TEST_CASE("UNet and VAE forwards on the bf16 backend stay within bfloat16's rounding of LibTorch's",
+          "[kernels][onednn]") {
+    if (!kernels::onednn_bf16_native()) return;
+    c10::InferenceMode guard;
+    unet::UNet2DConditionModel model = small_unet({32, 64}, 4, 7);
+    model->eval();
+    const auto x = torch::randn({2, 4, 16, 16}), t = torch::tensor(int64_t(500));
+    const unet::UNetCond ctx{torch::randn({2, 7, 32})};
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return (a - b).norm().item<double>() / b.norm().item<double>();
+    };
+    unet::perf::set_gemm_backend(*model, kernels::GemmBackend::Torch);
+    const auto y_torch = model->forward(x, t, ctx);
+    unet::perf::set_gemm_backend(*model, kernels::GemmBackend::Bf16);
+    const auto y_bf16 = model->forward(x, t, ctx);
+    unet::store_weights_as(*model, torch::kBFloat16); // the weights as --weights-dtype bf16 keeps them
+    const auto y_bf16w = model->forward(x, t, ctx);
+    INFO("UNet relative L2 difference " << rel(y_bf16, y_torch) << ", bf16-stored weights " << rel(y_bf16w, y_torch));
+    CHECK(rel(y_bf16, y_torch) > 1e-5); // it ran, in bfloat16
+    CHECK(rel(y_bf16, y_torch) < 2e-2);
+    CHECK(rel(y_bf16w, y_torch) < 2e-2); // the resize-convolution's summed taps round differently; the rest alike
+
+    unet::VaeConfig vc;
+    vc.block_out_channels = {32, 32, 64};
+    vc.norm_num_groups = 8;
+    unet::AutoencoderKL vae(vc);
+    vae->eval();
+    const auto z = torch::randn({1, 4, 16, 16});
+    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Torch);
+    const auto d_torch = vae->decode(z);
+    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Bf16);
+    const auto d_bf16 = vae->decode(z);
+    INFO("VAE relative L2 difference " << rel(d_bf16, d_torch));
+    CHECK(rel(d_bf16, d_torch) > 1e-5);
+    CHECK(rel(d_bf16, d_torch) < 2e-2);
+}
+
 // Performance mode (hidden: `anchor_tests "[.onednn-perf]"`): LibTorch and oneDNN interleaved on SD 1.5's shapes,
 // UNet layers at batch 2 (one CFG step) and the VAE decoder's 3x3 convolutions at batch 1; min of 3 each.
 TEST_CASE("oneDNN kernel performance on SD shapes", "[.onednn-perf]") {
@@ -374,14 +486,14 @@ TEST_CASE("winograd_conv3x3 matches float64 in strips, both layouts, both GEMMs"
     const int64_t c = kernels::kWinogradMinChannels, side = 64;
     const auto x = torch::randn({1, c, side, side}), w = torch::randn({c, c, 3, 3}) * 0.05;
     REQUIRE(kernels::winograd_applies(x, w, one, one, one));
-    CHECK(torch::equal(kernels::onednn_conv2d(x, w, {}, one, one, one, true), kernels::winograd_conv3x3(x, w, {})));
+    CHECK(torch::equal(kernels::onednn_conv2d(x, w, {}, one, one, one, kernels::ConvArithmetic::Winograd), kernels::winograd_conv3x3(x, w, {})));
     const auto narrow = torch::randn({1, 4, side, side}), wn = torch::randn({c, 4, 3, 3});
     CHECK_FALSE(kernels::winograd_applies(narrow, wn, one, one, one));
-    CHECK(torch::equal(kernels::onednn_conv2d(narrow, wn, {}, one, one, one, true),
+    CHECK(torch::equal(kernels::onednn_conv2d(narrow, wn, {}, one, one, one, kernels::ConvArithmetic::Winograd),
                        kernels::onednn_conv2d(narrow, wn, {}, one, one, one)));
     const auto few = torch::randn({1, c, 4, 4});
     CHECK_FALSE(kernels::winograd_applies(few, w, one, one, one));
-    CHECK(torch::equal(kernels::onednn_conv2d(few, w, {}, one, one, one, true),
+    CHECK(torch::equal(kernels::onednn_conv2d(few, w, {}, one, one, one, kernels::ConvArithmetic::Winograd),
                        kernels::onednn_conv2d(few, w, {}, one, one, one)));
     CHECK_FALSE(kernels::winograd_applies(x, w, {2, 2}, one, one));
 }

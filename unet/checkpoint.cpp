@@ -101,6 +101,8 @@ void LoadOptions::validate() const {
                                               enum_name(weights_dtype_table(), weights_dtype) +
                                               ") are upcast to a float32 compute; with compute dtype " +
                                               std::string(c10::toString(dtype)) + " keep f32");
+    if (gemm && device.is_cpu())
+        if (const auto why = kernels::gemm_backend_unavailable(*gemm); !why.empty()) throw ParamError("gemm", why);
     if (!device.is_cpu() &&
         !(device.is_cuda() && torch::cuda::is_available() && device.index() < int(torch::cuda::device_count())))
         throw ParamError("device", "'" + device.str() + "' is not a device of this LibTorch (CUDA devices: " +
@@ -147,6 +149,7 @@ void release_weights(SDModels& m, std::initializer_list<ModelPart> parts) {
             break;
         case ModelPart::Unet:
             if (m.unet) release_module_weights(*m.unet);
+            kernels::onednn_drop_packed_weights(); // --gemm bf16's packed copies (the VAE's are made again)
             m.released.push_back("UNet");
             break;
         }

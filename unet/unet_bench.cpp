@@ -28,7 +28,7 @@ double gemm_gflops(int64_t n, int repeat, kernels::GemmBackend backend) {
     const bool onednn = kernels::runs_on_onednn(backend);
     auto product = [&] {
         if (onednn)
-            c = kernels::onednn_linear(a, b, {});
+            c = kernels::onednn_linear(a, b, {}, backend == kernels::GemmBackend::Bf16);
         else
             torch::mm_out(c, a, b);
     };
@@ -139,6 +139,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     model->set_attention_kernel(attention);
     model->set_fast_paths(!o.baseline);
     const kernels::GemmBackend backend = o.gemm.value_or(default_gemm_backend(attention));
+    if (const auto why = kernels::gemm_backend_unavailable(backend); !why.empty()) throw ParamError("gemm", why);
     perf::set_gemm_backend(*model, backend);
     emit("  attention: " + enum_name(kernels::attention_kernel_table(), attention) +
          (o.attention ? "" : " (the default for these shapes)") +
@@ -288,7 +289,10 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          " GFLOP/s");
     emit("GEMM " + std::to_string(o.gemm_n) + "x" + std::to_string(o.gemm_n) + " fp32 (torch::mm, min of " +
          std::to_string(o.gemm_repeat) + "): " + util::fmt("%.1f", gemm_torch) + " GFLOP/s" +
-         (gemm != gemm_torch ? "; oneDNN matmul (the layers' backend): " + util::fmt("%.1f", gemm) + " GFLOP/s" : ""));
+         (gemm != gemm_torch ? "; oneDNN matmul (the layers' backend" +
+                                   std::string(backend == kernels::GemmBackend::Bf16 ? ", bf16 operands" : "") +
+                                   "): " + util::fmt("%.1f", gemm) + " GFLOP/s"
+                             : ""));
     emit("ratio: " + util::fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
          util::fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          util::fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");

@@ -119,7 +119,7 @@ Tensor Upsample2DImpl::forward(const Tensor& x, c10::optional<std::vector<int64_
     // On oneDNN the doubling and the 3x3 convolution are one convolution of x (kernels/onednn.h, resize-convolution).
     const bool doubled = !size || (x.dim() == 4 && (*size) == std::vector<int64_t>{2 * x.size(2), 2 * x.size(3)});
     if (doubled && perf::use_onednn(*this))
-        if (auto y = perf::upsample2x_conv3x3(conv, x); y.defined()) return y;
+        if (auto y = perf::upsample2x_conv3x3(conv, x, *this); y.defined()) return y;
     auto opts = F::InterpolateFuncOptions().mode(torch::kNearest);
     if (size)
         opts.size(*size);

@@ -197,17 +197,25 @@ inline bool use_onednn(const FastPaths& m) {
     return m.fast && kernels::runs_on_onednn(m.gemm);
 }
 
+// The weight oneDNN reads: as stored for the bf16 kernels (a bf16 weight needs no upcast), else float32.
+inline torch::Tensor onednn_weight(const torch::Tensor& w, const torch::Tensor& x, const FastPaths& m) {
+    return m.gemm == kernels::GemmBackend::Bf16 ? w : kernels::weight_for(w, x);
+}
+
 // conv2d(conv, x, m.fast) on LibTorch, or on oneDNN's inference kernels (kernels/onednn.h) for a module on the fast
 // paths with the OneDnn backend (a reduced-precision weight upcast at use, as on LibTorch).
 inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {
         const auto& o = conv->options;
         if (const auto* pad = detail::zero_padding(o)) {
-            const auto wf = kernels::weight_for(conv->weight, x);
-            if (kernels::onednn_conv2d_applies(x, wf, o.groups()))
+            const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
+            const auto wf = onednn_weight(conv->weight, x, m);
+            if (kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16))
                 return kernels::onednn_conv2d(x, wf, conv->bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
                                               at::IntArrayRef(o.dilation()),
-                                              m.gemm == kernels::GemmBackend::Winograd);
+                                              bf16 ? kernels::ConvArithmetic::Bf16
+                                              : m.gemm == kernels::GemmBackend::Winograd ? kernels::ConvArithmetic::Winograd
+                                                                                        : kernels::ConvArithmetic::F32);
         }
     }
     return conv2d(conv, x, m.fast);
@@ -215,7 +223,7 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, cons
 
 // conv(nearest_2x(x)) for a 3x3, stride-1, padding-1 convolution on oneDNN's kernels without the upsampled tensor
 // (kernels::onednn_upsample2x_conv3x3); undefined where that does not apply (the caller runs the two steps).
-inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Tensor& x) {
+inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Tensor& x, const FastPaths& m) {
     const auto& o = conv->options;
     const auto* pad = detail::zero_padding(o);
     const auto& w = conv->weight;
@@ -223,9 +231,10 @@ inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Ten
         at::IntArrayRef(o.stride()) != at::IntArrayRef({1, 1}) ||
         at::IntArrayRef(o.dilation()) != at::IntArrayRef({1, 1}) || w.dim() != 4 || w.size(2) != 3 || w.size(3) != 3)
         return {};
-    const auto wf = kernels::weight_for(w, x);
-    if (!kernels::onednn_conv2d_applies(x, wf, o.groups())) return {};
-    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias);
+    const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
+    const auto wf = onednn_weight(w, x, m);
+    if (!kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16)) return {};
+    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias, bf16);
 }
 
 // Whether x's storage is referenced by x alone (no other tensor, view or caller holds it): then it may be overwritten.
@@ -249,8 +258,9 @@ inline torch::Tensor group_norm_silu(torch::nn::GroupNorm norm, torch::Tensor x,
 // kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.
 inline torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {
-        const auto wf = kernels::weight_for(l->weight, x);
-        if (kernels::onednn_linear_applies(x, wf)) return kernels::onednn_linear(x, wf, l->bias);
+        const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
+        const auto wf = onednn_weight(l->weight, x, m);
+        if (kernels::onednn_linear_applies(x, wf, bf16)) return kernels::onednn_linear(x, wf, l->bias, bf16);
     }
     return kernels::linear(l, x);
 }

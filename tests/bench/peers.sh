@@ -14,6 +14,9 @@
 #   PEERS      the peers folder (default: ../shared/peers next to the checkout)
 #   REF        diffusers v0.27.2 and huggingface_hub v0.22.2 sources, REF/diffusers and REF/hfhub
 #   LLAMA_CPP  a llama.cpp source tree built with -DGGML_NATIVE=ON (build/bin/llama-bench, gguf-py); optional
+#   PRECISIONS ("f32"): "f32 bf16" also runs both sides in bfloat16 - ours with --gemm bf16 --weights-dtype bf16
+#              (bf16 operands, float32 sums and activations), diffusers with its model cast to torch.bfloat16
+#              (tests/bench/diffusers_sd15_dtype.py) - as rows unet256-bf16, unet512-bf16, vae512-bf16
 #   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
 #   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed); "sd": the SD rows alone
 #   PEER_GLIBC_TUNABLES  GLIBC_TUNABLES for the Python peers alone, e.g. glibc.malloc.mmap_max=0:glibc.malloc.
@@ -85,28 +88,37 @@ for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
   sizes=${SIZES:-256 512}
   [ "$only" = gpt2 ] && sizes=
+  for prec in ${PRECISIONS:-f32}; do
+  ours_prec=(); sfx=; peer_script=("$peers/diffusers_sd15_step.py")
+  if [ "$prec" = bf16 ]; then
+    ours_prec=(--gemm bf16 --weights-dtype bf16); sfx=-bf16
+    peer_script=("$root/tests/bench/diffusers_sd15_dtype.py" --dtype bf16)
+  elif [ "$prec" != f32 ]; then
+    echo "error: PRECISIONS holds f32 and/or bf16, got '$prec'" >&2; exit 2
+  fi
   for size in $sizes; do
     vae=(); [ "$size" = 512 ] && vae=(--vae "$reps")
-    o=$("$sd" -t "$threads" bench -W $size -H $size --repeat "$reps" --warmup 1 --deepcache 3 "${vae[@]}" 2>&1)
+    o=$("$sd" -t "$threads" bench -W $size -H $size --repeat "$reps" --warmup 1 --deepcache 3 "${ours_prec[@]}" "${vae[@]}" 2>&1)
     u=$(echo "$o" | grep -A1 '^UNet step' | sed -n 's/^  runs: \(.*\) s$/\1/p')
-    log "  ours      unet $size: $u s   ($(echo "$o" | grep -m1 'attention:' | xargs))"
-    sample "unet$size ours" $u
+    log "  ours      unet$sfx $size: $u s   ($(echo "$o" | grep -m1 'attention:' | xargs); $(echo "$o" | grep -m1 'linear layers and convolutions:' | cut -d';' -f1 | xargs))"
+    sample "unet$size$sfx ours" $u
     if [ "$size" = 512 ]; then
       v=$(echo "$o" | grep -A1 '^VAE decode' | sed -n 's/^  runs: \(.*\) s$/\1/p')
-      log "  ours      vae  $size: $v s"
-      sample "vae$size ours" $v
+      log "  ours      vae$sfx  $size: $v s"
+      sample "vae$size$sfx ours" $v
       log "  ours      $(echo "$o" | grep -m1 '^peak RSS' | xargs)"
     fi
     pvae=(); [ "$size" = 512 ] && pvae=(--vae)
-    p=$(peer_py "$peers/diffusers_sd15_step.py" --size $size --reps "$reps" --threads "$threads" "${pvae[@]}" 2>&1)
+    p=$(peer_py "${peer_script[@]}" --size $size --reps "$reps" --threads "$threads" "${pvae[@]}" 2>&1)
     pu=$(echo "$p" | awk '$1 == "unet_step_s" {print $3}' | xargs)
-    log "  diffusers unet $size: $pu s"
-    sample "unet$size diffusers" $pu
+    log "  diffusers unet$sfx $size: $pu s"
+    sample "unet$size$sfx diffusers" $pu
     if [ "$size" = 512 ]; then
       pv=$(echo "$p" | awk '$1 == "vae_decode_s" {print $3}' | xargs)
-      log "  diffusers vae  $size: $pv s"
-      sample "vae$size diffusers" $pv
+      log "  diffusers vae$sfx  $size: $pv s"
+      sample "vae$size$sfx diffusers" $pv
     fi
+  done
   done
   [ "$only" = sd ] && continue
   o=$("$text" -t "$threads" gpt2 bench --repeats "$reps" --stream-tokens 32 --recompute-repeats 1 2>&1)
@@ -138,7 +150,8 @@ d = collections.OrderedDict()
 for line in open(sys.argv[1]):
     work, who, v = line.split()
     d.setdefault(work, collections.OrderedDict()).setdefault(who, []).append(float(v))
-units = {"unet256": "s", "unet512": "s", "vae512": "s"}
+units = {w: "s" for w in ("unet256", "unet512", "vae512")}
+units.update({w + "-bf16": "s" for w in list(units)})
 for work, sides in d.items():
     ours = sides.get("ours")
     for who, vs in sides.items():
