@@ -23,16 +23,16 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=raw,"
-          "correct=1,skip=1");
+          "correct=1,skip=1,skipdrift=0.45");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.6,branch=1,probe=raw,correct=1,"
-          "skip=1");
+          "skip=1,skipdrift=0.45");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=1,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1");
-    CHECK(parse_cache_mode("freq:probe=det,correct=0,skip=0")->spec() ==
+          "skip=1,skipdrift=0.45");
+    CHECK(parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0")->spec() ==
           "freq:tau=0.01,thr=1,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.6,branch=0,probe=det,correct=0,"
-          "skip=0");
+          "skip=0,skipdrift=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -540,4 +540,30 @@ TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last
     p.sampler = SamplerKind::DDIM;
     pipe.run(p, none.get());
     for (const auto& s : none->log()) CHECK_FALSE(s.forecast);
+    // skipdrift=D: a reuse step is forecast only while the probe's drift is below D (the drift rule itself off here:
+    // drift=1e30 still measures it); else the shallow path runs. 0 = no bound.
+    auto tight = parse_cache_mode("freq:thr=1e30,span=0.5,drift=1e30,skip=2,skipdrift=1e-12");
+    pipe.run(p, tight.get());
+    int reuses = 0;
+    for (const auto& s : tight->log()) {
+        reuses += !s.full;
+        if (!s.full) CHECK(s.drift > 0);
+        CHECK_FALSE(s.forecast);
+    }
+    CHECK(reuses > 0);
+    auto unbounded = parse_cache_mode("freq:thr=1e30,span=0.5,drift=1e30,skip=2,skipdrift=0");
+    pipe.run(p, unbounded.get());
+    int forecasts = 0;
+    double largest = 0;
+    for (const auto& s : unbounded->log()) {
+        forecasts += s.forecast;
+        if (s.forecast) largest = std::max(largest, s.drift);
+    }
+    CHECK(forecasts > 0);
+    // A bound just under the largest drift of a forecast step takes that step (at least) off the forecasts.
+    auto cut = parse_cache_mode("freq:thr=1e30,span=0.5,drift=1e30,skip=2,skipdrift=" + std::to_string(largest * 0.999));
+    pipe.run(p, cut.get());
+    for (const auto& s : cut->log())
+        if (s.forecast) CHECK(s.drift < largest * 0.999);
+    CHECK_THROWS_WITH(parse_cache_mode("freq:skipdrift=-1"), Catch::Contains("skipdrift must be >= 0"));
 }

@@ -88,7 +88,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -99,7 +99,8 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
-         "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM); profile=FILE "
+         "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM), and only while the "
+         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); profile=FILE "
          "(anchor-sd calibrate) sets A per range of steps"},
     };
     return t;
@@ -117,7 +118,8 @@ std::string FreqParams::describe() const {
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
-           ",skip=" + std::to_string(skip) + (profile.empty() ? "" : ",profile=" + profile);
+           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) +
+           (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -258,7 +260,8 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"branch", p_.branch},
             {"probe", p_.probe_det ? "det" : "raw"},
             {"correct", p_.correct},
-            {"skip", p_.skip}};
+            {"skip", p_.skip},
+            {"skipdrift", p_.skip_drift}};
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
@@ -394,7 +397,8 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     Tensor out;
     // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected.
     const bool forecast = !full && p_.skip > 0 && forecasts_ < p_.skip && o0_.defined() && uo1_ != uo0_ &&
-                          o1_.size(0) == x.size(0) && !injected_.present && sampler_history_ <= 1;
+                          o1_.size(0) == x.size(0) && !injected_.present && sampler_history_ <= 1 &&
+                          (p_.skip_drift <= 0 || rec.drift < p_.skip_drift);
     if (forecast) {
         out = o1_ + (o1_ - o0_) * ((u - uo1_) / (uo1_ - uo0_));
         ++forecasts_;
@@ -628,6 +632,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "correct") {
                     if (v != "0" && v != "1") bad_mode(spec, "correct must be 0 or 1, got '" + v + "'");
                     p.correct = v == "1";
+                } else if (k == "skipdrift") {
+                    p.skip_drift = parse_double(spec, k, v);
+                    if (!(p.skip_drift >= 0)) bad_mode(spec, "skipdrift must be >= 0, got '" + v + "'");
                 } else if (k == "skip") {
                     p.skip = parse_int(spec, k, v);
                     if (p.skip < 0) bad_mode(spec, "skip must be >= 0, got '" + v + "'");

@@ -132,6 +132,14 @@ struct FreqParams {
     // full step to ~0.08 (DDIM 20 2.2x -> 2.7x, DDIM 50 3.3x -> 4.4x;
     // tests/bench/results/eval_cache_2026-12-03/README.md); skip=2 costs quality at 20 steps.
     int skip = 1;
+    // skipdrift=D: a reuse step is forecast only while the probe's drift (the per-image residual of the `drift` rule)
+    // is below D; between D and `drift` the shallow path runs on the step's real input instead, so an image that
+    // starts to leave its trajectory is corrected by a computed step before its forecasts compound. 0 = no bound.
+    // Chosen on held-out prompts x seeds 7001-7002 among 0.15, 0.2, 0.3, 0.45 and none: at 20 steps 0.45 raises the
+    // worst image (DDIM 25.8 -> 28.9 dB, DPM++ 2M 30.7 -> 30.6, Euler 25.9 -> 29.0) and the share >= 30 dB (93 -> 97 %)
+    // at the same full steps; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast
+    // here (tests/bench/results/eval_cache_2026-12-03/README.md).
+    double skip_drift = 0.45;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
