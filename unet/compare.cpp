@@ -236,9 +236,9 @@ std::vector<std::unique_ptr<CacheController>> compare_controllers(const Txt2ImgP
 
 CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
                              const nlohmann::json& meta, const std::function<void(const std::string& mode)>& on_mode,
-                             const std::function<void(size_t mode, const ProgressInfo&)>& progress) {
+                             const std::function<void(size_t mode, const ProgressInfo&)>& progress, bool warm_up) {
     auto ctls = compare_controllers(p, modes_list);
-    {
+    if (warm_up) {
         // A process's first UNet call pays one-time costs (oneDNN primitives built, weights and buffers paged in):
         // 15x a later step on the demo model. Untimed here, they would land on the first mode's wall time and
         // inflate every speed-up against it. The shallow paths run the same layers at the same shapes.

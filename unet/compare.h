@@ -55,8 +55,9 @@ nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const 
                            const std::function<void(const std::string& mode)>& on_mode = {});
 
 // What run_compare runs, without writing anything (a server answers with it): the entries and the report's meta
-// (`meta`, the parameters, the model facts). `progress` hears each mode's steps with the mode's index. One untimed
-// step at p's size runs first.
+// (`meta`, the parameters, the model facts). `progress` hears each mode's steps with the mode's index. With
+// `warm_up`, one untimed step at p's size runs first (a caller that has already run this shape in this process, e.g.
+// a server, passes false).
 struct CompareRun {
     std::vector<CompareEntry> entries;
     nlohmann::json meta;
@@ -64,7 +65,8 @@ struct CompareRun {
 CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
                              const nlohmann::json& meta,
                              const std::function<void(const std::string& mode)>& on_mode = {},
-                             const std::function<void(size_t mode, const ProgressInfo&)>& progress = {});
+                             const std::function<void(size_t mode, const ProgressInfo&)>& progress = {},
+                             bool warm_up = true);
 
 // The three paths write_compare uses for `base`.
 std::vector<std::string> compare_output_paths(const std::string& base);

@@ -166,9 +166,18 @@ void SdServer::serve() {
         torch::NoGradGuard no_grad;
         (void)pipe_.run(warm);
     }
+    (void)first_at_shape(pipe_.resolved(warm));
     std::fprintf(stderr, "warm-up: one step in %.2fs\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     http_.serve();
+}
+
+bool SdServer::first_at_shape(const Txt2ImgParams& p) {
+    const auto rows = std::max<size_t>(p.prompts.size(), 1) * size_t(std::max(p.images_per_prompt, 1));
+    const std::string key = std::to_string(p.width) + "x" + std::to_string(p.height) + "/" + std::to_string(rows) +
+                            (p.guidance_scale > 1.0 ? "/cfg" : "") + (p.init.enabled() ? "/init" : "");
+    std::lock_guard<std::mutex> lock(warm_mu_);
+    return warm_shapes_.insert(key).second;
 }
 
 void SdServer::add_routes() {
@@ -374,12 +383,15 @@ void SdServer::add_routes() {
             at::set_num_threads(threads_);
             c.check();
             int full = 0;
-            auto run = run_compare_modes(pipe_, p, list, p_.facts, {}, [&](size_t mode, const ProgressInfo& pi) {
-                c.check();
-                full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-                auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode], full);
-                c.set_progress(pj);
-            });
+            auto run = run_compare_modes(
+                pipe_, p, list, p_.facts, {},
+                [&](size_t mode, const ProgressInfo& pi) {
+                    c.check();
+                    full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
+                    auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode], full);
+                    c.set_progress(pj);
+                },
+                first_at_shape(p));
             nlohmann::json rep = compare_report(run.entries, run.meta);
             for (size_t i = 0; i < run.entries.size(); ++i)
                 rep["modes"][i]["image"] = serve::base64_encode(encode_png(run.entries[i].image_uint8));

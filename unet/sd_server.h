@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <mutex>
+#include <set>
 #include <string>
 
 namespace anchor::unet {
@@ -43,6 +45,11 @@ private:
     int threads_;            // the program's intra-op threads, set again on the job thread
     InfotextFacts infotext_; // the model file's hash, once at start (not per request)
     serve::HttpServer http_;
+    // Shapes (size, batch rows, guidance, init image) a UNet step already ran at in this process: a compare at one of
+    // them needs no untimed warm-up step (run_compare_modes).
+    std::mutex warm_mu_;
+    std::set<std::string> warm_shapes_;
+    bool first_at_shape(const Txt2ImgParams& resolved);
 };
 
 } // namespace anchor::unet
