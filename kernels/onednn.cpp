@@ -28,15 +28,18 @@ const EnumTable<GemmBackend>& gemm_backend_table() {
 
 namespace {
 
-bool f32_cpu_no_grad(const torch::Tensor& t) {
-    return t.defined() && t.scalar_type() == torch::kFloat && t.device().is_cpu() && !t.is_mkldnn() &&
-           !(torch::GradMode::is_enabled() && t.requires_grad());
+bool dense_cpu_no_grad(const torch::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && !t.is_mkldnn() && !(torch::GradMode::is_enabled() && t.requires_grad());
 }
 
-// A weight the bf16 kernels take: float32 (rounded per call) or bfloat16 as stored.
+bool f32_cpu_no_grad(const torch::Tensor& t) {
+    return dense_cpu_no_grad(t) && t.scalar_type() == torch::kFloat;
+}
+
+// A weight the kernels take: float32, or for the bf16 kernels also bfloat16 as stored.
 bool weight_ok(const torch::Tensor& w, bool bf16) {
-    if (!bf16 || !w.defined() || w.scalar_type() != torch::kBFloat16) return f32_cpu_no_grad(w);
-    return w.device().is_cpu() && !w.is_mkldnn() && !(torch::GradMode::is_enabled() && w.requires_grad());
+    return dense_cpu_no_grad(w) &&
+           (w.scalar_type() == torch::kFloat || (bf16 && w.scalar_type() == torch::kBFloat16));
 }
 
 } // namespace
@@ -340,9 +343,13 @@ void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const
     s.wait();
 }
 
-torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
-                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                            ConvArithmetic arithmetic) {
+namespace {
+
+// onednn_conv2d; `pack`: a bf16 weight is packed once and kept (PackedWeights) - false for a weight made for this
+// call alone (the resize-convolution's phase weights), which would only leave a dead entry behind.
+torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
+                          at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                          ConvArithmetic arithmetic, bool pack) {
     const bool bf16 = arithmetic == ConvArithmetic::Bf16;
     TORCH_CHECK(onednn_conv2d_applies(x_in, w_in, 1, bf16), "onednn_conv2d: input ", x_in.sizes(), " ", x_in.scalar_type(),
                 " and weight ", w_in.sizes(), " ", w_in.scalar_type(),
@@ -383,8 +390,8 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     torch::Tensor src_buf, wei_buf, dst_buf, scratch_buf;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, in_layout(s, user_src, e.pd.src_desc(), src_buf)},
-        {DNNL_ARG_WEIGHTS, bf16 ? packed_weights().get(w_in, user_wei, e.pd.weights_desc(), s)
-                                : in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
+        {DNNL_ARG_WEIGHTS, bf16 && pack ? packed_weights().get(w_in, user_wei, e.pd.weights_desc(), s)
+                                        : in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
         {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
     const bool direct_dst = e.pd.dst_desc() == user_dst.get_desc();
     dnnl::memory conv_dst = direct_dst ? user_dst : buffer_memory(e.pd.dst_desc(), dst_buf);
@@ -398,6 +405,14 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x_in, const torch::Tensor& w_in
     }
     s.wait();
     return out;
+}
+
+} // namespace
+
+torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                            ConvArithmetic arithmetic) {
+    return conv2d_impl(x, w, bias, stride, padding, dilation, arithmetic, true);
 }
 
 torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& bias,
@@ -421,8 +436,8 @@ torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Ten
     const auto w4 = torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
     const auto b4 = bias.defined() ? bias.repeat({4}) : bias;
     const std::vector<int64_t> one{1, 1};
-    const auto y = onednn_conv2d(x, w4, b4, one, one, one,
-                                 bf16 ? ConvArithmetic::Bf16 : ConvArithmetic::F32); // [N, 4K, H+1, W+1], x's layout
+    const auto y = conv2d_impl(x, w4, b4, one, one, one, bf16 ? ConvArithmetic::Bf16 : ConvArithmetic::F32,
+                               false); // [N, 4K, H+1, W+1], x's layout
     const bool channels_last = y.is_contiguous(torch::MemoryFormat::ChannelsLast) && !y.is_contiguous();
     auto out =
         torch::empty({N, K, 2 * H, 2 * W}, y.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast

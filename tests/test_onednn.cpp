@@ -41,6 +41,22 @@ unet::UNet2DConditionModel small_unet(std::vector<int> channels, int64_t groups,
     return unet::UNet2DConditionModel(c);
 }
 
+// SD's VAE layout narrowed to run in a test (groups of 8 channels), in eval mode.
+unet::AutoencoderKL small_vae(std::vector<int> channels) {
+    unet::VaeConfig vc;
+    vc.block_out_channels = std::move(channels);
+    vc.norm_num_groups = 8;
+    unet::AutoencoderKL vae(vc);
+    vae->eval();
+    return vae;
+}
+
+// The decode of z with every layer of `vae` on `backend`.
+torch::Tensor decode_on(unet::AutoencoderKL& vae, const torch::Tensor& z, kernels::GemmBackend backend) {
+    unet::perf::set_gemm_backend(*vae, backend);
+    return vae->decode(z);
+}
+
 } // namespace
 
 TEST_CASE("onednn_linear matches float64 on random shapes", "[kernels][onednn]") {
@@ -154,16 +170,10 @@ TEST_CASE("UNet and VAE forwards on oneDNN stay within 1e-5 of LibTorch's", "[ke
     unet::perf::set_gemm_backend(*model, kernels::GemmBackend::Torch);
     CHECK(torch::equal(model->forward(x, t, ctx), plain_onednn));
 
-    unet::VaeConfig vc;
-    vc.block_out_channels = {32, 32, 64};
-    vc.norm_num_groups = 8;
-    unet::AutoencoderKL vae(vc);
-    vae->eval();
+    auto vae = small_vae({32, 32, 64});
     const auto z = torch::randn({1, 4, 16, 16});
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Torch);
-    const auto d_torch = vae->decode(z);
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::OneDnn);
-    const auto d_onednn = vae->decode(z);
+    const auto d_torch = decode_on(vae, z, kernels::GemmBackend::Torch);
+    const auto d_onednn = decode_on(vae, z, kernels::GemmBackend::OneDnn);
     const double vrel = (d_onednn - d_torch).abs().max().item<double>() / d_torch.abs().max().item<double>();
     INFO("VAE relative difference " << vrel);
     CHECK(vrel > 0);
@@ -193,18 +203,11 @@ TEST_CASE("UNet and VAE forwards with Winograd convolutions stay within 1e-5 of 
     CHECK(!torch::equal(y_wino, y_direct)); // it ran
     CHECK(rel(y_wino, y_torch) < 1e-5);
 
-    unet::VaeConfig vc;
-    vc.block_out_channels = {64, 64};
-    vc.norm_num_groups = 8;
-    unet::AutoencoderKL vae(vc);
-    vae->eval();
+    auto vae = small_vae({64, 64});
     const auto z = torch::randn({1, 4, 32, 32});
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Torch);
-    const auto d_torch = vae->decode(z);
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::OneDnn);
-    const auto d_direct = vae->decode(z);
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Winograd);
-    const auto d_wino = vae->decode(z);
+    const auto d_torch = decode_on(vae, z, kernels::GemmBackend::Torch);
+    const auto d_direct = decode_on(vae, z, kernels::GemmBackend::OneDnn);
+    const auto d_wino = decode_on(vae, z, kernels::GemmBackend::Winograd);
     INFO("VAE: Winograd " << rel(d_wino, d_torch) << ", direct " << rel(d_direct, d_torch));
     CHECK(!torch::equal(d_wino, d_direct));
     CHECK(rel(d_wino, d_torch) < 1e-5);
@@ -306,16 +309,10 @@ TEST_CASE("UNet and VAE forwards on the bf16 backend stay within bfloat16's roun
     CHECK(rel(y_bf16, y_torch) < 2e-2);
     CHECK(rel(y_bf16w, y_torch) < 2e-2); // the resize-convolution's summed taps round differently; the rest alike
 
-    unet::VaeConfig vc;
-    vc.block_out_channels = {32, 32, 64};
-    vc.norm_num_groups = 8;
-    unet::AutoencoderKL vae(vc);
-    vae->eval();
+    auto vae = small_vae({32, 32, 64});
     const auto z = torch::randn({1, 4, 16, 16});
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Torch);
-    const auto d_torch = vae->decode(z);
-    unet::perf::set_gemm_backend(*vae, kernels::GemmBackend::Bf16);
-    const auto d_bf16 = vae->decode(z);
+    const auto d_torch = decode_on(vae, z, kernels::GemmBackend::Torch);
+    const auto d_bf16 = decode_on(vae, z, kernels::GemmBackend::Bf16);
     INFO("VAE relative L2 difference " << rel(d_bf16, d_torch));
     CHECK(rel(d_bf16, d_torch) > 1e-5);
     CHECK(rel(d_bf16, d_torch) < 2e-2);

@@ -197,9 +197,24 @@ inline bool use_onednn(const FastPaths& m) {
     return m.fast && kernels::runs_on_onednn(m.gemm);
 }
 
+inline bool bf16_operands(const FastPaths& m) {
+    return m.gemm == kernels::GemmBackend::Bf16;
+}
+
 // The weight oneDNN reads: as stored for the bf16 kernels (a bf16 weight needs no upcast), else float32.
 inline torch::Tensor onednn_weight(const torch::Tensor& w, const torch::Tensor& x, const FastPaths& m) {
-    return m.gemm == kernels::GemmBackend::Bf16 ? w : kernels::weight_for(w, x);
+    return bf16_operands(m) ? w : kernels::weight_for(w, x);
+}
+
+inline kernels::ConvArithmetic conv_arithmetic(const FastPaths& m) {
+    switch (m.gemm) {
+    case kernels::GemmBackend::Bf16:
+        return kernels::ConvArithmetic::Bf16;
+    case kernels::GemmBackend::Winograd:
+        return kernels::ConvArithmetic::Winograd;
+    default:
+        return kernels::ConvArithmetic::F32;
+    }
 }
 
 // conv2d(conv, x, m.fast) on LibTorch, or on oneDNN's inference kernels (kernels/onednn.h) for a module on the fast
@@ -208,14 +223,10 @@ inline torch::Tensor conv2d(torch::nn::Conv2d conv, const torch::Tensor& x, cons
     if (use_onednn(m)) {
         const auto& o = conv->options;
         if (const auto* pad = detail::zero_padding(o)) {
-            const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
             const auto wf = onednn_weight(conv->weight, x, m);
-            if (kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16))
+            if (kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16_operands(m)))
                 return kernels::onednn_conv2d(x, wf, conv->bias, at::IntArrayRef(o.stride()), at::IntArrayRef(*pad),
-                                              at::IntArrayRef(o.dilation()),
-                                              bf16 ? kernels::ConvArithmetic::Bf16
-                                              : m.gemm == kernels::GemmBackend::Winograd ? kernels::ConvArithmetic::Winograd
-                                                                                        : kernels::ConvArithmetic::F32);
+                                              at::IntArrayRef(o.dilation()), conv_arithmetic(m));
         }
     }
     return conv2d(conv, x, m.fast);
@@ -231,10 +242,9 @@ inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Ten
         at::IntArrayRef(o.stride()) != at::IntArrayRef({1, 1}) ||
         at::IntArrayRef(o.dilation()) != at::IntArrayRef({1, 1}) || w.dim() != 4 || w.size(2) != 3 || w.size(3) != 3)
         return {};
-    const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
     const auto wf = onednn_weight(w, x, m);
-    if (!kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16)) return {};
-    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias, bf16);
+    if (!kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16_operands(m))) return {};
+    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias, bf16_operands(m));
 }
 
 // Whether x's storage is referenced by x alone (no other tensor, view or caller holds it): then it may be overwritten.
@@ -258,9 +268,9 @@ inline torch::Tensor group_norm_silu(torch::nn::GroupNorm norm, torch::Tensor x,
 // kernels::linear(l, x) on LibTorch, or oneDNN's matmul for a module on the fast paths with the OneDnn backend.
 inline torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x, const FastPaths& m) {
     if (use_onednn(m)) {
-        const bool bf16 = m.gemm == kernels::GemmBackend::Bf16;
         const auto wf = onednn_weight(l->weight, x, m);
-        if (kernels::onednn_linear_applies(x, wf, bf16)) return kernels::onednn_linear(x, wf, l->bias, bf16);
+        if (kernels::onednn_linear_applies(x, wf, bf16_operands(m)))
+            return kernels::onednn_linear(x, wf, l->bias, bf16_operands(m));
     }
     return kernels::linear(l, x);
 }
