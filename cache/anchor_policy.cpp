@@ -106,7 +106,7 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
         return Decision{Action::Full, {}, why};
     };
     if (s.step == 0) return full("first");
-    if (is_last(s)) return full("last");
+    if (last_full_ && is_last(s)) return full("last");
     acc_ += s.energy_change;
     const double thr =
         step_thresholds_.empty() ? threshold_ : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];

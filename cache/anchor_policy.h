@@ -115,6 +115,8 @@ public:
     // max_span 0 or no levels: no such bound. Throws UsageError for a negative or non-finite max_span, or a level
     // that is not positive and finite.
     void set_span_bound(double max_span, std::vector<double> noise_levels);
+    // false: the last step follows the rules like any other (default true: always full).
+    void set_last_full(bool b) { last_full_ = b; }
     // Step `step` was made full by a rule of the caller's (a store miss, a drift bound): the run of reuses and the
     // accumulated change restart there, as after a full step of the policy's own.
     void mark_full(int step);
@@ -128,6 +130,7 @@ private:
     double full_log_sigma_ = 0.0; // ln sigma of the last full step
     double acc_ = 0.0;
     int reuses_ = 0;
+    bool last_full_ = true;
 };
 
 // "interval:3", "gate:0.5", "dct:0.15" or "dct:0.15:4" (max_reuse defaults to 4). Throws UsageError.

@@ -163,8 +163,12 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
         c->add_option("--classifier", ev.eval.classifier, "classifier (default: <model>/eval/classifier.safetensors)");
         c->add_option("--modes", ev.modes, "cache modes, the first is the reference")->capture_default_str();
         if (grid) {
-            c->add_option("--prompts", ev.prompts_file, "prompts file, one per line (all in one batch)")->required();
+            c->add_option("--prompts", ev.prompts_file, "prompts file, one per line")->required();
             c->add_option("--seeds", ev.seeds, "seeds, comma-separated (each gives one image per prompt)")->required();
+            c->add_option("--batch", ev.eval.batch,
+                          "images per run (0 = all prompts in one batch); 1 judges a per-batch decision (freq's full "
+                          "steps) per image, as one user's image meets it")
+                ->capture_default_str();
         } else {
             c->add_option("--seeds", ev.eval.seeds, "number of seeds from 1000 (each gives one image per class)")
                 ->capture_default_str();
@@ -205,6 +209,7 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
     runners.emplace_back(cg, [eg, bind_eval_fields]() {
         bind_eval_fields();
         bind_field("samplers", "--samplers");
+        bind_field("batch", "--batch");
         return run_eval(*eg);
     });
 

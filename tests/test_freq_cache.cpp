@@ -65,7 +65,9 @@ TEST_CASE("cache mode parsing: malformed forms are errors of the cache field lis
                             "freq:order=0",
                             "freq:drift=-1",
                             "freq:probe=noisy",
-                            "freq:correct=2"}) {
+                            "freq:correct=2",
+                            "freq:last=2",
+                            "freq:decide=each"}) {
         INFO(bad);
         try {
             parse_cache_mode(bad);
@@ -235,6 +237,11 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
             for (bool f : r.full) worst = std::max(worst, run = f ? 0 : run + 1);
             CHECK(worst == max); // thr never reached: exactly `max` reuses between full steps
         }
+        // last=0: the last step follows the rules like any other (full at 0, 4, 8; 9-11 are the three reuses).
+        auto free_last = parse_cache_mode("freq:thr=1e30,span=0,drift=0,max=3,last=0");
+        CHECK(free_last->spec().find(",last=0") != std::string::npos);
+        CHECK(run_tiny(models, *free_last, 12).full ==
+              std::vector<bool>{1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0});
         auto fq = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,tau=0.01");
         auto r = run_tiny(models, *fq, 10);
         DeepCacheDenoiser dc(3, 0);
@@ -353,6 +360,66 @@ TEST_CASE("freq probe: one decision for a batch, from the image that changes mos
     // differently on some CPUs (1.2e-8 relative on an AMD EPYC).
     CHECK(r == Approx(r0).epsilon(1e-6));
     CHECK(r > rp * 1.2);
+}
+
+TEST_CASE("freq decide=image: each image of a batch decides alone and comes out as it would alone", "[freq][sd]") {
+    // A deterministic trajectory driven by the controller's own output, on the tiny UNet: two images (rows 0, 2 and
+    // 1, 3, as a guidance batch lays them out), the second moving faster, so that they want different full steps.
+    auto models = deepcache_models();
+    auto& unet = *models.unet;
+    c10::InferenceMode guard;
+    torch::manual_seed(11);
+    const int steps = 14;
+    auto x0 = torch::randn({4, unet.config().in_channels, 8, 8});
+    auto ctx = torch::randn({4, 6, unet.config().cross_attention_dim});
+    std::vector<double> sigmas;
+    for (int k = 0; k < steps; ++k) sigmas.push_back(10.0 * std::pow(0.65, k));
+    // rate: per row, how fast the trajectory follows the output.
+    auto run = [&](const std::string& spec, const torch::Tensor& x_init, const torch::Tensor& c, int images,
+                   const torch::Tensor& rate) {
+        auto ctl = parse_cache_mode(spec);
+        ctl->set_noise_levels(sigmas);
+        ctl->begin(steps, images);
+        auto x = x_init.clone();
+        std::vector<torch::Tensor> outs;
+        for (int k = 0; k < steps; ++k) {
+            auto out = ctl->predict(unet, x, torch::scalar_tensor(950.0 - 70.0 * k), UNetCond(c), k);
+            outs.push_back(out);
+            x = x - rate.view({-1, 1, 1, 1}) * out;
+        }
+        return std::make_pair(std::move(ctl), outs);
+    };
+    const std::string spec = "freq:thr=0.3,drift=0.3,decide=image";
+    const auto rate = torch::tensor({0.1f, 0.25f, 0.1f, 0.25f}); // image 1 follows its output faster
+    auto [batch, outs] = run(spec, x0, ctx, 2, rate);
+    int mixed = 0;
+    for (int b = 0; b < 2; ++b) {
+        INFO("image " << b);
+        const auto rows = torch::tensor({b, 2 + b});
+        auto [alone, alone_outs] =
+            run(spec, x0.index_select(0, rows), ctx.index_select(0, rows), 1, rate.index_select(0, rows));
+        for (int k = 0; k < steps; ++k) {
+            INFO("step " << k);
+            const auto mine = outs[size_t(k)].index_select(0, rows);
+            // Sub-batches of the UNet round differently from a batch of one image: float32 rounding only.
+            CHECK((mine - alone_outs[size_t(k)]).abs().max().item<double>() <
+                  1e-4 * (1.0 + alone_outs[size_t(k)].abs().max().item<double>()));
+        }
+        for (int k = 0; k < steps; ++k) {
+            const auto& s = batch->log()[size_t(k)];
+            if (alone->log()[size_t(k)].full) CHECK(s.full);
+            if (s.full_share == 0.5) ++mixed;
+        }
+    }
+    // The images did not always agree: some step ran the full UNet for one of them only.
+    CHECK(mixed > 0);
+    CHECK(batch->log().front().full_share == 1.0);
+    CHECK(cache_log_json(*batch)["steps"][0]["full_share"] == 1.0);
+    // decide=batch (the default): one decision for both, every step full or reused for the whole batch.
+    auto [together, t_outs] = run("freq:thr=0.3,drift=0.3", x0, ctx, 2, rate);
+    for (const auto& s : together->log()) CHECK((s.full_share == 0.0 || s.full_share == 1.0));
+    CHECK(parse_cache_mode("freq:decide=image")->spec().find(",decide=image") != std::string::npos);
+    CHECK(parse_cache_mode("freq:decide=batch")->spec() == parse_cache_mode("freq")->spec());
 }
 
 TEST_CASE("freq anchor profile: ranges map to per-step thresholds and bad files are named", "[freq]") {

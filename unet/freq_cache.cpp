@@ -88,7 +88,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,last=0|1,decide=batch|image,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 1.0), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -100,8 +100,11 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
          "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM), and only while the "
-         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); profile=FILE "
-         "(anchor-sd calibrate) sets A per range of steps"},
+         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); last=0 lets the "
+         "last step be reused (default 1: always full); decide=batch (default) gives a batch of images one decision "
+         "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
+         "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
+         "A per range of steps"},
     };
     return t;
 }
@@ -118,8 +121,8 @@ std::string FreqParams::describe() const {
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
-           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) +
-           (profile.empty() ? "" : ",profile=" + profile);
+           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + (last ? "" : ",last=0") +
+           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -143,12 +146,21 @@ BatchFeatureStore::BatchFeatureStore(std::shared_ptr<cache::LatentCache> store, 
 }
 
 cache::CacheKey BatchFeatureStore::key(int b, int32_t layer, int32_t slot, int64_t anchor) const {
-    return {ns_ + "/" + std::to_string(b), layer, slot, anchor};
+    return {ns_ + "/" + std::to_string(first_ + b), layer, slot, anchor};
 }
 
 void BatchFeatureStore::begin(int images) {
-    for (int b = 0; b < images_; ++b) store_->erase_namespace(ns_ + "/" + std::to_string(b));
+    for (int b = 0; b < images_; ++b) store_->erase_namespace(ns_ + "/" + std::to_string(first_ + b));
     images_ = std::max(images, 1);
+}
+
+BatchFeatureStore BatchFeatureStore::image(int b) const {
+    if (b < 0 || b >= images_)
+        throw Error("feature store: image " + std::to_string(b) + " of a batch of " + std::to_string(images_));
+    BatchFeatureStore v(*this);
+    v.images_ = 1;
+    v.first_ = first_ + b;
+    return v;
 }
 
 void BatchFeatureStore::put(int32_t layer, int32_t slot, int64_t anchor, const Tensor& batch, int64_t step) {
@@ -234,8 +246,7 @@ double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const to
     return mac_fn(full);
 }
 
-FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
-    : p_(p), policy_(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), probe_(p.band) {
+FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.band) {
     if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + fmt_num(p.tau));
     if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + fmt_num(p.thr));
     if (p.max_reuse < -1)
@@ -247,6 +258,9 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
     if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
+
+FreqAnchorDenoiser::Lane::Lane(const FreqParams& p)
+    : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse) {}
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
     return {{"tau", p_.tau},
@@ -261,29 +275,37 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"probe", p_.probe_det ? "det" : "raw"},
             {"correct", p_.correct},
             {"skip", p_.skip},
-            {"skipdrift", p_.skip_drift}};
+            {"skipdrift", p_.skip_drift},
+            {"last", p_.last},
+            {"decide", p_.per_image ? "image" : "batch"}};
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
     num_steps_ = num_steps;
-    policy_.reset();
-    if (p_.profile_data.has_step_ranges())
-        policy_.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
-    // The loop's noise levels when the pipeline gave them for this loop (a caller driving predict itself gives none:
-    // then no span bound).
-    policy_.set_span_bound(p_.span, sigmas_.size() == size_t(num_steps) ? sigmas_ : std::vector<double>{});
     images_ = std::max(images, 1);
     probe_.reset(images);
     features_.begin(images);
     log_.clear();
-    have_slope_ = have_curv_ = false;
-    anchored_fraction_ = 1.0;
-    s1_ = s0_ = s00_ = -1;
-    e1_ = e0_ = Tensor();
-    injected_ = injected_full_ = InjectedNoise();
+    injected_ = InjectedNoise();
     last_full_ = true;
-    o1_ = o0_ = Tensor();
-    forecasts_ = 0;
+    // The loop's noise levels when the pipeline gave them for this loop (a caller driving predict itself gives none:
+    // then no span bound).
+    const auto levels = sigmas_.size() == size_t(num_steps) ? sigmas_ : std::vector<double>{};
+    lanes_.clear();
+    const int lanes = p_.per_image ? images_ : 1;
+    for (int b = 0; b < lanes; ++b) {
+        Lane lane(p_);
+        lane.images = p_.per_image ? 1 : images_;
+        lane.policy.set_last_full(p_.last);
+        if (p_.profile_data.has_step_ranges())
+            lane.policy.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
+        lane.policy.set_span_bound(p_.span, levels);
+        if (p_.per_image)
+            lane.features = features_.image(b);
+        else
+            lane.features = features_;
+        lanes_.push_back(std::move(lane));
+    }
 }
 
 int FreqAnchorDenoiser::staleness() const {
@@ -363,130 +385,282 @@ Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, con
     return extrapolate ? extrapolate_feature(F1, slope, k - s1) : F1;
 }
 
-Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t,
-                                   const UNetCond& ctx, int step, const Tensor&) {
-    torch::NoGradGuard ng;
-    const auto t0 = std::chrono::steady_clock::now();
-    CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
-    rec.noise_level = noise_level(step);
-    const double u = t.item<double>(); // the forecast axis: the UNet's timestep
+struct FreqAnchorDenoiser::LanePlan {
+    enum class Kind { Full, Shallow, Forecast } kind = Kind::Full;
+    const char* why = "";
+    double accumulated = 0, drift = 0, calibration = 1, anchored = 0;
+    bool calibrated = false;
+    Tensor feature;  // Shallow: the reuse feature handed to the shallow path
+    Tensor noise;    // Shallow with probe=det: the noise injected since the last full step, D
+    double gain = 0; // ... and its effect per unit on the output
+    Tensor out;      // Forecast: the forecast model output
+};
+
+namespace {
+// The lane's rows of a batch tensor (all of them for a one-image lane, whose rows are undefined).
+Tensor lane_rows(const Tensor& t, const Tensor& rows) {
+    return rows.defined() && t.defined() ? t.index_select(0, rows.to(t.device())) : t;
+}
+} // namespace
+
+FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& prev_energies, int step, double u) {
+    LanePlan pl;
+    const auto& energies = probe_.energies();
+    const Tensor e = lane_rows(energies, lane.rows);
     cache::StepSignals sig;
     sig.step = step;
     sig.num_steps = num_steps_;
-    sig.energy_change = rec.energy_change;
-    const auto decision = policy_.decide(sig);
+    sig.energy_change = prev_energies.defined() && prev_energies.sizes() == energies.sizes()
+                            ? ShallowProbe::largest_image_change(e, lane_rows(prev_energies, lane.rows), lane.images)
+                            : 0.0;
+    const auto decision = lane.policy.decide(sig);
     bool full = decision.action == cache::Action::Full;
     const char* why = decision.why;
-    rec.accumulated = full ? 0.0 : policy_.accumulated();
+    pl.accumulated = full ? 0.0 : lane.policy.accumulated();
     // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
     // trajectory has left that forecast gets a full step whatever its accumulated change.
-    if (!full && p_.drift > 0 && e1_.defined()) {
-        const auto& e = probe_.energies();
-        auto forecast = e0_.defined() && u1_ != u0_ ? e1_ + (e1_ - e0_) * ((u - u1_) / (u1_ - u0_)) : e1_;
+    if (!full && p_.drift > 0 && lane.e1.defined()) {
+        auto forecast = lane.e0.defined() && lane.u1 != lane.u0
+                            ? lane.e1 + (lane.e1 - lane.e0) * ((u - lane.u1) / (lane.u1 - lane.u0))
+                            : lane.e1;
         if (forecast.sizes() == e.sizes()) {
-            rec.drift = ShallowProbe::largest_image_change(e, forecast, images_);
-            if (rec.drift > p_.drift) full = true, why = "drift";
+            pl.drift = ShallowProbe::largest_image_change(e, forecast, lane.images);
+            if (pl.drift > p_.drift) full = true, why = "drift";
         }
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
     // the store has no such entry (first step, a new batch size, an eviction) the step is full.
+    const int64_t rows = lane.rows.defined() ? lane.rows.size(0) : probe_.stem().size(0);
     std::optional<Tensor> F1;
-    if (!full) F1 = features_.get(p_.branch, kFeature, 0, step, staleness());
-    if (!full && (!F1 || F1->size(0) != x.size(0))) full = true, why = "store";
-    if (full && decision.action != cache::Action::Full) policy_.mark_full(step);
-    Tensor out;
+    if (!full) F1 = lane.features.get(p_.branch, kFeature, 0, step, staleness());
+    if (!full && (!F1 || F1->size(0) != rows)) full = true, why = "store";
+    if (full && decision.action != cache::Action::Full) lane.policy.mark_full(step);
     // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected.
-    const bool forecast = !full && p_.skip > 0 && forecasts_ < p_.skip && o0_.defined() && uo1_ != uo0_ &&
-                          o1_.size(0) == x.size(0) && !injected_.present && sampler_history_ <= 1 &&
-                          (p_.skip_drift <= 0 || rec.drift < p_.skip_drift);
+    const bool forecast = !full && p_.skip > 0 && lane.forecasts < p_.skip && lane.o0.defined() &&
+                          lane.uo1 != lane.uo0 && lane.o1.size(0) == rows && !injected_.present &&
+                          sampler_history_ <= 1 && (p_.skip_drift <= 0 || pl.drift < p_.skip_drift);
     if (forecast) {
-        out = o1_ + (o1_ - o0_) * ((u - uo1_) / (uo1_ - uo0_));
-        ++forecasts_;
-    } else if (full) {
-        SkipFeatureCapture f(p_.branch);
-        out = unet.forward(x, t, ctx, &f, probe_.stem());
-        if (!f.feature.defined())
-            throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
-                        " (it has " + std::to_string(unet.num_skips()) + " skips)");
-        // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0), and
-        // for order 2 the one before (s00).
-        const int dropped = p_.order >= 2 ? s00_ : s0_;
-        if (dropped >= 0) features_.erase(p_.branch, kSpectrum, dropped);
-        // correct=1 forecasts the probe's stem from the last two full steps.
-        if (p_.correct) {
-            if (s0_ >= 0) features_.erase(p_.branch, kStem, s0_);
-            features_.put(p_.branch, kStem, step, probe_.observed(), step);
+        pl.kind = LanePlan::Kind::Forecast;
+        pl.out = lane.o1 + (lane.o1 - lane.o0) * ((u - lane.uo1) / (lane.uo1 - lane.uo0));
+        ++lane.forecasts;
+        return pl;
+    }
+    if (full) {
+        pl.kind = LanePlan::Kind::Full;
+        pl.why = why;
+        return pl;
+    }
+    pl.kind = LanePlan::Kind::Shallow;
+    Tensor slope, curv;
+    if (lane.have_slope)
+        if (auto sl = lane.features.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
+    if (lane.have_curv && slope.defined())
+        if (auto c = lane.features.get(p_.branch, kCurvature, 0, step, staleness())) curv = *c;
+    auto F = extrapolate_feature(*F1, slope, u - lane.u1, curv);
+    if (p_.correct && slope.defined() && lane.u1 != lane.u0) {
+        const auto S1 = lane.features.get(p_.branch, kStem, lane.s1, step, std::numeric_limits<int>::max());
+        const auto S0 = lane.features.get(p_.branch, kStem, lane.s0, step, std::numeric_limits<int>::max());
+        const Tensor observed = lane_rows(probe_.observed(), lane.rows);
+        if (S1 && S0 && S1->sizes() == observed.sizes()) {
+            const auto alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
+            F = calibrated_feature(*F1, F, alpha);
+            pl.calibration = alpha.mean().item<double>();
+            pl.calibrated = true;
         }
-        s00_ = s0_, s0_ = s1_, s1_ = step;
-        u00_ = u0_, u0_ = u1_, u1_ = u;
-        e0_ = e1_, e1_ = probe_.energies();
-        injected_full_ = injected_;
-        const auto X1 = cache::dct2(f.feature.to(torch::kFloat));
-        features_.put(p_.branch, kFeature, 0, f.feature, step);
-        features_.put(p_.branch, kSpectrum, s1_, X1, step);
-        // The anchor mask and the forecast terms are fixed until the next full step: work them out once here, so
-        // that a reuse step costs one or two axpys on top of the shallow path.
-        auto spectrum = [&](int s) {
-            Tensor X;
-            if (s >= 0)
-                if (auto v = features_.get(p_.branch, kSpectrum, s, step, std::numeric_limits<int>::max())) X = *v;
-            return X;
-        };
-        const Tensor X0 = spectrum(s0_);
-        auto slope = extrapolation_slope(X1, X0, u1_, u0_, p_.tau, &anchored_fraction_);
-        have_slope_ = p_.extrapolate && slope.defined();
-        if (have_slope_)
-            features_.put(p_.branch, kSlope, 0, slope, step);
-        else
-            features_.erase(p_.branch, kSlope, 0);
-        Tensor curv;
-        if (have_slope_ && p_.order >= 2)
-            curv = extrapolation_curvature(X1, X0, spectrum(s00_), u1_, u0_, u00_, p_.tau);
-        have_curv_ = curv.defined();
-        if (have_curv_)
-            features_.put(p_.branch, kCurvature, 0, curv, step);
-        else
-            features_.erase(p_.branch, kCurvature, 0);
-        rec.anchored_fraction = 0.0;
-    } else {
-        Tensor slope, curv;
-        if (have_slope_)
-            if (auto sl = features_.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
-        if (have_curv_ && slope.defined())
-            if (auto c = features_.get(p_.branch, kCurvature, 0, step, staleness())) curv = *c;
-        auto F = extrapolate_feature(*F1, slope, u - u1_, curv);
-        if (p_.correct && slope.defined() && u1_ != u0_) {
-            const auto S1 = features_.get(p_.branch, kStem, s1_, step, std::numeric_limits<int>::max());
-            const auto S0 = features_.get(p_.branch, kStem, s0_, step, std::numeric_limits<int>::max());
-            if (S1 && S0 && S1->sizes() == probe_.observed().sizes()) {
-                const auto alpha = forecast_calibration(probe_.observed(), *S1, *S0, (u - u1_) / (u1_ - u0_));
-                F = calibrated_feature(*F1, F, alpha);
-                rec.calibration = alpha.mean().item<double>();
+    }
+    pl.feature = F;
+    pl.anchored = lane.anchored_fraction;
+    // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
+    // effect added back analytically (FreqParams::probe_det).
+    const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
+    if (p_.probe_det && injected_.part.defined() && gain > 0) {
+        auto D = lane_rows(injected_.part, lane.rows);
+        if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
+            D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
+        pl.noise = D;
+        pl.gain = gain;
+    }
+    return pl;
+}
+
+void FreqAnchorDenoiser::commit_full(Lane& lane, const Tensor& feature, int step, double u) {
+    // Spectra are anchored by the full step that made them: keep this one (s1) and the previous one (s0), and for
+    // order 2 the one before (s00).
+    auto& fs = lane.features;
+    const int dropped = p_.order >= 2 ? lane.s00 : lane.s0;
+    if (dropped >= 0) fs.erase(p_.branch, kSpectrum, dropped);
+    // correct=1 forecasts the probe's stem from the last two full steps.
+    if (p_.correct) {
+        if (lane.s0 >= 0) fs.erase(p_.branch, kStem, lane.s0);
+        fs.put(p_.branch, kStem, step, lane_rows(probe_.observed(), lane.rows), step);
+    }
+    lane.s00 = lane.s0, lane.s0 = lane.s1, lane.s1 = step;
+    lane.u00 = lane.u0, lane.u0 = lane.u1, lane.u1 = u;
+    lane.e0 = lane.e1, lane.e1 = lane_rows(probe_.energies(), lane.rows);
+    lane.injected_full = injected_;
+    lane.injected_full.part = lane_rows(injected_.part, lane.rows);
+    const auto X1 = cache::dct2(feature.to(torch::kFloat));
+    fs.put(p_.branch, kFeature, 0, feature, step);
+    fs.put(p_.branch, kSpectrum, lane.s1, X1, step);
+    // The anchor mask and the forecast terms are fixed until the next full step: work them out once here, so that a
+    // reuse step costs one or two axpys on top of the shallow path.
+    auto spectrum = [&](int s) {
+        Tensor X;
+        if (s >= 0)
+            if (auto v = fs.get(p_.branch, kSpectrum, s, step, std::numeric_limits<int>::max())) X = *v;
+        return X;
+    };
+    const Tensor X0 = spectrum(lane.s0);
+    auto slope = extrapolation_slope(X1, X0, lane.u1, lane.u0, p_.tau, &lane.anchored_fraction);
+    lane.have_slope = p_.extrapolate && slope.defined();
+    if (lane.have_slope)
+        fs.put(p_.branch, kSlope, 0, slope, step);
+    else
+        fs.erase(p_.branch, kSlope, 0);
+    Tensor curv;
+    if (lane.have_slope && p_.order >= 2)
+        curv = extrapolation_curvature(X1, X0, spectrum(lane.s00), lane.u1, lane.u0, lane.u00, p_.tau);
+    lane.have_curv = curv.defined();
+    if (lane.have_curv)
+        fs.put(p_.branch, kCurvature, 0, curv, step);
+    else
+        fs.erase(p_.branch, kCurvature, 0);
+}
+
+Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t,
+                                   const UNetCond& ctx, int step, const Tensor&) {
+    torch::NoGradGuard ng;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (lanes_.empty()) begin(num_steps_, images_);
+    const int64_t R = x.size(0);
+    const int n = int(lanes_.size());
+    if (images_ > 1 && R % images_ != 0)
+        throw Error("freq: " + std::to_string(R) + " UNet rows for a batch of " + std::to_string(images_) + " images");
+    if (n > 1) // image b owns rows b, n + b, ... (with guidance [uncond rows; cond rows])
+        for (int b = 0; b < n; ++b)
+            if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
+                lanes_[size_t(b)].rows = torch::arange(b, R, n, torch::kLong);
+    const Tensor prev_energies = probe_.energies();
+    CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
+    rec.noise_level = noise_level(step);
+    const double u = t.item<double>(); // the forecast axis: the UNet's timestep
+    std::vector<LanePlan> plans;
+    for (auto& lane : lanes_) plans.push_back(plan(lane, prev_energies, step, u));
+
+    // The model output, assembled from each image's rows.
+    Tensor out;
+    auto place = [&](int b, const Tensor& ob) {
+        if (n == 1) {
+            out = ob;
+            return;
+        }
+        if (!out.defined()) {
+            auto shape = ob.sizes().vec();
+            shape[0] = R;
+            out = torch::empty(shape, ob.options());
+        }
+        out.index_copy_(0, lanes_[size_t(b)].rows.to(ob.device()), ob);
+    };
+    // One UNet call for the images that chose `kind`, on their rows in batch order.
+    auto run_group = [&](LanePlan::Kind kind) {
+        std::vector<int> ids;
+        for (int b = 0; b < n; ++b)
+            if (plans[size_t(b)].kind == kind) ids.push_back(b);
+        if (ids.empty()) return;
+        const bool all = int(ids.size()) == n;
+        Tensor idx, pos; // the group's batch rows; the position in the group of each batch row
+        if (!all) {
+            auto mask = torch::zeros({R}, torch::kBool);
+            for (int b : ids) mask.index_fill_(0, lanes_[size_t(b)].rows, true);
+            idx = torch::nonzero(mask).reshape(-1);
+            pos = torch::full({R}, -1, torch::kLong);
+            pos.index_copy_(0, idx, torch::arange(idx.size(0), torch::kLong));
+        }
+        auto gather = [&](const Tensor& v) { return all || !v.defined() ? v : v.index_select(0, idx.to(v.device())); };
+        auto local = [&](int b) { return all ? lanes_[size_t(b)].rows : pos.index_select(0, lanes_[size_t(b)].rows); };
+        auto part = [&](const Tensor& g, int b) { return n == 1 ? g : g.index_select(0, local(b).to(g.device())); };
+        // A per-image tensor laid out in the group's row order.
+        auto assemble = [&](const std::function<Tensor(int)>& of) {
+            if (n == 1) return of(0);
+            Tensor g;
+            for (int b : ids) {
+                const Tensor v = of(b);
+                if (!g.defined()) {
+                    auto shape = v.sizes().vec();
+                    shape[0] = all ? R : idx.size(0);
+                    g = torch::empty(shape, v.options());
+                }
+                g.index_copy_(0, local(b).to(v.device()), v);
             }
+            return g;
+        };
+        const UNetCond cond = all ? ctx : ctx.index_select(idx);
+        if (kind == LanePlan::Kind::Full) {
+            SkipFeatureCapture f(p_.branch);
+            const Tensor og = unet.forward(gather(x), t, cond, &f, gather(probe_.stem()));
+            if (!f.feature.defined())
+                throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
+                            " (it has " + std::to_string(unet.num_skips()) + " skips)");
+            for (int b : ids) {
+                place(b, part(og, b));
+                commit_full(lanes_[size_t(b)], part(f.feature, b), step, u);
+            }
+            return;
         }
-        rec.anchored_fraction = anchored_fraction_;
-        // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
-        // effect added back analytically (FreqParams::probe_det).
-        const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
-        if (p_.probe_det && injected_.part.defined() && gain > 0) {
-            auto D = injected_.part;
-            if (injected_full_.part.defined() && injected_full_.carry != 0)
-                D = D - injected_full_.part * (injected_.carry / injected_full_.carry);
-            out = unet.forward_shallow(x - D, t, ctx, p_.branch, F) + D * gain;
+        const Tensor F = assemble([&](int b) { return plans[size_t(b)].feature; });
+        // probe=det applies to every image of a step or to none (the sampler injects into all of them).
+        const bool det = plans[size_t(ids.front())].noise.defined();
+        Tensor og;
+        if (det) {
+            const Tensor D = assemble([&](int b) { return plans[size_t(b)].noise; });
+            og = unet.forward_shallow(gather(x) - D, t, cond, p_.branch, F);
         } else {
-            out = unet.forward_shallow(x, t, ctx, p_.branch, F, probe_.stem());
+            og = unet.forward_shallow(gather(x), t, cond, p_.branch, F, gather(probe_.stem()));
+        }
+        for (int b : ids) {
+            const auto& pl = plans[size_t(b)];
+            place(b, det ? part(og, b) + pl.noise * pl.gain : part(og, b));
+        }
+    };
+    run_group(LanePlan::Kind::Full);
+    run_group(LanePlan::Kind::Shallow);
+    for (int b = 0; b < n; ++b)
+        if (plans[size_t(b)].kind == LanePlan::Kind::Forecast) place(b, plans[size_t(b)].out);
+
+    // Each image's history of computed outputs; the step's record over the images.
+    int full_n = 0, shallow_n = 0, forecast_n = 0, calibrated_n = 0;
+    double calibration = 0, anchored = 0;
+    std::string why;
+    for (int b = 0; b < n; ++b) {
+        auto& lane = lanes_[size_t(b)];
+        const auto& pl = plans[size_t(b)];
+        rec.accumulated = std::max(rec.accumulated, pl.accumulated);
+        rec.drift = std::max(rec.drift, pl.drift);
+        if (pl.calibrated) calibration += pl.calibration, ++calibrated_n;
+        if (pl.kind == LanePlan::Kind::Forecast) {
+            ++forecast_n;
+            continue;
+        }
+        lane.o0 = lane.o1, lane.uo0 = lane.uo1;
+        lane.o1 = n == 1 ? out : lane_rows(out, lane.rows), lane.uo1 = u;
+        lane.forecasts = 0;
+        if (pl.kind == LanePlan::Kind::Full) {
+            ++full_n;
+            if (why.find(pl.why) == std::string::npos) why += (why.empty() ? "" : "+") + std::string(pl.why);
+        } else {
+            ++shallow_n, anchored += pl.anchored;
         }
     }
-    if (!forecast) {
-        o0_ = o1_, uo0_ = uo1_;
-        o1_ = out, uo1_ = u;
-        forecasts_ = 0;
-    }
-    last_full_ = full;
-    rec.full = full;
-    rec.forecast = forecast;
-    rec.why = full ? why : "";
-    rec.macs = forecast ? 0.0 : step_macs(unet, x, ctx, full, p_.branch);
+    last_full_ = full_n > 0;
+    rec.full = full_n > 0;
+    rec.full_share = double(full_n) / n;
+    rec.forecast = forecast_n == n;
+    rec.why = why;
+    rec.calibration = calibrated_n ? calibration / calibrated_n : 1.0;
+    rec.anchored_fraction = shallow_n ? anchored / shallow_n : 0.0;
+    rec.macs = 0.0;
+    if (full_n) rec.macs += full_n * step_macs(unet, x, ctx, true, p_.branch) / n;
+    if (shallow_n) rec.macs += shallow_n * step_macs(unet, x, ctx, false, p_.branch) / n;
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -557,6 +731,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
         out = unet.forward_shallow(x, t, ctx, branch_, *cached, probe_.stem());
     }
     last_full_ = rec.full = full;
+    rec.full_share = full ? 1.0 : 0.0;
     rec.why = full ? d.why : "";
     rec.anchored_fraction = full ? 0.0 : 1.0;
     rec.macs = step_macs(unet, x, ctx, full, branch_);
@@ -603,6 +778,11 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 const auto eq = item.find('=');
                 if (eq == std::string::npos) bad_mode(spec, "expected key=value, got '" + item + "'");
                 const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+                // A key with two values, `a` or `b`: whether the value is `yes` (one of them).
+                auto either = [&](const char* a, const char* b, const char* yes) {
+                    if (v != a && v != b) bad_mode(spec, k + " must be " + a + " or " + b + ", got '" + v + "'");
+                    return v == yes;
+                };
                 if (k == "tau")
                     p.tau = parse_double(spec, k, v);
                 else if (k == "thr")
@@ -627,20 +807,21 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                         throw Error("anchor profile '" + v +
                                     "' has no step ranges (write one with anchor-sd calibrate)");
                 } else if (k == "probe") {
-                    if (v != "det" && v != "raw") bad_mode(spec, "probe must be det or raw, got '" + v + "'");
-                    p.probe_det = v == "det";
+                    p.probe_det = either("det", "raw", "det");
                 } else if (k == "correct") {
-                    if (v != "0" && v != "1") bad_mode(spec, "correct must be 0 or 1, got '" + v + "'");
-                    p.correct = v == "1";
+                    p.correct = either("0", "1", "1");
                 } else if (k == "skipdrift") {
                     p.skip_drift = parse_double(spec, k, v);
                     if (!(p.skip_drift >= 0)) bad_mode(spec, "skipdrift must be >= 0, got '" + v + "'");
+                } else if (k == "decide") {
+                    p.per_image = either("image", "batch", "image");
+                } else if (k == "last") {
+                    p.last = either("0", "1", "1");
                 } else if (k == "skip") {
                     p.skip = parse_int(spec, k, v);
                     if (p.skip < 0) bad_mode(spec, "skip must be >= 0, got '" + v + "'");
                 } else if (k == "extrapolate") {
-                    if (v != "0" && v != "1") bad_mode(spec, "extrapolate must be 0 or 1, got '" + v + "'");
-                    p.extrapolate = v == "1";
+                    p.extrapolate = either("0", "1", "1");
                 } else
                     bad_mode(spec, "unknown freq parameter '" + k + "'");
             }
@@ -682,6 +863,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"drift", r.drift},
                          {"calibration", r.calibration},
                          {"forecast", r.forecast},
+                         {"full_share", r.full_share},
                          {"why", r.why},
                          {"macs", r.macs},
                          {"ms", r.ms}});

@@ -69,6 +69,9 @@ struct CacheStepLog {
     double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
     double calibration = 1;       // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
     bool forecast = false;        // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
+    // The share of the batch's images that ran the full UNet at this step: freq decides per image (1 for one image;
+    // DeepCache and off decide for the batch, 1 or 0). `full` is set when any image did.
+    double full_share = 1;
     // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
     // bound), "drift" (the probe left its forecast), "store" (no usable cached entry), "interval" (DeepCache), "off";
     // "" for a reuse.
@@ -140,6 +143,13 @@ struct FreqParams {
     // at the same full steps; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast
     // here (tests/bench/results/eval_cache_2026-12-03/README.md).
     double skip_drift = 0.45;
+    bool last = true; // last=1: the last step is always full; last=0: it follows the rules like any other
+    // decide=image|batch: who decides the full steps of a batch of several images. batch: one decision for all, from
+    // the image that changes (or drifts) most, so no image is reused past its own bounds and a batch is at least as
+    // close to the uncached images as each image alone (one UNet call per step). image: each image on its own
+    // signals with its own state, so an image comes out the same alone or in any batch (the UNet then runs once on
+    // the rows of the images that chose a full step and once on the others').
+    bool per_image = false;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
@@ -159,6 +169,8 @@ public:
     // The batch tensor when every image's entry is present and at most `max_staleness` steps old, else nullopt.
     std::optional<torch::Tensor> get(int32_t layer, int32_t slot, int64_t anchor, int64_t step, int max_staleness);
     void erase(int32_t layer, int32_t slot, int64_t anchor);
+    // Image b's entries alone, as a store of one image (the same entries the batch view reads and writes).
+    BatchFeatureStore image(int b) const;
     const cache::LatentCache& store() const { return *store_; }
     const std::string& ns() const { return ns_; }
 
@@ -167,6 +179,7 @@ private:
     std::shared_ptr<cache::LatentCache> store_;
     std::string ns_;
     int images_ = 1;
+    int first_ = 0; // the batch image of this view's image 0
 };
 
 // A DenoiseController that keeps a per-step log (and the probe's energy change for the timeline).
@@ -200,10 +213,9 @@ enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
 //
-// A batch of several images gets one decision (the UNet runs the whole batch in one call; a full step for some rows
-// and a shallow one for others would be two calls): r_k is the largest of the images' changes, each pooled over the
-// image's rows (uncond and cond), so the image that moves most decides and no image is reused past its threshold.
-// For one image this is the change of the whole batch.
+// For a batch of several images update() returns the largest of the images' changes, each pooled over the image's
+// rows (uncond and cond); for one image this is the change of the whole batch. freq decides per image from
+// energies() (FreqAnchorDenoiser's lanes); DeepCache only logs it.
 class ShallowProbe {
 public:
     explicit ShallowProbe(int band) : band_(band) {}
@@ -286,25 +298,40 @@ public:
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
 private:
+    // A lane is what decides together: with decide=image every image of a batch (its own policy, full steps,
+    // forecasts and store entries), with decide=batch (or one image) one lane over every row. A step runs the UNet
+    // once on the rows of the lanes that chose a full step and once (the shallow path) on those that chose a reuse;
+    // a forecast runs no layer.
+    struct Lane {
+        explicit Lane(const FreqParams& p);
+        torch::Tensor rows; // the UNet batch rows of this image (b, images + b, ...); undefined: every row
+        int images = 1;     // images deciding together in this lane (decide=batch: the whole batch)
+        cache::DctChangePolicy policy;
+        BatchFeatureStore features; // this image's entries
+        bool have_slope = false;    // the store holds an extrapolation slope of the last two full steps
+        bool have_curv = false;     // ... and a curvature term of the last three (order 2)
+        double anchored_fraction = 1.0;
+        int s1 = -1, s0 = -1, s00 = -1; // the last three full steps
+        double u1 = 0, u0 = 0, u00 = 0; // their timesteps
+        torch::Tensor e1, e0;           // the probe's energies at the last two full steps (drift)
+        InjectedNoise injected_full;    // the injected noise at the last full step
+        torch::Tensor o1, o0;           // skip=N: the last two computed model outputs
+        double uo1 = 0, uo0 = 0;        // ... their timesteps
+        int forecasts = 0;              // output forecasts since the last computed step
+    };
+    struct LanePlan; // one image's decision at one step (freq_cache.cpp)
+    LanePlan plan(Lane& lane, const torch::Tensor& prev_energies, int step, double u);
+    void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
+
     FreqParams p_;
-    cache::DctChangePolicy policy_;
+    std::vector<Lane> lanes_;
     ShallowProbe probe_;
     int num_steps_ = 0;
     bool last_full_ = true;
-    bool have_slope_ = false; // the store holds an extrapolation slope of the last two full steps
-    bool have_curv_ = false;  // ... and a curvature term of the last three (order 2)
-    double anchored_fraction_ = 1.0;
-    int s1_ = -1, s0_ = -1, s00_ = -1; // the last three full steps
-    double u1_ = 0, u0_ = 0, u00_ = 0; // their timesteps
-    torch::Tensor e1_, e0_;            // the probe's energies at the last two full steps (drift)
-    InjectedNoise injected_;           // the sampler's injected noise in this step's input (set_injected_noise)
-    InjectedNoise injected_full_;      // ... at the last full step
-    int images_ = 1;                   // images in the batch (begin)
-    torch::Tensor o1_, o0_;            // skip=N: the last two computed model outputs
-    double uo1_ = 0, uo0_ = 0;         // ... their timesteps
-    int forecasts_ = 0;                // output forecasts since the last computed step
-    int sampler_history_ = 0;          // set_sampler_history
-    int staleness() const;             // the store's bound for a reuse
+    InjectedNoise injected_;  // the sampler's injected noise in this step's input (set_injected_noise)
+    int images_ = 1;          // images in the batch (begin)
+    int sampler_history_ = 0; // set_sampler_history
+    int staleness() const;    // the store's bound for a reuse
 };
 
 // DeepCache (Ma et al. 2023, uniform skip mode; "deepcache:N[,branch=B]"): FixedIntervalPolicy makes step i full
@@ -332,7 +359,7 @@ private:
 
 // "off" | "deepcache:N[,branch=B]" |
 // "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,correct=0|1,
-// profile=FILE]".
+// skip=N,skipdrift=D,last=0|1,decide=batch|image,profile=FILE]".
 // Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode

@@ -26,6 +26,8 @@ void FashionEvalParams::validate() const {
     for (const auto& m : modes) (void)parse_cache_mode(m);
     if (seed_list.empty() && seeds < 1) throw ParamError("seeds", "must be >= 1");
     if (repeats < 1) throw ParamError("repeats", "must be >= 1");
+    if (batch < 0)
+        throw ParamError("batch", "must be >= 0 (0 = all prompts in one batch), got " + std::to_string(batch));
     if (samplers.empty()) throw ParamError("samplers", "no sampler");
     for (const auto& s : samplers) (void)sampler_from_string(s);
     if (steps.empty()) throw ParamError("steps", "no step count");
@@ -70,11 +72,17 @@ std::string safe_name(std::string s) { // a file name of letters, digits, '.', '
     return s;
 }
 
+// Full UNet steps per image and run: a whole number when every image ran alike, else the mean to one decimal.
+std::string full_per_run(const nlohmann::json& m, const nlohmann::json& cell) {
+    const double full = m["full_steps"].get<double>() / cell["runs"].get<int>();
+    return std::abs(full - std::round(full)) < 1e-9 ? std::to_string(int(std::round(full))) : fmt("%.1f", full);
+}
+
 } // namespace
 
 std::string FashionEvalReport::table() const {
     char line[640];
-    std::snprintf(line, sizeof line, "%-9s %5s %-66s %7s %8s %9s %9s %9s %6s %7s %9s %8s %8s\n", "sampler", "steps",
+    std::snprintf(line, sizeof line, "%-9s %5s %-66s %9s %8s %9s %9s %9s %6s %7s %9s %8s %8s\n", "sampler", "steps",
                   "mode", "full", "speed-up", "PSNR mean", "median", "min", ">=30dB", "SSIM", "adherence", "full ms",
                   "reuse ms");
     std::string out = line;
@@ -85,9 +93,9 @@ std::string FashionEvalReport::table() const {
         for (const auto& m : c["modes"]) {
             const double reuse = m["reuse_step_ms"].get<double>();
             const auto& ad = m["classifier_adherence"];
-            std::snprintf(line, sizeof line, "%-9s %5d %-66s %3d/%-3d %7.2fx %9s %9s %9s %5.0f%% %7.4f %9s %8.2f %8s\n",
+            std::snprintf(line, sizeof line, "%-9s %5d %-66s %5s/%-3d %7.2fx %9s %9s %9s %5.0f%% %7.4f %9s %8.2f %8s\n",
                           c["sampler"].get<std::string>().c_str(), c["steps"].get<int>(),
-                          m["mode"].get<std::string>().c_str(), m["full_steps"].get<int>() / c["runs"].get<int>(),
+                          m["mode"].get<std::string>().c_str(), full_per_run(m, c).c_str(),
                           m["total_steps"].get<int>() / c["runs"].get<int>(), m["speedup_vs_first"].get<double>(),
                           dbs(m["psnr_db"]).c_str(), dbs(m["psnr_median_db"]).c_str(), dbs(m["psnr_min_db"]).c_str(),
                           100 * m["share_psnr_30db"].get<double>(), m["ssim"].get<double>(),
@@ -138,7 +146,8 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     auto models = load_sd_models(o.model);
     Txt2ImgPipeline pipe(models);
     Txt2ImgParams p;
-    p.prompts = prompts;
+    const int64_t per_batch = o.batch > 0 ? std::min<int64_t>(o.batch, n_img) : n_img;
+    p.prompts.assign(prompts.begin(), prompts.begin() + per_batch);
     p.steps = o.steps.front();
     p.sampler = sampler_from_string(o.samplers.front());
     p.guidance_scale = o.cfg;
@@ -158,15 +167,17 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
                           {"psnr", "per image against the first mode's image of the same prompt and seed; the mean "
                                    "leaves out identical images (inf)"},
                           {"images_per_mode_and_cell", n_img * int64_t(seeds.size())},
+                          {"images_per_batch", per_batch},
                           {"cells", nlohmann::json::array()}};
     struct ModeResult {
         std::string spec;
-        std::vector<double> wall;         // per seed: fastest of the repeats
+        std::vector<double> wall;         // per seed: the sum over its batches of the fastest of the repeats
         double full_ms = 0, reuse_ms = 0; // controller time of full / reuse steps (UNet + probe), fastest repeats
         int full_n = 0, reuse_n = 0;
         std::vector<double> psnr;
         double ssim_sum = 0;
-        int correct = 0, scored = 0, full = 0, total = 0;
+        int correct = 0, scored = 0, total = 0, runs = 0;
+        double full = 0; // full UNet steps per image, summed over the runs (freq decides per image)
         std::vector<torch::Tensor> tiles;
     };
     for (const auto& sampler : o.samplers)
@@ -176,44 +187,52 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
             std::vector<ModeResult> res(modes.size());
             for (int64_t seed : seeds) {
                 p.seed = seed;
-                std::vector<torch::Tensor> ref; // the first mode's images of this seed
-                for (size_t k = 0; k < modes.size(); ++k) {
-                    auto& m = res[k];
-                    Txt2ImgResult r;
-                    double best = INFINITY;
-                    std::vector<CacheStepLog> best_log;
-                    for (int rep_i = 0; rep_i < o.repeats; ++rep_i) {
-                        auto ctl = parse_cache_mode(modes[k]);
-                        m.spec = ctl->spec();
-                        r = pipe.run(p, ctl.get());
-                        if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
+                for (size_t k = 0; k < modes.size(); ++k) res[k].wall.push_back(0.0), res[k].tiles.emplace_back();
+                // The batches of this seed, each run by every mode in turn (modes interleaved per batch).
+                for (int64_t lo = 0; lo < n_img; lo += per_batch) {
+                    const int64_t n = std::min(per_batch, n_img - lo);
+                    p.prompts.assign(prompts.begin() + lo, prompts.begin() + lo + n);
+                    std::vector<torch::Tensor> ref; // the first mode's images of this batch
+                    for (size_t k = 0; k < modes.size(); ++k) {
+                        auto& m = res[k];
+                        Txt2ImgResult r;
+                        double best = INFINITY;
+                        std::vector<CacheStepLog> best_log;
+                        for (int rep_i = 0; rep_i < o.repeats; ++rep_i) {
+                            auto ctl = parse_cache_mode(modes[k]);
+                            m.spec = ctl->spec();
+                            r = pipe.run(p, ctl.get());
+                            if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
+                        }
+                        m.wall.back() += best;
+                        for (const auto& st : best_log) {
+                            (st.full ? m.full_ms : m.reuse_ms) += st.ms;
+                            ++(st.full ? m.full_n : m.reuse_n);
+                        }
+                        double full_steps = 0;
+                        for (const auto& st : best_log) full_steps += st.full_share;
+                        m.full += best_log.empty() ? r.full_steps : full_steps;
+                        m.total += r.total_steps, ++m.runs;
+                        {
+                            c10::InferenceMode im;
+                            auto pred = classifier->forward(rgb_to_classifier_input(r.image, true)).argmax(1);
+                            for (int64_t i = 0; i < n; ++i)
+                                if (classes[size_t(lo + i)] >= 0)
+                                    ++m.scored, m.correct += pred[i].item<int64_t>() == classes[size_t(lo + i)];
+                        }
+                        for (int64_t i = 0; i < n; ++i) {
+                            auto img = r.image[i].permute({1, 2, 0}).contiguous();
+                            if (k == 0) ref.push_back(img);
+                            m.psnr.push_back(cache::psnr(img, ref[size_t(i)], 1.0));
+                            m.ssim_sum += cache::ssim(img, ref[size_t(i)], 1.0);
+                        }
+                        auto& tile = m.tiles.back(); // [prompts so far, H, W, 3]
+                        tile = tile.defined() ? torch::cat({tile, r.image_uint8}, 0) : r.image_uint8;
                     }
-                    m.wall.push_back(best);
-                    for (const auto& st : best_log) {
-                        (st.full ? m.full_ms : m.reuse_ms) += st.ms;
-                        ++(st.full ? m.full_n : m.reuse_n);
-                    }
-                    m.full += r.full_steps, m.total += r.total_steps;
-                    {
-                        c10::InferenceMode im;
-                        auto pred = classifier->forward(rgb_to_classifier_input(r.image, true)).argmax(1);
-                        for (int64_t i = 0; i < n_img; ++i)
-                            if (classes[size_t(i)] >= 0)
-                                ++m.scored, m.correct += pred[i].item<int64_t>() == classes[size_t(i)];
-                    }
-                    for (int64_t i = 0; i < n_img; ++i) {
-                        auto img = r.image[i].permute({1, 2, 0}).contiguous();
-                        if (k == 0) ref.push_back(img);
-                        m.psnr.push_back(cache::psnr(img, ref[size_t(i)], 1.0));
-                        m.ssim_sum += cache::ssim(img, ref[size_t(i)], 1.0);
-                    }
-                    m.tiles.push_back(r.image_uint8); // [n, H, W, 3]
                 }
             }
-            nlohmann::json cell = {{"sampler", sampler},
-                                   {"steps", steps},
-                                   {"runs", int(seeds.size())},
-                                   {"modes", nlohmann::json::array()}};
+            nlohmann::json cell = {
+                {"sampler", sampler}, {"steps", steps}, {"runs", res[0].runs}, {"modes", nlohmann::json::array()}};
             auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
             const double wall0 = sum(res[0].wall);
             for (size_t k = 0; k < res.size(); ++k) {

@@ -18,14 +18,18 @@ struct FashionEvalParams {
     std::vector<std::string> modes{"off",         "deepcache:2",  "deepcache:3", "deepcache:4", "deepcache:5",
                                    "deepcache:6", "freq:thr=0.5", "freq",        "freq:thr=2"};
     std::string out; // report folder: <model>/eval by default
-    // The grid: every sampler x step count x seed is a cell, one batch of all prompts, run by every mode (the modes
-    // interleaved per cell, the first is the reference of the cell). Empty prompts: the 10 class prompts
-    // "a photo of a <class>"; empty seed_list: the seeds 1000 .. 1000 + seeds - 1.
+    // The grid: every sampler x step count x seed is a cell, the prompts in batches of `batch`, run by every mode (the
+    // modes interleaved per cell, the first is the reference of the cell). Empty prompts: the 10 class prompts "a photo
+    // of a <class>"; empty seed_list: the seeds 1000 .. 1000 + seeds - 1.
     std::vector<std::string> prompts;
     std::vector<int64_t> seed_list;
     std::vector<std::string> samplers{"ddim"}; // sampler_table() names
     std::vector<int> steps{20};
     int seeds = 4, repeats = 1;
+    // Images per pipeline run (0: every prompt of a seed in one batch). A cache mode that decides per batch (freq's
+    // full steps: one image that moves makes the step full for all) is judged per image only with batch = 1, the
+    // way a user generating one image meets it.
+    int batch = 0;
     double cfg = 5.0;
     bool overwrite = false;
     void validate() const; // ParamError naming the field
