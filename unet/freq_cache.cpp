@@ -23,6 +23,11 @@ using torch::Tensor;
 
 namespace {
 
+// Image b's rows of a batch of `images` images laid out as [uncond rows; cond rows]: b, images + b, ...
+Tensor image_rows(int64_t b, int64_t rows, int64_t images, const torch::Device& device) {
+    return torch::arange(b, rows, images, torch::TensorOptions().dtype(torch::kLong).device(device));
+}
+
 // A step's record, begun with the shallow probe's r_k (both modes probe every step: the log and the policies read it).
 CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, const Tensor& x, int step,
                          const Tensor& injected = {}) {
@@ -172,8 +177,8 @@ void BatchFeatureStore::put(int32_t layer, int32_t slot, int64_t anchor, const T
         return;
     }
     for (int64_t b = 0; b < n; ++b) {
-        auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(batch.device()));
-        store_->put(key(int(b), layer, slot, anchor), batch.index_select(0, idx), step);
+        store_->put(key(int(b), layer, slot, anchor), batch.index_select(0, image_rows(b, rows, n, batch.device())),
+                    step);
     }
 }
 
@@ -228,7 +233,7 @@ double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, in
     if (n <= 1 || rows % n != 0) return cache::relative_spectral_change(e, ref);
     double r = 0.0;
     for (int64_t b = 0; b < n; ++b) { // image b owns rows b, n + b, 2n + b, ...
-        auto idx = torch::arange(b, rows, n, torch::TensorOptions().dtype(torch::kLong).device(e.device()));
+        const auto idx = image_rows(b, rows, n, e.device());
         r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), ref.index_select(0, idx)));
     }
     return r;
@@ -259,8 +264,8 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.ba
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
 
-FreqAnchorDenoiser::Lane::Lane(const FreqParams& p)
-    : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse) {}
+FreqAnchorDenoiser::Lane::Lane(const FreqParams& p, BatchFeatureStore store)
+    : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), features(std::move(store)) {}
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
     return {{"tau", p_.tau},
@@ -294,16 +299,12 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     lanes_.clear();
     const int lanes = p_.per_image ? images_ : 1;
     for (int b = 0; b < lanes; ++b) {
-        Lane lane(p_);
+        Lane lane(p_, p_.per_image ? features_.image(b) : features_);
         lane.images = p_.per_image ? 1 : images_;
         lane.policy.set_last_full(p_.last);
         if (p_.profile_data.has_step_ranges())
             lane.policy.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
         lane.policy.set_span_bound(p_.span, levels);
-        if (p_.per_image)
-            lane.features = features_.image(b);
-        else
-            lane.features = features_;
         lanes_.push_back(std::move(lane));
     }
 }
@@ -403,14 +404,17 @@ Tensor lane_rows(const Tensor& t, const Tensor& rows) {
 }
 } // namespace
 
-FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& prev_energies, int step, double u) {
+FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_change, const Tensor& prev_energies,
+                                                      int step, double u) {
     LanePlan pl;
     const auto& energies = probe_.energies();
     const Tensor e = lane_rows(energies, lane.rows);
     cache::StepSignals sig;
     sig.step = step;
     sig.num_steps = num_steps_;
-    sig.energy_change = prev_energies.defined() && prev_energies.sizes() == energies.sizes()
+    // A lane over every row decides on the probe's own change (ShallowProbe::update: the same largest image change).
+    sig.energy_change = !lane.rows.defined() ? batch_change
+                        : prev_energies.defined() && prev_energies.sizes() == energies.sizes()
                             ? ShallowProbe::largest_image_change(e, lane_rows(prev_energies, lane.rows), lane.images)
                             : 0.0;
     const auto decision = lane.policy.decide(sig);
@@ -539,13 +543,13 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (n > 1) // image b owns rows b, n + b, ... (with guidance [uncond rows; cond rows])
         for (int b = 0; b < n; ++b)
             if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
-                lanes_[size_t(b)].rows = torch::arange(b, R, n, torch::kLong);
+                lanes_[size_t(b)].rows = image_rows(b, R, n, torch::kCPU);
     const Tensor prev_energies = probe_.energies();
     CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
     const double u = t.item<double>(); // the forecast axis: the UNet's timestep
     std::vector<LanePlan> plans;
-    for (auto& lane : lanes_) plans.push_back(plan(lane, prev_energies, step, u));
+    for (auto& lane : lanes_) plans.push_back(plan(lane, rec.energy_change, prev_energies, step, u));
 
     // The model output, assembled from each image's rows.
     Tensor out;

@@ -305,7 +305,7 @@ private:
     // once on the rows of the lanes that chose a full step and once (the shallow path) on those that chose a reuse;
     // a forecast runs no layer.
     struct Lane {
-        explicit Lane(const FreqParams& p);
+        Lane(const FreqParams& p, BatchFeatureStore store);
         torch::Tensor rows; // the UNet batch rows of this image (b, images + b, ...); undefined: every row
         int images = 1;     // images deciding together in this lane (decide=batch: the whole batch)
         cache::DctChangePolicy policy;
@@ -322,7 +322,9 @@ private:
         int forecasts = 0;              // output forecasts since the last computed step
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
-    LanePlan plan(Lane& lane, const torch::Tensor& prev_energies, int step, double u);
+    // batch_change: the probe's change of this step (a lane over every row takes it); prev_energies: the probe's
+    // energies of the previous step (a per-image lane works out its own change from them).
+    LanePlan plan(Lane& lane, double batch_change, const torch::Tensor& prev_energies, int step, double u);
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
 
     FreqParams p_;
