@@ -824,6 +824,60 @@ TEST_CASE(
     CHECK_THROWS_WITH(parse_decode_spec("dual+steps=1.5"), Catch::Contains("integer"));
 }
 
+TEST_CASE("mdlm cache: decoded=reuse computes a block's masks every step and a decoded position once more, then "
+          "reuses it",
+          "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    auto so = confidence_options(20, 4);
+    so.block_length = 7; // 5 blocks of 7 positions after the 5-token prompt, 4 steps each
+    so.temperature = 0;
+    for (const char* mode : {"dual:decoded=reuse", "prefix:decoded=reuse"}) {
+        INFO(mode);
+        MdlmDenoiser den(m, parse_cache_spec(mode));
+        std::vector<std::vector<LayerDecision>> decisions;
+        std::vector<std::vector<int64_t>> after; // tokens after each step
+        std::vector<int64_t> block_of;
+        const auto r = sample(den, so, [&](const StepInfo& info) {
+            decisions.push_back(den.last_decisions());
+            after.push_back(*info.tokens);
+            block_of.push_back(info.block);
+        });
+        for (auto t : r.tokens) CHECK(t != kMdlmMaskId);
+        const bool dual = std::string(mode).rfind("dual", 0) == 0;
+        int checked = 0;
+        for (size_t s = 2; s < decisions.size(); ++s) {
+            if (block_of[s] != block_of[s - 1]) continue; // a block's first step is full
+            const int64_t lo = 5 + block_of[s] * 7, hi = lo + 7;
+            // Computed at step s: the block's masks before it, and the positions decoded by step s - 1; the rest of
+            // the block (decoded earlier) is reused. Prefix also computes the masked suffix.
+            std::vector<bool> want(40, false);
+            for (int64_t p = 0; p < 40; ++p) {
+                const bool masked = after[s - 1][p] == kMdlmMaskId;
+                const bool just = !masked && after[s - 2][p] == kMdlmMaskId; // decoded at step s - 1
+                const bool in_block = p >= lo && p < hi;
+                want[p] = (in_block && (masked || just)) || (!dual && p >= hi && masked);
+            }
+            for (const auto& d : decisions[s]) {
+                REQUIRE_FALSE(d.full);
+                for (int64_t p = 0; p < 40; ++p) CHECK(d.active[p].item<bool>() == want[p]);
+            }
+            ++checked;
+        }
+        CHECK(checked >= 5);
+        CHECK(r.cache.full_steps == 5);
+    }
+    // Fewer computations than the whole block, and compute is plain dual.
+    MdlmDenoiser dual(m, parse_cache_spec("dual")), reuse(m, parse_cache_spec("dual:decoded=reuse")),
+        compute(m, parse_cache_spec("dual:decoded=compute"));
+    const auto rd = sample(dual, so), rr = sample(reuse, so), rc = sample(compute, so);
+    CHECK(rr.cache.reused_fraction() > rd.cache.reused_fraction());
+    CHECK(rc.tokens == rd.tokens);
+    CHECK(parse_cache_spec("dual:decoded=reuse,drift=0.9").to_string() == "dual:drift=0.9,decoded=reuse");
+    CHECK(parse_cache_spec("dual:decoded=compute").to_string() == "dual");
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:decoded=reuse"), Catch::Contains("prefix and dual"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:decoded=keep"), Catch::Contains("decoded=keep"));
+}
+
 TEST_CASE("mdlm: the tiled attention kernel agrees with SEDD's arithmetic; caches stay exact under it",
           "[mdlm][blockcache]") {
     auto exact = tiny_model(), flash = tiny_model();

@@ -30,15 +30,19 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G]: Fast-dLLM prefix KV cache: the prompt and finished blocks are computed once per "
-          "block\n"
-       << "dual[:refresh=R,drift=G]: Fast-dLLM DualCache: the masked suffix is cached too; only the current block is "
-          "computed\n"
+       << "prefix[:refresh=R,drift=G,decoded=reuse]: Fast-dLLM prefix KV cache: the prompt and finished blocks are "
+          "computed once per block\n"
+       << "dual[:refresh=R,drift=G,decoded=reuse]: Fast-dLLM DualCache: the masked suffix is cached too; only the "
+          "current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
           "moves\n"
        << "      (cosine similarity to its cached key below G), that layer and the deeper ones recompute everything\n"
        << "      (0 = off, default; e.g. 0.9)\n"
+       << "    decoded: reuse: dKV-Cache's delayed cache inside the block: a position decoded at an earlier step is "
+          "computed\n"
+       << "      once more with its token, then reused until the next full step; compute: the whole block every step "
+          "(default)\n"
        << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
     return os.str();
 }
@@ -65,7 +69,8 @@ std::string CacheSpec::to_string() const {
         os << enum_name(cache_mode_table(), mode);
         std::string sep = ":";
         if (anchor.refresh > 0) os << sep << "refresh=" << anchor.refresh, sep = ",";
-        if (anchor.drift > 0) os << sep << "drift=" << anchor.drift;
+        if (anchor.drift > 0) os << sep << "drift=" << anchor.drift, sep = ",";
+        if (anchor.reuse_decoded) os << sep << "decoded=reuse";
         return os.str();
     }
     std::ostringstream os;
@@ -91,8 +96,9 @@ CacheSpec parse_cache_spec(const std::string& s) {
         spec.mode = CacheMode::Dual;
     else
         throw ParamError("cache", "mode '" + s +
-                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R,drift=G] "
-                                      "or dual[:refresh=R,drift=G]; --cache help lists them)");
+                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R,drift=G,"
+                                      "decoded=reuse] or dual[:refresh=R,drift=G,decoded=reuse]; --cache help lists "
+                                      "them)");
     const bool block_mode = spec.mode != CacheMode::Anchor;
     if (block_mode) spec.anchor.refresh = 0;
     if (s.size() <= head.size() + 1) return spec;
@@ -109,10 +115,11 @@ CacheSpec parse_cache_spec(const std::string& s) {
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        if (block_mode && k != "refresh" && k != "drift")
-            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its keys: refresh, drift)");
-        if (!block_mode && k == "drift")
-            throw ParamError("cache", "option drift is for prefix and dual (block caches), not " + head);
+        if (block_mode && k != "refresh" && k != "drift" && k != "decoded")
+            throw ParamError("cache",
+                             "option '" + k + "' is unknown for " + head + " (its keys: refresh, drift, decoded)");
+        if (!block_mode && (k == "drift" || k == "decoded"))
+            throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
             size_t used = 0;
             double d = 0;
@@ -143,7 +150,11 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.refresh = integer(0);
         else if (k == "drift")
             spec.anchor.drift = num(0.0, 1.0);
-        else if (k == "masked") {
+        else if (k == "decoded") {
+            if (v != "reuse" && v != "compute")
+                throw ParamError("cache", "option decoded=" + v + ": expected 'reuse' or 'compute'");
+            spec.anchor.reuse_decoded = v == "reuse";
+        } else if (k == "masked") {
             if (v != "active" && v != "reuse")
                 throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
             spec.anchor.reuse_masked = v == "reuse";
@@ -259,24 +270,37 @@ void MdlmDenoiser::reset(int64_t length) {
         for (int64_t l = 0; l < c.n_blocks; ++l) create_layer(l);
     stats_ = CacheStats{};
     decisions_.clear();
+    at_time_.clear();
+}
+
+const MdlmDenoiser::TimeEntry& MdlmDenoiser::at_time(double t) {
+    auto it = at_time_.find(t);
+    if (it != at_time_.end()) return it->second;
+    if (at_time_.size() >= 1024) at_time_.clear(); // bounded: a sequence sampled at more distinct times recomputes
+    TimeEntry e;
+    e.cond = model_->step_conditioning(torch::full({1}, t, torch::kFloat32));
+    for (const auto& m : e.cond.blocks)
+        e.gate_means.push_back(0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>()));
+    return at_time_.emplace(t, std::move(e)).first->second;
 }
 
 torch::Tensor MdlmDenoiser::logits(const torch::Tensor& ids, double t, int64_t step, const torch::Tensor& positions) {
     torch::NoGradGuard ng;
     if (ids.dim() != 1) throw Error("MdlmDenoiser::logits: ids must be 1-D");
     if (ids.size(0) != length_) reset(ids.size(0));
-    auto c = model_->conditioning(torch::full({1}, t, torch::kFloat32));
+    const auto& at = at_time(t);
     auto x0 = model_->embed(ids.unsqueeze(0));
-    auto h = spec_.mode == CacheMode::Off ? dense_hidden(ids, x0, c, step) : cached_hidden(ids, x0, c, step, positions);
-    return model_->head(h.index_select(1, positions), c).squeeze(0);
+    auto h =
+        spec_.mode == CacheMode::Off ? dense_hidden(ids, x0, at, step) : cached_hidden(ids, x0, at, step, positions);
+    return model_->head(h.index_select(1, positions), at.cond).squeeze(0);
 }
 
-torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
+torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at,
                                          int64_t step) {
     auto x = x0;
     int64_t l = 0;
     for (auto& b : model_->block_list) {
-        x = b->forward(x, b->modulation(c), rope_);
+        x = b->forward(x, at.cond.blocks[static_cast<size_t>(l)], rope_);
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         ++l;
     }
@@ -312,7 +336,7 @@ double key_similarity(MdlmBlockImpl& b, const torch::Tensor& x, const BlockModul
 }
 } // namespace
 
-torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c,
+torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at,
                                           int64_t step, const torch::Tensor& positions) {
     const auto& a = spec_.anchor;
     const auto& cfg = model_->config();
@@ -328,16 +352,13 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         block_active.narrow(0, block_lo_, hi - block_lo_).fill_(true);
     }
     decisions_.clear();
-    // The gates depend on t only: every layer's modulation and gate mean first, then one gate decision for the step.
-    std::vector<BlockModulation> mods;
+    // The gates depend on t only: every layer's modulation and gate mean (at_time), then one gate decision for the
+    // step.
+    const auto& mods = at.cond.blocks;
     cache::StepSignals signals;
     signals.step = static_cast<int>(step);
     signals.num_steps = static_cast<int>(total_steps_);
-    for (auto& b : model_->block_list) {
-        mods.push_back(b->modulation(c));
-        const auto& m = mods.back();
-        signals.layer_gates.push_back(0.5 * (m.gate_attn.mean().item<double>() + m.gate_ffn.mean().item<double>()));
-    }
+    signals.layer_gates = at.gate_means;
     const auto gate = gate_policy_.decide(signals);
     auto x = x0;
     int64_t active_total = 0;
@@ -371,6 +392,10 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
         torch::Tensor active;
         if (block_mode) {
             active = layer_full ? torch::ones({length_}, torch::kBool) : block_active.clone();
+            // decoded=reuse: of the block, only its masks and the positions whose cached rows were computed with
+            // another token (decoded since) or have gone stale.
+            if (!layer_full && a.reuse_decoded)
+                active &= rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, false, true);
         } else {
             active = rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
             if (a.reuse_masked) active.index_fill_(0, positions, true);

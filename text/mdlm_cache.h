@@ -36,7 +36,10 @@
 // layers' inputs change with it). Shallow layers, whose states move least, keep their cache; a block's first step
 // still recomputes everything. G = 0: off (dual/prefix as above); G = 1: every layer whose probe moved at all.
 // The delayed cache of dKV-Cache (Ma et al. 2025) is the `anchor` rule's "token changed" term: a just-decoded
-// position is recomputed once with its new token, then cached.
+// position is recomputed once with its new token, then cached. `prefix|dual:decoded=reuse` applies it inside the
+// current block too: its [MASK] positions are computed every step, a position decoded at an earlier step once more
+// with its token, then it keeps its cached K/V and branch outputs until the next full step (dKV-Cache's delayed
+// cache; the block then costs its masked positions, not its length).
 #pragma once
 
 #include "cache/anchor_policy.h"
@@ -45,6 +48,7 @@
 #include "text/mdlm_model.h"
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +73,8 @@ struct AnchorCacheSettings {
     double budget_mib = 0.0; // byte budget of the store in MiB (0 = unlimited); an evicted layer is recomputed
     // prefix/dual: Elastic-Cache's drift threshold G on the most-attended cached token's key (0 = off; see above).
     double drift = 0.0;
+    // prefix/dual: the block's decoded positions are cached one step after decoding (dKV-Cache; see above).
+    bool reuse_decoded = false;
 };
 
 struct CacheSpec {
@@ -78,7 +84,8 @@ struct CacheSpec {
 };
 
 // "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
-// profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G]" | "dual[:refresh=R,drift=G]".
+// profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G,decoded=reuse]" |
+// "dual[:refresh=R,drift=G,decoded=reuse]".
 // Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)
@@ -157,8 +164,9 @@ public:
     std::function<torch::Tensor(int64_t step, int64_t layer, const torch::Tensor& rule_active)> override_active;
 
 private:
-    torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const torch::Tensor& c, int64_t step,
+    struct TimeEntry;
+    torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at, int64_t step);
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at, int64_t step,
                                 const torch::Tensor& positions);
     cache::CacheKey key(int64_t layer, MdlmSlot slot) const { return {ns_, int32_t(layer), int32_t(slot), 0}; }
     void create_layer(int64_t layer); // every slot of `layer` with no row written
@@ -180,6 +188,13 @@ private:
     int64_t block_lo_ = 0, block_hi_ = 0;
     bool block_started_ = false; // begin_block since the last step: the next step recomputes everything
     Rope rope_;
+    // StepConditioning and the per-layer gate means at each t of the sequence (the same t recur in every block).
+    struct TimeEntry {
+        StepConditioning cond;
+        std::vector<double> gate_means;
+    };
+    std::map<double, TimeEntry> at_time_;
+    const TimeEntry& at_time(double t);
     CacheStats stats_;
     std::vector<LayerDecision> decisions_;
 

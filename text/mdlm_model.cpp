@@ -293,9 +293,14 @@ OutputLayerImpl::OutputLayerImpl(const MdlmConfig& c) {
 
 torch::Tensor OutputLayerImpl::forward(const torch::Tensor& h, const torch::Tensor& c, const torch::Tensor& tied) {
     auto ch = adaLN_modulation->forward(c).unsqueeze(1).chunk(2, -1); // shift, scale
-    auto x = norm_final->forward(h) * (1 + ch[1]) + ch[0];
+    return forward(h, ch[0], ch[1], tied, linear->bias);
+}
+
+torch::Tensor OutputLayerImpl::forward(const torch::Tensor& h, const torch::Tensor& shift, const torch::Tensor& scale,
+                                       const torch::Tensor& tied, const torch::Tensor& bias) {
+    auto x = norm_final->forward(h) * (1 + scale) + shift;
     const auto& w = linear->weight.defined() ? linear->weight : tied;
-    return torch::nn::functional::linear(x, w, linear->bias);
+    return torch::nn::functional::linear(x, w, bias);
 }
 
 // ---- model ----------------------------------------------------------------------------------------------------------
@@ -402,6 +407,22 @@ torch::Tensor MdlmModelImpl::hidden(const torch::Tensor& ids, const torch::Tenso
 torch::Tensor MdlmModelImpl::head(const torch::Tensor& h, const torch::Tensor& c) {
     auto logits = output_layer->forward(h, c, vocab_embed->embedding);
     return logits + mask_bias_.to(logits.options());
+}
+
+StepConditioning MdlmModelImpl::step_conditioning(const torch::Tensor& t) {
+    StepConditioning s;
+    s.c = conditioning(t);
+    for (auto& b : block_list) s.blocks.push_back(b->modulation(s.c));
+    auto ch = output_layer->adaLN_modulation->forward(s.c).unsqueeze(1).chunk(2, -1);
+    s.head_shift = ch[0], s.head_scale = ch[1];
+    // Adding the [MASK] column's -inf to the bias gives the same bits as adding it to the logits: x + 0 = x, and the
+    // mask column is -inf either way.
+    s.head_bias = output_layer->linear->bias + mask_bias_.to(output_layer->linear->bias.options());
+    return s;
+}
+
+torch::Tensor MdlmModelImpl::head(const torch::Tensor& h, const StepConditioning& s) {
+    return output_layer->forward(h, s.head_shift, s.head_scale, vocab_embed->embedding, s.head_bias);
 }
 
 torch::Tensor MdlmModelImpl::forward(const torch::Tensor& ids, const torch::Tensor& t) {

@@ -115,6 +115,15 @@ struct BlockModulation {
     torch::Tensor gate_attn, gate_ffn;
 };
 
+// Everything a denoising step derives from t alone (batch 1 or [B]): the conditioning c, every block's modulation,
+// the head's adaLN shift/scale and its bias with [MASK] at -inf. A sampler revisits the same t in every
+// semi-autoregressive block (t runs 1 .. 1/S in each), so the cache keeps it per t (text/mdlm_cache.h).
+struct StepConditioning {
+    torch::Tensor c;
+    std::vector<BlockModulation> blocks;
+    torch::Tensor head_shift, head_scale, head_bias;
+};
+
 // Rotary tables for given positions: cos/sin [n, head_dim] (rotate-half convention, as SEDD/MDLM).
 struct Rope {
     torch::Tensor cos, sin;
@@ -198,6 +207,9 @@ struct OutputLayerImpl : torch::nn::Module {
     OutputLayerImpl(const MdlmConfig& cfg);
     // Logits [..., V] for hidden rows h [B, n, D] given c [B, C]; `tied` is the embedding when weights are tied.
     torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& c, const torch::Tensor& tied);
+    // The same from the modulation's shift and scale [B, 1, D] and a bias [V].
+    torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& shift, const torch::Tensor& scale,
+                          const torch::Tensor& tied, const torch::Tensor& bias);
     NormNoBias norm_final{nullptr};
     torch::nn::Linear adaLN_modulation{nullptr};
     HeadLinear linear{nullptr};
@@ -221,6 +233,9 @@ public:
                          std::vector<torch::Tensor>* per_layer = nullptr);
     // Logits with [MASK] at -inf (MDLM's SUBS parameterisation) for hidden rows [B, n, D].
     torch::Tensor head(const torch::Tensor& h, const torch::Tensor& c);
+    // c, every block's modulation and the head's, at times t [B]; head(h, s) equals head(h, s.c) bit for bit.
+    StepConditioning step_conditioning(const torch::Tensor& t);
+    torch::Tensor head(const torch::Tensor& h, const StepConditioning& s);
     // Full dense forward: logits [B, L, V] for internal ids [B, L] at times t [B].
     torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& t);
 
