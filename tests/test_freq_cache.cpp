@@ -23,16 +23,17 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.45");
+          "correct=1,skip=1,skipdrift=0.45,noise=0.7");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45");
+          "skip=1,skipdrift=0.45,noise=0.7");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45");
-    CHECK(parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0")->spec() ==
-          "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
-          "skip=0,skipdrift=0");
+          "skip=1,skipdrift=0.45,noise=0.7");
+    CHECK(
+        parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0")->spec() ==
+        "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
+        "skip=0,skipdrift=0,noise=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -240,8 +241,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         // last=0: the last step follows the rules like any other (full at 0, 4, 8; 9-11 are the three reuses).
         auto free_last = parse_cache_mode("freq:thr=1e30,span=0,drift=0,max=3,last=0");
         CHECK(free_last->spec().find(",last=0") != std::string::npos);
-        CHECK(run_tiny(models, *free_last, 12).full ==
-              std::vector<bool>{1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0});
+        CHECK(run_tiny(models, *free_last, 12).full == std::vector<bool>{1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0});
         auto fq = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,tau=0.01");
         auto r = run_tiny(models, *fq, 10);
         DeepCacheDenoiser dc(3, 0);
@@ -547,6 +547,73 @@ TEST_CASE("freq probe=det: the decision looks at the input less the injected noi
     CHECK_THROWS_AS(det.update(*models.unet, x0, n.narrow(0, 0, 1)), Error);
 }
 
+TEST_CASE("freq noise=V: under injected noise a full step once the noise since the last full step reaches V of the "
+          "noise level; drift is not applied there",
+          "[freq][sd]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
+    Txt2ImgPipeline pipe(models);
+    Txt2ImgParams p;
+    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
+    p.guidance_scale = cfg.value("guidance_scale", 7.5);
+    p.steps = 16;
+    p.seed = 42;
+    p.width = pcfg.at("width").get<int>();
+    p.height = pcfg.at("height").get<int>();
+    p.sampler = SamplerKind::EulerAncestral;
+    c10::InferenceMode guard;
+    // Only first/last and the noise rule decide (thr and span out of reach; drift=1e-12 would fire at every step if
+    // it were applied).
+    const double V = 0.7;
+    auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=1e-12,noise=0.7");
+    pipe.run(p, fq.get());
+    const auto& log = fq->log();
+    int reuses = 0, noisy = 0, checked = 0;
+    for (size_t k = 0; k < log.size(); ++k) {
+        INFO("step " << k << " why " << log[k].why << " injected " << log[k].injected);
+        CHECK(log[k].why.find("drift") == std::string::npos);
+        if (log[k].why == "noise") {
+            ++noisy;
+            CHECK(log[k].injected >= V);
+        }
+        if (log[k].full) continue;
+        ++reuses;
+        CHECK(log[k].injected < V);
+        CHECK(log[k].injected > 0);
+        // Right after a full step the noise since it is the fresh noise of one Euler a step, sigma_up z in the
+        // latents: against sigma_k, sigma_up / sigma_k = sqrt(1 - sigma_k^2 / sigma_{k-1}^2) (k-diffusion's
+        // get_ancestral_step, eta 1) times the RMS of z (~1 over these few hundred values).
+        if (k >= 1 && log[k - 1].full) {
+            const double s1 = log[k - 1].noise_level, s = log[k].noise_level;
+            CHECK(log[k].injected == Approx(std::sqrt(1.0 - s * s / (s1 * s1))).epsilon(0.2));
+            ++checked;
+        }
+    }
+    CHECK(reuses > 0);
+    CHECK(noisy > 0);
+    CHECK(checked > 0);
+    CHECK(cache_log_json(*fq)["steps"][1].contains("injected"));
+    // noise=0: the drift rule applies under injected noise as before (and fires here).
+    auto off = parse_cache_mode("freq:thr=1e30,span=0,drift=1e-12,noise=0");
+    pipe.run(p, off.get());
+    bool drift = false;
+    for (const auto& s : off->log()) drift = drift || s.why.find("drift") != std::string::npos;
+    CHECK(drift);
+    // A deterministic sampler injects nothing: the rule never fires and the run is noise=0's.
+    p.sampler = SamplerKind::DDIM;
+    auto det = parse_cache_mode("freq:thr=1e30,span=0.5,noise=0.7"),
+         det0 = parse_cache_mode("freq:thr=1e30,span=0.5,noise=0");
+    torch::Tensor a, b;
+    pipe.run(p, det.get(), {}, [&](const StepRecord& r) { a = r.latents; });
+    pipe.run(p, det0.get(), {}, [&](const StepRecord& r) { b = r.latents; });
+    CHECK(torch::equal(a, b));
+    for (const auto& s : det->log()) CHECK(s.injected == 0.0);
+    CHECK_THROWS_WITH(parse_cache_mode("freq:noise=-1"), Catch::Contains("noise"));
+}
+
 TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last two computed ones, by hand",
           "[freq][sd]") {
     namespace fs = std::filesystem;
@@ -628,7 +695,8 @@ TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last
     }
     CHECK(forecasts > 0);
     // A bound just under the largest drift of a forecast step takes that step (at least) off the forecasts.
-    auto cut = parse_cache_mode("freq:thr=1e30,span=0.5,drift=1e30,skip=2,skipdrift=" + std::to_string(largest * 0.999));
+    auto cut =
+        parse_cache_mode("freq:thr=1e30,span=0.5,drift=1e30,skip=2,skipdrift=" + std::to_string(largest * 0.999));
     pipe.run(p, cut.get());
     for (const auto& s : cut->log())
         if (s.forecast) CHECK(s.drift < largest * 0.999);

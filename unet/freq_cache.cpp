@@ -93,7 +93,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,last=0|1,decide=batch|image,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,noise=V,last=0|1,decide=batch|image,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -105,7 +105,10 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
          "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM), and only while the "
-         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); last=0 lets the "
+         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); noise=V "
+         "(default 0.7, 0 = off): with a sampler that injects noise (Euler a), a full step once the noise injected "
+         "since "
+         "the last full step reaches V of the noise level (drift is not applied there); last=0 lets the "
          "last step be reused (default 1: always full); decide=batch (default) gives a batch of images one decision "
          "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
          "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
@@ -126,8 +129,9 @@ std::string FreqParams::describe() const {
            ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
-           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + (last ? "" : ",last=0") +
-           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
+           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
+           (last ? "" : ",last=0") + (per_image ? ",decide=image" : "") +
+           (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -260,6 +264,7 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.ba
     if (p.order != 1 && p.order != 2)
         throw ParamError("cache", "freq: order must be 1 or 2, got " + std::to_string(p.order));
     if (!(p.drift >= 0)) throw ParamError("cache", "freq: drift must be >= 0, got " + fmt_num(p.drift));
+    if (!(p.noise >= 0)) throw ParamError("cache", "freq: noise must be >= 0, got " + fmt_num(p.noise));
     if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
@@ -281,6 +286,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"correct", p_.correct},
             {"skip", p_.skip},
             {"skipdrift", p_.skip_drift},
+            {"noise", p_.noise},
             {"last", p_.last},
             {"decide", p_.per_image ? "image" : "batch"}};
 }
@@ -391,10 +397,11 @@ struct FreqAnchorDenoiser::LanePlan {
     const char* why = "";
     double accumulated = 0, drift = 0, calibration = 1, anchored = 0;
     bool calibrated = false;
-    Tensor feature;  // Shallow: the reuse feature handed to the shallow path
-    Tensor noise;    // Shallow with probe=det: the noise injected since the last full step, D
-    double gain = 0; // ... and its effect per unit on the output
-    Tensor out;      // Forecast: the forecast model output
+    Tensor feature;   // Shallow: the reuse feature handed to the shallow path
+    Tensor injected;  // Shallow with probe=det: the noise injected since the last full step, D
+    double gain = 0;  // ... and its effect per unit on the output
+    double noise = 0; // noise=V: D's RMS against the step's noise level
+    Tensor out;       // Forecast: the forecast model output
 };
 
 namespace {
@@ -423,7 +430,8 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     pl.accumulated = full ? 0.0 : lane.policy.accumulated();
     // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
     // trajectory has left that forecast gets a full step whatever its accumulated change.
-    if (!full && p_.drift > 0 && lane.e1.defined()) {
+    const bool noise_rule = p_.noise > 0 && injected_.present;
+    if (!full && p_.drift > 0 && !noise_rule && lane.e1.defined()) {
         auto forecast = lane.e0.defined() && lane.u1 != lane.u0
                             ? lane.e1 + (lane.e1 - lane.e0) * ((u - lane.u1) / (lane.u1 - lane.u0))
                             : lane.e1;
@@ -431,6 +439,19 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
             pl.drift = ShallowProbe::largest_image_change(e, forecast, lane.images);
             if (pl.drift > p_.drift) full = true, why = "drift";
         }
+    }
+    // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step.
+    Tensor D;
+    if (injected_.part.defined()) {
+        D = lane_rows(injected_.part, lane.rows);
+        if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
+            D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
+    }
+    if (!full && noise_rule && D.defined()) {
+        // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
+        const double sigma = noise_level(step), level = sigma / std::sqrt(1.0 + sigma * sigma);
+        pl.noise = level > 0 ? std::sqrt(D.to(torch::kFloat).square().mean().item<double>()) / level : 0.0;
+        if (pl.noise >= p_.noise) full = true, why = "noise";
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
     // the store has no such entry (first step, a new batch size, an eviction) the step is full.
@@ -477,11 +498,8 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
     // effect added back analytically (FreqParams::probe_det).
     const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
-    if (p_.probe_det && injected_.part.defined() && gain > 0) {
-        auto D = lane_rows(injected_.part, lane.rows);
-        if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
-            D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
-        pl.noise = D;
+    if (p_.probe_det && D.defined() && gain > 0) {
+        pl.injected = D;
         pl.gain = gain;
     }
     return pl;
@@ -613,17 +631,17 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         }
         const Tensor F = assemble([&](int b) { return plans[size_t(b)].feature; });
         // probe=det applies to every image of a step or to none (the sampler injects into all of them).
-        const bool det = plans[size_t(ids.front())].noise.defined();
+        const bool det = plans[size_t(ids.front())].injected.defined();
         Tensor og;
         if (det) {
-            const Tensor D = assemble([&](int b) { return plans[size_t(b)].noise; });
+            const Tensor D = assemble([&](int b) { return plans[size_t(b)].injected; });
             og = unet.forward_shallow(gather(x) - D, t, cond, p_.branch, F);
         } else {
             og = unet.forward_shallow(gather(x), t, cond, p_.branch, F, gather(probe_.stem()));
         }
         for (int b : ids) {
             const auto& pl = plans[size_t(b)];
-            place(b, det ? part(og, b) + pl.noise * pl.gain : part(og, b));
+            place(b, det ? part(og, b) + pl.injected * pl.gain : part(og, b));
         }
     };
     run_group(LanePlan::Kind::Full);
@@ -640,6 +658,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         const auto& pl = plans[size_t(b)];
         rec.accumulated = std::max(rec.accumulated, pl.accumulated);
         rec.drift = std::max(rec.drift, pl.drift);
+        rec.injected = std::max(rec.injected, pl.noise);
         if (pl.calibrated) calibration += pl.calibration, ++calibrated_n;
         if (pl.kind == LanePlan::Kind::Forecast) {
             ++forecast_n;
@@ -814,6 +833,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.probe_det = either("det", "raw", "det");
                 } else if (k == "correct") {
                     p.correct = either("0", "1", "1");
+                } else if (k == "noise") {
+                    p.noise = parse_double(spec, k, v);
+                    if (!(p.noise >= 0)) bad_mode(spec, "noise must be >= 0, got '" + v + "'");
                 } else if (k == "skipdrift") {
                     p.skip_drift = parse_double(spec, k, v);
                     if (!(p.skip_drift >= 0)) bad_mode(spec, "skipdrift must be >= 0, got '" + v + "'");
@@ -867,6 +889,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"drift", r.drift},
                          {"calibration", r.calibration},
                          {"forecast", r.forecast},
+                         {"injected", r.injected},
                          {"full_share", r.full_share},
                          {"why", r.why},
                          {"macs", r.macs},

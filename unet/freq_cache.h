@@ -69,11 +69,13 @@ struct CacheStepLog {
     double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
     double calibration = 1;       // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
     bool forecast = false;        // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
+    double injected = 0;          // freq noise=V: the noise injected since the last full step, against the step's noise
     // The share of the batch's images that ran the full UNet at this step: freq decides per image (1 for one image;
     // DeepCache and off decide for the batch, 1 or 0). `full` is set when any image did.
     double full_share = 1;
     // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
-    // bound), "drift" (the probe left its forecast), "store" (no usable cached entry), "interval" (DeepCache), "off";
+    // bound), "drift" (the probe left its forecast), "noise" (injected noise, freq noise=V), "store" (no usable cached
+    // entry), "interval" (DeepCache), "off";
     // "" for a reuse.
     std::string why;
 };
@@ -145,6 +147,16 @@ struct FreqParams {
     // at the same full steps; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast
     // here (tests/bench/results/eval_cache_2026-12-03/README.md).
     double skip_drift = 0.45;
+    // noise=V (0 = off): with a sampler that injects noise (Euler a, DDIM with eta > 0), a full step once the noise
+    // injected since the last full step, carried to this step (D of probe=det), reaches V times the noise of the
+    // step's input: RMS(D) / (sigma_k / sqrt(1 + sigma_k^2)) >= V (model-input units, Euler-type and DDIM-type
+    // alike). Fresh noise is what no cached feature has seen and no forecast can follow, so it bounds the reuse run
+    // in the sampler's own units, whatever the step count. Under injected noise the drift rule is not applied: the
+    // probe's energies carry each step's fresh noise, which their forecast from the full steps cannot follow, so
+    // drift there measures the noise this rule already bounds. 0.7 was chosen on held-out prompts x seeds 7001-7002,
+    // one image at a time (tests/bench/results/eval_cache_2026-12-03c/): Euler a 20 and 50 steps, against the rules
+    // without it (drift, no bound on the run) as fast or faster and 6-8 dB closer to the uncached image.
+    double noise = 0.7;
     bool last = true; // last=1: the last step is always full; last=0: it follows the rules like any other
     // decide=image|batch: who decides the full steps of a batch of several images. batch: one decision for all, from
     // the image that changes (or drifts) most, so no image is reused past its own bounds and a batch is at least as
@@ -256,7 +268,7 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
-    bool wants_injected_noise() const override { return p_.probe_det; }
+    bool wants_injected_noise() const override { return p_.probe_det || p_.noise > 0; }
     void set_sampler_history(int earlier_outputs) override { sampler_history_ = earlier_outputs; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
