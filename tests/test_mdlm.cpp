@@ -176,6 +176,20 @@ TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row
         auto mod = b->modulation(m->conditioning(torch::tensor({0.4f})));
         auto rope = m->rope(L, x.options());
         const auto dense = b->forward(x, mod, rope);
+        // The one-pass rotary embedding is the rotate-half tensor expression, bit for bit, on the strided q and k.
+        {
+            torch::Tensor q, k, v;
+            const auto h = b->attn_input(x, mod);
+            b->qkv(h, rope, q, k, v);
+            const auto t = b->attn_qkv->forward(h).view({1, L, 3, c.n_heads, c.head_dim()}).permute({2, 0, 3, 1, 4});
+            auto rotate = [&](const torch::Tensor& y) {
+                const auto half = y.size(-1) / 2;
+                const auto rot = torch::cat({-y.narrow(-1, half, half), y.narrow(-1, 0, half)}, -1);
+                return y * rope.cos + rot * rope.sin;
+            };
+            CHECK(torch::equal(q, rotate(t[0])));
+            CHECK(torch::equal(k, rotate(t[1])));
+        }
         DenseLatents lat(c.n_heads, L, c.head_dim(), c.hidden_size);
         CHECK(torch::equal(b->forward_cached(x, mod, rope, torch::arange(L, torch::kInt64), lat), dense));
         // Anchored rows holding the current values: any subset gives the dense result (up to the gathered products).

@@ -153,6 +153,36 @@ Rope Rope::select(const torch::Tensor& positions) const {
 
 static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
     // x [B, H, n, d]; rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin repeated over halves.
+    // float32 on the CPU: one pass over x (it is a strided view of the fused qkv projection) with the same two
+    // products and one sum per element as the tensor expression below, so the same bits, without its six
+    // intermediate tensors (a block step of the dual cache computes a few rows, where those dominate).
+    const bool plain = x.device().is_cpu() && x.dim() == 4 && x.scalar_type() == torch::kFloat &&
+                       r.cos.scalar_type() == torch::kFloat && r.sin.scalar_type() == torch::kFloat &&
+                       r.cos.dim() == 2 && r.cos.sizes() == r.sin.sizes() && r.cos.size(0) == x.size(2) &&
+                       r.cos.size(1) == x.size(3) && x.size(3) % 2 == 0 && r.cos.is_contiguous() &&
+                       r.sin.is_contiguous();
+    if (plain) {
+        auto out = torch::empty(x.sizes(), x.options());
+        const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3), h = d / 2;
+        const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2), s3 = x.stride(3);
+        const float *xp = x.data_ptr<float>(), *cp = r.cos.data_ptr<float>(), *sp = r.sin.data_ptr<float>();
+        float* op = out.data_ptr<float>();
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t hh = 0; hh < H; ++hh)
+                for (int64_t i = 0; i < n; ++i) {
+                    const float* xi = xp + b * s0 + hh * s1 + i * s2;
+                    const float *c = cp + i * d, *sn = sp + i * d;
+                    float* o = op + ((b * H + hh) * n + i) * d;
+                    for (int64_t j = 0; j < h; ++j) {
+                        const float x1 = xi[j * s3], x2 = xi[(j + h) * s3];
+                        const float a = x1 * c[j], bb = -x2 * sn[j];
+                        o[j] = a + bb;
+                        const float a2 = x2 * c[j + h], b2 = x1 * sn[j + h];
+                        o[j + h] = a2 + b2;
+                    }
+                }
+        return out;
+    }
     auto half = x.size(-1) / 2;
     auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
     auto rot = torch::cat({-x2, x1}, -1);
