@@ -179,11 +179,11 @@ unet::SDModels deepcache_models() {
     return sdgolden::load_run_models(dir, sdgolden::read_json_file(dir / "config.json"));
 }
 
-TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
+// The DeepCache golden's prompts and guidance, seed 42, at `steps` of `sampler`.
+Txt2ImgParams tiny_params(int steps, SamplerKind sampler) {
     namespace fs = std::filesystem;
     const fs::path dir = test::golden("sd/deepcache");
     auto cfg = sdgolden::read_json_file(dir / "config.json");
-    Txt2ImgPipeline pipe(models);
     Txt2ImgParams p;
     p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
     p.guidance_scale = cfg.value("guidance_scale", 7.5);
@@ -193,7 +193,13 @@ TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
     auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
     p.width = pcfg.at("width").get<int>();
     p.height = pcfg.at("height").get<int>();
-    p.sampler = SamplerKind::DDIM;
+    p.sampler = sampler;
+    return p;
+}
+
+TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
+    Txt2ImgPipeline pipe(models);
+    const auto p = tiny_params(steps, SamplerKind::DDIM);
     c10::InferenceMode guard;
     TinyRun out;
     auto r = pipe.run(p, &ctl, {}, [&](const StepRecord&) { out.full.push_back(ctl.last_step_was_full()); });
@@ -550,20 +556,9 @@ TEST_CASE("freq probe=det: the decision looks at the input less the injected noi
 TEST_CASE("freq noise=V: under injected noise a full step once the noise since the last full step reaches V of the "
           "noise level; drift is not applied there",
           "[freq][sd]") {
-    namespace fs = std::filesystem;
-    const fs::path dir = test::golden("sd/deepcache");
-    auto cfg = sdgolden::read_json_file(dir / "config.json");
-    auto models = sdgolden::load_run_models(dir, cfg);
-    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
+    auto models = deepcache_models();
     Txt2ImgPipeline pipe(models);
-    Txt2ImgParams p;
-    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
-    p.guidance_scale = cfg.value("guidance_scale", 7.5);
-    p.steps = 16;
-    p.seed = 42;
-    p.width = pcfg.at("width").get<int>();
-    p.height = pcfg.at("height").get<int>();
-    p.sampler = SamplerKind::EulerAncestral;
+    auto p = tiny_params(16, SamplerKind::EulerAncestral);
     c10::InferenceMode guard;
     // Only first/last and the noise rule decide (thr and span out of reach; drift=1e-12 would fire at every step if
     // it were applied).
@@ -616,20 +611,9 @@ TEST_CASE("freq noise=V: under injected noise a full step once the noise since t
 
 TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last two computed ones, by hand",
           "[freq][sd]") {
-    namespace fs = std::filesystem;
-    const fs::path dir = test::golden("sd/deepcache");
-    auto cfg = sdgolden::read_json_file(dir / "config.json");
-    auto models = sdgolden::load_run_models(dir, cfg);
-    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
+    auto models = deepcache_models();
     Txt2ImgPipeline pipe(models);
-    Txt2ImgParams p;
-    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
-    p.guidance_scale = cfg.value("guidance_scale", 7.5);
-    p.steps = 16;
-    p.seed = 42;
-    p.width = pcfg.at("width").get<int>();
-    p.height = pcfg.at("height").get<int>();
-    p.sampler = SamplerKind::DDIM;
+    auto p = tiny_params(16, SamplerKind::DDIM);
     c10::InferenceMode guard;
     for (int skip : {1, 2}) {
         INFO("skip=" << skip);

@@ -107,8 +107,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM), and only while the "
          "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); noise=V "
          "(default 0.7, 0 = off): with a sampler that injects noise (Euler a), a full step once the noise injected "
-         "since "
-         "the last full step reaches V of the noise level (drift is not applied there); last=0 lets the "
+         "since the last full step reaches V of the noise level (drift is not applied there); last=0 lets the "
          "last step be reused (default 1: always full); decide=batch (default) gives a batch of images one decision "
          "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
          "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
@@ -440,14 +439,15 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
             if (pl.drift > p_.drift) full = true, why = "drift";
         }
     }
-    // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step.
+    // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step:
+    // worked out once, for the noise rule and probe=det, on a step that may be a reuse.
     Tensor D;
-    if (injected_.part.defined()) {
+    if (!full && injected_.part.defined() && (noise_rule || p_.probe_det)) {
         D = lane_rows(injected_.part, lane.rows);
         if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
             D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
     }
-    if (!full && noise_rule && D.defined()) {
+    if (noise_rule && D.defined()) {
         // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
         const double sigma = noise_level(step), level = sigma / std::sqrt(1.0 + sigma * sigma);
         pl.noise = level > 0 ? std::sqrt(D.to(torch::kFloat).square().mean().item<double>()) / level : 0.0;
