@@ -23,17 +23,17 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.45,noise=0.7");
+          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
     CHECK(
-        parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0")->spec() ==
+        parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
         "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
-        "skip=0,skipdrift=0,noise=0");
+        "skip=0,skipdrift=0,noise=0,noiseskip=0");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -609,6 +609,66 @@ TEST_CASE("freq noise=V: under injected noise a full step once the noise since t
     CHECK_THROWS_WITH(parse_cache_mode("freq:noise=-1"), Catch::Contains("noise"));
 }
 
+TEST_CASE("freq noiseskip=W: under injected noise a reuse step holds the last computed denoised estimate, by hand",
+          "[freq][sd]") {
+    // The two conversions invert each other for every prediction type that has a denoised estimate to hold.
+    auto x = torch::randn({2, 4, 3, 3}), out = torch::randn({2, 4, 3, 3});
+    for (auto pt : {PredictionType::Epsilon, PredictionType::VPrediction, PredictionType::Sample}) {
+        const auto x0 = FreqAnchorDenoiser::denoised_estimate(x, out, 1.7, pt);
+        CHECK(test::max_abs_diff(FreqAnchorDenoiser::output_for(x, x0, 1.7, pt, torch::kFloat), out) < 1e-5);
+    }
+    // Epsilon by hand: the input is (x0 + sigma eps) / sqrt(1 + sigma^2).
+    const auto x0 = torch::randn({1, 4, 2, 2}), eps = torch::randn({1, 4, 2, 2});
+    const double sigma = 2.5, r = std::sqrt(1 + sigma * sigma);
+    CHECK(test::max_abs_diff(
+              FreqAnchorDenoiser::denoised_estimate((x0 + sigma * eps) / r, eps, sigma, PredictionType::Epsilon), x0) <
+          1e-5);
+
+    auto models = deepcache_models();
+    Txt2ImgPipeline pipe(models);
+    auto p = tiny_params(16, SamplerKind::EulerAncestral);
+    c10::InferenceMode guard;
+    // Only first/last and the noise rule decide; W = V so that every first reuse after a computed step is forecast.
+    auto fq = parse_cache_mode("freq:thr=1e30,span=0,noise=0.9,noiseskip=0.9,skip=1");
+    std::vector<StepRecord> recs;
+    pipe.run(p, fq.get(), {}, [&](const StepRecord& r) { recs.push_back(r); });
+    const auto& log = fq->log();
+    REQUIRE(log.size() == recs.size());
+    int forecasts = 0;
+    long computed = -1; // the last step whose output a UNet computed
+    for (size_t k = 0; k < log.size(); ++k) {
+        INFO("step " << k << " injected " << log[k].injected);
+        if (!log[k].forecast) {
+            computed = long(k);
+            continue;
+        }
+        ++forecasts;
+        CHECK_FALSE(log[k].full);
+        CHECK(log[k].macs == 0.0);
+        CHECK(log[k].injected < 0.9);
+        REQUIRE(computed >= 0);
+        CHECK(long(k) - computed == 1); // skip=1: one forecast in a row
+        const auto& c = recs[size_t(computed)];
+        const double sc = log[size_t(computed)].noise_level, sk = log[k].noise_level;
+        const auto held = c.model_input * std::sqrt(1 + sc * sc) - c.noise_pred * sc;
+        const auto expect = (recs[k].model_input * std::sqrt(1 + sk * sk) - held) / sk;
+        CHECK(test::max_abs_diff(recs[k].noise_pred, expect) <= 1e-5 * expect.abs().max().item<double>());
+    }
+    CHECK(forecasts > 0);
+    // W = 0: the shallow path at every reuse; a deterministic sampler is not affected (nothing injected).
+    auto none = parse_cache_mode("freq:thr=1e30,span=0,noise=0.9,noiseskip=0,skip=1");
+    pipe.run(p, none.get());
+    for (const auto& s : none->log()) CHECK_FALSE(s.forecast);
+    p.sampler = SamplerKind::DDIM;
+    auto det = parse_cache_mode("freq:thr=1e30,span=0.5"),
+         det0 = parse_cache_mode("freq:thr=1e30,span=0.5,noiseskip=0");
+    torch::Tensor a, b;
+    pipe.run(p, det.get(), {}, [&](const StepRecord& r) { a = r.latents; });
+    pipe.run(p, det0.get(), {}, [&](const StepRecord& r) { b = r.latents; });
+    CHECK(torch::equal(a, b));
+    CHECK_THROWS_WITH(parse_cache_mode("freq:noiseskip=-0.5"), Catch::Contains("noiseskip"));
+}
+
 TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last two computed ones, by hand",
           "[freq][sd]") {
     auto models = deepcache_models();
@@ -643,9 +703,9 @@ TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last
         CHECK(cache_log_json(*fq)["steps"][computed.back() + 1 < log.size() ? computed.back() + 1 : 0].contains(
             "forecast"));
     }
-    // A step into which the sampler injected noise is computed: Euler a never forecasts.
+    // With noiseskip=0 a step into which the sampler injected noise is computed: Euler a never forecasts.
     p.sampler = SamplerKind::EulerAncestral;
-    auto fq = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=2");
+    auto fq = parse_cache_mode("freq:thr=1e30,span=0.5,drift=0,skip=2,noiseskip=0");
     pipe.run(p, fq.get());
     for (const auto& s : fq->log()) CHECK_FALSE(s.forecast);
     // Nor does a sampler whose step combines more than one earlier output (LMS: order 4).

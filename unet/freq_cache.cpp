@@ -93,7 +93,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,noise=V,last=0|1,decide=batch|image,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,last=0|1,decide=batch|image,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -104,10 +104,12 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
-         "from the last two computed steps (never a step with injected noise, nor with LMS/PNDM), and only while the "
-         "probe's drift is below skipdrift=D (default 0.45, 0 = no bound; else the shallow path runs); noise=V "
-         "(default 0.7, 0 = off): with a sampler that injects noise (Euler a), a full step once the noise injected "
-         "since the last full step reaches V of the noise level (drift is not applied there); last=0 lets the "
+         "from the last two computed steps (not with LMS/PNDM), and only while the probe's drift is below skipdrift=D "
+         "(default 0.45, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
+         "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
+         "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
+         "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
+         "(no UNet layer; above W the shallow path runs); last=0 lets the "
          "last step be reused (default 1: always full); decide=batch (default) gives a batch of images one decision "
          "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
          "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
@@ -129,7 +131,7 @@ std::string FreqParams::describe() const {
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
-           (last ? "" : ",last=0") + (per_image ? ",decide=image" : "") +
+           ",noiseskip=" + fmt_num(noise_skip) + (last ? "" : ",last=0") + (per_image ? ",decide=image" : "") +
            (profile.empty() ? "" : ",profile=" + profile);
 }
 
@@ -286,6 +288,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"skip", p_.skip},
             {"skipdrift", p_.skip_drift},
             {"noise", p_.noise},
+            {"noiseskip", p_.noise_skip},
             {"last", p_.last},
             {"decide", p_.per_image ? "image" : "batch"}};
 }
@@ -410,6 +413,41 @@ Tensor lane_rows(const Tensor& t, const Tensor& rows) {
 }
 } // namespace
 
+// The model input is c (x0 + sigma eps) with c = 1 / sqrt(1 + sigma^2) for both sampler families (Euler-type scale
+// their latents by c; a DDIM-type sample sqrt(abar) x0 + sqrt(1 - abar) eps is the same with sigma^2 = (1 - abar) /
+// abar), so x0 = x sqrt(1 + sigma^2) - sigma eps; v = c eps - c sigma x0 (diffusers' alpha_t eps - sigma_t x0) gives
+// x0 = c x - c sigma v. A 9-channel inpainting input's latents are its first channels.
+Tensor FreqAnchorDenoiser::denoised_estimate(const Tensor& x, const Tensor& out, double sigma, PredictionType p) {
+    const double r = std::sqrt(1.0 + sigma * sigma);
+    const auto xt = x.narrow(1, 0, out.size(1)).to(torch::kFloat);
+    const auto o = out.to(torch::kFloat);
+    switch (p) {
+    case PredictionType::Epsilon:
+        return xt * r - o * sigma;
+    case PredictionType::VPrediction:
+        return (xt - o * sigma) / r;
+    case PredictionType::Sample:
+        break;
+    }
+    return o;
+}
+
+Tensor FreqAnchorDenoiser::output_for(const Tensor& x, const Tensor& x0, double sigma, PredictionType p,
+                                      torch::ScalarType dtype) {
+    const double r = std::sqrt(1.0 + sigma * sigma);
+    const auto xt = x.narrow(1, 0, x0.size(1)).to(torch::kFloat);
+    const auto eps = (xt * r - x0) / sigma;
+    switch (p) {
+    case PredictionType::Epsilon:
+        return eps.to(dtype);
+    case PredictionType::VPrediction:
+        return ((eps - x0 * sigma) / r).to(dtype);
+    case PredictionType::Sample:
+        break;
+    }
+    return x0.to(dtype);
+}
+
 FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_change, const Tensor& prev_energies,
                                                       int step, double u) {
     LanePlan pl;
@@ -442,16 +480,18 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step:
     // worked out once, for the noise rule and probe=det, on a step that may be a reuse.
     Tensor D;
-    if (!full && injected_.part.defined() && (noise_rule || p_.probe_det)) {
+    const bool noise_skip = p_.noise_skip > 0 && p_.skip > 0 && injected_.present;
+    if (!full && injected_.part.defined() && (noise_rule || noise_skip || p_.probe_det)) {
         D = lane_rows(injected_.part, lane.rows);
         if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
             D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
     }
-    if (noise_rule && D.defined()) {
+    const double sigma = noise_level(step);
+    if ((noise_rule || noise_skip) && D.defined()) {
         // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
-        const double sigma = noise_level(step), level = sigma / std::sqrt(1.0 + sigma * sigma);
+        const double level = sigma / std::sqrt(1.0 + sigma * sigma);
         pl.noise = level > 0 ? std::sqrt(D.to(torch::kFloat).square().mean().item<double>()) / level : 0.0;
-        if (pl.noise >= p_.noise) full = true, why = "noise";
+        if (noise_rule && pl.noise >= p_.noise) full = true, why = "noise";
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
     // the store has no such entry (first step, a new batch size, an eviction) the step is full.
@@ -460,13 +500,21 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     if (!full) F1 = lane.features.get(p_.branch, kFeature, 0, step, staleness());
     if (!full && (!F1 || F1->size(0) != rows)) full = true, why = "store";
     if (full && decision.action != cache::Action::Full) lane.policy.mark_full(step);
-    // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected.
-    const bool forecast = !full && p_.skip > 0 && lane.forecasts < p_.skip && lane.o0.defined() &&
-                          lane.uo1 != lane.uo0 && lane.o1.size(0) == rows && !injected_.present &&
-                          sampler_history_ <= 1 && (p_.skip_drift <= 0 || pl.drift < p_.skip_drift);
-    if (forecast) {
+    // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected;
+    // under injected noise (noiseskip=W) the denoised estimate of the last computed step held, while the noise since
+    // the last full step stays below W.
+    const bool may_forecast = !full && p_.skip > 0 && lane.forecasts < p_.skip && sampler_history_ <= 1 &&
+                              (p_.skip_drift <= 0 || pl.drift < p_.skip_drift);
+    if (may_forecast && !injected_.present && lane.o0.defined() && lane.uo1 != lane.uo0 && lane.o1.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
         pl.out = lane.o1 + (lane.o1 - lane.o0) * ((u - lane.uo1) / (lane.uo1 - lane.uo0));
+        ++lane.forecasts;
+        return pl;
+    }
+    if (may_forecast && noise_skip && pl.noise < p_.noise_skip && sigma > 0 && lane.x0.defined() &&
+        lane.x0.size(0) == rows) {
+        pl.kind = LanePlan::Kind::Forecast;
+        pl.out = output_for(lane_rows(x_, lane.rows), lane.x0, sigma, injected_.prediction, lane.o1.scalar_type());
         ++lane.forecasts;
         return pl;
     }
@@ -562,6 +610,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         for (int b = 0; b < n; ++b)
             if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
                 lanes_[size_t(b)].rows = image_rows(b, R, n, torch::kCPU);
+    x_ = x;
     const Tensor prev_energies = probe_.energies();
     CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
@@ -666,6 +715,8 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         }
         lane.o0 = lane.o1, lane.uo0 = lane.uo1;
         lane.o1 = n == 1 ? out : lane_rows(out, lane.rows), lane.uo1 = u;
+        if (p_.noise_skip > 0 && p_.skip > 0 && injected_.present && noise_level(step) > 0)
+            lane.x0 = denoised_estimate(lane_rows(x, lane.rows), lane.o1, noise_level(step), injected_.prediction);
         lane.forecasts = 0;
         if (pl.kind == LanePlan::Kind::Full) {
             ++full_n;
@@ -686,6 +737,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (shallow_n) rec.macs += shallow_n * step_macs(unet, x, ctx, false, p_.branch) / n;
     rec.ms = ms_since(t0);
     log_.push_back(rec);
+    x_ = Tensor();
     return out;
 }
 
@@ -836,6 +888,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "noise") {
                     p.noise = parse_double(spec, k, v);
                     if (!(p.noise >= 0)) bad_mode(spec, "noise must be >= 0, got '" + v + "'");
+                } else if (k == "noiseskip") {
+                    p.noise_skip = parse_double(spec, k, v);
+                    if (!(p.noise_skip >= 0)) bad_mode(spec, "noiseskip must be >= 0, got '" + v + "'");
                 } else if (k == "skipdrift") {
                     p.skip_drift = parse_double(spec, k, v);
                     if (!(p.skip_drift >= 0)) bad_mode(spec, "skipdrift must be >= 0, got '" + v + "'");

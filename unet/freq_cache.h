@@ -157,6 +157,15 @@ struct FreqParams {
     // one image at a time (tests/bench/results/eval_cache_2026-12-03c/): Euler a 20 and 50 steps, against the rules
     // without it (drift, no bound on the run) as fast or faster and 6-8 dB closer to the uncached image.
     double noise = 0.7;
+    // noiseskip=W (0 = off; counts against skip=N's run): under injected noise a reuse step whose noise since the
+    // last full step (the ratio of noise=V) is below W runs no UNet layer. Its output is the one that gives, at this
+    // step's input, the denoised estimate x0 of the last computed step: x0 is what an ancestral step carries from
+    // one evaluation to the next, the fresh noise entering only the input, so the output follows that noise exactly
+    // (eps = (x sqrt(1 + sigma^2) - x0) / sigma) where an output forecast (skip=N) or the shallow path could not.
+    // 0.5 was chosen on held-out prompts x seeds 7001-7002, one image at a time: Euler a 50 steps 2.10x -> 2.29x at
+    // 36.3 -> 37.5 dB mean (98 % of images >= 30 dB either way); at 20 steps one step's noise is mostly above 0.5
+    // and few steps are forecast (tests/bench/results/eval_cache_2026-12-03d/).
+    double noise_skip = 0.5;
     bool last = true; // last=1: the last step is always full; last=0: it follows the rules like any other
     // decide=image|batch: who decides the full steps of a batch of several images. batch: one decision for all, from
     // the image that changes (or drifts) most, so no image is reused past its own bounds and a batch is at least as
@@ -268,7 +277,7 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
-    bool wants_injected_noise() const override { return p_.probe_det || p_.noise > 0; }
+    bool wants_injected_noise() const override { return p_.probe_det || p_.noise > 0 || p_.noise_skip > 0; }
     void set_sampler_history(int earlier_outputs) override { sampler_history_ = earlier_outputs; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
@@ -308,6 +317,12 @@ public:
     // F1 + alpha (F - F1), alpha [rows] broadcast over the other dimensions, in float, back in F1's dtype.
     static torch::Tensor calibrated_feature(const torch::Tensor& F1, const torch::Tensor& F,
                                             const torch::Tensor& alpha);
+    // noiseskip=W: the denoised estimate x0 of a model output `out` at model input x and noise level sigma (float),
+    // and the output that gives x0 at input x (in `dtype`); for prediction types epsilon, v and sample.
+    static torch::Tensor denoised_estimate(const torch::Tensor& x, const torch::Tensor& out, double sigma,
+                                           PredictionType prediction);
+    static torch::Tensor output_for(const torch::Tensor& x, const torch::Tensor& x0, double sigma,
+                                    PredictionType prediction, torch::ScalarType dtype);
     // Boolean mask of anchored coefficients: |X1^2 - X0^2| / (X0^2 + eps) < tau.
     static torch::Tensor anchored_mask(const torch::Tensor& X1, const torch::Tensor& X0, double tau);
 
@@ -332,6 +347,7 @@ private:
         torch::Tensor o1, o0;           // skip=N: the last two computed model outputs
         double uo1 = 0, uo0 = 0;        // ... their timesteps
         int forecasts = 0;              // output forecasts since the last computed step
+        torch::Tensor x0;               // noiseskip=W: the denoised estimate of the last computed step (float)
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
     // batch_change: the probe's change of this step (a lane over every row takes it); prev_energies: the probe's
@@ -347,6 +363,7 @@ private:
     InjectedNoise injected_;  // the sampler's injected noise in this step's input (set_injected_noise)
     int images_ = 1;          // images in the batch (begin)
     int sampler_history_ = 0; // set_sampler_history
+    torch::Tensor x_;         // the model input of the step being predicted
     int staleness() const;    // the store's bound for a reuse
 };
 
@@ -375,7 +392,7 @@ private:
 
 // "off" | "deepcache:N[,branch=B]" |
 // "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,correct=0|1,
-// skip=N,skipdrift=D,last=0|1,decide=batch|image,profile=FILE]".
+// skip=N,skipdrift=D,noise=V,noiseskip=W,last=0|1,decide=batch|image,profile=FILE]".
 // Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode

@@ -439,8 +439,8 @@ Tensor Txt2ImgPipeline::step(Scheduler& sched, int i, const Tensor& latents, con
         if (extra.defined()) part = torch::cat({part, torch::zeros_like(extra, part.options())}, 1);
         injected.part = part.to(dev);
         injected.carry = sched.scale_model_input(torch::ones({1}), i).item<double>() * sched.injected_carry();
-        injected.prediction = sched.prediction_type();
     }
+    injected.prediction = sched.prediction_type();
     ctl.set_injected_noise(injected);
     auto t = torch::tensor(tv, torch::kFloat).reshape({}).to(dev);
     // .to(CPU) waits for the device: the one synchronisation per step
