@@ -23,17 +23,17 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
+          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(
         parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
         "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
-        "skip=0,skipdrift=0,noise=0,noiseskip=0");
+        "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1");
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -235,7 +235,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
     }
     SECTION("first and last steps are full, the max cap holds, extrapolation changes the result") {
         for (int max : {0, 1, 3}) {
-            auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=0,max=" + std::to_string(max));
+            auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=0,lastsigma=0,max=" + std::to_string(max));
             auto r = run_tiny(models, *fq, 12);
             REQUIRE(r.full.size() == 12);
             CHECK(r.full.front());
@@ -274,7 +274,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         WARN("default freq on tiny DDIM 20: " << full << " full steps");
     }
     SECTION("the span bound in the loop's noise levels, the reason of every full step, the drift bound") {
-        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,skip=0");
+        auto fq = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,skip=0,lastsigma=0");
         auto r = run_tiny(models, *fq, 12);
         const auto& log = fq->log();
         REQUIRE(log.size() == 12);
@@ -667,6 +667,30 @@ TEST_CASE("freq noiseskip=W: under injected noise a reuse step holds the last co
     pipe.run(p, det0.get(), {}, [&](const StepRecord& r) { b = r.latents; });
     CHECK(torch::equal(a, b));
     CHECK_THROWS_WITH(parse_cache_mode("freq:noiseskip=-0.5"), Catch::Contains("noiseskip"));
+}
+
+TEST_CASE("freq lastsigma=S: the last step is always full when its noise level is at least S", "[freq][sd]") {
+    auto models = deepcache_models();
+    Txt2ImgPipeline pipe(models);
+    auto p = tiny_params(16, SamplerKind::DDIM);
+    c10::InferenceMode guard;
+    // No rule but first/last can make a step full here (thr and span out of reach, no drift, no forecasts).
+    const std::string rules = "freq:thr=1e30,span=0,drift=0,skip=0";
+    auto always = parse_cache_mode(rules + ",lastsigma=0");
+    pipe.run(p, always.get());
+    const double sigma_last = always->log().back().noise_level;
+    REQUIRE(sigma_last > 0);
+    CHECK(always->log().back().why == "last");
+    auto below = parse_cache_mode(rules + ",lastsigma=" + std::to_string(sigma_last * 0.99));
+    pipe.run(p, below.get());
+    CHECK(below->log().back().why == "last");
+    auto above = parse_cache_mode(rules + ",lastsigma=" + std::to_string(sigma_last * 1.01));
+    pipe.run(p, above.get());
+    CHECK_FALSE(above->log().back().full);
+    auto never = parse_cache_mode(rules + ",lastsigma=0,last=0");
+    pipe.run(p, never.get());
+    CHECK_FALSE(never->log().back().full);
+    CHECK_THROWS_WITH(parse_cache_mode("freq:lastsigma=-1"), Catch::Contains("lastsigma"));
 }
 
 TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last two computed ones, by hand",

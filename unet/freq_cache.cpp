@@ -93,7 +93,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,last=0|1,decide=batch|image,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,decide=batch|image,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -109,8 +109,10 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
          "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
-         "(no UNet layer; above W the shallow path runs); last=0 lets the "
-         "last step be reused (default 1: always full); decide=batch (default) gives a batch of images one decision "
+         "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
+         "least lastsigma=S (default 0.1; 0 = always), else it follows the rules; last=0 lets it be reused whatever "
+         "its "
+         "noise level; decide=batch (default) gives a batch of images one decision "
          "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
          "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
          "A per range of steps"},
@@ -131,8 +133,8 @@ std::string FreqParams::describe() const {
            ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
-           ",noiseskip=" + fmt_num(noise_skip) + (last ? "" : ",last=0") + (per_image ? ",decide=image" : "") +
-           (profile.empty() ? "" : ",profile=" + profile);
+           ",noiseskip=" + fmt_num(noise_skip) + ",lastsigma=" + fmt_num(last_sigma) + (last ? "" : ",last=0") +
+           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -289,6 +291,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"skipdrift", p_.skip_drift},
             {"noise", p_.noise},
             {"noiseskip", p_.noise_skip},
+            {"lastsigma", p_.last_sigma},
             {"last", p_.last},
             {"decide", p_.per_image ? "image" : "batch"}};
 }
@@ -309,7 +312,9 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     for (int b = 0; b < lanes; ++b) {
         Lane lane(p_, p_.per_image ? features_.image(b) : features_);
         lane.images = p_.per_image ? 1 : images_;
-        lane.policy.set_last_full(p_.last);
+        // The last step runs into sigma = 0, where an output error e moves the image by sigma_last e (Euler's
+        // x - sigma eps; DDIM's final step damps it further): below last_sigma a reuse there is nearly free.
+        lane.policy.set_last_full(p_.last && (levels.empty() || levels.back() >= p_.last_sigma));
         if (p_.profile_data.has_step_ranges())
             lane.policy.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
         lane.policy.set_span_bound(p_.span, levels);
@@ -888,6 +893,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "noise") {
                     p.noise = parse_double(spec, k, v);
                     if (!(p.noise >= 0)) bad_mode(spec, "noise must be >= 0, got '" + v + "'");
+                } else if (k == "lastsigma") {
+                    p.last_sigma = parse_double(spec, k, v);
+                    if (!(p.last_sigma >= 0)) bad_mode(spec, "lastsigma must be >= 0, got '" + v + "'");
                 } else if (k == "noiseskip") {
                     p.noise_skip = parse_double(spec, k, v);
                     if (!(p.noise_skip >= 0)) bad_mode(spec, "noiseskip must be >= 0, got '" + v + "'");
