@@ -207,6 +207,12 @@ TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
     return out;
 }
 
+// Whether cache modes `a` and `b` give the same final latents, bit for bit, on run `p`.
+bool same_latents(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& a, const std::string& b) {
+    auto ca = parse_cache_mode(a), cb = parse_cache_mode(b);
+    return torch::equal(pipe.run(p, ca.get()).final_latents, pipe.run(p, cb.get()).final_latents);
+}
+
 } // namespace
 
 TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence", "[freq][sd]") {
@@ -599,12 +605,9 @@ TEST_CASE("freq noise=V: under injected noise a full step once the noise since t
     CHECK(drift);
     // A deterministic sampler injects nothing: the rule never fires and the run is noise=0's.
     p.sampler = SamplerKind::DDIM;
-    auto det = parse_cache_mode("freq:thr=1e30,span=0.5,noise=0.7"),
-         det0 = parse_cache_mode("freq:thr=1e30,span=0.5,noise=0");
-    torch::Tensor a, b;
-    pipe.run(p, det.get(), {}, [&](const StepRecord& r) { a = r.latents; });
-    pipe.run(p, det0.get(), {}, [&](const StepRecord& r) { b = r.latents; });
-    CHECK(torch::equal(a, b));
+    CHECK(same_latents(pipe, p, "freq:thr=1e30,span=0.5,noise=0.7", "freq:thr=1e30,span=0.5,noise=0"));
+    auto det = parse_cache_mode("freq:thr=1e30,span=0.5,noise=0.7");
+    pipe.run(p, det.get());
     for (const auto& s : det->log()) CHECK(s.injected == 0.0);
     CHECK_THROWS_WITH(parse_cache_mode("freq:noise=-1"), Catch::Contains("noise"));
 }
@@ -660,12 +663,7 @@ TEST_CASE("freq noiseskip=W: under injected noise a reuse step holds the last co
     pipe.run(p, none.get());
     for (const auto& s : none->log()) CHECK_FALSE(s.forecast);
     p.sampler = SamplerKind::DDIM;
-    auto det = parse_cache_mode("freq:thr=1e30,span=0.5"),
-         det0 = parse_cache_mode("freq:thr=1e30,span=0.5,noiseskip=0");
-    torch::Tensor a, b;
-    pipe.run(p, det.get(), {}, [&](const StepRecord& r) { a = r.latents; });
-    pipe.run(p, det0.get(), {}, [&](const StepRecord& r) { b = r.latents; });
-    CHECK(torch::equal(a, b));
+    CHECK(same_latents(pipe, p, "freq:thr=1e30,span=0.5", "freq:thr=1e30,span=0.5,noiseskip=0"));
     CHECK_THROWS_WITH(parse_cache_mode("freq:noiseskip=-0.5"), Catch::Contains("noiseskip"));
 }
 

@@ -111,11 +111,10 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
          "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
          "least lastsigma=S (default 0.1; 0 = always), else it follows the rules; last=0 lets it be reused whatever "
-         "its "
-         "noise level; decide=batch (default) gives a batch of images one decision "
-         "per step, from the image that changes most, decide=image lets each image decide alone (it comes out as it "
-         "would alone; the UNet runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets "
-         "A per range of steps"},
+         "its noise level; decide=batch (default) gives a batch of images one decision per step, from the image "
+         "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
+         "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
+         "steps"},
     };
     return t;
 }
@@ -453,8 +452,8 @@ Tensor FreqAnchorDenoiser::output_for(const Tensor& x, const Tensor& x0, double 
     return x0.to(dtype);
 }
 
-FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_change, const Tensor& prev_energies,
-                                                      int step, double u) {
+FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& x, double batch_change,
+                                                      const Tensor& prev_energies, int step, double u) {
     LanePlan pl;
     const auto& energies = probe_.energies();
     const Tensor e = lane_rows(energies, lane.rows);
@@ -485,7 +484,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step:
     // worked out once, for the noise rule and probe=det, on a step that may be a reuse.
     Tensor D;
-    const bool noise_skip = p_.noise_skip > 0 && p_.skip > 0 && injected_.present;
+    const bool noise_skip = holds_denoised();
     if (!full && injected_.part.defined() && (noise_rule || noise_skip || p_.probe_det)) {
         D = lane_rows(injected_.part, lane.rows);
         if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
@@ -519,7 +518,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, double batch_c
     if (may_forecast && noise_skip && pl.noise < p_.noise_skip && sigma > 0 && lane.x0.defined() &&
         lane.x0.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
-        pl.out = output_for(lane_rows(x_, lane.rows), lane.x0, sigma, injected_.prediction, lane.o1.scalar_type());
+        pl.out = output_for(lane_rows(x, lane.rows), lane.x0, sigma, injected_.prediction, lane.o1.scalar_type());
         ++lane.forecasts;
         return pl;
     }
@@ -615,13 +614,12 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         for (int b = 0; b < n; ++b)
             if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
                 lanes_[size_t(b)].rows = image_rows(b, R, n, torch::kCPU);
-    x_ = x;
     const Tensor prev_energies = probe_.energies();
     CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
     const double u = t.item<double>(); // the forecast axis: the UNet's timestep
     std::vector<LanePlan> plans;
-    for (auto& lane : lanes_) plans.push_back(plan(lane, rec.energy_change, prev_energies, step, u));
+    for (auto& lane : lanes_) plans.push_back(plan(lane, x, rec.energy_change, prev_energies, step, u));
 
     // The model output, assembled from each image's rows.
     Tensor out;
@@ -720,7 +718,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         }
         lane.o0 = lane.o1, lane.uo0 = lane.uo1;
         lane.o1 = n == 1 ? out : lane_rows(out, lane.rows), lane.uo1 = u;
-        if (p_.noise_skip > 0 && p_.skip > 0 && injected_.present && noise_level(step) > 0)
+        if (holds_denoised() && noise_level(step) > 0)
             lane.x0 = denoised_estimate(lane_rows(x, lane.rows), lane.o1, noise_level(step), injected_.prediction);
         lane.forecasts = 0;
         if (pl.kind == LanePlan::Kind::Full) {
@@ -742,7 +740,6 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (shallow_n) rec.macs += shallow_n * step_macs(unet, x, ctx, false, p_.branch) / n;
     rec.ms = ms_since(t0);
     log_.push_back(rec);
-    x_ = Tensor();
     return out;
 }
 
@@ -863,6 +860,12 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     if (v != a && v != b) bad_mode(spec, k + " must be " + a + " or " + b + ", got '" + v + "'");
                     return v == yes;
                 };
+                // A number that must be >= 0.
+                auto non_negative = [&] {
+                    const double d = parse_double(spec, k, v);
+                    if (!(d >= 0)) bad_mode(spec, k + " must be >= 0, got '" + v + "'");
+                    return d;
+                };
                 if (k == "tau")
                     p.tau = parse_double(spec, k, v);
                 else if (k == "thr")
@@ -891,17 +894,13 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "correct") {
                     p.correct = either("0", "1", "1");
                 } else if (k == "noise") {
-                    p.noise = parse_double(spec, k, v);
-                    if (!(p.noise >= 0)) bad_mode(spec, "noise must be >= 0, got '" + v + "'");
+                    p.noise = non_negative();
                 } else if (k == "lastsigma") {
-                    p.last_sigma = parse_double(spec, k, v);
-                    if (!(p.last_sigma >= 0)) bad_mode(spec, "lastsigma must be >= 0, got '" + v + "'");
+                    p.last_sigma = non_negative();
                 } else if (k == "noiseskip") {
-                    p.noise_skip = parse_double(spec, k, v);
-                    if (!(p.noise_skip >= 0)) bad_mode(spec, "noiseskip must be >= 0, got '" + v + "'");
+                    p.noise_skip = non_negative();
                 } else if (k == "skipdrift") {
-                    p.skip_drift = parse_double(spec, k, v);
-                    if (!(p.skip_drift >= 0)) bad_mode(spec, "skipdrift must be >= 0, got '" + v + "'");
+                    p.skip_drift = non_negative();
                 } else if (k == "decide") {
                     p.per_image = either("image", "batch", "image");
                 } else if (k == "last") {

@@ -358,7 +358,8 @@ private:
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
     // batch_change: the probe's change of this step (a lane over every row takes it); prev_energies: the probe's
     // energies of the previous step (a per-image lane works out its own change from them).
-    LanePlan plan(Lane& lane, double batch_change, const torch::Tensor& prev_energies, int step, double u);
+    LanePlan plan(Lane& lane, const torch::Tensor& x, double batch_change, const torch::Tensor& prev_energies, int step,
+                  double u);
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
 
     FreqParams p_;
@@ -369,8 +370,9 @@ private:
     InjectedNoise injected_;  // the sampler's injected noise in this step's input (set_injected_noise)
     int images_ = 1;          // images in the batch (begin)
     int sampler_history_ = 0; // set_sampler_history
-    torch::Tensor x_;         // the model input of the step being predicted
     int staleness() const;    // the store's bound for a reuse
+    // noiseskip=W is in play at this step: on, with skip=N, and the sampler injected noise.
+    bool holds_denoised() const { return p_.noise_skip > 0 && p_.skip > 0 && injected_.present; }
 };
 
 // DeepCache (Ma et al. 2023, uniform skip mode; "deepcache:N[,branch=B]"): FixedIntervalPolicy makes step i full
