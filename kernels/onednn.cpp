@@ -10,6 +10,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -186,6 +187,25 @@ dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
     return dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), cpu_engine());
 }
 
+// The weight a kept derivative (a packed copy, phase weights) was made from: the tensor (held weakly), its storage and
+// its version, so that a different weight at the same address, or one changed in place (a LoRA merged into it, a
+// training step), is not taken for it.
+struct WeightIdentity {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner;
+    const void* data;
+    int64_t version;
+
+    static int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? 0 : int64_t(w._version()); }
+    static WeightIdentity of(const torch::Tensor& w) {
+        return {c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w.data_ptr(),
+                version_of(w)};
+    }
+    bool is(const torch::Tensor& w) const {
+        return owner.lock().get() == w.unsafeGetTensorImpl() && data == w.data_ptr() && version == version_of(w);
+    }
+    bool expired() const { return owner.expired(); }
+};
+
 // The bf16 kernels' weights, reordered (and rounded) once into the layout the kernel wants and kept while the weight
 // lives unchanged: a weight's reorder reads and writes it whole, as long as the product itself where the positions
 // are few (SD's 1280-channel levels at 256x256: ~10 ms of a 20 ms convolution). One packed bf16 copy per weight
@@ -193,22 +213,19 @@ dnnl::convolution_forward::primitive_desc conv_pd(const ConvShape& s) {
 class PackedWeights {
 public:
     dnnl::memory get(const torch::Tensor& w, const dnnl::memory& user, const dnnl::memory::desc& md, dnnl::stream& s) {
-        const int64_t version = w.is_inference() ? 0 : int64_t(w._version());
         std::lock_guard<std::mutex> lock(mu_);
         auto& v = map_[w.unsafeGetTensorImpl()];
         for (auto& e : v)
             if (e.md == md) {
-                if (e.owner.lock().get() == w.unsafeGetTensorImpl() && e.data == w.data_ptr() && e.version == version)
-                    return e.mem;
-                e.owner.reset(); // a different weight (or changed in place): packed again below
+                if (e.id.is(w)) return e.mem;
+                e.id.owner.reset(); // a different weight (or changed in place): packed again below
             }
         for (auto it = map_.begin(); it != map_.end();) { // entries of weights that are gone
             auto& es = it->second;
-            es.erase(std::remove_if(es.begin(), es.end(), [](const Entry& e) { return e.owner.expired(); }), es.end());
+            es.erase(std::remove_if(es.begin(), es.end(), [](const Entry& e) { return e.id.expired(); }), es.end());
             it = es.empty() && &es != &v ? map_.erase(it) : std::next(it);
         }
-        Entry e{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()),
-                w.data_ptr(), version, md, {}, {}};
+        Entry e{WeightIdentity::of(w), md, {}, {}};
         e.mem = buffer_memory(md, e.buf);
         dnnl::memory src = user;
         dnnl::reorder(src, e.mem).execute(s, src, e.mem);
@@ -222,9 +239,7 @@ public:
 
 private:
     struct Entry {
-        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner;
-        const void* data;
-        int64_t version;
+        WeightIdentity id;
         dnnl::memory::desc md;
         torch::Tensor buf;
         dnnl::memory mem;
@@ -235,6 +250,42 @@ private:
 
 PackedWeights& packed_weights() {
     static PackedWeights p;
+    return p;
+}
+
+// The resize-convolution's phase weights of a float32 3x3 weight (onednn_upsample2x_conv3x3), made once and kept while
+// the weight lives unchanged: making them reads the weight whole and writes 16/9 of it (SD 1.5's 1280-channel
+// upsamplers: 105 MiB per call). A weight made for one call (a reduced-precision weight upcast) is not kept.
+class PhaseWeights {
+public:
+    torch::Tensor get(const torch::Tensor& w, const std::function<torch::Tensor()>& make) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = map_.begin(); it != map_.end();) // entries of weights that are gone
+            it = it->second.id.expired() ? map_.erase(it) : std::next(it);
+        const auto* key = w.unsafeGetTensorImpl();
+        auto it = map_.find(key);
+        if (it != map_.end()) {
+            if (it->second.id.is(w)) return it->second.phases;
+            map_.erase(it); // a different weight at that address, or changed in place: made again below
+        }
+        return map_.emplace(key, Entry{WeightIdentity::of(w), make()}).first->second.phases;
+    }
+    void clear() {
+        std::lock_guard<std::mutex> lock(mu_);
+        map_.clear();
+    }
+
+private:
+    struct Entry {
+        WeightIdentity id;
+        torch::Tensor phases;
+    };
+    std::mutex mu_;
+    std::unordered_map<const c10::TensorImpl*, Entry> map_;
+};
+
+PhaseWeights& phase_weights() {
+    static PhaseWeights p;
     return p;
 }
 
@@ -254,6 +305,7 @@ bool onednn_available() {
 
 void onednn_drop_packed_weights() {
     packed_weights().clear();
+    phase_weights().clear();
 }
 
 std::string onednn_description() {
@@ -416,7 +468,7 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, cons
 }
 
 torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& bias,
-                                        bool bf16) {
+                                        bool bf16, bool keep) {
     TORCH_CHECK(onednn_conv2d_applies(x, w_in, 1, bf16) && w_in.size(2) == 3 && w_in.size(3) == 3,
                 "onednn_upsample2x_conv3x3: input ",
                 x.sizes(), " and weight ", w_in.sizes(), " are not a float32 CPU 3x3 convolution outside autograd");
@@ -428,12 +480,15 @@ torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Ten
         const auto a = t.select(dim, 0), b = t.select(dim, 1), c = t.select(dim, 2);
         return p == 0 ? torch::stack({a, b + c}, dim) : torch::stack({a + b, c}, dim);
     };
-    std::vector<torch::Tensor> phases;
-    for (int dy = 0; dy < 2; ++dy) {
-        const auto rows = phase(w, 2, dy);
-        for (int dx = 0; dx < 2; ++dx) phases.push_back(phase(rows, 3, dx));
-    }
-    const auto w4 = torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
+    auto make = [&] {
+        std::vector<torch::Tensor> phases;
+        for (int dy = 0; dy < 2; ++dy) {
+            const auto rows = phase(w, 2, dy);
+            for (int dx = 0; dx < 2; ++dx) phases.push_back(phase(rows, 3, dx));
+        }
+        return torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
+    };
+    const auto w4 = keep && w_in.scalar_type() == torch::kFloat ? phase_weights().get(w_in, make) : make();
     const auto b4 = bias.defined() ? bias.repeat({4}) : bias;
     const std::vector<int64_t> one{1, 1};
     const auto y = conv2d_impl(x, w4, b4, one, one, one, bf16 ? ConvArithmetic::Bf16 : ConvArithmetic::F32,
@@ -476,7 +531,8 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, cons
     TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
 }
 
-torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, bool) {
+torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, bool,
+                                        bool) {
     TORCH_CHECK(false, "onednn_upsample2x_conv3x3: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(),
                 ")");
 }

@@ -85,9 +85,10 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& weight,
 // output [N, 4K, H+1, W+1] is interleaved into [N, K, 2H, 2W]: 16 instead of 36 multiplies per (input, output) pair
 // and input pixel, and no 4x larger upsampled tensor (the "resize-convolution" of SD's upsamplers). The layout of x
 // (NCHW or channels-last) is kept. Applies where onednn_conv2d_applies and the weight is [K, C, 3, 3].
-// bf16: the phase weights summed in float32, then multiplied as onednn_conv2d's Bf16.
+// bf16: the phase weights summed in float32, then multiplied as onednn_conv2d's Bf16. keep: a float32 weight's phase
+// weights are made once and kept while it lives unchanged (false for a weight made for this call, e.g. upcast).
 torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                                        bool bf16 = false);
+                                        bool bf16 = false, bool keep = true);
 
 // Output positions per call (N * H_out * W_out) at or below which onednn_conv2d hands the kernel the plain weight
 // instead of reordering it (measured crossover: tests/bench/results/onednn_gemm_2026-12-02.txt).

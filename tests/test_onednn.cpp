@@ -438,7 +438,18 @@ TEST_CASE("onednn_upsample2x_conv3x3 equals the convolution of the upsampled inp
                                                           : torch::MemoryFormat::Contiguous));
         check_close(rel_err(y, ref),
                     rel_err(at::conv2d(torch::upsample_nearest2d(x, {2 * H, 2 * W}), w, b, one, one), ref));
+        // The phase weights are kept for the weight: a second call gives the same bits; made for this call alone
+        // (keep = false) they are the same.
+        CHECK(torch::equal(kernels::onednn_upsample2x_conv3x3(x, w, b), y));
+        CHECK(torch::equal(kernels::onednn_upsample2x_conv3x3(x, w, b, false, false), y));
     }
+    // A weight changed in place (LoRA merged into it, a training step) is seen: its kept phase weights are made again.
+    auto x = torch::randn({1, 8, 5, 6});
+    auto w = torch::randn({4, 8, 3, 3});
+    const auto before = kernels::onednn_upsample2x_conv3x3(x, w, {});
+    w.mul_(-2.0);
+    const auto after = kernels::onednn_upsample2x_conv3x3(x, w, {});
+    CHECK(torch::allclose(after, before * -2.0, 1e-5, 1e-5));
 }
 
 TEST_CASE("winograd_conv3x3 matches float64 in strips, both layouts, both GEMMs", "[kernels][onednn][winograd]") {

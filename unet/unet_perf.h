@@ -244,7 +244,7 @@ inline torch::Tensor upsample2x_conv3x3(torch::nn::Conv2d conv, const torch::Ten
         return {};
     const auto wf = onednn_weight(w, x, m);
     if (!kernels::onednn_conv2d_applies(x, wf, o.groups(), bf16_operands(m))) return {};
-    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias, bf16_operands(m));
+    return kernels::onednn_upsample2x_conv3x3(x, wf, conv->bias, bf16_operands(m), wf.is_same(w));
 }
 
 // Whether x's storage is referenced by x alone (no other tensor, view or caller holds it): then it may be overwritten.
