@@ -106,8 +106,12 @@ Decision DctChangePolicy::decide(const StepSignals& s) {
         return Decision{Action::Full, {}, why};
     };
     if (s.step == 0) return full("first");
-    if (last_full_ && is_last(s)) return full("last");
+    if (last_ == LastStep::Full && is_last(s)) return full("last");
     acc_ += s.energy_change;
+    if (last_ == LastStep::Reuse && is_last(s)) {
+        ++reuses_;
+        return {Action::Reuse, {}, ""};
+    }
     const double thr =
         step_thresholds_.empty() ? threshold_ : step_thresholds_[std::min(size_t(s.step), step_thresholds_.size() - 1)];
     if (acc_ >= thr) return full("change");

@@ -95,10 +95,15 @@ private:
     GateDirection direction_;
 };
 
+// How a policy decides the last step of a loop. Full: always computed (it produces the output and has no later step
+// to amortise a reuse); Rules: like any other step; Reuse: never computed (where the schedule ends so close to
+// sigma = 0 that an output error barely reaches the image).
+enum class LastStep { Full, Rules, Reuse };
+
 // DCT-energy change rate: reuse while the change accumulated since the last full step,
 //   A_k = sum_{j = last_full + 1}^{k} r_j,   r_j = sum_uv |E_j(u,v) - E_{j-1}(u,v)| / (sum_uv E_{j-1}(u,v) + eps),
-// stays below `threshold`; full when A_k >= threshold or after `max_reuse` consecutive reuses. The first and the
-// last step are always full (the last step produces the output and has no later step to amortise a reuse).
+// stays below `threshold`; full when A_k >= threshold or after `max_reuse` consecutive reuses. The first step is always
+// full, the last one as set_last_step says (default: always full).
 class DctChangePolicy final : public AnchorPolicy {
 public:
     DctChangePolicy(double threshold, int max_reuse);
@@ -115,8 +120,8 @@ public:
     // max_span 0 or no levels: no such bound. Throws UsageError for a negative or non-finite max_span, or a level
     // that is not positive and finite.
     void set_span_bound(double max_span, std::vector<double> noise_levels);
-    // false: the last step follows the rules like any other (default true: always full).
-    void set_last_full(bool b) { last_full_ = b; }
+    // How the last step is decided (default Full).
+    void set_last_step(LastStep l) { last_ = l; }
     // Step `step` was made full by a rule of the caller's (a store miss, a drift bound): the run of reuses and the
     // accumulated change restart there, as after a full step of the policy's own.
     void mark_full(int step);
@@ -130,7 +135,7 @@ private:
     double full_log_sigma_ = 0.0; // ln sigma of the last full step
     double acc_ = 0.0;
     int reuses_ = 0;
-    bool last_full_ = true;
+    LastStep last_ = LastStep::Full;
 };
 
 // "interval:3", "gate:0.5", "dct:0.15" or "dct:0.15:4" (max_reuse defaults to 4). Throws UsageError.

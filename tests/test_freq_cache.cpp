@@ -4,6 +4,7 @@
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_util.h"
 #include "unet/freq_cache.h"
+#include "unet/train/fashion_eval.h"
 
 #include <catch2/catch.hpp>
 
@@ -271,7 +272,7 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         auto fq = parse_cache_mode("freq");
         auto r = run_tiny(models, *fq, 20);
         CHECK(r.full.front());
-        CHECK(r.full.back());
+        CHECK_FALSE(r.full.back()); // the loop ends at sigma 0.04, under lastsigma: the last step is a reuse
         int full = 0;
         for (bool f : r.full) full += f;
         CHECK(full < 20);
@@ -301,15 +302,15 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         }
         CHECK(cache_log_json(*fq)["steps"][0]["why"] == "first");
         // drift: a bound no forecast meets makes every step full for that reason; a huge one changes nothing.
-        auto strict = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e-12,skip=0");
+        auto strict = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e-12,skip=0,lastsigma=0");
         auto rs = run_tiny(models, *strict, 12);
         CHECK(std::all_of(rs.full.begin(), rs.full.end(), [](bool f) { return f; }));
         CHECK(strict->log()[1].why == "drift");
         CHECK(strict->log()[1].drift > 1e-12);
-        auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30,skip=0");
+        auto loose = parse_cache_mode("freq:thr=1e30,span=0.25,drift=1e30,skip=0,lastsigma=0");
         CHECK(torch::equal(run_tiny(models, *loose, 12).latents, r.latents));
         // order 2 changes the result only once three full steps exist, and stays close to order 1.
-        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2,skip=0");
+        auto o2 = parse_cache_mode("freq:thr=1e30,span=0.25,drift=0,order=2,skip=0,lastsigma=0");
         auto r2 = run_tiny(models, *o2, 12);
         CHECK(r2.full == r.full);
         CHECK_FALSE(torch::equal(r2.latents, r.latents));
@@ -569,7 +570,7 @@ TEST_CASE("freq noise=V: under injected noise a full step once the noise since t
     // Only first/last and the noise rule decide (thr and span out of reach; drift=1e-12 would fire at every step if
     // it were applied).
     const double V = 0.7;
-    auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=1e-12,noise=0.7");
+    auto fq = parse_cache_mode("freq:thr=1e30,span=0,drift=1e-12,noise=0.7,lastsigma=0");
     pipe.run(p, fq.get());
     const auto& log = fq->log();
     int reuses = 0, noisy = 0, checked = 0;
@@ -667,7 +668,8 @@ TEST_CASE("freq noiseskip=W: under injected noise a reuse step holds the last co
     CHECK_THROWS_WITH(parse_cache_mode("freq:noiseskip=-0.5"), Catch::Contains("noiseskip"));
 }
 
-TEST_CASE("freq lastsigma=S: the last step is always full when its noise level is at least S", "[freq][sd]") {
+TEST_CASE("freq lastsigma=S: the last step is always full when its noise level is at least S, else always a reuse",
+          "[freq][sd]") {
     auto models = deepcache_models();
     Txt2ImgPipeline pipe(models);
     auto p = tiny_params(16, SamplerKind::DDIM);
@@ -688,6 +690,17 @@ TEST_CASE("freq lastsigma=S: the last step is always full when its noise level i
     auto never = parse_cache_mode(rules + ",lastsigma=0,last=0");
     pipe.run(p, never.get());
     CHECK_FALSE(never->log().back().full);
+    // Below S no rule makes it full: with a threshold every step's change reaches, every other step is full and the
+    // last one is still a reuse; last=0 leaves it to that rule.
+    const std::string eager = "freq:thr=1e-9,span=0,skip=0";
+    auto reused = parse_cache_mode(eager + ",lastsigma=" + std::to_string(sigma_last * 1.01));
+    pipe.run(p, reused.get());
+    const auto& log = reused->log();
+    for (size_t k = 0; k + 1 < log.size(); ++k) CHECK(log[k].full);
+    CHECK_FALSE(log.back().full);
+    auto ruled = parse_cache_mode(eager + ",last=0");
+    pipe.run(p, ruled.get());
+    CHECK(ruled->log().back().why == "change");
     CHECK_THROWS_WITH(parse_cache_mode("freq:lastsigma=-1"), Catch::Contains("lastsigma"));
 }
 
@@ -767,4 +780,36 @@ TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last
     for (const auto& s : cut->log())
         if (s.forecast) CHECK(s.drift < largest * 0.999);
     CHECK_THROWS_WITH(parse_cache_mode("freq:skipdrift=-1"), Catch::Contains("skipdrift must be >= 0"));
+}
+
+TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", "[freq][eval]") {
+    using nlohmann::json;
+    auto mode = [](const std::string& name, double speed, json mean, json min) {
+        return json{{"mode", name}, {"speedup_vs_first", speed}, {"psnr_db", mean}, {"psnr_min_db", min}};
+    };
+    const json modes = json::array({mode("off", 1.0, "inf", "inf"), mode("deepcache:2", 1.7, 38.0, 25.0),
+                                    mode("deepcache:4", 2.5, 28.0, 18.0), mode("deepcache:3", 2.1, 33.0, 24.0)});
+    // Between deepcache:3 and deepcache:4, half-way: 30.5 dB mean, 21 dB worst.
+    const auto mid = train::against_deepcache(modes, mode("freq", 2.3, 35.0, 22.0));
+    REQUIRE(mid.is_object());
+    CHECK(mid["deepcache_psnr_db"].get<double>() == Approx(30.5));
+    CHECK(mid["deepcache_psnr_min_db"].get<double>() == Approx(21.0));
+    CHECK(mid["mean_margin_db"].get<double>() == Approx(4.5));
+    CHECK(mid["worst_margin_db"].get<double>() == Approx(1.0));
+    CHECK(mid["verdict"] == "beats");
+    // Worse in the worst image than deepcache at that speed: a loss.
+    CHECK(train::against_deepcache(modes, mode("freq", 2.3, 35.0, 20.0))["verdict"] == "loses");
+    // Faster than deepcache's fastest interval: set against it; a better mean and a worse worst image leave it open
+    // (deepcache at that speed would be worse than its fastest interval by an unknown amount).
+    const auto fast = train::against_deepcache(modes, mode("freq", 3.0, 35.0, 17.0));
+    CHECK(fast["deepcache_psnr_db"].get<double>() == Approx(28.0));
+    CHECK(fast["worst_margin_db"].get<double>() == Approx(-1.0));
+    CHECK(fast["verdict"] == "open");
+    CHECK(train::against_deepcache(modes, mode("freq", 3.0, 29.0, 19.0))["verdict"] == "beats");
+    CHECK_THAT(fast["basis"].get<std::string>(), Catch::Contains("fastest"));
+    // Slower than the slowest interval, deepcache itself, the reference, a cell without deepcache: not placed.
+    CHECK(train::against_deepcache(modes, mode("freq", 1.5, 40.0, 30.0)).is_null());
+    CHECK(train::against_deepcache(modes, modes[2]).is_null());
+    CHECK(train::against_deepcache(modes, modes[0]).is_null());
+    CHECK(train::against_deepcache(json::array({modes[0]}), mode("freq", 2.3, 35.0, 22.0)).is_null());
 }

@@ -110,7 +110,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
          "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
-         "least lastsigma=S (default 0.1; 0 = always), else it follows the rules; last=0 lets it be reused whatever "
+         "least lastsigma=S (default 0.1; 0 = always), else always a reuse; last=0 lets it follow the rules whatever "
          "its noise level; decide=batch (default) gives a batch of images one decision per step, from the image "
          "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
          "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
@@ -307,13 +307,17 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     // then no span bound).
     const auto levels = sigmas_.size() == size_t(num_steps) ? sigmas_ : std::vector<double>{};
     lanes_.clear();
+    // The last step runs into sigma = 0, where an output error e moves the image by sigma_last e: below last_sigma a
+    // reuse there is nearly free (FreqParams::last).
+    last_reused_ = p_.last && !levels.empty() && levels.back() < p_.last_sigma;
+    const auto last_step = !p_.last       ? cache::LastStep::Rules
+                           : last_reused_ ? cache::LastStep::Reuse
+                                          : cache::LastStep::Full;
     const int lanes = p_.per_image ? images_ : 1;
     for (int b = 0; b < lanes; ++b) {
         Lane lane(p_, p_.per_image ? features_.image(b) : features_);
         lane.images = p_.per_image ? 1 : images_;
-        // The last step runs into sigma = 0, where an output error e moves the image by sigma_last e (Euler's
-        // x - sigma eps; DDIM's final step damps it further): below last_sigma a reuse there is nearly free.
-        lane.policy.set_last_full(p_.last && (levels.empty() || levels.back() >= p_.last_sigma));
+        lane.policy.set_last_step(last_step);
         if (p_.profile_data.has_step_ranges())
             lane.policy.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
         lane.policy.set_span_bound(p_.span, levels);
@@ -472,13 +476,14 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
     // trajectory has left that forecast gets a full step whatever its accumulated change.
     const bool noise_rule = p_.noise > 0 && injected_.present;
+    const bool reused_last = last_reused_ && step == num_steps_ - 1; // no rule makes it full
     if (!full && p_.drift > 0 && !noise_rule && lane.e1.defined()) {
         auto forecast = lane.e0.defined() && lane.u1 != lane.u0
                             ? lane.e1 + (lane.e1 - lane.e0) * ((u - lane.u1) / (lane.u1 - lane.u0))
                             : lane.e1;
         if (forecast.sizes() == e.sizes()) {
             pl.drift = ShallowProbe::largest_image_change(e, forecast, lane.images);
-            if (pl.drift > p_.drift) full = true, why = "drift";
+            if (pl.drift > p_.drift && !reused_last) full = true, why = "drift";
         }
     }
     // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step:
@@ -495,7 +500,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
         const double level = sigma / std::sqrt(1.0 + sigma * sigma);
         pl.noise = level > 0 ? std::sqrt(D.to(torch::kFloat).square().mean().item<double>()) / level : 0.0;
-        if (noise_rule && pl.noise >= p_.noise) full = true, why = "noise";
+        if (noise_rule && !reused_last && pl.noise >= p_.noise) full = true, why = "noise";
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
     // the store has no such entry (first step, a new batch size, an eviction) the step is full.

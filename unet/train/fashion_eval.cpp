@@ -80,6 +80,46 @@ std::string full_per_run(const nlohmann::json& m, const nlohmann::json& cell) {
 
 } // namespace
 
+nlohmann::json against_deepcache(const nlohmann::json& modes, const nlohmann::json& m) {
+    struct Point {
+        double speed, mean, min;
+    };
+    std::vector<Point> dc;
+    for (const auto& d : modes)
+        if (d["mode"].get<std::string>().rfind("deepcache:", 0) == 0 && d["psnr_db"].is_number() &&
+            d["psnr_min_db"].is_number())
+            dc.push_back(
+                {d["speedup_vs_first"].get<double>(), d["psnr_db"].get<double>(), d["psnr_min_db"].get<double>()});
+    const std::string name = m["mode"].get<std::string>();
+    if (dc.empty() || name.rfind("deepcache:", 0) == 0 || !m["psnr_db"].is_number() || !m["psnr_min_db"].is_number())
+        return nullptr;
+    std::sort(dc.begin(), dc.end(), [](const Point& a, const Point& b) { return a.speed < b.speed; });
+    const double s = m["speedup_vs_first"].get<double>();
+    if (s < dc.front().speed) return nullptr;
+    Point at = dc.back();
+    bool beyond = true; // faster than every interval: a win there is a win at equal speed, a loss is not a loss
+    std::string basis = "faster than deepcache's fastest interval (" + fmt("%.2fx", at.speed) + "): set against it";
+    for (size_t i = 0; i + 1 < dc.size(); ++i)
+        if (s >= dc[i].speed && s <= dc[i + 1].speed) {
+            const double w = dc[i + 1].speed > dc[i].speed ? (s - dc[i].speed) / (dc[i + 1].speed - dc[i].speed) : 0;
+            at = {s, dc[i].mean + w * (dc[i + 1].mean - dc[i].mean), dc[i].min + w * (dc[i + 1].min - dc[i].min)};
+            basis = "linear between its intervals at " + fmt("%.2fx", dc[i].speed) + " and " +
+                    fmt("%.2fx", dc[i + 1].speed);
+            beyond = false;
+            break;
+        }
+    const double mean = m["psnr_db"].get<double>(), min = m["psnr_min_db"].get<double>();
+    const bool beats = mean > at.mean && min > at.min;
+    return {{"deepcache_psnr_db", at.mean},
+            {"deepcache_psnr_min_db", at.min},
+            {"mean_margin_db", mean - at.mean},
+            {"worst_margin_db", min - at.min},
+            {"verdict", beats    ? "beats"
+                        : beyond ? "open"
+                                 : "loses"},
+            {"basis", basis}};
+}
+
 std::string FashionEvalReport::table() const {
     char line[640];
     std::snprintf(line, sizeof line, "%-9s %5s %-66s %9s %8s %9s %9s %9s %6s %7s %9s %8s %8s\n", "sampler", "steps",
@@ -101,6 +141,22 @@ std::string FashionEvalReport::table() const {
                           100 * m["share_psnr_30db"].get<double>(), m["ssim"].get<double>(),
                           ad.is_number() ? fmt("%.1f%%", 100 * ad.get<double>()).c_str() : "-",
                           m["full_step_ms"].get<double>(), reuse > 0 ? fmt("%.2f", reuse).c_str() : "-");
+            out += line;
+        }
+    bool header = false;
+    for (const auto& c : report["cells"])
+        for (const auto& m : c["modes"]) {
+            if (!m.contains("vs_deepcache") || m["vs_deepcache"].is_null()) continue;
+            if (!header)
+                out += "\nagainst deepcache at the same speed-up (its mean and worst image there; margin > 0: better; "
+                       "open: no interval of the grid is that fast and its fastest one is not beaten)\n";
+            header = true;
+            const auto& v = m["vs_deepcache"];
+            std::snprintf(line, sizeof line, "%-9s %5d %-66s %7.2fx  mean %+6.2f dB  worst %+6.2f dB  %-5s %s\n",
+                          c["sampler"].get<std::string>().c_str(), c["steps"].get<int>(),
+                          m["mode"].get<std::string>().c_str(), m["speedup_vs_first"].get<double>(),
+                          v["mean_margin_db"].get<double>(), v["worst_margin_db"].get<double>(),
+                          v["verdict"].get<std::string>().c_str(), v["basis"].get<std::string>().c_str());
             out += line;
         }
     return out;
@@ -271,6 +327,7 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
                       m.scored ? nlohmann::json(double(m.correct) / m.scored) : nlohmann::json(nullptr)},
                      {"samples", sheet}});
             }
+            for (auto& m : cell["modes"]) m["vs_deepcache"] = against_deepcache(cell["modes"], m);
             rep["cells"].push_back(cell);
         }
     write_file_atomic(report, rep.dump(2) + "\n", o.overwrite);
