@@ -122,6 +122,7 @@ public:
     void set_span_bound(double max_span, std::vector<double> noise_levels);
     // How the last step is decided (default Full).
     void set_last_step(LastStep l) { last_ = l; }
+    LastStep last_step() const { return last_; }
     // Step `step` was made full by a rule of the caller's (a store miss, a drift bound): the run of reuses and the
     // accumulated change restart there, as after a full step of the policy's own.
     void mark_full(int step);

@@ -14,6 +14,7 @@
 #include <list>
 #include <mutex>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace anchor::kernels {
@@ -206,31 +207,27 @@ struct WeightIdentity {
     bool expired() const { return owner.expired(); }
 };
 
-// The bf16 kernels' weights, reordered (and rounded) once into the layout the kernel wants and kept while the weight
-// lives unchanged: a weight's reorder reads and writes it whole, as long as the product itself where the positions
-// are few (SD's 1280-channel levels at 256x256: ~10 ms of a 20 ms convolution). One packed bf16 copy per weight
-// (half the float32 weight's bytes) is the memory this costs; onednn_drop_packed_weights frees it.
-class PackedWeights {
+// Values derived from weights (a packed copy, phase weights), each under a variant of its weight (the layout asked
+// for), kept while the weight lives unchanged; the entries of weights that are gone are dropped at each look-up.
+template <class Variant, class Value>
+class KeptPerWeight {
 public:
-    dnnl::memory get(const torch::Tensor& w, const dnnl::memory& user, const dnnl::memory::desc& md, dnnl::stream& s) {
+    // The value of (w, variant); make() makes it when there is none for w as it is now.
+    Value get(const torch::Tensor& w, const Variant& variant, const std::function<Value()>& make) {
         std::lock_guard<std::mutex> lock(mu_);
         auto& v = map_[w.unsafeGetTensorImpl()];
         for (auto& e : v)
-            if (e.md == md) {
-                if (e.id.is(w)) return e.mem;
-                e.id.owner.reset(); // a different weight (or changed in place): packed again below
+            if (e.variant == variant) {
+                if (e.id.is(w)) return e.value;
+                e.id.owner.reset(); // a different weight (or changed in place): made again below
             }
         for (auto it = map_.begin(); it != map_.end();) { // entries of weights that are gone
             auto& es = it->second;
             es.erase(std::remove_if(es.begin(), es.end(), [](const Entry& e) { return e.id.expired(); }), es.end());
             it = es.empty() && &es != &v ? map_.erase(it) : std::next(it);
         }
-        Entry e{WeightIdentity::of(w), md, {}, {}};
-        e.mem = buffer_memory(md, e.buf);
-        dnnl::memory src = user;
-        dnnl::reorder(src, e.mem).execute(s, src, e.mem);
-        v.push_back(e);
-        return e.mem;
+        v.push_back({WeightIdentity::of(w), variant, make()});
+        return v.back().value;
     }
     void clear() {
         std::lock_guard<std::mutex> lock(mu_);
@@ -240,52 +237,48 @@ public:
 private:
     struct Entry {
         WeightIdentity id;
-        dnnl::memory::desc md;
-        torch::Tensor buf;
-        dnnl::memory mem;
+        Variant variant;
+        Value value;
     };
     std::mutex mu_;
     std::unordered_map<const c10::TensorImpl*, std::vector<Entry>> map_;
 };
 
-PackedWeights& packed_weights() {
-    static PackedWeights p;
+// The bf16 kernels' weights, reordered (and rounded) once into the layout the kernel wants and kept while the weight
+// lives unchanged: a weight's reorder reads and writes it whole, as long as the product itself where the positions
+// are few (SD's 1280-channel levels at 256x256: ~10 ms of a 20 ms convolution). One packed bf16 copy per weight
+// (half the float32 weight's bytes) is the memory this costs; onednn_drop_packed_weights frees it.
+struct PackedCopy {
+    torch::Tensor buf; // owns mem's bytes
+    dnnl::memory mem;
+};
+
+KeptPerWeight<dnnl::memory::desc, PackedCopy>& packed_weights() {
+    static KeptPerWeight<dnnl::memory::desc, PackedCopy> p;
     return p;
+}
+
+// `user` (the weight w's own bytes) in layout md, packed once per weight.
+dnnl::memory packed_weight(const torch::Tensor& w, const dnnl::memory& user, const dnnl::memory::desc& md,
+                           dnnl::stream& s) {
+    return packed_weights()
+        .get(w, md,
+             [&] {
+                 PackedCopy p;
+                 p.mem = buffer_memory(md, p.buf);
+                 dnnl::memory src = user;
+                 dnnl::reorder(src, p.mem).execute(s, src, p.mem);
+                 return p;
+             })
+        .mem;
 }
 
 // The resize-convolution's phase weights of a float32 3x3 weight (onednn_upsample2x_conv3x3), made once and kept while
 // the weight lives unchanged: making them reads the weight whole and writes 16/9 of it (SD 1.5's 1280-channel
-// upsamplers: 105 MiB per call). A weight made for one call (a reduced-precision weight upcast) is not kept.
-class PhaseWeights {
-public:
-    torch::Tensor get(const torch::Tensor& w, const std::function<torch::Tensor()>& make) {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto it = map_.begin(); it != map_.end();) // entries of weights that are gone
-            it = it->second.id.expired() ? map_.erase(it) : std::next(it);
-        const auto* key = w.unsafeGetTensorImpl();
-        auto it = map_.find(key);
-        if (it != map_.end()) {
-            if (it->second.id.is(w)) return it->second.phases;
-            map_.erase(it); // a different weight at that address, or changed in place: made again below
-        }
-        return map_.emplace(key, Entry{WeightIdentity::of(w), make()}).first->second.phases;
-    }
-    void clear() {
-        std::lock_guard<std::mutex> lock(mu_);
-        map_.clear();
-    }
-
-private:
-    struct Entry {
-        WeightIdentity id;
-        torch::Tensor phases;
-    };
-    std::mutex mu_;
-    std::unordered_map<const c10::TensorImpl*, Entry> map_;
-};
-
-PhaseWeights& phase_weights() {
-    static PhaseWeights p;
+// upsamplers: 105 MiB per call). A weight made for one call (a reduced-precision weight upcast) is not kept. One
+// variant per weight.
+KeptPerWeight<std::monostate, torch::Tensor>& phase_weights() {
+    static KeptPerWeight<std::monostate, torch::Tensor> p;
     return p;
 }
 
@@ -354,7 +347,7 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w_in, c
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(e.pd.src_desc(), eng, x2.data_ptr())},
         {DNNL_ARG_WEIGHTS,
-         bf16 ? packed_weights().get(w_in,
+         bf16 ? packed_weight(w_in,
                                      dnnl::memory(strided_md({K, N}, {1, w_in.stride(0)},
                                                              w_in.scalar_type() == torch::kBFloat16 ? dt::bf16 : dt::f32),
                                                   eng, w_in.data_ptr()),
@@ -442,7 +435,7 @@ torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, 
     torch::Tensor src_buf, wei_buf, dst_buf, scratch_buf;
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, in_layout(s, user_src, e.pd.src_desc(), src_buf)},
-        {DNNL_ARG_WEIGHTS, bf16 && pack ? packed_weights().get(w_in, user_wei, e.pd.weights_desc(), s)
+        {DNNL_ARG_WEIGHTS, bf16 && pack ? packed_weight(w_in, user_wei, e.pd.weights_desc(), s)
                                         : in_layout(s, user_wei, e.pd.weights_desc(), wei_buf)},
         {DNNL_ARG_SCRATCHPAD, buffer_memory(e.pd.scratchpad_desc(), scratch_buf)}};
     const bool direct_dst = e.pd.dst_desc() == user_dst.get_desc();
@@ -488,7 +481,7 @@ torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Ten
         }
         return torch::cat(phases, 0).contiguous(); // [4K, C, 2, 2], phase p = 2 dy + dx
     };
-    const auto w4 = keep && w_in.scalar_type() == torch::kFloat ? phase_weights().get(w_in, make) : make();
+    const auto w4 = keep && w_in.scalar_type() == torch::kFloat ? phase_weights().get(w_in, {}, make) : make();
     const auto b4 = bias.defined() ? bias.repeat({4}) : bias;
     const std::vector<int64_t> one{1, 1};
     const auto y = conv2d_impl(x, w4, b4, one, one, one, bf16 ? ConvArithmetic::Bf16 : ConvArithmetic::F32,

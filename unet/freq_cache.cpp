@@ -309,10 +309,8 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     lanes_.clear();
     // The last step runs into sigma = 0, where an output error e moves the image by sigma_last e: below last_sigma a
     // reuse there is nearly free (FreqParams::last).
-    last_reused_ = p_.last && !levels.empty() && levels.back() < p_.last_sigma;
-    const auto last_step = !p_.last       ? cache::LastStep::Rules
-                           : last_reused_ ? cache::LastStep::Reuse
-                                          : cache::LastStep::Full;
+    const bool low_end = !levels.empty() && levels.back() < p_.last_sigma;
+    const auto last_step = !p_.last ? cache::LastStep::Rules : low_end ? cache::LastStep::Reuse : cache::LastStep::Full;
     const int lanes = p_.per_image ? images_ : 1;
     for (int b = 0; b < lanes; ++b) {
         Lane lane(p_, p_.per_image ? features_.image(b) : features_);
@@ -476,7 +474,8 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
     // trajectory has left that forecast gets a full step whatever its accumulated change.
     const bool noise_rule = p_.noise > 0 && injected_.present;
-    const bool reused_last = last_reused_ && step == num_steps_ - 1; // no rule makes it full
+    // The policy's reused last step: no rule of this controller makes it full either.
+    const bool reused_last = lane.policy.last_step() == cache::LastStep::Reuse && step == num_steps_ - 1;
     if (!full && p_.drift > 0 && !noise_rule && lane.e1.defined()) {
         auto forecast = lane.e0.defined() && lane.u1 != lane.u0
                             ? lane.e1 + (lane.e1 - lane.e0) * ((u - lane.u1) / (lane.u1 - lane.u0))

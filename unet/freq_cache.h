@@ -368,11 +368,10 @@ private:
     ShallowProbe probe_;
     int num_steps_ = 0;
     bool last_full_ = true;
-    bool last_reused_ = false; // last=1 and the loop ends below lastsigma: its last step is a reuse (begin)
-    InjectedNoise injected_;   // the sampler's injected noise in this step's input (set_injected_noise)
-    int images_ = 1;           // images in the batch (begin)
-    int sampler_history_ = 0;  // set_sampler_history
-    int staleness() const;     // the store's bound for a reuse
+    InjectedNoise injected_;  // the sampler's injected noise in this step's input (set_injected_noise)
+    int images_ = 1;          // images in the batch (begin)
+    int sampler_history_ = 0; // set_sampler_history
+    int staleness() const;    // the store's bound for a reuse
     // noiseskip=W is in play at this step: on, with skip=N, and the sampler injected noise.
     bool holds_denoised() const { return p_.noise_skip > 0 && p_.skip > 0 && injected_.present; }
 };
