@@ -390,6 +390,30 @@ void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const
 
 namespace {
 
+bool is_channels_last(const torch::Tensor& x) {
+    return x.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x.is_contiguous();
+}
+
+// The convolution onednn_conv2d hands the kernel for x and w: the output size, whether the weight is read in place
+// and the activations' layout.
+ConvShape conv_shape(const torch::Tensor& x, const torch::Tensor& w, bool bias, at::IntArrayRef stride,
+                     at::IntArrayRef padding, at::IntArrayRef dilation, bool bf16) {
+    ConvShape sh{x.size(0),   x.size(1), x.size(2), x.size(3),  w.size(0),  w.size(2),
+                 w.size(3),   stride[0], stride[1], padding[0], padding[1], dilation[0],
+                 dilation[1], 0,         0,         bias,       false,      is_channels_last(x), bf16};
+    sh.oh = (sh.h + 2 * sh.ph - sh.dh * (sh.kh - 1) - 1) / sh.sh + 1;
+    sh.ow = (sh.w + 2 * sh.pw - sh.dw * (sh.kw - 1) - 1) / sh.sw + 1;
+    TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ", w.sizes(),
+                " with padding ", padding, " and dilation ", dilation);
+    // (bf16: always the kernel's blocked layout, into which the per-call reorder rounds the weight anyway)
+    sh.plain_weight = !bf16 && sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
+    // oneDNN 2.6 has no optimised float32 kernel for NHWC activations with a plain OIHW weight: it falls back to its
+    // scalar reference convolution (ref:any, ~100x slower). At these few positions the activations are cheaper to
+    // transpose to NCHW and back than the weight is to reorder.
+    if (sh.plain_weight) sh.channels_last = false;
+    return sh;
+}
+
 // onednn_conv2d; `pack`: a bf16 weight is packed once and kept (PackedWeights) - false for a weight made for this
 // call alone (the resize-convolution's phase weights), which would only leave a dead entry behind.
 torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
@@ -409,18 +433,10 @@ torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, 
     if (arithmetic == ConvArithmetic::Winograd && winograd_applies(x_in, w_in, stride, padding, dilation))
         return winograd_conv3x3(x_in, w_in, bias, WinogradGemm::OneDnn);
     RECORD_FUNCTION(bf16 ? "anchor::onednn_conv2d_bf16" : "anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
-    const bool channels_last = x_in.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x_in.is_contiguous();
+    const ConvShape sh = conv_shape(x_in, w_in, bias.defined(), stride, padding, dilation, bf16);
+    const bool channels_last = sh.channels_last;
     const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
     const auto b = bias.defined() ? bias.contiguous() : bias;
-    ConvShape sh{x.size(0),   x.size(1), x.size(2), x.size(3),   w.size(0),  w.size(2),
-                 w.size(3),   stride[0], stride[1], padding[0],  padding[1], dilation[0],
-                 dilation[1], 0,         0,         b.defined(), false,      channels_last, bf16};
-    sh.oh = (sh.h + 2 * sh.ph - sh.dh * (sh.kh - 1) - 1) / sh.sh + 1;
-    sh.ow = (sh.w + 2 * sh.pw - sh.dw * (sh.kw - 1) - 1) / sh.sw + 1;
-    TORCH_CHECK(sh.oh > 0 && sh.ow > 0, "onednn_conv2d: input ", x.sizes(), " is smaller than the kernel ", w.sizes(),
-                " with padding ", padding, " and dilation ", dilation);
-    // (bf16: always the kernel's blocked layout, into which the per-call reorder rounds the weight anyway)
-    sh.plain_weight = !bf16 && sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
     auto out = torch::empty(
         {sh.n, sh.k, sh.oh, sh.ow},
         x.options().memory_format(channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
@@ -449,7 +465,7 @@ torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, 
         dnnl::reorder(conv_dst, user_dst).execute(s, conv_dst, user_dst);
     }
     s.wait();
-    return out;
+    return is_channels_last(x_in) && !channels_last ? out.contiguous(torch::MemoryFormat::ChannelsLast) : out;
 }
 
 } // namespace
@@ -458,6 +474,12 @@ torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, cons
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                             ConvArithmetic arithmetic) {
     return conv2d_impl(x, w, bias, stride, padding, dilation, arithmetic, true);
+}
+
+std::string onednn_conv2d_kernel(const torch::Tensor& x, const torch::Tensor& w, bool bias, at::IntArrayRef stride,
+                                 at::IntArrayRef padding, at::IntArrayRef dilation, bool bf16) {
+    const auto sh = conv_shape(x, w, bias, stride, padding, dilation, bf16);
+    return conv_cache().get(sh.key(), [&] { return conv_pd(sh); }).pd.impl_info_str();
 }
 
 torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& bias,
@@ -522,6 +544,11 @@ void onednn_batched_linear_out(torch::Tensor&, const torch::Tensor& a, const tor
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, at::IntArrayRef,
                             at::IntArrayRef, at::IntArrayRef, ConvArithmetic) {
     TORCH_CHECK(false, "onednn_conv2d: this build has no oneDNN (input ", x.sizes(), ", weight ", w.sizes(), ")");
+}
+
+std::string onednn_conv2d_kernel(const torch::Tensor&, const torch::Tensor&, bool, at::IntArrayRef, at::IntArrayRef,
+                                 at::IntArrayRef, bool) {
+    return "none (no oneDNN in this build)";
 }
 
 torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&, bool,

@@ -77,6 +77,10 @@ enum class ConvArithmetic { F32, Winograd, Bf16 };
 torch::Tensor onednn_conv2d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                             ConvArithmetic arithmetic = ConvArithmetic::F32);
+// The oneDNN implementation onednn_conv2d runs for these operands with F32 or Bf16 arithmetic (e.g. "gemm:jit",
+// "brgconv:avx512_core"; "ref:any" is oneDNN's scalar fallback), for tests and reports.
+std::string onednn_conv2d_kernel(const torch::Tensor& x, const torch::Tensor& weight, bool bias, at::IntArrayRef stride,
+                                 at::IntArrayRef padding, at::IntArrayRef dilation, bool bf16 = false);
 
 // conv2d(upsample_nearest_2x(x), weight, bias, padding 1) for a 3x3 weight, without the upsampled input: each of the
 // four output phases (dy, dx) of the upsampled grid sees only two rows and two columns of x, with the taps that fall

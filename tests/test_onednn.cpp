@@ -100,20 +100,54 @@ TEST_CASE("onednn_conv2d matches float64 on random shapes", "[kernels][onednn]")
         // From a few positions (the plain-weight path, N * H * W <= kPlainWeightMaxPositions) to many.
         const int64_t H = pick({5, 8, 9, 16, 33}), W = pick({5, 7, 16, 24});
         torch::manual_seed(uint64_t(100 + i));
-        const auto x = torch::randn({N, C, H, W}) * double(pick({1, 10}));
+        auto x = torch::randn({N, C, H, W}) * double(pick({1, 10}));
+        const bool channels_last = i % 2 == 1;
+        if (channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
         const auto w = torch::randn({K, C, kh, kh}) / std::sqrt(double(C * kh * kh));
         const auto b = i % 3 == 0 ? torch::Tensor() : torch::randn({K});
         const std::vector<int64_t> st{stride, stride}, pd{pad, pad}, dl{dil, dil};
-        INFO("x " << x.sizes() << ", w " << w.sizes() << ", stride " << stride << ", padding " << pad << ", dilation "
-                  << dil << (b.defined() ? ", bias" : ""));
+        INFO("x " << x.sizes() << (channels_last ? " channels-last" : "") << ", w " << w.sizes() << ", stride "
+                  << stride << ", padding " << pad << ", dilation " << dil << (b.defined() ? ", bias" : ""));
         if (H + 2 * pad < dil * (kh - 1) + 1 || W + 2 * pad < dil * (kh - 1) + 1) continue;
         REQUIRE(kernels::onednn_conv2d_applies(x, w, 1));
         const auto y = kernels::onednn_conv2d(x, w, b, st, pd, dl);
         const auto ref =
             at::conv2d(x.to(torch::kDouble), w.to(torch::kDouble), b.defined() ? b.to(torch::kDouble) : b, st, pd, dl);
         REQUIRE(y.sizes() == ref.sizes());
+        // The input's layout is kept (a tensor with one channel or one position is both).
+        CHECK(y.is_contiguous(channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous));
         check_close(rel_err(y, ref), rel_err(at::conv2d(x, w, b, st, pd, dl), ref));
     }
+}
+
+TEST_CASE("onednn_conv2d runs an optimised oneDNN kernel on the UNet's and VAE's shapes", "[kernels][onednn]") {
+    if (!kernels::onednn_available()) {
+        CHECK(kernels::onednn_conv2d_kernel(torch::zeros({1, 4, 8, 8}), torch::zeros({4, 4, 3, 3}), true, {1, 1},
+                                            {1, 1}, {1, 1})
+                  .rfind("none", 0) == 0);
+        return;
+    }
+    // oneDNN falls back to its scalar reference kernel ("ref:any", ~100x slower) for operand layouts it has no
+    // optimised kernel for: e.g. channels-last activations with a plain weight, which a tiny model's VAE (fashion-sd:
+    // 8x8 to 32x32) once ran into at every decode.
+    const std::vector<bool> arithmetics = kernels::onednn_bf16_native() ? std::vector<bool>{false, true}
+                                                                        : std::vector<bool>{false};
+    for (bool bf16 : arithmetics)
+        for (bool channels_last : {false, true})
+            for (int64_t n : {1, 2})
+                for (int64_t hw : {4, 8, 16, 32})
+                    for (auto ck : std::vector<std::pair<int64_t, int64_t>>{{4, 32}, {32, 32}, {64, 32}, {64, 64},
+                                                                             {64, 256}, {128, 128}, {320, 320}})
+                        for (auto kpad : std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {1, 0}, {2, 1}}) {
+                            auto x = torch::zeros({n, ck.first, hw, hw});
+                            if (channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+                            const auto w = torch::zeros({ck.second, ck.first, kpad.first, kpad.first});
+                            const int64_t p = kpad.second;
+                            const auto kernel = kernels::onednn_conv2d_kernel(x, w, true, {1, 1}, {p, p}, {1, 1}, bf16);
+                            INFO("x " << x.sizes() << (channels_last ? " channels-last" : "") << ", w " << w.sizes()
+                                      << (bf16 ? ", bf16" : "") << ": " << kernel);
+                            CHECK(kernel.rfind("ref", 0) != 0);
+                        }
 }
 
 TEST_CASE("onednn kernels: strided inputs, NaN, refusals", "[kernels][onednn]") {
