@@ -419,39 +419,18 @@ Tensor lane_rows(const Tensor& t, const Tensor& rows) {
 }
 } // namespace
 
-// The model input is c (x0 + sigma eps) with c = 1 / sqrt(1 + sigma^2) for both sampler families (Euler-type scale
-// their latents by c; a DDIM-type sample sqrt(abar) x0 + sqrt(1 - abar) eps is the same with sigma^2 = (1 - abar) /
-// abar), so x0 = x sqrt(1 + sigma^2) - sigma eps; v = c eps - c sigma x0 (diffusers' alpha_t eps - sigma_t x0) gives
-// x0 = c x - c sigma v. A 9-channel inpainting input's latents are its first channels.
+// The model input is x0 + sigma eps scaled by 1 / sqrt(1 + sigma^2) for both sampler families (Euler-type samplers
+// scale their latents so; a DDIM-type sample sqrt(abar) x0 + sqrt(1 - abar) eps is the same with sigma^2 = (1 - abar) /
+// abar): the VP form with abar = 1 / (1 + sigma^2). A 9-channel inpainting input's latents are its first channels.
 Tensor FreqAnchorDenoiser::denoised_estimate(const Tensor& x, const Tensor& out, double sigma, PredictionType p) {
-    const double r = std::sqrt(1.0 + sigma * sigma);
     const auto xt = x.narrow(1, 0, out.size(1)).to(torch::kFloat);
-    const auto o = out.to(torch::kFloat);
-    switch (p) {
-    case PredictionType::Epsilon:
-        return xt * r - o * sigma;
-    case PredictionType::VPrediction:
-        return (xt - o * sigma) / r;
-    case PredictionType::Sample:
-        break;
-    }
-    return o;
+    return vp_predict(p, out.to(torch::kFloat), xt, float(1.0 / (1.0 + sigma * sigma))).x0;
 }
 
 Tensor FreqAnchorDenoiser::output_for(const Tensor& x, const Tensor& x0, double sigma, PredictionType p,
                                       torch::ScalarType dtype) {
-    const double r = std::sqrt(1.0 + sigma * sigma);
     const auto xt = x.narrow(1, 0, x0.size(1)).to(torch::kFloat);
-    const auto eps = (xt * r - x0) / sigma;
-    switch (p) {
-    case PredictionType::Epsilon:
-        return eps.to(dtype);
-    case PredictionType::VPrediction:
-        return ((eps - x0 * sigma) / r).to(dtype);
-    case PredictionType::Sample:
-        break;
-    }
-    return x0.to(dtype);
+    return vp_output(p, x0, xt, float(1.0 / (1.0 + sigma * sigma))).to(dtype);
 }
 
 FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& x, double batch_change,

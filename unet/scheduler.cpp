@@ -267,12 +267,8 @@ std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rou
 // 2. Parameterisation
 // ================================================================================================================
 
-struct X0Eps {
-    torch::Tensor x0, eps;
-};
+} // namespace
 
-// VP form x_t = sqrt(abar) x0 + sqrt(1 - abar) eps (DDPM, Ho et al. 2020 eq. 4); v = sqrt(abar) eps - sqrt(1-abar) x0
-// (Salimans & Ho 2022, sec. 4).
 X0Eps vp_predict(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float abar) {
     const float beta = 1.0f - abar;
     const double sa = std::sqrt(abar), sb = std::sqrt(beta);
@@ -281,6 +277,15 @@ X0Eps vp_predict(PredictionType type, const torch::Tensor& out, const torch::Ten
     auto x0 = out; // "sample"
     return {x0, (x - sa * x0) / sb};
 }
+
+torch::Tensor vp_output(PredictionType type, const torch::Tensor& x0, const torch::Tensor& x, float abar) {
+    if (type == PredictionType::Sample) return x0;
+    const double sa = std::sqrt(abar), sb = std::sqrt(1.0f - abar);
+    const auto eps = (x - sa * x0) / sb;
+    return type == PredictionType::Epsilon ? eps : sa * eps - sb * x0;
+}
+
+namespace {
 
 // VE/EDM form x = x0 + sigma eps on the scaled input x / sqrt(sigma^2 + 1) (Karras et al. 2022, table 1).
 torch::Tensor ve_x0(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float sigma_hat,

@@ -56,6 +56,16 @@ const EnumTable<BetaSchedule>& beta_schedule_table(); // "scaled_linear", "linea
 // What the model predicts (diffusers' prediction_type).
 enum class PredictionType { Epsilon, VPrediction, Sample };
 const EnumTable<PredictionType>& prediction_type_table(); // "epsilon", "v_prediction", "sample"
+
+// The VP form x_t = sqrt(abar) x0 + sqrt(1 - abar) eps (DDPM, Ho et al. 2020 eq. 4), v = sqrt(abar) eps - sqrt(1 - abar)
+// x0 (Salimans & Ho 2022, sec. 4). Every sampler's model input has it: an Euler-type input x / sqrt(1 + sigma^2) with
+// abar = 1 / (1 + sigma^2). vp_predict: x0 and eps of the model output `out` at x_t; vp_output: the inverse, the
+// output whose x0 at x_t is `x0`.
+struct X0Eps {
+    torch::Tensor x0, eps;
+};
+X0Eps vp_predict(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float abar);
+torch::Tensor vp_output(PredictionType type, const torch::Tensor& x0, const torch::Tensor& x, float abar);
 // How inference timesteps are spread over the training ones (diffusers' timestep_spacing).
 enum class TimestepSpacing { Leading, Trailing, Linspace };
 const EnumTable<TimestepSpacing>& timestep_spacing_table(); // "leading", "trailing", "linspace"
