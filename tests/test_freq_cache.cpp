@@ -807,8 +807,30 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
     CHECK(fast["verdict"] == "open");
     CHECK(train::against_deepcache(modes, mode("freq", 3.0, 29.0, 19.0))["verdict"] == "beats");
     CHECK_THAT(fast["basis"].get<std::string>(), Catch::Contains("fastest"));
-    // Slower than the slowest interval, deepcache itself, the reference, a cell without deepcache: not placed.
-    CHECK(train::against_deepcache(modes, mode("freq", 1.5, 40.0, 30.0)).is_null());
+    // Slower than every configuration: set against the best of them (all faster); better than all: open; worse in
+    // one measure than one of them: a loss (slowing that one down would not make it worse).
+    const auto slow = train::against_deepcache(modes, mode("freq", 1.5, 40.0, 30.0));
+    CHECK(slow["deepcache_psnr_db"].get<double>() == Approx(38.0));
+    CHECK(slow["deepcache_psnr_min_db"].get<double>() == Approx(25.0));
+    CHECK(slow["verdict"] == "open");
+    CHECK_THAT(slow["basis"].get<std::string>(), Catch::Contains("slowest"));
+    CHECK(train::against_deepcache(modes, mode("freq", 1.5, 40.0, 24.0))["verdict"] == "loses");
+    // A configuration beaten by a faster one (a deeper branch, say) is off DeepCache's frontier and does not pull its
+    // curve down: at 1.9x the line from deepcache:2 to deepcache:3 (35.5 / 24.5 dB) stands, not the one to the beaten
+    // 2.0x point; nor does a line from a slow configuration to a very fast one (deepcache:12) lift it.
+    json more = modes;
+    more.push_back(mode("deepcache:3,branch=1", 2.0, 30.0, 20.0));
+    more.push_back(mode("deepcache:2,branch=1", 1.4, 35.0, 22.0));
+    more.push_back(mode("deepcache:2,branch=2", 1.2, 40.0, 27.0));
+    more.push_back(mode("deepcache:12", 3.8, 27.0, 17.5));
+    const auto env = train::against_deepcache(more, mode("freq", 1.9, 36.0, 24.0));
+    CHECK(env["deepcache_psnr_db"].get<double>() == Approx(35.5));
+    CHECK(env["deepcache_psnr_min_db"].get<double>() == Approx(24.5));
+    CHECK(env["verdict"] == "loses");
+    // At 1.4x the configuration measured there is beaten by deepcache:2: the line from 1.2x to 1.7x sets the bar.
+    CHECK(train::against_deepcache(more, mode("freq", 1.4, 37.0, 24.0))["deepcache_psnr_db"].get<double>() ==
+          Approx(39.2));
+    // Deepcache itself, the reference, a cell without deepcache: not placed.
     CHECK(train::against_deepcache(modes, modes[2]).is_null());
     CHECK(train::against_deepcache(modes, modes[0]).is_null());
     CHECK(train::against_deepcache(json::array({modes[0]}), mode("freq", 2.3, 35.0, 22.0)).is_null());

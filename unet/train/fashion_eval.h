@@ -44,12 +44,13 @@ struct FashionEvalReport {
 FashionEvalReport run_fashion_eval(const FashionEvalParams& p);
 
 // Where mode `m` of a cell (`modes`: the cell's modes, as in cache_eval.json) stands against DeepCache at the same
-// speed-up: DeepCache's mean and worst PSNR there, linear between its two intervals of the cell that bracket the
-// speed-up; a mode faster than DeepCache's fastest interval is set against that one (DeepCache only loses quality as
-// it speeds up); null for a DeepCache mode, a mode slower than DeepCache's slowest interval, or a cell without one.
-// {deepcache_psnr_db, deepcache_psnr_min_db, mean_margin_db, worst_margin_db, verdict, basis}; verdict: "beats" (both
-// margins > 0), "loses", or "open" (faster than every interval and not better than the fastest: a faster interval in
-// the grid decides).
+// speed-up: DeepCache's mean and worst PSNR there, each on the frontier of its configurations in the cell (intervals
+// and branches; those that no configuration at least as fast beats in that measure), linear between the two that
+// bracket the speed-up; a mode faster than every configuration is set against the fastest (DeepCache only loses
+// quality as it speeds up), one slower than every configuration against their best. Null for a DeepCache mode
+// or a cell without one. {deepcache_psnr_db, deepcache_psnr_min_db, mean_margin_db, worst_margin_db, verdict, basis};
+// verdict: "beats" (both margins > 0), "loses", or "open": faster than every configuration and not better than the
+// fastest, or slower than every configuration and better than all of them (the grid has no DeepCache at that speed).
 nlohmann::json against_deepcache(const nlohmann::json& modes, const nlohmann::json& m);
 
 } // namespace anchor::unet::train
