@@ -115,6 +115,21 @@ TEST_CASE("anchor-sd --vae, --weights-dtype and --prediction are recorded in the
     CHECK(j["prediction"]["v_test_mean"].is_null()); // a diffusers folder: no test
 }
 
+TEST_CASE("anchor-sd --compare on an image smaller than SSIM's window prints no SSIM and records null", "[cli][sd]") {
+    const auto dir = test::scratch_dir("cli_sd_compare_tiny_image");
+    const std::string png = dir + "/tiny.png";
+    auto r = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "4",
+                                                "-W", "8", "-H", "8", "--compare", "off,deepcache:2,freq", "-o", png,
+                                                "--threads", "1"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(fs::exists(png));
+    std::ifstream f(dir + "/tiny_report.json");
+    const auto rep = nlohmann::json::parse(f);
+    REQUIRE(rep["modes"].size() == 3);
+    for (const auto& m : rep["modes"]) CHECK(m["ssim_vs_first"].is_null());
+}
+
 TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intact", "[cli][sd]") {
     const auto dir = test::scratch_dir("cli_sd_no_overwrite");
     const std::string png = dir + "/keep.png";
