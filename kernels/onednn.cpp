@@ -153,7 +153,7 @@ dnnl::matmul::primitive_desc matmul_pd(int64_t M, int64_t K, int64_t N, int64_t 
                                        bool bf16 = false) {
     const dt in = bf16 ? dt::bf16 : dt::f32; // operands; the bias and the output stay float32
     const auto src = strided_md({M, K}, {ldx, 1}, in);
-    // W [N, K] read as its transpose; bf16: in the kernel's own layout, packed once (PackedWeights)
+    // W [N, K] read as its transpose; bf16: in the kernel's own layout, packed once (packed_weight)
     const auto wei = bf16 ? dnnl::memory::desc({K, N}, in, tag::any) : strided_md({K, N}, {1, ldw}, in);
     const auto dst = strided_md({M, N}, {N, 1});
     auto d = bias ? dnnl::matmul::desc(src, wei, strided_md({1, N}, {N, 1}), dst) : dnnl::matmul::desc(src, wei, dst);
@@ -327,7 +327,7 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w_in, c
                 "onednn_linear: bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{}, " does not fit weight ",
                 w_in.sizes());
     RECORD_FUNCTION(bf16 ? "anchor::onednn_linear_bf16" : "anchor::onednn_linear", std::vector<c10::IValue>({x}));
-    const auto& w = w_in; // bf16: read through PackedWeights (its layout, rounded once)
+    const auto& w = w_in; // bf16: read through packed_weight (its layout, rounded once)
     const int64_t K = w.size(1), N = w.size(0);
     auto x2 = x.reshape({-1, K});
     if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
@@ -414,7 +414,7 @@ ConvShape conv_shape(const torch::Tensor& x, const torch::Tensor& w, bool bias, 
     return sh;
 }
 
-// onednn_conv2d; `pack`: a bf16 weight is packed once and kept (PackedWeights) - false for a weight made for this
+// onednn_conv2d; `pack`: a bf16 weight is packed once and kept (packed_weight) - false for a weight made for this
 // call alone (the resize-convolution's phase weights), which would only leave a dead entry behind.
 torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& bias,
                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,

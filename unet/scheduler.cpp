@@ -263,11 +263,11 @@ std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rou
     return t;
 }
 
+} // namespace
+
 // ================================================================================================================
 // 2. Parameterisation
 // ================================================================================================================
-
-} // namespace
 
 X0Eps vp_predict(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float abar) {
     const float beta = 1.0f - abar;
