@@ -183,6 +183,10 @@ std::string default_sd_model() {
         .parent_path()
         .string();
 }
+
+std::string embedded_text_model(const std::string& name, const std::string& what) {
+    return std::filesystem::path(find_asset("models/" + name + "/config.json", what)).parent_path().string();
+}
 } // namespace cli
 
 } // namespace anchor

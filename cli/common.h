@@ -63,6 +63,9 @@ CLI::Option* add_device_option(CLI::App& app, std::string& device);
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.
 std::string default_sd_model();
+// The folder of an embedded text model, assets/models/NAME (kjv-gpt2, kjv-mdlm), used when -m is not given. Throws
+// anchor::Error naming `what` when it is not found.
+std::string embedded_text_model(const std::string& name, const std::string& what);
 } // namespace cli
 
 } // namespace anchor

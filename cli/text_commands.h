@@ -23,6 +23,9 @@ void add_diffusion_commands(CLI::App& app,
                             std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_diffusion.cpp
 void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>& runners); // cli/text_serve.cpp
 
+// The embedded GPT-2 (assets/models/kjv-gpt2): the model of `gpt2 generate`, `gpt2 ppl` and `serve` without -m.
+std::string default_gpt2_model(); // cli/text_gpt2.cpp
+
 // Library field -> the flag that fills it, for the messages of text::ParamError.
 using FlagNames = std::vector<std::pair<std::string, std::string>>;
 

@@ -119,9 +119,7 @@ int print_cache_help() {
 
 // The embedded demo model used when -m is not given (as anchor-sd's embedded model).
 std::string default_mdlm_model() {
-    return std::filesystem::path(find_asset("models/kjv-mdlm/config.json", "embedded text-diffusion model (kjv-mdlm)"))
-        .parent_path()
-        .string();
+    return embedded_text_model("kjv-mdlm", "embedded text-diffusion model (kjv-mdlm)");
 }
 
 // The flags of the sampler's fields (SamplerOptions) and of the model.

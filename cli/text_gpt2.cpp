@@ -56,9 +56,18 @@ FlagNames with(FlagNames base, const FlagNames& more) {
     return base;
 }
 
+} // namespace
+
+std::string default_gpt2_model() {
+    return embedded_text_model("kjv-gpt2", "embedded GPT-2 (kjv-gpt2)");
+}
+
+namespace {
+
 void add_model_options(CLI::App* sub, text::Gpt2ModelParams& m) {
-    sub->add_option("-m,--model", m.model, "GPT-2 model: folder (config.json + any *.safetensors), file or index")
-        ->required();
+    sub->add_option("-m,--model", m.model,
+                    "GPT-2 model: folder (config.json + any *.safetensors), file or index (default: the embedded "
+                    "assets/models/kjv-gpt2)");
     sub->add_option("--vocab", m.vocab,
                     "Tokenizer folder (encoder.json+vocab.bpe or vocab.json+merges.txt); default: the model folder "
                     "if it has one, else " +
@@ -122,6 +131,7 @@ int run_ppl(PplArgs a) {
     const auto flags =
         with(model_flags(),
              {{"kv", a.compare.empty() ? "--kv" : "--compare"}, {"file", "--file"}, {"max_tokens", "--max-tokens"}});
+    if (a.p.model.model.empty()) a.p.model.model = default_gpt2_model();
     return with_flag_errors(flags, [&] {
         a.p.kv = text::parse_kv_list(a.compare.empty() ? a.kv : a.compare);
         a.p.validate();
@@ -169,6 +179,7 @@ int run_generate(GenArgs a) {
                                             {"repeat_penalty", "--repeat-penalty"},
                                             {"repeat_last_n", "--repeat-last-n"},
                                             {"report_every", "--report-every"}});
+    if (a.p.model.model.empty()) a.p.model.model = default_gpt2_model();
     if (!a.report_json.empty()) {
         if (a.p.report_every == 0) throw UsageError("--report-json needs --report-every N");
         check_output_path(a.report_json, a.overwrite);
@@ -428,7 +439,7 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
         ->capture_default_str();
     g->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the repetition penalty looks back over")
         ->capture_default_str();
-    g->add_option("--seed", sp.seed, "Sampling seed")->capture_default_str();
+    g->add_option("-s,--seed", sp.seed, "Sampling seed")->capture_default_str();
     g->add_flag("--stop-at-eos", gen->p.stop_at_eos, "Stop after <|endoftext|> (id 50256)");
     g->add_flag("--allow-special", gen->p.allow_special, "Encode a literal <|endoftext|> in the prompt as id 50256");
     g->add_option("--report-every", gen->p.report_every,

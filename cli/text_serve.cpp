@@ -16,7 +16,7 @@ namespace anchor::cli {
 namespace {
 
 int run_text_serve(text::TextServerParams& p, bool no_diffusion) {
-    if (p.gpt2.model.empty()) p.gpt2.model = find_asset("models/kjv-gpt2/config.json", "embedded GPT-2 (kjv-gpt2)");
+    if (p.gpt2.model.empty()) p.gpt2.model = default_gpt2_model();
     if (std::filesystem::path(p.gpt2.model).filename() == "config.json")
         p.gpt2.model = std::filesystem::path(p.gpt2.model).parent_path().string();
     if (p.diffusion_model.empty() && !no_diffusion) {

@@ -118,9 +118,9 @@ TEST_CASE("anchor-sd --vae, --weights-dtype and --prediction are recorded in the
 TEST_CASE("anchor-sd --compare on an image smaller than SSIM's window prints no SSIM and records null", "[cli][sd]") {
     const auto dir = test::scratch_dir("cli_sd_compare_tiny_image");
     const std::string png = dir + "/tiny.png";
-    auto r = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "4",
-                                                "-W", "8", "-H", "8", "--compare", "off,deepcache:2,freq", "-o", png,
-                                                "--threads", "1"});
+    auto r = test::run_program(test::sd_bin(),
+                               {"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "4", "-W", "8", "-H",
+                                "8", "--compare", "off,deepcache:2,freq", "-o", png, "--threads", "1"});
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(fs::exists(png));
@@ -221,4 +221,24 @@ TEST_CASE("anchor-sd --schedule and --eta run on the tiny model and are recorded
     auto h = test::run_program(test::sd_bin(), {"--help"});
     CHECK(h.output.find("--schedule") != std::string::npos);
     CHECK(h.output.find("default|karras|exponential|sgm_uniform|simple") != std::string::npos);
+}
+
+TEST_CASE("anchor-text gpt2 generate defaults to the embedded kjv-gpt2 and takes -s as --seed", "[cli][text]") {
+    // The text before the statistics line (timings vary between runs).
+    auto text_of = [](const test::ProgramResult& r) { return r.output.substr(0, r.output.find("\nprompt: ")); };
+    const std::vector<std::string> common = {"gpt2", "generate",      "-p", "And God said", "--max-new",
+                                             "8",    "--temperature", "0.8"};
+    auto with = [&](std::vector<std::string> more) {
+        auto a = common;
+        a.insert(a.end(), more.begin(), more.end());
+        return test::run_program(test::text_bin(), a);
+    };
+    const auto by_default = with({"-s", "3"});
+    const auto named = with({"-m", "assets/models/kjv-gpt2", "--seed", "3"});
+    INFO(by_default.output);
+    INFO(named.output);
+    REQUIRE(by_default.exit_code == 0);
+    REQUIRE(named.exit_code == 0);
+    CHECK(text_of(by_default).rfind("And God said", 0) == 0);
+    CHECK(text_of(by_default) == text_of(named));
 }
