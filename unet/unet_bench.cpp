@@ -87,9 +87,15 @@ double unet_bench_macs(const UNetBenchParams& o) {
 }
 
 namespace {
+// Seconds with four significant digits: a step of a small model (the embedded demo: ~2 ms) is not rounded to 0.002
+// or 0.000, and an SD 1.5 step keeps its milliseconds (1.168).
+std::string secs(double x) {
+    return util::fmt("%.4g", x);
+}
+
 std::string join_seconds(const std::vector<double>& t) {
     std::string s;
-    for (double x : t) s += (s.empty() ? "" : " ") + util::fmt("%.3f", x);
+    for (double x : t) s += (s.empty() ? "" : " ") + secs(x);
     return s + " s";
 }
 } // namespace
@@ -210,16 +216,15 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         model->set_fast_paths(!o.baseline);
         const util::Stats sp = util::stats_of(tp), sf = util::stats_of(tf);
         const double rel = (yf - yp).abs().max().item<double>() / yp.abs().max().item<double>();
-        emit("A/B interleaved: plain min " + util::fmt("%.3f", sp.min) + " s / median " + util::fmt("%.3f", sp.median) +
-             " s, fast min " + util::fmt("%.3f", sf.min) + " s / median " + util::fmt("%.3f", sf.median) +
-             " s, speed-up " + util::fmt("%.3fx", sp.min / sf.min) + " (min), " +
-             util::fmt("%.3fx", sp.median / sf.median) +
+        emit("A/B interleaved: plain min " + secs(sp.min) + " s / median " + secs(sp.median) + " s, fast min " +
+             secs(sf.min) + " s / median " + secs(sf.median) + " s, speed-up " + util::fmt("%.3fx", sp.min / sf.min) +
+             " (min), " + util::fmt("%.3fx", sp.median / sf.median) +
              " (median); max |fast - plain| / max |plain| = " + util::fmt("%.2e", rel));
     }
     const util::Stats st = util::stats_of(times);
-    emit("UNet step (batch " + std::to_string(o.batch) + "): min " + util::fmt("%.3f", st.min) + " s, median " +
-         util::fmt("%.3f", st.median) + " s, max " + util::fmt("%.3f", st.max) + " s over " + std::to_string(o.repeat) +
-         " runs after " + std::to_string(o.warmup) + " warm-up");
+    emit("UNet step (batch " + std::to_string(o.batch) + "): min " + secs(st.min) + " s, median " + secs(st.median) +
+         " s, max " + secs(st.max) + " s over " + std::to_string(o.repeat) + " runs after " + std::to_string(o.warmup) +
+         " warm-up");
     emit("  runs: " + join_seconds(times));
 
     util::Stats sh{};
@@ -232,11 +237,11 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
             if (i > 0) ts.push_back(util::now_s() - t0);
         }
         sh = util::stats_of(ts);
-        emit("  cached (shallow, branch " + std::to_string(o.branch) + ") step: min " + util::fmt("%.3f", sh.min) +
-             " s, median " + util::fmt("%.3f", sh.median) + " s");
+        emit("  cached (shallow, branch " + std::to_string(o.branch) + ") step: min " + secs(sh.min) + " s, median " +
+             secs(sh.median) + " s");
         for (int n : o.deepcache)
-            emit("  deepcache:" + std::to_string(n) + " -> " + util::fmt("%.3f", (st.min + (n - 1) * sh.min) / n) +
-                 " s per step (" + util::fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
+            emit("  deepcache:" + std::to_string(n) + " -> " + secs((st.min + (n - 1) * sh.min) / n) + " s per step (" +
+                 util::fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
     }
 
     if (o.vae_repeat > 0) {
@@ -259,8 +264,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
 #endif
         const util::Stats sv = util::stats_of(tv);
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
-             util::fmt("%.3f", sv.min) + " s, median " + util::fmt("%.3f", sv.median) + " s, max " +
-             util::fmt("%.3f", sv.max) + " s over " + std::to_string(o.vae_repeat) + " runs after 1 warm-up");
+             secs(sv.min) + " s, median " + secs(sv.median) + " s, max " + secs(sv.max) + " s over " +
+             std::to_string(o.vae_repeat) + " runs after 1 warm-up");
         emit("  runs: " + join_seconds(tv));
     }
 
