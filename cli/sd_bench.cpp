@@ -87,7 +87,7 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
                                    "the real UNet shapes of this family: sd1 = SD 1.5, sdxl = SDXL base 1.0 (2.57 G "
                                    "parameters; 1024x1024 is its size)"));
     cmd.add_option("--gemm-size", o.gemm_n, "n of the n x n x n reference GEMM")->capture_default_str();
-    cmd.add_option("--seed", o.seed, "seed for weights and inputs")->capture_default_str();
+    cmd.add_option("-s,--seed", o.seed, "seed for weights and inputs")->capture_default_str();
     cmd.add_option("-o,--output", opts.output, "also write the report to this file");
     cmd.add_option("--profile", o.profile,
                    "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one "
@@ -104,7 +104,7 @@ void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*,
     auto p = std::make_shared<unet::RandomCheckpointParams>();
     add_enum_option(*cmd, "--family", p->family, unet::sd_family_table(), "shapes: sd1 = SD 1.5, sdxl = SDXL base 1.0");
     add_enum_option(*cmd, "--dtype", p->dtype, unet::weights_dtype_table(), "tensor dtype in the file");
-    cmd->add_option("--seed", p->seed, "seed of the weights")->capture_default_str();
+    cmd->add_option("-s,--seed", p->seed, "seed of the weights")->capture_default_str();
     cmd->add_option("-o,--output", p->output, "the .safetensors file to write")->required();
     cmd->add_flag("--overwrite", p->overwrite, "replace an existing file");
     runners.emplace_back(cmd, [p]() {

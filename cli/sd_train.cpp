@@ -47,7 +47,7 @@ void add_train_options(CLI::App* c, TrainOptions& o, int steps, int batch, doubl
     c->add_option("--ema", o.ema, "EMA decay of the saved weights (0 = off)")->capture_default_str();
     c->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")->capture_default_str();
     c->add_flag("--resume", o.resume, "continue from <output>/checkpoint/<what>/ if present");
-    c->add_option("--seed", o.seed, "seed")->capture_default_str();
+    c->add_option("-s,--seed", o.seed, "seed")->capture_default_str();
 }
 
 struct EvalOptions {

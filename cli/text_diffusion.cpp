@@ -562,7 +562,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     add_enum_option(*tr, "--loss-weight", t->o.loss_weight, mdlm_loss_weight_table(),
                     "Masked-token weight: nelbo (1/t, MDLM) or masked_mean (1/#masked per sequence, lower variance "
                     "for small batches)");
-    tr->add_option("--seed", t->o.seed, "Seed")->capture_default_str();
+    tr->add_option("-s,--seed", t->o.seed, "Seed")->capture_default_str();
     tr->add_option("--checkpoint-every", t->o.checkpoint_every, "Checkpoint interval")->capture_default_str();
     tr->add_option("--log-every", t->o.log_every, "Log interval")->capture_default_str();
     tr->add_option("--export", t->o.export_dir, "Folder for the final weights (config.json + model.safetensors)");

@@ -508,7 +508,7 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
         ->capture_default_str();
     t->add_option("--log-every", to.log_every, "Progress line interval")->capture_default_str();
     t->add_option("--checkpoint-every", to.checkpoint_every, "Checkpoint interval")->capture_default_str();
-    t->add_option("--seed", to.seed, "Seed (initialisation and batches)")->capture_default_str();
+    t->add_option("-s,--seed", to.seed, "Seed (initialisation and batches)")->capture_default_str();
     t->add_flag("--no-resume", ta->no_resume, "Start fresh even when the run folder holds a checkpoint");
     runners.emplace_back(t, [ta]() { return run_train(*ta); });
 }
