@@ -87,8 +87,8 @@ double unet_bench_macs(const UNetBenchParams& o) {
 }
 
 namespace {
-// Seconds with four significant digits: a step of a small model (the embedded demo: ~2 ms) is not rounded to 0.002
-// or 0.000, and an SD 1.5 step keeps its milliseconds (1.168).
+// Seconds with four significant digits: a step of a small model (the embedded demo's UNet: ~3 ms, its shallow step
+// ~0.5 ms) is not rounded to 0.003 or 0.000, and an SD 1.5 step keeps its milliseconds (1.168).
 std::string secs(double x) {
     return util::fmt("%.4g", x);
 }
