@@ -489,13 +489,32 @@ TEST_CASE("forecast then calibrate: the share of the probe's forecast step it mo
           Approx(1.0 / 6.0));
     // The forecast does not move (S1 == S0): alpha 1, the forecast as it is.
     CHECK(FreqAnchorDenoiser::forecast_calibration(S, S1, S1, 0.5)[1].item<double>() == 1.0);
-    // F1 + alpha (F - F1) per row, in F1's dtype.
+    // F1 + alpha (slope h) per row, in F1's dtype (slope 2, h 1).
     const auto F1 = torch::ones({3, 1, 2, 2}, torch::kHalf), F = torch::full({3, 1, 2, 2}, 3.0);
-    auto Fc = FreqAnchorDenoiser::calibrated_feature(F1, F, a);
+    auto Fc = FreqAnchorDenoiser::extrapolate_feature(F1, F - 1.0, 1.0, {}, a);
     CHECK(Fc.scalar_type() == torch::kHalf);
     CHECK(Fc[0].eq(2.0).all().item<bool>());
     CHECK(Fc[1].eq(5.0).all().item<bool>());
     CHECK(Fc[2].eq(1.0).all().item<bool>());
+    // Float32 CPU tensors take one-pass loops; other dtypes the tensor formulas: both agree on random inputs.
+    torch::manual_seed(3);
+    for (auto shape : {std::vector<int64_t>{1, 4, 3, 3}, std::vector<int64_t>{4, 8, 5, 7}}) {
+        const auto s = torch::randn(shape), s1 = torch::randn(shape), s0 = torch::randn(shape);
+        const auto fast = FreqAnchorDenoiser::forecast_calibration(s, s1, s0, 0.7);
+        const auto ref = FreqAnchorDenoiser::forecast_calibration(s.to(torch::kDouble), s1.to(torch::kDouble),
+                                                                  s0.to(torch::kDouble), 0.7);
+        CHECK(torch::allclose(fast, ref, 1e-5, 1e-6));
+        const auto f1 = torch::randn(shape), slope = torch::randn(shape), curv = torch::randn(shape);
+        const auto alpha = torch::rand({shape[0]}) * 2;
+        for (bool with_curv : {false, true}) {
+            const auto c = with_curv ? curv : torch::Tensor();
+            const auto got = FreqAnchorDenoiser::extrapolate_feature(f1, slope, -1.5, c, alpha);
+            const auto want = FreqAnchorDenoiser::extrapolate_feature(
+                f1.to(torch::kDouble), slope.to(torch::kDouble), -1.5, with_curv ? curv.to(torch::kDouble) : c, alpha);
+            CHECK(got.scalar_type() == torch::kFloat);
+            CHECK(torch::allclose(got.to(torch::kDouble), want, 1e-5, 1e-5));
+        }
+    }
 }
 
 TEST_CASE("Euler a: the injected noise carried forward leaves the deterministic trajectory", "[freq][schedulers]") {

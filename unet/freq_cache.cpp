@@ -385,13 +385,66 @@ Tensor FreqAnchorDenoiser::extrapolation_curvature(const Tensor& X1, const Tenso
     return cache::idct2(torch::where(mask, torch::zeros_like(dd), dd));
 }
 
-Tensor FreqAnchorDenoiser::extrapolate_feature(const Tensor& F1, const Tensor& slope, double h,
-                                               const Tensor& curvature) {
+namespace {
+// Float32 CPU tensors of one shape, contiguous: the loops below handle them (the tensor formulas the rest).
+bool plain_cpu_float(std::initializer_list<const Tensor*> ts) {
+    const Tensor& first = **ts.begin();
+    for (const Tensor* t : ts)
+        if (t->defined() && (!t->device().is_cpu() || t->scalar_type() != torch::kFloat || !t->is_contiguous() ||
+                             t->sizes() != first.sizes()))
+            return false;
+    return true;
+}
+
+// a1 + (a1 - a0) c: the first-order forecast through two earlier values (probe energies, model outputs). A reuse step
+// forecasts at most a few maps this small, where three tensor ops cost more than the arithmetic.
+Tensor linear_forecast(const Tensor& a1, const Tensor& a0, double c) {
+    if (!plain_cpu_float({&a1, &a0})) return a1 + (a1 - a0) * c;
+    auto out = torch::empty_like(a1);
+    const float *p1 = a1.data_ptr<float>(), *p0 = a0.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    const float cf = float(c);
+    for (int64_t i = 0, n = a1.numel(); i < n; ++i) po[i] = p1[i] + (p1[i] - p0[i]) * cf;
+    return out;
+}
+} // namespace
+
+Tensor FreqAnchorDenoiser::extrapolate_feature(const Tensor& F1, const Tensor& slope, double h, const Tensor& curvature,
+                                               const Tensor& alpha) {
     if (!slope.defined() && !curvature.defined()) return F1;
-    auto f = F1.to(torch::kFloat);
-    if (slope.defined()) f = f + slope * h;
-    if (curvature.defined()) f = f + curvature * (0.5 * h * h);
-    return f.to(F1.scalar_type());
+    const int64_t rows = F1.size(0);
+    if (alpha.defined() && (alpha.dim() != 1 || alpha.size(0) != rows))
+        throw Error("freq: forecast calibration of shape " + shape_str(alpha.sizes().vec()) + " for a feature of " +
+                    std::to_string(rows) + " rows");
+    const double c2 = 0.5 * h * h;
+    // One pass for the common case (float32 CPU feature, slope and curvature) instead of ~10 tensor ops, each a
+    // dispatch that costs more than its arithmetic on a small feature map.
+    const Tensor a = alpha.defined() ? alpha.to(torch::kFloat).contiguous() : Tensor();
+    if (plain_cpu_float({&F1, &slope, &curvature}) && (!a.defined() || a.device().is_cpu()) && slope.defined()) {
+        auto out = torch::empty_like(F1);
+        const float *f1 = F1.data_ptr<float>(), *sl = slope.data_ptr<float>();
+        const float* cv = curvature.defined() ? curvature.data_ptr<float>() : nullptr;
+        float* po = out.data_ptr<float>();
+        const int64_t per_row = rows ? F1.numel() / rows : 0;
+        const float hf = float(h), cf = float(c2);
+        for (int64_t r = 0; r < rows; ++r) {
+            const float ar = a.defined() ? a.data_ptr<float>()[r] : 1.0f;
+            for (int64_t i = r * per_row, e = i + per_row; i < e; ++i) {
+                const float d = cv ? sl[i] * hf + cv[i] * cf : sl[i] * hf;
+                po[i] = f1[i] + ar * d;
+            }
+        }
+        return out;
+    }
+    Tensor d;
+    if (slope.defined()) d = slope.to(torch::kFloat) * h;
+    if (curvature.defined()) d = d.defined() ? d + curvature.to(torch::kFloat) * c2 : curvature.to(torch::kFloat) * c2;
+    if (a.defined()) {
+        std::vector<int64_t> shape(size_t(F1.dim()), 1);
+        shape[0] = rows;
+        d = d * a.to(F1.device()).reshape(shape);
+    }
+    return (F1.to(torch::kFloat) + d).to(F1.scalar_type());
 }
 
 Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, const Tensor& X0, double s1, double s0,
@@ -457,7 +510,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     const bool reused_last = lane.policy.last_step() == cache::LastStep::Reuse && step == num_steps_ - 1;
     if (!full && p_.drift > 0 && !noise_rule && lane.e1.defined()) {
         auto forecast = lane.e0.defined() && lane.u1 != lane.u0
-                            ? lane.e1 + (lane.e1 - lane.e0) * ((u - lane.u1) / (lane.u1 - lane.u0))
+                            ? linear_forecast(lane.e1, lane.e0, (u - lane.u1) / (lane.u1 - lane.u0))
                             : lane.e1;
         if (forecast.sizes() == e.sizes()) {
             pl.drift = ShallowProbe::largest_image_change(e, forecast, lane.images);
@@ -494,7 +547,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
                               (p_.skip_drift <= 0 || pl.drift < p_.skip_drift);
     if (may_forecast && !injected_.present && lane.o0.defined() && lane.uo1 != lane.uo0 && lane.o1.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
-        pl.out = lane.o1 + (lane.o1 - lane.o0) * ((u - lane.uo1) / (lane.uo1 - lane.uo0));
+        pl.out = linear_forecast(lane.o1, lane.o0, (u - lane.uo1) / (lane.uo1 - lane.uo0));
         ++lane.forecasts;
         return pl;
     }
@@ -516,19 +569,21 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         if (auto sl = lane.features.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
     if (lane.have_curv && slope.defined())
         if (auto c = lane.features.get(p_.branch, kCurvature, 0, step, staleness())) curv = *c;
-    auto F = extrapolate_feature(*F1, slope, u - lane.u1, curv);
+    Tensor alpha;
     if (p_.correct && slope.defined() && lane.u1 != lane.u0) {
         const auto S1 = lane.features.get(p_.branch, kStem, lane.s1, step, std::numeric_limits<int>::max());
         const auto S0 = lane.features.get(p_.branch, kStem, lane.s0, step, std::numeric_limits<int>::max());
         const Tensor observed = lane_rows(probe_.observed(), lane.rows);
         if (S1 && S0 && S1->sizes() == observed.sizes()) {
-            const auto alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
-            F = calibrated_feature(*F1, F, alpha);
-            pl.calibration = alpha.mean().item<double>();
+            alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
+            const auto a = alpha.accessor<float, 1>();
+            double sum = 0;
+            for (int64_t r = 0; r < a.size(0); ++r) sum += a[r];
+            pl.calibration = a.size(0) ? sum / double(a.size(0)) : 1.0;
             pl.calibrated = true;
         }
     }
-    pl.feature = F;
+    pl.feature = extrapolate_feature(*F1, slope, u - lane.u1, curv, alpha);
     pl.anchored = lane.anchored_fraction;
     // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
     // effect added back analytically (FreqParams::probe_det).
@@ -727,18 +782,26 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
 }
 
 Tensor FreqAnchorDenoiser::forecast_calibration(const Tensor& S, const Tensor& S1, const Tensor& S0, double h) {
+    if (plain_cpu_float({&S, &S1, &S0}) && S.dim() >= 1) { // one pass per row, sums in double
+        const int64_t rows = S.size(0), per_row = rows ? S.numel() / rows : 0;
+        auto alpha = torch::empty({rows}, torch::kFloat);
+        float* pa = alpha.data_ptr<float>();
+        const float *s = S.data_ptr<float>(), *s1 = S1.data_ptr<float>(), *s0 = S0.data_ptr<float>();
+        for (int64_t r = 0; r < rows; ++r) {
+            double num = 0, den = 0;
+            for (int64_t i = r * per_row, e = i + per_row; i < e; ++i) {
+                const double step = (double(s1[i]) - double(s0[i])) * h; // S^ - S1
+                num += (double(s[i]) - double(s1[i])) * step, den += step * step;
+            }
+            pa[r] = float(den > 0 ? std::clamp(num / den, 0.0, 2.0) : 1.0);
+        }
+        return alpha;
+    }
     const auto s = S.to(torch::kFloat).flatten(1), s1 = S1.to(torch::kFloat).flatten(1);
     const auto step = (s1 - S0.to(torch::kFloat).flatten(1)) * h; // S^ - S1
     const auto num = ((s - s1) * step).sum(1), den = step.square().sum(1);
     return torch::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()), torch::ones_like(den))
         .clamp(0.0, 2.0);
-}
-
-Tensor FreqAnchorDenoiser::calibrated_feature(const Tensor& F1, const Tensor& F, const Tensor& alpha) {
-    std::vector<int64_t> shape(size_t(F1.dim()), 1);
-    shape[0] = F1.size(0);
-    const auto f1 = F1.to(torch::kFloat);
-    return (f1 + (F.to(torch::kFloat) - f1) * alpha.to(F1.device()).reshape(shape)).to(F1.scalar_type());
 }
 
 // ---- off / deepcache --------------------------------------------------------------------------------------------

@@ -309,10 +309,10 @@ public:
     static torch::Tensor extrapolation_curvature(const torch::Tensor& X1, const torch::Tensor& X0,
                                                  const torch::Tensor& X00, double s1, double s0, double s00,
                                                  double tau);
-    // F1 + slope h + curvature h^2 / 2 in float, back in F1's dtype; undefined terms are left out (F1 itself when
-    // both are).
+    // F1 + alpha (slope h + curvature h^2 / 2) in float, back in F1's dtype; undefined terms are left out (F1 itself
+    // when both are). alpha [rows] (forecast_calibration) scales each row's forecast step; undefined: 1.
     static torch::Tensor extrapolate_feature(const torch::Tensor& F1, const torch::Tensor& slope, double h,
-                                             const torch::Tensor& curvature = {});
+                                             const torch::Tensor& curvature = {}, const torch::Tensor& alpha = {});
     // The calibration of correct=1, per row of the batch: the probe's stem S at the reuse step against its own linear
     // forecast from the stems S1, S0 of the last two full steps, S^ = S1 + (S1 - S0) h with h = (u - u1) / (u1 - u0):
     //   alpha = <S - S1, S^ - S1> / |S^ - S1|^2,
@@ -321,9 +321,6 @@ public:
     // than twice the forecast's own step is beyond what two full steps support. Float [rows].
     static torch::Tensor forecast_calibration(const torch::Tensor& S, const torch::Tensor& S1, const torch::Tensor& S0,
                                               double h);
-    // F1 + alpha (F - F1), alpha [rows] broadcast over the other dimensions, in float, back in F1's dtype.
-    static torch::Tensor calibrated_feature(const torch::Tensor& F1, const torch::Tensor& F,
-                                            const torch::Tensor& alpha);
     // noiseskip=W: the denoised estimate x0 of a model output `out` at model input x and noise level sigma (float),
     // and the output that gives x0 at input x (in `dtype`); for prediction types epsilon, v and sample.
     static torch::Tensor denoised_estimate(const torch::Tensor& x, const torch::Tensor& out, double sigma,
