@@ -5,12 +5,14 @@
 #include "tests/test_util.h"
 #include "unet/freq_cache.h"
 #include "unet/train/fashion_eval.h"
+#include "unet/unet_macs.h"
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 
 #include <fstream>
+#include <map>
 #include <tuple>
 
 using namespace anchor;
@@ -24,17 +26,19 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "correct=1,skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(
         parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
         "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
         "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1");
+    CHECK(parse_cache_mode("freq:attn=run")->spec().find(",attn=run") != std::string::npos);
+    CHECK(parse_cache_mode("freq:attn=reuse")->spec() == f->spec()); // the default
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -222,12 +226,12 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
     auto cfg = sdgolden::read_json_file(dir / "config.json");
     auto models = sdgolden::load_run_models(dir, cfg);
 
-    SECTION("extrapolate=0 (or tau huge) with a max=2 schedule equals deepcache:3 bit for bit") {
+    SECTION("extrapolate=0 (or tau huge) with a max=2 schedule and attn=run equals deepcache:3 bit for bit") {
         DeepCacheDenoiser dc(3, 0);
         auto ref = run_tiny(models, dc, 10);
         CHECK(ref.full == std::vector<bool>{1, 0, 0, 1, 0, 0, 1, 0, 0, 1});
-        for (const char* spec : {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0",
-                                 "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30,skip=0"}) {
+        for (const char* spec : {"freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0,attn=run",
+                                 "freq:thr=1e30,max=2,span=0,drift=0,tau=1e30,skip=0,attn=run"}) {
             INFO(spec);
             auto fq = parse_cache_mode(spec);
             auto r = run_tiny(models, *fq, 10);
@@ -335,13 +339,19 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     // One store shared by two modes (a server's), each run in its namespace: the same results as stores of their own.
     auto shared = std::make_shared<cache::LatentCache>();
     auto a = parse_cache_mode("deepcache:3"),
-         b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0");
+         b = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0,attn=run");
     a->set_store(shared, "request-a");
     b->set_store(shared, "request-b");
     CHECK(torch::equal(run_tiny(models, *a, 10).latents, ref.latents));
     CHECK(torch::equal(run_tiny(models, *b, 10).latents, ref.latents));
     // 6 feature reuses each, and freq's 3 reads of the previous full step's spectrum
     CHECK(shared->stats().hits == 6 + 6 + 3);
+    // attn=reuse keeps the attention residuals there too: one more hit per shallow attention layer and reuse.
+    auto lite = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0");
+    lite->set_store(shared, "request-d");
+    const auto before = shared->stats().hits;
+    run_tiny(models, *lite, 10);
+    CHECK(shared->stats().hits - before == 6 + 3 + 6 * int64_t(models.unet->shallow_attention_layers(0).size()));
     // A store that cannot hold the feature (byte budget below it): every step is full, nothing stale is ever used.
     auto tiny = std::make_shared<cache::LatentCache>(cache::LatentCacheOptions{16, 2, false});
     auto c = parse_cache_mode("deepcache:3");
@@ -799,6 +809,100 @@ TEST_CASE("freq skip=N: reuse steps whose model output is forecast from the last
     for (const auto& s : cut->log())
         if (s.forecast) CHECK(s.drift < largest * 0.999);
     CHECK_THROWS_WITH(parse_cache_mode("freq:skipdrift=-1"), Catch::Contains("skipdrift must be >= 0"));
+}
+
+namespace {
+// Records every attention layer a forward runs (its residual), and hands back `given` residuals in place of running.
+struct ResidualHook : AttentionHook {
+    std::map<std::string, torch::Tensor> given, computed_residuals;
+    std::vector<std::string> ran;
+    torch::Tensor reuse(const FeatureId& id, const torch::Tensor&) override {
+        auto it = given.find(id.name());
+        return it == given.end() ? torch::Tensor() : it->second;
+    }
+    void computed(const FeatureId& id, const torch::Tensor& in, const torch::Tensor& out) override {
+        ran.push_back(id.name());
+        computed_residuals[id.name()] = out - in;
+    }
+};
+} // namespace
+
+TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the last full step", "[freq][sd]") {
+    auto models = deepcache_models();
+    auto& unet = *models.unet;
+    c10::InferenceMode guard;
+    torch::manual_seed(5);
+    const auto x = torch::randn({2, 4, 8, 8});
+    const auto t = torch::tensor(500.0);
+    UNetCond cond;
+    cond.context = torch::randn({2, 77, unet.config().cross_attention_dim});
+    for (int branch = 0; branch < std::min(unet.num_skips(), 3); ++branch) {
+        INFO("branch " << branch);
+        // The full forward's feature and the residual of every attention layer.
+        SkipFeatureCapture f(branch);
+        ResidualHook full;
+        unet.forward(x, t, cond, &f, {}, &full);
+        REQUIRE(f.feature.defined());
+        // The shallow path runs exactly the layers shallow_attention_layers() names, in that order.
+        ResidualHook plain;
+        const auto ref = unet.forward_shallow(x, t, cond, branch, f.feature, {}, &plain);
+        std::vector<std::string> listed;
+        for (const auto& id : unet.shallow_attention_layers(branch)) listed.push_back(id.name());
+        CHECK(plain.ran == listed);
+        REQUIRE_FALSE(listed.empty());
+        CHECK(torch::equal(ref, unet.forward_shallow(x, t, cond, branch, f.feature)));
+        // Handed the full forward's residuals at the same input, the shallow path runs none of them and gives the same
+        // output up to the rounding of in + (out - in).
+        ResidualHook reused;
+        for (const auto& name : listed) reused.given[name] = full.computed_residuals.at(name);
+        const auto got = unet.forward_shallow(x, t, cond, branch, f.feature, {}, &reused);
+        CHECK(reused.ran.empty());
+        CHECK(test::max_abs_diff(got, ref) < 1e-5 * (1.0 + ref.abs().max().item<double>()));
+        // A residual of the wrong shape is an error naming the layer.
+        ResidualHook bad;
+        bad.given[listed[0]] = torch::zeros({1, 1, 1, 1});
+        CHECK_THROWS_WITH(unet.forward_shallow(x, t, cond, branch, f.feature, {}, &bad), Catch::Contains(listed[0]));
+        // The MAC count of such a step leaves the transformers out.
+        const auto b = unet_mac_breakdown(unet.config(), 8, 8, 77);
+        MacCount attn;
+        for (int k = 1; k <= branch; ++k) attn += b.down_attention[size_t(k)];
+        for (int k = 0; k <= branch; ++k) attn += b.up_attention[size_t(k)];
+        CHECK(attn.total() > 0);
+        CHECK(b.shallow(branch, false).total() == b.shallow(branch).total() - attn.total());
+    }
+    // In the loop: the shallow reuse steps (not full, not forecast) reuse the residuals and log it; attn=run never
+    // does and is the run of before; under injected noise (Euler a) the layers run.
+    auto fq = parse_cache_mode("freq");
+    run_tiny(models, *fq, 20);
+    int lite = 0;
+    const auto b = unet_mac_breakdown(unet.config(), 8, 8, 77);
+    for (const auto& s : fq->log()) {
+        INFO("step " << s.step);
+        if (s.full || s.forecast) {
+            CHECK_FALSE(s.attention_reused);
+            continue;
+        }
+        CHECK(s.attention_reused);
+        CHECK(s.macs == double(b.shallow(0, false).total()));
+        ++lite;
+    }
+    CHECK(lite > 0);
+    CHECK(cache_log_json(*fq)["steps"][0].contains("attention_reused"));
+    auto run = parse_cache_mode("freq:attn=run");
+    const auto r_run = run_tiny(models, *run, 20);
+    for (const auto& s : run->log()) CHECK_FALSE(s.attention_reused);
+    CHECK_FALSE(torch::equal(r_run.latents, run_tiny(models, *fq, 20).latents));
+    Txt2ImgPipeline pipe(models);
+    auto p = tiny_params(16, SamplerKind::EulerAncestral);
+    auto noisy = parse_cache_mode("freq:noise=0,noiseskip=0,drift=0,thr=1e30,span=0.3");
+    pipe.run(p, noisy.get());
+    int shallow = 0;
+    for (const auto& s : noisy->log()) {
+        CHECK_FALSE(s.attention_reused);
+        shallow += !s.full && !s.forecast;
+    }
+    CHECK(shallow > 0);
+    CHECK_THROWS_WITH(parse_cache_mode("freq:attn=maybe"), Catch::Contains("attn"));
 }
 
 TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", "[freq][eval]") {

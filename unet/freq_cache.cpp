@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 
 namespace anchor::unet {
@@ -93,7 +95,8 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,decide=batch|image,profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,decide=batch|image,"
+         "profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -105,13 +108,15 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
          "from the last two computed steps (not with LMS/PNDM), and only while the probe's drift is below skipdrift=D "
-         "(default 0.45, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
+         "(default 0.35, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
          "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
          "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
          "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
          "least lastsigma=S (default 0.1; 0 = always), else always a reuse; last=0 lets it follow the rules whatever "
-         "its noise level; decide=batch (default) gives a batch of images one decision per step, from the image "
+         "its noise level; attn=reuse (default) lets a shallow reuse step add the residuals its attention layers had "
+         "at the last full step instead of running them, except under injected noise (attn=run: it runs them); "
+         "decide=batch (default) gives a batch of images one decision per step, from the image "
          "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
          "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
          "steps"},
@@ -133,7 +138,8 @@ std::string FreqParams::describe() const {
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
            ",noiseskip=" + fmt_num(noise_skip) + ",lastsigma=" + fmt_num(last_sigma) + (last ? "" : ",last=0") +
-           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
+           (attn_reuse ? "" : ",attn=run") + (per_image ? ",decide=image" : "") +
+           (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -248,13 +254,16 @@ double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, in
 // ---- freq -------------------------------------------------------------------------------------------------------
 
 double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx,
-                                  bool full, int branch) {
+                                  StepCompute what, int branch) {
     if (!mac_fn) {
         const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.context.size(1));
-        const double f = double(b.full().total()), sh = double(b.shallow(branch).total());
-        mac_fn = [f, sh](bool is_full) { return is_full ? f : sh; };
+        const double f = double(b.full().total()), sh = double(b.shallow(branch).total()),
+                     lite = double(b.shallow(branch, false).total());
+        mac_fn = [f, sh, lite](StepCompute w) {
+            return w == StepCompute::Full ? f : w == StepCompute::Shallow ? sh : lite;
+        };
     }
-    return mac_fn(full);
+    return mac_fn(what);
 }
 
 FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.band) {
@@ -292,6 +301,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"noiseskip", p_.noise_skip},
             {"lastsigma", p_.last_sigma},
             {"last", p_.last},
+            {"attn", p_.attn_reuse ? "reuse" : "run"},
             {"decide", p_.per_image ? "image" : "batch"}};
 }
 
@@ -452,6 +462,38 @@ Tensor FreqAnchorDenoiser::reuse_feature(const Tensor& F1, const Tensor& X1, con
     auto slope = extrapolation_slope(X1, X0, s1, s0, tau, anchored_fraction);
     return extrapolate ? extrapolate_feature(F1, slope, k - s1) : F1;
 }
+
+namespace {
+// attn=reuse (FreqParams::attn_reuse): the hook on the shallow path's attention layers. A full step records their
+// residuals (output - input); a shallow step hands them back through `lookup` (the group's residual from the store,
+// undefined when some image has none), else the layer runs.
+class AttentionResiduals : public AttentionHook {
+public:
+    explicit AttentionResiduals(const std::vector<FeatureId>& layers) {
+        for (const auto& l : layers) keys_.insert(key(l));
+    }
+    std::map<int32_t, Tensor> recorded; // full step: the residual of each layer, keyed as the store keys it
+    std::function<Tensor(int32_t)> lookup;
+    int reused = 0;
+    Tensor reuse(const FeatureId& id, const Tensor& in) override {
+        if (!lookup || !keys_.count(key(id))) return {};
+        Tensor r = lookup(key(id));
+        if (!r.defined() || r.sizes() != in.sizes()) return {};
+        ++reused;
+        return r;
+    }
+    void computed(const FeatureId& id, const Tensor& in, const Tensor& out) override {
+        if (!lookup && keys_.count(key(id))) recorded[key(id)] = out - in;
+    }
+    // The store's layer of an attention layer's entry (kAttnResidual): up or down, block, index.
+    static int32_t key(const FeatureId& id) {
+        return (id.kind == FeatureKind::UpAttention ? 1 << 20 : 0) + id.block * 1024 + id.index;
+    }
+
+private:
+    std::set<int32_t> keys_;
+};
+} // namespace
 
 struct FreqAnchorDenoiser::LanePlan {
     enum class Kind { Full, Shallow, Forecast } kind = Kind::Full;
@@ -673,6 +715,9 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         }
         out.index_copy_(0, lanes_[size_t(b)].rows.to(ob.device()), ob);
     };
+    // attn=reuse: the shallow path's attention layers, whose residuals full steps record.
+    const auto attn_layers = p_.attn_reuse ? unet.shallow_attention_layers(p_.branch) : std::vector<FeatureId>{};
+    bool attention_reused = false;
     // One UNet call for the images that chose `kind`, on their rows in batch order.
     auto run_group = [&](LanePlan::Kind kind) {
         std::vector<int> ids;
@@ -707,28 +752,44 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             return g;
         };
         const UNetCond cond = all ? ctx : ctx.index_select(idx);
+        AttentionResiduals residuals(attn_layers);
+        // Not under injected noise: a residual answers the input its layer saw, and the fresh noise since is what no
+        // cached layer has seen (as for the feature, FreqParams::noise).
+        AttentionHook* hook = p_.attn_reuse && !injected_.present ? &residuals : nullptr;
         if (kind == LanePlan::Kind::Full) {
             SkipFeatureCapture f(p_.branch);
-            const Tensor og = unet.forward(gather(x), t, cond, &f, gather(probe_.stem()));
+            const Tensor og = unet.forward(gather(x), t, cond, &f, gather(probe_.stem()), hook);
             if (!f.feature.defined())
                 throw Error("freq: the UNet produced no cache feature for branch " + std::to_string(p_.branch) +
                             " (it has " + std::to_string(unet.num_skips()) + " skips)");
             for (int b : ids) {
                 place(b, part(og, b));
                 commit_full(lanes_[size_t(b)], part(f.feature, b), step, u);
+                for (const auto& [key, r] : residuals.recorded)
+                    lanes_[size_t(b)].features.put(key, kAttnResidual, 0, part(r, b), step);
             }
             return;
         }
+        residuals.lookup = [&](int32_t key) {
+            std::map<int, Tensor> parts;
+            for (int b : ids) {
+                auto r = lanes_[size_t(b)].features.get(key, kAttnResidual, 0, step, staleness());
+                if (!r) return Tensor();
+                parts[b] = *r;
+            }
+            return assemble([&](int b) { return parts[b]; });
+        };
         const Tensor F = assemble([&](int b) { return plans[size_t(b)].feature; });
         // probe=det applies to every image of a step or to none (the sampler injects into all of them).
         const bool det = plans[size_t(ids.front())].injected.defined();
         Tensor og;
         if (det) {
             const Tensor D = assemble([&](int b) { return plans[size_t(b)].injected; });
-            og = unet.forward_shallow(gather(x) - D, t, cond, p_.branch, F);
+            og = unet.forward_shallow(gather(x) - D, t, cond, p_.branch, F, {}, hook);
         } else {
-            og = unet.forward_shallow(gather(x), t, cond, p_.branch, F, gather(probe_.stem()));
+            og = unet.forward_shallow(gather(x), t, cond, p_.branch, F, gather(probe_.stem()), hook);
         }
+        attention_reused = attention_reused || residuals.reused > 0;
         for (int b : ids) {
             const auto& pl = plans[size_t(b)];
             place(b, det ? part(og, b) + pl.injected * pl.gain : part(og, b));
@@ -774,8 +835,13 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     rec.calibration = calibrated_n ? calibration / calibrated_n : 1.0;
     rec.anchored_fraction = shallow_n ? anchored / shallow_n : 0.0;
     rec.macs = 0.0;
-    if (full_n) rec.macs += full_n * step_macs(unet, x, ctx, true, p_.branch) / n;
-    if (shallow_n) rec.macs += shallow_n * step_macs(unet, x, ctx, false, p_.branch) / n;
+    if (full_n) rec.macs += full_n * step_macs(unet, x, ctx, StepCompute::Full, p_.branch) / n;
+    if (shallow_n)
+        rec.macs += shallow_n *
+                    step_macs(unet, x, ctx, attention_reused ? StepCompute::ShallowNoAttention : StepCompute::Shallow,
+                              p_.branch) /
+                    n;
+    rec.attention_reused = attention_reused;
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -857,7 +923,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
     rec.full_share = full ? 1.0 : 0.0;
     rec.why = full ? d.why : "";
     rec.anchored_fraction = full ? 0.0 : 1.0;
-    rec.macs = step_macs(unet, x, ctx, full, branch_);
+    rec.macs = step_macs(unet, x, ctx, full ? StepCompute::Full : StepCompute::Shallow, branch_);
     rec.ms = ms_since(t0);
     log_.push_back(rec);
     return out;
@@ -947,6 +1013,8 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.noise_skip = non_negative();
                 } else if (k == "skipdrift") {
                     p.skip_drift = non_negative();
+                } else if (k == "attn") {
+                    p.attn_reuse = either("reuse", "run", "reuse");
                 } else if (k == "decide") {
                     p.per_image = either("image", "batch", "image");
                 } else if (k == "last") {
@@ -997,6 +1065,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"drift", r.drift},
                          {"calibration", r.calibration},
                          {"forecast", r.forecast},
+                         {"attention_reused", r.attention_reused},
                          {"injected", r.injected},
                          {"full_share", r.full_share},
                          {"why", r.why},

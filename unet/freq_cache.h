@@ -60,16 +60,17 @@ namespace anchor::unet {
 struct CacheStepLog {
     int step = 0;
     bool full = true;
-    double energy_change = 0;     // r_k of the shallow probe (0 at step 0)
-    double accumulated = 0;       // A_k since the last full step (freq only; 0 otherwise)
-    double anchored_fraction = 0; // freq reuse steps: fraction of anchored DCT coefficients (1 when all reused)
-    double macs = 0;              // UNet MACs of the step per sample (0 when no MAC model is attached)
-    double ms = 0;                // wall time of the UNet evaluation (and the probe)
-    double noise_level = 0;       // sigma of the step (0 when the loop gave none)
-    double drift = 0;             // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
-    double calibration = 1;       // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
-    bool forecast = false;        // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
-    double injected = 0;          // freq noise=V: the noise injected since the last full step, against the step's noise
+    double energy_change = 0;      // r_k of the shallow probe (0 at step 0)
+    double accumulated = 0;        // A_k since the last full step (freq only; 0 otherwise)
+    double anchored_fraction = 0;  // freq reuse steps: fraction of anchored DCT coefficients (1 when all reused)
+    double macs = 0;               // UNet MACs of the step per sample (0 when no MAC model is attached)
+    double ms = 0;                 // wall time of the UNet evaluation (and the probe)
+    double noise_level = 0;        // sigma of the step (0 when the loop gave none)
+    double drift = 0;              // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
+    double calibration = 1;        // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
+    bool forecast = false;         // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
+    double injected = 0;           // freq noise=V: the noise injected since the last full step, against its noise level
+    bool attention_reused = false; // freq attn=reuse: the shallow path added its attention layers' cached residuals
     // The share of the batch's images that ran the full UNet at this step: freq decides per image (1 for one image;
     // DeepCache and off decide for the batch, 1 or 0). `full` is set when any image did.
     double full_share = 1;
@@ -142,11 +143,12 @@ struct FreqParams {
     // skipdrift=D: a reuse step is forecast only while the probe's drift (the per-image residual of the `drift` rule)
     // is below D; between D and `drift` the shallow path runs on the step's real input instead, so an image that
     // starts to leave its trajectory is corrected by a computed step before its forecasts compound. 0 = no bound.
-    // Chosen on held-out prompts x seeds 7001-7002 among 0.15, 0.2, 0.3, 0.45 and none: at 20 steps 0.45 raises the
-    // worst image (DDIM 25.8 -> 28.9 dB, DPM++ 2M 30.7 -> 30.6, Euler 25.9 -> 29.0) and the share >= 30 dB (93 -> 97 %)
-    // at the same full steps; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast
-    // here (tests/bench/results/eval_cache_2026-12-03/README.md).
-    double skip_drift = 0.45;
+    // Chosen on held-out prompts x seeds 7001-7002: 0.45 with the full shallow path (among 0.15, 0.2, 0.3, 0.45 and
+    // none; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast there;
+    // tests/bench/results/eval_cache_2026-12-03/README.md); 0.35 once attn=reuse halves the shallow step's cost
+    // (among 0.3, 0.35, 0.45: over the deterministic samplers at 10-50 steps the best mean, worst image and share
+    // >= 30 dB of the three; tests/bench/results/eval_cache_2026-12-04/README.md).
+    double skip_drift = 0.35;
     // noise=V (0 = off): with a sampler that injects noise (Euler a, DDIM with eta > 0), a full step once the noise
     // injected since the last full step, carried to this step (D of probe=det), reaches V times the noise of the
     // step's input: RMS(D) / (sigma_k / sqrt(1 + sigma_k^2)) >= V (model-input units, Euler-type and DDIM-type
@@ -180,6 +182,16 @@ struct FreqParams {
     // signals with its own state, so an image comes out the same alone or in any batch (the UNet then runs once on
     // the rows of the images that chose a full step and once on the others').
     bool per_image = false;
+    // attn=reuse|run: a reuse step that runs the shallow path also skips the path's attention layers, adding the
+    // residual (output - input) each had at the last full step instead (the transformer is residual; caching its
+    // residual is FORA's and Delta-DiT's reuse, Selvaraju et al. 2024, Chen et al. 2024, applied inside DeepCache's
+    // shallow path). The resnets and the output head still run on the step's own input, so the step follows its
+    // input where it is local (the shallow path's high-resolution detail) for about half the shallow path's cost.
+    // Not under injected noise (Euler a): the residual answers the input its layer saw, not the fresh noise since
+    // (Euler a 30 on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it). Chosen there too: at
+    // the same full steps DDIM 50 4.9x -> 6.2x, LMS 20 2.4x -> 3.0x, DPM++ 2M 20 2.5x -> 2.7x, means within 1 dB
+    // and worst images mostly higher (tests/bench/results/eval_cache_2026-12-04/README.md).
+    bool attn_reuse = true;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
@@ -219,9 +231,11 @@ public:
     // The canonical mode string ("off", "deepcache:3,branch=0", "freq:tau=0.01,...").
     virtual std::string spec() const = 0;
     virtual nlohmann::json params_json() const;
-    // MACs of a step: full = true -> full forward, else the shallow path (per sample). When unset, the analytic count
-    // of unet/unet_macs.h for the UNet and latent size of the first call is attached on that call.
-    std::function<double(bool full)> mac_fn;
+    // What a step computed, for its MAC count.
+    enum class StepCompute { Full, Shallow, ShallowNoAttention };
+    // MACs of a step per sample. When unset, the analytic count of unet/unet_macs.h for the UNet and latent size of
+    // the first call is attached on that call.
+    std::function<double(StepCompute)> mac_fn;
     // The store this mode caches in (its own unless set_store is called before the run).
     void set_store(std::shared_ptr<cache::LatentCache> store, std::string ns);
     const BatchFeatureStore& features() const { return features_; }
@@ -234,12 +248,13 @@ protected:
     double noise_level(int step) const {
         return step >= 0 && size_t(step) < sigmas_.size() ? sigmas_[size_t(step)] : 0;
     }
-    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx, bool full,
-                     int branch);
+    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx,
+                     StepCompute what, int branch);
 };
 
 // Slots of the feature caches' store entries.
-enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3, kStem = 4 };
+// kAttnResidual entries are keyed by the attention layer (attn=reuse), not the branch.
+enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3, kStem = 4, kAttnResidual = 5 };
 
 // Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
 //
@@ -398,7 +413,7 @@ private:
 
 // "off" | "deepcache:N[,branch=B]" |
 // "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,correct=0|1,
-// skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,decide=batch|image,profile=FILE]".
+// skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,decide=batch|image,profile=FILE]".
 // Malformed specs throw ParamError("cache") listing the valid forms.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
 // Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode

@@ -49,13 +49,19 @@ MacCount UNetMacBreakdown::full() const {
     return m;
 }
 
-MacCount UNetMacBreakdown::shallow(int branch) const {
+MacCount UNetMacBreakdown::shallow(int branch, bool attention) const {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
                     ")");
     MacCount m = stem;
-    for (int k = 1; k <= branch; ++k) m += down[size_t(k)];
-    for (int k = 0; k <= branch; ++k) m += up[size_t(k)];
+    for (int k = 1; k <= branch; ++k) {
+        m += down[size_t(k)];
+        if (!attention) m -= down_attention[size_t(k)];
+    }
+    for (int k = 0; k <= branch; ++k) {
+        m += up[size_t(k)];
+        if (!attention) m -= up_attention[size_t(k)];
+    }
     m += head;
     return m;
 }
@@ -79,16 +85,18 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
     // Down path: remember each skip's width and spatial size.
     std::vector<int64_t> skip_ch{ch0}, skip_h{h}, skip_w{wd};
     b.down.emplace_back(); // skip 0 = conv_in, counted in stem
+    b.down_attention.emplace_back();
     int64_t ch = ch0;
     for (size_t i = 0; i < nb; ++i) {
         const int64_t co = c.block_out_channels[i];
         const bool attn = c.down_block_types[i] == "CrossAttnDownBlock2D";
         for (int j = 0; j < c.layers_per_block[i]; ++j) {
-            MacCount m;
+            MacCount m, t;
             w.resnet(m, ch, co, h * wd);
             ch = co;
-            if (attn) w.transformer(m, ch, c.transformer_layers_per_block[i], h * wd);
-            b.down.push_back(m);
+            if (attn) w.transformer(t, ch, c.transformer_layers_per_block[i], h * wd);
+            b.down.push_back(m += t);
+            b.down_attention.push_back(t);
             skip_ch.push_back(ch), skip_h.push_back(h), skip_w.push_back(wd);
         }
         if (i + 1 < nb) {
@@ -97,6 +105,7 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
             MacCount m;
             Walker::conv(m, ch, ch, 3, h * wd);
             b.down.push_back(m);
+            b.down_attention.emplace_back();
             skip_ch.push_back(ch), skip_h.push_back(h), skip_w.push_back(wd);
         }
     }
@@ -108,6 +117,7 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
 
     // Up path: up block i mirrors down block nb-1-i with one extra layer; skips are consumed from the end.
     b.up.resize(b.down.size());
+    b.up_attention.resize(b.down.size());
     int idx = int(b.down.size());
     for (size_t i = 0; i < nb; ++i) {
         const int64_t co = c.block_out_channels[nb - 1 - i];
@@ -121,7 +131,12 @@ UNetMacBreakdown unet_mac_breakdown(const UNetConfig& c, int64_t latent_h, int64
             MacCount& m = b.up[size_t(k)];
             w.resnet(m, ch + skip_ch[size_t(k)], co, h * wd);
             ch = co;
-            if (attn) w.transformer(m, ch, depth, h * wd);
+            if (attn) {
+                MacCount t;
+                w.transformer(t, ch, depth, h * wd);
+                m += t;
+                b.up_attention[size_t(k)] = t;
+            }
         }
         if (i + 1 < nb) { // nearest upsample to the next skip's size, then a 3x3 conv; runs with the layer of skip k
             h = skip_h[size_t(idx - 1)];

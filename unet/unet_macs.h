@@ -31,18 +31,26 @@ struct MacCount {
         conv += o.conv, linear += o.linear, attention += o.attention;
         return *this;
     }
+    MacCount& operator-=(const MacCount& o) {
+        conv -= o.conv, linear -= o.linear, attention -= o.attention;
+        return *this;
+    }
 };
 
 // Per-layer breakdown in forward order, keyed like UNet2DConditionModelImpl::run's skip bookkeeping, so that the
 // DeepCache shallow path of any branch can be summed from it.
 struct UNetMacBreakdown {
-    MacCount stem;                      // conv_in + time embedding MLP
-    std::vector<MacCount> down;         // down[k] produces skip k (k >= 1; down[0] is empty: skip 0 is conv_in)
-    MacCount mid;                       // mid block
-    std::vector<MacCount> up;           // up[k]: the up layer consuming skip k, plus the upsampler that follows it
-    MacCount head;                      // conv_norm_out (no MACs) + conv_out
-    MacCount full() const;              // a whole forward
-    MacCount shallow(int branch) const; // DeepCache cached step for `branch` (see forward_shallow)
+    MacCount stem;              // conv_in + time embedding MLP
+    std::vector<MacCount> down; // down[k] produces skip k (k >= 1; down[0] is empty: skip 0 is conv_in)
+    MacCount mid;               // mid block
+    std::vector<MacCount> up;   // up[k]: the up layer consuming skip k, plus the upsampler that follows it
+    MacCount head;              // conv_norm_out (no MACs) + conv_out
+    // The transformers' share of down[k] and up[k] (zero for layers without attention).
+    std::vector<MacCount> down_attention, up_attention;
+    MacCount full() const; // a whole forward
+    // DeepCache cached step for `branch` (see forward_shallow); attention = false: without its attention layers (a
+    // step that reuses their residuals, AttentionHook).
+    MacCount shallow(int branch, bool attention = true) const;
     int num_skips() const { return int(down.size()); }
 };
 

@@ -540,8 +540,8 @@ UNet2DConditionModelImpl::ContextKvScope::~ContextKvScope() {
 }
 
 Tensor UNet2DConditionModelImpl::forward(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
-                                         FeatureObserver* features, const Tensor& stem) {
-    return run(sample, timestep, cond, features, -1, Tensor(), stem);
+                                         FeatureObserver* features, const Tensor& stem, AttentionHook* attention) {
+    return run(sample, timestep, cond, features, -1, Tensor(), stem, attention);
 }
 
 Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
@@ -550,12 +550,30 @@ Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
 }
 
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
-                                                 int branch, const Tensor& cached_feature, const Tensor& stem) {
+                                                 int branch, const Tensor& cached_feature, const Tensor& stem,
+                                                 AttentionHook* attention) {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
                     ")");
     if (!cached_feature.defined()) throw Error("DeepCache shallow step without a cached feature");
-    return run(sample, timestep, cond, nullptr, branch, cached_feature, stem);
+    return run(sample, timestep, cond, nullptr, branch, cached_feature, stem, attention);
+}
+
+std::vector<FeatureId> UNet2DConditionModelImpl::shallow_attention_layers(int branch) const {
+    if (branch < 0 || branch >= num_skips())
+        throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
+                    ")");
+    // The walk of run() with shallow = branch: the down layers producing skips 1..B, the up layers consuming B..0.
+    std::vector<FeatureId> out;
+    const auto dl = down_layers();
+    for (size_t s = 0; s < size_t(branch); ++s)
+        if (!dl[s].downsampler && !downs[size_t(dl[s].block)]->attn.empty())
+            out.push_back({FeatureKind::DownAttention, dl[s].block, dl[s].index});
+    const auto ul = up_layers();
+    for (size_t q = size_t(num_skips() - 1 - branch); q < ul.size(); ++q)
+        if (!ups[size_t(ul[q].block)]->attn.empty())
+            out.push_back({FeatureKind::UpAttention, ul[q].block, ul[q].index});
+    return out;
 }
 
 std::vector<UNet2DConditionModelImpl::DownLayer> UNet2DConditionModelImpl::down_layers() const {
@@ -580,7 +598,8 @@ std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_laye
 }
 
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
-                                     FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem) {
+                                     FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem,
+                                     AttentionHook* hook) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     util::HeapScope heap;                     // reuse the step's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
@@ -597,9 +616,22 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     };
     // An attention layer, its submodules reported too when someone observes.
     auto attention = [&](Transformer2DModel& a, const Tensor& in, FeatureKind k, int block, int index) {
+        const FeatureId id{k, block, index};
+        if (hook) {
+            const Tensor r = hook->reuse(id, in);
+            if (r.defined()) {
+                if (r.sizes() != in.sizes())
+                    throw Error("UNet: the residual handed for " + id.name() + " has shape " +
+                                shape_str(r.sizes().vec()) + ", its input " + shape_str(in.sizes().vec()));
+                auto out = in + r.to(in.scalar_type());
+                emit(k, block, index, out);
+                return out;
+            }
+        }
         Transformer2DModelImpl::Tap tap;
         if (obs) tap = [&](const char* part, const Tensor& v) { obs->on_feature({k, block, index, part}, v); };
         auto out = a->forward(in, ctx, tap);
+        if (hook) hook->computed(id, in, out);
         emit(k, block, index, out);
         return out;
     };

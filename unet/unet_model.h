@@ -262,6 +262,17 @@ private:
     int branch_;
 };
 
+// A hook point on the attention layers (Transformer2DModel) of a forward, for caches that skip them. A transformer is
+// residual (output = input + proj_out(...)): before a layer runs, reuse() may hand a residual r, and the layer's output
+// is input + r without running it; after a layer runs, computed() sees its input and output.
+class AttentionHook {
+public:
+    virtual ~AttentionHook() = default;
+    // The residual to add to `input` in place of layer `layer`; undefined: run the layer.
+    virtual torch::Tensor reuse(const FeatureId& layer, const torch::Tensor& input) = 0;
+    virtual void computed(const FeatureId& layer, const torch::Tensor& input, const torch::Tensor& output) = 0;
+};
+
 // Every feature by name (golden feature checks, tests); with record_inner the per-layer ones too. cache_branch >= 0
 // also keeps that branch's DeepCache feature in cache_feature.
 struct UNetFeatures : FeatureObserver {
@@ -307,13 +318,18 @@ public:
     // sample [B, C, H, W]; timestep: 0-dim (broadcast) or [B], integer or floating; context [B, T, D].
     // `stem`, when given, is conv_in(sample) as stem() computes it: a cache probe that has looked at it already hands
     // it over instead of the UNet computing it a second time.
+    // `attention`: see AttentionHook.
     torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
-                          FeatureObserver* features = nullptr, const torch::Tensor& stem = {});
+                          FeatureObserver* features = nullptr, const torch::Tensor& stem = {},
+                          AttentionHook* attention = nullptr);
     // DeepCache shallow path for `branch` B: conv_in, time embedding, the down layers producing skips 0..B, then only
     // the up layers consuming skips B..0, starting from `cached_feature` (the full forward's UpSkipInput of skip B,
     // see SkipFeatureCapture). Branch 0: up_blocks[-1]'s last resnet+attention pair and the output head.
     torch::Tensor forward_shallow(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
-                                  int branch, const torch::Tensor& cached_feature, const torch::Tensor& stem = {});
+                                  int branch, const torch::Tensor& cached_feature, const torch::Tensor& stem = {},
+                                  AttentionHook* attention = nullptr);
+    // The attention layers forward_shallow(.., branch, ..) runs (DownAttention / UpAttention ids), in forward order.
+    std::vector<FeatureId> shallow_attention_layers(int branch) const;
     // conv_in(sample) exactly as the forwards compute it (the first skip tensor; what the cache probes look at).
     torch::Tensor stem(const torch::Tensor& sample);
     // Number of skip tensors (conv_in + every down layer + every downsampler): valid branches are 0..n-1.
@@ -350,7 +366,8 @@ public:
 
 private:
     torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
-                      FeatureObserver* obs, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem);
+                      FeatureObserver* obs, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem,
+                      AttentionHook* hook);
     // The forward as a walk over layers: each down layer produces one skip (skip 0 is conv_in's output), each up
     // layer consumes one, last skip first. A DeepCache shallow step walks the down layers producing skips 1..B and
     // the up layers consuming skips B..0.
