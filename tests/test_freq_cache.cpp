@@ -26,19 +26,19 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
     CHECK(
         parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
         "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
         "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1");
-    CHECK(parse_cache_mode("freq:attn=run")->spec().find(",attn=run") != std::string::npos);
-    CHECK(parse_cache_mode("freq:attn=reuse")->spec() == f->spec()); // the default
+    CHECK(parse_cache_mode("freq:attn=reuse")->spec().find(",attn=reuse") != std::string::npos);
+    CHECK(parse_cache_mode("freq:attn=run")->spec() == f->spec()); // the default
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -347,7 +347,7 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     // 6 feature reuses each, and freq's 3 reads of the previous full step's spectrum
     CHECK(shared->stats().hits == 6 + 6 + 3);
     // attn=reuse keeps the attention residuals there too: one more hit per shallow attention layer and reuse.
-    auto lite = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0");
+    auto lite = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0,attn=reuse");
     lite->set_store(shared, "request-d");
     const auto before = shared->stats().hits;
     run_tiny(models, *lite, 10);
@@ -870,9 +870,9 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
         CHECK(attn.total() > 0);
         CHECK(b.shallow(branch, false).total() == b.shallow(branch).total() - attn.total());
     }
-    // In the loop: the shallow reuse steps (not full, not forecast) reuse the residuals and log it; attn=run never
-    // does and is the run of before; under injected noise (Euler a) the layers run.
-    auto fq = parse_cache_mode("freq");
+    // In the loop: the shallow reuse steps (not full, not forecast) reuse the residuals and log it; attn=run (the
+    // default) never does; under injected noise (Euler a) the layers run.
+    auto fq = parse_cache_mode("freq:attn=reuse");
     run_tiny(models, *fq, 20);
     int lite = 0;
     const auto b = unet_mac_breakdown(unet.config(), 8, 8, 77);
@@ -894,7 +894,7 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
     CHECK_FALSE(torch::equal(r_run.latents, run_tiny(models, *fq, 20).latents));
     Txt2ImgPipeline pipe(models);
     auto p = tiny_params(16, SamplerKind::EulerAncestral);
-    auto noisy = parse_cache_mode("freq:noise=0,noiseskip=0,drift=0,thr=1e30,span=0.3");
+    auto noisy = parse_cache_mode("freq:noise=0,noiseskip=0,drift=0,thr=1e30,span=0.3,attn=reuse");
     pipe.run(p, noisy.get());
     int shallow = 0;
     for (const auto& s : noisy->log()) {

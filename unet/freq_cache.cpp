@@ -108,14 +108,14 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
          "from the last two computed steps (not with LMS/PNDM), and only while the probe's drift is below skipdrift=D "
-         "(default 0.35, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
+         "(default 0.45, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
          "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
          "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
          "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
          "least lastsigma=S (default 0.1; 0 = always), else always a reuse; last=0 lets it follow the rules whatever "
-         "its noise level; attn=reuse (default) lets a shallow reuse step add the residuals its attention layers had "
-         "at the last full step instead of running them, except under injected noise (attn=run: it runs them); "
+         "its noise level; attn=reuse lets a shallow reuse step add the residuals its attention layers had at the "
+         "last full step instead of running them, except under injected noise (attn=run, default: it runs them); "
          "decide=batch (default) gives a batch of images one decision per step, from the image "
          "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
          "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
@@ -138,7 +138,7 @@ std::string FreqParams::describe() const {
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
            ",noiseskip=" + fmt_num(noise_skip) + ",lastsigma=" + fmt_num(last_sigma) + (last ? "" : ",last=0") +
-           (attn_reuse ? "" : ",attn=run") + (per_image ? ",decide=image" : "") +
+           (attn_reuse ? ",attn=reuse" : "") + (per_image ? ",decide=image" : "") +
            (profile.empty() ? "" : ",profile=" + profile);
 }
 

@@ -145,10 +145,10 @@ struct FreqParams {
     // starts to leave its trajectory is corrected by a computed step before its forecasts compound. 0 = no bound.
     // Chosen on held-out prompts x seeds 7001-7002: 0.45 with the full shallow path (among 0.15, 0.2, 0.3, 0.45 and
     // none; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast there;
-    // tests/bench/results/eval_cache_2026-12-03/README.md); 0.35 once attn=reuse halves the shallow step's cost
-    // (among 0.3, 0.35, 0.45: over the deterministic samplers at 10-50 steps the best mean, worst image and share
-    // >= 30 dB of the three; tests/bench/results/eval_cache_2026-12-04/README.md).
-    double skip_drift = 0.35;
+    // tests/bench/results/eval_cache_2026-12-03/README.md). With attn=reuse, which halves the shallow step's cost,
+    // 0.35 did best of 0.3, 0.35, 0.45 over the deterministic samplers at 10-50 steps (mean, worst image, share
+    // >= 30 dB; tests/bench/results/eval_cache_2026-12-04/README.md).
+    double skip_drift = 0.45;
     // noise=V (0 = off): with a sampler that injects noise (Euler a, DDIM with eta > 0), a full step once the noise
     // injected since the last full step, carried to this step (D of probe=det), reaches V times the noise of the
     // step's input: RMS(D) / (sigma_k / sqrt(1 + sigma_k^2)) >= V (model-input units, Euler-type and DDIM-type
@@ -188,10 +188,11 @@ struct FreqParams {
     // shallow path). The resnets and the output head still run on the step's own input, so the step follows its
     // input where it is local (the shallow path's high-resolution detail) for about half the shallow path's cost.
     // Not under injected noise (Euler a): the residual answers the input its layer saw, not the fresh noise since
-    // (Euler a 30 on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it). Chosen there too: at
-    // the same full steps DDIM 50 4.9x -> 6.2x, LMS 20 2.4x -> 3.0x, DPM++ 2M 20 2.5x -> 2.7x, means within 1 dB
-    // and worst images mostly higher (tests/bench/results/eval_cache_2026-12-04/README.md).
-    bool attn_reuse = true;
+    // (Euler a 30 on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it). An option, not the
+    // default: with skipdrift=0.35 it is faster at the same full steps on every deterministic sampler (fresh images:
+    // DDIM 20 2.94x -> 3.22x, DDIM 50 4.91x -> 6.33x, LMS 20 2.43x -> 2.96x) but DDIM 50's mean falls from 36.1 to
+    // 34.1 dB, under issue 24's 35 dB (tests/bench/results/eval_cache_2026-12-04/README.md).
+    bool attn_reuse = false;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
