@@ -618,10 +618,7 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         const Tensor observed = lane_rows(probe_.observed(), lane.rows);
         if (S1 && S0 && S1->sizes() == observed.sizes()) {
             alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
-            const auto a = alpha.accessor<float, 1>();
-            double sum = 0;
-            for (int64_t r = 0; r < a.size(0); ++r) sum += a[r];
-            pl.calibration = a.size(0) ? sum / double(a.size(0)) : 1.0;
+            pl.calibration = alpha.mean().item<double>(); // alpha is on the stems' device (a GPU's too)
             pl.calibrated = true;
         }
     }

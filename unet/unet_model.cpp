@@ -552,17 +552,19 @@ Tensor UNet2DConditionModelImpl::stem(const Tensor& sample) {
 Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                                  int branch, const Tensor& cached_feature, const Tensor& stem,
                                                  AttentionHook* attention) {
-    if (branch < 0 || branch >= num_skips())
-        throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
-                    ")");
+    check_branch(branch);
     if (!cached_feature.defined()) throw Error("DeepCache shallow step without a cached feature");
     return run(sample, timestep, cond, nullptr, branch, cached_feature, stem, attention);
 }
 
-std::vector<FeatureId> UNet2DConditionModelImpl::shallow_attention_layers(int branch) const {
+void UNet2DConditionModelImpl::check_branch(int branch) const {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
                     ")");
+}
+
+std::vector<FeatureId> UNet2DConditionModelImpl::shallow_attention_layers(int branch) const {
+    check_branch(branch);
     // The walk of run() with shallow = branch: the down layers producing skips 1..B, the up layers consuming B..0.
     std::vector<FeatureId> out;
     const auto dl = down_layers();

@@ -381,6 +381,7 @@ private:
         int block, index; // resnet(+attention) `index` of up block `block`
         bool last_in_block;
     };
+    void check_branch(int branch) const; // a DeepCache branch of this UNet, else an error naming the range
     std::vector<DownLayer> down_layers() const;
     std::vector<UpLayer> up_layers() const;
     UNetConfig cfg_;
