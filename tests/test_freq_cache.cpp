@@ -26,19 +26,20 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
-          "correct=1,skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "correct=1,skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
           "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
-          "skip=1,skipdrift=0.45,noise=0.7,noiseskip=0.5,lastsigma=0.1");
+          "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(
         parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
         "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
-        "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1");
-    CHECK(parse_cache_mode("freq:attn=reuse")->spec().find(",attn=reuse") != std::string::npos);
-    CHECK(parse_cache_mode("freq:attn=run")->spec() == f->spec()); // the default
+        "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1,attn=reuse,attnmax=1");
+    CHECK(parse_cache_mode("freq:attn=run")->spec().find(",attn=run") != std::string::npos);
+    CHECK(parse_cache_mode("freq:attn=reuse,attnmax=1")->spec() == f->spec()); // the default
+    CHECK(parse_cache_mode("freq:attnmax=none")->spec().find(",attn=reuse,attnmax=none") != std::string::npos);
     CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
@@ -347,7 +348,7 @@ TEST_CASE("the feature caches keep their state in the shared LatentCache, with t
     // 6 feature reuses each, and freq's 3 reads of the previous full step's spectrum
     CHECK(shared->stats().hits == 6 + 6 + 3);
     // attn=reuse keeps the attention residuals there too: one more hit per shallow attention layer and reuse.
-    auto lite = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0,attn=reuse");
+    auto lite = parse_cache_mode("freq:thr=1e30,max=2,span=0,drift=0,extrapolate=0,skip=0,attn=reuse,attnmax=none");
     lite->set_store(shared, "request-d");
     const auto before = shared->stats().hits;
     run_tiny(models, *lite, 10);
@@ -870,9 +871,9 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
         CHECK(attn.total() > 0);
         CHECK(b.shallow(branch, false).total() == b.shallow(branch).total() - attn.total());
     }
-    // In the loop: the shallow reuse steps (not full, not forecast) reuse the residuals and log it; attn=run (the
-    // default) never does; under injected noise (Euler a) the layers run.
-    auto fq = parse_cache_mode("freq:attn=reuse");
+    // In the loop: the shallow reuse steps (not full, not forecast) reuse the residuals and log it; attn=run never
+    // does; under injected noise (Euler a) the layers run.
+    auto fq = parse_cache_mode("freq:attn=reuse,attnmax=none");
     run_tiny(models, *fq, 20);
     int lite = 0;
     const auto b = unet_mac_breakdown(unet.config(), 8, 8, 77);
@@ -888,6 +889,28 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
     }
     CHECK(lite > 0);
     CHECK(cache_log_json(*fq)["steps"][0].contains("attention_reused"));
+    // attnmax=N: in each run of shallow steps (forecasts run no layer and do not count), N reuse the residuals, then
+    // one runs the layers and records theirs, which the next N reuse. A schedule of long runs (thr huge, max=6, no
+    // forecasts) shows the pattern.
+    for (int n : {1, 2}) {
+        INFO("attnmax=" << n);
+        auto bounded = parse_cache_mode("freq:thr=1e30,max=6,span=0,drift=0,skip=0,attnmax=" + std::to_string(n));
+        run_tiny(models, *bounded, 14);
+        int since = 0, refreshed = 0;
+        for (const auto& s : bounded->log()) {
+            INFO("step " << s.step);
+            if (s.full) {
+                since = 0;
+                continue;
+            }
+            CHECK(s.attention_reused == (since < n));
+            CHECK(s.macs == double(since < n ? b.shallow(0, false).total() : b.shallow(0).total()));
+            refreshed += since >= n;
+            since = since < n ? since + 1 : 0;
+        }
+        CHECK(refreshed > 0);
+    }
+    CHECK_THROWS_WITH(parse_cache_mode("freq:attnmax=-1"), Catch::Contains("attnmax"));
     auto run = parse_cache_mode("freq:attn=run");
     const auto r_run = run_tiny(models, *run, 20);
     for (const auto& s : run->log()) CHECK_FALSE(s.attention_reused);

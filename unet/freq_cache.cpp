@@ -95,8 +95,8 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
         {CacheKind::Freq, "freq",
          "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,decide=batch|image,"
-         "profile=FILE]",
+         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,attnmax=N|none,"
+         "decide=batch|image,profile=FILE]",
          "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
          "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
@@ -108,14 +108,16 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
          "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
          "from the last two computed steps (not with LMS/PNDM), and only while the probe's drift is below skipdrift=D "
-         "(default 0.45, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
+         "(default 0.35, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
          "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
          "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
          "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
          "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
          "least lastsigma=S (default 0.1; 0 = always), else always a reuse; last=0 lets it follow the rules whatever "
-         "its noise level; attn=reuse lets a shallow reuse step add the residuals its attention layers had at the "
-         "last full step instead of running them, except under injected noise (attn=run, default: it runs them); "
+         "its noise level; attn=reuse (default) lets a shallow reuse step add the residuals its attention layers had "
+         "when they last ran instead of running them, except under injected noise, for at most attnmax=N shallow "
+         "steps in a row (default 1, none = no bound), after which a shallow step runs them and keeps their "
+         "residuals (attn=run: they always run); "
          "decide=batch (default) gives a batch of images one decision per step, from the image "
          "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
          "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
@@ -138,8 +140,9 @@ std::string FreqParams::describe() const {
            ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
            ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
            ",noiseskip=" + fmt_num(noise_skip) + ",lastsigma=" + fmt_num(last_sigma) + (last ? "" : ",last=0") +
-           (attn_reuse ? ",attn=reuse" : "") + (per_image ? ",decide=image" : "") +
-           (profile.empty() ? "" : ",profile=" + profile);
+           (attn_reuse ? ",attn=reuse,attnmax=" + (attn_max < 0 ? std::string("none") : std::to_string(attn_max))
+                       : ",attn=run") +
+           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
 }
 
 nlohmann::json CacheController::params_json() const {
@@ -302,6 +305,7 @@ nlohmann::json FreqAnchorDenoiser::params_json() const {
             {"lastsigma", p_.last_sigma},
             {"last", p_.last},
             {"attn", p_.attn_reuse ? "reuse" : "run"},
+            {"attnmax", p_.attn_max < 0 ? nlohmann::json("none") : nlohmann::json(p_.attn_max)},
             {"decide", p_.per_image ? "image" : "batch"}};
 }
 
@@ -606,6 +610,20 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         return pl;
     }
     pl.kind = LanePlan::Kind::Shallow;
+    pl.feature = forecast_feature(lane, *F1, step, u, &pl.calibration, &pl.calibrated);
+    pl.anchored = lane.anchored_fraction;
+    // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
+    // effect added back analytically (FreqParams::probe_det).
+    const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
+    if (p_.probe_det && D.defined() && gain > 0) {
+        pl.injected = D;
+        pl.gain = gain;
+    }
+    return pl;
+}
+
+Tensor FreqAnchorDenoiser::forecast_feature(Lane& lane, const Tensor& F1, int step, double u, double* calibration,
+                                            bool* calibrated) {
     Tensor slope, curv;
     if (lane.have_slope)
         if (auto sl = lane.features.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
@@ -618,20 +636,11 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         const Tensor observed = lane_rows(probe_.observed(), lane.rows);
         if (S1 && S0 && S1->sizes() == observed.sizes()) {
             alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
-            pl.calibration = alpha.mean().item<double>(); // alpha is on the stems' device (a GPU's too)
-            pl.calibrated = true;
+            if (calibration) *calibration = alpha.mean().item<double>(); // alpha is on the stems' device
+            if (calibrated) *calibrated = true;
         }
     }
-    pl.feature = extrapolate_feature(*F1, slope, u - lane.u1, curv, alpha);
-    pl.anchored = lane.anchored_fraction;
-    // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
-    // effect added back analytically (FreqParams::probe_det).
-    const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
-    if (p_.probe_det && D.defined() && gain > 0) {
-        pl.injected = D;
-        pl.gain = gain;
-    }
-    return pl;
+    return extrapolate_feature(F1, slope, u - lane.u1, curv, alpha);
 }
 
 void FreqAnchorDenoiser::commit_full(Lane& lane, const Tensor& feature, int step, double u) {
@@ -762,20 +771,26 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             for (int b : ids) {
                 place(b, part(og, b));
                 commit_full(lanes_[size_t(b)], part(f.feature, b), step, u);
+                lanes_[size_t(b)].attn_reuses = 0;
                 for (const auto& [key, r] : residuals.recorded)
                     lanes_[size_t(b)].features.put(key, kAttnResidual, 0, part(r, b), step);
             }
             return;
         }
-        residuals.lookup = [&](int32_t key) {
-            std::map<int, Tensor> parts;
-            for (int b : ids) {
-                auto r = lanes_[size_t(b)].features.get(key, kAttnResidual, 0, step, staleness());
-                if (!r) return Tensor();
-                parts[b] = *r;
-            }
-            return assemble([&](int b) { return parts[b]; });
-        };
+        // attnmax=N: after N shallow steps in a row on the cached residuals, one runs the layers and records theirs
+        // (for the whole group when one of its images is due).
+        bool refresh = false;
+        for (int b : ids) refresh = refresh || (p_.attn_max >= 0 && lanes_[size_t(b)].attn_reuses >= p_.attn_max);
+        if (!refresh)
+            residuals.lookup = [&](int32_t key) {
+                std::map<int, Tensor> parts;
+                for (int b : ids) {
+                    auto r = lanes_[size_t(b)].features.get(key, kAttnResidual, 0, step, staleness());
+                    if (!r) return Tensor();
+                    parts[b] = *r;
+                }
+                return assemble([&](int b) { return parts[b]; });
+            };
         const Tensor F = assemble([&](int b) { return plans[size_t(b)].feature; });
         // probe=det applies to every image of a step or to none (the sampler injects into all of them).
         const bool det = plans[size_t(ids.front())].injected.defined();
@@ -790,6 +805,14 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         for (int b : ids) {
             const auto& pl = plans[size_t(b)];
             place(b, det ? part(og, b) + pl.injected * pl.gain : part(og, b));
+            auto& lane = lanes_[size_t(b)];
+            if (hook && refresh) {
+                for (const auto& [key, r] : residuals.recorded)
+                    lane.features.put(key, kAttnResidual, 0, part(r, b), step);
+                lane.attn_reuses = 0;
+            } else if (residuals.reused > 0) {
+                ++lane.attn_reuses;
+            }
         }
     };
     run_group(LanePlan::Kind::Full);
@@ -1008,6 +1031,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.last_sigma = non_negative();
                 } else if (k == "noiseskip") {
                     p.noise_skip = non_negative();
+                } else if (k == "attnmax") {
+                    p.attn_max = v == "none" ? -1 : parse_int(spec, k, v);
+                    if (v != "none" && p.attn_max < 0) bad_mode(spec, "attnmax must be >= 0 or none, got '" + v + "'");
                 } else if (k == "skipdrift") {
                     p.skip_drift = non_negative();
                 } else if (k == "attn") {

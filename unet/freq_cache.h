@@ -25,10 +25,10 @@
 //    and the feature handed to forward_shallow is idct2(X_k). Anchored coefficients are the stable ones, where any
 //    extrapolation would only add noise; the moving ones carry a trend that plain reuse (DeepCache) freezes. With
 //    extrapolate=0, or before two full steps exist, or when every coefficient is anchored, the cached feature F1 is
-//    passed unchanged (bit-identical to DeepCache reuse for the same schedule). With correct=1 (the default) the
-//    forecast step is then calibrated per image by what the probe observed (forecast_calibration: the share of its
-//    own linear forecast the stem moved), and probe=det separates a noise-injecting sampler's fresh noise from the
-//    trajectory (FreqParams::probe_det).
+//    passed unchanged (with attn=run bit-identical to DeepCache reuse for the same schedule). With correct=1 (the
+//    default) the forecast step is then calibrated per image by what the probe observed (forecast_calibration: the
+//    share of its own linear forecast the stem moved), and probe=det separates a noise-injecting sampler's fresh noise
+//    from the trajectory (FreqParams::probe_det).
 //
 // Where the state lives: every mode keeps what it caches (the deep feature, its spectra, the extrapolation slope) in
 // the shared store cache::LatentCache (cache/latent_cache.h), the same store the text-diffusion cache uses, under
@@ -148,7 +148,7 @@ struct FreqParams {
     // tests/bench/results/eval_cache_2026-12-03/README.md). With attn=reuse, which halves the shallow step's cost,
     // 0.35 did best of 0.3, 0.35, 0.45 over the deterministic samplers at 10-50 steps (mean, worst image, share
     // >= 30 dB; tests/bench/results/eval_cache_2026-12-04/README.md).
-    double skip_drift = 0.45;
+    double skip_drift = 0.35;
     // noise=V (0 = off): with a sampler that injects noise (Euler a, DDIM with eta > 0), a full step once the noise
     // injected since the last full step, carried to this step (D of probe=det), reaches V times the noise of the
     // step's input: RMS(D) / (sigma_k / sqrt(1 + sigma_k^2)) >= V (model-input units, Euler-type and DDIM-type
@@ -183,16 +183,22 @@ struct FreqParams {
     // the rows of the images that chose a full step and once on the others').
     bool per_image = false;
     // attn=reuse|run: a reuse step that runs the shallow path also skips the path's attention layers, adding the
-    // residual (output - input) each had at the last full step instead (the transformer is residual; caching its
-    // residual is FORA's and Delta-DiT's reuse, Selvaraju et al. 2024, Chen et al. 2024, applied inside DeepCache's
-    // shallow path). The resnets and the output head still run on the step's own input, so the step follows its
-    // input where it is local (the shallow path's high-resolution detail) for about half the shallow path's cost.
-    // Not under injected noise (Euler a): the residual answers the input its layer saw, not the fresh noise since
-    // (Euler a 30 on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it). An option, not the
-    // default: with skipdrift=0.35 it is faster at the same full steps on every deterministic sampler (fresh images:
-    // DDIM 20 2.94x -> 3.22x, DDIM 50 4.91x -> 6.33x, LMS 20 2.43x -> 2.96x) but DDIM 50's mean falls from 36.1 to
-    // 34.1 dB, under issue 24's 35 dB (tests/bench/results/eval_cache_2026-12-04/README.md).
-    bool attn_reuse = false;
+    // residual (output - input) each had when it last ran instead (the transformer is residual; caching its residual
+    // is FORA's and Delta-DiT's reuse, Selvaraju et al. 2024, Chen et al. 2024, applied inside DeepCache's shallow
+    // path). The resnets and the output head still run on the step's own input, so the step follows its input where
+    // it is local (the shallow path's high-resolution detail) for about half the shallow path's cost. Not under
+    // injected noise (Euler a): the residual answers the input its layer saw, not the fresh noise since (Euler a 30
+    // on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it).
+    bool attn_reuse = true;
+    // attnmax=N (-1: "none"): at most N shallow steps in a row add the cached residuals; the next shallow step runs
+    // the layers and records theirs. Each reused residual adds its own error to the step's output, so the bound is
+    // on the steps that reuse it, not on a span of the schedule: without it DDIM 50 (runs of ~8 reuse steps) lost
+    // 2 dB of mean where DDIM 20 (runs of ~3) lost 0.3. 1 (every other shallow step runs them), with skipdrift 0.35,
+    // was chosen on held-out prompts x seeds 7001-7002 among 1, 2, 3 and none, one image at a time, over DDIM, DPM++
+    // 2M, Euler and LMS at 10-50 steps: against attn=run it is faster in every cell (DDIM 20 3.00x -> 3.19x, DDIM 50
+    // 5.03x -> 5.61x) with the mean up in 14 of 16 cells; 2, 3 and none are faster still but keep fewer images
+    // >= 30 dB at LMS 20 (88 % against 92 %) (tests/bench/results/eval_cache_2026-12-04b/README.md).
+    int attn_max = 1;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply.
     std::string profile;
@@ -367,6 +373,7 @@ private:
         torch::Tensor o1, o0;           // skip=N: the last two computed model outputs
         double uo1 = 0, uo0 = 0;        // ... their timesteps
         int forecasts = 0;              // output forecasts since the last computed step
+        int attn_reuses = 0;            // attn=reuse: shallow steps on the cached residuals since they were recorded
         torch::Tensor x0;               // noiseskip=W: the denoised estimate of the last computed step (float)
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
@@ -375,6 +382,11 @@ private:
     LanePlan plan(Lane& lane, const torch::Tensor& x, double batch_change, const torch::Tensor& prev_energies, int step,
                   double u);
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
+    // The feature a reuse at step `step` (timestep u) hands to the shallow path: F1 extrapolated with the lane's
+    // slope (and curvature), its step calibrated by the probe with correct=1 (mean calibration and whether one was
+    // made in *calibration, *calibrated).
+    torch::Tensor forecast_feature(Lane& lane, const torch::Tensor& F1, int step, double u,
+                                   double* calibration = nullptr, bool* calibrated = nullptr);
 
     FreqParams p_;
     std::vector<Lane> lanes_;
