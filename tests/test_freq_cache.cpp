@@ -892,9 +892,17 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
     // attnmax=N: in each run of shallow steps (forecasts run no layer and do not count), N reuse the residuals, then
     // one runs the layers and records theirs, which the next N reuse. A schedule of long runs (thr huge, max=6, no
     // forecasts) shows the pattern.
+    const std::string long_runs = "freq:thr=1e30,max=6,span=0,drift=0,skip=0,attnmax=";
+    auto unbounded = parse_cache_mode(long_runs + "none");
+    auto unbounded_store = std::make_shared<cache::LatentCache>();
+    unbounded->set_store(unbounded_store, "none");
+    run_tiny(models, *unbounded, 14);
+    const auto layers = int64_t(unet.shallow_attention_layers(0).size());
     for (int n : {1, 2}) {
         INFO("attnmax=" << n);
-        auto bounded = parse_cache_mode("freq:thr=1e30,max=6,span=0,drift=0,skip=0,attnmax=" + std::to_string(n));
+        auto bounded = parse_cache_mode(long_runs + std::to_string(n));
+        auto store = std::make_shared<cache::LatentCache>();
+        bounded->set_store(store, "bounded");
         run_tiny(models, *bounded, 14);
         int since = 0, refreshed = 0;
         for (const auto& s : bounded->log()) {
@@ -909,6 +917,8 @@ TEST_CASE("freq attn=reuse: the shallow path adds the attention residuals of the
             since = since < n ? since + 1 : 0;
         }
         CHECK(refreshed > 0);
+        // The same full steps either way: each refresh stores one residual per layer more than unbounded reuse.
+        CHECK(store->stats().puts - unbounded_store->stats().puts == refreshed * layers);
     }
     CHECK_THROWS_WITH(parse_cache_mode("freq:attnmax=-1"), Catch::Contains("attnmax"));
     auto run = parse_cache_mode("freq:attn=run");
