@@ -610,20 +610,6 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         return pl;
     }
     pl.kind = LanePlan::Kind::Shallow;
-    pl.feature = forecast_feature(lane, *F1, step, u, &pl.calibration, &pl.calibrated);
-    pl.anchored = lane.anchored_fraction;
-    // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
-    // effect added back analytically (FreqParams::probe_det).
-    const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
-    if (p_.probe_det && D.defined() && gain > 0) {
-        pl.injected = D;
-        pl.gain = gain;
-    }
-    return pl;
-}
-
-Tensor FreqAnchorDenoiser::forecast_feature(Lane& lane, const Tensor& F1, int step, double u, double* calibration,
-                                            bool* calibrated) {
     Tensor slope, curv;
     if (lane.have_slope)
         if (auto sl = lane.features.get(p_.branch, kSlope, 0, step, staleness())) slope = *sl;
@@ -636,11 +622,20 @@ Tensor FreqAnchorDenoiser::forecast_feature(Lane& lane, const Tensor& F1, int st
         const Tensor observed = lane_rows(probe_.observed(), lane.rows);
         if (S1 && S0 && S1->sizes() == observed.sizes()) {
             alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
-            if (calibration) *calibration = alpha.mean().item<double>(); // alpha is on the stems' device
-            if (calibrated) *calibrated = true;
+            pl.calibration = alpha.mean().item<double>(); // alpha is on the stems' device (a GPU's too)
+            pl.calibrated = true;
         }
     }
-    return extrapolate_feature(F1, slope, u - lane.u1, curv, alpha);
+    pl.feature = extrapolate_feature(*F1, slope, u - lane.u1, curv, alpha);
+    pl.anchored = lane.anchored_fraction;
+    // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
+    // effect added back analytically (FreqParams::probe_det).
+    const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
+    if (p_.probe_det && D.defined() && gain > 0) {
+        pl.injected = D;
+        pl.gain = gain;
+    }
+    return pl;
 }
 
 void FreqAnchorDenoiser::commit_full(Lane& lane, const Tensor& feature, int step, double u) {
@@ -762,6 +757,12 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         // Not under injected noise: a residual answers the input its layer saw, and the fresh noise since is what no
         // cached layer has seen (as for the feature, FreqParams::noise).
         AttentionHook* hook = p_.attn_reuse && !injected_.present ? &residuals : nullptr;
+        // Image b keeps the residuals its layers just produced (a full step, or a shallow step that ran them).
+        auto record_residuals = [&](int b) {
+            auto& lane = lanes_[size_t(b)];
+            for (const auto& [key, r] : residuals.recorded) lane.features.put(key, kAttnResidual, 0, part(r, b), step);
+            lane.attn_reuses = 0;
+        };
         if (kind == LanePlan::Kind::Full) {
             SkipFeatureCapture f(p_.branch);
             const Tensor og = unet.forward(gather(x), t, cond, &f, gather(probe_.stem()), hook);
@@ -771,9 +772,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             for (int b : ids) {
                 place(b, part(og, b));
                 commit_full(lanes_[size_t(b)], part(f.feature, b), step, u);
-                lanes_[size_t(b)].attn_reuses = 0;
-                for (const auto& [key, r] : residuals.recorded)
-                    lanes_[size_t(b)].features.put(key, kAttnResidual, 0, part(r, b), step);
+                record_residuals(b);
             }
             return;
         }
@@ -805,14 +804,10 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         for (int b : ids) {
             const auto& pl = plans[size_t(b)];
             place(b, det ? part(og, b) + pl.injected * pl.gain : part(og, b));
-            auto& lane = lanes_[size_t(b)];
-            if (hook && refresh) {
-                for (const auto& [key, r] : residuals.recorded)
-                    lane.features.put(key, kAttnResidual, 0, part(r, b), step);
-                lane.attn_reuses = 0;
-            } else if (residuals.reused > 0) {
-                ++lane.attn_reuses;
-            }
+            if (hook && refresh)
+                record_residuals(b);
+            else if (residuals.reused > 0)
+                ++lanes_[size_t(b)].attn_reuses;
         }
     };
     run_group(LanePlan::Kind::Full);
@@ -993,6 +988,12 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     return v == yes;
                 };
                 // A number that must be >= 0.
+                // A count >= 0, or "none" (-1: no bound).
+                auto count_or_none = [&] {
+                    const int n = v == "none" ? -1 : parse_int(spec, k, v);
+                    if (v != "none" && n < 0) bad_mode(spec, k + " must be >= 0 or none, got '" + v + "'");
+                    return n;
+                };
                 auto non_negative = [&] {
                     const double d = parse_double(spec, k, v);
                     if (!(d >= 0)) bad_mode(spec, k + " must be >= 0, got '" + v + "'");
@@ -1002,10 +1003,9 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     p.tau = parse_double(spec, k, v);
                 else if (k == "thr")
                     p.thr = parse_double(spec, k, v);
-                else if (k == "max") {
-                    p.max_reuse = v == "none" ? -1 : parse_int(spec, k, v);
-                    if (v != "none" && p.max_reuse < 0) bad_mode(spec, "max must be >= 0 or none, got '" + v + "'");
-                } else if (k == "span")
+                else if (k == "max")
+                    p.max_reuse = count_or_none();
+                else if (k == "span")
                     p.span = parse_double(spec, k, v);
                 else if (k == "order")
                     p.order = parse_int(spec, k, v);
@@ -1032,8 +1032,7 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                 } else if (k == "noiseskip") {
                     p.noise_skip = non_negative();
                 } else if (k == "attnmax") {
-                    p.attn_max = v == "none" ? -1 : parse_int(spec, k, v);
-                    if (v != "none" && p.attn_max < 0) bad_mode(spec, "attnmax must be >= 0 or none, got '" + v + "'");
+                    p.attn_max = count_or_none();
                 } else if (k == "skipdrift") {
                     p.skip_drift = non_negative();
                 } else if (k == "attn") {

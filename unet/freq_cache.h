@@ -382,11 +382,6 @@ private:
     LanePlan plan(Lane& lane, const torch::Tensor& x, double batch_change, const torch::Tensor& prev_energies, int step,
                   double u);
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
-    // The feature a reuse at step `step` (timestep u) hands to the shallow path: F1 extrapolated with the lane's
-    // slope (and curvature), its step calibrated by the probe with correct=1 (mean calibration and whether one was
-    // made in *calibration, *calibrated).
-    torch::Tensor forecast_feature(Lane& lane, const torch::Tensor& F1, int step, double u,
-                                   double* calibration = nullptr, bool* calibrated = nullptr);
 
     FreqParams p_;
     std::vector<Lane> lanes_;
