@@ -25,17 +25,17 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     auto f = parse_cache_mode("freq");
     CHECK(f->name() == "freq");
     CHECK(f->spec() ==
-          "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=raw,"
+          "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.35,branch=0,probe=raw,"
           "correct=1,skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(parse_cache_mode("freq:tau=0.05,max=2,band=3,extrapolate=0,thr=0.5,branch=1")->spec() ==
-          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.4,branch=1,probe=raw,correct=1,"
+          "freq:tau=0.05,thr=0.5,max=2,span=0.35,band=3,extrapolate=0,order=1,drift=0.35,branch=1,probe=raw,correct=1,"
           "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(parse_cache_mode("freq:order=2,span=0,drift=0.3,max=none")->spec() ==
           "freq:tau=0.01,thr=0.7,max=none,span=0,band=4,extrapolate=1,order=2,drift=0.3,branch=0,probe=raw,correct=1,"
           "skip=1,skipdrift=0.35,noise=0.7,noiseskip=0.5,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(
         parse_cache_mode("freq:probe=det,correct=0,skip=0,skipdrift=0,noise=0,noiseskip=0")->spec() ==
-        "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.4,branch=0,probe=det,correct=0,"
+        "freq:tau=0.01,thr=0.7,max=none,span=0.35,band=4,extrapolate=1,order=1,drift=0.35,branch=0,probe=det,correct=0,"
         "skip=0,skipdrift=0,noise=0,noiseskip=0,lastsigma=0.1,attn=reuse,attnmax=1");
     CHECK(parse_cache_mode("freq:attn=run")->spec().find(",attn=run") != std::string::npos);
     CHECK(parse_cache_mode("freq:attn=reuse,attnmax=1")->spec() == f->spec()); // the default

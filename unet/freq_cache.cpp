@@ -102,7 +102,7 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
          "coefficients of the cached feature with energy change rate < T (default 0.01) are reused, the others "
          "forecast along the timestep (extrapolate=1, default; order=1 linear, order=2 TaylorSeer's second-order "
-         "term); drift=D (default 0.4, 0 = off) makes a step full when the probe's own forecast misses by more than D; "
+         "term); drift=D (default 0.35, 0 = off) makes a step full when the probe's own forecast misses by more than D; "
          "probe=raw (default) decides on the input as it is, probe=det on the input less the sampler's injected "
          "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
          "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
