@@ -988,13 +988,13 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
                     if (v != a && v != b) bad_mode(spec, k + " must be " + a + " or " + b + ", got '" + v + "'");
                     return v == yes;
                 };
-                // A number that must be >= 0.
                 // A count >= 0, or "none" (-1: no bound).
                 auto count_or_none = [&] {
                     const int n = v == "none" ? -1 : parse_int(spec, k, v);
                     if (v != "none" && n < 0) bad_mode(spec, k + " must be >= 0 or none, got '" + v + "'");
                     return n;
                 };
+                // A number that must be >= 0.
                 auto non_negative = [&] {
                     const double d = parse_double(spec, k, v);
                     if (!(d >= 0)) bad_mode(spec, k + " must be >= 0, got '" + v + "'");
