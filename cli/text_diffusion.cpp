@@ -396,9 +396,9 @@ int run_train(TrainArgs a) {
     a.o.compact_vocab = !a.full_vocab;
     a.o.resume = !a.no_resume;
     a.o.log = [](const std::string& s) { std::cout << s << std::endl; };
-    const FlagNames flags = {{"holdout", "--holdout"}, {"out_dir", "--out"}, {"batch", "--batch"},
-                             {"seq_len", "--seq-len"}, {"steps", "--steps"}, {"tokens_path", "--tokens"},
-                             {"use_kjv", "--kjv"}};
+    const FlagNames flags = {{"holdout", "--holdout"}, {"out_dir", "--out"},   {"batch", "--batch"},
+                             {"seq_len", "--seq-len"}, {"steps", "--steps"},   {"tokens_path", "--tokens"},
+                             {"use_kjv", "--kjv"},     {"device", "--device"}, {"time_budget_s", "--time-budget"}};
     const auto r = with_flag_errors(flags, [&] {
         a.o.holdout = text::HoldoutSpec::parse(a.holdout);
         return train_mdlm(a.o);
@@ -568,6 +568,12 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     tr->add_option("--export", t->o.export_dir, "Folder for the final weights (config.json + model.safetensors)");
     add_enum_option(*tr, "--export-dtype", t->o.export_dtype, export_dtype_table(), "Dtype of the exported weights");
     tr->add_flag("--no-resume", t->no_resume, "Start fresh even when the run folder has a state");
+    tr->add_option("--device", t->o.device, "Where training runs: cpu, cuda or cuda:N (TF32 matmuls on CUDA)")
+        ->capture_default_str();
+    tr->add_option("--time-budget", t->o.time_budget_s,
+                   "Seconds: size the schedule from the measured step rate so that training ends within them (at most "
+                   "--steps); 0 = --steps as given")
+        ->capture_default_str();
     runners.emplace_back(tr, [t, tr] {
         t->o.use_kjv = tr->count("--kjv") > 0;
         if (!t->o.use_kjv && t->o.tokens_path.empty()) throw UsageError("train: give --tokens FILE or --kjv");

@@ -574,7 +574,7 @@ void save_mdlm(const MdlmModel& model, const std::string& dir, torch::ScalarType
     fs::create_directories(dir);
     NamedTensors ts;
     for (auto& [n, t] : mdlm_named_tensors(model))
-        ts.emplace_back(n, t.is_floating_point() ? t.to(dtype).contiguous() : t.contiguous());
+        ts.emplace_back(n, t.is_floating_point() ? t.to(torch::kCPU, dtype).contiguous() : t.cpu().contiguous());
     std::map<std::string, std::string> meta;
     meta["format"] = "pt";
     save_safetensors((fs::path(dir) / "model.safetensors").string(), ts, meta, overwrite);

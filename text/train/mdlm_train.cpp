@@ -29,12 +29,14 @@ const EnumTable<MdlmLossWeight>& mdlm_loss_weight_table() {
 torch::Tensor mdlm_loss(MdlmModel& model, const torch::Tensor& ids, at::Generator& gen, MdlmLossWeight weight) {
     const int64_t B = ids.size(0), L = ids.size(1);
     const double eps = model->config().noise_eps;
-    // Low-discrepancy times (MDLM's antithetic sampling): t_b = eps + (1 - eps) ((u + b / B) mod 1).
+    // Low-discrepancy times (MDLM's antithetic sampling): t_b = eps + (1 - eps) ((u + b / B) mod 1). Drawn on the CPU
+    // (`gen` is a CPU generator) and moved to the batch's device, so every device draws the same masks.
     auto u = torch::rand({1}, gen, torch::kFloat32);
-    auto t = torch::remainder(u + torch::arange(B, torch::kFloat32) / double(B), 1.0) * (1.0 - eps) + eps;
-    auto p_mask = (1.0 - eps) * t;
+    auto t_cpu = torch::remainder(u + torch::arange(B, torch::kFloat32) / double(B), 1.0) * (1.0 - eps) + eps;
+    auto p_mask = (1.0 - eps) * t_cpu;
     auto r = torch::rand({B, L}, gen, torch::kFloat32);
-    auto masked = r < p_mask.unsqueeze(1);
+    auto masked = (r < p_mask.unsqueeze(1)).to(ids.device());
+    auto t = t_cpu.to(ids.device());
     auto xt = torch::where(masked, torch::full_like(ids, model->internal_mask_id()), ids);
     auto c = model->conditioning(t);
     auto h = model->hidden(xt, c); // [B, L, D]
@@ -68,8 +70,8 @@ double lr_at(const TrainOptions& o, int64_t step) {
 
 void save_state(const std::string& path, AdamW& opt, int64_t step) {
     NamedTensors ts;
-    for (auto& [n, t] : opt.m) ts.emplace_back("m." + n, t);
-    for (auto& [n, t] : opt.v) ts.emplace_back("v." + n, t);
+    for (auto& [n, t] : opt.m) ts.emplace_back("m." + n, t.cpu());
+    for (auto& [n, t] : opt.v) ts.emplace_back("v." + n, t.cpu());
     save_safetensors(path, ts, {{"step", std::to_string(step)}, {"adam_t", std::to_string(opt.t)}});
 }
 
@@ -80,6 +82,16 @@ void TrainOptions::validate() const {
     if (batch <= 0) throw ParamError("batch", "must be >= 1, got " + std::to_string(batch));
     if (seq_len <= 1) throw ParamError("seq_len", "must be >= 2, got " + std::to_string(seq_len));
     if (steps <= 0) throw ParamError("steps", "must be >= 1, got " + std::to_string(steps));
+    if (time_budget_s < 0) throw ParamError("time_budget_s", "must be >= 0, got " + std::to_string(time_budget_s));
+    try {
+        torch::Device d(device);
+        if (d.is_cuda() && !torch::cuda::is_available())
+            throw ParamError("device", "is '" + device + "' but this LibTorch has no usable CUDA device");
+        if (!d.is_cpu() && !d.is_cuda())
+            throw ParamError("device", "must be cpu, cuda or cuda:N, got '" + device + "'");
+    } catch (const c10::Error&) {
+        throw ParamError("device", "must be cpu, cuda or cuda:N, got '" + device + "'");
+    }
     if (use_kjv == !tokens_path.empty())
         throw ParamError("tokens_path", use_kjv ? "and use_kjv are exclusive: give one corpus"
                                                 : "is empty: give a token file or use_kjv");
@@ -99,6 +111,9 @@ TrainResult train_mdlm(const TrainOptions& o) {
         corpus = kjv_token_stream(split.train, tok);
         write_kjv_text((fs::path(o.out_dir) / "heldout.txt").string(), split.val);
         write_token_file((fs::path(o.out_dir) / "heldout_tokens.bin").string(), kjv_token_stream(split.val, tok));
+        // The training stream too, so that another trainer of the same run folder (text/train/mdlm_train_torch.py on
+        // a GPU machine's PyTorch) reads exactly these tokens.
+        write_token_file((fs::path(o.out_dir) / "train_tokens.bin").string(), corpus);
         source = "KJV (held out " + o.holdout.str() + ")";
         log("corpus: " + source + ", " + std::to_string(corpus.size()) + " training tokens");
     } else {
@@ -114,16 +129,9 @@ TrainResult train_mdlm(const TrainOptions& o) {
     MdlmModel model{nullptr};
     AdamW opt;
     int64_t start = 0;
-    if (o.resume && fs::exists(state_path) && fs::exists(model_path)) {
+    const bool resuming = o.resume && fs::exists(state_path) && fs::exists(model_path);
+    if (resuming) {
         model = load_mdlm(o.out_dir);
-        opt.init(*model);
-        auto st = SafeTensorsFile::open(state_path);
-        torch::NoGradGuard ng;
-        for (auto& [n, t] : opt.m) t.copy_(st->tensor("m." + n));
-        for (auto& [n, t] : opt.v) t.copy_(st->tensor("v." + n));
-        start = std::stoll(st->metadata().at("step"));
-        opt.t = std::stoll(st->metadata().at("adam_t"));
-        log("resumed from " + o.out_dir + " at step " + std::to_string(start));
     } else {
         MdlmConfig cfg = o.config;
         if (o.compact_vocab) {
@@ -138,11 +146,24 @@ TrainResult train_mdlm(const TrainOptions& o) {
             model = MdlmModel(cfg);
         }
         init_mdlm_weights(model, o.seed);
-        opt.init(*model);
         log("new model: " + cfg.to_json().dump());
     }
+    // The corpus is mapped to internal ids on the CPU (the vocabulary buffer is still there), then everything moves.
+    const torch::Device dev(o.device);
+    auto data = model->to_internal(corpus_t).to(dev);
+    model->to(dev);
+    if (dev.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high"); // TF32 matmuls
+    opt.init(*model);
+    if (resuming) {
+        auto st = SafeTensorsFile::open(state_path);
+        torch::NoGradGuard ng;
+        for (auto& [n, t] : opt.m) t.copy_(st->tensor("m." + n));
+        for (auto& [n, t] : opt.v) t.copy_(st->tensor("v." + n));
+        start = std::stoll(st->metadata().at("step"));
+        opt.t = std::stoll(st->metadata().at("adam_t"));
+        log("resumed from " + o.out_dir + " at step " + std::to_string(start));
+    }
     model->train();
-    auto data = model->to_internal(corpus_t);
     const int64_t n_windows = data.size(0) - o.seq_len;
 
     TrainResult res;
@@ -151,18 +172,37 @@ TrainResult train_mdlm(const TrainOptions& o) {
     auto t0 = std::chrono::steady_clock::now();
     double running = 0.0;
     int64_t running_n = 0;
-    const int64_t stop = o.stop_after > 0 ? std::min(o.steps, start + o.stop_after) : o.steps;
+    // The schedule's length: `steps`, or (time budget) the count that fits, set once from the rate of the steps
+    // [start + kPlanFrom, start + kPlanAt): the first steps pay one-off costs (allocator, kernel selection).
+    TrainOptions sched = o;
+    constexpr int64_t kPlanFrom = 5, kPlanAt = 25;
+    auto t_plan = t0;
+    int64_t stop = o.stop_after > 0 ? std::min(o.steps, start + o.stop_after) : o.steps;
     for (int64_t step = start; step < stop; ++step) {
+        if (o.time_budget_s > 0 && step == start + kPlanFrom) t_plan = std::chrono::steady_clock::now();
+        if (o.time_budget_s > 0 && step == start + kPlanAt) {
+            const auto now = std::chrono::steady_clock::now();
+            const double per_step = std::chrono::duration<double>(now - t_plan).count() / double(kPlanAt - kPlanFrom);
+            const double left = o.time_budget_s - std::chrono::duration<double>(now - t0).count();
+            const int64_t fit = step + std::max<int64_t>(1, static_cast<int64_t>(std::max(0.0, left) / per_step));
+            sched.steps = std::max(o.warmup + 1, std::min(o.steps, fit));
+            stop = o.stop_after > 0 ? std::min(sched.steps, start + o.stop_after) : sched.steps;
+            std::ostringstream os;
+            os << "time budget " << o.time_budget_s << " s: " << std::setprecision(4) << per_step * 1e3
+               << " ms/step -> schedule of " << sched.steps << " steps";
+            log(os.str());
+            logf << os.str() << "\n";
+        }
         // Per-step generator: a resumed run draws exactly what the uninterrupted run would have drawn.
         auto gen = at::detail::createCPUGenerator(o.seed * 1000003ULL + static_cast<uint64_t>(step) + 1);
         auto offs = torch::randint(n_windows, {o.batch}, gen, torch::kInt64);
         auto idx = offs.unsqueeze(1) + torch::arange(o.seq_len, torch::kInt64).unsqueeze(0);
-        auto batch = data.index_select(0, idx.reshape(-1)).view({o.batch, o.seq_len});
+        auto batch = data.index_select(0, idx.reshape(-1).to(dev)).view({o.batch, o.seq_len});
         for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
         auto loss = mdlm_loss(model, batch, gen, o.loss_weight);
         loss.backward();
         if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), o.grad_clip);
-        double lr = lr_at(o, step);
+        double lr = lr_at(sched, step);
         opt.step(lr, adamw_config(o));
         double lv = loss.item<double>();
         if (!std::isfinite(lv))
@@ -172,7 +212,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
         if ((step + 1) % o.log_every == 0 || step + 1 == stop) {
             double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             std::ostringstream os;
-            os << "step " << (step + 1) << "/" << o.steps << " loss " << std::fixed << std::setprecision(4)
+            os << "step " << (step + 1) << "/" << sched.steps << " loss " << std::fixed << std::setprecision(4)
                << running / running_n << " lr " << std::scientific << std::setprecision(2) << lr << " elapsed "
                << std::fixed << std::setprecision(1) << el << "s";
             log(os.str());

@@ -34,7 +34,9 @@ struct TrainOptions {
     std::string kjv_path;  // "" = the installed bible-kjv-text
     std::string vocab_dir; // GPT-2 tokenizer ("" = default)
     HoldoutSpec holdout;
-    std::string out_dir;       // config.json, model.safetensors (float32), train_state.safetensors, train_log.txt
+    // config.json, model.safetensors (float32), train_state.safetensors, train_log.txt; with use_kjv also
+    // train_tokens.bin, heldout_tokens.bin and heldout.txt
+    std::string out_dir;
     MdlmConfig config;         // used when starting fresh
     bool compact_vocab = true; // keep only the corpus' tokens (+ [MASK]) in the embedding/head
     int64_t steps = 1000;      // total optimizer steps (resume continues up to this)
@@ -48,6 +50,14 @@ struct TrainOptions {
     uint64_t seed = 0;
     bool resume = true;
     int64_t stop_after = 0; // > 0: stop after this many steps in this invocation (the schedule still spans `steps`)
+    // Where the model, the optimiser state and the batches live: "cpu", "cuda" or "cuda:N". The masks, times and
+    // batch offsets are drawn on the CPU from the per-step generator either way, so a run draws the same batches and
+    // masks on every device. On CUDA, float32 matmuls may use TF32 (10-bit mantissa inputs, float32 accumulation).
+    std::string device = "cpu";
+    // > 0: the schedule's total step count is chosen from the rate measured over the first steps of this invocation
+    // so that training ends within this many seconds (at most `steps`, at least warmup + 1); the warm-up-cosine
+    // schedule then spans that count. 0: `steps` as given.
+    double time_budget_s = 0;
     std::string export_dir; // when set: final weights in `export_dtype` there
     torch::ScalarType export_dtype = torch::kFloat16;
     std::function<void(const std::string&)> log; // progress lines
