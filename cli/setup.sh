@@ -21,9 +21,11 @@ while [ $# -gt 0 ]; do
 done
 
 # libopenblas0-openmp is mandatory: without it LibTorch's GEMM runs on reference BLAS (~35x slower).
+# python3-torch: tests/train/ checks the PyTorch MDLM trainer (text/train/mdlm_train_torch.py, for GPU machines) against
+# the C++ trainer on the same LibTorch version.
 packages=(dataset-fashion-mnist bible-kjv-text build-essential cmake ninja-build pkg-config libtorch-dev libopenblas0-openmp libopencv-dev libstb-dev
           libcli11-dev libdnnl-dev catch2 nlohmann-json3-dev libpcre2-dev libbenchmark-dev zlib1g-dev libpng-dev
-          libcpp-httplib-dev libssl-dev libbrotli-dev curl nginx chromium nodejs openmpi-bin)
+          libcpp-httplib-dev libssl-dev libbrotli-dev curl nginx chromium nodejs openmpi-bin python3-torch)
 if [ "$sanitize" = 1 ]; then
   packages+=(clang libclang-rt-14-dev)
 fi
