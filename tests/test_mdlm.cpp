@@ -388,7 +388,7 @@ TEST_CASE("mdlm cache: spec strings", "[mdlm]") {
     CHECK(parse_cache_spec(s.to_string()).anchor.rho == Approx(0.1));
     CHECK(parse_cache_spec("off").mode == CacheMode::Off);
     // The default anchor mode is the best setting measured on held-out prompts (mdlm_cache.h).
-    CHECK(parse_cache_spec("anchor").anchor.stale == 32);
+    CHECK(parse_cache_spec("anchor").anchor.stale == 4);
     CHECK(parse_cache_spec("anchor").anchor.rho == 0.0);
     CHECK(parse_cache_spec("anchor").anchor.reuse_masked);
     CHECK_THROWS_AS(parse_cache_spec("anchr"), ParamError);
@@ -525,9 +525,12 @@ TEST_CASE("mdlm calibration: k-means classes and profile round trip", "[mdlm]") 
     CHECK(r.tokens.size() == 24);
 }
 
-TEST_CASE("mdlm profile: the committed kjv-mdlm profile (format anchorcache-mdlm-profile-1) still drives the cache",
-          "[mdlm]") {
-    const std::string path = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm/anchor_profile.json";
+TEST_CASE(
+    "mdlm profile: a profile of the older format anchorcache-mdlm-profile-1 still drives the cache; the committed "
+    "kjv-mdlm profile drives its model",
+    "[mdlm]") {
+    // The format kjv-mdlm's first profile was written in (4 layers; the model was retrained larger since).
+    const std::string path = std::string(ANCHOR_SOURCE_DIR) + "/tests/data/mdlm_profile_v1_4layers.json";
     std::ifstream f(path);
     REQUIRE(f);
     const auto j = nlohmann::json::parse(f);
@@ -546,9 +549,28 @@ TEST_CASE("mdlm profile: the committed kjv-mdlm profile (format anchorcache-mdlm
     for (int64_t l = 0; l < p.n_layers; ++l)
         for (int64_t s = 0; s < T; ++s)
             CHECK(p.staleness(l, s, T) == p.class_stale[size_t(p.class_of[size_t(l)][size_t(s)])]);
-    // The model it was calibrated for takes it; a step-range profile (Stable Diffusion) is refused by name.
-    MdlmDenoiser d(load_mdlm(std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm"),
-                   parse_cache_spec("anchor:masked=active,profile=" + path));
+    // A model of its layer count takes it and samples with it; one of another count is refused, naming both.
+    MdlmConfig four = tiny_config();
+    four.n_blocks = p.n_layers;
+    MdlmModel m4(four);
+    randomize_mdlm_weights(m4, 3);
+    m4->eval();
+    MdlmDenoiser d4(m4, parse_cache_spec("anchor:masked=active,profile=" + path));
+    SamplerOptions so;
+    so.length = 24;
+    so.steps = 8;
+    so.prompt = {464, 3290};
+    CHECK(sample(d4, so).tokens.size() == 24);
+    CHECK_THROWS_WITH(MdlmDenoiser(tiny_model(), parse_cache_spec("anchor:masked=active,profile=" + path)),
+                      Catch::Contains("has 4 layers, the model 3"));
+
+    // The committed profile (current format) was calibrated for the committed model.
+    const std::string dir_m = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/kjv-mdlm";
+    const auto committed = cache::AnchorProfile::load(dir_m + "/anchor_profile.json");
+    REQUIRE(committed.has_layer_classes());
+    auto km = load_mdlm(dir_m);
+    CHECK(committed.n_layers == km->config().n_blocks);
+    MdlmDenoiser d(km, parse_cache_spec("anchor:masked=active,profile=" + dir_m + "/anchor_profile.json"));
     auto dir = test::scratch_dir("mdlm_profile_kinds");
     cache::AnchorProfile sd;
     sd.step_ranges = {{0.0, 1.0, 0.2, 0.1}};

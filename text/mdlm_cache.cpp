@@ -50,7 +50,7 @@ std::string cache_modes_help() {
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
     static const std::vector<std::pair<std::string, std::string>> keys = {
         {"tau", "gate-mean threshold above which a layer uses stale_high (default 0.95)"},
-        {"stale", "max age in steps of an anchored entry (default 32)"},
+        {"stale", "max age in steps of an anchored entry (default 4)"},
         {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
         {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0)"},
         {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
