@@ -45,7 +45,7 @@ echo "== 2. GPT-2 streaming past the context window ($gpt2_model, KJV text)"
 
 echo
 echo "== 3. Text diffusion, uncached vs cached (assets/models/kjv-mdlm, the embedded default model)"
-# The default anchor cache (stale=32, rho=0, masked=reuse: decoded and not-yet-decoded [MASK] positions are reused,
+# The default anchor cache (stale=4, rho=0, masked=reuse: decoded and not-yet-decoded [MASK] positions are reused,
 # as dLLM-Cache does) at generate's defaults: ancestral unmasking, temperature 1, length 128, 64 steps.
 "$bin/anchor-text" diffusion generate -p "And God said unto Moses," -s 7 --compare off,anchor \
   --score-with assets/models/kjv-gpt2

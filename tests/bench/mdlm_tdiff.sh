@@ -26,21 +26,22 @@ for s in "${@:-default fast random768}"; do
   for section in $s; do
     case $section in
     default)
-      run default_anchor diffusion bench -m $M --length 128 --prompt-len 16 --steps-list 64 --repeats 7 \
+      run default_anchor diffusion bench -m $M --length 128 --prompt-len 16 --steps-list 64 --repeats 16 \
         --unmask ancestral --temperature 1 --prompts-from $T --score-with $G \
-        --cache anchor:stale=2,rho=0.05,masked=active --cache anchor:stale=8,rho=0,masked=reuse \
-        --cache anchor:stale=16,rho=0,masked=reuse --cache anchor:stale=32,rho=0,masked=reuse \
-        --cache anchor:stale=64,rho=0,masked=reuse \
+        --cache anchor:stale=2,rho=0.05,masked=active --cache anchor:stale=4,rho=0,masked=active \
+        --cache anchor:stale=2,rho=0,masked=reuse --cache anchor:stale=4,rho=0,masked=reuse \
+        --cache anchor:stale=8,rho=0,masked=reuse --cache anchor:stale=16,rho=0,masked=reuse \
+        --cache anchor:stale=32,rho=0,masked=reuse \
         --json $R/mdlm_default_anchor_$D.json --overwrite ;;
     fast)
       run fast_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-8} \
         --unmask confidence --temperature 0 --block-length 32 --prompts-from $T --score-with $G \
         --cache dual --cache prefix --cache off+threshold=0.9 --cache dual+threshold=0.9 \
-        --cache dual+threshold=0.7 --cache dual+threshold=0.5 --cache dual+factor=1 --cache dual+threshold=0.3 \
+        --cache dual+threshold=0.7 --cache dual+threshold=0.5 --cache dual+steps=96 \
         --json $R/mdlm_fast_L256_$D.json --plot $R/mdlm_fast_L256_$D.png --overwrite ;;
     fast_T1)
-      # Sampled (temperature 1): greedy decoding of this weak model is degenerate (unigram entropy ~1.4 nats), and its
-      # confidences rarely exceed 0.1, so the thresholds that matter here are low ones.
+      # Sampled (temperature 1), low thresholds: written for the earlier 4 x 128 model, whose greedy decoding was
+      # degenerate (unigram entropy ~1.4 nats) and whose confidences rarely exceeded 0.1.
       run fast_L256_T1 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
         --unmask confidence --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
         --cache dual --cache dual+threshold=0.1 --cache dual+threshold=0.05 --cache dual+factor=2 \
@@ -49,9 +50,10 @@ for s in "${@:-default fast random768}"; do
     ancestral)
       # MDLM's ancestral sampler (temperature 1) in blocks of 32: only the positions being unmasked need logits, so the
       # block caches save the forward and the head is small.
-      run ancestral_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-4} \
+      run ancestral_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-8} \
         --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
-        --cache dual --cache prefix --cache anchor --cache dual:refresh=8 \
+        --cache dual --cache prefix --cache anchor:stale=4,rho=0,masked=reuse --cache anchor:stale=8,rho=0,masked=reuse \
+        --cache anchor:stale=16,rho=0,masked=reuse --cache dual:refresh=8 \
         --json $R/mdlm_ancestral_L256_$D.json --plot $R/mdlm_ancestral_L256_$D.png --overwrite ;;
     ancestral8)
       # The anchor cache under the same sampler over 8 prompts (a tighter gen-PPL interval).
