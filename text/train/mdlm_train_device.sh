@@ -10,7 +10,7 @@
 # variant trains in its own copy of RUN, all at once on the one GPU (a model this small leaves it mostly idle), for
 # BUDGET seconds each; the variant with the lowest held-out NELBO is exported. OUT receives device.txt, one
 # <variant>.txt log per variant, config.json and model.safetensors.part-* (reassemble with cat). Two variants at most:
-# the transfer takes 8 files.
+# the transfer takes 8 files. DEVICE=cpu AMP=off runs the same flow on a CPU (a dry run with a small BUDGET).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${RUN:?RUN must name the run folder}" "${OUT:?OUT must name the output folder}"
@@ -32,8 +32,8 @@ for v in "$@"; do
     cp "$RUN"/config.json "$RUN"/train_tokens.bin "$RUN"/heldout_tokens.bin "$work/v$i/"
     echo "v$i: $v" | tee -a "$OUT/device.txt"
     # shellcheck disable=SC2086 # the options are word lists
-    python3 "$here/mdlm_train_torch.py" "$work/v$i" --init --device "${DEVICE:-cuda}" --amp "${AMP:-bf16}" --time-budget "$BUDGET" \
-        ${COMMON:-} $v --export "$work/v$i/export" >"$OUT/v$i.txt" 2>&1 &
+    python3 "$here/mdlm_train_torch.py" "$work/v$i" --init --device "${DEVICE:-cuda}" --amp "${AMP:-bf16}" \
+        --time-budget "$BUDGET" ${COMMON:-} $v --export "$work/v$i/export" >"$OUT/v$i.txt" 2>&1 &
 done
 wait
 best= best_nelbo=

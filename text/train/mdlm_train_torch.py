@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Continue a run folder of `anchor-text diffusion train` on a PyTorch device (a GPU machine's own torch).
 
-Why a second trainer: the GPU machine has PyTorch 2.x and CUDA but not the Debian packages the C++ build links (cpp-httplib,
-PCRE2, ...). This script reads and writes the C++ trainer's run folder (text/train/mdlm_train.cpp):
+Why a second trainer: the GPU machine has PyTorch 2.x and CUDA but not the Debian packages the C++ build links
+(cpp-httplib, PCRE2, ...). This script reads and writes the C++ trainer's run folder (text/train/mdlm_train.cpp):
 
   config.json, model.safetensors (float32, + the int64 `vocab_ids` buffer), train_state.safetensors (AdamW moments
   "m.<name>", "v.<name>", metadata step / adam_t), train_tokens.bin (uint16 LE GPT-2 ids), train_log.txt
@@ -48,7 +48,8 @@ def read_safetensors(path):
         if e["dtype"] not in _DT:
             raise SystemExit(f"error: {path}: tensor '{name}' has dtype {e['dtype']}, expected one of {sorted(_DT)}")
         b, end = e["data_offsets"]
-        t = torch.frombuffer(bytearray(data[b:end]), dtype=_DT[e["dtype"]]) if end > b else torch.empty(0, dtype=_DT[e["dtype"]])
+        dt = _DT[e["dtype"]]
+        t = torch.frombuffer(bytearray(data[b:end]), dtype=dt) if end > b else torch.empty(0, dtype=dt)
         out[name] = t.reshape(e["shape"]).clone()
     return out, meta
 
@@ -74,7 +75,7 @@ def write_safetensors(path, tensors, meta):
     os.replace(tmp, path)
 
 
-# ---- the model: text/mdlm_model.cpp's forward, by the checkpoint's tensor names ----------------------------------------
+# ---- the model: text/mdlm_model.cpp's forward, by the checkpoint's tensor names -------------------------------------
 
 
 class Mdlm:
@@ -298,7 +299,7 @@ class FusedAdamW:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", help="run folder of `anchor-text diffusion train` (holding a checkpoint and train_tokens.bin)")
+    ap.add_argument("run", help="run folder of `anchor-text diffusion train` (a checkpoint and train_tokens.bin)")
     ap.add_argument("--steps", type=int, required=True, help="total optimizer steps of the schedule")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
