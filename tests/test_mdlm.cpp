@@ -661,9 +661,46 @@ TEST_CASE("mdlm training on the KJV: held-out books are written and not trained 
     auto held_ids = load_token_file(o.out_dir + "/heldout_tokens.bin");
     CHECK(held_ids.size() > 1000);
     CHECK(held_ids.back() == 50256); // every document ends with <|endoftext|>
+    // The training stream is written too (text/train/mdlm_train_torch.py reads it): the KJV less Jonah.
+    auto train_ids = load_token_file(o.out_dir + "/train_tokens.bin");
+    CHECK(train_ids.size() > 900000);
+    CHECK(train_ids.size() + held_ids.size() < 1100000);
     TrainOptions both = o;
     both.tokens_path = dir + "/x.bin";
     CHECK_THROWS_AS(train_mdlm(both), ParamError);
+}
+
+TEST_CASE("mdlm training: a time budget sizes the schedule from the measured step rate", "[mdlm]") {
+    auto dir = test::scratch_dir("mdlm_train_budget");
+    auto all = load_token_file(test::golden("text/eval/kjv_tokens.bin"));
+    write_token_file(dir + "/tiny.bin", std::vector<int64_t>(all.begin(), all.begin() + 2000));
+    TrainOptions o;
+    o.tokens_path = dir + "/tiny.bin";
+    o.out_dir = dir + "/run";
+    o.config = tiny_config();
+    o.config.n_blocks = 1;
+    o.batch = 2;
+    o.seq_len = 16;
+    o.steps = 1000;
+    o.warmup = 10;
+    o.time_budget_s = 1e-9; // spent by the time the rate is known: the schedule ends at the step that measured it
+    std::vector<std::string> lines;
+    o.log = [&](const std::string& s) { lines.push_back(s); };
+    auto r = train_mdlm(o);
+    CHECK(r.end_step == 26);
+    CHECK(r.losses.size() == 26);
+    bool planned = false;
+    for (const auto& l : lines) planned = planned || l.find("ms/step -> schedule of 26 steps") != std::string::npos;
+    CHECK(planned);
+    // A budget that fits every step leaves `steps` as given.
+    TrainOptions roomy = o;
+    roomy.out_dir = dir + "/run2";
+    roomy.steps = 30;
+    roomy.time_budget_s = 1e6;
+    CHECK(train_mdlm(roomy).end_step == 30);
+    TrainOptions bad = o;
+    bad.device = "tpu";
+    CHECK_THROWS_WITH(train_mdlm(bad), Catch::Contains("cpu, cuda or cuda:N"));
 }
 
 // ---- parallel decoding, selection rules, block caches, published layouts
