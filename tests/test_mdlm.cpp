@@ -835,7 +835,7 @@ TEST_CASE("mdlm cache: prefix and dual caches refreshed every step equal off bit
     for (auto t : rt.tokens) CHECK(t != kMdlmMaskId);
     CHECK(parse_cache_spec("dual:refresh=4").to_string() == "dual:refresh=4");
     CHECK(parse_cache_spec("prefix").mode == CacheMode::Prefix);
-    CHECK_THROWS_WITH(parse_cache_spec("dual:stale=3"), Catch::Contains("refresh"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:rho=0.1"), Catch::Contains("refresh"));
     CHECK(cache_modes_help().find("dual") != std::string::npos);
 }
 
@@ -949,6 +949,57 @@ TEST_CASE("mdlm cache: decoded=reuse computes a block's masks every step and a d
     CHECK(parse_cache_spec("dual:decoded=compute").to_string() == "dual");
     CHECK_THROWS_WITH(parse_cache_spec("anchor:decoded=reuse"), Catch::Contains("prefix and dual"));
     CHECK_THROWS_WITH(parse_cache_spec("dual:decoded=keep"), Catch::Contains("decoded=keep"));
+}
+
+TEST_CASE("mdlm cache: dual:masked=reuse computes only the block positions the ancestral sampler decodes, and those "
+          "decoded since their last computation; stale=0 is plain dual",
+          "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    auto so = confidence_options(35, 6);
+    so.rule = UnmaskRule::Ancestral;
+    so.temperature = 1;
+    so.block_length = 7; // 5 blocks of 7 positions after the 5-token prompt, 7 steps each
+    MdlmDenoiser den(m, parse_cache_spec("dual:masked=reuse,decoded=reuse,stale=100"));
+    std::vector<int64_t> before(so.prompt.begin(), so.prompt.end()), stored;
+    before.resize(40, kMdlmMaskId);
+    int checked = 0, full = 0;
+    const auto r = sample(den, so, [&](const StepInfo& info) {
+        const auto& after = *info.tokens;
+        if (info.unmasked > 0) { // only steps that unmask something run a forward
+            const auto& ds = den.last_decisions();
+            if (ds.front().full) {
+                stored = before, ++full;
+            } else {
+                const int64_t lo = 5 + info.block * 7, hi = lo + 7;
+                std::vector<bool> want(40, false);
+                for (int64_t p = lo; p < hi; ++p) {
+                    const bool asked = before[p] == kMdlmMaskId && after[p] != kMdlmMaskId;
+                    want[p] = asked || before[p] != stored[p];
+                }
+                for (const auto& d : ds) {
+                    REQUIRE_FALSE(d.full);
+                    for (int64_t p = 0; p < 40; ++p) CHECK(d.active[p].item<bool>() == want[p]);
+                }
+                for (int64_t p = 0; p < 40; ++p)
+                    if (want[p]) stored[p] = before[p];
+                ++checked;
+            }
+        }
+        before = after;
+    });
+    for (auto t : r.tokens) CHECK(t != kMdlmMaskId);
+    CHECK(full == 5);
+    CHECK(checked >= 10);
+    // Every reused position is a reused [MASK] or an already recomputed decoded one: fewer computations than dual.
+    MdlmDenoiser dual(m, parse_cache_spec("dual")), zero(m, parse_cache_spec("dual:masked=reuse,stale=0")),
+        reuse(m, parse_cache_spec("dual:masked=reuse"));
+    const auto rd = sample(dual, so), rz = sample(zero, so), rr = sample(reuse, so);
+    CHECK(rz.tokens == rd.tokens); // stale=0: every reused row is stale at once, so the whole block is computed
+    CHECK(rr.cache.reused_fraction() > rd.cache.reused_fraction());
+    CHECK(parse_cache_spec("dual:masked=reuse").to_string() == "dual:masked=reuse");
+    CHECK(parse_cache_spec("prefix:decoded=reuse,masked=reuse,stale=8").to_string() ==
+          "prefix:decoded=reuse,masked=reuse,stale=8");
+    CHECK_THROWS_WITH(parse_cache_spec("dual:tau=0.5"), Catch::Contains("its keys: refresh, drift, decoded, masked"));
 }
 
 TEST_CASE("mdlm: the tiled attention kernel agrees with SEDD's arithmetic; caches stay exact under it",

@@ -30,9 +30,11 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G,decoded=reuse]: Fast-dLLM prefix KV cache: the prompt and finished blocks are "
+       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM prefix KV cache: the prompt and "
+          "finished blocks are "
           "computed once per block\n"
-       << "dual[:refresh=R,drift=G,decoded=reuse]: Fast-dLLM DualCache: the masked suffix is cached too; only the "
+       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM DualCache: the masked suffix is "
+          "cached too; only the "
           "current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
@@ -41,8 +43,14 @@ std::string cache_modes_help() {
        << "      (0 = off, default; e.g. 0.9)\n"
        << "    decoded: reuse: dKV-Cache's delayed cache inside the block: a position decoded at an earlier step is "
           "computed\n"
-       << "      once more with its token, then reused until the next full step; compute: the whole block every step "
+       << "      once more with its token, then reused until it is older than stale; compute: the whole block every "
+          "step "
           "(default)\n"
+       << "    masked: reuse: of the block's [MASK] positions only those whose logits the sampler asks for are "
+          "computed\n"
+       << "      (ancestral: the ones it unmasks now), the others keep their latents; compute: every one (default)\n"
+       << "    stale: with decoded=reuse or masked=reuse, a reused position is computed again after S steps (default "
+          "4)\n"
        << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
     return os.str();
 }
@@ -70,7 +78,10 @@ std::string CacheSpec::to_string() const {
         std::string sep = ":";
         if (anchor.refresh > 0) os << sep << "refresh=" << anchor.refresh, sep = ",";
         if (anchor.drift > 0) os << sep << "drift=" << anchor.drift, sep = ",";
-        if (anchor.reuse_decoded) os << sep << "decoded=reuse";
+        if (anchor.reuse_decoded) os << sep << "decoded=reuse", sep = ",";
+        if (anchor.reuse_block_masks) os << sep << "masked=reuse", sep = ",";
+        if ((anchor.reuse_decoded || anchor.reuse_block_masks) && anchor.stale != AnchorCacheSettings{}.stale)
+            os << sep << "stale=" << anchor.stale;
         return os.str();
     }
     std::ostringstream os;
@@ -96,9 +107,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
         spec.mode = CacheMode::Dual;
     else
         throw ParamError("cache", "mode '" + s +
-                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:refresh=R,drift=G,"
-                                      "decoded=reuse] or dual[:refresh=R,drift=G,decoded=reuse]; --cache help lists "
-                                      "them)");
+                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:key=value,...] or "
+                                      "dual[:key=value,...]; --cache help lists them)");
     const bool block_mode = spec.mode != CacheMode::Anchor;
     if (block_mode) spec.anchor.refresh = 0;
     if (s.size() <= head.size() + 1) return spec;
@@ -115,9 +125,9 @@ CacheSpec parse_cache_spec(const std::string& s) {
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        if (block_mode && k != "refresh" && k != "drift" && k != "decoded")
-            throw ParamError("cache",
-                             "option '" + k + "' is unknown for " + head + " (its keys: refresh, drift, decoded)");
+        if (block_mode && k != "refresh" && k != "drift" && k != "decoded" && k != "masked" && k != "stale")
+            throw ParamError("cache", "option '" + k + "' is unknown for " + head +
+                                          " (its keys: refresh, drift, decoded, masked, stale)");
         if (!block_mode && (k == "drift" || k == "decoded"))
             throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
@@ -157,7 +167,7 @@ CacheSpec parse_cache_spec(const std::string& s) {
         } else if (k == "masked") {
             if (v != "active" && v != "reuse")
                 throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
-            spec.anchor.reuse_masked = v == "reuse";
+            (block_mode ? spec.anchor.reuse_block_masks : spec.anchor.reuse_masked) = v == "reuse";
         } else if (k == "fp16") {
             spec.anchor.fp16 = integer(0) != 0;
         } else if (k == "budget") {
@@ -394,8 +404,14 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             active = layer_full ? torch::ones({length_}, torch::kBool) : block_active.clone();
             // decoded=reuse: of the block, only its masks and the positions whose cached rows were computed with
             // another token (decoded since) or have gone stale.
-            if (!layer_full && a.reuse_decoded)
-                active &= rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, false, true);
+            if (!layer_full && (a.reuse_decoded || a.reuse_block_masks)) {
+                auto keep =
+                    rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, false, !a.reuse_block_masks);
+                // decoded=compute: every decoded position of the block stays active; masked=compute: every mask.
+                if (!a.reuse_decoded) keep |= ids.ne(mask_id);
+                active &= keep;
+                if (a.reuse_block_masks) active.index_fill_(0, positions, true);
+            }
         } else {
             active = rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
             if (a.reuse_masked) active.index_fill_(0, positions, true);

@@ -39,7 +39,10 @@
 // position is recomputed once with its new token, then cached. `prefix|dual:decoded=reuse` applies it inside the
 // current block too: its [MASK] positions are computed every step, a position decoded at an earlier step once more
 // with its token, then it keeps its cached K/V and branch outputs until the next full step (dKV-Cache's delayed
-// cache; the block then costs its masked positions, not its length).
+// cache; the block then costs its masked positions, not its length). `masked=reuse` goes one step further for
+// samplers that ask for few logits per step (ancestral): the block's [MASK] positions are reused too, each computed
+// again when it is decoded or its entry is older than `stale` steps; the block then costs the positions being
+// decoded, the just-decoded ones and the stale ones.
 #pragma once
 
 #include "cache/anchor_policy.h"
@@ -79,6 +82,12 @@ struct AnchorCacheSettings {
     double drift = 0.0;
     // prefix/dual: the block's decoded positions are cached one step after decoding (dKV-Cache; see above).
     bool reuse_decoded = false;
+    // prefix/dual `masked=reuse`: of the block's [MASK] positions only those whose logits the sampler asks for are
+    // computed (ancestral: the ones it unmasks now); the others keep their latents from the block's first step until
+    // they are older than `stale` steps. A [MASK] position's input never changes within a block, only its attention
+    // context does, as for the suffix that DualCache already keeps (the anchor rule's masked=reuse applied inside
+    // the block).
+    bool reuse_block_masks = false;
 };
 
 struct CacheSpec {
@@ -89,7 +98,7 @@ struct CacheSpec {
 
 // "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
 // profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G,decoded=reuse]" |
-// "dual[:refresh=R,drift=G,decoded=reuse]".
+// "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]".
 // Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)
