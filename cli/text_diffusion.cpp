@@ -147,10 +147,13 @@ FlagNames with(FlagNames base, const FlagNames& more) {
 
 // ---- shared option groups -------------------------------------------------------------------------------------------
 
-void add_attention_option(CLI::App& app, kernels::AttentionKernel& k) {
+void add_attention_option(CLI::App& app, kernels::AttentionKernel& k, kernels::GemmBackend& g) {
     add_enum_option(app, "--attention", k, kernels::attention_kernel_table(),
                     "Attention arithmetic: exact (SEDD's, the default), fused or flash (the tiled kernel: no L x L "
                     "score buffer, within 2e-6 relative)");
+    add_enum_option(app, "--gemm", g, kernels::gemm_backend_table(),
+                    "Linear layers: torch = SEDD's bits; onednn = oneDNN's matmul, ~2x faster on one thread, the last "
+                    "bits differ (winograd: the same here); bf16 = bfloat16 operands (AVX512-BF16 or AMX CPUs)");
 }
 
 struct SampleArgs {
@@ -160,6 +163,7 @@ struct SampleArgs {
     SamplerOptions o; // every field but the prompt
     TextIo io;
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch;
 
     SampleArgs() { o.rule = UnmaskRule::Ancestral; }
     void add(CLI::App* app) {
@@ -190,7 +194,7 @@ struct SampleArgs {
         app->add_option("--factor", o.factor, "Parallel decoding by Fast-dLLM's factor rule (0 = off)")
             ->capture_default_str();
         app->add_option("--heads", n_heads, "Attention heads when the model has no config.json (default D/64)");
-        add_attention_option(*app, attention);
+        add_attention_option(*app, attention, gemm);
     }
     std::vector<int64_t> prompt_tokens() const {
         if (!prompt.empty() && !prompt_ids.empty()) throw UsageError("give either --prompt or --prompt-ids, not both");
@@ -221,6 +225,7 @@ struct GenerateArgs {
         p.sampler = with_prompt ? s.options() : s.o;
         p.score_with = score_with;
         p.attention = s.attention;
+        p.gemm = s.gemm;
         return p;
     }
 };
@@ -344,6 +349,7 @@ int run_calibrate(CalibrateArgs a) {
     const auto prof = with_flag_errors(flags, [&] {
         auto model = load_mdlm(a.s.model_path(), a.s.n_heads);
         model->set_attention_kernel(a.s.attention);
+        model->set_gemm_backend(a.s.gemm);
         for (const auto& p : a.prompt_id_lists) a.co.prompts.push_back(parse_ids(p, "--prompt-ids"));
         if (!a.prompts_from.empty())
             for (auto& p :
@@ -423,7 +429,7 @@ void print_bench(const DiffusionBenchReport& rep, const DiffusionBenchRow* row) 
         std::cout << "model: " << rep.model << " (" << cfg["n_blocks"] << " x " << cfg["hidden_size"]
                   << "), L=" << rep.length << ", prompt " << rep.prompt_len << " (" << rep.prompts << "), unmask "
                   << unmask_rule_name(rep.unmask) << ", temperature " << rep.temperature << ", threads " << rep.threads
-                  << ", load " << rep.load_start << ", baseline " << rep.baseline << "\n"
+                  << ", " << rep.kernels << ", load " << rep.load_start << ", baseline " << rep.baseline << "\n"
                   << "mode | steps | base s (min/med/max) | mode s (min/med/max) | speed-up per prompt (min/med/max) | "
                      "forwards base/mode | reused | agreement | entropy base / mode"
                   << (rep.score_with.empty() ? "" : " | gen-PPL base / mode (+-95% CI) | gen-PPL change") << "\n";
@@ -593,7 +599,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--steps-list", b->steps_list, "Step counts, comma separated")->capture_default_str();
     be->add_option("--repeats", bp.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     add_enum_option(*be, "--unmask", bp.unmask, unmask_rule_table(), "Unmasking rule");
-    add_attention_option(*be, bp.attention);
+    add_attention_option(*be, bp.attention, bp.gemm);
     be->add_option("--cache", b->caches, "Modes to measure against the baseline (repeatable). " + cache_help())
         ->capture_default_str();
     be->add_option("--baseline", b->baseline, "The mode every --cache is measured against")->capture_default_str();

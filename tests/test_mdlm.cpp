@@ -1022,6 +1022,42 @@ TEST_CASE("mdlm: the tiled attention kernel agrees with SEDD's arithmetic; cache
     CHECK(sample(off, so).tokens == sample(dual, so).tokens);
 }
 
+TEST_CASE("mdlm: linear layers on oneDNN agree with LibTorch's; caches stay exact under them", "[mdlm][onednn]") {
+    if (!kernels::onednn_available()) {
+        WARN("no oneDNN in this build");
+        CHECK_THROWS_WITH(tiny_model()->set_gemm_backend(kernels::GemmBackend::OneDnn), Catch::Contains("oneDNN"));
+        return;
+    }
+    auto ref = tiny_model(), fast = tiny_model();
+    fast->set_gemm_backend(kernels::GemmBackend::OneDnn);
+    CHECK(fast->block_list.back()->gemm == kernels::GemmBackend::OneDnn);
+    CHECK(fast->output_layer->gemm == kernels::GemmBackend::OneDnn);
+    torch::NoGradGuard ng;
+    // A cached step's row counts (1, 3), a block (7) and the whole sequence (40).
+    for (int64_t n : {1, 3, 7, 40}) {
+        INFO("rows " << n);
+        const auto ids = scripted_ids(ref, 40).narrow(0, 0, n).unsqueeze(0);
+        const auto t = torch::full({1}, 0.6, torch::kFloat32);
+        const auto a = ref->forward(ids, t), b = fast->forward(ids, t);
+        const auto finite = torch::isfinite(a);
+        CHECK((finite == torch::isfinite(b)).all().item<bool>());
+        const double scale = a.masked_select(finite).abs().max().item<double>();
+        CHECK(test::max_abs_diff(a.masked_select(finite), b.masked_select(finite)) <= 1e-5 * scale);
+    }
+    // A cache recomputing everything every step is the dense run, bit for bit, on oneDNN too; and the model's
+    // caches reuse what it computed on it (dual with reuse completes, reusing as on LibTorch).
+    auto so = confidence_options(10, 4);
+    so.block_length = 7;
+    so.temperature = 0;
+    MdlmDenoiser off(fast, parse_cache_spec("off")), dual(fast, parse_cache_spec("dual:refresh=1"));
+    CHECK(sample(off, so).tokens == sample(dual, so).tokens);
+    MdlmDenoiser reuse(fast, parse_cache_spec("dual:decoded=reuse")),
+        reuse_ref(ref, parse_cache_spec("dual:decoded=reuse"));
+    const auto rf = sample(reuse, so), rr = sample(reuse_ref, so);
+    for (auto t : rf.tokens) CHECK(t != kMdlmMaskId);
+    CHECK(rf.cache.reused_fraction() == Approx(rr.cache.reused_fraction()));
+}
+
 TEST_CASE("mdlm run: decoding specs carry sampler overrides; unigram entropy", "[mdlm][parallel]") {
     auto d = parse_decode_spec("dual:refresh=2+threshold=0.9,block=32,unmask=margin");
     CHECK(d.cache.mode == CacheMode::Dual);

@@ -114,6 +114,7 @@ nlohmann::json DiffusionBenchReport::to_json() const {
     j["temperature"] = temperature;
     j["repeats"] = repeats;
     j["threads"] = threads;
+    j["kernels"] = kernels;
     if (!score_with.empty()) j["score_with"] = score_with;
     for (const auto& r : rows) j["rows"].push_back(r.to_json());
     return j;
@@ -125,6 +126,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     p.validate();
     auto model = p.model.empty() ? random_model(p.layers, p.dim, p.seed) : load_mdlm(p.model, p.n_heads);
     model->set_attention_kernel(p.attention);
+    model->set_gemm_backend(p.gemm);
     std::optional<LoadedGpt2> scorer;
     if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
     const auto prompts = bench_prompts(p, model);
@@ -139,6 +141,8 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     rep.unmask = p.unmask;
     rep.temperature = p.temperature;
     rep.threads = at::get_num_threads();
+    rep.kernels = "gemm " + enum_name(kernels::gemm_backend_table(), p.gemm) + ", attention " +
+                  enum_name(kernels::attention_kernel_table(), p.attention);
     rep.score_with = p.score_with;
     rep.load_start = util::load_average();
     if (progress) progress(rep, nullptr);

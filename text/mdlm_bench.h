@@ -28,6 +28,7 @@ struct DiffusionBenchParams {
     double temperature = 0.0;                                             // 0: argmax, so agreement measures the cache
     int64_t block_length = 0;                                             // of every mode that does not set its own
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // the model's (kernels/attention.h)
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch;              // its linear layers' (MdlmBlockImpl::gemm)
     uint64_t seed = 0;
     DecodeSpec baseline;            // what every mode is measured against (off)
     std::vector<DecodeSpec> caches; // each measured against the baseline
@@ -66,6 +67,7 @@ struct DiffusionBenchReport {
     UnmaskRule unmask = UnmaskRule::Confidence;
     double temperature = 0;
     int threads = 0;
+    std::string kernels;                          // "gemm onednn, attention flash"
     std::string score_with, load_start, load_end; // load averages (a loaded 2-core machine makes timings moot)
     std::vector<DiffusionBenchRow> rows;
     nlohmann::json to_json() const;

@@ -189,6 +189,20 @@ static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
     return x * r.cos + rot * r.sin;
 }
 
+namespace {
+// x W^T (+ b) on backend g: oneDNN's matmul where it applies, else LibTorch's functional linear (SEDD's bits).
+torch::Tensor linear_on(kernels::GemmBackend g, const torch::Tensor& x, const torch::Tensor& w,
+                        const torch::Tensor& b) {
+    const bool bf16 = g == kernels::GemmBackend::Bf16;
+    if (kernels::runs_on_onednn(g) && kernels::onednn_linear_applies(x, w, bf16))
+        return kernels::onednn_linear(x, w, b, bf16);
+    return torch::nn::functional::linear(x, w, b);
+}
+torch::Tensor linear_on(kernels::GemmBackend g, torch::nn::Linear l, const torch::Tensor& x) {
+    return g == kernels::GemmBackend::Torch ? l->forward(x) : linear_on(g, x, l->weight, l->bias);
+}
+} // namespace
+
 MdlmBlockImpl::MdlmBlockImpl(const MdlmConfig& c) : cfg(c) {
     const auto D = c.hidden_size;
     norm1 = register_module("norm1", NormNoBias(D, c.norm_eps));
@@ -232,7 +246,7 @@ torch::Tensor MdlmBlockImpl::attn_input(const torch::Tensor& x, const BlockModul
 void MdlmBlockImpl::qkv(const torch::Tensor& h, const Rope& rope, torch::Tensor& q, torch::Tensor& k,
                         torch::Tensor& v) {
     const auto B = h.size(0), n = h.size(1), H = cfg.n_heads, d = cfg.head_dim();
-    auto t = attn_qkv->forward(h).view({B, n, 3, H, d}).permute({2, 0, 3, 1, 4}); // [3, B, H, n, d]
+    auto t = linear_on(gemm, attn_qkv, h).view({B, n, 3, H, d}).permute({2, 0, 3, 1, 4}); // [3, B, H, n, d]
     q = apply_rope(t[0], rope);
     k = apply_rope(t[1], rope);
     v = t[2].contiguous();
@@ -248,6 +262,15 @@ void MdlmModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
     for (auto& b : block_list) b->kernel = k;
 }
 
+void MdlmModelImpl::set_gemm_backend(kernels::GemmBackend g) {
+    if (const auto why = kernels::gemm_backend_unavailable(g); !why.empty()) throw ParamError("gemm", why);
+    if (g != kernels::GemmBackend::Torch && !kernels::onednn_available())
+        throw ParamError("gemm", "'" + enum_name(kernels::gemm_backend_table(), g) +
+                                     "' runs on oneDNN, and this build has none (use torch)");
+    for (auto& b : block_list) b->gemm = g;
+    output_layer->gemm = g;
+}
+
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
     kernels::AttentionOptions ao;
@@ -256,11 +279,16 @@ torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor&
     ao.kernel = kernel;
     auto o = kernels::attention(q, k, v, ao); // [B, H, nq, d]
     o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
-    return attn_out->forward(o);
+    return linear_on(gemm, attn_out, o);
 }
 
 torch::Tensor MdlmBlockImpl::ffn(const torch::Tensor& x, const BlockModulation& m) {
-    return mlp->forward(norm2->forward(x) * (1 + m.scale2) + m.shift2);
+    auto h = norm2->forward(x) * (1 + m.scale2) + m.shift2;
+    if (gemm == kernels::GemmBackend::Torch) return mlp->forward(h);
+    const auto& up = *mlp[0]->as<torch::nn::Linear>();
+    const auto& down = *mlp[2]->as<torch::nn::Linear>();
+    return linear_on(gemm, mlp[1]->as<torch::nn::Functional>()->forward(linear_on(gemm, h, up.weight, up.bias)),
+                     down.weight, down.bias);
 }
 
 torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulation& m, const Rope& rope) {
@@ -330,7 +358,7 @@ torch::Tensor OutputLayerImpl::forward(const torch::Tensor& h, const torch::Tens
                                        const torch::Tensor& tied, const torch::Tensor& bias) {
     auto x = norm_final->forward(h) * (1 + scale) + shift;
     const auto& w = linear->weight.defined() ? linear->weight : tied;
-    return torch::nn::functional::linear(x, w, bias);
+    return linear_on(gemm, x, w, bias);
 }
 
 // ---- model ----------------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@
 #include "cache/io/enum_table.h"
 
 #include "kernels/attention.h"
+#include "kernels/onednn.h"
 
 #include <torch/torch.h>
 
@@ -178,6 +179,10 @@ struct MdlmBlockImpl : torch::nn::Module {
     // attend()'s arithmetic (kernels/attention.h): Exact = SEDD's matmul-softmax-matmul; Fused/Flash the tiled
     // kernel (no L x L score buffer, within 2e-6 relative).
     kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
+    // The linear layers' library (kernels/onednn.h): Torch = SEDD's bits (LibTorch's BLAS); OneDnn (and Winograd,
+    // which has no convolution to change here) = oneDNN's matmul, ~2x faster on one thread at every row count a
+    // step computes and different in the last bits; Bf16 = its bfloat16 operands.
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch;
 };
 TORCH_MODULE(MdlmBlock);
 
@@ -213,6 +218,7 @@ struct OutputLayerImpl : torch::nn::Module {
     NormNoBias norm_final{nullptr};
     torch::nn::Linear adaLN_modulation{nullptr};
     HeadLinear linear{nullptr};
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch; // the vocabulary projection's (MdlmBlockImpl::gemm)
 };
 TORCH_MODULE(OutputLayer);
 
@@ -250,6 +256,9 @@ public:
 
     const MdlmConfig& config() const { return cfg_; }
     void set_attention_kernel(kernels::AttentionKernel k); // every block's (MdlmBlockImpl::kernel)
+    // Every block's and the head's linear layers (MdlmBlockImpl::gemm). ParamError (field "gemm") where backend `g`
+    // cannot run in this build on this CPU (kernels::gemm_backend_unavailable).
+    void set_gemm_backend(kernels::GemmBackend g);
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};

@@ -170,6 +170,7 @@ DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepC
     p.validate();
     auto model = load_mdlm(p.model, p.n_heads);
     model->set_attention_kernel(p.attention);
+    model->set_gemm_backend(p.gemm);
     return generate_diffusion(model, p, on_step);
 }
 

@@ -44,7 +44,8 @@ struct DiffusionGenerateParams {
     std::string score_with;                          // GPT-2 model scoring each text's generative perplexity ("": none)
     // The model's attention arithmetic when generate_diffusion loads it (kernels/attention.h; Exact: SEDD's).
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
-    void validate() const; // ParamError naming the field
+    kernels::GemmBackend gemm = kernels::GemmBackend::Torch; // its linear layers' (MdlmBlockImpl::gemm)
+    void validate() const;                                   // ParamError naming the field
 };
 
 struct DiffusionRun {

@@ -56,6 +56,7 @@ batch::ItemJobResult run_diffusion_prompts(const DiffusionGenerateParams& p, con
     if (p.caches.size() != 1) throw ParamError("caches", "a prompts file runs one cache mode, not a comparison");
     MdlmModel model = load_mdlm(p.model, p.n_heads);
     model->set_attention_kernel(p.attention);
+    model->set_gemm_backend(p.gemm);
     std::optional<LoadedGpt2> scorer;
     if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
     return batch::run_item_job(

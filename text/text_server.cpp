@@ -101,7 +101,10 @@ TextServer::TextServer(TextServerParams p)
       tok_(std::make_shared<const Gpt2Tokenizer>(load_gpt2_tokenizer(p_.gpt2, model_))),
       model_id_(fs::path(p_.gpt2.model).filename().string()), threads_(at::get_num_threads()), http_(p_.http) {
     // One diffusion model in memory for every request (each run has its own denoiser and caches).
-    if (!p_.diffusion_model.empty()) mdlm_ = load_mdlm(p_.diffusion_model);
+    if (!p_.diffusion_model.empty()) {
+        mdlm_ = load_mdlm(p_.diffusion_model);
+        mdlm_->set_gemm_backend(p_.diffusion_gemm);
+    }
     if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
     add_routes();
 }

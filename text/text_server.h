@@ -18,6 +18,8 @@ struct TextServerParams {
     serve::ServerOptions http;
     Gpt2ModelParams gpt2;        // the completions model
     std::string diffusion_model; // MDLM folder for /anchor/v1/diffusion ("": the endpoint answers 404)
+    // Its linear layers' library (MdlmBlockImpl::gemm; torch: SEDD's bits).
+    kernels::GemmBackend diffusion_gemm = kernels::GemmBackend::Torch;
     std::string default_kv = "full";
     int64_t max_tokens = 4096; // largest max_tokens of a request
     int64_t max_prompt = 4096; // largest prompt in tokens

@@ -7,6 +7,9 @@
 #   fast_T1   the same at temperature 1 with low thresholds and the factor rule
 #   ancestral the block caches under MDLM's ancestral sampler (temperature 1), L=256, blocks of 32
 #   ancestral8 the anchor cache in that setting over 8 prompts
+#   masked    the block caches' masked=reuse (with decoded=reuse) under the ancestral sampler, L=256, 16 prompts
+#   masked_steps  the same with stale=8 and with fewer steps
+#   gemm      the model's linear layers on torch / onednn / bf16 (--gemm), interleaved rounds (speed only)
 #   random768 the same modes on the 12 x 768 random-weight model (speed only)
 set -e
 M=assets/models/kjv-mdlm
@@ -61,6 +64,26 @@ for s in "${@:-default fast random768}"; do
         --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
         --cache anchor:stale=16 --cache anchor --cache anchor:stale=64 \
         --json $R/mdlm_ancestral_L256_anchor_$D.json --plot $R/mdlm_ancestral_L256_anchor_$D.png --overwrite ;;
+    masked)
+      # Of the block's masks only those the ancestral draw unmasks now are computed (masked=reuse).
+      run masked_reuse_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual --cache dual:decoded=reuse --cache dual:masked=reuse --cache dual:decoded=reuse,masked=reuse \
+        --cache dual:decoded=reuse,masked=reuse,stale=2 \
+        --json $R/mdlm_masked_reuse_L256_$D.json --plot $R/mdlm_masked_reuse_L256_$D.png --overwrite ;;
+    masked_steps)
+      run masked_reuse_steps_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 \
+        --repeats ${REPEATS:-16} --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual:decoded=reuse,masked=reuse,stale=8 --cache dual:decoded=reuse,masked=reuse+steps=144 \
+        --cache dual:decoded=reuse,masked=reuse+steps=96 --cache dual:decoded=reuse,masked=reuse,stale=8+steps=144 \
+        --json $R/mdlm_masked_reuse_steps_L256_$D.json --plot $R/mdlm_masked_reuse_steps_L256_$D.png --overwrite ;;
+    gemm)
+      { for round in 1 2; do for g in torch onednn bf16; do
+          echo "## round $round: --gemm $g"
+          ./build/anchor-text --threads 1 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 \
+            --repeats 3 --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --gemm $g \
+            --cache dual --cache dual:decoded=reuse,masked=reuse
+        done; done; } | tee "$R/mdlm_gemm_backends_$D.txt" ;;
     random768)
       run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
         --unmask confidence --temperature 0 --block-length 32 \
