@@ -1060,6 +1060,27 @@ TEST_CASE("mdlm: linear layers on oneDNN agree with LibTorch's; caches stay exac
     const auto rf = sample(reuse, so), rr = sample(reuse_ref, so);
     for (auto t : rf.tokens) CHECK(t != kMdlmMaskId);
     CHECK(rf.cache.reused_fraction() == Approx(rr.cache.reused_fraction()));
+
+    // A mode's own library (`+gemm=`), for the run of that mode only.
+    const auto d = parse_decode_spec("dual:refresh=1+gemm=onednn");
+    REQUIRE(d.gemm);
+    CHECK(*d.gemm == kernels::GemmBackend::OneDnn);
+    CHECK(parse_decode_spec(d.to_string()).to_string() == d.to_string());
+    CHECK_THROWS_WITH(parse_decode_spec("dual+gemm=mkl"), Catch::Contains("torch"));
+    {
+        GemmScope scope(ref, d, kernels::GemmBackend::Torch);
+        CHECK(ref->gemm_backend() == kernels::GemmBackend::OneDnn);
+    }
+    CHECK(ref->gemm_backend() == kernels::GemmBackend::Torch);
+    DiffusionGenerateParams p;
+    p.model = "tiny";
+    p.sampler = so;
+    p.caches = {parse_decode_spec("off"), d};
+    const auto rep = generate_diffusion(ref, p);
+    MdlmDenoiser off_ref(ref, parse_cache_spec("off")), off_fast(fast, parse_cache_spec("off"));
+    CHECK(rep.runs[0].result.tokens == sample(off_ref, so).tokens);  // on LibTorch
+    CHECK(rep.runs[1].result.tokens == sample(off_fast, so).tokens); // on oneDNN (refresh=1 is off)
+    CHECK(ref->gemm_backend() == kernels::GemmBackend::Torch);
 }
 
 TEST_CASE("mdlm run: decoding specs carry sampler overrides; unigram entropy", "[mdlm][parallel]") {

@@ -167,7 +167,10 @@ run_diffusion_bench(const DiffusionBenchParams& p,
             SamplerOptions base = so;
             p.baseline.apply(base);
             MdlmDenoiser off(model, p.baseline.cache);
-            auto ro = sample(off, base);
+            const auto ro = [&] {
+                GemmScope gemm(model, p.baseline, p.gemm);
+                return sample(off, base);
+            }();
             toff.push_back(ro.seconds);
             fwd_off += double(ro.forward_passes) / R;
             ent_off.push_back(unigram_entropy(ro.tokens, p.prompt_len));
@@ -176,7 +179,10 @@ run_diffusion_bench(const DiffusionBenchParams& p,
                 SamplerOptions o = so;
                 p.caches[k].apply(o);
                 MdlmDenoiser anc(model, p.caches[k].cache);
-                auto ra = sample(anc, o);
+                const auto ra = [&] {
+                    GemmScope gemm(model, p.caches[k], p.gemm);
+                    return sample(anc, o);
+                }();
                 tc[k].push_back(ra.seconds);
                 ratio[k].push_back(ro.seconds / ra.seconds);
                 rows[k].reused += ra.cache.reused_fraction() / R;

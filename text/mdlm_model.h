@@ -259,6 +259,7 @@ public:
     // Every block's and the head's linear layers (MdlmBlockImpl::gemm). ParamError (field "gemm") where backend `g`
     // cannot run in this build on this CPU (kernels::gemm_backend_unavailable).
     void set_gemm_backend(kernels::GemmBackend g);
+    kernels::GemmBackend gemm_backend() const { return output_layer->gemm; }
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};

@@ -17,7 +17,8 @@ const std::vector<std::pair<std::string, std::string>>& decode_spec_keys() {
         {"threshold", "Fast-dLLM confidence threshold in (0, 1]: unmask every position above it, at least one"},
         {"factor", "Fast-dLLM factor rule f > 0"},
         {"block", "semi-autoregressive block length of this mode (0 = one block)"},
-        {"steps", "denoising steps of this mode (fewer than the run's: several tokens per step)"}};
+        {"steps", "denoising steps of this mode (fewer than the run's: several tokens per step)"},
+        {"gemm", "linear layers of this mode (torch, onednn, bf16; default the run's --gemm)"}};
     return k;
 }
 
@@ -44,6 +45,7 @@ std::string DecodeSpec::to_string() const {
     if (factor) add("factor", num(*factor));
     if (block_length) add("block", std::to_string(*block_length));
     if (steps) add("steps", std::to_string(*steps));
+    if (gemm) add("gemm", enum_name(kernels::gemm_backend_table(), *gemm));
     return os.str();
 }
 
@@ -71,6 +73,8 @@ DecodeSpec parse_decode_spec(const std::string& s) {
         };
         if (k == "unmask")
             d.rule = enum_from_string(unmask_rule_table(), v, "cache '" + s + "': unmask");
+        else if (k == "gemm")
+            d.gemm = enum_from_string(kernels::gemm_backend_table(), v, "cache '" + s + "': gemm");
         else if (k == "threshold")
             d.threshold = number();
         else if (k == "factor")
@@ -87,6 +91,15 @@ DecodeSpec parse_decode_spec(const std::string& s) {
         }
     }
     return d;
+}
+
+GemmScope::GemmScope(MdlmModel model, const DecodeSpec& spec, kernels::GemmBackend fallback)
+    : model_(std::move(model)), before_(model_->gemm_backend()) {
+    model_->set_gemm_backend(spec.gemm.value_or(fallback));
+}
+
+GemmScope::~GemmScope() {
+    model_->set_gemm_backend(before_);
 }
 
 double unigram_entropy(const std::vector<int64_t>& ids, int64_t from) {
@@ -187,6 +200,7 @@ DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenera
     rep.prompt_tokens = static_cast<int64_t>(p.sampler.prompt.size());
     rep.threads = at::get_num_threads();
     for (const auto& spec : p.caches) {
+        GemmScope gemm(model, spec, model->gemm_backend());
         MdlmDenoiser den(model, spec.cache);
         DiffusionRun run;
         run.cache = spec;

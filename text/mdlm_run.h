@@ -24,17 +24,34 @@ struct DecodeSpec {
     // Denoising steps of this mode: fewer than the baseline's decodes several tokens per step (the schedule's count
     // per step), which is how parallel decoding is compared with one-token-per-step decoding.
     std::optional<int64_t> steps;
+    // The model's linear layers for this mode (MdlmBlockImpl::gemm), e.g. `off,dual+gemm=bf16`: the cached mode on
+    // bfloat16 operands beside the reference arithmetic. Unset: the run's (--gemm).
+    std::optional<kernels::GemmBackend> gemm;
     void apply(SamplerOptions& o) const; // the overrides
     std::string to_string() const;       // "dual+threshold=0.9,block=32"
 };
 // "CACHE[+key=value,...]" with CACHE as parse_cache_spec reads it and keys unmask (a rule name), threshold, factor,
-// block (block length), steps. ParamError (field "cache") naming the bad key.
+// block (block length), steps, gemm (a kernels::GemmBackend name). ParamError (field "cache") naming the bad key.
 DecodeSpec parse_decode_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& decode_spec_keys(); // key -> help
 
 // Unigram entropy (nats) of the tokens of `ids` from index `from`: the entropy of their empirical distribution
 // (SEDD/MDLM report it beside gen-PPL to catch repetitive samples, which score a low perplexity).
 double unigram_entropy(const std::vector<int64_t>& ids, int64_t from);
+
+// While it lives, `model` runs its linear layers on `spec.gemm` (or `fallback` where the spec sets none); the
+// backend it had is restored at the end of the scope (one mode's run of a comparison or benchmark).
+class GemmScope {
+public:
+    GemmScope(MdlmModel model, const DecodeSpec& spec, kernels::GemmBackend fallback);
+    ~GemmScope();
+    GemmScope(const GemmScope&) = delete;
+    GemmScope& operator=(const GemmScope&) = delete;
+
+private:
+    MdlmModel model_;
+    kernels::GemmBackend before_;
+};
 
 struct DiffusionGenerateParams {
     std::string model;                               // MDLM folder or .safetensors (config.json next to it)

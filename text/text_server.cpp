@@ -231,6 +231,9 @@ void TextServer::add_routes() {
         s.block_length = f.integer("block_length", 0, 0, p_.max_length);
         const std::string cache = f.string("cache", "off");
         d.caches = {as_field("cache", [&] { return parse_decode_spec(cache); })};
+        // One model serves every request: its linear layers are the server's choice (--diffusion-gemm).
+        if (d.caches[0].gemm)
+            throw HttpError(400, "cache", "cache: gemm= is the server's setting (--diffusion-gemm), not a request's");
         as_field("length", [&] { s.validate(); });
         // The memory a run of this length needs, before it is queued.
         as_field("length", [&] { check_sampling_memory(mdlm_->config(), s); });

@@ -10,6 +10,8 @@
 #   masked    the block caches' masked=reuse (with decoded=reuse) under the ancestral sampler, L=256, 16 prompts
 #   masked_steps  the same with stale=8 and with fewer steps
 #   gemm      the model's linear layers on torch / onednn / bf16 (--gemm), interleaved rounds (speed only)
+#   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
+#   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
 #   random768 the same modes on the 12 x 768 random-weight model (speed only)
 set -e
 M=assets/models/kjv-mdlm
@@ -84,6 +86,17 @@ for s in "${@:-default fast random768}"; do
             --repeats 3 --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --gemm $g \
             --cache dual --cache dual:decoded=reuse,masked=reuse
         done; done; } | tee "$R/mdlm_gemm_backends_$D.txt" ;;
+    gemm_modes)
+      run gemm_modes_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache off+gemm=bf16 --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse+gemm=onednn \
+        --cache dual:decoded=reuse,masked=reuse+gemm=bf16 \
+        --json $R/mdlm_gemm_modes_L256_$D.json --plot $R/mdlm_gemm_modes_L256_$D.png --overwrite ;;
+    bf16)
+      run bf16_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G --gemm bf16 \
+        --cache dual --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
+        --json $R/mdlm_bf16_L256_$D.json --plot $R/mdlm_bf16_L256_$D.png --overwrite ;;
     random768)
       run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
         --unmask confidence --temperature 0 --block-length 32 \

@@ -60,6 +60,7 @@ expect_400 '{"prompt":"x","max_tokens":300}' max_tokens /v1/completions # a full
 expect_400 '{"prompt":"x","kv":"sink:4,1000000000","positions":"wrap"}' kv /v1/completions
 expect_400 '{"prompt":"x", ' body /v1/completions
 expect_400 '{"prompt":"x","cache":"anchor:tau=x"}' cache /anchor/v1/diffusion
+expect_400 '{"prompt":"x","cache":"dual+gemm=bf16"}' cache /anchor/v1/diffusion
 
 # A streaming client that goes away: its job stops (the queue is empty again long before 4000 tokens are done).
 curl -sN --max-time 1 -o /dev/null "$base/v1/completions" -H 'Content-Type: application/json' \
