@@ -180,8 +180,9 @@ struct MdlmBlockImpl : torch::nn::Module {
     // kernel (no L x L score buffer, within 2e-6 relative).
     kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
     // The linear layers' library (kernels/onednn.h): Torch = SEDD's bits (LibTorch's BLAS); OneDnn (and Winograd,
-    // which has no convolution to change here) = oneDNN's matmul, ~2x faster on one thread at every row count a
-    // step computes and different in the last bits; Bf16 = its bfloat16 operands.
+    // which has no convolution to change here) = oneDNN's matmul, which reads the weight in place where OpenBLAS
+    // packs it on every call (most of a 1-3-row cached step), different in the last bits; Bf16 = its bfloat16
+    // operands.
     kernels::GemmBackend gemm = kernels::GemmBackend::Torch;
 };
 TORCH_MODULE(MdlmBlock);
