@@ -51,7 +51,7 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
          "diffusion_model");
     cmd->add_flag("--no-diffusion", *no_diffusion, "no /anchor/v1/diffusion");
     bind(add_enum_option(*cmd, "--diffusion-gemm", p->diffusion_gemm, kernels::gemm_backend_table(),
-                         "the diffusion model's linear layers: torch (SEDD's bits), onednn (~2x faster) or bf16"),
+                         "the diffusion model's linear layers: torch (SEDD's bits), onednn (~1.5x faster) or bf16"),
          "diffusion_gemm");
     bind(cmd->add_option("--host", p->http.host, "address to listen on")->capture_default_str(), "host");
     bind(cmd->add_option("--port", p->http.port, "port (0: any free port, printed)")->capture_default_str(), "port");

@@ -95,11 +95,13 @@ DecodeSpec parse_decode_spec(const std::string& s) {
 
 GemmScope::GemmScope(MdlmModel model, const DecodeSpec& spec, kernels::GemmBackend fallback)
     : model_(std::move(model)), before_(model_->gemm_backend()) {
-    model_->set_gemm_backend(spec.gemm.value_or(fallback));
+    // Only a change is written: a run on the model's own library (every server request) leaves the shared model as
+    // it is.
+    if (const auto g = spec.gemm.value_or(fallback); g != before_) model_->set_gemm_backend(g);
 }
 
 GemmScope::~GemmScope() {
-    model_->set_gemm_backend(before_);
+    if (model_->gemm_backend() != before_) model_->set_gemm_backend(before_);
 }
 
 double unigram_entropy(const std::vector<int64_t>& ids, int64_t from) {
