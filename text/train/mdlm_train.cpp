@@ -177,7 +177,9 @@ TrainResult train_mdlm(const TrainOptions& o) {
     TrainOptions sched = o;
     constexpr int64_t kPlanFrom = 5, kPlanAt = 25;
     auto t_plan = t0;
-    int64_t stop = o.stop_after > 0 ? std::min(o.steps, start + o.stop_after) : o.steps;
+    // This invocation's last step: the schedule's end, or stop_after steps from where it started.
+    auto stop_of = [&](int64_t total) { return o.stop_after > 0 ? std::min(total, start + o.stop_after) : total; };
+    int64_t stop = stop_of(o.steps);
     for (int64_t step = start; step < stop; ++step) {
         if (o.time_budget_s > 0 && step == start + kPlanFrom) t_plan = std::chrono::steady_clock::now();
         if (o.time_budget_s > 0 && step == start + kPlanAt) {
@@ -186,7 +188,7 @@ TrainResult train_mdlm(const TrainOptions& o) {
             const double left = o.time_budget_s - std::chrono::duration<double>(now - t0).count();
             const int64_t fit = step + std::max<int64_t>(1, static_cast<int64_t>(std::max(0.0, left) / per_step));
             sched.steps = std::max(o.warmup + 1, std::min(o.steps, fit));
-            stop = o.stop_after > 0 ? std::min(sched.steps, start + o.stop_after) : sched.steps;
+            stop = stop_of(sched.steps);
             std::ostringstream os;
             os << "time budget " << o.time_budget_s << " s: " << std::setprecision(4) << per_step * 1e3
                << " ms/step -> schedule of " << sched.steps << " steps";
