@@ -157,6 +157,149 @@ rows_f16_avx512(const uint16_t* w, const float* x, const float* b, float* y, int
     for (int64_t r = r0; r < r1; ++r) y[r] = dot_avx512(x, cols, LoadF16{w + r * cols}) + (b ? b[r] : 0.f);
 }
 
+// ---- few rows -----------------------------------------------------------------------------------------------------
+// n input rows against the same weights (a cached diffusion step computes a handful of positions): four weight rows
+// at a time, each read from memory once and from L1 for the other input rows, so the weights stream once per call
+// whatever n is. A BLAS GEMM packs the whole weight matrix first, which at a few rows costs more than the product.
+
+// AVX2 / FMA: the same tile eight columns wide, up to two input rows (sixteen registers: 8 accumulators, 4 weight
+// vectors, the input), the column tail through a lane mask.
+template <int XR>
+__attribute__((target("avx2,fma"), always_inline)) inline void
+multi_tile_avx2(const float* w0, const float* x, const __m128 bias, float* y, int64_t rows, int64_t cols) {
+    const int64_t full = cols & ~int64_t(7);
+    const float *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m256 a[XR][4];
+    for (int j = 0; j < XR; ++j)
+        for (int k = 0; k < 4; ++k) a[j][k] = _mm256_setzero_ps();
+#define ANCHOR_FMA4(J, XV)                                                                                             \
+    do {                                                                                                               \
+        const __m256 xv_ = (XV);                                                                                       \
+        a[J][0] = _mm256_fmadd_ps(v0, xv_, a[J][0]);                                                                   \
+        a[J][1] = _mm256_fmadd_ps(v1, xv_, a[J][1]);                                                                   \
+        a[J][2] = _mm256_fmadd_ps(v2, xv_, a[J][2]);                                                                   \
+        a[J][3] = _mm256_fmadd_ps(v3, xv_, a[J][3]);                                                                   \
+    } while (0)
+    for (int64_t c = 0; c < full; c += 8) {
+        const __m256 v0 = _mm256_loadu_ps(w0 + c), v1 = _mm256_loadu_ps(w1 + c), v2 = _mm256_loadu_ps(w2 + c),
+                     v3 = _mm256_loadu_ps(w3 + c);
+        for (int j = 0; j < XR; ++j) ANCHOR_FMA4(j, _mm256_loadu_ps(x + j * cols + c));
+    }
+    if (full < cols) {
+        alignas(32) int32_t lanes[8];
+        for (int i = 0; i < 8; ++i) lanes[i] = full + i < cols ? -1 : 0;
+        const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+        const __m256 v0 = _mm256_maskload_ps(w0 + full, m), v1 = _mm256_maskload_ps(w1 + full, m),
+                     v2 = _mm256_maskload_ps(w2 + full, m), v3 = _mm256_maskload_ps(w3 + full, m);
+        for (int j = 0; j < XR; ++j) ANCHOR_FMA4(j, _mm256_maskload_ps(x + j * cols + full, m));
+    }
+#undef ANCHOR_FMA4
+    for (int j = 0; j < XR; ++j) {
+        const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a[j][0], a[j][1]), _mm256_hadd_ps(a[j][2], a[j][3]));
+        _mm_storeu_ps(y + j * rows,
+                      _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)), bias));
+    }
+}
+
+__attribute__((target("avx2,fma"))) void rows_multi_f32_avx2(const float* w, const float* x, const float* b, float* y,
+                                                             int64_t n, int64_t rows, int64_t r0, int64_t r1,
+                                                             int64_t cols) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const __m128 bias = b ? _mm_loadu_ps(b + r) : _mm_setzero_ps();
+        int64_t j = 0;
+        for (; j + 2 <= n; j += 2) multi_tile_avx2<2>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+        if (j < n) multi_tile_avx2<1>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+    }
+    for (; r < r1; ++r)
+        for (int64_t j = 0; j < n; ++j)
+            y[j * rows + r] = dot_f32_avx2(w + r * cols, x + j * cols, cols) + (b ? b[r] : 0.f);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m256 hi256(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+// Sums of four accumulators, in one vector: lane k of the result is the total of a_k (a transpose-and-add tree, three
+// levels instead of four full reductions).
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m128 reduce4_avx512(__m512 a0, __m512 a1,
+                                                                                                 __m512 a2, __m512 a3) {
+    // 512 -> 256: add the halves of each.
+    const __m256 h0 = _mm256_add_ps(_mm512_castps512_ps256(a0), hi256(a0));
+    const __m256 h1 = _mm256_add_ps(_mm512_castps512_ps256(a1), hi256(a1));
+    const __m256 h2 = _mm256_add_ps(_mm512_castps512_ps256(a2), hi256(a2));
+    const __m256 h3 = _mm256_add_ps(_mm512_castps512_ps256(a3), hi256(a3));
+    // Pairwise: hadd(h0, h1) holds partial sums of h0 and h1 interleaved per 128-bit lane.
+    const __m256 s01 = _mm256_hadd_ps(h0, h1), s23 = _mm256_hadd_ps(h2, h3);
+    const __m256 s = _mm256_hadd_ps(s01, s23); // per 128-bit lane: [a0 a1 a2 a3] partials
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// XR input rows against four weight rows per pass: 4 * XR accumulators; per 16 columns 4 + XR loads for 4 * XR FMAs
+// (with 4 input rows, one load per two FMAs: the rate at which cores that split 512-bit loads can feed them).
+template <int XR>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void
+multi_tile_avx512(const float* w0, const float* x, const __m128 bias, float* y, int64_t rows, int64_t cols) {
+    const int64_t full = cols & ~int64_t(15);
+    const __mmask16 tail = static_cast<__mmask16>((1u << (cols - full)) - 1);
+    const float *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m512 a[XR][4];
+    for (int j = 0; j < XR; ++j)
+        for (int k = 0; k < 4; ++k) a[j][k] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+        const __m512 v0 = _mm512_loadu_ps(w0 + c), v1 = _mm512_loadu_ps(w1 + c), v2 = _mm512_loadu_ps(w2 + c),
+                     v3 = _mm512_loadu_ps(w3 + c);
+        for (int j = 0; j < XR; ++j) {
+            const __m512 xv = _mm512_loadu_ps(x + j * cols + c);
+            a[j][0] = _mm512_fmadd_ps(v0, xv, a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(v1, xv, a[j][1]);
+            a[j][2] = _mm512_fmadd_ps(v2, xv, a[j][2]);
+            a[j][3] = _mm512_fmadd_ps(v3, xv, a[j][3]);
+        }
+    }
+    if (tail) {
+        const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + full), v1 = _mm512_maskz_loadu_ps(tail, w1 + full),
+                     v2 = _mm512_maskz_loadu_ps(tail, w2 + full), v3 = _mm512_maskz_loadu_ps(tail, w3 + full);
+        for (int j = 0; j < XR; ++j) {
+            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + j * cols + full);
+            a[j][0] = _mm512_fmadd_ps(v0, xv, a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(v1, xv, a[j][1]);
+            a[j][2] = _mm512_fmadd_ps(v2, xv, a[j][2]);
+            a[j][3] = _mm512_fmadd_ps(v3, xv, a[j][3]);
+        }
+    }
+    for (int j = 0; j < XR; ++j)
+        _mm_storeu_ps(y + j * rows, _mm_add_ps(reduce4_avx512(a[j][0], a[j][1], a[j][2], a[j][3]), bias));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void rows_multi_f32_avx512(const float* w, const float* x,
+                                                                                const float* b, float* y, int64_t n,
+                                                                                int64_t rows, int64_t r0, int64_t r1,
+                                                                                int64_t cols) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const __m128 bias = b ? _mm_loadu_ps(b + r) : _mm_setzero_ps();
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) multi_tile_avx512<4>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+        switch (n - j) {
+        case 3:
+            multi_tile_avx512<3>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+            break;
+        case 2:
+            multi_tile_avx512<2>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+            break;
+        case 1:
+            multi_tile_avx512<1>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols);
+            break;
+        default:
+            break;
+        }
+    }
+    for (; r < r1; ++r)
+        for (int64_t j = 0; j < n; ++j)
+            y[j * rows + r] = dot_avx512(x + j * cols, cols, LoadF32{w + r * cols}) + (b ? b[r] : 0.f);
+}
+
 // ---- q8_0 ---------------------------------------------------------------------------------------------------------
 // Per block: |w| (unsigned) times x with w's sign moved onto it (the sign trick of llama.cpp's AVX2 q8_0 dot), summed
 // in int32 (vpdpbusd with VNNI; maddubs + madd on plain AVX2 - no saturation, |w| <= 127 so pairs stay < 2^15),
@@ -317,6 +460,23 @@ void gemv_f32(const float* w, const float* x, const float* b, float* y, int64_t 
     gemv_rows(w, x, b, y, rows, cols, dot_f32_plain);
 }
 
+void gemm_few_rows_f32(const float* w, const float* x, const float* b, float* y, int64_t n, int64_t rows, int64_t cols,
+                       SimdPath path) {
+#if defined(__x86_64__)
+    if (path == SimdPath::Best && gemv_uses_avx512())
+        return run_rows(rows, cols * n,
+                        [&](int64_t r0, int64_t r1) { rows_multi_f32_avx512(w, x, b, y, n, rows, r0, r1, cols); });
+    if (path != SimdPath::Portable && gemv_uses_avx2())
+        return run_rows(rows, cols * n,
+                        [&](int64_t r0, int64_t r1) { rows_multi_f32_avx2(w, x, b, y, n, rows, r0, r1, cols); });
+#endif
+    run_rows(rows, cols * n, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t j = 0; j < n; ++j)
+                y[j * rows + r] = dot_f32_plain(w + r * cols, x + j * cols, cols) + (b ? b[r] : 0.f);
+    });
+}
+
 void gemv_f16(const uint16_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
 #if defined(__x86_64__)
     if (gemv_uses_avx512())
@@ -465,6 +625,29 @@ torch::Tensor gemv(const torch::Tensor& w, const torch::Tensor& x_in, const torc
     else
         gemv_f16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::Half>()), x.data_ptr<float>(), bp,
                  y.data_ptr<float>(), rows, cols);
+    return y;
+}
+
+bool few_rows_linear_applies(const torch::Tensor& x, const torch::Tensor& w, int64_t max_rows) {
+    if (!gemv_uses_avx2() || x.dim() < 1 || w.dim() != 2 || !x.device().is_cpu() || !w.device().is_cpu() ||
+        x.scalar_type() != torch::kFloat32 || w.scalar_type() != torch::kFloat32 || !w.is_contiguous())
+        return false;
+    // No autograd graph through the raw kernel: training keeps LibTorch's op.
+    if (torch::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad())) return false;
+    const int64_t cols = w.size(1);
+    return x.size(-1) == cols && cols > 0 && x.numel() / cols <= max_rows;
+}
+
+torch::Tensor few_rows_linear(const torch::Tensor& x_in, const torch::Tensor& w, const torch::Tensor& bias,
+                              SimdPath path) {
+    const int64_t rows = w.size(0), cols = w.size(1), n = x_in.numel() / cols;
+    auto x = x_in.contiguous();
+    const torch::Tensor b = float_bias(bias, rows, "few_rows_linear");
+    auto sizes = x.sizes().vec();
+    sizes.back() = rows;
+    auto y = torch::empty(sizes, torch::kFloat32);
+    gemm_few_rows_f32(w.data_ptr<float>(), x.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+                      y.data_ptr<float>(), n, rows, cols, path);
     return y;
 }
 

@@ -17,6 +17,13 @@ void gemv_ref_f16(const uint16_t* w, const float* x, const float* b, float* y, i
 // Fast path (AVX-512 or AVX2 when the CPU has it, else the portable loop), OpenMP over rows. `b` may be null.
 void gemv_f32(const float* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
 void gemv_f16(const uint16_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+// y [n, rows] = x [n, cols] W^T + b for a few input rows: the weight rows are streamed once (four at a time, the other
+// input rows reading them from L1) instead of packed as a BLAS GEMM does on every call. Float32 sums in a different
+// order from BLAS: the last bits differ. AVX-512 or AVX2/FMA where the CPU has it, else the portable loop.
+// The instruction set a kernel runs on: the best this CPU has, or a narrower one (tests and benchmarks of each path).
+enum class SimdPath { Best, Avx2, Portable };
+void gemm_few_rows_f32(const float* w, const float* x, const float* b, float* y, int64_t n, int64_t rows, int64_t cols,
+                       SimdPath path = SimdPath::Best);
 bool gemv_uses_avx2();
 bool gemv_uses_avx512();
 // "AVX-512 gemv", "AVX2/FMA gemv" or "portable gemv".
@@ -62,5 +69,12 @@ torch::Tensor huge_page_copy(const torch::Tensor& t);
 torch::Tensor gemv(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& bias = {});
 // The same through torch::mv / addmv (reference for tests and benchmarks).
 torch::Tensor gemv_torch(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& bias = {});
+
+// Tensor form of gemm_few_rows_f32: x [..., cols] float32 (any leading shape), w [rows, cols] contiguous float32,
+// bias [rows] or undefined; returns [..., rows]. Applies where x has at most max_rows rows, both are CPU float32 and
+// the CPU has AVX2/FMA (the portable loop would lose to BLAS), and no gradient is recorded.
+bool few_rows_linear_applies(const torch::Tensor& x, const torch::Tensor& w, int64_t max_rows);
+torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias = {},
+                              SimdPath path = SimdPath::Best);
 
 } // namespace anchor::kernels

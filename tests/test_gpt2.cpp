@@ -362,6 +362,45 @@ TEST_CASE("gemv kernel matches the reference for f32 and f16 weights", "[gemv][k
     }
 }
 
+TEST_CASE("few-rows kernel matches the double-precision product on many shapes, on each SIMD path", "[gemv][kernels]") {
+    torch::manual_seed(11);
+    for (auto path : {kernels::SimdPath::Best, kernels::SimdPath::Avx2, kernels::SimdPath::Portable})
+        // Row counts around the 4 x 4 tile (and its 1-3-row remainders), weight rows not a multiple of 4, columns
+        // around the 16-wide vector and its masked tail.
+        for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 13, 32})
+            for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+                     {1, 1}, {3, 15}, {4, 16}, {5, 17}, {17, 100}, {64, 384}, {1152, 384}, {384, 1536}, {9, 1031}})
+                for (bool bias : {true, false}) {
+                    auto w = torch::randn({rows, cols});
+                    auto x = torch::randn({n, cols});
+                    auto b = bias ? torch::randn({rows}) : torch::Tensor();
+                    auto want = torch::matmul(x.to(torch::kDouble), w.to(torch::kDouble).t());
+                    if (bias) want += b.to(torch::kDouble);
+                    // Relative to the sum of |w x| terms (a row of opposite terms cancels; its rounding does not).
+                    auto scale = torch::matmul(x.abs().to(torch::kDouble), w.abs().to(torch::kDouble).t()) + 1.0;
+                    std::vector<float> y(static_cast<size_t>(n * rows));
+                    kernels::gemm_few_rows_f32(w.data_ptr<float>(), x.data_ptr<float>(),
+                                               bias ? b.data_ptr<float>() : nullptr, y.data(), n, rows, cols, path);
+                    auto got = torch::from_blob(y.data(), {n, rows}).to(torch::kDouble);
+                    const double err = ((got - want).abs() / scale).max().item<double>();
+                    INFO("path " << int(path) << ", " << n << " x " << cols << " -> " << rows << (bias ? " +bias" : "")
+                                 << ": rel err " << err);
+                    CHECK(err < 2e-6);
+                }
+    // The tensor form keeps leading dimensions and refuses what it does not cover.
+    auto w = torch::randn({40, 24}), b = torch::randn({40}), x = torch::randn({1, 3, 24});
+    CHECK(kernels::few_rows_linear_applies(x, w, 3) == kernels::gemv_uses_avx2());
+    CHECK_FALSE(kernels::few_rows_linear_applies(x, w, 2));                      // more rows than allowed
+    CHECK_FALSE(kernels::few_rows_linear_applies(x.to(torch::kDouble), w, 8));   // not float32
+    CHECK_FALSE(kernels::few_rows_linear_applies(x, w.t(), 8));                  // not contiguous
+    CHECK_FALSE(kernels::few_rows_linear_applies(x.requires_grad_(true), w, 8)); // training: LibTorch's op
+    x = x.detach();
+    auto got = kernels::few_rows_linear(x, w, b);
+    CHECK(got.sizes() == torch::IntArrayRef({1, 3, 40}));
+    CHECK(test::max_abs_diff(got, torch::nn::functional::linear(x, w, b)) < 1e-5);
+    CHECK(test::max_abs_diff(kernels::few_rows_linear(x, w), torch::nn::functional::linear(x, w)) < 1e-5);
+}
+
 TEST_CASE("GPT-2 decode with the gemv kernel equals the torch reference path", "[gemv][gpt2]") {
     auto& m = tiny();
     auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
