@@ -153,8 +153,9 @@ void add_attention_option(CLI::App& app, kernels::AttentionKernel& k, kernels::G
                     "score buffer, within 2e-6 relative)");
     add_enum_option(
         app, "--gemm", g, kernels::gemm_backend_table(),
-        "Linear layers: torch = SEDD's bits; onednn = oneDNN's matmul, the model ~1.5x faster on one thread, the last "
-        "bits differ (winograd: the same here); bf16 = bfloat16 operands (AVX512-BF16 or AMX CPUs)");
+        "Linear layers: torch = SEDD's bits over the sequence (a cached step's few rows stream the weights through "
+        "our kernel); onednn = oneDNN's matmul, the model ~1.5x faster on one thread, the last bits differ (winograd: "
+        "the same here); bf16 = bfloat16 operands (AVX512-BF16 or AMX CPUs)");
 }
 
 struct SampleArgs {

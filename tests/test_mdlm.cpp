@@ -176,8 +176,10 @@ TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row
         auto mod = b->modulation(m->conditioning(torch::tensor({0.4f})));
         auto rope = m->rope(L, x.options());
         const auto dense = b->forward(x, mod, rope);
-        // The one-pass rotary embedding is the rotate-half tensor expression, bit for bit, on the strided q and k.
+        // The one-pass rotary embedding is the rotate-half tensor expression, bit for bit, on the strided q and k
+        // (the projection on LibTorch in both).
         {
+            m->set_stream_few_rows(false);
             torch::Tensor q, k, v;
             const auto h = b->attn_input(x, mod);
             b->qkv(h, rope, q, k, v);
@@ -189,6 +191,7 @@ TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row
             };
             CHECK(torch::equal(q, rotate(t[0])));
             CHECK(torch::equal(k, rotate(t[1])));
+            m->set_stream_few_rows(true);
         }
         DenseLatents lat(c.n_heads, L, c.head_dim(), c.hidden_size);
         CHECK(torch::equal(b->forward_cached(x, mod, rope, torch::arange(L, torch::kInt64), lat), dense));
@@ -1032,6 +1035,26 @@ TEST_CASE("mdlm: the tiled attention kernel agrees with SEDD's arithmetic; cache
     check_logits_close(exact, flash, 40);
     // A cache recomputing everything every step is the dense run, bit for bit, with the tiled kernel too.
     check_refresh_every_step_is_off(flash);
+}
+
+TEST_CASE("mdlm: a few rows streamed through the weights agree with LibTorch's product", "[mdlm][gemv]") {
+    auto plain = tiny_model(), streamed = tiny_model();
+    plain->set_stream_few_rows(false);
+    CHECK(streamed->block_list[0]->stream_few_rows);
+    CHECK_FALSE(plain->output_layer->stream_few_rows);
+    // A cached step's row counts (1, 3), a block (7 and 32) and a whole sequence (40), on each float32 backend the
+    // model can use here.
+    std::vector<kernels::GemmBackend> backends{kernels::GemmBackend::Torch};
+    if (kernels::onednn_available()) backends.push_back(kernels::GemmBackend::OneDnn);
+    for (auto g : backends) {
+        streamed->set_gemm_backend(g);
+        for (int64_t n : {1, 3, 7, 32, 40}) {
+            INFO(enum_name(kernels::gemm_backend_table(), g) << ", rows " << n);
+            check_logits_close(plain, streamed, n);
+        }
+    }
+    streamed->set_gemm_backend(kernels::GemmBackend::Torch);
+    check_refresh_every_step_is_off(streamed);
 }
 
 TEST_CASE("mdlm: linear layers on oneDNN agree with LibTorch's; caches stay exact under them", "[mdlm][onednn]") {

@@ -1,5 +1,7 @@
 #include "text/mdlm_model.h"
 
+#include "kernels/gemv.h"
+
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
@@ -7,6 +9,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
+#include "kernels/gemv.h"
 
 #include <algorithm>
 #include <cctype>
@@ -190,16 +193,37 @@ static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
 }
 
 namespace {
-// x W^T (+ b) on backend g: oneDNN's matmul where it applies, else LibTorch's functional linear (SEDD's bits).
-torch::Tensor linear_on(kernels::GemmBackend g, const torch::Tensor& x, const torch::Tensor& w,
+// The most rows for which kernels::few_rows_linear is used on backend g, where it beats that library on one thread
+// with a 384-wide model's weights streamed from memory (tests/bench/results/mdlm_few_rows_linear_*.txt): OpenBLAS packs
+// the weight on every call and loses to the AVX-512 kernel at every count measured (to 64) and to the AVX2 one to about
+// 12; oneDNN's matmul reads the weight in place and catches up from about 8 rows (the AVX2 kernel: 4). bfloat16
+// operands stay on oneDNN.
+int64_t few_rows_limit(kernels::GemmBackend g) {
+    const bool avx512 = kernels::gemv_uses_avx512();
+    switch (g) {
+    case kernels::GemmBackend::Torch:
+        return avx512 ? 64 : 12;
+    case kernels::GemmBackend::OneDnn:
+    case kernels::GemmBackend::Winograd:
+        return avx512 ? 6 : 3;
+    case kernels::GemmBackend::Bf16:
+        return 0;
+    }
+    return 0;
+}
+
+// x W^T (+ b) on backend g: a few rows streamed (few_rows_limit), else oneDNN's matmul where it applies, else
+// LibTorch's functional linear (SEDD's bits).
+torch::Tensor linear_on(kernels::GemmBackend g, bool stream, const torch::Tensor& x, const torch::Tensor& w,
                         const torch::Tensor& b) {
+    if (stream && kernels::few_rows_linear_applies(x, w, few_rows_limit(g))) return kernels::few_rows_linear(x, w, b);
     const bool bf16 = g == kernels::GemmBackend::Bf16;
     if (kernels::runs_on_onednn(g) && kernels::onednn_linear_applies(x, w, bf16))
         return kernels::onednn_linear(x, w, b, bf16);
     return torch::nn::functional::linear(x, w, b);
 }
-torch::Tensor linear_on(kernels::GemmBackend g, torch::nn::Linear l, const torch::Tensor& x) {
-    return g == kernels::GemmBackend::Torch ? l->forward(x) : linear_on(g, x, l->weight, l->bias);
+torch::Tensor linear_on(kernels::GemmBackend g, bool stream, torch::nn::Linear l, const torch::Tensor& x) {
+    return linear_on(g, stream, x, l->weight, l->bias);
 }
 } // namespace
 
@@ -246,7 +270,8 @@ torch::Tensor MdlmBlockImpl::attn_input(const torch::Tensor& x, const BlockModul
 void MdlmBlockImpl::qkv(const torch::Tensor& h, const Rope& rope, torch::Tensor& q, torch::Tensor& k,
                         torch::Tensor& v) {
     const auto B = h.size(0), n = h.size(1), H = cfg.n_heads, d = cfg.head_dim();
-    auto t = linear_on(gemm, attn_qkv, h).view({B, n, 3, H, d}).permute({2, 0, 3, 1, 4}); // [3, B, H, n, d]
+    auto t =
+        linear_on(gemm, stream_few_rows, attn_qkv, h).view({B, n, 3, H, d}).permute({2, 0, 3, 1, 4}); // [3, B, H, n, d]
     q = apply_rope(t[0], rope);
     k = apply_rope(t[1], rope);
     v = t[2].contiguous();
@@ -271,6 +296,11 @@ void MdlmModelImpl::set_gemm_backend(kernels::GemmBackend g) {
     output_layer->gemm = g;
 }
 
+void MdlmModelImpl::set_stream_few_rows(bool on) {
+    for (auto& b : block_list) b->stream_few_rows = on;
+    output_layer->stream_few_rows = on;
+}
+
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
     kernels::AttentionOptions ao;
@@ -279,16 +309,16 @@ torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor&
     ao.kernel = kernel;
     auto o = kernels::attention(q, k, v, ao); // [B, H, nq, d]
     o = o.permute({0, 2, 1, 3}).reshape({q.size(0), q.size(2), cfg.hidden_size});
-    return linear_on(gemm, attn_out, o);
+    return linear_on(gemm, stream_few_rows, attn_out, o);
 }
 
 torch::Tensor MdlmBlockImpl::ffn(const torch::Tensor& x, const BlockModulation& m) {
     auto h = norm2->forward(x) * (1 + m.scale2) + m.shift2;
-    if (gemm == kernels::GemmBackend::Torch) return mlp->forward(h);
     const auto& up = *mlp[0]->as<torch::nn::Linear>();
     const auto& down = *mlp[2]->as<torch::nn::Linear>();
-    return linear_on(gemm, mlp[1]->as<torch::nn::Functional>()->forward(linear_on(gemm, h, up.weight, up.bias)),
-                     down.weight, down.bias);
+    const auto act =
+        mlp[1]->as<torch::nn::Functional>()->forward(linear_on(gemm, stream_few_rows, h, up.weight, up.bias));
+    return linear_on(gemm, stream_few_rows, act, down.weight, down.bias);
 }
 
 torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulation& m, const Rope& rope) {
@@ -358,7 +388,7 @@ torch::Tensor OutputLayerImpl::forward(const torch::Tensor& h, const torch::Tens
                                        const torch::Tensor& tied, const torch::Tensor& bias) {
     auto x = norm_final->forward(h) * (1 + scale) + shift;
     const auto& w = linear->weight.defined() ? linear->weight : tied;
-    return linear_on(gemm, x, w, bias);
+    return linear_on(gemm, stream_few_rows, x, w, bias);
 }
 
 // ---- model ----------------------------------------------------------------------------------------------------------

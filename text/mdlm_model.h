@@ -181,9 +181,12 @@ struct MdlmBlockImpl : torch::nn::Module {
     kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact;
     // The linear layers' library (kernels/onednn.h): Torch = SEDD's bits (LibTorch's BLAS); OneDnn (and Winograd,
     // which has no convolution to change here) = oneDNN's matmul, which reads the weight in place where OpenBLAS
-    // packs it on every call (most of a 1-3-row cached step), different in the last bits; Bf16 = its bfloat16
-    // operands.
+    // packs it on every call, different in the last bits; Bf16 = its bfloat16 operands.
     kernels::GemmBackend gemm = kernels::GemmBackend::Torch;
+    // A product over a few rows (a cached step's positions) streams the weight once instead (kernels::
+    // few_rows_linear), on the float32 backends, at or under the row count where it stops beating that backend; the
+    // full sequence keeps the backend's bits.
+    bool stream_few_rows = true;
 };
 TORCH_MODULE(MdlmBlock);
 
@@ -220,6 +223,7 @@ struct OutputLayerImpl : torch::nn::Module {
     torch::nn::Linear adaLN_modulation{nullptr};
     HeadLinear linear{nullptr};
     kernels::GemmBackend gemm = kernels::GemmBackend::Torch; // the vocabulary projection's (MdlmBlockImpl::gemm)
+    bool stream_few_rows = true;                             // MdlmBlockImpl::stream_few_rows
 };
 TORCH_MODULE(OutputLayer);
 
@@ -261,6 +265,8 @@ public:
     // cannot run in this build on this CPU (kernels::gemm_backend_unavailable).
     void set_gemm_backend(kernels::GemmBackend g);
     kernels::GemmBackend gemm_backend() const { return output_layer->gemm; }
+    // Every block's and the head's MdlmBlockImpl::stream_few_rows (false: every product on the backend's library).
+    void set_stream_few_rows(bool on);
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};

@@ -10,6 +10,8 @@
 #   masked    the block caches' masked=reuse (with decoded=reuse) under the ancestral sampler, L=256, 16 prompts
 #   masked_steps  the same with stale=8 and with fewer steps
 #   gemm      the model's linear layers on torch / onednn / bf16 (--gemm), interleaved rounds (speed only)
+#   stream    masked=reuse with a cached step's few rows streamed through the weights (kernels::few_rows_linear)
+#   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
 #   random768 the same modes on the 12 x 768 random-weight model (speed only)
@@ -86,6 +88,18 @@ for s in "${@:-default fast random768}"; do
             --repeats 3 --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --gemm $g \
             --cache dual --cache dual:decoded=reuse,masked=reuse
         done; done; } | tee "$R/mdlm_gemm_backends_$D.txt" ;;
+    stream)
+      # A cached step's few rows through kernels::few_rows_linear (the weights streamed once; the default on LibTorch
+      # up to 64 rows, on oneDNN up to 6); off keeps LibTorch's bits. stale=8 and the oneDNN library beside.
+      run stream_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
+        --cache dual:decoded=reuse,masked=reuse+gemm=onednn --cache dual:decoded=reuse,masked=reuse,stale=8+gemm=onednn \
+        --json $R/mdlm_stream_L256_$D.json --plot $R/mdlm_stream_L256_$D.png --overwrite ;;
+    rows)
+      # The linear layers alone at a cached step's row counts (tests/bench/linear_rows_bench.cpp), kjv-mdlm's shapes.
+      { echo "# command: OMP_NUM_THREADS=1 ./build/tests/linear_rows_bench 384 8 9"; echo "# date: $(date -u) load: $(cat /proc/loadavg)"
+        ./build/tests/linear_rows_bench 384 8 9; } | tee "$R/mdlm_few_rows_linear_$D.txt" ;;
     gemm_modes)
       run gemm_modes_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
         --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
