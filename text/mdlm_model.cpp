@@ -195,17 +195,17 @@ static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
 namespace {
 // The most rows for which kernels::few_rows_linear is used on backend g, where it beats that library on one thread
 // with a 384-wide model's weights streamed from memory (tests/bench/results/mdlm_few_rows_linear_*.txt): OpenBLAS packs
-// the weight on every call and loses to the AVX-512 kernel at every count measured (to 64) and to the AVX2 one to about
-// 12; oneDNN's matmul reads the weight in place and catches up from about 8 rows (the AVX2 kernel: 4). bfloat16
+// the weight on every call and loses to the AVX-512 kernel at every count measured (to 64) and to the AVX2 one to
+// about 32; oneDNN's matmul reads the weight in place and catches up near 48 rows (the AVX2 kernel: 12). bfloat16
 // operands stay on oneDNN.
 int64_t few_rows_limit(kernels::GemmBackend g) {
     const bool avx512 = kernels::gemv_uses_avx512();
     switch (g) {
     case kernels::GemmBackend::Torch:
-        return avx512 ? 64 : 12;
+        return avx512 ? 64 : 32;
     case kernels::GemmBackend::OneDnn:
     case kernels::GemmBackend::Winograd:
-        return avx512 ? 6 : 3;
+        return avx512 ? 32 : 8;
     case kernels::GemmBackend::Bf16:
         return 0;
     }
