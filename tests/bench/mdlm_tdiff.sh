@@ -11,6 +11,7 @@
 #   masked_steps  the same with stale=8 and with fewer steps
 #   gemm      the model's linear layers on torch / onednn / bf16 (--gemm), interleaved rounds (speed only)
 #   stream    masked=reuse with a cached step's few rows streamed through the weights (kernels::few_rows_linear)
+#   stream_onednn  the same with off on oneDNN too (one library on both sides)
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
@@ -96,6 +97,12 @@ for s in "${@:-default fast random768}"; do
         --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
         --cache dual:decoded=reuse,masked=reuse+gemm=onednn --cache dual:decoded=reuse,masked=reuse,stale=8+gemm=onednn \
         --json $R/mdlm_stream_L256_$D.json --plot $R/mdlm_stream_L256_$D.png --overwrite ;;
+    stream_onednn)
+      # The same on one library: off on oneDNN too (--gemm onednn), so the ratio is the cache's and the streaming's.
+      run stream_onednn_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G --gemm onednn \
+        --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
+        --json $R/mdlm_stream_onednn_L256_$D.json --plot $R/mdlm_stream_onednn_L256_$D.png --overwrite ;;
     rows)
       # The linear layers alone at a cached step's row counts (tests/bench/linear_rows_bench.cpp), kjv-mdlm's shapes.
       { echo "# command: OMP_NUM_THREADS=1 ./build/tests/linear_rows_bench 384 8 9"; echo "# date: $(date -u) load: $(cat /proc/loadavg)"
