@@ -171,6 +171,30 @@ inline const float* prefetch_target(const float* w, int64_t r, int64_t r1, int64
     return r + 4 * (kPrefetchGroups + 1) <= r1 ? w + (r + 4 * kPrefetchGroups) * cols : nullptr;
 }
 
+// The driver of a tile: groups of four weight rows, MAXR input rows per tile and the remainder in one narrower tile,
+// the weight rows past the last whole group one at a time (DOT: one row's dot with x row j).
+#define ANCHOR_ROWS_MULTI(TARGET, NAME, TILE, MAXR, DOT)                                                               \
+    __attribute__((target(TARGET))) void NAME(const float* w, const float* x, const float* b, float* y, int64_t n,     \
+                                              int64_t rows, int64_t r0, int64_t r1, int64_t cols) {                    \
+        int64_t r = r0;                                                                                                \
+        for (; r + 4 <= r1; r += 4) {                                                                                  \
+            const __m128 bias = b ? _mm_loadu_ps(b + r) : _mm_setzero_ps();                                            \
+            const float* ahead = prefetch_target(w, r, r1, cols);                                                      \
+            const float* wr = w + r * cols;                                                                            \
+            int64_t j = 0;                                                                                             \
+            for (; j + MAXR <= n; j += MAXR, ahead = nullptr)                                                          \
+                TILE<MAXR>(wr, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);                               \
+            const int64_t rest = n - j;                                                                                \
+            if constexpr (MAXR > 3)                                                                                    \
+                if (rest == 3) TILE<3>(wr, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);                   \
+            if constexpr (MAXR > 2)                                                                                    \
+                if (rest == 2) TILE<2>(wr, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);                   \
+            if (rest == 1) TILE<1>(wr, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);                       \
+        }                                                                                                              \
+        for (; r < r1; ++r)                                                                                            \
+            for (int64_t j = 0; j < n; ++j) y[j * rows + r] = DOT + (b ? b[r] : 0.f);                                  \
+    }
+
 // AVX2 / FMA: the same tile eight columns wide, up to two input rows (sixteen registers: 8 accumulators, 4 weight
 // vectors, the input), the column tail through a lane mask.
 template <int XR>
@@ -213,22 +237,7 @@ multi_tile_avx2(const float* w0, const float* x, const __m128 bias, float* y, in
     }
 }
 
-__attribute__((target("avx2,fma"))) void rows_multi_f32_avx2(const float* w, const float* x, const float* b, float* y,
-                                                             int64_t n, int64_t rows, int64_t r0, int64_t r1,
-                                                             int64_t cols) {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const __m128 bias = b ? _mm_loadu_ps(b + r) : _mm_setzero_ps();
-        const float* ahead = prefetch_target(w, r, r1, cols);
-        int64_t j = 0;
-        for (; j + 2 <= n; j += 2, ahead = nullptr)
-            multi_tile_avx2<2>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-        if (j < n) multi_tile_avx2<1>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-    }
-    for (; r < r1; ++r)
-        for (int64_t j = 0; j < n; ++j)
-            y[j * rows + r] = dot_f32_avx2(w + r * cols, x + j * cols, cols) + (b ? b[r] : 0.f);
-}
+ANCHOR_ROWS_MULTI("avx2,fma", rows_multi_f32_avx2, multi_tile_avx2, 2, dot_f32_avx2(x + j * cols, w + r * cols, cols))
 
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m256 hi256(__m512 v) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -289,35 +298,9 @@ multi_tile_avx512(const float* w0, const float* x, const __m128 bias, float* y, 
         _mm_storeu_ps(y + j * rows, _mm_add_ps(reduce4_avx512(a[j][0], a[j][1], a[j][2], a[j][3]), bias));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void rows_multi_f32_avx512(const float* w, const float* x,
-                                                                                const float* b, float* y, int64_t n,
-                                                                                int64_t rows, int64_t r0, int64_t r1,
-                                                                                int64_t cols) {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const __m128 bias = b ? _mm_loadu_ps(b + r) : _mm_setzero_ps();
-        const float* ahead = prefetch_target(w, r, r1, cols);
-        int64_t j = 0;
-        for (; j + 4 <= n; j += 4, ahead = nullptr)
-            multi_tile_avx512<4>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-        switch (n - j) {
-        case 3:
-            multi_tile_avx512<3>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-            break;
-        case 2:
-            multi_tile_avx512<2>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-            break;
-        case 1:
-            multi_tile_avx512<1>(w + r * cols, x + j * cols, bias, y + j * rows + r, rows, cols, ahead);
-            break;
-        default:
-            break;
-        }
-    }
-    for (; r < r1; ++r)
-        for (int64_t j = 0; j < n; ++j)
-            y[j * rows + r] = dot_avx512(x + j * cols, cols, LoadF32{w + r * cols}) + (b ? b[r] : 0.f);
-}
+ANCHOR_ROWS_MULTI("avx512f,avx512bw,avx512vl", rows_multi_f32_avx512, multi_tile_avx512, 4,
+                  dot_avx512(x + j * cols, cols, LoadF32{w + r * cols}))
+#undef ANCHOR_ROWS_MULTI
 
 // ---- q8_0 ---------------------------------------------------------------------------------------------------------
 // Per block: |w| (unsigned) times x with w's sign moved onto it (the sign trick of llama.cpp's AVX2 q8_0 dot), summed
