@@ -1,7 +1,5 @@
 #include "text/mdlm_model.h"
 
-#include "kernels/gemv.h"
-
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
