@@ -1,6 +1,7 @@
 #include "text/mdlm_bench.h"
 
 #include "cache/util/bench.h"
+#include "kernels/gemv.h"
 #include "text/gpt2_model.h"
 #include "text/mdlm_run.h"
 #include "text/params.h"
@@ -141,8 +142,10 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     rep.unmask = p.unmask;
     rep.temperature = p.temperature;
     rep.threads = at::get_num_threads();
-    rep.kernels = "gemm " + enum_name(kernels::gemm_backend_table(), p.gemm) + ", attention " +
-                  enum_name(kernels::attention_kernel_table(), p.attention);
+    const int64_t streamed = few_rows_limit(p.gemm);
+    rep.kernels = "gemm " + enum_name(kernels::gemm_backend_table(), p.gemm) +
+                  (streamed > 0 ? " (<= " + std::to_string(streamed) + " rows: " + kernels::gemv_isa() + ")" : "") +
+                  ", attention " + enum_name(kernels::attention_kernel_table(), p.attention);
     rep.score_with = p.score_with;
     rep.load_start = util::load_average();
     if (progress) progress(rep, nullptr);

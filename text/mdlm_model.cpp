@@ -190,13 +190,13 @@ static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
     return x * r.cos + rot * r.sin;
 }
 
-namespace {
 // The most rows for which kernels::few_rows_linear is used on backend g, where it beats that library on one thread
 // with a 384-wide model's weights streamed from memory (tests/bench/results/mdlm_few_rows_linear_*.txt): OpenBLAS packs
 // the weight on every call and loses to the AVX-512 kernel at every count measured (to 64) and to the AVX2 one to
 // about 32; oneDNN's matmul reads the weight in place and catches up near 48 rows (the AVX2 kernel: 12). bfloat16
 // operands stay on oneDNN.
 int64_t few_rows_limit(kernels::GemmBackend g) {
+    if (!kernels::gemv_uses_avx2()) return 0;
     const bool avx512 = kernels::gemv_uses_avx512();
     switch (g) {
     case kernels::GemmBackend::Torch:
@@ -210,6 +210,7 @@ int64_t few_rows_limit(kernels::GemmBackend g) {
     return 0;
 }
 
+namespace {
 // x W^T (+ b) on backend g: a few rows streamed (few_rows_limit), else oneDNN's matmul where it applies, else
 // LibTorch's functional linear (SEDD's bits).
 torch::Tensor linear_on(kernels::GemmBackend g, bool stream, const torch::Tensor& x, const torch::Tensor& w,

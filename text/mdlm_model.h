@@ -227,6 +227,10 @@ struct OutputLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(OutputLayer);
 
+// The most rows a linear layer's product streams through kernels::few_rows_linear on backend g on this CPU (0: none;
+// MdlmBlockImpl::stream_few_rows).
+int64_t few_rows_limit(kernels::GemmBackend g);
+
 class MdlmModelImpl : public torch::nn::Module {
 public:
     explicit MdlmModelImpl(const MdlmConfig& cfg);
