@@ -11,6 +11,7 @@
 #   masked_steps  the same with stale=8 and with fewer steps
 #   gemm      the model's linear layers on torch / onednn / bf16 (--gemm), interleaved rounds (speed only)
 #   stream    masked=reuse with a cached step's few rows streamed through the weights (kernels::few_rows_linear)
+#   stream_stale  stale 5 and 6 in that setting, on LibTorch and oneDNN
 #   stream_onednn  the same with off on oneDNN too (one library on both sides)
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
@@ -97,6 +98,13 @@ for s in "${@:-default fast random768}"; do
         --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
         --cache dual:decoded=reuse,masked=reuse+gemm=onednn --cache dual:decoded=reuse,masked=reuse,stale=8+gemm=onednn \
         --json $R/mdlm_stream_L256_$D.json --plot $R/mdlm_stream_L256_$D.png --overwrite ;;
+    stream_stale)
+      # Between stale 4 (-0.4 % gen-PPL) and 8 (+4.6 %), on each library.
+      run stream_stale_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
+        --cache dual:decoded=reuse,masked=reuse,stale=5 --cache dual:decoded=reuse,masked=reuse,stale=6 \
+        --cache dual:decoded=reuse,masked=reuse,stale=5+gemm=onednn --cache dual:decoded=reuse,masked=reuse,stale=6+gemm=onednn \
+        --json $R/mdlm_stream_stale_L256_$D.json --plot $R/mdlm_stream_stale_L256_$D.png --overwrite ;;
     stream_onednn)
       # The same on one library: off on oneDNN too (--gemm onednn), so the ratio is the cache's and the streaming's.
       run stream_onednn_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
