@@ -17,11 +17,11 @@ void gemv_ref_f16(const uint16_t* w, const float* x, const float* b, float* y, i
 // Fast path (AVX-512 or AVX2 when the CPU has it, else the portable loop), OpenMP over rows. `b` may be null.
 void gemv_f32(const float* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
 void gemv_f16(const uint16_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+// The instruction set a kernel runs on: the best this CPU has, or a narrower one (tests and benchmarks of each path).
+enum class SimdPath { Best, Avx2, Portable };
 // y [n, rows] = x [n, cols] W^T + b for a few input rows: the weight rows are streamed once (four at a time, the other
 // input rows reading them from L1) instead of packed as a BLAS GEMM does on every call. Float32 sums in a different
 // order from BLAS: the last bits differ. AVX-512 or AVX2/FMA where the CPU has it, else the portable loop.
-// The instruction set a kernel runs on: the best this CPU has, or a narrower one (tests and benchmarks of each path).
-enum class SimdPath { Best, Avx2, Portable };
 void gemm_few_rows_f32(const float* w, const float* x, const float* b, float* y, int64_t n, int64_t rows, int64_t cols,
                        SimdPath path = SimdPath::Best);
 bool gemv_uses_avx2();

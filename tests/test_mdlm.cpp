@@ -1000,6 +1000,10 @@ TEST_CASE("mdlm cache: dual:masked=reuse computes only the block positions the a
     CHECK(rz.tokens == rd.tokens); // stale=0: every reused row is stale at once, so the whole block is computed
     CHECK(rr.cache.reused_fraction() > rd.cache.reused_fraction());
     CHECK(parse_cache_spec("dual:masked=reuse").to_string() == "dual:masked=reuse");
+    // The help's other value for a block cache is compute (every mask of the block), the anchor rule's active.
+    CHECK(parse_cache_spec("dual:masked=compute").to_string() == "dual");
+    CHECK_THROWS_WITH(parse_cache_spec("dual:masked=active"), Catch::Contains("expected 'compute' or 'reuse'"));
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:masked=compute"), Catch::Contains("expected 'active' or 'reuse'"));
     CHECK(parse_cache_spec("prefix:decoded=reuse,masked=reuse,stale=8").to_string() ==
           "prefix:decoded=reuse,masked=reuse,stale=8");
     CHECK_THROWS_WITH(parse_cache_spec("dual:tau=0.5"), Catch::Contains("its keys: refresh, drift, decoded, masked"));

@@ -31,11 +31,9 @@ std::string cache_modes_help() {
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
        << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM prefix KV cache: the prompt and "
-          "finished blocks are "
-          "computed once per block\n"
+          "finished blocks are computed once per block\n"
        << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM DualCache: the masked suffix is "
-          "cached too; only the "
-          "current block is computed\n"
+          "cached too; only the current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
           "moves\n"
@@ -44,8 +42,7 @@ std::string cache_modes_help() {
        << "    decoded: reuse: dKV-Cache's delayed cache inside the block: a position decoded at an earlier step is "
           "computed\n"
        << "      once more with its token, then reused until it is older than stale; compute: the whole block every "
-          "step "
-          "(default)\n"
+          "step (default)\n"
        << "    masked: reuse: of the block's [MASK] positions only those whose logits the sampler asks for are "
           "computed\n"
        << "      (ancestral: the ones it unmasks now), the others keep their latents; compute: every one (default)\n"
@@ -165,8 +162,11 @@ CacheSpec parse_cache_spec(const std::string& s) {
                 throw ParamError("cache", "option decoded=" + v + ": expected 'reuse' or 'compute'");
             spec.anchor.reuse_decoded = v == "reuse";
         } else if (k == "masked") {
-            if (v != "active" && v != "reuse")
-                throw ParamError("cache", "option masked=" + v + ": expected 'active' or 'reuse'");
+            // The other value names what happens instead: the anchor rule keeps masks active (recomputed when the
+            // rule says so); a block cache computes every mask of its block, as for decoded=compute.
+            const std::string other = block_mode ? "compute" : "active";
+            if (v != other && v != "reuse")
+                throw ParamError("cache", "option masked=" + v + ": expected '" + other + "' or 'reuse'");
             (block_mode ? spec.anchor.reuse_block_masks : spec.anchor.reuse_masked) = v == "reuse";
         } else if (k == "fp16") {
             spec.anchor.fp16 = integer(0) != 0;
