@@ -205,6 +205,47 @@ TEST_CASE("mdlm block: forward_cached equals forward, bit for bit with every row
     }
 }
 
+TEST_CASE("mdlm block: a cached step's few rows on raw memory agree with the general path", "[mdlm][rows]") {
+    torch::NoGradGuard ng;
+    std::mt19937 rng(9);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    for (int trial = 0; trial < 16; ++trial) {
+        MdlmConfig c = tiny_config(trial % 2 ? GateKind::AdaLN : GateKind::TimeAnchor);
+        c.n_heads = pick({1, 2, 6});
+        c.hidden_size = c.n_heads * pick({8, 16, 64});
+        c.n_blocks = 1;
+        MdlmModel fused(c), general(c);
+        randomize_mdlm_weights(fused, uint64_t(trial));
+        randomize_mdlm_weights(general, uint64_t(trial));
+        general->set_fuse_rows(false);
+        const int64_t L = pick({9, 40, 100});
+        const int64_t n = std::min(L - 1, pick({1, 2, 3, 5, 12, 32}));
+        CAPTURE(trial, c.n_heads, c.hidden_size, L, n);
+        auto& bf = fused->block_list[0];
+        auto& bg = general->block_list[0];
+        auto x = torch::randn({1, L, c.hidden_size});
+        const auto mod = bf->modulation(fused->conditioning(torch::tensor({0.3f})));
+        const auto rope = fused->rope(L, x.options());
+        // Latents of every position from a step at another input, then n rows recomputed at this one.
+        DenseLatents lf(c.n_heads, L, c.head_dim(), c.hidden_size);
+        bf->forward_cached(torch::randn({1, L, c.hidden_size}), mod, rope, torch::arange(L, torch::kInt64), lf);
+        DenseLatents lg = lf;
+        for (auto& t : lg.t) t = t.clone();
+        const auto rows = std::get<0>(torch::randperm(L, torch::kInt64).narrow(0, 0, n).sort());
+        const bool applies = bf->rows_path_applies(n, L, x, rope);
+        CHECK(applies == (n <= few_rows_limit(bf->gemm)));
+        CHECK_FALSE(bg->rows_path_applies(n, L, x, rope));
+        const auto a = bf->forward_cached(x, mod, rope, rows, lf);
+        const auto b = bg->forward_cached(x, mod, rope, rows, lg);
+        const double tol = 1e-5 * std::max(1.0, b.abs().max().item<double>());
+        CHECK(test::max_abs_diff(a, b) <= tol);
+        for (size_t s = 0; s < 4; ++s) {
+            CAPTURE(s);
+            CHECK(test::max_abs_diff(lf.t[s], lg.t[s]) <= 1e-5 * std::max(1.0, lg.t[s].abs().max().item<double>()));
+        }
+    }
+}
+
 TEST_CASE("mdlm cache: off equals a cache that recomputes everything", "[mdlm]") {
     for (auto gate : {GateKind::TimeAnchor, GateKind::AdaLN}) {
         auto m = tiny_model(gate);

@@ -299,10 +299,10 @@ torch::Tensor MdlmDenoiser::logits(const torch::Tensor& ids, double t, int64_t s
     if (ids.dim() != 1) throw Error("MdlmDenoiser::logits: ids must be 1-D");
     if (ids.size(0) != length_) reset(ids.size(0));
     const auto& at = at_time(t);
-    auto x0 = model_->embed(ids.unsqueeze(0));
-    auto h =
-        spec_.mode == CacheMode::Off ? dense_hidden(ids, x0, at, step) : cached_hidden(ids, x0, at, step, positions);
-    return model_->head(h.index_select(1, positions), at.cond).squeeze(0);
+    auto h = spec_.mode == CacheMode::Off
+                 ? dense_hidden(ids, model_->embed(ids.unsqueeze(0)), at, step).index_select(1, positions)
+                 : cached_hidden(ids, at, step, positions);
+    return model_->head(h, at.cond).squeeze(0);
 }
 
 torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at,
@@ -346,8 +346,8 @@ double key_similarity(MdlmBlockImpl& b, const torch::Tensor& x, const BlockModul
 }
 } // namespace
 
-torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at,
-                                          int64_t step, const torch::Tensor& positions) {
+torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEntry& at, int64_t step,
+                                          const torch::Tensor& positions) {
     const auto& a = spec_.anchor;
     const auto& cfg = model_->config();
     const int64_t mask_id = model_->internal_mask_id();
@@ -370,17 +370,21 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
     signals.num_steps = static_cast<int>(total_steps_);
     signals.layer_gates = at.gate_means;
     const auto gate = gate_policy_.decide(signals);
-    auto x = x0;
     int64_t active_total = 0;
     bool drifted = false; // drift=G: a shallower layer's probe moved, so this and every deeper layer recompute
     const auto block_idx = block_mode ? torch::nonzero(block_active).reshape(-1) : torch::Tensor();
-    for (int64_t l = 0; l < cfg.n_blocks; ++l) {
+    // Which positions layer l recomputes at this step, and why. x, the layer's input, is read by the drift probe and
+    // V-verify only.
+    auto plan = [&](int64_t l, const torch::Tensor& x) {
         auto& b = model_->block_list[static_cast<size_t>(l)];
         const auto& m = mods[static_cast<size_t>(l)];
-        const double gate_mean = signals.layer_gates[static_cast<size_t>(l)];
+        LayerDecision dec;
+        dec.layer = l;
+        dec.gate_mean = signals.layer_gates[static_cast<size_t>(l)];
         int64_t stale = has_profile_ ? profile_.staleness(l, step, total_steps_) : a.stale;
         if (gate.layers[static_cast<size_t>(l)] == cache::Action::Reuse)
             stale = a.stale_high >= 0 ? a.stale_high : 2 * stale;
+        dec.staleness = stale;
         // Per-position staleness from the store's row stamps. A layer with rows never written is recomputed in full,
         // and so is one that lost an entry to the byte budget (created again, empty).
         bool present = true;
@@ -388,23 +392,21 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             present = present && store_.contains(key(l, slot));
         if (!present) create_layer(l);
         const auto rows = *store_.fresh_rows(key(l, MdlmSlot::Token), step, stale);
-        int64_t probe = -1;
-        double probe_cos = 1.0;
         if (block_mode && a.drift > 0 && !full && !drifted && rows.unwritten == 0) {
-            probe = most_attended_cached(*b, x, m, block_idx, block_active, read(l, MdlmSlot::K), rope_);
-            if (probe >= 0) {
-                probe_cos = key_similarity(*b, x, m, probe, read(l, MdlmSlot::K), rope_);
-                drifted = probe_cos < a.drift;
+            dec.probe = most_attended_cached(*b, x, m, block_idx, block_active, read(l, MdlmSlot::K), rope_);
+            if (dec.probe >= 0) {
+                dec.probe_cos = key_similarity(*b, x, m, dec.probe, read(l, MdlmSlot::K), rope_);
+                drifted = dec.probe_cos < a.drift;
                 if (drifted) stats_.drift_refreshes++;
             }
         }
-        const bool layer_full = full || drifted || rows.unwritten > 0;
+        dec.full = full || drifted || rows.unwritten > 0;
         torch::Tensor active;
         if (block_mode) {
-            active = layer_full ? torch::ones({length_}, torch::kBool) : block_active.clone();
+            active = dec.full ? torch::ones({length_}, torch::kBool) : block_active.clone();
             // decoded=reuse: of the block, only its masks and the positions whose cached rows were computed with
             // another token (decoded since) or have gone stale.
-            if (!layer_full && (a.reuse_decoded || a.reuse_block_masks)) {
+            if (!dec.full && (a.reuse_decoded || a.reuse_block_masks)) {
                 auto keep =
                     rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, false, !a.reuse_block_masks);
                 // decoded=compute: every decoded position of the block stays active; masked=compute: every mask.
@@ -413,12 +415,12 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
                 if (a.reuse_block_masks) active.index_fill_(0, positions, true);
             }
         } else {
-            active = rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, layer_full, !a.reuse_masked);
+            active = rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, dec.full, !a.reuse_masked);
             if (a.reuse_masked) active.index_fill_(0, positions, true);
         }
         // V-verify (dLLM-Cache): among anchored candidates re-activate the rho fraction whose value vectors moved
         // most (lowest cosine similarity between the current V and the cached V).
-        if (!block_mode && !layer_full && a.rho > 0) {
+        if (!block_mode && !dec.full && a.rho > 0) {
             auto cidx = torch::nonzero(~active).reshape(-1);
             int64_t nc = cidx.size(0), nv = static_cast<int64_t>(std::ceil(a.rho * static_cast<double>(nc)));
             if (nc > 0 && nv > 0) {
@@ -432,20 +434,79 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const torch:
             }
         }
         if (override_active) active = override_active(step, l, active);
-        auto idx = torch::nonzero(active).reshape(-1);
-        const int64_t na = idx.size(0);
+        dec.active = active;
+        return dec;
+    };
+    // After layer l ran: the tokens its rows were computed with, the statistics and the record.
+    auto finish = [&](LayerDecision&& dec, const torch::Tensor& idx) {
+        if (idx.size(0) > 0) write(dec.layer, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
+        active_total += idx.size(0);
+        decisions_.push_back(std::move(dec));
+    };
+    auto run_layer = [&](int64_t l, const torch::Tensor& x, const torch::Tensor& idx) {
         LayerLatents latents(*this, l, step);
-        x = b->forward_cached(x, m, rope_, idx, latents);
-        if (na > 0) write(l, MdlmSlot::Token, idx, ids.index_select(0, idx), step);
-        if (on_layer_output) on_layer_output(step, l, ids, x[0]);
-        active_total += na;
-        decisions_.push_back({l, stale, gate_mean, layer_full, active, probe, probe_cos});
+        return model_->block_list[static_cast<size_t>(l)]->forward_cached(x, mods[static_cast<size_t>(l)], rope_, idx,
+                                                                          latents);
+    };
+    torch::Tensor h;
+    // Without the drift probe, V-verify, per-layer outputs or a byte budget (which may evict a planned layer while an
+    // earlier one is written) no layer's plan depends on the step's computation: every plan first. When every layer
+    // then takes the few-row path, only the positions some layer recomputes (and those whose logits are asked for)
+    // are carried through the stack; the others' residual streams are never read.
+    const bool sequential = (block_mode && a.drift > 0) || (!block_mode && a.rho > 0) || on_layer_output ||
+                            a.budget_mib > 0 || store_.options().byte_budget > 0;
+    if (!sequential) {
+        std::vector<LayerDecision> plans;
+        std::vector<torch::Tensor> idx;
+        auto carried = torch::zeros({length_}, torch::kBool);
+        carried.index_fill_(0, positions, true);
+        for (int64_t l = 0; l < cfg.n_blocks; ++l) {
+            plans.push_back(plan(l, {}));
+            idx.push_back(torch::nonzero(plans.back().active).reshape(-1));
+            carried |= plans.back().active;
+        }
+        const auto rows = torch::nonzero(carried).reshape(-1);
+        const auto x0 = model_->embed(ids.index_select(0, rows).unsqueeze(0));
+        bool few = true;
+        for (int64_t l = 0; few && l < cfg.n_blocks; ++l)
+            few = model_->block_list[static_cast<size_t>(l)]->rows_path_applies(idx[size_t(l)].size(0), length_, x0,
+                                                                                rope_);
+        if (few) {
+            auto where = torch::full({length_}, -1, torch::kInt64); // each carried position's row in x
+            where.index_copy_(0, rows, torch::arange(rows.size(0), torch::kInt64));
+            auto x = x0;
+            for (int64_t l = 0; l < cfg.n_blocks; ++l) {
+                const auto& i = idx[size_t(l)];
+                LayerLatents latents(*this, l, step);
+                x = model_->block_list[static_cast<size_t>(l)]->forward_rows(
+                    x, rows, mods[static_cast<size_t>(l)], rope_, i, where.index_select(0, i), latents);
+                finish(std::move(plans[size_t(l)]), i);
+            }
+            h = x.index_select(1, where.index_select(0, positions));
+        } else {
+            auto x = model_->embed(ids.unsqueeze(0));
+            for (int64_t l = 0; l < cfg.n_blocks; ++l) {
+                x = run_layer(l, x, idx[size_t(l)]);
+                finish(std::move(plans[size_t(l)]), idx[size_t(l)]);
+            }
+            h = x.index_select(1, positions);
+        }
+    } else {
+        auto x = model_->embed(ids.unsqueeze(0));
+        for (int64_t l = 0; l < cfg.n_blocks; ++l) {
+            auto dec = plan(l, x);
+            const auto i = torch::nonzero(dec.active).reshape(-1);
+            x = run_layer(l, x, i);
+            if (on_layer_output) on_layer_output(step, l, ids, x[0]);
+            finish(std::move(dec), i);
+        }
+        h = x.index_select(1, positions);
     }
     stats_.position_layers_total += length_ * cfg.n_blocks;
     stats_.position_layers_reused += length_ * cfg.n_blocks - active_total;
     stats_.active_per_step.push_back(active_total);
     if (active_total == length_ * cfg.n_blocks) stats_.full_steps++;
-    return x;
+    return h;
 }
 
 } // namespace anchor::text

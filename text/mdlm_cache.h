@@ -179,7 +179,8 @@ public:
 private:
     struct TimeEntry;
     torch::Tensor dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at, int64_t step);
-    torch::Tensor cached_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at, int64_t step,
+    // The residual stream after the blocks at `positions` [1, n, D].
+    torch::Tensor cached_hidden(const torch::Tensor& ids, const TimeEntry& at, int64_t step,
                                 const torch::Tensor& positions);
     cache::CacheKey key(int64_t layer, MdlmSlot slot) const { return {ns_, int32_t(layer), int32_t(slot), 0}; }
     void create_layer(int64_t layer); // every slot of `layer` with no row written

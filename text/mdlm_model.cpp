@@ -8,6 +8,7 @@
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
 #include "kernels/gemv.h"
+#include "kernels/row_ops.h"
 
 #include <algorithm>
 #include <cctype>
@@ -300,6 +301,10 @@ void MdlmModelImpl::set_stream_few_rows(bool on) {
     output_layer->stream_few_rows = on;
 }
 
+void MdlmModelImpl::set_fuse_rows(bool on) {
+    for (auto& b : block_list) b->fuse_rows = on;
+}
+
 torch::Tensor MdlmBlockImpl::attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     // SEDD's attention: softmax((q k^T) / sqrt(d)) v, bidirectional.
     kernels::AttentionOptions ao;
@@ -327,8 +332,91 @@ torch::Tensor MdlmBlockImpl::forward(const torch::Tensor& x, const BlockModulati
     return y + m.gate_ffn * ffn(y, m);
 }
 
+namespace {
+// q, k, v [H, n, d] from the fused projection t [n, 3D] of the positions `pos` (int64 [n]), rotary applied to q and k
+// with the rows `pos` of the whole sequence's cos/sin [L, d] (apply_rope's products and sums, per element).
+void split_rope_rows(const torch::Tensor& t, const Rope& rope, const torch::Tensor& pos, int64_t H, torch::Tensor& q,
+                     torch::Tensor& k, torch::Tensor& v) {
+    const int64_t n = t.size(0), D = t.size(1) / 3, d = D / H, half = d / 2;
+    q = torch::empty({H, n, d}, t.options());
+    k = torch::empty({H, n, d}, t.options());
+    v = torch::empty({H, n, d}, t.options());
+    const float *tp = t.data_ptr<float>(), *cp = rope.cos.data_ptr<float>(), *sp = rope.sin.data_ptr<float>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+        const float *c = cp + pp[i] * d, *sn = sp + pp[i] * d;
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t o = (h * n + i) * d;
+            for (int a = 0; a < 2; ++a) {
+                const float* x = tp + i * 3 * D + a * D + h * d;
+                float* out = (a == 0 ? qp : kp) + o;
+                for (int64_t j = 0; j < half; ++j) {
+                    const float x1 = x[j], x2 = x[j + half];
+                    const float p1 = x1 * c[j], p2 = -x2 * sn[j];
+                    out[j] = p1 + p2;
+                    const float p3 = x2 * c[j + half], p4 = x1 * sn[j + half];
+                    out[j + half] = p3 + p4;
+                }
+            }
+            std::copy(tp + i * 3 * D + 2 * D + h * d, tp + i * 3 * D + 2 * D + (h + 1) * d, vp + o);
+        }
+    }
+}
+} // namespace
+
+bool MdlmBlockImpl::rows_path_applies(int64_t n, int64_t length, const torch::Tensor& x, const Rope& rope) const {
+    if (!stream_few_rows || !fuse_rows || n < 0 || n >= length || n > few_rows_limit(gemm) || x.dim() != 3 ||
+        x.size(0) != 1 || !x.is_contiguous() || !x.device().is_cpu() || x.scalar_type() != torch::kFloat)
+        return false;
+    if (torch::GradMode::is_enabled() && x.requires_grad()) return false;
+    if (rope.cos.dim() != 2 || rope.cos.size(0) != length || !rope.cos.is_contiguous() || !rope.sin.is_contiguous() ||
+        rope.cos.scalar_type() != torch::kFloat || rope.sin.scalar_type() != torch::kFloat)
+        return false;
+    auto& seq = const_cast<torch::nn::Sequential&>(mlp);
+    const auto& up = *seq[0]->as<torch::nn::Linear>();
+    const auto& down = *seq[2]->as<torch::nn::Linear>();
+    for (const auto* w : {&attn_qkv->weight, &attn_out->weight, &up.weight, &down.weight})
+        if (w->scalar_type() != torch::kFloat || !w->is_contiguous() || !w->device().is_cpu()) return false;
+    return true;
+}
+
+torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::Tensor& x_rows, const BlockModulation& m,
+                                          const Rope& rope, const torch::Tensor& active,
+                                          const torch::Tensor& active_in_x, BlockLatents& latents) {
+    // The cached branch rows of x's positions (all of them when x is the whole sequence).
+    auto branch = [&](BlockLatent which) {
+        auto t = latents.read(which);
+        return (x_rows.defined() ? t.index_select(0, x_rows) : t).unsqueeze(0);
+    };
+    if (active.size(0) > 0) {
+        auto h = kernels::modulated_norm_rows(x[0], active_in_x, norm1->weight, m.scale1, m.shift1, cfg.norm_eps);
+        torch::Tensor q, k, v;
+        split_rope_rows(kernels::few_rows_linear(h, attn_qkv->weight), rope, active, cfg.n_heads, q, k, v);
+        latents.write(BlockLatent::K, active, k);
+        latents.write(BlockLatent::V, active, v);
+        const auto keys = latents.read(BlockLatent::K), values = latents.read(BlockLatent::V);
+        const double scale = 1.0 / std::sqrt(double(cfg.head_dim()));
+        auto o = kernels::few_query_attention_applies(q, keys, values)
+                     ? kernels::few_query_attention(q, keys, values, scale)
+                     : kernels::few_query_attention_torch(q, keys, values, scale);
+        latents.write(BlockLatent::Attn, active, kernels::few_rows_linear(o, attn_out->weight));
+    }
+    auto y = torch::addcmul(x, m.gate_attn, branch(BlockLatent::Attn));
+    if (active.size(0) > 0) {
+        auto h2 = kernels::modulated_norm_rows(y[0], active_in_x, norm2->weight, m.scale2, m.shift2, cfg.norm_eps);
+        const auto& up = *mlp[0]->as<torch::nn::Linear>();
+        const auto& down = *mlp[2]->as<torch::nn::Linear>();
+        auto act = mlp[1]->as<torch::nn::Functional>()->forward(kernels::few_rows_linear(h2, up.weight, up.bias));
+        latents.write(BlockLatent::Ffn, active, kernels::few_rows_linear(act, down.weight, down.bias));
+    }
+    return y.addcmul_(m.gate_ffn, branch(BlockLatent::Ffn));
+}
+
 torch::Tensor MdlmBlockImpl::forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
                                             const torch::Tensor& active, BlockLatents& latents) {
+    if (active.size(0) > 0 && rows_path_applies(active.size(0), x.size(1), x, rope))
+        return forward_rows(x, {}, m, rope, active, active, latents);
     const bool any = active.size(0) > 0;
     if (any) {
         torch::Tensor q, k, v;

@@ -169,6 +169,19 @@ struct MdlmBlockImpl : torch::nn::Module {
     // position active it computes what forward() computes.
     torch::Tensor forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
                                  const torch::Tensor& active, BlockLatents& latents);
+    // forward_cached's few-row path, also for a part of the sequence: the same steps on raw memory, one kernel each
+    // (kernels/row_ops.h: the modulated norms and the few queries' attention over every cached key;
+    // kernels::few_rows_linear: the products; rotary and the head split in one pass), where the ~60 LibTorch ops of
+    // the general path cost more than their arithmetic. Float32 sums in another order: within 1e-5 of the general path
+    // (tests/test_mdlm.cpp [rows]). x [1, u, D] holds the residual stream at the positions x_rows (int64 [u];
+    // undefined: every position, u = L); `active` (positions) are recomputed, at rows active_in_x of x; every row of x
+    // gets the branches (cached for the others). Nothing else of the sequence is read or written but the latents.
+    // rows_path_applies: stream_few_rows and fuse_rows, n < L active rows, at most few_rows_limit(gemm), batch 1,
+    // float32 CPU, no autograd.
+    bool rows_path_applies(int64_t n, int64_t length, const torch::Tensor& x, const Rope& rope) const;
+    torch::Tensor forward_rows(const torch::Tensor& x, const torch::Tensor& x_rows, const BlockModulation& m,
+                               const Rope& rope, const torch::Tensor& active, const torch::Tensor& active_in_x,
+                               BlockLatents& latents);
 
     MdlmConfig cfg;
     NormNoBias norm1{nullptr}, norm2{nullptr};
@@ -187,6 +200,9 @@ struct MdlmBlockImpl : torch::nn::Module {
     // few_rows_linear), on the float32 backends, at or under the row count where it stops beating that backend; the
     // full sequence keeps the backend's bits.
     bool stream_few_rows = true;
+    // With stream_few_rows: forward_cached takes forward_rows where it applies (false: the general path's ops around
+    // the same streamed products; tests compare the two).
+    bool fuse_rows = true;
 };
 TORCH_MODULE(MdlmBlock);
 
@@ -271,6 +287,8 @@ public:
     kernels::GemmBackend gemm_backend() const { return output_layer->gemm; }
     // Every block's and the head's MdlmBlockImpl::stream_few_rows (false: every product on the backend's library).
     void set_stream_few_rows(bool on);
+    // Every block's MdlmBlockImpl::fuse_rows.
+    void set_fuse_rows(bool on);
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};
