@@ -1050,6 +1050,54 @@ TEST_CASE("mdlm cache: dual:masked=reuse computes only the block positions the a
     CHECK_THROWS_WITH(parse_cache_spec("dual:tau=0.5"), Catch::Contains("its keys: refresh, drift, decoded, masked"));
 }
 
+TEST_CASE("mdlm cache: stale_masked gives the block's [MASK] rows their own staleness", "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    auto so = confidence_options(35, 6);
+    so.rule = UnmaskRule::Ancestral;
+    so.temperature = 1;
+    so.block_length = 7;
+    const int64_t mask_stale = 2;
+    MdlmDenoiser den(m, parse_cache_spec("dual:masked=reuse,decoded=reuse,stale=100,stale_masked=2"));
+    std::vector<int64_t> before(so.prompt.begin(), so.prompt.end()), stored, stamp(40, 0);
+    before.resize(40, kMdlmMaskId);
+    int checked = 0, stale_masks = 0;
+    sample(den, so, [&](const StepInfo& info) {
+        const auto& after = *info.tokens;
+        if (info.unmasked > 0) {
+            const auto& ds = den.last_decisions();
+            if (ds.front().full) {
+                stored = before;
+                std::fill(stamp.begin(), stamp.end(), info.step);
+            } else {
+                const int64_t lo = 5 + info.block * 7, hi = lo + 7;
+                std::vector<bool> want(40, false);
+                for (int64_t p = lo; p < hi; ++p) {
+                    const bool asked = before[p] == kMdlmMaskId && after[p] != kMdlmMaskId;
+                    const bool old_mask = before[p] == kMdlmMaskId && info.step - stamp[p] > mask_stale;
+                    want[p] = asked || before[p] != stored[p] || old_mask;
+                    stale_masks += old_mask && !asked;
+                }
+                for (const auto& d : ds)
+                    for (int64_t p = 0; p < 40; ++p) CHECK(d.active[p].item<bool>() == want[p]);
+                for (int64_t p = 0; p < 40; ++p)
+                    if (want[p]) stored[p] = before[p], stamp[p] = info.step;
+                ++checked;
+            }
+        }
+        before = after;
+    });
+    CHECK(checked >= 10);
+    CHECK(stale_masks > 0);
+    // stale_masked equal to stale is the rule without it.
+    MdlmDenoiser same(m, parse_cache_spec("dual:masked=reuse,decoded=reuse,stale=3,stale_masked=3")),
+        plain(m, parse_cache_spec("dual:masked=reuse,decoded=reuse,stale=3"));
+    CHECK(sample(same, so).tokens == sample(plain, so).tokens);
+    CHECK(parse_cache_spec("dual:decoded=reuse,masked=reuse,stale_masked=16").to_string() ==
+          "dual:decoded=reuse,masked=reuse,stale_masked=16");
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:stale_masked=3"), Catch::Contains("prefix and dual"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:stale_masked=-1"), Catch::Contains("stale_masked=-1"));
+}
+
 namespace {
 // Logits of `other` (another kernel or library) within 1e-5 of `ref`'s on the first n positions of a fixed sequence.
 void check_logits_close(MdlmModel& ref, MdlmModel& other, int64_t n) {

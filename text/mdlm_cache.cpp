@@ -30,9 +30,11 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM prefix KV cache: the prompt and "
+       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM prefix KV cache: "
+          "the prompt and "
           "finished blocks are computed once per block\n"
-       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]: Fast-dLLM DualCache: the masked suffix is "
+       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM DualCache: the masked "
+          "suffix is "
           "cached too; only the current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
@@ -48,6 +50,8 @@ std::string cache_modes_help() {
        << "      (ancestral: the ones it unmasks now), the others keep their latents; compute: every one (default)\n"
        << "    stale: with decoded=reuse or masked=reuse, a reused position is computed again after S steps (default "
           "4)\n"
+       << "    stale_masked: with masked=reuse, the block's [MASK] positions are computed again after M steps "
+          "(default: stale)\n"
        << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
     return os.str();
 }
@@ -79,6 +83,7 @@ std::string CacheSpec::to_string() const {
         if (anchor.reuse_block_masks) os << sep << "masked=reuse", sep = ",";
         if ((anchor.reuse_decoded || anchor.reuse_block_masks) && anchor.stale != AnchorCacheSettings{}.stale)
             os << sep << "stale=" << anchor.stale;
+        if (anchor.reuse_block_masks && anchor.stale_masked >= 0) os << sep << "stale_masked=" << anchor.stale_masked;
         return os.str();
     }
     std::ostringstream os;
@@ -122,9 +127,12 @@ CacheSpec parse_cache_spec(const std::string& s) {
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        if (block_mode && k != "refresh" && k != "drift" && k != "decoded" && k != "masked" && k != "stale")
+        if (block_mode && k != "refresh" && k != "drift" && k != "decoded" && k != "masked" && k != "stale" &&
+            k != "stale_masked")
             throw ParamError("cache", "option '" + k + "' is unknown for " + head +
-                                          " (its keys: refresh, drift, decoded, masked, stale)");
+                                          " (its keys: refresh, drift, decoded, masked, stale, stale_masked)");
+        if (!block_mode && k == "stale_masked")
+            throw ParamError("cache", "option stale_masked is for prefix and dual (block caches), not " + head);
         if (!block_mode && (k == "drift" || k == "decoded"))
             throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
@@ -151,6 +159,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.stale = integer(0);
         else if (k == "stale_high")
             spec.anchor.stale_high = integer(0);
+        else if (k == "stale_masked")
+            spec.anchor.stale_masked = integer(0);
         else if (k == "rho")
             spec.anchor.rho = num(0.0, 1.0);
         else if (k == "refresh")
@@ -407,8 +417,14 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
             // decoded=reuse: of the block, only its masks and the positions whose cached rows were computed with
             // another token (decoded since) or have gone stale.
             if (!dec.full && (a.reuse_decoded || a.reuse_block_masks)) {
+                auto fresh = rows.fresh;
+                if (a.reuse_block_masks && a.stale_masked >= 0 && a.stale_masked != stale) {
+                    const auto stamps = *store_.row_steps(key(l, MdlmSlot::Token));
+                    fresh = torch::where(ids == mask_id, cache::LatentCache::rows_fresh(stamps, step, a.stale_masked),
+                                         fresh);
+                }
                 auto keep =
-                    rule_active_fresh(ids, rows.fresh, read(l, MdlmSlot::Token), mask_id, false, !a.reuse_block_masks);
+                    rule_active_fresh(ids, fresh, read(l, MdlmSlot::Token), mask_id, false, !a.reuse_block_masks);
                 // decoded=compute: every decoded position of the block stays active; masked=compute: every mask.
                 if (!a.reuse_decoded) keep |= ids.ne(mask_id);
                 active &= keep;

@@ -88,6 +88,10 @@ struct AnchorCacheSettings {
     // context does, as for the suffix that DualCache already keeps (the anchor rule's masked=reuse applied inside
     // the block).
     bool reuse_block_masks = false;
+    // prefix/dual `masked=reuse`: the staleness of the block's [MASK] rows (-1: `stale`, as every other row). A mask's
+    // input never changes within a block; only the keys and values others read from it age, and DualCache keeps the
+    // suffix's masks for a whole block.
+    int64_t stale_masked = -1;
 };
 
 struct CacheSpec {

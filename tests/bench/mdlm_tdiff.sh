@@ -13,6 +13,7 @@
 #   stream    masked=reuse with a cached step's few rows streamed through the weights (kernels::few_rows_linear)
 #   stream_stale  stale 5 and 6 in that setting, on LibTorch and oneDNN
 #   stream_onednn  the same with off on oneDNN too (one library on both sides)
+#   stale_masked  the block's [MASK] rows and its decoded rows on separate staleness (stale_masked=), one library
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
@@ -92,7 +93,7 @@ for s in "${@:-default fast random768}"; do
         done; done; } | tee "$R/mdlm_gemm_backends_$D.txt" ;;
     stream)
       # A cached step's few rows through kernels::few_rows_linear (the weights streamed once; the default on LibTorch
-      # up to 64 rows, on oneDNN up to 6); off keeps LibTorch's bits. stale=8 and the oneDNN library beside.
+      # up to 64 rows, on oneDNN up to 32, AVX-512); off keeps LibTorch's bits. stale=8 and the oneDNN library beside.
       run stream_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
         --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G \
         --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
@@ -111,6 +112,14 @@ for s in "${@:-default fast random768}"; do
         --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G --gemm onednn \
         --cache dual:decoded=reuse,masked=reuse --cache dual:decoded=reuse,masked=reuse,stale=8 \
         --json $R/mdlm_stream_onednn_L256_$D.json --plot $R/mdlm_stream_onednn_L256_$D.png --overwrite ;;
+    stale_masked)
+      # Masks and decoded rows of the block on their own staleness, off and the modes on oneDNN (one library).
+      run stale_masked_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G --gemm onednn \
+        --cache dual:decoded=reuse,masked=reuse,stale_masked=12 --cache dual:decoded=reuse,masked=reuse,stale=8,stale_masked=4 \
+        --cache dual:decoded=reuse,masked=reuse,stale=16,stale_masked=4 --cache dual:decoded=reuse,masked=reuse,stale=32,stale_masked=5 \
+        --cache dual:decoded=reuse,masked=reuse,stale=32,stale_masked=6 \
+        --json $R/mdlm_stale_masked_L256_$D.json --plot $R/mdlm_stale_masked_L256_$D.png --overwrite ;;
     rows)
       # The linear layers alone at a cached step's row counts (tests/bench/linear_rows_bench.cpp), kjv-mdlm's shapes.
       { echo "# command: OMP_NUM_THREADS=1 ./build/tests/linear_rows_bench 384 8 9"; echo "# date: $(date -u) load: $(cat /proc/loadavg)"
