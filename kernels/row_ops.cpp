@@ -300,6 +300,69 @@ torch::Tensor few_query_attention(const torch::Tensor& q_in, const torch::Tensor
     return out;
 }
 
+// ---- GELU -----------------------------------------------------------------------------------------------------------
+
+namespace {
+constexpr float kGeluC = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+// 2u is clamped to +-60: tanh is +-1 in float32 well before, and e^60 stays finite.
+constexpr float kTwoUMax = 60.f;
+
+void gelu_portable(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        x[i] = 0.5f * v * (1.f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void gelu_avx2(float* x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+        __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(2.f * kGeluC), _mm256_fmadd_ps(_mm256_set1_ps(kGeluA), v3, v));
+        u2 = _mm256_min_ps(_mm256_max_ps(u2, _mm256_set1_ps(-kTwoUMax)), _mm256_set1_ps(kTwoUMax));
+        const __m256 e = simd::exp_ps(u2);
+        const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.f),
+                                       _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
+        _mm256_storeu_ps(x + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.f), t)));
+    }
+    gelu_portable(x + i, n - i);
+}
+
+__attribute__((target("avx512f"))) void gelu_avx512(float* x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+        __m512 u2 = _mm512_mul_ps(_mm512_set1_ps(2.f * kGeluC), _mm512_fmadd_ps(_mm512_set1_ps(kGeluA), v3, v));
+        u2 = _mm512_min_ps(_mm512_max_ps(u2, _mm512_set1_ps(-kTwoUMax)), _mm512_set1_ps(kTwoUMax));
+        const __m512 e = simd::exp_ps(u2);
+        const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.f),
+                                       _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+        _mm512_storeu_ps(x + i,
+                         _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.f), t)));
+    }
+    gelu_avx2(x + i, n - i);
+}
+#endif
+} // namespace
+
+void gelu_tanh_(torch::Tensor& x, SimdPath path) {
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous(),
+                "gelu_tanh_: a contiguous float32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
+    float* p = x.data_ptr<float>();
+    const int64_t n = x.numel();
+#if defined(__x86_64__)
+    if (path == SimdPath::Best && gemv_uses_avx512()) return gelu_avx512(p, n);
+    if (path != SimdPath::Portable && avx2_ok()) return gelu_avx2(p, n);
+#endif
+    (void)path;
+    gelu_portable(p, n);
+}
+
 torch::Tensor few_query_attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                         double scale) {
     auto p = torch::softmax(torch::matmul(q, k.transpose(1, 2)) * scale, -1); // [H, n, M]

@@ -33,6 +33,12 @@ torch::Tensor modulated_norm_rows_torch(const torch::Tensor& x, const torch::Ten
 bool few_query_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 torch::Tensor few_query_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                   SimdPath path = SimdPath::Best);
+// GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016), in
+// place on a contiguous float32 CPU tensor: tanh(u) = 1 - 2 / (e^(2u) + 1) with the Cephes exponential of
+// kernels/simd_math.h (AVX-512 or AVX2/FMA; the portable path std::tanh). Within ~1e-6 of torch::gelu(x, "tanh")
+// relative to max(1, |x|); LibTorch's vectorised tanh costs ~10x more per element.
+void gelu_tanh_(torch::Tensor& x, SimdPath path = SimdPath::Best);
+
 // The reference: matmul, softmax, matmul, heads merged.
 torch::Tensor few_query_attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                         double scale);

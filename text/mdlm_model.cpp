@@ -407,7 +407,8 @@ torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::T
         auto h2 = kernels::modulated_norm_rows(y[0], active_in_x, norm2->weight, m.scale2, m.shift2, cfg.norm_eps);
         const auto& up = *mlp[0]->as<torch::nn::Linear>();
         const auto& down = *mlp[2]->as<torch::nn::Linear>();
-        auto act = mlp[1]->as<torch::nn::Functional>()->forward(kernels::few_rows_linear(h2, up.weight, up.bias));
+        auto act = kernels::few_rows_linear(h2, up.weight, up.bias); // the MLP's GELU (tanh form), in place
+        kernels::gelu_tanh_(act);
         latents.write(BlockLatent::Ffn, active, kernels::few_rows_linear(act, down.weight, down.bias));
     }
     return y.addcmul_(m.gate_ffn, branch(BlockLatent::Ffn));
