@@ -54,7 +54,7 @@ echo
 # between the refreshes at each block's first step, and with decoded=reuse,masked=reuse only the positions being
 # decoded and the just-decoded ones: the fastest setting measured within 5 % gen-PPL and 2 % entropy of off. Its
 # linear layers run on oneDNN (+gemm=onednn), which gave the same tokens as LibTorch's on every measured prompt. Length
-# 256, the length the text-diffusion figures are quoted at (tests/bench/results/mdlm_gemm_modes_L256_*).
+# 256, the length the text-diffusion figures are quoted at (tests/bench/results/mdlm_stream_L256_*).
 "$bin/anchor-text" diffusion generate -p "And God said unto Moses," -s 7 --length 256 --steps 192 --block-length 32 \
   --compare off,dual:decoded=reuse,masked=reuse+gemm=onednn --score-with assets/models/kjv-gpt2
 
