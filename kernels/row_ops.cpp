@@ -18,8 +18,8 @@ namespace {
 // D values of a [..., D] tensor with a unit last stride (a modulation chunk [1, 1, D] is a view into [1, 1, kD]).
 const float* vector_of(const torch::Tensor& t, int64_t D, const char* what) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.numel() == D && t.stride(-1) == 1,
-                "modulated_norm_rows: ", what, " must hold ", D, " float32 values with a unit last stride, got ",
-                t.sizes(), " ", t.scalar_type());
+                "row ops: ", what, " must hold ", D, " float32 values with a unit last stride, got ", t.sizes(), " ",
+                t.scalar_type());
     return t.data_ptr<float>();
 }
 
@@ -60,6 +60,33 @@ torch::Tensor modulated_norm_rows_torch(const torch::Tensor& x, const torch::Ten
     const int64_t D = x.size(1);
     auto xr = rows.defined() ? x.index_select(0, rows) : x;
     return torch::layer_norm(xr, {D}, weight.reshape({D}), {}, eps) * (1 + scale.reshape({D})) + shift.reshape({D});
+}
+
+void gated_add_rows(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& branch,
+                    const torch::Tensor& rows, const torch::Tensor& out) {
+    TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
+                    out.sizes() == x.sizes() && out.is_contiguous() && out.scalar_type() == torch::kFloat &&
+                    branch.dim() == 2 && branch.is_contiguous() && branch.scalar_type() == torch::kFloat &&
+                    branch.size(1) == x.size(1),
+                "gated_add_rows: x and out [u, D], branch [L, D], contiguous float32, got x ", x.sizes(), ", out ",
+                out.sizes(), ", branch ", branch.sizes());
+    const int64_t u = x.size(0), D = x.size(1), L = branch.size(0);
+    const bool all = !rows.defined();
+    TORCH_CHECK(
+        all ? u == L
+            : (rows.dim() == 1 && rows.size(0) == u && rows.scalar_type() == torch::kInt64 && rows.is_contiguous()),
+        "gated_add_rows: rows must be int64 [", u, "]");
+    const float* g = vector_of(gate, D, "gate");
+    const float *xp = x.data_ptr<float>(), *bp = branch.data_ptr<float>();
+    const int64_t* rp = all ? nullptr : rows.data_ptr<int64_t>();
+    float* op = out.data_ptr<float>();
+    for (int64_t i = 0; i < u; ++i) {
+        const int64_t r = all ? i : rp[i];
+        TORCH_CHECK(r >= 0 && r < L, "gated_add_rows: row ", r, " out of range [0, ", L, ")");
+        const float *xi = xp + i * D, *bi = bp + r * D;
+        float* oi = op + i * D;
+        for (int64_t c = 0; c < D; ++c) oi[c] = xi[c] + g[c] * bi[c];
+    }
 }
 
 // ---- attention ------------------------------------------------------------------------------------------------------

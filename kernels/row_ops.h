@@ -25,6 +25,13 @@ torch::Tensor modulated_norm_rows(const torch::Tensor& x, const torch::Tensor& r
 torch::Tensor modulated_norm_rows_torch(const torch::Tensor& x, const torch::Tensor& rows, const torch::Tensor& weight,
                                         const torch::Tensor& scale, const torch::Tensor& shift, double eps);
 
+// out[i] = x[i] + gate * branch[rows[i]]: a gated residual of an adaLN block whose branch output is cached for the
+// whole sequence and x holds some of its positions. x and out [u, D] contiguous (out may be x), gate D values with a
+// unit last stride, branch [L, D] contiguous, rows int64 [u] (undefined: row i of branch, u = L). One pass instead of a
+// gather, a product and a sum.
+void gated_add_rows(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& branch,
+                    const torch::Tensor& rows, const torch::Tensor& out);
+
 // out[i, h*d : (h+1)*d] = sum_j softmax_j(scale * q[h, i] . k[h, j]) v[h, j] (Vaswani et al. 2017, eq. 1) for a few
 // queries: q [H, n, d], k and v [H, M, d], each with a unit last stride; returns [n, H*d], the heads side by side as
 // the output projection takes them. Bidirectional (no mask). The AVX2/FMA path scores eight keys per pass (one

@@ -94,3 +94,25 @@ TEST_CASE("row ops: GELU (tanh form) in place agrees with LibTorch's on every pa
     auto strided = torch::randn({4, 6}).t();
     CHECK_THROWS_WITH(kernels::gelu_tanh_(strided), Catch::Contains("contiguous"));
 }
+
+TEST_CASE("row ops: the gated residual of some rows is x + gate * branch[rows]", "[rowops]") {
+    torch::NoGradGuard ng;
+    const int64_t L = 19, D = 24;
+    auto branch = torch::randn({L, D});
+    auto gate = torch::randn({1, 1, 3 * D}).chunk(3, -1)[1];
+    for (int64_t u : {int64_t(1), int64_t(5), L}) {
+        CAPTURE(u);
+        auto x = torch::randn({u, D});
+        const auto rows = u == L ? torch::Tensor() : torch::randperm(L, torch::kInt64).narrow(0, 0, u).contiguous();
+        const auto picked = rows.defined() ? branch.index_select(0, rows) : branch;
+        const auto ref = x + gate.reshape({D}) * picked;
+        auto out = torch::empty_like(x);
+        kernels::gated_add_rows(x, gate, branch, rows, out);
+        CHECK(test::max_abs_diff(out, ref) <= 1e-6 * std::max(1.0, ref.abs().max().item<double>()));
+        kernels::gated_add_rows(x, gate, branch, rows, x); // in place
+        CHECK(test::max_abs_diff(x, ref) <= 1e-6 * std::max(1.0, ref.abs().max().item<double>()));
+    }
+    auto x = torch::randn({2, D});
+    CHECK_THROWS_WITH(kernels::gated_add_rows(x, gate, branch, torch::tensor({0, 40}, torch::kInt64), x),
+                      Catch::Contains("row 40 out of range"));
+}

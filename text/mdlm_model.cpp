@@ -384,11 +384,6 @@ bool MdlmBlockImpl::rows_path_applies(int64_t n, int64_t length, const torch::Te
 torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::Tensor& x_rows, const BlockModulation& m,
                                           const Rope& rope, const torch::Tensor& active,
                                           const torch::Tensor& active_in_x, BlockLatents& latents) {
-    // The cached branch rows of x's positions (all of them when x is the whole sequence).
-    auto branch = [&](BlockLatent which) {
-        auto t = latents.read(which);
-        return (x_rows.defined() ? t.index_select(0, x_rows) : t).unsqueeze(0);
-    };
     if (active.size(0) > 0) {
         auto h = kernels::modulated_norm_rows(x[0], active_in_x, norm1->weight, m.scale1, m.shift1, cfg.norm_eps);
         torch::Tensor q, k, v;
@@ -402,7 +397,14 @@ torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::T
                      : kernels::few_query_attention_torch(q, keys, values, scale);
         latents.write(BlockLatent::Attn, active, kernels::few_rows_linear(o, attn_out->weight));
     }
-    auto y = torch::addcmul(x, m.gate_attn, branch(BlockLatent::Attn));
+    // The gated residuals, the cached branch rows of x's positions (all of them when x is the whole sequence); a store
+    // holding float16 (fp16=1) is read as float32.
+    auto branch = [&](BlockLatent which) {
+        auto t = latents.read(which);
+        return t.scalar_type() == torch::kFloat && t.is_contiguous() ? t : t.to(torch::kFloat).contiguous();
+    };
+    auto y = torch::empty_like(x);
+    kernels::gated_add_rows(x[0], m.gate_attn, branch(BlockLatent::Attn), x_rows, y[0]);
     if (active.size(0) > 0) {
         auto h2 = kernels::modulated_norm_rows(y[0], active_in_x, norm2->weight, m.scale2, m.shift2, cfg.norm_eps);
         const auto& up = *mlp[0]->as<torch::nn::Linear>();
@@ -411,7 +413,8 @@ torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::T
         kernels::gelu_tanh_(act);
         latents.write(BlockLatent::Ffn, active, kernels::few_rows_linear(act, down.weight, down.bias));
     }
-    return y.addcmul_(m.gate_ffn, branch(BlockLatent::Ffn));
+    kernels::gated_add_rows(y[0], m.gate_ffn, branch(BlockLatent::Ffn), x_rows, y[0]);
+    return y;
 }
 
 torch::Tensor MdlmBlockImpl::forward_cached(const torch::Tensor& x, const BlockModulation& m, const Rope& rope,
