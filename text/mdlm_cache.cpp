@@ -30,12 +30,10 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM prefix KV cache: "
-          "the prompt and "
-          "finished blocks are computed once per block\n"
-       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM DualCache: the masked "
-          "suffix is "
-          "cached too; only the current block is computed\n"
+       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM prefix KV cache:\n"
+       << "  the prompt and finished blocks are computed once per block\n"
+       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM DualCache:\n"
+       << "  the masked suffix is cached too; only the current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
           "moves\n"
