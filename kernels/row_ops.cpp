@@ -343,37 +343,24 @@ void gelu_portable(float* x, int64_t n) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void gelu_avx2(float* x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 v3 = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
-        __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(2.f * kGeluC), _mm256_fmadd_ps(_mm256_set1_ps(kGeluA), v3, v));
-        u2 = _mm256_min_ps(_mm256_max_ps(u2, _mm256_set1_ps(-kTwoUMax)), _mm256_set1_ps(kTwoUMax));
-        const __m256 e = simd::exp_ps(u2);
-        const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.f),
-                                       _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
-        _mm256_storeu_ps(x + i,
-                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.f), t)));
+// One vector width: V the vector type, P its intrinsics' prefix, W its lanes; the last n mod W values go to TAIL.
+#define ANCHOR_GELU(TARGET, NAME, V, P, W, TAIL)                                                                       \
+    __attribute__((target(TARGET))) void NAME(float* x, int64_t n) {                                                   \
+        int64_t i = 0;                                                                                                 \
+        for (; i + W <= n; i += W) {                                                                                   \
+            const V v = P##_loadu_ps(x + i);                                                                           \
+            const V u = P##_fmadd_ps(P##_set1_ps(kGeluA), P##_mul_ps(P##_mul_ps(v, v), v), v);                         \
+            const V u2 = P##_min_ps(P##_max_ps(P##_mul_ps(P##_set1_ps(2.f * kGeluC), u), P##_set1_ps(-kTwoUMax)),      \
+                                    P##_set1_ps(kTwoUMax));                                                            \
+            const V one = P##_set1_ps(1.f);                                                                            \
+            const V t = P##_sub_ps(one, P##_div_ps(P##_set1_ps(2.f), P##_add_ps(simd::exp_ps(u2), one)));              \
+            P##_storeu_ps(x + i, P##_mul_ps(P##_mul_ps(P##_set1_ps(0.5f), v), P##_add_ps(one, t)));                    \
+        }                                                                                                              \
+        TAIL(x + i, n - i);                                                                                            \
     }
-    gelu_portable(x + i, n - i);
-}
-
-__attribute__((target("avx512f"))) void gelu_avx512(float* x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
-        __m512 u2 = _mm512_mul_ps(_mm512_set1_ps(2.f * kGeluC), _mm512_fmadd_ps(_mm512_set1_ps(kGeluA), v3, v));
-        u2 = _mm512_min_ps(_mm512_max_ps(u2, _mm512_set1_ps(-kTwoUMax)), _mm512_set1_ps(kTwoUMax));
-        const __m512 e = simd::exp_ps(u2);
-        const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.f),
-                                       _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
-        _mm512_storeu_ps(x + i,
-                         _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.f), t)));
-    }
-    gelu_avx2(x + i, n - i);
-}
+ANCHOR_GELU("avx2,fma", gelu_avx2, __m256, _mm256, 8, gelu_portable)
+ANCHOR_GELU("avx512f", gelu_avx512, __m512, _mm512, 16, gelu_avx2)
+#undef ANCHOR_GELU
 #endif
 } // namespace
 
