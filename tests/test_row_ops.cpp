@@ -12,6 +12,7 @@ using namespace anchor::kernels;
 
 TEST_CASE("row ops: the modulated norm of a few rows is LayerNorm, scale and shift", "[rowops]") {
     torch::NoGradGuard ng;
+    torch::manual_seed(3);
     std::mt19937 rng(5);
     for (int trial = 0; trial < 12; ++trial) {
         const int64_t D = std::vector<int64_t>{3, 7, 32, 384}[size_t(trial % 4)], L = 3 + trial;
@@ -40,6 +41,7 @@ TEST_CASE("row ops: the modulated norm of a few rows is LayerNorm, scale and shi
 
 TEST_CASE("row ops: few-query attention agrees with matmul-softmax-matmul on every path", "[rowops]") {
     torch::NoGradGuard ng;
+    torch::manual_seed(4);
     std::vector<SimdPath> paths{SimdPath::Portable};
     if (cpu_features().avx2 && cpu_features().fma) paths.insert(paths.begin(), {SimdPath::Best, SimdPath::Avx2});
     std::mt19937 rng(11);
@@ -62,9 +64,10 @@ TEST_CASE("row ops: few-query attention agrees with matmul-softmax-matmul on eve
             CAPTURE(int(p));
             const auto got = few_query_attention(q, k, v, scale, p);
             REQUIRE(got.sizes() == torch::IntArrayRef{n, H * d});
-            CHECK(test::max_abs_diff(got, ref) <= 2e-6 * std::max(1.0, ref.abs().max().item<double>()));
+            // Float32 sums over up to 256 keys in another order (the portable path: one running sum).
+            CHECK(test::max_abs_diff(got, ref) <= 1e-5 * std::max(1.0, ref.abs().max().item<double>()));
             const auto got_s = few_query_attention(qs, ks, vs, scale, p);
-            CHECK(test::max_abs_diff(got_s, ref_s) <= 2e-6 * std::max(1.0, ref_s.abs().max().item<double>()));
+            CHECK(test::max_abs_diff(got_s, ref_s) <= 1e-5 * std::max(1.0, ref_s.abs().max().item<double>()));
         }
     }
     CHECK_FALSE(few_query_attention_applies(torch::randn({2, 3, 8}), torch::randn({2, 4, 8}),
@@ -76,6 +79,7 @@ TEST_CASE("row ops: few-query attention agrees with matmul-softmax-matmul on eve
 
 TEST_CASE("row ops: GELU (tanh form) in place agrees with LibTorch's on every path", "[rowops]") {
     torch::NoGradGuard ng;
+    torch::manual_seed(5);
     std::vector<SimdPath> paths{SimdPath::Portable};
     if (cpu_features().avx2 && cpu_features().fma) paths.insert(paths.begin(), {SimdPath::Best, SimdPath::Avx2});
     // Lengths around the 8- and 16-lane vectors; values from tiny to saturated (and past e^60 in 2u).
@@ -97,6 +101,7 @@ TEST_CASE("row ops: GELU (tanh form) in place agrees with LibTorch's on every pa
 
 TEST_CASE("row ops: the gated residual of some rows is x + gate * branch[rows]", "[rowops]") {
     torch::NoGradGuard ng;
+    torch::manual_seed(6);
     const int64_t L = 19, D = 24;
     auto branch = torch::randn({L, D});
     auto gate = torch::randn({1, 1, 3 * D}).chunk(3, -1)[1];
