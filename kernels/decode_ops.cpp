@@ -118,7 +118,10 @@ void layer_norm_row(const float* x, const float* g, const float* b, float* y, in
     for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
     var /= double(n);
     const float inv = static_cast<float>(1.0 / std::sqrt(var + eps)), mf = static_cast<float>(mean);
-    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mf) * inv * g[i] + b[i];
+    if (b)
+        for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mf) * inv * g[i] + b[i];
+    else
+        for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mf) * inv * g[i];
 }
 
 void gelu_tanh_row_ref(float* x, int64_t n) {

@@ -9,7 +9,8 @@
 
 namespace anchor::kernels {
 
-// y = (x - mean) / sqrt(var + eps) * g + b over n values (biased variance, as torch::layer_norm). y may be x.
+// y = (x - mean) / sqrt(var + eps) * g + b over n values (biased variance, as torch::layer_norm). y may be x; b may
+// be null (no bias).
 void layer_norm_row(const float* x, const float* g, const float* b, float* y, int64_t n, float eps);
 
 // In place: GELU with the tanh approximation (Hendrycks & Gimpel 2016; GPT-2's gelu_new) or the erf form.

@@ -1,6 +1,6 @@
 #include "kernels/row_ops.h"
 
-#include "kernels/cpu_features.h"
+#include "kernels/decode_ops.h"
 #include "kernels/simd_math.h"
 
 #include <algorithm>
@@ -43,14 +43,9 @@ torch::Tensor modulated_norm_rows(const torch::Tensor& x, const torch::Tensor& r
     for (int64_t i = 0; i < n; ++i) {
         const int64_t r = all ? i : idx[i];
         TORCH_CHECK(r >= 0 && r < L, "modulated_norm_rows: row ", r, " out of range [0, ", L, ")");
-        const float* xr = xp + r * x.stride(0);
-        double sum = 0, sq = 0;
-        for (int64_t c = 0; c < D; ++c) sum += xr[c];
-        const double mean = sum / double(D);
-        for (int64_t c = 0; c < D; ++c) sq += (xr[c] - mean) * (xr[c] - mean);
-        const float m = float(mean), rstd = float(1.0 / std::sqrt(sq / double(D) + eps));
         float* o = op + i * D;
-        for (int64_t c = 0; c < D; ++c) o[c] = (xr[c] - m) * rstd * w[c] * (1.f + sc[c]) + sh[c];
+        layer_norm_row(xp + r * x.stride(0), w, nullptr, o, D, static_cast<float>(eps));
+        for (int64_t c = 0; c < D; ++c) o[c] = o[c] * (1.f + sc[c]) + sh[c];
     }
     return out;
 }
@@ -258,11 +253,6 @@ __attribute__((target("avx512f"))) void weighted_sum_avx512(const HeadArgs& a, c
 }
 #endif
 
-bool avx2_ok() {
-    const auto& f = cpu_features();
-    return f.avx2 && f.fma;
-}
-
 } // namespace
 
 bool few_query_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -286,7 +276,7 @@ torch::Tensor few_query_attention(const torch::Tensor& q_in, const torch::Tensor
         return t.stride(1) == t.size(2) || t.size(1) == 1 ? t : t.contiguous();
     };
     const torch::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in);
-    const bool avx2 = path != SimdPath::Portable && d % 8 == 0 && avx2_ok();
+    const bool avx2 = path != SimdPath::Portable && d % 8 == 0 && gemv_uses_avx2();
     const bool avx512 = avx2 && path == SimdPath::Best && d % 16 == 0 && gemv_uses_avx512();
     const bool parallel = H > 1 && H * n * M * d >= (int64_t(1) << 18);
 #pragma omp parallel if (parallel)
@@ -325,56 +315,6 @@ torch::Tensor few_query_attention(const torch::Tensor& q_in, const torch::Tensor
     }
     (void)avx512;
     return out;
-}
-
-// ---- GELU -----------------------------------------------------------------------------------------------------------
-
-namespace {
-constexpr float kGeluC = 0.7978845608028654f; // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-// 2u is clamped to +-60: tanh is +-1 in float32 well before, and e^60 stays finite.
-constexpr float kTwoUMax = 60.f;
-
-void gelu_portable(float* x, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i];
-        x[i] = 0.5f * v * (1.f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
-    }
-}
-
-#if defined(__x86_64__)
-// One vector width: V the vector type, P its intrinsics' prefix, W its lanes; the last n mod W values go to TAIL.
-#define ANCHOR_GELU(TARGET, NAME, V, P, W, TAIL)                                                                       \
-    __attribute__((target(TARGET))) void NAME(float* x, int64_t n) {                                                   \
-        int64_t i = 0;                                                                                                 \
-        for (; i + W <= n; i += W) {                                                                                   \
-            const V v = P##_loadu_ps(x + i);                                                                           \
-            const V u = P##_fmadd_ps(P##_set1_ps(kGeluA), P##_mul_ps(P##_mul_ps(v, v), v), v);                         \
-            const V u2 = P##_min_ps(P##_max_ps(P##_mul_ps(P##_set1_ps(2.f * kGeluC), u), P##_set1_ps(-kTwoUMax)),      \
-                                    P##_set1_ps(kTwoUMax));                                                            \
-            const V one = P##_set1_ps(1.f);                                                                            \
-            const V t = P##_sub_ps(one, P##_div_ps(P##_set1_ps(2.f), P##_add_ps(simd::exp_ps(u2), one)));              \
-            P##_storeu_ps(x + i, P##_mul_ps(P##_mul_ps(P##_set1_ps(0.5f), v), P##_add_ps(one, t)));                    \
-        }                                                                                                              \
-        TAIL(x + i, n - i);                                                                                            \
-    }
-ANCHOR_GELU("avx2,fma", gelu_avx2, __m256, _mm256, 8, gelu_portable)
-ANCHOR_GELU("avx512f", gelu_avx512, __m512, _mm512, 16, gelu_avx2)
-#undef ANCHOR_GELU
-#endif
-} // namespace
-
-void gelu_tanh_(torch::Tensor& x, SimdPath path) {
-    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous(),
-                "gelu_tanh_: a contiguous float32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
-    float* p = x.data_ptr<float>();
-    const int64_t n = x.numel();
-#if defined(__x86_64__)
-    if (path == SimdPath::Best && gemv_uses_avx512()) return gelu_avx512(p, n);
-    if (path != SimdPath::Portable && avx2_ok()) return gelu_avx2(p, n);
-#endif
-    (void)path;
-    gelu_portable(p, n);
 }
 
 torch::Tensor few_query_attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -17,8 +17,8 @@ namespace anchor::kernels {
 
 // out[i] = LayerNorm(x[rows[i]]) * weight * (1 + scale) + shift: the modulated norm of an adaLN block (DiT, Peebles &
 // Xie 2023, eq. "adaLN"), without the norm's bias. x [L, D] with unit-stride rows; rows int64 [n] (undefined: every
-// row); weight, scale and shift hold D values with a unit last stride (the [1, 1, D] chunks of a modulation). The mean
-// and variance are summed in double. Returns [n, D].
+// row); weight, scale and shift hold D values with a unit last stride (the [1, 1, D] chunks of a modulation). The norm
+// is kernels::layer_norm_row's (mean and variance summed in double). Returns [n, D].
 torch::Tensor modulated_norm_rows(const torch::Tensor& x, const torch::Tensor& rows, const torch::Tensor& weight,
                                   const torch::Tensor& scale, const torch::Tensor& shift, double eps);
 // The same through torch ops (index_select, layer_norm, mul, add): the reference.
@@ -40,12 +40,6 @@ void gated_add_rows(const torch::Tensor& x, const torch::Tensor& gate, const tor
 bool few_query_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 torch::Tensor few_query_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                                   SimdPath path = SimdPath::Best);
-// GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016), in
-// place on a contiguous float32 CPU tensor: tanh(u) = 1 - 2 / (e^(2u) + 1) with the Cephes exponential of
-// kernels/simd_math.h (AVX-512 or AVX2/FMA; the portable path std::tanh). Within ~1e-6 of torch::gelu(x, "tanh")
-// relative to max(1, |x|); LibTorch's vectorised tanh costs ~10x more per element.
-void gelu_tanh_(torch::Tensor& x, SimdPath path = SimdPath::Best);
-
 // The reference: matmul, softmax, matmul, heads merged.
 torch::Tensor few_query_attention_torch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                         double scale);

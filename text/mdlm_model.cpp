@@ -7,6 +7,7 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "kernels/attention.h"
+#include "kernels/decode_ops.h"
 #include "kernels/gemv.h"
 #include "kernels/row_ops.h"
 
@@ -153,6 +154,20 @@ Rope Rope::select(const torch::Tensor& positions) const {
     return {cos.index_select(0, positions), sin.index_select(0, positions)};
 }
 
+// One head row of the rotate-half rotary embedding, (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin
+// repeated over the halves: x's d values `stride` apart, c and sn the position's cos/sin rows, o d contiguous values.
+// The same two products and one sum per element as the tensor expression in apply_rope, so the same bits.
+static void rope_row(const float* x, int64_t stride, const float* c, const float* sn, float* o, int64_t d) {
+    const int64_t h = d / 2;
+    for (int64_t j = 0; j < h; ++j) {
+        const float x1 = x[j * stride], x2 = x[(j + h) * stride];
+        const float a = x1 * c[j], b = -x2 * sn[j];
+        o[j] = a + b;
+        const float a2 = x2 * c[j + h], b2 = x1 * sn[j + h];
+        o[j + h] = a2 + b2;
+    }
+}
+
 static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
     // x [B, H, n, d]; rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin repeated over halves.
     // float32 on the CPU: one pass over x (it is a strided view of the fused qkv projection) with the same two
@@ -165,23 +180,15 @@ static torch::Tensor apply_rope(const torch::Tensor& x, const Rope& r) {
                        r.sin.is_contiguous();
     if (plain) {
         auto out = torch::empty(x.sizes(), x.options());
-        const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3), h = d / 2;
+        const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
         const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2), s3 = x.stride(3);
         const float *xp = x.data_ptr<float>(), *cp = r.cos.data_ptr<float>(), *sp = r.sin.data_ptr<float>();
         float* op = out.data_ptr<float>();
         for (int64_t b = 0; b < B; ++b)
             for (int64_t hh = 0; hh < H; ++hh)
                 for (int64_t i = 0; i < n; ++i) {
-                    const float* xi = xp + b * s0 + hh * s1 + i * s2;
-                    const float *c = cp + i * d, *sn = sp + i * d;
-                    float* o = op + ((b * H + hh) * n + i) * d;
-                    for (int64_t j = 0; j < h; ++j) {
-                        const float x1 = xi[j * s3], x2 = xi[(j + h) * s3];
-                        const float a = x1 * c[j], bb = -x2 * sn[j];
-                        o[j] = a + bb;
-                        const float a2 = x2 * c[j + h], b2 = x1 * sn[j + h];
-                        o[j + h] = a2 + b2;
-                    }
+                    rope_row(xp + b * s0 + hh * s1 + i * s2, s3, cp + i * d, sp + i * d,
+                             op + ((b * H + hh) * n + i) * d, d);
                 }
         return out;
     }
@@ -337,7 +344,7 @@ namespace {
 // with the rows `pos` of the whole sequence's cos/sin [L, d] (apply_rope's products and sums, per element).
 void split_rope_rows(const torch::Tensor& t, const Rope& rope, const torch::Tensor& pos, int64_t H, torch::Tensor& q,
                      torch::Tensor& k, torch::Tensor& v) {
-    const int64_t n = t.size(0), D = t.size(1) / 3, d = D / H, half = d / 2;
+    const int64_t n = t.size(0), D = t.size(1) / 3, d = D / H;
     q = torch::empty({H, n, d}, t.options());
     k = torch::empty({H, n, d}, t.options());
     v = torch::empty({H, n, d}, t.options());
@@ -348,17 +355,8 @@ void split_rope_rows(const torch::Tensor& t, const Rope& rope, const torch::Tens
         const float *c = cp + pp[i] * d, *sn = sp + pp[i] * d;
         for (int64_t h = 0; h < H; ++h) {
             const int64_t o = (h * n + i) * d;
-            for (int a = 0; a < 2; ++a) {
-                const float* x = tp + i * 3 * D + a * D + h * d;
-                float* out = (a == 0 ? qp : kp) + o;
-                for (int64_t j = 0; j < half; ++j) {
-                    const float x1 = x[j], x2 = x[j + half];
-                    const float p1 = x1 * c[j], p2 = -x2 * sn[j];
-                    out[j] = p1 + p2;
-                    const float p3 = x2 * c[j + half], p4 = x1 * sn[j + half];
-                    out[j + half] = p3 + p4;
-                }
-            }
+            rope_row(tp + i * 3 * D + h * d, 1, c, sn, qp + o, d);
+            rope_row(tp + i * 3 * D + D + h * d, 1, c, sn, kp + o, d);
             std::copy(tp + i * 3 * D + 2 * D + h * d, tp + i * 3 * D + 2 * D + (h + 1) * d, vp + o);
         }
     }
@@ -392,28 +390,21 @@ torch::Tensor MdlmBlockImpl::forward_rows(const torch::Tensor& x, const torch::T
         latents.write(BlockLatent::V, active, v);
         const auto keys = latents.read(BlockLatent::K), values = latents.read(BlockLatent::V);
         const double scale = 1.0 / std::sqrt(double(cfg.head_dim()));
-        auto o = kernels::few_query_attention_applies(q, keys, values)
-                     ? kernels::few_query_attention(q, keys, values, scale)
-                     : kernels::few_query_attention_torch(q, keys, values, scale);
-        latents.write(BlockLatent::Attn, active, kernels::few_rows_linear(o, attn_out->weight));
+        latents.write(BlockLatent::Attn, active,
+                      kernels::few_rows_linear(kernels::few_query_attention(q, keys, values, scale), attn_out->weight));
     }
-    // The gated residuals, the cached branch rows of x's positions (all of them when x is the whole sequence); a store
-    // holding float16 (fp16=1) is read as float32.
-    auto branch = [&](BlockLatent which) {
-        auto t = latents.read(which);
-        return t.scalar_type() == torch::kFloat && t.is_contiguous() ? t : t.to(torch::kFloat).contiguous();
-    };
+    // The gated residuals, the cached branch rows of x's positions (all of them when x is the whole sequence).
     auto y = torch::empty_like(x);
-    kernels::gated_add_rows(x[0], m.gate_attn, branch(BlockLatent::Attn), x_rows, y[0]);
+    kernels::gated_add_rows(x[0], m.gate_attn, latents.read(BlockLatent::Attn), x_rows, y[0]);
     if (active.size(0) > 0) {
         auto h2 = kernels::modulated_norm_rows(y[0], active_in_x, norm2->weight, m.scale2, m.shift2, cfg.norm_eps);
         const auto& up = *mlp[0]->as<torch::nn::Linear>();
         const auto& down = *mlp[2]->as<torch::nn::Linear>();
         auto act = kernels::few_rows_linear(h2, up.weight, up.bias); // the MLP's GELU (tanh form), in place
-        kernels::gelu_tanh_(act);
+        kernels::gelu_tanh_row(act.data_ptr<float>(), act.numel());
         latents.write(BlockLatent::Ffn, active, kernels::few_rows_linear(act, down.weight, down.bias));
     }
-    kernels::gated_add_rows(y[0], m.gate_ffn, branch(BlockLatent::Ffn), x_rows, y[0]);
+    kernels::gated_add_rows(y[0], m.gate_ffn, latents.read(BlockLatent::Ffn), x_rows, y[0]);
     return y;
 }
 
