@@ -457,21 +457,16 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
         active_total += idx.size(0);
         decisions_.push_back(std::move(dec));
     };
-    auto run_layer = [&](int64_t l, const torch::Tensor& x, const torch::Tensor& idx) {
-        LayerLatents latents(*this, l, step);
-        return model_->block_list[static_cast<size_t>(l)]->forward_cached(x, mods[static_cast<size_t>(l)], rope_, idx,
-                                                                          latents);
-    };
     torch::Tensor h;
     // Without the drift probe, V-verify, per-layer outputs or a byte budget (which may evict a planned layer while an
     // earlier one is written) no layer's plan depends on the step's computation: every plan first. When every layer
     // then takes the few-row path, only the positions some layer recomputes (and those whose logits are asked for)
     // are carried through the stack; the others' residual streams are never read.
     const bool sequential = (block_mode && a.drift > 0) || (!block_mode && a.rho > 0) || on_layer_output ||
-                            a.budget_mib > 0 || store_.options().byte_budget > 0;
+                            store_.options().byte_budget > 0;
+    std::vector<LayerDecision> plans; // every layer's, when planned ahead
+    std::vector<torch::Tensor> idx;   // their active positions
     if (!sequential) {
-        std::vector<LayerDecision> plans;
-        std::vector<torch::Tensor> idx;
         auto carried = torch::zeros({length_}, torch::kBool);
         carried.index_fill_(0, positions, true);
         for (int64_t l = 0; l < cfg.n_blocks; ++l) {
@@ -497,20 +492,16 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
                 finish(std::move(plans[size_t(l)]), i);
             }
             h = x.index_select(1, where.index_select(0, positions));
-        } else {
-            auto x = model_->embed(ids.unsqueeze(0));
-            for (int64_t l = 0; l < cfg.n_blocks; ++l) {
-                x = run_layer(l, x, idx[size_t(l)]);
-                finish(std::move(plans[size_t(l)]), idx[size_t(l)]);
-            }
-            h = x.index_select(1, positions);
         }
-    } else {
+    }
+    if (!h.defined()) { // the whole sequence through the stack, each layer planned now unless it was ahead
         auto x = model_->embed(ids.unsqueeze(0));
         for (int64_t l = 0; l < cfg.n_blocks; ++l) {
-            auto dec = plan(l, x);
-            const auto i = torch::nonzero(dec.active).reshape(-1);
-            x = run_layer(l, x, i);
+            auto dec = plans.empty() ? plan(l, x) : std::move(plans[size_t(l)]);
+            const auto i = idx.empty() ? torch::nonzero(dec.active).reshape(-1) : idx[size_t(l)];
+            LayerLatents latents(*this, l, step);
+            x = model_->block_list[static_cast<size_t>(l)]->forward_cached(x, mods[static_cast<size_t>(l)], rope_, i,
+                                                                           latents);
             if (on_layer_output) on_layer_output(step, l, ids, x[0]);
             finish(std::move(dec), i);
         }
