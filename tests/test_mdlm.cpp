@@ -1099,6 +1099,47 @@ TEST_CASE("mdlm cache: stale_masked gives the block's [MASK] rows their own stal
     CHECK_THROWS_WITH(parse_cache_spec("dual:stale_masked=-1"), Catch::Contains("stale_masked=-1"));
 }
 
+TEST_CASE("mdlm cache: window=W recomputes only the W positions before the block and the block at its first step",
+          "[mdlm][blockcache]") {
+    auto m = tiny_model();
+    auto so = confidence_options(35, 6);
+    so.rule = UnmaskRule::Ancestral;
+    so.temperature = 1;
+    so.block_length = 7;
+    for (const std::string mode : {"dual", "prefix"})
+        for (int64_t w : {0, 3, 7, 100}) {
+            MdlmDenoiser den(m, parse_cache_spec(mode + ":decoded=reuse,masked=reuse,window=" + std::to_string(w)));
+            int64_t last_block = -1, windowed = 0;
+            sample(den, so, [&](const StepInfo& info) {
+                if (info.unmasked == 0 || info.block == last_block) return;
+                last_block = info.block; // the block's first forward pass
+                const auto& ds = den.last_decisions();
+                const int64_t lo = 5 + info.block * 7, hi = mode == "dual" ? std::min<int64_t>(40, lo + 7) : 40;
+                INFO(mode << " window " << w << ", block " << info.block);
+                if (info.step == 0) { // the sequence's first step computes everything
+                    CHECK(ds.front().full);
+                    return;
+                }
+                for (const auto& d : ds) {
+                    CHECK_FALSE(d.full);
+                    for (int64_t p = 0; p < 40; ++p) CHECK(d.active[p].item<bool>() == (p >= lo - w && p < hi));
+                }
+                ++windowed;
+            });
+            CHECK(windowed >= 3);
+        }
+    // A scheduled refresh stays a full one; the key round-trips and belongs to the block caches.
+    MdlmDenoiser refreshed(m, parse_cache_spec("dual:window=2,refresh=1"));
+    sample(refreshed, so, [&](const StepInfo& info) {
+        if (info.unmasked > 0) CHECK(refreshed.last_decisions().front().full);
+    });
+    CHECK(parse_cache_spec("dual:decoded=reuse,masked=reuse,window=32").to_string() ==
+          "dual:decoded=reuse,masked=reuse,window=32");
+    CHECK(parse_cache_spec("prefix:window=0").to_string() == "prefix:window=0");
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:window=3"), Catch::Contains("prefix and dual"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:window=-1"), Catch::Contains("window=-1"));
+}
+
 namespace {
 // Logits of `other` (another kernel or library) within 1e-5 of `ref`'s on the first n positions of a fixed sequence.
 void check_logits_close(MdlmModel& ref, MdlmModel& other, int64_t n) {

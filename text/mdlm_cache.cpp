@@ -30,9 +30,11 @@ std::string cache_modes_help() {
        << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
     for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
     os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM prefix KV cache:\n"
+       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]: Fast-dLLM prefix "
+          "KV cache:\n"
        << "  the prompt and finished blocks are computed once per block\n"
-       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M]: Fast-dLLM DualCache:\n"
+       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]: Fast-dLLM "
+          "DualCache:\n"
        << "  the masked suffix is cached too; only the current block is computed\n"
        << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
        << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
@@ -50,6 +52,10 @@ std::string cache_modes_help() {
           "4)\n"
        << "    stale_masked: with masked=reuse, the block's [MASK] positions are computed again after M steps "
           "(default: stale)\n"
+       << "    window: a block's first step recomputes only the W positions before the block (W = the block length: "
+          "the\n"
+       << "      previous block) and the block; the prompt, older blocks and the masked suffix keep their rows\n"
+       << "      (default: every position, Fast-dLLM's refresh)\n"
        << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
     return os.str();
 }
@@ -82,6 +88,7 @@ std::string CacheSpec::to_string() const {
         if ((anchor.reuse_decoded || anchor.reuse_block_masks) && anchor.stale != AnchorCacheSettings{}.stale)
             os << sep << "stale=" << anchor.stale;
         if (anchor.reuse_block_masks && anchor.stale_masked >= 0) os << sep << "stale_masked=" << anchor.stale_masked;
+        if (anchor.window >= 0) os << sep << "window=" << anchor.window;
         return os.str();
     }
     std::ostringstream os;
@@ -126,11 +133,11 @@ CacheSpec parse_cache_spec(const std::string& s) {
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
         if (block_mode && k != "refresh" && k != "drift" && k != "decoded" && k != "masked" && k != "stale" &&
-            k != "stale_masked")
+            k != "stale_masked" && k != "window")
             throw ParamError("cache", "option '" + k + "' is unknown for " + head +
-                                          " (its keys: refresh, drift, decoded, masked, stale, stale_masked)");
-        if (!block_mode && k == "stale_masked")
-            throw ParamError("cache", "option stale_masked is for prefix and dual (block caches), not " + head);
+                                          " (its keys: refresh, drift, decoded, masked, stale, stale_masked, window)");
+        if (!block_mode && (k == "stale_masked" || k == "window"))
+            throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         if (!block_mode && (k == "drift" || k == "decoded"))
             throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
@@ -159,6 +166,8 @@ CacheSpec parse_cache_spec(const std::string& s) {
             spec.anchor.stale_high = integer(0);
         else if (k == "stale_masked")
             spec.anchor.stale_masked = integer(0);
+        else if (k == "window")
+            spec.anchor.window = integer(0);
         else if (k == "rho")
             spec.anchor.rho = num(0.0, 1.0);
         else if (k == "refresh")
@@ -362,8 +371,10 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
     bool full = step == 0 || (a.refresh > 0 && step % a.refresh == 0);
     const bool block_mode = spec_.mode == CacheMode::Prefix || spec_.mode == CacheMode::Dual;
     torch::Tensor block_active; // prefix: [lo, L); dual: [lo, hi)
+    // window=W: a block's first step (not a scheduled refresh) recomputes [lo - W, hi) rather than everything.
+    const bool windowed = block_mode && block_started_ && !full && a.window >= 0;
     if (block_mode) {
-        full = full || block_started_;
+        full = full || (block_started_ && !windowed);
         block_started_ = false;
         block_active = torch::zeros({length_}, torch::kBool);
         const int64_t hi = spec_.mode == CacheMode::Dual ? block_hi_ : length_;
@@ -412,9 +423,13 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
         torch::Tensor active;
         if (block_mode) {
             active = dec.full ? torch::ones({length_}, torch::kBool) : block_active.clone();
+            if (windowed && !dec.full) {
+                const int64_t w0 = std::max<int64_t>(0, block_lo_ - a.window);
+                active.narrow(0, w0, block_lo_ - w0).fill_(true);
+            }
             // decoded=reuse: of the block, only its masks and the positions whose cached rows were computed with
             // another token (decoded since) or have gone stale.
-            if (!dec.full && (a.reuse_decoded || a.reuse_block_masks)) {
+            if (!dec.full && !windowed && (a.reuse_decoded || a.reuse_block_masks)) {
                 auto fresh = rows.fresh;
                 if (a.reuse_block_masks && a.stale_masked >= 0 && a.stale_masked != stale) {
                     const auto stamps = *store_.row_steps(key(l, MdlmSlot::Token));

@@ -92,6 +92,11 @@ struct AnchorCacheSettings {
     // input never changes within a block; only the keys and values others read from it age, and DualCache keeps the
     // suffix's masks for a whole block.
     int64_t stale_masked = -1;
+    // prefix/dual `window=W`: a block's first step recomputes only the W positions before the block (with W = the
+    // block length, the previous block: decoded since the last block start) and the block itself (prefix: to the
+    // end); the prompt, older blocks and the masked suffix keep their rows, as dKV-Cache keeps decoded tokens' keys
+    // and values for good. -1 (the default): everything, Fast-dLLM's refresh.
+    int64_t window = -1;
 };
 
 struct CacheSpec {
@@ -102,7 +107,7 @@ struct CacheSpec {
 
 // "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
 // profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G,decoded=reuse]" |
-// "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S]".
+// "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]".
 // Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
 CacheSpec parse_cache_spec(const std::string& s);
 const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)

@@ -14,6 +14,7 @@
 #   stream_stale  stale 5 and 6 in that setting, on LibTorch and oneDNN
 #   stream_onednn  the same with off on oneDNN too (one library on both sides)
 #   stale_masked  the block's [MASK] rows and its decoded rows on separate staleness (stale_masked=), one library
+#   window    a block's first step recomputing the previous block and the block only (window=32), one library
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
@@ -120,6 +121,14 @@ for s in "${@:-default fast random768}"; do
         --cache dual:decoded=reuse,masked=reuse,stale=16,stale_masked=4 --cache dual:decoded=reuse,masked=reuse,stale=32,stale_masked=5 \
         --cache dual:decoded=reuse,masked=reuse,stale=32,stale_masked=6 \
         --json $R/mdlm_stale_masked_L256_$D.json --plot $R/mdlm_stale_masked_L256_$D.png --overwrite ;;
+    window)
+      # window=32: a block's first step recomputes the previous block and the block, not the whole sequence; off and
+      # the modes on oneDNN (one library).
+      run window_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-16} \
+        --unmask ancestral --temperature 1 --block-length 32 --prompts-from $T --score-with $G --gemm onednn \
+        --cache dual:decoded=reuse,masked=reuse,window=32 --cache dual:decoded=reuse,masked=reuse,stale=8,window=32 \
+        --cache dual:decoded=reuse,masked=reuse,window=16 \
+        --json $R/mdlm_window_L256_$D.json --plot $R/mdlm_window_L256_$D.png --overwrite ;;
     rows)
       # The linear layers alone at a cached step's row counts (tests/bench/linear_rows_bench.cpp), kjv-mdlm's shapes.
       { echo "# command: OMP_NUM_THREADS=1 ./build/tests/linear_rows_bench 384 8 9"; echo "# date: $(date -u) load: $(cat /proc/loadavg)"
