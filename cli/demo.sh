@@ -51,12 +51,13 @@ echo "== 3. Text diffusion, uncached vs cached (assets/models/kjv-mdlm, the embe
   --score-with assets/models/kjv-gpt2
 echo
 # Semi-autoregressive blocks of 32 under the ancestral sampler; Fast-dLLM's DualCache computes only the current block
-# between the refreshes at each block's first step, and with decoded=reuse,masked=reuse only the positions being
-# decoded and the just-decoded ones: the fastest setting measured within 5 % gen-PPL and 2 % entropy of off. Its
-# linear layers run on oneDNN (+gemm=onednn), which gave the same tokens as LibTorch's on every measured prompt. Length
-# 256, the length the text-diffusion figures are quoted at (tests/bench/results/mdlm_stream_L256_*).
+# between block starts, with decoded=reuse,masked=reuse only the positions being decoded and the just-decoded ones,
+# and with window=32 a block's first step computes the previous block and the block instead of the whole sequence:
+# the fastest setting measured within 5 % gen-PPL and 2 % entropy of off at stale 4. Its linear layers run on oneDNN
+# (+gemm=onednn), which gave the same tokens as LibTorch's on every measured prompt. Length 256, the length the
+# text-diffusion figures are quoted at (tests/bench/results/mdlm_window*_L256_*).
 "$bin/anchor-text" diffusion generate -p "And God said unto Moses," -s 7 --length 256 --steps 192 --block-length 32 \
-  --compare off,dual:decoded=reuse,masked=reuse+gemm=onednn --score-with assets/models/kjv-gpt2
+  --compare off,dual:decoded=reuse,masked=reuse,window=32+gemm=onednn --score-with assets/models/kjv-gpt2
 
 echo
 echo "demo outputs:"
