@@ -19,7 +19,7 @@
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
-#   random768 the same modes on the 12 x 768 random-weight model (speed only)
+#   random768 dual, dual:window=32 and dual:decoded=reuse,window=32 on the 12 x 768 random-weight model (speed only)
 set -e
 M=assets/models/kjv-mdlm
 T=$M/eval/heldout_tokens.bin
@@ -154,7 +154,7 @@ for s in "${@:-default fast random768}"; do
     random768)
       run random768 diffusion bench --layers 12 --dim 768 --length 256 --prompt-len 64 --steps-list 48 --repeats ${REPEATS:-2} \
         --unmask confidence --temperature 0 --block-length 32 \
-        --cache dual --cache prefix \
+        --cache dual --cache dual:window=32 --cache dual:decoded=reuse,window=32 \
         --json $R/mdlm_random768_$D.json --overwrite ;;
     esac
   done
