@@ -16,6 +16,7 @@
 #   stale_masked  the block's [MASK] rows and its decoded rows on separate staleness (stale_masked=), one library
 #   window    a block's first step recomputing the previous block and the block only (window=32), one library
 #   window_torch  the same modes against the default off (LibTorch), the modes +gemm=onednn too
+#   window_confidence  window=32 under greedy confidence decoding (Fast-dLLM's setting), one library
 #   rows      the linear layers alone at those row counts: LibTorch, oneDNN, the streaming kernel
 #   gemm_modes  masked=reuse on each library (+gemm=) against off on LibTorch, one interleaved run, 16 prompts
 #   bf16      the block caches against off, both on bf16 operands (--gemm bf16)
@@ -136,6 +137,12 @@ for s in "${@:-default fast random768}"; do
         --cache dual:decoded=reuse,masked=reuse,window=32 --cache dual:decoded=reuse,masked=reuse,stale=8,window=32 \
         --cache dual:decoded=reuse,masked=reuse,window=32+gemm=onednn \
         --json $R/mdlm_window_torch_L256_$D.json --plot $R/mdlm_window_torch_L256_$D.png --overwrite ;;
+    window_confidence)
+      run window_confidence_L256 diffusion bench -m $M --length 256 --prompt-len 64 --steps-list 192 --repeats ${REPEATS:-8} \
+        --unmask confidence --temperature 0 --block-length 32 --prompts-from $T --score-with $G --gemm onednn \
+        --cache dual --cache dual:window=32 --cache dual:decoded=reuse,window=32 --cache dual+threshold=0.9 \
+        --cache dual:window=32+threshold=0.9 \
+        --json $R/mdlm_window_confidence_L256_$D.json --plot $R/mdlm_window_confidence_L256_$D.png --overwrite ;;
     rows)
       # The linear layers alone at a cached step's row counts (tests/bench/linear_rows_bench.cpp), kjv-mdlm's shapes.
       { echo "# command: OMP_NUM_THREADS=1 ./build/tests/linear_rows_bench 384 8 9"; echo "# date: $(date -u) load: $(cat /proc/loadavg)"
