@@ -127,18 +127,24 @@ CacheSpec parse_cache_spec(const std::string& s) {
         for (const auto& [n, h] : cache_spec_keys()) k += (k.empty() ? "" : ", ") + n;
         return k;
     };
+    static const std::vector<std::string> block_keys = {"refresh", "drift",        "decoded", "masked",
+                                                        "stale",   "stale_masked", "window"};
     while (std::getline(ss, item, ',')) {
         auto eq = item.find('=');
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        if (block_mode && k != "refresh" && k != "drift" && k != "decoded" && k != "masked" && k != "stale" &&
-            k != "stale_masked" && k != "window")
-            throw ParamError("cache", "option '" + k + "' is unknown for " + head +
-                                          " (its keys: refresh, drift, decoded, masked, stale, stale_masked, window)");
-        if (!block_mode && (k == "stale_masked" || k == "window"))
-            throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
-        if (!block_mode && (k == "drift" || k == "decoded"))
+        // prefix and dual take block_keys; those the anchor rule lacks (drift, decoded, stale_masked, window) are
+        // theirs only.
+        const bool block_key = std::find(block_keys.begin(), block_keys.end(), k) != block_keys.end();
+        const bool anchor_key = std::any_of(cache_spec_keys().begin(), cache_spec_keys().end(),
+                                            [&](const auto& key) { return key.first == k; });
+        if (block_mode && !block_key) {
+            std::string listed;
+            for (const auto& b : block_keys) listed += (listed.empty() ? "" : ", ") + b;
+            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its keys: " + listed + ")");
+        }
+        if (!block_mode && block_key && !anchor_key)
             throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
         auto num = [&](double lo, double hi) {
             size_t used = 0;
