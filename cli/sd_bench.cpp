@@ -92,6 +92,12 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_option("--profile", o.profile,
                    "write a chrome trace of one extra UNet step (aten ops) to this file; with --deepcache also one "
                    "shallow step to <stem>_shallow<ext>; with --vae, one decode to <stem>_vae<ext>");
+    cmd.add_option("--op-table", o.op_table,
+                   "time every fast-kernel call (linear, convolution, Winograd, attention) of --repeat more UNet steps "
+                   "and print a step's N slowest shapes with their FLOP rate against the GEMM rate, and totals per "
+                   "kind (0 = none)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     cmd.add_flag("--overwrite", opts.overwrite, "replace an existing --output file");
 }
 

@@ -11,6 +11,7 @@
 // LibTorch's bmm goes to that sgemm (tests/test_kernels.cpp checks it on random shapes), and the tiny reference
 // models, whose 1x1 levels amplify a last-bit difference about 1000x, see no difference at all.
 #include "kernels/attention.h"
+#include "kernels/op_timing.h"
 
 #include <ATen/Context.h>
 
@@ -168,6 +169,15 @@ const EnumTable<AttentionKernel>& attention_kernel_table() {
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionOptions& o) {
+    ScopedOpTime timed("attention", [&](std::string& shape, double& macs) {
+        // q k^T and p v; [B, N, H*D] (projection) or [B, H, N, D] (heads).
+        const bool proj = o.layout == AttentionLayout::Projection;
+        const int64_t B = q.size(0), H = proj ? o.heads : q.size(1), N = q.size(proj ? 1 : 2),
+                      D = proj ? q.size(2) / std::max<int64_t>(o.heads, 1) : q.size(3), M = k.size(proj ? 1 : 2);
+        shape = std::to_string(B) + "x" + std::to_string(H) + " heads, " + std::to_string(N) + " x " +
+                std::to_string(M) + " tokens, head " + std::to_string(D);
+        macs = 2.0 * double(B) * double(H) * double(N) * double(M) * double(D);
+    });
     const bool tiled = o.kernel == AttentionKernel::Fused || o.kernel == AttentionKernel::Flash;
     if (o.formula != ScoreFormula::Diffusers)
         return tiled && flash_attention_applies(q, k, v, o) ? flash_attention(q, k, v, o)

@@ -1,6 +1,7 @@
 #include "kernels/onednn.h"
 
 #include "kernels/cpu_features.h"
+#include "kernels/op_timing.h"
 #include "kernels/winograd.h"
 
 #if defined(ANCHOR_HAVE_DNNL)
@@ -333,6 +334,10 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w_in, c
     if (x2.stride(1) != 1 || x2.stride(0) < K) x2 = x2.contiguous();
     if (bf16) x2 = x2.to(torch::kBFloat16); // rounded to nearest even, as oneDNN's reorder would
     const int64_t M = x2.size(0);
+    ScopedOpTime timed(bf16 ? "linear bf16" : "linear", [&](std::string& shape, double& macs) {
+        shape = std::to_string(M) + "x" + std::to_string(K) + " @ " + std::to_string(K) + "x" + std::to_string(N);
+        macs = double(M) * double(K) * double(N);
+    });
     std::vector<int64_t> out_sizes = x.sizes().vec();
     out_sizes.back() = N;
     auto out = torch::empty(out_sizes, x.options().memory_format(torch::MemoryFormat::Contiguous));
@@ -370,6 +375,11 @@ void onednn_batched_linear_out(torch::Tensor& out, const torch::Tensor& a, const
                 "^T are not float32 CPU tensors [B, M, N], [B, M, K] and [B, N, K] with unit inner strides");
     RECORD_FUNCTION("anchor::onednn_batched_linear", std::vector<c10::IValue>({a}));
     const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = w.size(1);
+    ScopedOpTime timed("batched linear", [&](std::string& shape, double& macs) {
+        shape = std::to_string(B) + " x " + std::to_string(M) + "x" + std::to_string(K) + " @ " + std::to_string(K) +
+                "x" + std::to_string(N);
+        macs = double(B) * double(M) * double(K) * double(N);
+    });
     if (B == 0 || M == 0 || N == 0) return;
     if (K == 0) {
         out.zero_();
@@ -434,6 +444,10 @@ torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, 
         return winograd_conv3x3(x_in, w_in, bias, WinogradGemm::OneDnn);
     RECORD_FUNCTION(bf16 ? "anchor::onednn_conv2d_bf16" : "anchor::onednn_conv2d", std::vector<c10::IValue>({x_in}));
     const ConvShape sh = conv_shape(x_in, w_in, bias.defined(), stride, padding, dilation, bf16);
+    ScopedOpTime timed(bf16 ? "conv bf16" : "conv", [&](std::string& shape, double& macs) {
+        shape = conv_shape_text(x_in.sizes().vec(), w_in.sizes().vec(), stride[0]);
+        macs = double(sh.n) * double(sh.k) * double(sh.oh) * double(sh.ow) * double(w_in.numel() / w_in.size(0));
+    });
     const bool channels_last = sh.channels_last;
     const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
     const auto b = bias.defined() ? bias.contiguous() : bias;
@@ -490,6 +504,11 @@ torch::Tensor onednn_upsample2x_conv3x3(const torch::Tensor& x, const torch::Ten
     const auto w = w_in.to(torch::kFloat); // the taps are summed in float32 (a bf16-stored weight upcast)
     RECORD_FUNCTION("anchor::onednn_upsample2x_conv3x3", std::vector<c10::IValue>({x}));
     const int64_t N = x.size(0), K = w.size(0), H = x.size(2), W = x.size(3);
+    // Counted as the 3x3 convolution of the upsampled image it replaces (what the reference computes).
+    ScopedOpTime timed(bf16 ? "upsample2x+conv bf16" : "upsample2x+conv", [&](std::string& shape, double& macs) {
+        shape = conv_shape_text(x.sizes().vec(), w.sizes().vec(), 1);
+        macs = double(N) * double(K) * double(4 * H * W) * double(w.numel() / K);
+    });
     // Taps of the phase's two rows (dim 2) or columns (dim 3): phase 0 = (w0, w1 + w2), phase 1 = (w0 + w1, w2).
     auto phase = [](const torch::Tensor& t, int64_t dim, int p) {
         const auto a = t.select(dim, 0), b = t.select(dim, 1), c = t.select(dim, 2);

@@ -2,6 +2,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/onednn.h"
+#include "kernels/op_timing.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -157,6 +158,10 @@ torch::Tensor winograd_conv3x3(const torch::Tensor& x_in, const torch::Tensor& w
     RECORD_FUNCTION("anchor::winograd_conv3x3", std::vector<c10::IValue>({x_in}));
     torch::NoGradGuard no_grad;
     const int64_t N = x_in.size(0), C = x_in.size(1), H = x_in.size(2), W = x_in.size(3), K = w_in.size(0);
+    ScopedOpTime timed("winograd3x3", [&](std::string& shape, double& macs) {
+        shape = conv_shape_text(x_in.sizes().vec(), w_in.sizes().vec(), 1);
+        macs = double(N) * double(K) * double(H) * double(W) * double(C) * 9.0; // the direct convolution's count
+    });
     const bool channels_last = x_in.is_contiguous(torch::MemoryFormat::ChannelsLast) && !x_in.is_contiguous();
     // Channels innermost for the transforms: [N, H, W, C] and [N, H, W, K].
     const auto x = x_in.contiguous(torch::MemoryFormat::ChannelsLast);

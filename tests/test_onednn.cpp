@@ -2,6 +2,7 @@
 // error; the UNet and the VAE on both backends; and (hidden) their speed on SD's shapes.
 #include "cache/util/heap.h"
 #include "kernels/onednn.h"
+#include "kernels/op_timing.h"
 #include "kernels/winograd.h"
 #include "tests/test_util.h"
 #include "unet/checkpoint.h"
@@ -588,4 +589,42 @@ TEST_CASE("a resnet block normalises its input in place only when it owns it", "
     const auto y = x.clone();
     block->forward(y, {});
     CHECK(torch::equal(y, kept));
+}
+
+TEST_CASE("op timing records each fast-kernel call once, with its shape and MACs", "[kernels][op_timing]") {
+    if (!kernels::onednn_available()) return;
+    c10::InferenceMode guard;
+    torch::manual_seed(9);
+    const auto x = torch::randn({5, 12}), w = torch::randn({7, 12}), b = torch::randn({7});
+    const auto img = torch::randn({2, 8, 9, 11}), k3 = torch::randn({6, 8, 3, 3}), k1 = torch::randn({6, 8, 1, 1});
+    kernels::onednn_linear(x, w, b); // not recorded: timing is off
+    kernels::op_timing_start();
+    CHECK(kernels::op_timing_on());
+    kernels::onednn_linear(x, w, b);
+    kernels::onednn_conv2d(img, k1, {}, {1, 1}, {0, 0}, {1, 1});
+    kernels::onednn_conv2d(img, k3, {}, {2, 2}, {1, 1}, {1, 1});
+    kernels::winograd_conv3x3(img, k3, {}, kernels::WinogradGemm::OneDnn); // its batched GEMM is part of it
+    kernels::onednn_linear(x, w, b);
+    const auto calls = kernels::op_timing_stop();
+    CHECK_FALSE(kernels::op_timing_on());
+    kernels::onednn_linear(x, w, b);
+    REQUIRE(calls.size() == 5);
+    CHECK(calls[0].kind == "linear");
+    CHECK(calls[0].shape == "5x12 @ 12x7");
+    CHECK(calls[0].macs == 5.0 * 12 * 7);
+    CHECK(calls[1].kind == "conv");
+    CHECK(calls[1].shape == "2x8x9x11 * 6x8x1x1");
+    CHECK(calls[1].macs == 2.0 * 6 * 9 * 11 * 8);
+    CHECK(calls[2].shape == "2x8x9x11 * 6x8x3x3 /2");
+    CHECK(calls[2].macs == 2.0 * 6 * 5 * 6 * 8 * 9); // output 5x6
+    CHECK(calls[3].kind == "winograd3x3");
+    CHECK(calls[3].macs == 2.0 * 6 * 9 * 11 * 8 * 9);
+    for (const auto& c : calls) CHECK(c.ms >= 0);
+    const auto groups = kernels::group_op_times(calls);
+    REQUIRE(groups.size() == 4);
+    const auto lin = std::find_if(groups.begin(), groups.end(), [](const auto& g) { return g.kind == "linear"; });
+    REQUIRE(lin != groups.end());
+    CHECK(lin->calls == 2);
+    CHECK(lin->macs == 2 * 5.0 * 12 * 7);
+    for (size_t i = 1; i < groups.size(); ++i) CHECK(groups[i - 1].ms >= groups[i].ms);
 }

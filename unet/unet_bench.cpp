@@ -7,6 +7,7 @@
 #include "cache/util/heap.h"
 #include "cache/util/threads.h"
 #include "kernels/cpu_features.h"
+#include "kernels/op_timing.h"
 #include "unet/unet_macs.h"
 
 #include <torch/torch.h>
@@ -17,7 +18,9 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 
 namespace anchor::unet {
 
@@ -50,6 +53,7 @@ void UNetBenchParams::validate() const {
     if (repeat < 1) throw ParamError("repeat", "must be >= 1");
     if (vae_repeat < 0) throw ParamError("vae_repeat", "must be >= 0");
     if (warmup < 0) throw ParamError("warmup", "must be >= 0");
+    if (op_table < 0) throw ParamError("op_table", "must be >= 0 (0 = no table), got " + std::to_string(op_table));
     if (batch < 1) throw ParamError("batch", "must be >= 1");
     for (int n : deepcache)
         if (n < 1) throw ParamError("deepcache", "intervals must be >= 1");
@@ -97,6 +101,44 @@ std::string join_seconds(const std::vector<double>& t) {
     std::string s;
     for (double x : t) s += (s.empty() ? "" : " ") + secs(x);
     return s + " s";
+}
+
+// The --op-table report: the slowest shapes, the totals per kind and what the timed kernels leave of the step.
+void emit_op_table(const std::vector<kernels::OpTime>& calls, double step_ms, int steps, double gemm_gflops,
+                   size_t rows, const std::function<void(const std::string&)>& emit) {
+    const auto groups = kernels::group_op_times(calls);
+    double timed_ms = 0;
+    for (const auto& g : groups) timed_ms += g.ms;
+    auto row = [&](const std::string& what, int n, double ms, double macs) {
+        const double gf = ms > 0 ? 2.0 * macs / ms / 1e6 : 0.0;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "  %8.1f ms %5.1f %% %5dx", ms, 100.0 * ms / step_ms, n / steps);
+        std::string line = buf;
+        if (macs > 0) {
+            std::snprintf(buf, sizeof buf, " %7.1f GFLOP/s %5.1f %%  ", gf, 100.0 * gf / gemm_gflops);
+            line += buf;
+        } else {
+            line += std::string(28, ' ');
+        }
+        return line + what;
+    };
+    emit("per-shape table of a step (the mean of " + std::to_string(steps) + " more; " +
+         std::to_string(calls.size() / size_t(std::max(steps, 1))) + " timed kernel calls, " +
+         util::fmt("%.1f", timed_ms) + " of " + util::fmt("%.1f", step_ms) +
+         " ms; GFLOP/s = 2 x MACs / time, Winograd counted as the direct convolution; % of the GEMM rate above):");
+    emit("        time  step    calls    rate    of GEMM  kind: shape");
+    for (size_t i = 0; i < groups.size() && i < rows; ++i)
+        emit(row(groups[i].kind + ": " + groups[i].shape, groups[i].calls, groups[i].ms, groups[i].macs));
+    std::map<std::string, kernels::OpTimeGroup> kinds;
+    for (const auto& g : groups) {
+        auto& k = kinds[g.kind];
+        k.calls += g.calls;
+        k.ms += g.ms;
+        k.macs += g.macs;
+    }
+    emit("  per kind:");
+    for (const auto& [name, k] : kinds) emit(row(name, k.calls, k.ms, k.macs));
+    emit(row("the rest (norms, activations, copies, adds, layers on LibTorch)", 0, step_ms - timed_ms, 0));
 }
 } // namespace
 
@@ -283,6 +325,18 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
 #endif
     }
 
+    // --op-table: one more step with the fast kernels' calls timed (printed once the GEMM rate is known).
+    std::vector<kernels::OpTime> op_calls;
+    double op_step_ms = 0;
+    if (o.op_table > 0) { // as many steps as were timed, each call's time divided by them: one step's table
+        kernels::op_timing_start();
+        t0 = util::now_s();
+        for (int i = 0; i < o.repeat; ++i) model->forward(sample, timestep, context);
+        op_step_ms = 1e3 * (util::now_s() - t0) / o.repeat;
+        op_calls = kernels::op_timing_stop();
+        for (auto& c : op_calls) c.ms /= o.repeat, c.macs /= o.repeat;
+    }
+
     const double flops = 2.0 * double(full.total()) * double(o.batch);
     const double flops_attn = 2.0 * double(full.total() + full.attention) * double(o.batch);
     const double achieved = flops / st.min / 1e9, achieved_med = flops / st.median / 1e9;
@@ -301,6 +355,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     emit("ratio: " + util::fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
          util::fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          util::fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
+    if (o.op_table > 0) emit_op_table(op_calls, op_step_ms, o.repeat, gemm, size_t(o.op_table), emit);
     if (peak_reset)
         emit("peak RSS (VmHWM) of the run: " + util::fmt("%.0f", util::peak_rss_mib()) + " MiB (weights " +
              util::fmt("%.0f", double(parameter_bytes(*model) + (vae ? parameter_bytes(*vae) : 0)) / 1048576.0) +

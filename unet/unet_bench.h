@@ -37,6 +37,10 @@ struct UNetBenchParams {
     int vae_repeat = 0; // > 0: also time this many decodes of one latent by SD's VAE (random weights) at the size
     int64_t seed = 0;
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
+    // `repeat` more full steps with every fast-kernel call timed (kernels/op_timing.h): a table of one step's calls
+    // (their mean) grouped by shape, each with its time, share of the step and FLOP rate against the GEMM rate.
+    // 0 = none; N = the N slowest shapes, then totals per kind.
+    int op_table = 0;
     void validate() const;                // ParamError naming the field
 };
 
