@@ -244,24 +244,30 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
         return t.data_ptr<float>() + b * t.stride(0) + (projection ? h * D : h * t.stride(1));
     };
     const int64_t row_axis = rank - 2;
-    std::vector<float> kt(size_t(BH * D * Mp)), vb(size_t(BH * Mp * Dp));
+    // Both packed operands in one block from LibTorch's allocator, which serves a forward's large blocks from its
+    // cache (cache/util/heap.h): glibc may hand a freed block of this size back to the system and fault it in again,
+    // page by page, on the next call. Only the padding is zeroed; the packing writes everything else.
+    const torch::Tensor packed = torch::empty({BH * D * Mp + BH * Mp * Dp}, torch::kFloat);
+    float* const kt = packed.data_ptr<float>();
+    float* const vb = kt + BH * D * Mp;
     const bool parallel_pack = BH * M * D >= (int64_t(1) << 15);
 #pragma omp parallel for schedule(static) if (parallel_pack)
     for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t b = bh / H, h = bh % H;
         const float* kh = head_base(k, b, h);
         const float* vh = head_base(v, b, h);
-        float* ktp = kt.data() + bh * D * Mp;
-        float* vbp = vb.data() + bh * Mp * Dp;
-        std::fill(ktp, ktp + D * Mp, 0.f);
-        std::fill(vbp, vbp + Mp * Dp, 0.f);
+        float* ktp = kt + bh * D * Mp;
+        float* vbp = vb + bh * Mp * Dp;
         const int64_t ks = k.stride(row_axis), vs = v.stride(row_axis);
         for (int64_t j = 0; j < M; ++j) {
             const float* kr = kh + j * ks;
             const float* vr = vh + j * vs;
             for (int64_t d = 0; d < D; ++d) ktp[d * Mp + j] = kr[d];
             std::copy(vr, vr + D, vbp + j * Dp);
+            std::fill(vbp + j * Dp + D, vbp + (j + 1) * Dp, 0.f);
         }
+        for (int64_t d = 0; d < D; ++d) std::fill(ktp + d * Mp + M, ktp + (d + 1) * Mp, 0.f);
+        std::fill(vbp + M * Dp, vbp + Mp * Dp, 0.f);
     }
     const int64_t blocks = (N + kBlockRows - 1) / kBlockRows, jobs = BH * blocks;
     const int64_t qs = q.stride(row_axis), os = out.stride(row_axis);
@@ -276,8 +282,8 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
         for (int64_t job = 0; job < jobs; ++job) {
             const int64_t bh = job / blocks, blk = job % blocks, b = bh / H, h = bh % H;
             FlashHead fh{head_base(q, b, h),
-                         kt.data() + bh * D * Mp,
-                         vb.data() + bh * Mp * Dp,
+                         kt + bh * D * Mp,
+                         vb + bh * Mp * Dp,
                          out.data_ptr<float>() + b * out.stride(0) + (projection ? h * D : h * out.stride(1)),
                          qs,
                          os,
