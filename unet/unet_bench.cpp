@@ -103,7 +103,18 @@ std::string join_seconds(const std::vector<double>& t) {
     return s + " s";
 }
 
-// The --op-table report: the slowest shapes, the totals per kind and what the timed kernels leave of the step.
+// The heading of an --op-table report.
+std::string op_table_title(const std::vector<kernels::OpTime>& calls, double ms, int runs) {
+    double timed_ms = 0;
+    for (const auto& c : calls) timed_ms += c.ms;
+    return "per-shape table" + (runs > 1 ? " (the mean of " + std::to_string(runs) + " more runs)" : " (one more run)") +
+           ": " + std::to_string(calls.size() / size_t(std::max(runs, 1))) + " timed kernel calls, " +
+           util::fmt("%.1f", timed_ms) + " of " + util::fmt("%.1f", ms) +
+           " ms; GFLOP/s = 2 x MACs / time, Winograd and the resize-convolution counted as the direct convolution; % "
+           "of the GEMM rate above";
+}
+
+// The --op-table report: the slowest shapes, the totals per kind and what the timed kernels leave of the run.
 void emit_op_table(const std::vector<kernels::OpTime>& calls, double step_ms, int steps, double gemm_gflops,
                    size_t rows, const std::function<void(const std::string&)>& emit) {
     const auto groups = kernels::group_op_times(calls);
@@ -122,11 +133,7 @@ void emit_op_table(const std::vector<kernels::OpTime>& calls, double step_ms, in
         }
         return line + what;
     };
-    emit("per-shape table of a step (the mean of " + std::to_string(steps) + " more; " +
-         std::to_string(calls.size() / size_t(std::max(steps, 1))) + " timed kernel calls, " +
-         util::fmt("%.1f", timed_ms) + " of " + util::fmt("%.1f", step_ms) +
-         " ms; GFLOP/s = 2 x MACs / time, Winograd counted as the direct convolution; % of the GEMM rate above):");
-    emit("        time  step    calls    rate    of GEMM  kind: shape");
+    emit("        time  share   calls    rate    of GEMM  kind: shape");
     for (size_t i = 0; i < groups.size() && i < rows; ++i)
         emit(row(groups[i].kind + ": " + groups[i].shape, groups[i].calls, groups[i].ms, groups[i].macs));
     std::map<std::string, kernels::OpTimeGroup> kinds;
@@ -286,6 +293,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
                  util::fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
     }
 
+    std::vector<kernels::OpTime> vae_op_calls;
+    double vae_op_ms = 0;
     if (o.vae_repeat > 0) {
         // The decoder on one latent, with the UNet's attention choice: the mid-block attends over all latent positions
         // with one head of 512 channels.
@@ -304,6 +313,13 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
             vae->decode(z);
         }
 #endif
+        if (o.op_table > 0) { // --op-table: the decode's kernel calls too (one more decode)
+            kernels::op_timing_start();
+            t0 = util::now_s();
+            vae->decode(z);
+            vae_op_ms = 1e3 * (util::now_s() - t0);
+            vae_op_calls = kernels::op_timing_stop();
+        }
         const util::Stats sv = util::stats_of(tv);
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
              secs(sv.min) + " s, median " + secs(sv.median) + " s, max " + secs(sv.max) + " s over " +
@@ -355,7 +371,14 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
     emit("ratio: " + util::fmt("%.1f", 100.0 * achieved / gemm) + " % of the GEMM rate (median " +
          util::fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          util::fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
-    if (o.op_table > 0) emit_op_table(op_calls, op_step_ms, o.repeat, gemm, size_t(o.op_table), emit);
+    if (o.op_table > 0) {
+        emit("UNet step, " + op_table_title(op_calls, op_step_ms, o.repeat));
+        emit_op_table(op_calls, op_step_ms, o.repeat, gemm, size_t(o.op_table), emit);
+        if (!vae_op_calls.empty()) {
+            emit("VAE decode, " + op_table_title(vae_op_calls, vae_op_ms, 1));
+            emit_op_table(vae_op_calls, vae_op_ms, 1, gemm, size_t(o.op_table), emit);
+        }
+    }
     if (peak_reset)
         emit("peak RSS (VmHWM) of the run: " + util::fmt("%.0f", util::peak_rss_mib()) + " MiB (weights " +
              util::fmt("%.0f", double(parameter_bytes(*model) + (vae ? parameter_bytes(*vae) : 0)) / 1048576.0) +
