@@ -448,6 +448,16 @@ torch::Tensor conv2d_impl(const torch::Tensor& x_in, const torch::Tensor& w_in, 
         shape = conv_shape_text(x_in.sizes().vec(), w_in.sizes().vec(), stride[0]);
         macs = double(sh.n) * double(sh.k) * double(sh.oh) * double(sh.ow) * double(w_in.numel() / w_in.size(0));
     });
+    // A 1x1 convolution of channels-last activations is one matrix product over the positions: oneDNN's matmul runs
+    // SD's at 70-90 % of the GEMM rate where its convolution kernels reach 30-60 % (anchor-sd bench --op-table).
+    if (!bf16 && sh.kh == 1 && sh.kw == 1 && stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0 &&
+        x_in.is_contiguous(torch::MemoryFormat::ChannelsLast)) {
+        const int64_t N = x_in.size(0), C = x_in.size(1), H = x_in.size(2), W = x_in.size(3), K = w_in.size(0);
+        const auto rows = x_in.permute({0, 2, 3, 1}).reshape({N * H * W, C}); // a view of the NHWC storage
+        const auto w2 = w_in.reshape({K, C});
+        if (onednn_linear_applies(rows, w2, false))
+            return onednn_linear(rows, w2, bias).view({N, H, W, K}).permute({0, 3, 1, 2});
+    }
     const bool channels_last = sh.channels_last;
     const auto x = channels_last ? x_in : x_in.contiguous(), w = w_in.contiguous();
     const auto b = bias.defined() ? bias.contiguous() : bias;

@@ -252,7 +252,10 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, c
         if (tap && d < std::size(kBlockNames)) tap(kBlockNames[d], h);
     }
     if (!linear_projection) {
-        h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2}).contiguous();
+        h = h.reshape({B, H, W, inner}).permute({0, 3, 1, 2});
+        // On oneDNN in float32 the 1x1 convolution reads the channels-last view as it is (one matrix product);
+        // the reference (diffusers) makes it contiguous first.
+        if (!perf::use_onednn(*this) || perf::bf16_operands(*this)) h = h.contiguous();
         h = perf::conv2d(proj_out_conv, h, *this);
         if (tap) tap("proj_out", h);
     } else {
