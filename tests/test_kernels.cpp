@@ -4,6 +4,7 @@
 #include "kernels/dct_energy.h"
 #include "kernels/decode_ops.h"
 #include "kernels/dispatch.h"
+#include "kernels/geglu.h"
 #include "kernels/ring_write.h"
 #include "tests/test_util.h"
 
@@ -604,4 +605,31 @@ TEST_CASE("batch-1 decode ops match the tensor operations", "[kernels][decode_op
         CHECK((fast.to(torch::kDouble) - want).abs().max().item<double>() < 1e-5);
         CHECK((ref.to(torch::kDouble) - want).abs().max().item<double>() < 1e-5);
     }
+}
+
+TEST_CASE("geglu equals chunk, gelu and mul within erf's approximation", "[kernels][geglu]") {
+    c10::InferenceMode guard;
+    torch::manual_seed(11);
+    // Rows of several widths (vector bodies and scalar tails), values out to the tails, zeros, signs, a NaN.
+    for (const int64_t F : {1, 7, 8, 16, 23, 40, 1280}) {
+        auto h = torch::randn({3, 5, 2 * F}) * 3;
+        h.view(-1).narrow(0, 0, 4).copy_(torch::tensor({0.f, -0.f, -12.f, 12.f}));
+        const auto ref = kernels::geglu_torch(h.to(torch::kDouble)).to(torch::kFloat);
+        const auto got = kernels::geglu(h);
+        REQUIRE(got.sizes() == ref.sizes());
+        // |error| of GELU(x) = x/2 (1 + erf): |x|/2 * 1.5e-7 from erf, plus float32 rounding of the products.
+        const auto a = h.narrow(-1, 0, F).abs(), x = h.narrow(-1, F, F).abs();
+        const auto bound = a * (x * 1e-7 + 2e-7 * x.clamp_min(1)) + 1e-30;
+        const double worst = ((got - ref).abs() / bound).max().item<double>();
+        INFO("F " << F << ": worst error / bound " << worst);
+        CHECK(worst <= 1.0);
+    }
+    auto h = torch::randn({2, 32});
+    h[1][20] = std::numeric_limits<float>::quiet_NaN();
+    const auto y = kernels::geglu(h);
+    CHECK(std::isnan(y[1][4].item<float>()));
+    CHECK(torch::isfinite(y[0]).all().item<bool>());
+    CHECK_FALSE(kernels::geglu_applies(torch::zeros({2, 3})));
+    CHECK_FALSE(kernels::geglu_applies(torch::zeros({4, 6}).t()));
+    CHECK_FALSE(kernels::geglu_applies(torch::zeros({2, 4}, torch::kDouble)));
 }

@@ -8,6 +8,7 @@
 #include "cache/io/weight_map.h"
 #include "cache/util/heap.h"
 #include "kernels/attention.h"
+#include "kernels/geglu.h"
 #include "kernels/linear.h"
 #include "unet/sd_family.h"
 #include "unet/unet_perf.h"
@@ -169,7 +170,11 @@ GegluImpl::GegluImpl(int64_t dim_in, int64_t dim_out) {
 }
 
 Tensor GegluImpl::forward(const Tensor& x) {
-    auto hg = perf::linear(proj, x, *this).chunk(2, -1);
+    const auto h = perf::linear(proj, x, *this);
+    // On the oneDNN backends' fast paths, whose products already differ from LibTorch's in the last bits, the gate
+    // in one pass (kernels/geglu.h); elsewhere LibTorch's ops, the reference's bits.
+    if (perf::use_onednn(*this) && kernels::geglu_applies(h)) return kernels::geglu(h);
+    const auto hg = h.chunk(2, -1);
     return hg[0] * torch::gelu(hg[1]);
 }
 
