@@ -52,12 +52,13 @@ std::string conv_shape_text(const std::vector<int64_t>& input, const std::vector
     return dims(input) + " * " + dims(weight) + (stride > 1 ? " /" + std::to_string(stride) : "");
 }
 
-std::vector<OpTimeGroup> group_op_times(const std::vector<OpTime>& calls) {
+std::vector<OpTimeGroup> group_op_times(const std::vector<OpTime>& calls, bool by_shape) {
     std::map<std::pair<std::string, std::string>, OpTimeGroup> by;
     for (const auto& c : calls) {
-        auto& g = by[{c.kind, c.shape}];
+        const std::string shape = by_shape ? c.shape : std::string();
+        auto& g = by[{c.kind, shape}];
         g.kind = c.kind;
-        g.shape = c.shape;
+        g.shape = shape;
         ++g.calls;
         g.ms += c.ms;
         g.macs += c.macs;

@@ -49,12 +49,12 @@ private:
 // "2x640x16x16 * 640x640x3x3" (input * weight; " /2" for stride 2): the shape text of a convolution call.
 std::string conv_shape_text(const std::vector<int64_t>& input, const std::vector<int64_t>& weight, int64_t stride);
 
-// Calls grouped by (kind, shape), the most time first.
+// Calls grouped by (kind, shape), or by kind alone (shape left empty), the most time first.
 struct OpTimeGroup {
     std::string kind, shape;
     int calls = 0;
     double ms = 0, macs = 0;
 };
-std::vector<OpTimeGroup> group_op_times(const std::vector<OpTime>& calls);
+std::vector<OpTimeGroup> group_op_times(const std::vector<OpTime>& calls, bool by_shape = true);
 
 } // namespace anchor::kernels

@@ -627,4 +627,11 @@ TEST_CASE("op timing records each fast-kernel call once, with its shape and MACs
     CHECK(lin->calls == 2);
     CHECK(lin->macs == 2 * 5.0 * 12 * 7);
     for (size_t i = 1; i < groups.size(); ++i) CHECK(groups[i - 1].ms >= groups[i].ms);
+    const auto kinds = kernels::group_op_times(calls, false); // by kind alone: the two convolutions together
+    REQUIRE(kinds.size() == 3);
+    const auto conv = std::find_if(kinds.begin(), kinds.end(), [](const auto& g) { return g.kind == "conv"; });
+    REQUIRE(conv != kinds.end());
+    CHECK(conv->calls == 2);
+    CHECK(conv->shape.empty());
+    CHECK(conv->macs == calls[1].macs + calls[2].macs);
 }

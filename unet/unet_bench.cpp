@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 
 namespace anchor::unet {
 
@@ -103,49 +102,61 @@ std::string join_seconds(const std::vector<double>& t) {
     return s + " s";
 }
 
-// The heading of an --op-table report.
-std::string op_table_title(const std::vector<kernels::OpTime>& calls, double ms, int runs) {
-    double timed_ms = 0;
-    for (const auto& c : calls) timed_ms += c.ms;
-    return "per-shape table" + (runs > 1 ? " (the mean of " + std::to_string(runs) + " more runs)" : " (one more run)") +
-           ": " + std::to_string(calls.size() / size_t(std::max(runs, 1))) + " timed kernel calls, " +
-           util::fmt("%.1f", timed_ms) + " of " + util::fmt("%.1f", ms) +
-           " ms; GFLOP/s = 2 x MACs / time, Winograd and the resize-convolution counted as the direct convolution; % "
-           "of the GEMM rate above";
+// --op-table: the fast kernels' calls of `runs` more runs of `run`, and their wall time.
+struct OpRecord {
+    std::vector<kernels::OpTime> calls;
+    double ms = 0;
+    int runs = 0;
+};
+
+OpRecord record_ops(int runs, const std::function<void()>& run) {
+    OpRecord r;
+    r.runs = runs;
+    kernels::op_timing_start();
+    const double t0 = util::now_s();
+    for (int i = 0; i < runs; ++i) run();
+    r.ms = 1e3 * (util::now_s() - t0);
+    r.calls = kernels::op_timing_stop();
+    return r;
 }
 
-// The --op-table report: the slowest shapes, the totals per kind and what the timed kernels leave of the run.
-void emit_op_table(const std::vector<kernels::OpTime>& calls, double step_ms, int steps, double gemm_gflops,
-                   size_t rows, const std::function<void(const std::string&)>& emit) {
-    const auto groups = kernels::group_op_times(calls);
+// The --op-table report of `what` (one run's mean): the slowest shapes, the totals per kind and what the timed kernels
+// leave of the run.
+void emit_op_table(const std::string& what, const OpRecord& r, double gemm_gflops, size_t rows,
+                   const std::function<void(const std::string&)>& emit) {
+    const double runs = std::max(r.runs, 1), run_ms = r.ms / runs;
+    const auto groups = kernels::group_op_times(r.calls);
     double timed_ms = 0;
-    for (const auto& g : groups) timed_ms += g.ms;
-    auto row = [&](const std::string& what, int n, double ms, double macs) {
-        const double gf = ms > 0 ? 2.0 * macs / ms / 1e6 : 0.0;
+    for (const auto& g : groups) timed_ms += g.ms / runs;
+    auto row = [&](const std::string& label, const kernels::OpTimeGroup& g) {
+        const double ms = g.ms / runs, gf = g.ms > 0 ? 2.0 * g.macs / g.ms / 1e6 : 0.0;
         char buf[96];
-        std::snprintf(buf, sizeof buf, "  %8.1f ms %5.1f %% %5dx", ms, 100.0 * ms / step_ms, n / steps);
+        std::snprintf(buf, sizeof buf, "  %8.1f ms %5.1f %% %5dx", ms, 100.0 * ms / run_ms, int(g.calls / runs));
         std::string line = buf;
-        if (macs > 0) {
+        if (g.macs > 0) {
             std::snprintf(buf, sizeof buf, " %7.1f GFLOP/s %5.1f %%  ", gf, 100.0 * gf / gemm_gflops);
             line += buf;
         } else {
             line += std::string(28, ' ');
         }
-        return line + what;
+        return line + label;
     };
+    emit(what + ", per-shape table" +
+         (r.runs > 1 ? " (the mean of " + std::to_string(r.runs) + " more runs)" : " (one more run)") + ": " +
+         std::to_string(size_t(r.calls.size() / runs)) + " timed kernel calls, " + util::fmt("%.1f", timed_ms) +
+         " of " + util::fmt("%.1f", run_ms) +
+         " ms; GFLOP/s = 2 x MACs / time, Winograd and the resize-convolution counted as the direct convolution; % "
+         "of the GEMM rate above");
     emit("        time  share   calls    rate    of GEMM  kind: shape");
     for (size_t i = 0; i < groups.size() && i < rows; ++i)
-        emit(row(groups[i].kind + ": " + groups[i].shape, groups[i].calls, groups[i].ms, groups[i].macs));
-    std::map<std::string, kernels::OpTimeGroup> kinds;
-    for (const auto& g : groups) {
-        auto& k = kinds[g.kind];
-        k.calls += g.calls;
-        k.ms += g.ms;
-        k.macs += g.macs;
-    }
+        emit(row(groups[i].kind + ": " + groups[i].shape, groups[i]));
     emit("  per kind:");
-    for (const auto& [name, k] : kinds) emit(row(name, k.calls, k.ms, k.macs));
-    emit(row("the rest (norms, activations, copies, adds, layers on LibTorch)", 0, step_ms - timed_ms, 0));
+    auto kinds = kernels::group_op_times(r.calls, false);
+    std::sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) { return a.kind < b.kind; });
+    for (const auto& k : kinds) emit(row(k.kind, k));
+    kernels::OpTimeGroup rest;
+    rest.ms = r.ms - timed_ms * runs;
+    emit(row("the rest (norms, activations, copies, adds, layers on LibTorch)", rest));
 }
 } // namespace
 
@@ -293,8 +304,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
                  util::fmt("%.2fx", st.min * n / (st.min + (n - 1) * sh.min)) + ")");
     }
 
-    std::vector<kernels::OpTime> vae_op_calls;
-    double vae_op_ms = 0;
+    OpRecord vae_ops;
     if (o.vae_repeat > 0) {
         // The decoder on one latent, with the UNet's attention choice: the mid-block attends over all latent positions
         // with one head of 512 channels.
@@ -313,13 +323,7 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
             vae->decode(z);
         }
 #endif
-        if (o.op_table > 0) { // --op-table: the decode's kernel calls too (one more decode)
-            kernels::op_timing_start();
-            t0 = util::now_s();
-            vae->decode(z);
-            vae_op_ms = 1e3 * (util::now_s() - t0);
-            vae_op_calls = kernels::op_timing_stop();
-        }
+        if (o.op_table > 0) vae_ops = record_ops(1, [&] { vae->decode(z); }); // --op-table: the decode's too
         const util::Stats sv = util::stats_of(tv);
         emit("VAE decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) + "): min " +
              secs(sv.min) + " s, median " + secs(sv.median) + " s, max " + secs(sv.max) + " s over " +
@@ -341,17 +345,9 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
 #endif
     }
 
-    // --op-table: one more step with the fast kernels' calls timed (printed once the GEMM rate is known).
-    std::vector<kernels::OpTime> op_calls;
-    double op_step_ms = 0;
-    if (o.op_table > 0) { // as many steps as were timed, each call's time divided by them: one step's table
-        kernels::op_timing_start();
-        t0 = util::now_s();
-        for (int i = 0; i < o.repeat; ++i) model->forward(sample, timestep, context);
-        op_step_ms = 1e3 * (util::now_s() - t0) / o.repeat;
-        op_calls = kernels::op_timing_stop();
-        for (auto& c : op_calls) c.ms /= o.repeat, c.macs /= o.repeat;
-    }
+    // --op-table: as many more steps as were timed, their kernel calls timed (printed once the GEMM rate is known).
+    OpRecord step_ops;
+    if (o.op_table > 0) step_ops = record_ops(o.repeat, [&] { model->forward(sample, timestep, context); });
 
     const double flops = 2.0 * double(full.total()) * double(o.batch);
     const double flops_attn = 2.0 * double(full.total() + full.attention) * double(o.batch);
@@ -372,12 +368,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          util::fmt("%.1f", 100.0 * achieved_med / gemm) + " %; with attention matmuls " +
          util::fmt("%.1f", 100.0 * flops_attn / st.min / 1e9 / gemm) + " %)");
     if (o.op_table > 0) {
-        emit("UNet step, " + op_table_title(op_calls, op_step_ms, o.repeat));
-        emit_op_table(op_calls, op_step_ms, o.repeat, gemm, size_t(o.op_table), emit);
-        if (!vae_op_calls.empty()) {
-            emit("VAE decode, " + op_table_title(vae_op_calls, vae_op_ms, 1));
-            emit_op_table(vae_op_calls, vae_op_ms, 1, gemm, size_t(o.op_table), emit);
-        }
+        emit_op_table("UNet step", step_ops, gemm, size_t(o.op_table), emit);
+        if (vae_ops.runs > 0) emit_op_table("VAE decode", vae_ops, gemm, size_t(o.op_table), emit);
     }
     if (peak_reset)
         emit("peak RSS (VmHWM) of the run: " + util::fmt("%.0f", util::peak_rss_mib()) + " MiB (weights " +
