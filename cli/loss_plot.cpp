@@ -67,6 +67,7 @@ PlotRange plot_range(const std::vector<LossSeries>& series, bool log_y) {
         }
     if (log_y || x0 >= 0) x0 = std::min(x0, 0.0);
     if (x1 <= x0) x1 = x0 + 1;
+    x1 += 0.03 * (x1 - x0); // a marker at the largest x stays whole
     if (log_y) return {x0, x1, std::floor(std::log10(ylo) * 4) / 4, std::ceil(std::log10(yhi) * 4) / 4 + 1e-9};
     const double pad = std::max(1e-9, 0.08 * (yhi - ylo) + (yhi == ylo ? std::abs(yhi) * 0.05 + 1e-3 : 0));
     return {x0, x1, ylo - pad, yhi + pad};
@@ -79,7 +80,8 @@ std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes&
     for (const auto& s : series) points += s.steps.size();
     if (points == 0) throw Error("plot '" + axes.title + "': nothing to plot");
 #if ANCHOR_HAVE_OPENCV
-    const int W = 720, H = 420, L = 70, R = 20, T = 40, B = 50;
+    // The legend has the right margin to itself, so it never covers a curve.
+    const int W = 940, H = 420, L = 70, R = 240, T = 40, B = 50;
     const PlotRange r = plot_range(series, axes.log_y);
     const double x0 = r.x0, x1 = r.x1, l0 = r.l0, l1 = r.l1;
     auto fy = [&](double y) { return axes.log_y ? std::log10(std::max(y, 1e-30)) : y; };
@@ -109,18 +111,33 @@ std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes&
         text(b, px(x) - 10, H - B + 18, 0.38);
     }
     text(axes.x_label, W / 2, H - 12, 0.42);
-    if (!axes.y_label.empty()) text(axes.y_label, 8, T - 5, 0.4);
-    const cv::Scalar colors[] = {{200, 90, 30}, {30, 110, 230}, {40, 160, 40}, {150, 40, 150}, {20, 20, 20}};
+    if (!axes.y_label.empty()) text(axes.y_label, 8, T - 12, 0.4); // above the top tick's label
+    // Tableau's 10 categorical colours (BGR): distinct in hue and on greyscale print.
+    const cv::Scalar colors[] = {{180, 119, 31}, {14, 127, 255},  {44, 160, 44},   {40, 39, 214},  {189, 103, 148},
+                                 {75, 86, 140},  {194, 119, 227}, {127, 127, 127}, {34, 189, 188}, {207, 190, 23}};
+    auto segment = [&](cv::Point a, cv::Point b, const cv::Scalar& c, bool dashed) {
+        if (!dashed) return cv::line(m, a, b, c, 2, cv::LINE_AA);
+        const double len = std::hypot(double(b.x - a.x), double(b.y - a.y));
+        for (double t = 0; t < len; t += 12) { // 7 px on, 5 off
+            const double t1 = std::min(len, t + 7);
+            auto at = [&](double u) {
+                return cv::Point(int(a.x + (b.x - a.x) * u / len), int(a.y + (b.y - a.y) * u / len));
+            };
+            cv::line(m, at(t), at(t1), c, 2, cv::LINE_AA);
+        }
+    };
     for (size_t k = 0; k < series.size(); ++k) {
         const auto& s = series[k];
-        const auto c = colors[k % 5];
+        const auto c = colors[size_t(s.color >= 0 ? s.color : int(k)) % 10];
         for (size_t i = 1; i < s.steps.size(); ++i)
-            cv::line(m, {px(s.steps[i - 1]), py(s.losses[i - 1])}, {px(s.steps[i]), py(s.losses[i])}, c, 2,
-                     cv::LINE_AA);
-        if (s.steps.size() < 40)
-            for (size_t i = 0; i < s.steps.size(); ++i) cv::circle(m, {px(s.steps[i]), py(s.losses[i])}, 3, c, -1);
-        text(s.label, W - R - 200, T + 20 + 18 * int(k));
-        cv::line(m, {W - R - 230, T + 16 + 18 * int(k)}, {W - R - 205, T + 16 + 18 * int(k)}, c, 2);
+            segment({px(s.steps[i - 1]), py(s.losses[i - 1])}, {px(s.steps[i]), py(s.losses[i])}, c, s.dashed);
+        if (s.marker > 0 && s.steps.size() < 40)
+            for (size_t i = 0; i < s.steps.size(); ++i)
+                cv::circle(m, {px(s.steps[i]), py(s.losses[i])}, s.marker, c, -1, cv::LINE_AA);
+        const int ly = T + 10 + 18 * int(k), lx = W - R + 12;
+        segment({lx, ly}, {lx + 26, ly}, c, s.dashed);
+        if (s.marker > 0) cv::circle(m, {lx + 13, ly}, s.marker, c, -1, cv::LINE_AA);
+        text(s.label, lx + 34, ly + 4);
     }
     std::vector<uchar> buf;
     cv::imencode(".png", m, buf);

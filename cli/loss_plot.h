@@ -10,6 +10,9 @@ namespace anchor::cli {
 struct LossSeries {
     std::string label;
     std::vector<double> steps, losses;
+    int color = -1;      // index into the plot's palette of 10 (-1: the series' own index)
+    bool dashed = false; // dashed line (e.g. a baseline drawn under the series it is compared with)
+    int marker = 3;      // radius of the point markers in pixels (0: none); drawn for series under 40 points
 };
 
 // Axes of a plot: labels, log or linear y.
@@ -18,8 +21,8 @@ struct PlotAxes {
     bool log_y = true;
 };
 
-// PNG bytes of the curves on shared axes (`steps` is x, `losses` is y); throws anchor::Error without OpenCV or
-// without points. Series with one point are drawn as a marker.
+// PNG bytes of the curves on shared axes (`steps` is x, `losses` is y), the legend to the right of the axes; throws
+// anchor::Error without OpenCV or without points. Series with one point are drawn as a marker.
 std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes& axes);
 
 // Reads the first two columns of a train_*_log.txt.

@@ -4,6 +4,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
 #include "cache/metrics.h"
 #include "cache/util/bench.h"
 #include "cli/common.h"
@@ -56,31 +57,44 @@ struct EvalOptions {
     std::string prompts_file, seeds; // eval-cache: the prompts file and the seed list
 };
 
-// Speed-quality plots of an eval report, one per sampler and statistic (mean and worst image): one curve per cache
-// kind and step count through its modes, x = speed-up, y = PSNR; the reference mode (identical images) is left out.
+// Speed-quality plots of an eval report, one per sampler and statistic (mean and worst image), x = speed-up, y = PSNR:
+// one colour per step count; each cache kind's modes as a solid line with large markers, except DeepCache, drawn
+// dashed through its frontier (the curve the "against deepcache" verdict reads); the reference mode (identical images)
+// is left out.
 std::vector<std::string> write_speed_quality_plots(const nlohmann::json& rep, const fs::path& dir, bool overwrite) {
     std::vector<std::string> written;
     for (const auto& sampler : rep["samplers"])
         for (const char* stat : {"psnr_db", "psnr_min_db"}) {
             std::vector<LossSeries> series;
+            int color = 0;
             for (const auto& c : rep["cells"]) {
                 if (c["sampler"] != sampler) continue;
-                std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> kinds;
+                const std::string steps = ", " + std::to_string(c["steps"].get<int>()) + " steps";
+                std::vector<LossSeries> kinds;
                 for (const auto& m : c["modes"]) {
-                    if (!m[stat].is_number()) continue;
                     const auto mode = m["mode"].get<std::string>();
                     const std::string kind = mode.substr(0, mode.find(':'));
-                    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
-                    if (it == kinds.end())
-                        it = kinds.emplace(kinds.end(), kind, std::vector<std::pair<double, double>>{});
-                    it->second.push_back({m["speedup_vs_first"].get<double>(), m[stat].get<double>()});
+                    if (!m[stat].is_number() || kind == "deepcache") continue;
+                    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.label == kind; });
+                    if (it == kinds.end()) it = kinds.insert(kinds.end(), LossSeries{kind, {}, {}, color, false, 5});
+                    it->steps.push_back(m["speedup_vs_first"].get<double>());
+                    it->losses.push_back(m[stat].get<double>());
                 }
-                for (auto& [kind, pts] : kinds) {
-                    std::sort(pts.begin(), pts.end());
-                    LossSeries s{kind + ", " + std::to_string(c["steps"].get<int>()) + " steps", {}, {}};
-                    for (const auto& [x, y] : pts) s.steps.push_back(x), s.losses.push_back(y);
-                    series.push_back(s);
+                LossSeries dc{"deepcache frontier" + steps, {}, {}, color, true, 3};
+                for (const auto& [x, y] : unet::train::deepcache_frontier(c["modes"], stat))
+                    dc.steps.push_back(x), dc.losses.push_back(y);
+                if (!dc.steps.empty()) kinds.push_back(dc);
+                for (auto& k : kinds) {
+                    if (!k.dashed) {
+                        std::vector<std::pair<double, double>> pts;
+                        for (size_t i = 0; i < k.steps.size(); ++i) pts.emplace_back(k.steps[i], k.losses[i]);
+                        std::sort(pts.begin(), pts.end());
+                        for (size_t i = 0; i < pts.size(); ++i) k.steps[i] = pts[i].first, k.losses[i] = pts[i].second;
+                        k.label += steps;
+                    }
+                    series.push_back(k);
                 }
+                ++color;
             }
             if (series.empty()) continue;
             const std::string name = sampler.get<std::string>();
@@ -104,6 +118,25 @@ int run_eval(EvalOptions& o) {
     for (const auto& path :
          write_speed_quality_plots(r.report, fs::path(r.report_path).parent_path(), o.eval.overwrite))
         std::printf("wrote %s\n", path.c_str());
+    return 0;
+}
+
+struct EvalPlotOptions {
+    std::string report; // a cache_eval.json of eval-cache / eval-fashion
+    bool overwrite = false;
+};
+
+int run_eval_plot(const EvalPlotOptions& o) {
+    const auto rep = JsonConfig::load(o.report, "eval report").json();
+    for (const char* key : {"samplers", "cells"})
+        if (!rep.contains(key) || !rep[key].is_array())
+            throw Error("'" + o.report + "': not an eval-cache report (no '" + key + "' list)");
+    try {
+        for (const auto& path : write_speed_quality_plots(rep, fs::path(o.report).parent_path(), o.overwrite))
+            std::printf("wrote %s\n", path.c_str());
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("'" + o.report + "': " + e.what());
+    }
     return 0;
 }
 
@@ -212,6 +245,14 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
         bind_field("batch", "--batch");
         return run_eval(*eg);
     });
+
+    auto ep = std::make_shared<EvalPlotOptions>();
+    auto* cpl = app.add_subcommand("eval-plot", "redraw the speed-quality plots of a saved cache_eval.json, beside it");
+    cpl->add_option("report", ep->report, "cache_eval.json written by eval-cache or eval-fashion")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cpl->add_flag("--overwrite", ep->overwrite, "replace the plots already beside the report");
+    runners.emplace_back(cpl, [ep]() { return run_eval_plot(*ep); });
 
     auto cal = std::make_shared<CalibrateOptions>();
     auto* ck = app.add_subcommand("calibrate", "measure per-step spectral change of uncached runs and write a freq "

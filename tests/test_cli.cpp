@@ -130,6 +130,44 @@ TEST_CASE("anchor-sd --compare on an image smaller than SSIM's window prints no 
     for (const auto& m : rep["modes"]) CHECK(m["ssim_vs_first"].is_null());
 }
 
+TEST_CASE("anchor-sd eval-plot redraws the speed-quality plots of a saved report, and keeps them without --overwrite",
+          "[cli][sd][eval]") {
+    const auto dir = test::scratch_dir("cli_sd_eval_plot");
+    auto mode = [](const std::string& name, double speed, nlohmann::json mean, nlohmann::json min) {
+        return nlohmann::json{{"mode", name}, {"speedup_vs_first", speed}, {"psnr_db", mean}, {"psnr_min_db", min}};
+    };
+    nlohmann::json rep{{"samplers", {"ddim"}}, {"cells", nlohmann::json::array()}};
+    for (int steps : {10, 20})
+        rep["cells"].push_back({{"sampler", "ddim"},
+                                {"steps", steps},
+                                {"modes",
+                                 {mode("off", 1.0, "inf", "inf"), mode("deepcache:2", 1.7, 38.0, 25.0),
+                                  mode("deepcache:3", 2.1, 33.0, 24.0), mode("deepcache:2,branch=1", 1.4, 35.0, 22.0),
+                                  mode("freq", 2.6, 36.0, 26.0), mode("freq:thr=2", 3.1, 33.0, 23.0)}}});
+    const std::string report = dir + "/cache_eval.json";
+    std::ofstream(report) << rep.dump();
+    auto r = test::run_program(test::sd_bin(), {"eval-plot", report});
+    INFO(r.output);
+    if (r.output.find("needs OpenCV") != std::string::npos) return; // a build without OpenCV draws no plot
+    REQUIRE(r.exit_code == 0);
+    for (const char* png : {"/speed_quality_ddim.png", "/speed_quality_ddim_min.png"}) {
+        REQUIRE(fs::exists(dir + png));
+        std::ifstream f(dir + png, std::ios::binary);
+        std::string head(8, '\0');
+        f.read(head.data(), 8);
+        CHECK(head == "\x89PNG\r\n\x1a\n");
+    }
+    const auto size = fs::file_size(dir + "/speed_quality_ddim.png");
+    std::ofstream(dir + "/speed_quality_ddim.png", std::ios::trunc) << "user data";
+    r = test::run_program(test::sd_bin(), {"eval-plot", report});
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("--overwrite") != std::string::npos);
+    CHECK(fs::file_size(dir + "/speed_quality_ddim.png") == 9);
+    r = test::run_program(test::sd_bin(), {"eval-plot", report, "--overwrite"});
+    CHECK(r.exit_code == 0);
+    CHECK(fs::file_size(dir + "/speed_quality_ddim.png") == size);
+}
+
 TEST_CASE("anchor-sd refuses to overwrite an existing output and leaves it intact", "[cli][sd]") {
     const auto dir = test::scratch_dir("cli_sd_no_overwrite");
     const std::string png = dir + "/keep.png";

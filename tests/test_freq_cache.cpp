@@ -986,6 +986,14 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
     // At 1.4x the configuration measured there is beaten by deepcache:2: the line from 1.2x to 1.7x sets the bar.
     CHECK(train::against_deepcache(more, mode("freq", 1.4, 37.0, 24.0))["deepcache_psnr_db"].get<double>() ==
           Approx(39.2));
+    // The frontier itself (what the speed-quality plots draw), slowest first, per measure: the branch=1
+    // configurations are beaten by deepcache:2 (1.4x) and deepcache:3 (2.0x); branch=2's slow 1.2x point stays.
+    using Pts = std::vector<std::pair<double, double>>;
+    CHECK(train::deepcache_frontier(more, "psnr_db") ==
+          Pts{{1.2, 40.0}, {1.7, 38.0}, {2.1, 33.0}, {2.5, 28.0}, {3.8, 27.0}});
+    CHECK(train::deepcache_frontier(more, "psnr_min_db") ==
+          Pts{{1.2, 27.0}, {1.7, 25.0}, {2.1, 24.0}, {2.5, 18.0}, {3.8, 17.5}});
+    CHECK(train::deepcache_frontier(json::array({modes[0]}), "psnr_db").empty());
     // Deepcache itself, the reference, a cell without deepcache: not placed.
     CHECK(train::against_deepcache(modes, modes[2]).is_null());
     CHECK(train::against_deepcache(modes, modes[0]).is_null());

@@ -80,55 +80,61 @@ std::string full_per_run(const nlohmann::json& m, const nlohmann::json& cell) {
 
 } // namespace
 
+std::vector<std::pair<double, double>> deepcache_frontier(const nlohmann::json& modes, const std::string& measure) {
+    std::vector<std::pair<double, double>> dc; // (speed-up, value)
+    for (const auto& d : modes)
+        if (d["mode"].get<std::string>().rfind("deepcache:", 0) == 0 && d[measure].is_number())
+            dc.emplace_back(d["speedup_vs_first"].get<double>(), d[measure].get<double>());
+    std::stable_sort(dc.begin(), dc.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::pair<double, double>> fr;
+    for (size_t i = 0; i < dc.size(); ++i) {
+        bool beaten = false; // by one at least as fast and as good; of two alike, the later one stays
+        for (size_t j = 0; j < dc.size() && !beaten; ++j)
+            beaten = j != i && dc[j].first >= dc[i].first && dc[j].second >= dc[i].second &&
+                     (dc[j].first > dc[i].first || dc[j].second > dc[i].second || j > i);
+        if (!beaten) fr.push_back(dc[i]);
+    }
+    return fr;
+}
+
 nlohmann::json against_deepcache(const nlohmann::json& modes, const nlohmann::json& m) {
-    struct Point {
-        double speed, mean, min;
-    };
-    std::vector<Point> dc;
+    std::vector<double> dc; // the speed-ups of the configurations measured in both
     for (const auto& d : modes)
         if (d["mode"].get<std::string>().rfind("deepcache:", 0) == 0 && d["psnr_db"].is_number() &&
             d["psnr_min_db"].is_number())
-            dc.push_back(
-                {d["speedup_vs_first"].get<double>(), d["psnr_db"].get<double>(), d["psnr_min_db"].get<double>()});
+            dc.push_back(d["speedup_vs_first"].get<double>());
     const std::string name = m["mode"].get<std::string>();
     if (dc.empty() || name.rfind("deepcache:", 0) == 0 || !m["psnr_db"].is_number() || !m["psnr_min_db"].is_number())
         return nullptr;
-    std::sort(dc.begin(), dc.end(), [](const Point& a, const Point& b) { return a.speed < b.speed; });
+    std::sort(dc.begin(), dc.end());
     const double s = m["speedup_vs_first"].get<double>();
-    // DeepCache's curve in one measure (mean or worst image): its frontier, the configurations that no other one at
-    // least as fast beats, linear between the two that bracket s; below the slowest, the slowest (its best); above
-    // the fastest, the fastest (DeepCache only loses quality as it speeds up). A configuration beaten by a faster one
-    // (a deeper branch, say) does not pull the curve down.
-    auto curve_at = [&](double Point::*f) {
-        std::vector<Point> fr; // slowest first, as dc
-        for (size_t i = 0; i < dc.size(); ++i) {
-            bool beaten = false;
-            for (size_t j = 0; j < dc.size() && !beaten; ++j)
-                beaten = j != i && dc[j].speed >= dc[i].speed && dc[j].*f >= dc[i].*f &&
-                         (dc[j].speed > dc[i].speed || dc[j].*f > dc[i].*f || j > i);
-            if (!beaten) fr.push_back(dc[i]);
-        }
-        if (s <= fr.front().speed) return fr.front().*f;
+    // DeepCache's curve in one measure: its frontier, linear between the two configurations that bracket s; below the
+    // slowest, the slowest (its best); above the fastest, the fastest (DeepCache only loses quality as it speeds up).
+    // A configuration beaten by a faster one (a deeper branch, say) does not pull the curve down.
+    auto curve_at = [&](const char* measure) {
+        const auto fr = deepcache_frontier(modes, measure);
+        if (s <= fr.front().first) return fr.front().second;
         for (size_t i = 0; i + 1 < fr.size(); ++i)
-            if (s <= fr[i + 1].speed)
-                return fr[i].*f + (s - fr[i].speed) / (fr[i + 1].speed - fr[i].speed) * (fr[i + 1].*f - fr[i].*f);
-        return fr.back().*f;
+            if (s <= fr[i + 1].first)
+                return fr[i].second +
+                       (s - fr[i].first) / (fr[i + 1].first - fr[i].first) * (fr[i + 1].second - fr[i].second);
+        return fr.back().second;
     };
-    const Point at{s, curve_at(&Point::mean), curve_at(&Point::min)};
-    const bool faster = s > dc.back().speed, slower = s < dc.front().speed;
+    const double dc_mean = curve_at("psnr_db"), dc_min = curve_at("psnr_min_db");
+    const bool faster = s > dc.back(), slower = s < dc.front();
     const std::string basis =
-        faster   ? "faster than deepcache's fastest configuration (" + fmt("%.2fx", dc.back().speed) + "): set against it"
-        : slower ? "slower than deepcache's slowest configuration (" + fmt("%.2fx", dc.front().speed) +
+        faster   ? "faster than deepcache's fastest configuration (" + fmt("%.2fx", dc.back()) + "): set against it"
+        : slower ? "slower than deepcache's slowest configuration (" + fmt("%.2fx", dc.front()) +
                        "): set against its best configuration"
                  : "its best configurations, linear between the two that bracket it";
     const double mean = m["psnr_db"].get<double>(), min = m["psnr_min_db"].get<double>();
-    const bool beats = mean > at.mean && min > at.min;
+    const bool beats = mean > dc_mean && min > dc_min;
     // Faster and worse, or slower and better: DeepCache at the same speed-up is not in the grid.
     const char* verdict = beats ? (slower ? "open" : "beats") : (faster ? "open" : "loses");
-    return {{"deepcache_psnr_db", at.mean},
-            {"deepcache_psnr_min_db", at.min},
-            {"mean_margin_db", mean - at.mean},
-            {"worst_margin_db", min - at.min},
+    return {{"deepcache_psnr_db", dc_mean},
+            {"deepcache_psnr_min_db", dc_min},
+            {"mean_margin_db", mean - dc_mean},
+            {"worst_margin_db", min - dc_min},
             {"verdict", verdict},
             {"basis", basis}};
 }

@@ -53,4 +53,9 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& p);
 // fastest, or slower than every configuration and better than all of them (the grid has no DeepCache at that speed).
 nlohmann::json against_deepcache(const nlohmann::json& modes, const nlohmann::json& m);
 
+// DeepCache's frontier in one measure of a cell ("psnr_db" or "psnr_min_db"): its configurations in `modes` that no
+// other configuration at least as fast beats in that measure, as (speed-up, value), slowest first. The curve
+// against_deepcache reads, and the one the speed-quality plots draw.
+std::vector<std::pair<double, double>> deepcache_frontier(const nlohmann::json& modes, const std::string& measure);
+
 } // namespace anchor::unet::train
