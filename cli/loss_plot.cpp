@@ -131,12 +131,13 @@ std::string line_plot_png(const std::vector<LossSeries>& series, const PlotAxes&
         const auto c = colors[size_t(s.color >= 0 ? s.color : int(k)) % 10];
         for (size_t i = 1; i < s.steps.size(); ++i)
             segment({px(s.steps[i - 1]), py(s.losses[i - 1])}, {px(s.steps[i]), py(s.losses[i])}, c, s.dashed);
-        if (s.marker > 0 && s.steps.size() < 40)
+        const bool markers = s.marker > 0 && s.steps.size() < 40;
+        if (markers)
             for (size_t i = 0; i < s.steps.size(); ++i)
                 cv::circle(m, {px(s.steps[i]), py(s.losses[i])}, s.marker, c, -1, cv::LINE_AA);
         const int ly = T + 10 + 18 * int(k), lx = W - R + 12;
         segment({lx, ly}, {lx + 26, ly}, c, s.dashed);
-        if (s.marker > 0) cv::circle(m, {lx + 13, ly}, s.marker, c, -1, cv::LINE_AA);
+        if (markers) cv::circle(m, {lx + 13, ly}, s.marker, c, -1, cv::LINE_AA);
         text(s.label, lx + 34, ly + 4);
     }
     std::vector<uchar> buf;
