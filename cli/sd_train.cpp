@@ -62,38 +62,36 @@ struct EvalOptions {
 // dashed through its frontier (the curve the "against deepcache" verdict reads); the reference mode (identical images)
 // is left out.
 std::vector<std::string> write_speed_quality_plots(const nlohmann::json& rep, const fs::path& dir, bool overwrite) {
+    using Points = std::vector<std::pair<double, double>>; // (speed-up, PSNR)
+    auto curve = [](const std::string& label, const Points& pts, int color, bool dashed, int marker) {
+        LossSeries s{label, {}, {}, color, dashed, marker};
+        for (const auto& [x, y] : pts) s.steps.push_back(x), s.losses.push_back(y);
+        return s;
+    };
+    // at(): a saved report (eval-plot) may lack a field; json's out_of_range then names it.
     std::vector<std::string> written;
-    for (const auto& sampler : rep["samplers"])
+    for (const auto& sampler : rep.at("samplers"))
         for (const char* stat : {"psnr_db", "psnr_min_db"}) {
             std::vector<LossSeries> series;
             int color = 0;
-            for (const auto& c : rep["cells"]) {
-                if (c["sampler"] != sampler) continue;
-                const std::string steps = ", " + std::to_string(c["steps"].get<int>()) + " steps";
-                std::vector<LossSeries> kinds;
-                for (const auto& m : c["modes"]) {
-                    const auto mode = m["mode"].get<std::string>();
+            for (const auto& c : rep.at("cells")) {
+                if (c.at("sampler") != sampler) continue;
+                const std::string steps = ", " + std::to_string(c.at("steps").get<int>()) + " steps";
+                std::vector<std::pair<std::string, Points>> kinds; // every kind but DeepCache, in the cell's order
+                for (const auto& m : c.at("modes")) {
+                    const auto mode = m.at("mode").get<std::string>();
                     const std::string kind = mode.substr(0, mode.find(':'));
-                    if (!m[stat].is_number() || kind == "deepcache") continue;
-                    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.label == kind; });
-                    if (it == kinds.end()) it = kinds.insert(kinds.end(), LossSeries{kind, {}, {}, color, false, 5});
-                    it->steps.push_back(m["speedup_vs_first"].get<double>());
-                    it->losses.push_back(m[stat].get<double>());
+                    if (!m.contains(stat) || !m.at(stat).is_number() || kind == "deepcache") continue;
+                    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+                    if (it == kinds.end()) it = kinds.emplace(kinds.end(), kind, Points{});
+                    it->second.emplace_back(m.at("speedup_vs_first").get<double>(), m.at(stat).get<double>());
                 }
-                LossSeries dc{"deepcache frontier" + steps, {}, {}, color, true, 3};
-                for (const auto& [x, y] : unet::train::deepcache_frontier(c["modes"], stat))
-                    dc.steps.push_back(x), dc.losses.push_back(y);
-                if (!dc.steps.empty()) kinds.push_back(dc);
-                for (auto& k : kinds) {
-                    if (!k.dashed) {
-                        std::vector<std::pair<double, double>> pts;
-                        for (size_t i = 0; i < k.steps.size(); ++i) pts.emplace_back(k.steps[i], k.losses[i]);
-                        std::sort(pts.begin(), pts.end());
-                        for (size_t i = 0; i < pts.size(); ++i) k.steps[i] = pts[i].first, k.losses[i] = pts[i].second;
-                        k.label += steps;
-                    }
-                    series.push_back(k);
+                for (auto& [kind, pts] : kinds) {
+                    std::sort(pts.begin(), pts.end());
+                    series.push_back(curve(kind + steps, pts, color, false, 5));
                 }
+                const auto frontier = unet::train::deepcache_frontier(c.at("modes"), stat);
+                if (!frontier.empty()) series.push_back(curve("deepcache frontier" + steps, frontier, color, true, 3));
                 ++color;
             }
             if (series.empty()) continue;

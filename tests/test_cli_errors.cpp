@@ -207,6 +207,9 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
     fs::create_directories(work + "/empty_folder");
     fs::create_directories(work + "/eval_done"); // an earlier eval-fashion report
     write_bytes(work + "/eval_done/cache_eval.json", "{}\n");
+    fs::create_directories(work + "/eval_cut"); // a report whose cell lost its modes
+    write_bytes(work + "/eval_cut/cache_eval.json",
+                R"({"samplers": ["ddim"], "cells": [{"sampler": "ddim", "steps": 20}]})");
     const std::vector<Case> cases = {
         {"model path does not exist", "sd", {"-m", work + "/nowhere", "-p", "a", "-o", png}, 1, {"nowhere"}},
         {"model file is not safetensors",
@@ -290,6 +293,11 @@ TEST_CASE("anchor-sd file errors exit 1 and name the file, tensor and shapes", "
          {"eval-plot", work + "/eval_done/cache_eval.json"},
          1,
          {"eval_done/cache_eval.json", "not an eval-cache report", "'samplers'"}},
+        {"eval-plot of a report with a cell that has no modes",
+         "sd",
+         {"eval-plot", work + "/eval_cut/cache_eval.json"},
+         1,
+         {"eval_cut/cache_eval.json", "'modes'"}},
         {"eval-plot of a report that does not exist",
          "sd",
          {"eval-plot", work + "/no_report.json"},

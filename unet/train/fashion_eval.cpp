@@ -82,9 +82,11 @@ std::string full_per_run(const nlohmann::json& m, const nlohmann::json& cell) {
 
 std::vector<std::pair<double, double>> deepcache_frontier(const nlohmann::json& modes, const std::string& measure) {
     std::vector<std::pair<double, double>> dc; // (speed-up, value)
+    // at(): the modes may come from a saved report (anchor-sd eval-plot), where a field can be missing.
     for (const auto& d : modes)
-        if (d["mode"].get<std::string>().rfind("deepcache:", 0) == 0 && d[measure].is_number())
-            dc.emplace_back(d["speedup_vs_first"].get<double>(), d[measure].get<double>());
+        if (d.at("mode").get<std::string>().rfind("deepcache:", 0) == 0 && d.contains(measure) &&
+            d.at(measure).is_number())
+            dc.emplace_back(d.at("speedup_vs_first").get<double>(), d.at(measure).get<double>());
     std::stable_sort(dc.begin(), dc.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<std::pair<double, double>> fr;
     for (size_t i = 0; i < dc.size(); ++i) {
