@@ -162,7 +162,7 @@ rows_f16_avx512(const uint16_t* w, const float* x, const float* b, float* y, int
 // at a time, each read from memory once and from L1 for the other input rows, so the weights stream once per call
 // whatever n is. A BLAS GEMM packs the whole weight matrix first, which at a few rows costs more than the product.
 // The first pass over a group of four rows also prefetches the group kPrefetchGroups on: with more than a few input
-// rows a group computes long enough that the stream would otherwise wait on memory between groups (1.3x at 4-12 rows;
+// rows a group computes long enough that the stream would otherwise wait on memory between groups (measured at 4-12 rows;
 // one group ahead measured best of 0, 1, 2, 3 and 8 with kjv-mdlm's layers, tests/bench/linear_rows_bench).
 constexpr int64_t kPrefetchGroups = 1;
 

@@ -418,7 +418,7 @@ ConvShape conv_shape(const torch::Tensor& x, const torch::Tensor& w, bool bias, 
     // (bf16: always the kernel's blocked layout, into which the per-call reorder rounds the weight anyway)
     sh.plain_weight = !bf16 && sh.n * sh.oh * sh.ow <= kPlainWeightMaxPositions;
     // oneDNN 2.6 has no optimised float32 kernel for NHWC activations with a plain OIHW weight: it falls back to its
-    // scalar reference convolution (ref:any, ~100x slower). At these few positions the activations are cheaper to
+    // scalar reference convolution (ref:any, orders of magnitude slower). At these few positions the activations are cheaper to
     // transpose to NCHW and back than the weight is to reorder.
     if (sh.plain_weight) sh.channels_last = false;
     return sh;

@@ -4,7 +4,7 @@
 // oneDNN's brgemm matmul runs SD's shapes at ~340-380 GFLOP/s where OpenBLAS' sgemm reaches ~160-200 (2 threads,
 // Zen 5; tests/bench/results/onednn_gemm_2026-12-02.txt). LibTorch's own convolution goes through oneDNN too (ideep),
 // as fast at SD's large sizes but with its weight reordered on every call unless a packed copy is kept (the LibTorch
-// fast path of unet/unet_perf.h keeps one: ~1.2 GB for SD 1.5's UNet), and 1.2-1.8x slower on the few positions of
+// fast path of unet/unet_perf.h keeps one: ~1.2 GB for SD 1.5's UNet), and slower on the few positions of
 // the deep levels at 256x256.
 //
 // What is different from LibTorch's arithmetic: the summation order (blocking) of the products, so results differ in
@@ -33,7 +33,7 @@ namespace anchor::kernels {
 // activation rounded to bfloat16 on the way in (and a float32 weight on every call; store the weights as bf16 to
 // avoid that), products summed and written in float32, everything between the layers (norms, attention, softmax)
 // float32 as before. On a CPU with AVX512-BF16 or AMX a bfloat16 product costs half a float32 FMA or less (vdpbf16ps
-// does two per lane), so the layers run ~2x faster; the output moves by bfloat16's rounding of the operands
+// does two per lane), so the layers run up to twice as fast; the output moves by bfloat16's rounding of the operands
 // (relative 2^-9 per operand), not the reference's bits. The automatic-mixed-precision recipe of Kalamkar et al.,
 // "A Study of BFLOAT16 for Deep Learning Training" (2019), applied to inference.
 enum class GemmBackend { Torch, OneDnn, Winograd, Bf16 };

@@ -29,7 +29,7 @@ enum class WinogradGemm { OneDnn, Torch };
 // at least kWinogradMinChannels input and output channels and kWinogradMinPositions output positions (N H W). The
 // weight's transform costs 36 C K floats written per call whatever the positions, the GEMM saves 4x of 9 C K per
 // position: on few positions (SD 1.5's 1280-channel levels, 512 positions at 256x256 and 512x512) the direct kernel
-// is faster, from 2048 positions on Winograd is (1.2-3.0x; tests/bench/results/winograd_2026-12-02.txt). Narrow
+// is faster, from 2048 positions on Winograd is (measured per layer: tests/bench/results/winograd_2026-12-02.txt). Narrow
 // convolutions (SD's conv_in, conv_out) stay direct.
 constexpr int64_t kWinogradMinChannels = 64;
 constexpr int64_t kWinogradMinPositions = 2048;

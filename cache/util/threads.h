@@ -14,7 +14,7 @@ std::string blas_in_use();
 std::string build_description(const std::string& cpu_features);
 
 // OpenBLAS picks its kernels by CPU model number when it is loaded. Debian 12's OpenBLAS 0.3.21 does not know CPUs
-// newer than it (e.g. Xeon family 6 model 207) and falls back to its Prescott (SSE3) kernels: fp32 GEMM ~4-5x slower
+// newer than it (e.g. Xeon family 6 model 207) and falls back to its Prescott (SSE3) kernels: fp32 GEMM several times slower
 // than its AVX-512 kernels on the same CPU, for every linear layer. OPENBLAS_CORETYPE overrides the choice, but only
 // at load time, so a program calls this first thing in main(): when OpenBLAS chose Prescott, the variable is unset
 // and the CPU has AVX-512 (SkylakeX kernels) or AVX2/FMA (Haswell), it sets the variable and re-executes itself once.

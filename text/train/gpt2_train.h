@@ -9,7 +9,7 @@
 // expansion exact, coordinate 0 of the final layer norm's output is pinned to the constant 1 (ln_f.weight[0] = 0,
 // ln_f.bias[0] = 1), so column 0 of the tied embedding is a per-token logit bias; every token absent from the KJV is
 // exported as the row (unseen_logit, 0, ..., 0) and gets logit `unseen_logit` (-30) in every context, i.e. a total
-// probability below 1e-8. `full_vocab` trains all 50257 rows instead (about 3x slower at 128 dims).
+// probability below 1e-8. `full_vocab` trains all 50257 rows instead (several times slower at 128 dims: the output layer dominates).
 #pragma once
 
 #include "text/gpt2_model.h"
