@@ -129,8 +129,8 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     take("--width", ip.width, p.width);
     take("--height", ip.height, p.height);
     take("--clip-skip", ip.clip_skip, o.clip_skip);
-    take("--init-img", ip.init_image, p.init.init_image);
-    take("--mask", ip.mask, p.init.mask);
+    if (ip.init_image && !given("--init-img")) p.init.init_images = {*ip.init_image};
+    if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.job.cache);
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
@@ -366,17 +366,21 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "sample_size x VAE factor: 512 for SD 1.x, 768 for SD 2.x v-prediction single files)"),
          "width");
     bind(app.add_option("-H,--height", p.height, "image height; default: the model's size"), "height");
-    bind(app.add_option("-i,--init-img", p.init.init_image,
+    bind(app.add_option("-i,--init-img", p.init.init_images,
                         "img2img: the init image (PNG); output size = its size rounded down to a multiple of the VAE "
-                        "factor, or -W/-H (the image is resized to them)"),
+                        "factor, or -W/-H (the images are resized to them). Repeat it for a batch: one per line of "
+                        "--prompts-file, or one per image of --batch-size (diffusers' image=[...])")
+             ->allow_extra_args(false),
          "init_image");
     bind(app.add_option("--strength", p.init.strength,
                         "img2img / inpaint: how far the init image is noised, in (0, 1]; runs the last "
                         "int(steps * strength) steps")
              ->capture_default_str(),
          "strength");
-    bind(app.add_option("--mask", p.init.mask,
-                        "inpaint: mask image of the init image's size, white = repaint, black = keep (needs -i)"),
+    bind(app.add_option("--mask", p.init.masks,
+                        "inpaint: mask image of the init image's size, white = repaint, black = keep (needs -i); "
+                        "repeat it as -i (one, or one per init image)")
+             ->allow_extra_args(false),
          "mask");
     bind(app.add_option("-b,--batch-count", j.batch_count, "number of batches; batch k uses seed + k")
              ->capture_default_str(),

@@ -64,11 +64,12 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
     static const std::set<std::string> parameters = with_prompt_parameters(
         {"vae_scale_factor", "scheduler_base_config", "scheduler", "num_inference_steps", "strength", "t_start",
          "num_denoising_steps", "init_timestep", "all_timesteps", "timesteps", "begin_index", "order", "sigmas",
-         "init_noise_sigma", "is_strength_max", "unet", "eta", "clip_skip", "generator_uses"});
+         "init_noise_sigma", "is_strength_max", "unet", "eta", "clip_skip", "generator_uses", "init_image", "init_images",
+         "mask_image", "mask_images"});
     // Descriptive: how the case was made (the image and weight seeds, the forward golden's inputs, the 9-channel
     // UNet's config, checked against its folder when loaded), and what was verified when it was made.
     static const std::set<std::string> descriptive = {
-        "set", "image_seed", "unet_inpaint_seed", "unet_golden", "unet_inpaint_config", "real_pipeline_call_vs_golden"};
+        "set", "image_seed", "image_seeds", "mask_seed", "mask_seeds", "unet_inpaint_seed", "unet_golden", "unet_inpaint_config", "real_pipeline_call_vs_golden"};
     std::set<std::string> known = parameters;
     known.insert(descriptive.begin(), descriptive.end());
     Img2ImgRunSpec s;
@@ -167,6 +168,57 @@ inline FreeTolerance free_tolerance(const std::filesystem::path& dir, const std:
     return t;
 }
 
+// The rows of `t` tiled to `rows` (diffusers' cat([x] * k) / repeat(k, 1, 1, 1)) when it has fewer and they divide;
+// else `t`. A golden may store an image-batch tensor before or after it is tiled to the prompt batch.
+inline torch::Tensor tile_rows(const torch::Tensor& t, int64_t rows) {
+    if (!t.defined() || t.size(0) >= rows || rows % t.size(0) != 0) return t;
+    std::vector<int64_t> reps(size_t(t.dim()), 1);
+    reps[0] = rows / t.size(0);
+    return t.repeat(reps);
+}
+// A comparison of an engine tensor with a golden one whose batch rows may be the image count or the batch's.
+inline Comparison batch_comparison(const std::string& name, const torch::Tensor& a, const torch::Tensor& b,
+                                   double atol = 1e-4, double rtol = 1e-4,
+                                   Comparison::Kind kind = Comparison::Close) {
+    const int64_t rows = std::max(a.size(0), b.size(0));
+    return {name, tile_rows(a, rows), tile_rows(b, rows), atol, rtol, kind};
+}
+
+// Image files the case's config names for a run (top level or runs.<run>: init_image / init_images, mask_image /
+// mask_images: a PNG or a list of PNGs, relative to the case folder): each must hold the pixels of the run file's
+// init_image_uint8 / mask_image_uint8 row of its index.
+inline void check_named_images(const std::filesystem::path& dir, const nlohmann::json& cfg, const std::string& run,
+                               const unet::Img2ImgParams& in, std::vector<Comparison>& out) {
+    const nlohmann::json m = run_parameters(cfg, run);
+    auto files = [&](std::initializer_list<const char*> keys) {
+        std::vector<std::string> v;
+        for (const char* k : keys)
+            if (m.contains(k) && !m[k].is_null()) {
+                const auto more = detail::string_or_list(m[k], k);
+                v.insert(v.end(), more.begin(), more.end());
+            }
+        return v;
+    };
+    const auto inits = files({"init_image", "init_images"});
+    const auto masks = files({"mask_image", "mask_images"});
+    auto check = [&](const std::vector<std::string>& names, const torch::Tensor& px, bool grey) {
+        const auto batch = px.dim() == (grey ? 2 : 3) ? px.unsqueeze(0) : px;
+        if (!names.empty() && int64_t(names.size()) != batch.size(0))
+            throw Error("config.json: runs." + run + " names " + std::to_string(names.size()) + " " +
+                        (grey ? "mask" : "init") + " image files, the run file holds " +
+                        std::to_string(batch.size(0)));
+        for (size_t k = 0; k < names.size(); ++k) {
+            const auto path = (dir / names[k]).string();
+            out.push_back({"config image file " + names[k],
+                           grey ? unet::read_image_grey(path, "mask") : unet::read_image_rgb(path, "init_image"),
+                           batch[int64_t(k)], 0, 0, Comparison::Exact});
+        }
+    };
+    check(inits, in.init_pixels, false);
+    if (in.mask_pixels.defined()) check(masks, in.mask_pixels, true);
+    else if (!masks.empty()) throw Error("config.json: runs." + run + " names mask images, the run file has none");
+}
+
 inline std::vector<Comparison> compare_img2img_run(Img2ImgModels& mm, const std::filesystem::path& dir,
                                                    const nlohmann::json& cfg, const std::string& run) {
     using torch::Tensor;
@@ -177,9 +229,12 @@ inline std::vector<Comparison> compare_img2img_run(Img2ImgModels& mm, const std:
     const int f = models.vae_scale_factor();
     Img2ImgRunSpec spec = read_img2img_spec(cfg, run, f);
     auto& params = spec.params;
-    params.init.init_pixels = g.get("init_image_uint8").squeeze(0);
+    // uint8 [H, W, 3] or [N, H, W, 3] (N images for the batch: one broadcast, or one per prompt image), masks [H, W]
+    // or [N, H, W]: the pipeline takes both forms.
+    params.init.init_pixels = g.get("init_image_uint8");
     const bool inpaint = g.has("mask_image_uint8");
-    if (inpaint) params.init.mask_pixels = g.get("mask_image_uint8").squeeze(0);
+    if (inpaint) params.init.mask_pixels = g.get("mask_image_uint8");
+    check_named_images(dir, cfg, run, params.init, out);
     const int64_t images = int64_t(params.prompts.size()) * params.images_per_prompt;
     const bool cfg_on = params.guidance_scale > 1.0;
     unet::Txt2ImgPipeline pipe(models);
@@ -243,40 +298,42 @@ inline std::vector<Comparison> compare_img2img_run(Img2ImgModels& mm, const std:
         if (!in.image_latents.defined()) throw Error(run + ": the golden encodes the init image, the engine does not");
         out.push_back({enc + "mean", in.image_encode_mean, g.get(enc + "mean")});
         out.push_back({enc + "std", in.image_encode_std, g.get(enc + "std")});
+        // One draw of the N images' posterior shape, as diffusers' latent_dist.sample(generator).
         out.push_back(
             {enc + "noise (generator parity)", in.image_encode_noise, g.get(enc + "noise"), 0, 0, Comparison::Exact});
         if (g.has("vae_encode_sample"))
             out.push_back({"vae_encode_sample", in.image_encode_mean + in.image_encode_std * in.image_encode_noise,
                            g.get("vae_encode_sample")});
         const std::string lat = g.has("init_latents") ? "init_latents" : "image_latents";
-        out.push_back({lat, in.image_latents, g.get(lat)});
+        out.push_back(batch_comparison(lat, in.image_latents, g.get(lat)));
     } else if (in.image_latents.defined()) {
         throw Error(run + ": the engine encodes the init image, the golden does not");
     }
     out.push_back({"noise (generator parity)", in.noise, g.get("noise"), 0, 0, Comparison::Exact});
     out.push_back({"initial_latents", in.latents, g.get("initial_latents")});
     if (inpaint) {
-        out.push_back({"mask_condition", in.mask_condition, g.get("mask_condition"), 0, 0, Comparison::Exact});
-        out.push_back({"mask", in.mask, g.get("mask"), 0, 0, Comparison::Exact});
-        out.push_back({"masked_image", in.masked_image, g.get("masked_image"), 0, 0, Comparison::Exact});
+        out.push_back(
+            batch_comparison("mask_condition", in.mask_condition, g.get("mask_condition"), 0, 0, Comparison::Exact));
+        out.push_back(batch_comparison("mask", in.mask, g.get("mask"), 0, 0, Comparison::Exact));
+        out.push_back(batch_comparison("masked_image", in.masked_image, g.get("masked_image"), 0, 0, Comparison::Exact));
         out.push_back({"masked_image_encode_mean", in.masked_image_encode_mean, g.get("masked_image_encode_mean")});
         out.push_back({"masked_image_encode_std", in.masked_image_encode_std, g.get("masked_image_encode_std")});
         out.push_back({"masked_image_encode_noise (generator parity)", in.masked_image_encode_noise,
                        g.get("masked_image_encode_noise"), 0, 0, Comparison::Exact});
-        out.push_back({"masked_image_latents", in.masked_image_latents, g.get("masked_image_latents")});
+        out.push_back(batch_comparison("masked_image_latents", in.masked_image_latents, g.get("masked_image_latents")));
     }
 
     // Teacher-forced steps; the stored mask / masked-image latents / image latents / noise feed the later stages.
     auto ctx = g.get("prompt_embeds");
     Tensor extra;
     if (in.unet9) {
-        extra = torch::cat({g.get("mask"), g.get("masked_image_latents")}, 1);
+        extra = torch::cat({tile_rows(g.get("mask"), images), tile_rows(g.get("masked_image_latents"), images)}, 1);
         if (cfg_on) extra = torch::cat({extra, extra}, 0);
     }
     unet::InitLatents golden_in = in;
     if (inpaint && !in.unet9) {
-        golden_in.mask = g.get("mask");
-        golden_in.image_latents = g.get("image_latents");
+        golden_in.mask = tile_rows(g.get("mask"), images);
+        golden_in.image_latents = tile_rows(g.get("image_latents"), images);
         golden_in.noise = g.get("noise");
     }
     const int n = sched->num_loop_steps() - in.begin;

@@ -10,6 +10,7 @@
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "unet/freq_cache.h"
+#include "unet/txt2img_job.h"
 
 #include <catch2/catch.hpp>
 
@@ -49,7 +50,7 @@ unet::Txt2ImgParams tiny_params(unet::SamplerKind sampler, int steps, double str
     p.sampler = sampler;
     p.steps = steps;
     p.seed = 42;
-    p.init.init_image = test::golden("sd/img2img_tiny/init_image.png");
+    p.init.init_images = {test::golden("sd/img2img_tiny/init_image.png")};
     p.init.strength = strength;
     return p;
 }
@@ -78,6 +79,96 @@ TEST_CASE("inpaint with 4- and 9-channel UNets matches diffusers", "[sd][inpaint
     sdgolden::Img2ImgModels models;
     check_comparisons("unet forward",
                       sdgolden::compare_unet_forward(models, dir, cfg, dir / "golden_unet_inpaint.safetensors"));
+}
+
+TEST_CASE("batched img2img and inpaint (one init image and mask per prompt, non-square) match diffusers",
+          "[sd][img2img][inpaint]") {
+    // tests/golden/sd/anchorcache_cases (generate/gen_img2img_batch.py): the real diffusers 0.27.2 pipelines with
+    // prompt=[...], image=[...], mask_image=[...] at 16x24: one VAE batch and one posterior draw for the N images, the
+    // noise after it, tiled to the batch; two and three prompts, DDIM and Euler, 4- and 9-channel UNets.
+    run_case("anchorcache_cases/img2img_batch", {"ddim8_strength0.7", "euler7_strength0.9"});
+    run_case("anchorcache_cases/inpaint_batch", {"unet4_ddim6_strength1.0", "unet4_euler8_strength0.6",
+                                                 "unet9_ddim6_strength1.0", "unet9_euler8_strength0.75"});
+    // One init image for two prompts (24x16: cat([latents] * 2)), and two init images with one mask.
+    run_case("anchorcache_cases/img2img_broadcast", {"euler6_strength0.5"});
+    run_case("anchorcache_cases/inpaint_one_mask", {"unet9_ddim5_strength0.8"});
+}
+
+TEST_CASE("batched init images: counts that divide the batch, tiled in diffusers' order; others refused",
+          "[sd][img2img]") {
+    sdgolden::Img2ImgModels mm;
+    auto models = case_models(mm, "anchorcache_cases/inpaint_batch");
+    unet::Txt2ImgPipeline pipe(models);
+    const fs::path dir = test::golden("sd/anchorcache_cases/inpaint_batch");
+    auto p = tiny_params(unet::SamplerKind::DDIM, 6, 0.5);
+    p.prompts = {"a", "b", "c", "d"};
+    p.init.init_images = {(dir / "init_image_0.png").string(), (dir / "init_image_1.png").string()};
+    p.init.masks = {(dir / "mask_image_0.png").string()};
+    p.decode = false;
+    // 2 images for 4 prompts: image b starts from init image b mod 2 (diffusers' cat([x] * 2)).
+    auto sched = unet::make_scheduler(p.sampler, pipe.scheduler_config());
+    sched->set_timesteps(p.steps);
+    torch::Generator g = at::detail::createCPUGenerator(7);
+    const auto rp = pipe.resolved(p);
+    CHECK(rp.width == 24);
+    CHECK(rp.height == 16);
+    const auto in = pipe.prepare_init(rp, *sched, 4, g);
+    CHECK(in.init_image.size(0) == 2);
+    CHECK(in.image_encode_noise.size(0) == 2); // one posterior draw for the two images
+    CHECK(torch::equal(in.image_latents[0], in.image_latents[2]));
+    CHECK(torch::equal(in.image_latents[1], in.image_latents[3]));
+    CHECK(!torch::equal(in.image_latents[0], in.image_latents[1]));
+    CHECK(in.mask.size(0) == 4);
+    CHECK(in.masked_image.size(0) == 2); // two images x one mask, broadcast
+    CHECK(in.masked_image_latents.size(0) == 4);
+    // 3 images for 4 prompts, 2 masks for 3 images: refused with the counts.
+    auto bad = p;
+    bad.init.init_images.push_back((dir / "init_image_2.png").string());
+    auto [field, msg] = param_error([&] { pipe.validate(bad); });
+    CHECK(field == "init_image");
+    CHECK_THAT(msg, Catch::Contains("3 init images") && Catch::Contains("batch of 4"));
+    bad = p;
+    bad.prompts = {"a", "b", "c"};
+    bad.init.init_images.push_back((dir / "init_image_2.png").string());
+    bad.init.masks.push_back((dir / "mask_image_1.png").string());
+    std::tie(field, msg) = param_error([&] { pipe.validate(bad); });
+    CHECK(field == "mask");
+    CHECK_THAT(msg, Catch::Contains("2 masks"));
+    // Images of a batch must share one size.
+    bad = p;
+    bad.init.init_images[1] = test::golden("sd/img2img_tiny/init_image.png");
+    std::tie(field, msg) = param_error([&] { pipe.validate(bad); });
+    CHECK(field == "init_image");
+    CHECK_THAT(msg, Catch::Contains("16x16") && Catch::Contains("24x16"));
+    // Pixels: [N, H, W, 3] and [H, W, 3] are both taken; other shapes are refused with the shape.
+    unet::Img2ImgParams px;
+    px.init_pixels = torch::zeros({2, 16, 24, 3}, torch::kUInt8);
+    CHECK(px.validate(10, 4) == std::pair<int, int>{24, 16});
+    px.init_pixels = torch::zeros({16, 24, 4}, torch::kUInt8);
+    CHECK_THAT(param_error([&] { (void)px.validate(10, 4); }).second, Catch::Contains("[16, 24, 4]"));
+}
+
+TEST_CASE("a job hands each batch the init images of its prompts", "[sd][img2img]") {
+    unet::Txt2ImgJob job;
+    job.prompts = {"p0", "p1", "p2", "p3", "p4"};
+    job.batch_size = 2;
+    job.params.init.init_images = {"i0.png", "i1.png", "i2.png", "i3.png", "i4.png"};
+    job.params.init.masks = {"m.png"};
+    const auto batches = unet::plan_batches(job.prompts, job.batch_size, 1, 1);
+    REQUIRE(batches.size() == 3);
+    CHECK(job.init_of(batches[1]).init_images == std::vector<std::string>{"i2.png", "i3.png"});
+    CHECK(job.init_of(batches[2]).init_images == std::vector<std::string>{"i4.png"});
+    CHECK(job.init_of(batches[2]).masks == std::vector<std::string>{"m.png"});
+    job.params.init.init_images.clear();
+    job.params.init.init_pixels = torch::zeros({5, 8, 8, 3}, torch::kUInt8);
+    job.params.init.init_pixels[3].fill_(3);
+    const auto px = job.init_of(batches[1]).init_pixels;
+    CHECK(px.size(0) == 2);
+    CHECK(px[1].max().item<int>() == 3);
+    // One prompt: the images stay as given (one per image of the batch).
+    job.prompts = {"p"};
+    job.batch_size = 5;
+    CHECK(job.init_of(unet::plan_batches(job.prompts, 5, 1, 1)[0]).init_pixels.size(0) == 5);
 }
 
 TEST_CASE("the img2img spec reader fails on keys it does not understand, naming them", "[sd][img2img]") {
@@ -129,7 +220,7 @@ TEST_CASE("DeepCache and the freq cache run in img2img and inpaint over the trun
         auto models = case_models(mm, inpaint ? "inpaint_tiny" : "img2img_tiny");
         unet::Txt2ImgPipeline pipe(models);
         auto p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
-        if (inpaint) p.init.mask = test::golden("sd/inpaint_tiny/mask_image.png");
+        if (inpaint) p.init.masks = {test::golden("sd/inpaint_tiny/mask_image.png")};
         std::vector<torch::Tensor> plain, cached;
         auto r0 = pipe.run(p, nullptr, {}, [&](const unet::StepRecord& s) { plain.push_back(s.latents); });
         auto dc = unet::parse_cache_mode("deepcache:2");
@@ -168,34 +259,34 @@ TEST_CASE("img2img and inpaint refuse bad inputs, naming the field and the file"
     CHECK(field == "strength");
     CHECK_THAT(msg, Catch::Contains("no denoising step"));
     auto p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
-    p.init.init_image = "/nonexistent/init.png";
+    p.init.init_images = {"/nonexistent/init.png"};
     std::tie(field, msg) = param_error([&] { pipe.run(p); });
     CHECK(field == "init_image");
     CHECK_THAT(msg, Catch::Contains("/nonexistent/init.png"));
     // a file that is not an image
-    p.init.init_image = test::golden("sd/img2img_tiny/config.json");
+    p.init.init_images = {test::golden("sd/img2img_tiny/config.json")};
     std::tie(field, msg) = param_error([&] { pipe.run(p); });
     CHECK(field == "init_image");
     CHECK_THAT(msg, Catch::Contains("config.json"));
     // a mask of another size than the init image is refused with both sizes
     p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
-    p.init.mask = test::golden("sd/pil_lanczos/mask_12x8.png");
+    p.init.masks = {test::golden("sd/pil_lanczos/mask_12x8.png")};
     std::tie(field, msg) = param_error([&] { pipe.run(p); });
     CHECK(field == "mask");
     CHECK_THAT(msg, Catch::Contains("12x8") && Catch::Contains("16x16"));
     // a mask without an init image
     p = tiny_params(unet::SamplerKind::DDIM, 10, 0.6);
-    p.init.init_image.clear();
-    p.init.mask = test::golden("sd/inpaint_tiny/mask_image.png");
+    p.init.init_images.clear();
+    p.init.masks = {test::golden("sd/inpaint_tiny/mask_image.png")};
     CHECK(param_error([&] { pipe.validate(p); }).first == "mask");
     // the model-independent checks alone (what anchor-sd runs before loading the model)
     unet::Img2ImgParams ip;
-    ip.init_image = test::golden("sd/img2img_tiny/init_image.png");
+    ip.init_images = {test::golden("sd/img2img_tiny/init_image.png")};
     CHECK(ip.validate(10) == std::pair<int, int>{16, 16});
     ip.strength = 1.5;
     CHECK(param_error([&] { (void)ip.validate(10); }).first == "strength");
     ip.strength = 0.5;
-    ip.mask = test::golden("sd/pil_lanczos/mask_12x8.png");
+    ip.masks = {test::golden("sd/pil_lanczos/mask_12x8.png")};
     CHECK(param_error([&] { (void)ip.validate(10); }).first == "mask");
     // a 9-channel UNet needs a mask
     auto m9 = case_models(mm, "inpaint_tiny", true);
@@ -209,7 +300,7 @@ TEST_CASE("img2img output size: the init image's rounded down to the VAE factor,
     auto models = case_models(mm, "img2img_tiny");
     unet::Txt2ImgPipeline pipe(models);
     auto p = tiny_params(unet::SamplerKind::Euler, 4, 0.5);
-    p.init.init_image = test::golden("sd/pil_lanczos/init_7x16.png"); // 7 wide: 6 with factor 2
+    p.init.init_images = {test::golden("sd/pil_lanczos/init_7x16.png")}; // 7 wide: 6 with factor 2
     auto r = pipe.resolved(p);
     CHECK(r.width == 6);
     CHECK(r.height == 16);
@@ -217,7 +308,7 @@ TEST_CASE("img2img output size: the init image's rounded down to the VAE factor,
     auto res = pipe.run(p);
     CHECK(res.init.init_image.sizes() == std::vector<int64_t>{1, 3, 16, 32});
     CHECK(res.image_uint8.sizes() == std::vector<int64_t>{1, 16, 32, 3});
-    const auto resized = unet::resize_lanczos(unet::read_image_rgb(p.init.init_image), 32, 16);
+    const auto resized = unet::resize_lanczos(unet::read_image_rgb(p.init.init_images[0]), 32, 16);
     CHECK(torch::equal(res.init.init_image, unet::preprocess_image(resized, 32, 16)));
 }
 

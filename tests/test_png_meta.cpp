@@ -181,7 +181,7 @@ TEST_CASE("A1111 infotext of a known parameter set, in create_infotext's order a
     q.sampler = SamplerKind::DPMPP2MKarras;
     q.guidance_scale = 7.5;
     q.clip_skip = 0;
-    q.init.init_image = "in.png";
+    q.init.init_images = {"in.png"};
     q.init.strength = 0.6;
     InfotextFacts f;
     f.cache_mode = "deepcache:3,branch=0";

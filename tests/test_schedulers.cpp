@@ -394,6 +394,68 @@ TEST_CASE("the default schedule is each sampler's own spacing, and use_karras_si
     CHECK(effective_schedule(SamplerKind::DPMPP2MKarras, SchedulerConfig{}) == NoiseSchedule::Karras);
 }
 
+TEST_CASE("Karras sigmas: a config's use_karras_sigmas is diffusers' of that class, --schedule karras the model's",
+          "[schedulers]") {
+    // diffusers' EulerDiscreteScheduler converts the sigmas of its spaced timesteps: with 'leading' spacing at 6 steps
+    // the range is [sigma(1), sigma(831)], not the model's [sigma(0), sigma(999)]; so are its timesteps
+    // (_sigma_to_t) and init_noise_sigma. DPMSolverMultistepScheduler takes the model's range.
+    auto cfg = SchedulerConfig::from_json_text(
+        R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true, "timestep_spacing": "leading",
+            "steps_offset": 1, "sigma_min": null, "sigma_max": null})");
+    const auto full = torch::sqrt((1 - make_alphas_cumprod(cfg)) / make_alphas_cumprod(cfg));
+    auto euler = make_scheduler(SamplerKind::Euler, cfg);
+    euler->set_timesteps(6);
+    CHECK(euler->timesteps().front() == 831.0);
+    CHECK(euler->timesteps().back() == 1.0);
+    CHECK(std::abs(euler->sigmas().front() - full[831].item<double>()) < 1e-6);
+    CHECK(std::abs(euler->sigmas()[5] - full[1].item<double>()) < 1e-7);
+    const double s0 = euler->sigmas().front();
+    CHECK(std::abs(euler->init_noise_sigma() - std::sqrt(s0 * s0 + 1)) < 1e-5);
+    // --schedule karras: the model's range (A1111 / k-diffusion), whatever the spacing.
+    auto given = cfg;
+    given.schedule = NoiseSchedule::Karras;
+    auto model_range = make_scheduler(SamplerKind::Euler, given);
+    model_range->set_timesteps(6);
+    CHECK(model_range->timesteps().front() == Approx(999.0));
+    CHECK(std::abs(model_range->sigmas().front() - full[999].item<double>()) < 1e-5);
+    // sigma_min / sigma_max of the config bound diffusers' range.
+    auto bounded = SchedulerConfig::from_json_text(
+        R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})");
+    auto b = make_scheduler(SamplerKind::Euler, bounded);
+    b->set_timesteps(5);
+    CHECK(b->sigmas().front() == Approx(10.0));
+    CHECK(b->sigmas()[4] == Approx(0.1));
+    // LMS as Euler; DPM-Solver++ the model's range.
+    auto lms = make_scheduler(SamplerKind::LMS, cfg);
+    lms->set_timesteps(6);
+    CHECK(std::abs(lms->sigmas().front() - full[831].item<double>()) < 1e-6);
+    auto dpm = make_scheduler(SamplerKind::DPMPP2M, cfg);
+    dpm->set_timesteps(6);
+    CHECK(dpm->timesteps().front() == 999.0);
+}
+
+TEST_CASE("scheduler settings this engine does not implement are named, never run as something else", "[schedulers]") {
+    CHECK(unsupported_scheduler_settings(R"({"algorithm_type": "dpmsolver++", "solver_order": 2,
+        "lambda_min_clipped": "-inf", "variance_type": null, "thresholding": false})",
+                                         SamplerKind::DPMPP2M)
+              .empty());
+    auto u = unsupported_scheduler_settings(R"({"algorithm_type": "sde-dpmsolver++"})", SamplerKind::DPMPP2M);
+    REQUIRE(u.size() == 1);
+    CHECK_THAT(u[0], Catch::Contains("algorithm_type") && Catch::Contains("sde-dpmsolver++"));
+    CHECK(unsupported_scheduler_settings(R"({"solver_order": 3})", SamplerKind::DPMPP2MKarras).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"interpolation_type": "log_linear"})", SamplerKind::Euler).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"thresholding": true})", SamplerKind::DDIM).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"skip_prk_steps": false})", SamplerKind::PNDM).size() == 1);
+    // Another class's key that diffusers' from_config ignores for this one, and inert unknown keys.
+    CHECK(unsupported_scheduler_settings(R"({"skip_prk_steps": false, "algorithm_type": "deis"})", SamplerKind::Euler)
+              .empty());
+    CHECK(unsupported_scheduler_settings(R"({"use_exponential_sigmas": false, "foo": null})", SamplerKind::Euler)
+              .empty());
+    u = unsupported_scheduler_settings(R"({"use_exponential_sigmas": true})", SamplerKind::Euler);
+    REQUIRE(u.size() == 1);
+    CHECK_THAT(u[0], Catch::Contains("use_exponential_sigmas"));
+}
+
 TEST_CASE("DDIM on a custom schedule steps to the next timestep of its list", "[schedulers]") {
     // Song et al. 2021 eq. 12 with eta = 0: x_prev = sqrt(a_prev) x0 + sqrt(1 - a_prev) eps, a_prev = abar at the
     // next listed timestep (final_alpha = abar[0] after the last, set_alpha_to_one false).

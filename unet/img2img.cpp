@@ -209,6 +209,11 @@ Tensor resize_lanczos(const Tensor& u8, int width, int height) {
 }
 
 Tensor preprocess_image(const Tensor& rgb_u8, int width, int height) {
+    if (rgb_u8.dim() == 4) { // a batch: each image on its own, as the processor's list of PIL images
+        std::vector<Tensor> rows;
+        for (int64_t k = 0; k < rgb_u8.size(0); ++k) rows.push_back(preprocess_image(rgb_u8[k], width, height));
+        return torch::cat(rows, 0);
+    }
     auto r = resize_lanczos(rgb_u8, width, height);
     // pil_to_numpy: float32 / 255; numpy_to_pt: NHWC -> NCHW; normalize: 2x - 1.
     auto x = r.to(torch::kFloat).div(255.0).permute({2, 0, 1}).unsqueeze(0).contiguous();
@@ -216,6 +221,11 @@ Tensor preprocess_image(const Tensor& rgb_u8, int width, int height) {
 }
 
 Tensor preprocess_mask(const Tensor& grey_u8, int width, int height) {
+    if (grey_u8.dim() == 3) {
+        std::vector<Tensor> rows;
+        for (int64_t k = 0; k < grey_u8.size(0); ++k) rows.push_back(preprocess_mask(grey_u8[k], width, height));
+        return torch::cat(rows, 0);
+    }
     auto r = resize_lanczos(grey_u8, width, height);
     auto x = r.to(torch::kFloat).div(255.0).unsqueeze(0).unsqueeze(0).contiguous();
     return (x >= 0.5).to(torch::kFloat); // binarize: < 0.5 -> 0, >= 0.5 -> 1
@@ -240,42 +250,133 @@ StrengthSchedule strength_schedule(int steps, double strength) {
     return s;
 }
 
-std::pair<int, int> Img2ImgParams::validate(int steps) const {
+int64_t Img2ImgParams::image_count() const {
+    if (init_pixels.defined()) return init_pixels.dim() == 4 ? init_pixels.size(0) : 1;
+    return int64_t(init_images.size());
+}
+
+int64_t Img2ImgParams::mask_count() const {
+    if (mask_pixels.defined()) return mask_pixels.dim() == 3 ? mask_pixels.size(0) : 1;
+    return int64_t(masks.size());
+}
+
+namespace {
+
+std::string wxh(int w, int h) {
+    return std::to_string(w) + "x" + std::to_string(h);
+}
+
+// The size shared by the images of one field (files by their headers, pixels by their shape); a file of another size
+// than the first is refused, naming both.
+std::pair<int, int> common_size(const std::vector<std::string>& files, const Tensor& px, const std::string& field) {
+    if (px.defined()) {
+        const int64_t d = px.dim();
+        return {int(px.size(d - (field == "mask" ? 1 : 2))), int(px.size(d - (field == "mask" ? 2 : 3)))};
+    }
+    std::pair<int, int> first{0, 0};
+    for (size_t k = 0; k < files.size(); ++k) {
+        const auto wh = image_file_size(files[k], field);
+        if (k == 0) {
+            first = wh;
+        } else if (wh != first) {
+            throw ParamError(field, "'" + files[k] + "' is " + wxh(wh.first, wh.second) + ", '" + files[0] + "' is " +
+                                        wxh(first.first, first.second) + ": the images of a batch need one size");
+        }
+    }
+    return first;
+}
+
+void check_count(const std::string& field, int64_t n, int64_t batch) {
+    if (batch > 0 && (n > batch || batch % n != 0))
+        throw ParamError(field, std::to_string(n) + " " + (field == "mask" ? "masks" : "init images") +
+                                    " for a batch of " + std::to_string(batch) +
+                                    " images: give one, or a count that divides the batch (one per image)");
+}
+
+} // namespace
+
+std::pair<int, int> Img2ImgParams::validate(int steps, int64_t batch) const {
     if (!enabled()) {
         if (inpaint()) throw ParamError("mask", "a mask needs an init image (init_image)");
         return {0, 0};
     }
     (void)strength_schedule(steps, strength);
-    if (init_pixels.defined() &&
-        (init_pixels.dim() != 3 || init_pixels.size(2) != 3 || init_pixels.scalar_type() != torch::kUInt8))
-        throw ParamError("init_image", "init pixels must be uint8 [H, W, 3]");
-    const auto [iw, ih] = init_pixels.defined()
-                              ? std::pair<int, int>{int(init_pixels.size(1)), int(init_pixels.size(0))}
-                              : image_file_size(init_image, "init_image");
+    if (init_pixels.defined() && ((init_pixels.dim() != 3 && init_pixels.dim() != 4) ||
+                                  init_pixels.size(-1) != 3 || init_pixels.scalar_type() != torch::kUInt8 ||
+                                  init_pixels.numel() == 0))
+        throw ParamError("init_image", "init pixels must be uint8 [H, W, 3] or [N, H, W, 3], got " +
+                                           std::string(c10::toString(init_pixels.scalar_type())) + " " +
+                                           c10::str(init_pixels.sizes()));
+    const auto [iw, ih] = common_size(init_images, init_pixels, "init_image");
+    check_count("init_image", image_count(), batch);
     if (!inpaint()) return {iw, ih};
-    if (mask_pixels.defined() && (mask_pixels.dim() != 2 || mask_pixels.scalar_type() != torch::kUInt8))
-        throw ParamError("mask", "mask pixels must be uint8 [H, W]");
-    const auto [mw, mh] = mask_pixels.defined()
-                              ? std::pair<int, int>{int(mask_pixels.size(1)), int(mask_pixels.size(0))}
-                              : image_file_size(mask, "mask");
+    if (mask_pixels.defined() && ((mask_pixels.dim() != 2 && mask_pixels.dim() != 3) ||
+                                  mask_pixels.scalar_type() != torch::kUInt8 || mask_pixels.numel() == 0))
+        throw ParamError("mask", "mask pixels must be uint8 [H, W] or [N, H, W], got " +
+                                     std::string(c10::toString(mask_pixels.scalar_type())) + " " +
+                                     c10::str(mask_pixels.sizes()));
+    const auto [mw, mh] = common_size(masks, mask_pixels, "mask");
+    check_count("mask", mask_count(), batch);
+    // The masked image is init image * mask, broadcast over the batch dimension as torch does in diffusers.
+    const int64_t ni = image_count(), nm = mask_count();
+    if (ni != nm && ni != 1 && nm != 1)
+        throw ParamError("mask", std::to_string(nm) + " masks for " + std::to_string(ni) +
+                                     " init images: give one mask, or one per init image");
     // diffusers stretches image and mask to the output size independently; a mask of another size was drawn for
     // another image, so it is refused rather than stretched.
-    auto wxh = [](int w, int h) { return std::to_string(w) + "x" + std::to_string(h); };
+    const std::string mname = mask_file(*this), iname = init_image_file(*this);
     if (mw != iw || mh != ih)
-        throw ParamError("mask", "the mask" + (mask.empty() ? std::string() : " '" + mask + "'") + " is " +
+        throw ParamError("mask", "the mask" + (mname.empty() ? std::string() : " '" + mname + "'") + " is " +
                                      wxh(mw, mh) + ", the init image" +
-                                     (init_image.empty() ? std::string() : " '" + init_image + "'") + " is " +
-                                     wxh(iw, ih) + ": give a mask of the init image's size");
+                                     (iname.empty() ? std::string() : " '" + iname + "'") + " is " + wxh(iw, ih) +
+                                     ": give a mask of the init image's size");
     return {iw, ih};
 }
 
-std::string init_image_sha256(const Img2ImgParams& p) {
-    return p.init_pixels.defined() ? hash_pixels(p.init_pixels) : sha256_file(p.init_image);
+std::pair<int, int> Img2ImgParams::size() const {
+    if (init_pixels.defined())
+        return init_pixels.dim() >= 3 ? std::pair<int, int>{int(init_pixels.size(-2)), int(init_pixels.size(-3))}
+                                      : std::pair<int, int>{0, 0};
+    return init_images.empty() ? std::pair<int, int>{0, 0} : image_file_size(init_images[0], "init_image");
 }
 
-std::string mask_sha256(const Img2ImgParams& p) {
+Tensor Img2ImgParams::rgb_batch() const {
+    if (init_pixels.defined()) return init_pixels.dim() == 4 ? init_pixels : init_pixels.unsqueeze(0);
+    std::vector<Tensor> rows;
+    for (const auto& f : init_images) rows.push_back(read_image_rgb(f, "init_image"));
+    return torch::stack(rows, 0);
+}
+
+Tensor Img2ImgParams::grey_batch() const {
+    if (mask_pixels.defined()) return mask_pixels.dim() == 3 ? mask_pixels : mask_pixels.unsqueeze(0);
+    std::vector<Tensor> rows;
+    for (const auto& f : masks) rows.push_back(read_image_grey(f, "mask"));
+    return torch::stack(rows, 0);
+}
+
+std::string init_image_file(const Img2ImgParams& p, int64_t k) {
+    return p.init_images.empty() ? "" : p.init_images.at(size_t(k % int64_t(p.init_images.size())));
+}
+
+std::string mask_file(const Img2ImgParams& p, int64_t k) {
+    return p.masks.empty() ? "" : p.masks.at(size_t(k % int64_t(p.masks.size())));
+}
+
+std::string init_image_sha256(const Img2ImgParams& p, int64_t k) {
+    if (p.init_pixels.defined()) {
+        const int64_t n = p.image_count();
+        return hash_pixels(p.init_pixels.dim() == 4 ? p.init_pixels[k % n] : p.init_pixels);
+    }
+    return sha256_file(init_image_file(p, k));
+}
+
+std::string mask_sha256(const Img2ImgParams& p, int64_t k) {
     if (!p.inpaint()) return "";
-    return p.mask_pixels.defined() ? hash_pixels(p.mask_pixels) : sha256_file(p.mask);
+    if (p.mask_pixels.defined()) {
+        const int64_t n = p.mask_count();
+        return hash_pixels(p.mask_pixels.dim() == 3 ? p.mask_pixels[k % n] : p.mask_pixels);
+    }
+    return sha256_file(mask_file(p, k));
 }
 
 } // namespace anchor::unet

@@ -8,27 +8,46 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 namespace anchor::unet {
 
-// The init image (and mask) of an img2img / inpaint run; none = txt2img. ParamError fields: "init_image", "mask",
+// The init images (and masks) of an img2img / inpaint run; none = txt2img. ParamError fields: "init_image", "mask",
 // "strength".
+//
+// A batch (diffusers' `image=[...]`, `mask_image=[...]`): either one init image for every image of the batch or
+// several, and likewise the masks, each count dividing the batch (prompts x images_per_prompt). diffusers encodes the
+// N given images as one VAE batch (one posterior draw of shape [N, 4, h, w] from the generator) and tiles the result
+// to the batch, cat([latents] * (batch / N)) in prepare_latents and repeat(batch / N) in the inpaint pipeline: image b
+// of the batch starts from init image b mod N (not b / (batch / N)); a mask count other than the images' broadcasts
+// against them the same way before the masked image is made.
 struct Img2ImgParams {
-    std::string init_image; // image file (PNG exact; JPEG decoded by stb, which may round differently from PIL)
-    std::string mask;       // image file, greyed like PIL's convert("L"); >= 128 (white) = repaint, < 128 = keep
+    std::vector<std::string> init_images; // image files (PNG exact; JPEG decoded by stb, which may round differently)
+    std::vector<std::string> masks; // image files, greyed like PIL's convert("L"); >= 128 (white) = repaint, < 128 keep
     // How far the init image is noised, in (0, 1]: diffusers' strength. The loop runs the last
     // min(int(steps * strength), steps) of the `steps` timesteps; 1 starts an inpaint run with a 9-channel UNet
     // from pure noise, every other run from the noised init image.
     double strength = 0.75;
-    // Decoded pixels instead of the files (a server, the golden checks): uint8 [H, W, 3] RGB and [H, W] grey.
+    // Decoded pixels instead of the files (a server, the golden checks): uint8 [H, W, 3] or [N, H, W, 3] RGB and
+    // [H, W] or [N, H, W] grey.
     torch::Tensor init_pixels, mask_pixels;
 
-    bool enabled() const { return !init_image.empty() || init_pixels.defined(); }
-    bool inpaint() const { return !mask.empty() || mask_pixels.defined(); }
+    bool enabled() const { return !init_images.empty() || init_pixels.defined(); }
+    bool inpaint() const { return !masks.empty() || mask_pixels.defined(); }
+    // How many init images / masks are given (0 without).
+    int64_t image_count() const;
+    int64_t mask_count() const;
+    // The init images' width and height (the first file's header, or the pixels' shape); ParamError naming the file.
+    std::pair<int, int> size() const;
     // What needs no model: a mask only with an init image, strength in (0, 1] leaving >= 1 of `steps` to run, the
-    // files readable as images (headers only), pixel tensors shaped, the mask of the init image's size (refused
-    // otherwise). Returns the init image's width and height ({0, 0} without one). ParamError naming the field.
-    std::pair<int, int> validate(int steps) const;
+    // files readable as images (headers only), all of one size, pixel tensors shaped, the masks of the init images'
+    // size (refused otherwise), and, with `batch` > 0, each count dividing the batch. Returns the init images' width
+    // and height ({0, 0} without one). ParamError naming the field.
+    std::pair<int, int> validate(int steps, int64_t batch = 0) const;
+    // The init images as uint8 [N, H, W, 3] and the masks as uint8 [M, H, W] (read from the files when not given as
+    // pixels).
+    torch::Tensor rgb_batch() const;
+    torch::Tensor grey_batch() const;
 };
 
 // Image files as PIL gives them: convert("RGB") (grey replicated, alpha dropped) -> uint8 [H, W, 3];
@@ -43,11 +62,11 @@ std::pair<int, int> image_file_size(const std::string& path, const std::string& 
 // pass first, coefficients in 22-bit fixed point (Pillow's Resample.c); the same image when the size is unchanged.
 torch::Tensor resize_lanczos(const torch::Tensor& u8, int width, int height);
 
-// VaeImageProcessor.preprocess(image, height, width): resized to width x height when that differs, / 255 in
-// float32, 2x - 1 -> [1, 3, H, W] float.
+// VaeImageProcessor.preprocess(image, height, width): each image resized to width x height when that differs, / 255
+// in float32, 2x - 1 -> [N, 3, H, W] float (uint8 [H, W, 3] gives N = 1).
 torch::Tensor preprocess_image(const torch::Tensor& rgb_u8, int width, int height);
 // The mask processor (do_normalize False, do_binarize True, do_convert_grayscale True): resized, / 255, < 0.5 -> 0,
-// >= 0.5 -> 1 -> [1, 1, H, W] float.
+// >= 0.5 -> 1 -> [N, 1, H, W] float (uint8 [H, W] gives N = 1).
 torch::Tensor preprocess_mask(const torch::Tensor& grey_u8, int width, int height);
 // prepare_mask_latents: F.interpolate(mask, size=(H / f, W / f)), mode nearest.
 torch::Tensor latent_mask(const torch::Tensor& mask_condition, int vae_factor);
@@ -60,8 +79,11 @@ struct StrengthSchedule {
 // ParamError("strength") outside (0, 1] or when no step would run (int(steps * strength) == 0).
 StrengthSchedule strength_schedule(int steps, double strength);
 
-// SHA-256 of the init image / mask as given: the file's bytes, or the pixel bytes when given as a tensor.
-std::string init_image_sha256(const Img2ImgParams& p);
-std::string mask_sha256(const Img2ImgParams& p);
+// SHA-256 of init image / mask k as given: the file's bytes, or the pixel bytes of row k when given as a tensor.
+std::string init_image_sha256(const Img2ImgParams& p, int64_t k = 0);
+std::string mask_sha256(const Img2ImgParams& p, int64_t k = 0);
+// The file name of init image / mask k ("" when given as pixels).
+std::string init_image_file(const Img2ImgParams& p, int64_t k = 0);
+std::string mask_file(const Img2ImgParams& p, int64_t k = 0);
 
 } // namespace anchor::unet

@@ -97,9 +97,7 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
     if (p.init.enabled() && (p.width == 0 || p.height == 0)) {
         // diffusers' get_default_height_width: the init image's size, rounded down to a multiple of the VAE factor.
         const int f = m_.vae_scale_factor();
-        const auto [w, h] = p.init.init_pixels.defined()
-                                ? std::pair<int, int>{int(p.init.init_pixels.size(1)), int(p.init.init_pixels.size(0))}
-                                : image_file_size(p.init.init_image, "init_image");
+        const auto [w, h] = p.init.size();
         if (p.width == 0) p.width = w - w % f;
         if (p.height == 0) p.height = h - h % f;
     }
@@ -124,7 +122,8 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
                                            "and a mask");
         return;
     }
-    const auto [iw, ih] = in.validate(p.steps); // strength, readable files, pixel shapes, mask size
+    // strength, readable files, pixel shapes, mask size, the counts against the batch
+    const auto [iw, ih] = in.validate(p.steps, int64_t(p.prompts.size()) * p.images_per_prompt);
     const int f = m.vae_scale_factor();
     if (iw < f || ih < f)
         throw ParamError("init_image",
@@ -472,16 +471,18 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     const double sf = m_.vae->config().scaling_factor;
     const int64_t C = m_.vae->config().latent_channels;
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
-    auto rgb = p.init.init_pixels.defined() ? p.init.init_pixels : read_image_rgb(p.init.init_image, "init_image");
-    in.init_image = preprocess_image(rgb, p.width, p.height);
-    // retrieve_latents(vae.encode(x), generator): the posterior *sampled*, mean + std * randn(generator), of the one
-    // image, times scaling_factor, then repeated for the batch.
+    in.init_image = preprocess_image(p.init.rgb_batch(), p.width, p.height); // [N, 3, H, W]
+    // The N given images (or masked images) to the batch of `images`: diffusers tiles, cat([x] * (images / N)) in
+    // img2img's prepare_latents and x.repeat(images / N, 1, 1, 1) in the inpaint pipeline (the same order).
+    auto tile = [&](const Tensor& x) { return x.size(0) < images ? x.repeat({images / x.size(0), 1, 1, 1}) : x; };
+    // retrieve_latents(vae.encode(x), generator): the posterior *sampled*, mean + std * randn(generator) with one draw
+    // of the whole [N, C, h, w] (the N images as one VAE batch), times scaling_factor, then tiled to the batch.
     auto encode = [&](const Tensor& x, Tensor& mean, Tensor& stdv, Tensor& noise) {
         auto d = m_.vae->encode(x);
         mean = d.mean.to(torch::kCPU, torch::kFloat);
         stdv = d.std.to(torch::kCPU, torch::kFloat);
         noise = torch::randn(mean.sizes(), gen, f32);
-        return (sf * (mean + stdv * noise)).repeat({images, 1, 1, 1});
+        return tile(sf * (mean + stdv * noise));
     };
     // img2img always encodes; inpaint skips it only for a 9-channel UNet at strength 1 (diffusers' prepare_latents:
     // return_image_latents for 4 channels, or an add_noise start).
@@ -493,10 +494,10 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     in.latents = inpaint && strength_max ? in.noise * sched.init_noise_sigma()
                                          : sched.add_noise(in.image_latents, in.noise, in.begin);
     if (!inpaint) return in;
-    auto grey = p.init.mask_pixels.defined() ? p.init.mask_pixels : read_image_grey(p.init.mask, "mask");
-    in.mask_condition = preprocess_mask(grey, p.width, p.height);
-    in.masked_image = in.init_image * (in.mask_condition < 0.5); // the repaint area set to 0 (mid-grey)
-    in.mask = latent_mask(in.mask_condition, f).repeat({images, 1, 1, 1});
+    in.mask_condition = preprocess_mask(p.init.grey_batch(), p.width, p.height); // [M, 1, H, W]
+    // The repaint area set to 0 (mid-grey); N images and M masks broadcast as torch does (N == M or one of them 1).
+    in.masked_image = in.init_image * (in.mask_condition < 0.5);
+    in.mask = tile(latent_mask(in.mask_condition, f));
     // Encoded (and the generator drawn from) for both UNet kinds, as diffusers' prepare_mask_latents.
     in.masked_image_latents =
         encode(in.masked_image, in.masked_image_encode_mean, in.masked_image_encode_std, in.masked_image_encode_noise);
@@ -543,20 +544,20 @@ std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int 
     if (batch_count < 1) throw ParamError("batch_count", "must be >= 1, got " + std::to_string(batch_count));
     std::vector<BatchJob> jobs;
     int next = 0;
-    auto add = [&](std::vector<std::string> group, int per_prompt) {
+    auto add = [&](std::vector<std::string> group, int per_prompt, int first_prompt) {
         for (int k = 0; k < batch_count; ++k) {
-            BatchJob j{group, per_prompt, seed + k, next, k};
+            BatchJob j{group, per_prompt, seed + k, next, k, first_prompt};
             next += j.images();
             jobs.push_back(std::move(j));
         }
     };
     if (prompts.size() == 1) {
-        add(prompts, batch_size);
+        add(prompts, batch_size, 0);
     } else {
         for (size_t i = 0; i < prompts.size(); i += size_t(batch_size))
             add(std::vector<std::string>(prompts.begin() + long(i),
                                          prompts.begin() + long(std::min(prompts.size(), i + size_t(batch_size)))),
-                1);
+                1, int(i));
     }
     return jobs;
 }

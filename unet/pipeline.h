@@ -152,11 +152,11 @@ struct StepRecord {
 
 // What img2img / inpaint start from, each as diffusers names it (prepare_latents, prepare_mask_latents).
 struct InitLatents {
-    torch::Tensor init_image;                          // [1, 3, H, W] in [-1, 1]
-    torch::Tensor image_encode_mean, image_encode_std; // the posterior of init_image (when encoded)
-    torch::Tensor image_encode_noise, image_latents;   // its randn draw; scaling_factor * sample, [B, 4, h, w]
+    torch::Tensor init_image;                          // [N, 3, H, W] in [-1, 1], the N init images given
+    torch::Tensor image_encode_mean, image_encode_std; // the posterior of init_image (when encoded), [N, 4, h, w]
+    torch::Tensor image_encode_noise, image_latents;   // its randn draw; scaling_factor * sample tiled, [B, 4, h, w]
     torch::Tensor noise, latents;                      // randn [B, 4, h, w]; the loop's start
-    torch::Tensor mask_condition, mask, masked_image;  // [1, 1, H, W] 0/1; [B, 1, h, w]; [1, 3, H, W]
+    torch::Tensor mask_condition, mask, masked_image;  // [M, 1, H, W] 0/1; [B, 1, h, w]; [max(N, M), 3, H, W]
     torch::Tensor masked_image_encode_mean, masked_image_encode_std, masked_image_encode_noise;
     torch::Tensor masked_image_latents; // [B, 4, h, w]
     int begin = 0;                      // the first loop step (t_start * order)
@@ -269,6 +269,7 @@ struct BatchJob {
     int64_t seed = 0;
     int first_image = 0; // index of the batch's first image in the job
     int repeat = 0;      // k of the batch count (seed = base seed + k)
+    int first_prompt = 0; // index of the batch's first prompt in the job's prompts
     int images() const { return int(prompts.size()) * images_per_prompt; }
 };
 // The batches of a job, A1111's batch size / batch count: one prompt gives batches of `batch_size` images of it

@@ -22,6 +22,7 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 namespace anchor::unet {
@@ -109,6 +110,64 @@ SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigm
                 "EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler, LMSDiscreteScheduler)");
 }
 
+std::vector<std::string> unsupported_scheduler_settings(const std::string& json_text, SamplerKind kind) {
+    const auto j = nlohmann::json::parse(json_text);
+    const bool dpm = kind == SamplerKind::DPMPP2M || kind == SamplerKind::DPMPP2MKarras;
+    // Read by SchedulerConfig, or inert unless a switch below enables them (thresholding's ratio and range, the
+    // clipping range of clip_sample, which DDIM implements).
+    static const std::set<std::string> known = {
+        "_class_name",      "_diffusers_version", "num_train_timesteps", "beta_start",          "beta_end",
+        "beta_schedule",    "trained_betas",      "steps_offset",        "set_alpha_to_one",    "clip_sample",
+        "prediction_type",  "timestep_spacing",   "use_karras_sigmas",   "sigma_min",           "sigma_max",
+        "skip_prk_steps",   "clip_sample_range",  "sample_max_value",    "dynamic_thresholding_ratio"};
+    // Behaviour-changing keys: the one value implemented, for the samplers whose diffusers class has the key.
+    struct Rule {
+        const char* key;
+        nlohmann::json value; // the supported value (null: only null)
+        bool applies;
+    };
+    const std::vector<Rule> rules = {
+        {"thresholding", false, true},
+        {"rescale_betas_zero_snr", false, true},
+        {"skip_prk_steps", true, kind == SamplerKind::PNDM},
+        {"interpolation_type", "linear", kind == SamplerKind::Euler},
+        {"timestep_type", "discrete", kind == SamplerKind::Euler},
+        {"algorithm_type", "dpmsolver++", dpm},
+        {"solver_order", 2, dpm},
+        {"solver_type", "midpoint", dpm},
+        {"lower_order_final", true, dpm},
+        {"euler_at_final", false, dpm},
+        {"use_lu_lambdas", false, dpm},
+        {"final_sigmas_type", "zero", dpm},
+        {"lambda_min_clipped", "-inf", dpm},
+        {"variance_type", nullptr, dpm},
+    };
+    std::vector<std::string> out;
+    auto same = [](const nlohmann::json& v, const nlohmann::json& want) {
+        if (v == want) return true;
+        // JSON has no -inf: diffusers writes lambda_min_clipped as the string "-inf"; a number must be -inf too.
+        if (want == "-inf" && v.is_number()) return std::isinf(v.get<double>()) && v.get<double>() < 0;
+        if (want.is_number() && v.is_number()) return v.get<double>() == want.get<double>();
+        return false;
+    };
+    std::set<std::string> ruled;
+    for (const auto& r : rules) {
+        ruled.insert(r.key);
+        if (!r.applies || !j.contains(r.key)) continue;
+        const auto& v = j[r.key];
+        if (v.is_null() && !r.value.is_boolean()) continue; // null = the class default
+        if (!same(v, r.value))
+            out.push_back(std::string(r.key) + " = " + v.dump() + " (only " + r.value.dump() + " is implemented for " +
+                          sampler_name(kind) + ")");
+    }
+    for (const auto& [k, v] : j.items()) {
+        if (known.count(k) || ruled.count(k)) continue;
+        const bool inert = v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_array() && v.empty());
+        if (!inert) out.push_back(k + " = " + v.dump() + " (a key this engine does not know)");
+    }
+    return out;
+}
+
 SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw Error("cannot open scheduler config '" + path + "'");
@@ -131,6 +190,8 @@ SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const s
     c.timestep_spacing = j.get_enum("timestep_spacing", timestep_spacing_table(), c.timestep_spacing);
     c.class_name = j.get_string("_class_name", c.class_name);
     c.use_karras_sigmas = j.get_bool("use_karras_sigmas", c.use_karras_sigmas);
+    if (j.has("sigma_min")) c.sigma_min = j.get_double("sigma_min", 0.0);
+    if (j.has("sigma_max")) c.sigma_max = j.get_double("sigma_max", 0.0);
     j.reject("trained_betas", "the betas come from beta_schedule");
     if (c.num_train_timesteps < 2) j.fail("num_train_timesteps", "must be >= 2", j.json().at("num_train_timesteps"));
     return c;
@@ -224,6 +285,30 @@ double sigma_to_t(double sigma, const std::vector<float>& log_sigmas) {
     double w = (double(lo) - log_sigma) / double(lo - hi); // (low - high) is a float32 difference in numpy
     w = std::clamp(w, 0.0, 1.0);
     return (1 - w) * double(low) + w * double(low + 1);
+}
+
+// diffusers' EulerDiscreteScheduler._sigma_to_t as numpy < 2 evaluates it for one float64 sigma against the float32
+// log_sigmas: value-based casting turns every array expression into float32 (log sigma rounded to float32 for the
+// distances and the weight w = (low - log sigma) / (low - high)); only t = (1 - w) low + w high is float64.
+double sigma_to_t_f32(double sigma, const std::vector<float>& log_sigmas) {
+    const auto l = static_cast<float>(std::log(std::max(sigma, 1e-10)));
+    const int64_t n = static_cast<int64_t>(log_sigmas.size());
+    int64_t low = 0;
+    for (int64_t k = 0; k < n; ++k)
+        if (l - log_sigmas[k] >= 0.0f) low = k;
+    low = std::min(low, n - 2);
+    float w = (log_sigmas[low] - l) / (log_sigmas[low] - log_sigmas[low + 1]);
+    w = std::clamp(w, 0.0f, 1.0f);
+    return double(1.0f - w) * double(low) + double(w) * double(low + 1);
+}
+
+// Karras et al. 2022 eq. 5, rho = 7 (the paper's value): n sigmas from sigma_max down to sigma_min, in float64 as
+// diffusers' _convert_to_karras.
+std::vector<double> karras_sigmas(double sigma_min, double sigma_max, int n) {
+    const double rho = 7.0, min_inv = std::pow(sigma_min, 1 / rho), max_inv = std::pow(sigma_max, 1 / rho);
+    std::vector<double> out;
+    for (double r : np_linspace(0, 1, n)) out.push_back(std::pow(max_inv + r * (min_inv - max_inv), rho));
+    return out;
 }
 
 void check_num_steps(const SchedulerConfig& cfg, int n, const char* who) {
@@ -567,6 +652,26 @@ protected:
         check_num_steps(cfg_, n, name_);
         n_ = n;
         begin_ = 0;
+        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
+        if (custom_schedule() && cfg_.karras_spaced_range && *cfg_.schedule == NoiseSchedule::Karras) {
+            // diffusers' Euler / LMS set_timesteps with use_karras_sigmas: the spaced timesteps' sigmas
+            // (np.interp, float64) give _convert_to_karras its range, sigma_max = the first one, sigma_min = the
+            // last (unless the config sets them); the timesteps are _sigma_to_t of the Karras sigmas.
+            const auto spaced = spaced_timesteps(cfg_, n, false);
+            const double smax = cfg_.sigma_max.value_or(np_interp_index(spaced.front(), full));
+            const double smin = cfg_.sigma_min.value_or(np_interp_index(spaced.back(), full));
+            std::vector<float> log_sigmas(full.size());
+            for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+            const auto levels = karras_sigmas(smin, smax, n);
+            ts_.clear();
+            sig_.clear();
+            for (double sigma : levels) {
+                ts_.push_back(double(static_cast<float>(sigma_to_t_f32(sigma, log_sigmas))));
+                sig_.push_back(static_cast<float>(sigma));
+            }
+            sig_.push_back(0.0f);
+            return;
+        }
         if (custom_schedule()) {
             const auto lv = schedule_levels(*cfg_.schedule, cfg_, n);
             ts_.clear();
@@ -577,7 +682,6 @@ protected:
             return;
         }
         ts_ = spaced_timesteps(cfg_, n, false);
-        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
         sig_.clear();
         for (double t : ts_) sig_.push_back(static_cast<float>(np_interp_index(t, full)));
         sig_.push_back(0.0f);
@@ -865,9 +969,7 @@ ScheduleLevels schedule_levels(NoiseSchedule s, const SchedulerConfig& cfg, int 
     const double sigma_min = full.front(), sigma_max = full.back();
     ScheduleLevels out;
     if (s == NoiseSchedule::Karras) {
-        // Karras et al. 2022 eq. 5, rho = 7 (the paper's value), in float64 as diffusers' _convert_to_karras.
-        const double rho = 7.0, min_inv = std::pow(sigma_min, 1 / rho), max_inv = std::pow(sigma_max, 1 / rho);
-        for (double r : np_linspace(0, 1, n)) out.sigmas.push_back(std::pow(max_inv + r * (min_inv - max_inv), rho));
+        out.sigmas = karras_sigmas(sigma_min, sigma_max, n);
     } else if (s == NoiseSchedule::Exponential) {
         // Equal steps in log sigma (k-diffusion get_sigmas_exponential), float64.
         for (double l : np_linspace(std::log(sigma_max), std::log(sigma_min), n)) out.sigmas.push_back(std::exp(l));
@@ -896,6 +998,10 @@ std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const SchedulerConfi
                                           std::optional<double> eta_in) {
     SchedulerConfig cfg = cfg_in;
     cfg.schedule = effective_schedule(kind, cfg_in);
+    // A scheduler config's use_karras_sigmas (no schedule given) means diffusers' Karras of that class: Euler and LMS
+    // convert their spaced sigmas; DPM-Solver the model's, as --schedule karras does for every sampler.
+    cfg.karras_spaced_range =
+        !cfg_in.schedule && cfg_in.use_karras_sigmas && (kind == SamplerKind::Euler || kind == SamplerKind::LMS);
     const auto eta = effective_eta(kind, eta_in);
     switch (kind) {
     case SamplerKind::DDIM:

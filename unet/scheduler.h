@@ -12,7 +12,9 @@
 //                diffusers 0.27.2's _convert_to_karras in DPMSolverMultistepScheduler (and k-diffusion's
 //                get_sigmas_karras, A1111, ComfyUI, stable-diffusion.cpp). diffusers' EulerDiscreteScheduler /
 //                LMSDiscreteScheduler take the range from their already spaced sigmas instead, which for 'leading'
-//                spacing is [sigma(steps_offset), sigma(first timestep)]; here the range is always the model's.
+//                spacing is [sigma(steps_offset), sigma(first timestep)]: that range is used where a scheduler
+//                config's use_karras_sigmas asks for it with those samplers (SchedulerConfig::karras_spaced_range);
+//                --schedule karras is always the model's range (docs/samplers.md).
 //   exponential  log-linear: sigma_i = exp(linspace(log smax, log smin, n)_i) (k-diffusion get_sigmas_exponential;
 //                diffusers' later _convert_to_exponential).
 //   sgm_uniform  ComfyUI's comfy/samplers.py normal_scheduler(sgm=True) / stable-diffusion.cpp's SGMUniformScheduler:
@@ -97,6 +99,14 @@ struct SchedulerConfig {
     bool use_karras_sigmas = false;
     // Addition: the noise schedule; unset = karras when use_karras_sigmas, else default (see effective_schedule).
     std::optional<NoiseSchedule> schedule;
+    // diffusers' EulerDiscreteScheduler sigma_min / sigma_max (null = unset): the ends of its Karras range.
+    std::optional<double> sigma_min, sigma_max;
+    // Set by make_scheduler: the Karras sigmas take their range from the sampler's own spaced sigmas of this step
+    // count, [sigma(last spaced timestep), sigma(first spaced timestep)] (or sigma_min / sigma_max when given), as
+    // diffusers' EulerDiscreteScheduler / LMSDiscreteScheduler do with use_karras_sigmas (set_timesteps converts the
+    // sigmas of its spaced timesteps, so the range depends on timestep_spacing). Otherwise the model's range
+    // [sigma(0), sigma(N-1)], as DPMSolverMultistepScheduler and k-diffusion / A1111's karras.
+    bool karras_spaced_range = false;
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
     // not know is an anchor::Error naming the file, the field and the choices).
@@ -200,5 +210,12 @@ torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg);
 // "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "LMSDiscreteScheduler". Throws anchor::Error
 // for an unknown class.
 SamplerKind sampler_from_class_name(const std::string& class_name, bool use_karras_sigmas = false);
+// The settings of a diffusers scheduler configuration (JSON text) that the sampler `kind` would not run as diffusers
+// does: a behaviour-changing key of that class with a value this engine does not implement (e.g.
+// DPMSolverMultistepScheduler's algorithm_type 'sde-dpmsolver++', EulerDiscreteScheduler's interpolation_type
+// 'log_linear', thresholding true), or a key this engine does not know at all with a value other than null / false.
+// One "key = value (why)" entry each; empty when the configuration is fully supported. Keys of other classes that
+// diffusers' from_config ignores for this one (PNDM's skip_prk_steps for Euler, ...) are not reported.
+std::vector<std::string> unsupported_scheduler_settings(const std::string& json_text, SamplerKind kind);
 
 } // namespace anchor::unet

@@ -218,8 +218,21 @@ void SdServer::add_routes() {
         job.cache = cache_of(f, "cache", p_.default_cache);
         if (img2img) {
             const auto inits = f.strings("init_images");
-            if (inits.empty()) throw HttpError(400, "init_images", "init_images: expected one base64 image, got none");
-            p.init.init_pixels = request_image(inits[0], "init_images", false);
+            if (inits.empty())
+                throw HttpError(400, "init_images", "init_images: expected one or more base64 images, got none");
+            // One image for the whole batch, or several (a count dividing batch_size; Img2ImgParams tiles them as
+            // diffusers' image=[...]), all of one size.
+            std::vector<torch::Tensor> imgs;
+            for (size_t k = 0; k < inits.size(); ++k) {
+                imgs.push_back(request_image(inits[k], "init_images", false));
+                if (imgs[k].sizes() != imgs[0].sizes())
+                    throw HttpError(400, "init_images",
+                                    "init_images: image " + std::to_string(k) + " is " +
+                                        std::to_string(imgs[k].size(1)) + "x" + std::to_string(imgs[k].size(0)) +
+                                        ", image 0 is " + std::to_string(imgs[0].size(1)) + "x" +
+                                        std::to_string(imgs[0].size(0)) + ": the images of a batch need one size");
+            }
+            p.init.init_pixels = imgs.size() == 1 ? imgs[0] : torch::stack(imgs, 0);
             if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
             p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
         }

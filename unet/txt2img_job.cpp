@@ -28,8 +28,11 @@ void Txt2ImgJob::validate() const {
         throw ParamError("shard_rank", "rank " + std::to_string(shard_rank) + " of " + std::to_string(shard_count) +
                                            " shards (needs 0 <= rank < shards)");
     (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
-    // The init image, mask and strength before any model is loaded (the pipeline checks the rest).
-    if (params.steps >= 1) (void)params.init.validate(params.steps);
+    // The init images, masks and strength before any model is loaded (the pipeline checks the rest): every batch's
+    // share, so that a count that fits no batch fails before the first image.
+    if (params.steps >= 1)
+        for (const auto& b : plan_batches(prompts, batch_size, 1, params.seed))
+            (void)init_of(b).validate(params.steps, b.images());
     // A1111 syntax errors (a weight that is not a number) before any model is loaded.
     check_prompt_syntax(params.prompt_syntax, {&prompts, &params.negative_prompts});
     // The sampler's eta and schedule (the model's use_karras_sigmas only matters when no schedule is given).
@@ -122,11 +125,12 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     }
     if (p.init.enabled()) {
         // What the image was made from: the init image (and mask) by content, the strength and the first loop step.
-        j["init_image"] = {{"file", p.init.init_image}, {"sha256", init_image_sha256(p.init)}};
+        // Image i of the batch starts from init image i mod N (Img2ImgParams' tiling).
+        j["init_image"] = {{"file", init_image_file(p.init, i)}, {"sha256", init_image_sha256(p.init, i)}};
         j["strength"] = p.init.strength;
         j["first_step"] = r.init.begin;
         if (p.init.inpaint()) {
-            j["mask"] = {{"file", p.init.mask}, {"sha256", mask_sha256(p.init)}};
+            j["mask"] = {{"file", mask_file(p.init, i)}, {"sha256", mask_sha256(p.init, i)}};
             j["inpaint_unet_channels"] = r.init.unet9 ? 9 : 4;
         }
     }
@@ -140,6 +144,27 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
                       {"vae_decode", r.decode_s},
                       {"per_step", r.total_steps ? r.denoise_s / r.total_steps : 0.0}};
     return j;
+}
+
+Img2ImgParams Txt2ImgJob::init_of(const BatchJob& batch) const {
+    Img2ImgParams in = params.init;
+    const auto n = int64_t(prompts.size());
+    if (n < 2) return in;
+    // One per prompt: the batch's slice, [first_prompt, first_prompt + its prompts).
+    auto slice_files = [&](std::vector<std::string>& v) {
+        if (int64_t(v.size()) == n)
+            v = std::vector<std::string>(v.begin() + batch.first_prompt,
+                                         v.begin() + batch.first_prompt + long(batch.prompts.size()));
+    };
+    auto slice_px = [&](torch::Tensor& t, int64_t batch_dims) {
+        if (t.defined() && t.dim() == batch_dims && t.size(0) == n)
+            t = t.narrow(0, batch.first_prompt, int64_t(batch.prompts.size()));
+    };
+    slice_files(in.init_images);
+    slice_files(in.masks);
+    slice_px(in.init_pixels, 4);
+    slice_px(in.mask_pixels, 3);
+    return in;
 }
 
 int Txt2ImgJob::image_count() const {
@@ -203,6 +228,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         p.prompts = batch.prompts;
         p.images_per_prompt = batch.images_per_prompt;
         p.seed = batch.seed;
+        p.init = job.init_of(batch);
         p.free_params = job.params.free_params && &batch == &batches.back(); // the models' last use in this job
         auto ctl = parse_cache_mode(job.cache);
         const int nb = batch.images(), k0 = batch.first_image;

@@ -16,7 +16,10 @@
 namespace anchor::unet {
 
 struct Txt2ImgJob {
-    Txt2ImgParams params;              // the settings of every batch (prompts and seed are set per batch)
+    // The settings of every batch (prompts and seed are set per batch). Init images / masks: one for every image, one
+    // per prompt of a prompts file (each batch gets those of its prompts), or, with one prompt, one per image of a
+    // batch (Img2ImgParams).
+    Txt2ImgParams params;
     std::vector<std::string> prompts;  // one prompt, or the lines of a prompts file
     int batch_size = 1;                // images per UNet batch (plan_batches)
     int batch_count = 1;               // batches per prompt group, batch k with seed + k
@@ -45,6 +48,8 @@ struct Txt2ImgJob {
     static std::string numbered(const std::string& base, int k);
     // Images of the whole job (every shard).
     int image_count() const;
+    // The init images and masks of one batch of plan_batches (see params).
+    Img2ImgParams init_of(const BatchJob& batch) const;
 };
 
 struct Txt2ImgJobImage {

@@ -9,16 +9,8 @@
 namespace anchor::golden {
 namespace {
 
-bool is_known_scheduler(const std::string& cls) {
-    try {
-        unet::sampler_from_class_name(cls);
-        return true;
-    } catch (const std::exception&) {
-        return false;
-    }
-}
-
-// The runs of `dir` in name order: `<run>.json` with a known scheduler class and a `<run>.safetensors` next to it.
+// The runs of `dir` in name order: `<run>.json` naming a scheduler class (known to this engine or not: a class it
+// does not implement is a FAIL naming it, never a skipped run) with a `<run>.safetensors` next to it.
 std::vector<std::string> scheduler_runs(const fs::path& dir) {
     std::vector<std::string> runs;
     if (!fs::exists(dir / "common.safetensors")) return runs;
@@ -30,8 +22,7 @@ std::vector<std::string> scheduler_runs(const fs::path& dir) {
         if (!fs::exists(dir / (run + ".safetensors"))) continue;
         try {
             const auto j = test::read_json_file(p);
-            if (j.is_object() && is_known_scheduler(test::scheduler_golden_class(j)) && j.contains("timesteps"))
-                runs.push_back(run);
+            if (j.is_object() && !test::scheduler_golden_class(j).empty()) runs.push_back(run);
         } catch (const std::exception&) {
             // not a scheduler run file
         }

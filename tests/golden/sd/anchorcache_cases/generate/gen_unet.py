@@ -78,3 +78,14 @@ elif which == 'sd2':
         out = f'{OUT}/unet_sd2_{k}'
         unet.save_pretrained(out)
         run_case(out, unet, B, H, W, 77, s, ta, tb)
+elif which == 'sd2t0':
+    # The SD 2.x-style UNet above (its stored weights) at timestep 0: a 0-dim 0 and a per-element batch holding 0,
+    # on the 16x8 latents of unet_sd2_style and on larger 32x16 ones (argv[4]: the unet_sd2_style folder).
+    src = sys.argv[4]
+    unet = UNet2DConditionModel.from_pretrained(src, torch_dtype=torch.float32).eval()
+    for name, (B, H, W, s, ta, tb) in {'unet_sd2_t0': (2, 16, 8, (81, 82), [0, 760], 0),
+                                       'unet_sd2_t0_32x16': (3, 32, 16, (91, 92), [0, 0, 999], 0)}.items():
+        out = f'{OUT}/{name}'
+        os.makedirs(out, exist_ok=True)
+        os.system(f'cp {src}/config.json {src}/diffusion_pytorch_model.safetensors {out}/')
+        run_case(out, unet, B, H, W, 77, s, ta, tb)
