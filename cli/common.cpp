@@ -41,7 +41,9 @@ std::string runtime_info(const std::string& program) {
 void add_common_options(CLI::App& app, int& threads, const std::string& program) {
     // Every program's outputs refuse to replace files unless --overwrite is given (cache/io/atomic_file.h).
     bind_field("overwrite", "--overwrite");
-    app.add_option("-t,--threads", threads, "Intra-op threads (default: all cores)")->check(CLI::NonNegativeNumber);
+    app.add_option("-t,--threads", threads, "Intra-op threads, at most 4 per core (default: all cores)")
+        ->check(cli::in_range(0, cli::max_threads(),
+                              "4 x the " + std::to_string(cli::max_threads() / 4) + " cores of this machine"));
     app.add_flag_callback(
         "--version",
         [&threads, program]() {
@@ -107,7 +109,35 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
 }
 
 namespace cli {
+namespace {
+std::string num(double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+} // namespace
+
+CLI::Validator in_range(double lo, double hi, const std::string& why) {
+    const std::string range = "[" + num(lo) + ", " + num(hi) + "]";
+    return CLI::Validator(
+        [lo, hi, range, why](std::string& s) -> std::string {
+            const char* b = s.c_str();
+            char* end = nullptr;
+            const double v = std::strtod(b, &end);
+            if (end == b || *end != '\0') return ""; // not a number: the option's type says so
+            if (v >= lo && v <= hi) return "";
+            return "must be in " + range + (why.empty() ? "" : " (" + why + ")") + ", got " + s;
+        },
+        range);
+}
+
+int max_threads() {
+    return 4 * int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 std::vector<std::string> read_prompts_file(const std::string& path, int max_n) {
+    if (std::filesystem::is_directory(path))
+        throw UsageError("the prompts file '" + path + "' is a folder, not a file");
     std::ifstream f(path);
     if (!f) throw Error("cannot read the prompts file '" + path + "'");
     std::vector<std::string> out;

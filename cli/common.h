@@ -13,6 +13,7 @@
 namespace CLI {
 class App;
 class Option;
+class Validator;
 } // namespace CLI
 
 namespace anchor {
@@ -38,6 +39,12 @@ std::string option_of_field(const std::string& field); // "" when none is bound
 int parse_command_line(CLI::App& app, int argc, char** argv);
 
 namespace cli {
+// A CLI11 check: the option's number lies in [lo, hi] (NaN does not); the error quotes the value as typed, e.g.
+// "--cfg-scale: must be in [0, 100], got 1e30". `why` (optional) says where the bound comes from.
+CLI::Validator in_range(double lo, double hi, const std::string& why = "");
+// The most intra-op threads --threads takes: 4 per core (more only adds OpenMP overhead; thousands hang the run).
+int max_threads();
+
 // "64,128,256" -> {64, 128, 256}; UsageError naming `option` on an empty list, an empty item or a non-number.
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);
 

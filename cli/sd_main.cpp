@@ -146,6 +146,12 @@ std::vector<LoraSpec> prepare_job(Options& o) {
         job.cache = "deepcache:" + std::to_string(o.deepcache) + ",branch=" + std::to_string(o.deepcache_branch);
     }
     if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
+    // An existing folder named as the output file fails at the first write, after the whole run: say so now.
+    if (!job.output.empty() && job.output.back() != '/' && fs::is_directory(job.output))
+        throw UsageError("-o/--output: '" + job.output + "' is a folder (" +
+                         (o.compare.empty() ? "end it with / for a folder of images, or name a file"
+                                            : "--compare writes one grid: name a file") +
+                         "); --overwrite replaces files, never folders");
     if (job.batch_size > 1 && !o.compare.empty()) throw UsageError("--batch-size and --compare are exclusive");
     job.prompts = read_prompts(o);
     const auto loras = run_loras(o.loras, o.lora_model_dir, job.prompts); // <lora:...> tags leave the prompts
@@ -198,6 +204,26 @@ SDModels load_models(const Options& o, const std::vector<LoraSpec>& loras, doubl
     return models;
 }
 
+// What only the loaded model can bound, said in the options' own terms: --clip-skip against the text encoder's
+// depth (the library's clip_skip counts from 0), and a warning for a size past the one the model was made for.
+void check_against_model(const Options& o, const SDModels& m) {
+    if (m.text_encoder && !m.unet->config().text_time() && o.clip_skip > 0) {
+        const int layers = m.text_encoder->config().num_hidden_layers;
+        if (o.clip_skip > layers)
+            throw UsageError("--clip-skip: must be in [1, " + std::to_string(layers) + "] for this model's " +
+                             std::to_string(layers) + "-layer text encoder (or <= 0 for its default), got " +
+                             std::to_string(o.clip_skip));
+    }
+    const auto& p = o.job.params;
+    const int native = m.unet->config().sample_size * m.vae_scale_factor();
+    if (p.width > native || p.height > native)
+        std::fprintf(stderr,
+                     "warning: %dx%d is larger than the %dx%d this model was made for (%s): expect repeated or "
+                     "broken subjects\n",
+                     p.width > 0 ? p.width : native, p.height > 0 ? p.height : native, native, native,
+                     p.width > native ? "-W" : "-H");
+}
+
 int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
     const auto& job = o.job;
     auto p = pipe.resolved(job.params);
@@ -217,6 +243,7 @@ int run(Options& o) {
     const auto loras = prepare_job(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
+    check_against_model(o, models);
     Txt2ImgPipeline pipe(models);
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
@@ -318,6 +345,7 @@ void add_txt2img_options(CLI::App& app, Options& o) {
         bind_field(field, opt->get_name());
         return opt;
     };
+    bind_field("model", "-m/--model");
     app.add_option("-m,--model", o.model,
                    "model: diffusers folder or single-file .safetensors checkpoint (default: the embedded demo model, "
                    "assets/models/fashion-sd, else assets/models/sd15-tiny-random)");
@@ -336,10 +364,15 @@ void add_txt2img_options(CLI::App& app, Options& o) {
              "-n,--negative-prompt", [&o](const std::string& v) { o.negative = v, o.negative_given = true; },
              "the negative prompt (default: none: empty for SD 1.x/2.x, zero conditioning for SDXL)"),
          "negative_prompts");
-    bind(app.add_option("--cfg-scale", p.guidance_scale, "classifier-free guidance scale; <= 1 disables guidance")
+    bind(app.add_option("--cfg-scale", p.guidance_scale,
+                        "classifier-free guidance scale in [0, 100]; <= 1 disables guidance")
+             ->check(cli::in_range(0, 100))
              ->capture_default_str(),
          "guidance_scale");
-    bind(app.add_option("--steps", p.steps, "number of sampling steps")->capture_default_str(), "steps");
+    bind(app.add_option("--steps", p.steps, "number of sampling steps, in [1, 10000]")
+             ->check(cli::in_range(1, 10000))
+             ->capture_default_str(),
+         "steps");
     p.seed = 42;
     app.add_option("-s,--seed", p.seed, "RNG seed; negative = random (printed)")->capture_default_str();
     p.sampler = SamplerKind::EulerAncestral;
@@ -357,15 +390,20 @@ void add_txt2img_options(CLI::App& app, Options& o) {
          "schedule");
     bind(app.add_option_function<double>(
                 "--eta", [&p](double v) { p.eta = v; },
-                "noise of the samplers that have a noise term, >= 0: ddim (default 0 = deterministic) and euler_a "
-                "(default 1; 0 = the Euler step); refused for the others")
+                "noise of the samplers that have a noise term, in [0, 10]: ddim (default 0 = deterministic) and "
+                "euler_a (default 1; 0 = the Euler step); refused for the others")
+             ->check(cli::in_range(0, 10))
              ->type_name("FLOAT"),
          "eta");
     bind(app.add_option("-W,--width", p.width,
                         "image width, a multiple of the VAE factor (8 for SD); default: the model's size (UNet "
-                        "sample_size x VAE factor: 512 for SD 1.x, 768 for SD 2.x v-prediction single files)"),
+                        "sample_size x VAE factor: 512 for SD 1.x, 768 for SD 2.x v-prediction single files); at "
+                        "most 16384")
+             ->check(cli::in_range(0, 16384)),
          "width");
-    bind(app.add_option("-H,--height", p.height, "image height; default: the model's size"), "height");
+    bind(app.add_option("-H,--height", p.height, "image height; default: the model's size; at most 16384")
+             ->check(cli::in_range(0, 16384)),
+         "height");
     bind(app.add_option("-i,--init-img", p.init.init_images,
                         "img2img: the init image (PNG); output size = its size rounded down to a multiple of the VAE "
                         "factor, or -W/-H (the images are resized to them). Repeat it for a batch: one per line of "
@@ -382,16 +420,20 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "repeat it as -i (one, or one per init image)")
              ->allow_extra_args(false),
          "mask");
-    bind(app.add_option("-b,--batch-count", j.batch_count, "number of batches; batch k uses seed + k")
+    bind(app.add_option("-b,--batch-count", j.batch_count, "number of batches, in [1, 100000]; batch k uses seed + k")
+             ->check(cli::in_range(1, 100000))
              ->capture_default_str(),
          "batch_count");
     bind(
         app.add_option("--batch-size", j.batch_size,
                        "images per UNet batch: N images of the prompt, or N lines of --prompts-file at a time; a batch "
                        "draws its initial noise from one generator seeded with the seed, as diffusers does for "
-                       "prompt=[...] / num_images_per_prompt (image i of a batch is not the image of seed + i)")
+                       "prompt=[...] / num_images_per_prompt (image i of a batch is not the image of seed + i); in "
+                       "[1, 1024]")
+            ->check(cli::in_range(1, 1024))
             ->capture_default_str(),
         "batch_size");
+    bind_field("images_per_prompt", "--batch-size"); // the pipeline's name of the batch's images
     bind(app.add_option(
                 "-o,--output", j.output,
                 "output PNG; a JSON sidecar <output>.json is written next to it, image k > 0 gets a _k suffix; a "
@@ -501,6 +543,9 @@ int main(int argc, char** argv) {
         if (!o.prompt_from.empty()) apply_prompt_from(app, o);
         if (o.prompt.empty() && o.prompts_file.empty())
             throw UsageError("a prompt is required (-p/--prompt TEXT, not empty, or --prompts-file FILE)");
+        if (app.get_option("--strength")->count() > 0 && o.job.params.init.init_image.empty())
+            throw UsageError("--strength " + app.get_option("--strength")->as<std::string>() +
+                             " needs an init image (-i/--init-img): without one the run is txt2img");
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();
         return run(o);
     });

@@ -68,6 +68,10 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
              ->capture_default_str(),
          "queue");
     bind(cmd->add_option("--http-threads", s.http.threads, "connection threads")->capture_default_str(), "threads");
+    bind(cmd->add_option("--drain-timeout", s.http.drain_timeout_s,
+                         "seconds SIGTERM's drain waits for the jobs in flight before it cancels them")
+             ->capture_default_str(),
+         "drain_timeout_s");
     bind(cmd->add_option("--cache", s.default_cache,
                          "cache mode of requests without a `cache` field:\n" + unet::cache_mode_help())
              ->capture_default_str(),

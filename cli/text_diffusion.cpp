@@ -321,7 +321,14 @@ int run_generate(const GenerateArgs& a) {
                       << st.t << "): +" << st.unmasked << " unmasked, " << masked << " masked\n  "
                       << a.s.io.decode(std::vector<int64_t>(st.tokens->begin() + P, st.tokens->end())) << "\n";
         };
-        return generate_diffusion(p, a.show_steps ? StepCallback(show) : StepCallback());
+        try {
+            return generate_diffusion(p, a.show_steps ? StepCallback(show) : StepCallback());
+        } catch (const text::TokenOutsideVocabulary& e) {
+            // The library knows the token; the user typed the text: name the piece.
+            throw UsageError(std::string(a.s.prompt.empty() ? "--prompt-ids" : "--prompt") + ": the text piece '" +
+                             a.s.io.decode({e.id()}) + "' (token " + std::to_string(e.index()) + ", id " +
+                             std::to_string(e.id()) + ") is not in this model's vocabulary; leave it out or reword it");
+        }
     });
     print_generated(a, rep);
     if (!a.json_out.empty()) {

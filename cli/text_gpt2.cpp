@@ -198,6 +198,11 @@ int run_generate(GenArgs a) {
             return 0;
         }
         text::StreamRunner runner(a.p);
+        if (a.p.kv.mode == text::KvMode::Sink && a.p.positions == text::PositionMode::Wrap &&
+            a.p.kv.sinks + a.p.kv.window > runner.n_positions())
+            std::cerr << "warning: --kv " << a.kv << " holds " << a.p.kv.sinks + a.p.kv.window
+                      << " tokens, more than the model's n_positions " << runner.n_positions()
+                      << ": --positions wrap gives tokens past it repeated positions\n";
         std::cout << a.p.prompt << std::flush;
         const auto r = runner.run([](const std::string& piece) { std::cout << piece << std::flush; },
                                   [](const text::SoakWindow& w) {

@@ -59,6 +59,10 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
              ->capture_default_str(),
          "queue");
     bind(cmd->add_option("--http-threads", p->http.threads, "connection threads")->capture_default_str(), "threads");
+    bind(cmd->add_option("--drain-timeout", p->http.drain_timeout_s,
+                         "seconds SIGTERM's drain waits for the jobs in flight before it cancels them")
+             ->capture_default_str(),
+         "drain_timeout_s");
     bind(cmd->add_option("--kv", p->default_kv,
                          "KV mode of requests without a `kv` field: " + text::KvSpec::syntax_help())
              ->capture_default_str(),
@@ -67,6 +71,9 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
          "max_tokens");
     bind(cmd->add_option("--max-prompt", p->max_prompt, "largest prompt in tokens")->capture_default_str(),
          "max_prompt");
+    bind(cmd->add_option("--max-prompt-bytes", p->max_prompt_bytes, "largest prompt in bytes (checked before tokenizing)")
+             ->capture_default_str(),
+         "max_prompt_bytes");
     runners.emplace_back(cmd, [p, no_diffusion]() { return run_text_serve(*p, *no_diffusion); });
 }
 

@@ -2,6 +2,7 @@
 // AUTOMATIC1111's modules/prompt_parser.py, BREAK and escapes; the 75-token chunking and comma backtracking of
 // modules/sd_hijack_clip.py on the bundled CLIP vocabulary; the "Original" emphasis on a hand-computed case; long
 // prompts through the pipeline on the golden tiny model; anchor-sd's --prompt-syntax.
+#include "cache/bpe.h"
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
@@ -11,7 +12,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <fstream>
+#include <numeric>
+#include <random>
+#include <unordered_map>
 
 using namespace anchor;
 using namespace anchor::unet;
@@ -335,4 +340,88 @@ TEST_CASE("The UNet caches take the longer A1111 context", "[prompt][sd][deepcac
     const auto f = pipe.run(p, freq.get());
     CHECK(f.full_steps >= 1);
     CHECK(torch::isfinite(f.image).all().item<bool>());
+}
+
+// ---- issue 56: bounded, linear-time prompt reading ------------------------------------------------------------------
+
+TEST_CASE("bpe_merge_heap gives the reference merge loop's symbols on random words and merge tables", "[prompt]") {
+    std::mt19937 rng(56);
+    for (int table = 0; table < 40; ++table) {
+        // Symbols over a small alphabet so merges apply often; some tables grow like trained BPE (a merge's parts
+        // exist before it), others list pairs in any order (the heap must still match the loop).
+        std::vector<std::string> symbols = {"a", "b", "c", "d"};
+        std::unordered_map<std::string, int> ranks;
+        std::vector<int> order(60);
+        std::iota(order.begin(), order.end(), 0);
+        if (table % 2) std::shuffle(order.begin(), order.end(), rng);
+        for (int r = 0; r < 60; ++r) {
+            const auto& l = symbols[rng() % symbols.size()];
+            const auto& rr = symbols[rng() % symbols.size()];
+            if (ranks.emplace(l + " " + rr, order[size_t(r)]).second) symbols.push_back(l + rr);
+        }
+        for (int w = 0; w < 25; ++w) {
+            std::vector<std::string> word;
+            const size_t n = 1 + rng() % 300;
+            for (size_t i = 0; i < n; ++i) word.push_back(std::string(1, char('a' + rng() % 4)));
+            auto reference = word, heap = word;
+            bpe_merge(reference, ranks);
+            bpe_merge_heap(heap, ranks);
+            INFO("table " << table << ", word of " << n);
+            REQUIRE(heap == reference);
+        }
+    }
+}
+
+TEST_CASE("CLIP tokenizing is linear in the prompt: 60 KB of words or one 60 KB word in well under a second",
+          "[prompt]") {
+    const auto tok = ClipTokenizer::bundled();
+    std::string words;
+    while (words.size() < 60000) words += "a red shirt, ";
+    const std::string word(60000, 'q');
+    for (const std::string* text : {static_cast<const std::string*>(&words), &word}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto ids = tok.encode(*text);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        INFO(text->substr(0, 12) << "...: " << ids.size() << " tokens in " << s << " s");
+        CHECK(ids.size() > 1000);
+        CHECK(s < 1.0);
+    }
+    // Text that is not valid UTF-8 (a lone surrogate, a code point past U+10FFFF) is read as U+FFFD, not cut short:
+    // the words after it are still tokenized.
+    const auto after = tok.encode("red");
+    for (const std::string bad : {"\xed\xa0\x80 red", "\xf4\x90\x80\x80 red"}) {
+        const auto ids = tok.encode(bad);
+        REQUIRE(ids.size() >= after.size());
+        CHECK(std::vector<int64_t>(ids.end() - long(after.size()), ids.end()) == after);
+    }
+}
+
+TEST_CASE("A1111 prompts are bounded before tokenizing: bytes, bracket depth, CLIP tokens", "[prompt]") {
+    const auto tok = ClipTokenizer::bundled();
+    CHECK_THROWS_WITH(parse_prompt_attention(std::string(kMaxPromptBytes + 1, 'a')),
+                      Catch::Contains("bytes") && Catch::Contains(std::to_string(kMaxPromptBytes)));
+    CHECK_NOTHROW(parse_prompt_attention(std::string(kMaxPromptNesting, '(') + "a"));
+    CHECK_THROWS_WITH(parse_prompt_attention(std::string(kMaxPromptNesting + 1, '[') + "a"),
+                      Catch::Contains("nested"));
+    const std::vector<std::string> huge = {std::string(70000, 'a')};
+    CHECK_THROWS_WITH(check_prompt_syntax(PromptSyntax::Plain, {&huge}), Catch::Contains("bytes"));
+    std::string long_prompt;
+    for (int i = 0; i < kMaxPromptTokens / 2 + 1; ++i) long_prompt += "red, ";
+    try {
+        (void)chunk_prompt(tok, parse_prompt_attention(long_prompt));
+        FAIL("no error past the token bound");
+    } catch (const ParamError& e) {
+        CHECK(e.field() == "prompts");
+        CHECK(std::string(e.what()).find(std::to_string(kMaxPromptTokens) + " CLIP tokens") != std::string::npos);
+    }
+    // The bound itself still reads, and the cancellation point runs once per fragment.
+    std::string at_bound;
+    for (int i = 0; i < kMaxPromptTokens / 2 - 1; ++i) at_bound += "red, ";
+    PromptChunkOptions o;
+    int checks = 0;
+    o.check = [&] { ++checks; };
+    CHECK(chunk_prompt(tok, parse_prompt_attention("(" + at_bound + ") plain"), o).chunks.size() >= 20);
+    CHECK(checks == 2);
+    o.check = [] { throw Error("cancelled"); };
+    CHECK_THROWS_WITH(chunk_prompt(tok, parse_prompt_attention("a"), o), "cancelled");
 }

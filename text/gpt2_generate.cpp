@@ -90,12 +90,23 @@ void StreamRunner::encode_prompt() {
                              " positions " + enum_name(position_mode_table(), p_.positions) +
                              "; use kv sink:S,W with positions reencode, wrap or cache to go "
                              "further");
+    // A sink buffer longer than the position table: reencode and cache give its later tokens positions past
+    // n_positions, which the model has no embedding for (wrap folds them back: the caller may warn).
+    if (p_.kv.mode == KvMode::Sink && p_.kv.sinks + p_.kv.window > P &&
+        (p_.positions == PositionMode::Reencode || p_.positions == PositionMode::Cache))
+        throw ParamError("kv", p_.kv.str() + " holds " + std::to_string(p_.kv.sinks + p_.kv.window) +
+                                   " tokens, more than n_positions " + std::to_string(P) + ", which positions " +
+                                   enum_name(position_mode_table(), p_.positions) +
+                                   " would need; choose S + W <= " + std::to_string(P));
     const auto& c = loaded_.config;
     const double need = double(estimate_stream_bytes(c, p_.kv, int64_t(prompt_.size()), p_.max_new_tokens));
     const double kv_part = double(estimate_stream_bytes(c, p_.kv, 0, 0));
-    check_fits_memory(kv_part * 2 > need ? "kv" : "prompt", need,
-                      "kv " + p_.kv.str() + " with a prompt of " + std::to_string(prompt_.size()) + " tokens",
-                      "choose a smaller kv window or prompt");
+    const double new_part = 16.0 * double(p_.max_new_tokens);
+    // The part that dominates the estimate is the one to name.
+    check_fits_memory(new_part * 2 > need ? "max_new_tokens" : kv_part * 2 > need ? "kv" : "prompt", need,
+                      "kv " + p_.kv.str() + " with a prompt of " + std::to_string(prompt_.size()) + " tokens and " +
+                          std::to_string(p_.max_new_tokens) + " new ones",
+                      new_part * 2 > need ? "choose fewer new tokens" : "choose a smaller kv window or prompt");
 }
 
 GenerateReport StreamRunner::run(const std::function<void(const std::string&)>& on_text,

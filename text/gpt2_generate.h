@@ -73,6 +73,7 @@ public:
     // cache and a sampler of its own.
     StreamRunner(const GenerateParams& p, const LoadedGpt2& model, std::shared_ptr<const Gpt2Tokenizer> tokenizer);
     const std::vector<int64_t>& prompt_ids() const { return prompt_; }
+    int64_t n_positions() const { return loaded_.config.n_positions; }
     // Feeds the prompt and generates; `on_text` gets the UTF-8 text of every token as soon as it is whole (and the
     // rest at the end), `on_window` each soak window.
     // `stop` (optional), asked after every token, ends the run early when it returns true (a stop sequence seen, a

@@ -177,8 +177,18 @@ int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o) {
 }
 
 void check_sampling_memory(const MdlmConfig& c, const SamplerOptions& o) {
+    // Rotary positions run past the training length without an error, into positions the model never saw.
+    if (o.length > c.max_seq_len)
+        throw ParamError("length", "must be <= " + std::to_string(c.max_seq_len) +
+                                       ", the context the weights were trained for (config max_seq_len), got " + std::to_string(o.length));
     check_fits_memory("length", double(estimate_sampling_bytes(c, o)),
                       "sampling " + std::to_string(o.length) + " positions", "choose a smaller length");
+}
+
+void check_prompt_vocabulary(const MdlmModelImpl& model, const std::vector<int64_t>& prompt) {
+    for (size_t i = 0; i < prompt.size(); ++i)
+        if (!model.in_vocabulary({prompt[i]}))
+            throw TokenOutsideVocabulary(i, prompt[i], model.config().vocab_size);
 }
 
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {
@@ -193,6 +203,7 @@ DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenera
                                    const StepCallback& on_step, const LoadedGpt2* scorer_in) {
     p.validate();
     check_sampling_memory(model->config(), p.sampler);
+    check_prompt_vocabulary(*model, p.sampler.prompt);
     std::optional<LoadedGpt2> loaded;
     if (!scorer_in && !p.score_with.empty()) loaded = load_gpt2(p.score_with);
     const LoadedGpt2* scorer = scorer_in ? scorer_in : loaded ? &*loaded : nullptr;

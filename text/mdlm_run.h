@@ -95,7 +95,10 @@ DiffusionReport generate_diffusion(const MdlmModel& model, const DiffusionGenera
 // Peak bytes one sampling run adds to the weights: the block activations and attention scores of a full forward
 // over `length` positions, the logits, and the per-layer features a cache keeps.
 int64_t estimate_sampling_bytes(const MdlmConfig& c, const SamplerOptions& o);
-// ParamError("length") when estimate_sampling_bytes exceeds the memory available (cache/util/memory.h).
+// ParamError("length") past the model's context (max_seq_len) or when estimate_sampling_bytes exceeds the memory
+// available (cache/util/memory.h).
 void check_sampling_memory(const MdlmConfig& c, const SamplerOptions& o);
+// TokenOutsideVocabulary (text/params.h) for the first prompt token the model has no embedding for.
+void check_prompt_vocabulary(const MdlmModelImpl& model, const std::vector<int64_t>& prompt);
 
 } // namespace anchor::text

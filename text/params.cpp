@@ -9,6 +9,16 @@ std::string with_flags(const std::string& s, const std::vector<std::pair<std::st
     auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
     std::string out;
     for (size_t i = 0; i < s.size();) {
+        // A quoted value ('bogus', 'anchor:steps=x') is what the user typed: copied as it is.
+        if (s[i] == '\'' && (i == 0 || !word_char(s[i - 1]))) {
+            size_t k = s.find('\'', i + 1);
+            while (k != std::string::npos && k + 1 < s.size() && word_char(s[k + 1])) k = s.find('\'', k + 1);
+            if (k != std::string::npos) {
+                out += s.substr(i, k + 1 - i);
+                i = k + 1;
+                continue;
+            }
+        }
         if (!word_char(s[i])) {
             out += s[i++];
             continue;
@@ -17,7 +27,10 @@ std::string with_flags(const std::string& s, const std::vector<std::pair<std::st
         while (j < s.size() && word_char(s[j])) ++j;
         const std::string word = s.substr(i, j - i);
         std::string replaced = word;
-        for (const auto& [field, flag] : flags)
+        // A word already written as a flag (--cache) or as part of one (--max-new) stays.
+        const bool flag_already = i >= 1 && s[i - 1] == '-';
+        static const std::vector<std::pair<std::string, std::string>> none;
+        for (const auto& [field, flag] : flag_already ? none : flags)
             if (field == word) {
                 replaced = flag; // the first entry for a field wins
                 break;

@@ -5,6 +5,7 @@
 
 #include "cache/io/error.h"
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,5 +21,21 @@ std::string with_flags(const std::string& message, const std::vector<std::pair<s
 inline std::string with_flags(const ParamError& e, const std::vector<std::pair<std::string, std::string>>& flags) {
     return with_flags(std::string(e.what()), flags);
 }
+
+// A prompt token the model cannot read (a compact vocabulary without it), field "prompt": its place in the prompt
+// and its id, so a program can name the text piece it came from (the library has the ids, not the text).
+class TokenOutsideVocabulary : public ParamError {
+public:
+    TokenOutsideVocabulary(size_t index, int64_t id, int64_t vocab_size)
+        : ParamError("prompt", "token " + std::to_string(index) + " (id " + std::to_string(id) +
+                                   ") is not in this model's vocabulary of " + std::to_string(vocab_size) + " tokens"),
+          index_(index), id_(id) {}
+    size_t index() const { return index_; }
+    int64_t id() const { return id_; }
+
+private:
+    size_t index_;
+    int64_t id_;
+};
 
 } // namespace anchor::text

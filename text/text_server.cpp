@@ -3,6 +3,7 @@
 #include "text/gpt2_generate.h"
 #include "text/mdlm_model.h"
 #include "text/mdlm_run.h"
+#include "text/params.h"
 #include "text/text_job.h"
 
 #include <atomic>
@@ -27,6 +28,8 @@ void TextServerParams::validate() const {
     (void)KvSpec::parse(default_kv);
     if (max_tokens < 1) throw ParamError("max_tokens", "must be >= 1, got " + std::to_string(max_tokens));
     if (max_prompt < 1) throw ParamError("max_prompt", "must be >= 1, got " + std::to_string(max_prompt));
+    if (max_prompt_bytes < 1)
+        throw ParamError("max_prompt_bytes", "must be >= 1, got " + std::to_string(max_prompt_bytes));
     if (max_length < 2) throw ParamError("max_length", "must be >= 2, got " + std::to_string(max_length));
     if (max_steps < 1) throw ParamError("max_steps", "must be >= 1, got " + std::to_string(max_steps));
 }
@@ -53,6 +56,14 @@ template <class F> auto as_field(const std::string& field, F&& f) -> decltype(f(
     } catch (const ParamError& e) {
         throw HttpError(400, field, field + ": " + e.detail());
     }
+}
+
+// A prompt within the byte bound, before it is tokenized: 413 naming the field.
+void check_prompt_bytes(const std::string& text, int64_t max_bytes, const std::string& field) {
+    if (int64_t(text.size()) > max_bytes)
+        throw HttpError(413, field,
+                        field + ": a prompt of " + std::to_string(text.size()) + " bytes, at most " +
+                            std::to_string(max_bytes) + " are read");
 }
 
 // The earliest stop sequence in `text` from `from`: its offset, npos when none.
@@ -139,6 +150,7 @@ void TextServer::add_routes() {
             throw HttpError(400, "prompt",
                             "prompt: expected one non-empty string, got " + std::to_string(prompts.size()) +
                                 " prompts");
+        check_prompt_bytes(prompts[0], p_.max_prompt_bytes, "prompt");
         GenerateParams g;
         g.prompt = prompts[0];
         g.max_new_tokens = f.integer("max_tokens", 16, 0, p_.max_tokens);
@@ -222,6 +234,7 @@ void TextServer::add_routes() {
         d.model = p_.diffusion_model;
         auto& s = d.sampler;
         const std::string prompt = f.string("prompt", "");
+        check_prompt_bytes(prompt, p_.max_prompt_bytes, "prompt");
         if (!prompt.empty()) s.prompt = tok_->encode(prompt);
         s.length = f.integer("length", 128, 2, p_.max_length);
         s.steps = f.integer("steps", 64, 1, p_.max_steps);
@@ -237,6 +250,14 @@ void TextServer::add_routes() {
         as_field("length", [&] { s.validate(); });
         // The memory a run of this length needs, before it is queued.
         as_field("length", [&] { check_sampling_memory(mdlm_->config(), s); });
+        try {
+            check_prompt_vocabulary(*mdlm_, s.prompt);
+        } catch (const TokenOutsideVocabulary& e) {
+            throw HttpError(400, "prompt",
+                            "prompt: the text piece '" + tok_->decode({e.id()}) + "' (token " +
+                                std::to_string(e.index()) + ", id " + std::to_string(e.id()) +
+                                ") is not in this diffusion model's vocabulary");
+        }
         const int64_t P = int64_t(s.prompt.size());
         if (P >= s.length)
             throw HttpError(400, "length",
@@ -256,6 +277,45 @@ void TextServer::add_routes() {
     });
 
     http.add_health(model_id_);
+    http.add_openapi(openapi());
+}
+
+nlohmann::json TextServer::openapi() const {
+    using nlohmann::json;
+    using serve::openapi_post;
+    const json str = {{"type", "string"}};
+    auto integer = [](int64_t lo, int64_t hi) { return json{{"type", "integer"}, {"minimum", lo}, {"maximum", hi}}; };
+    auto number = [](double lo, double hi) { return json{{"type", "number"}, {"minimum", lo}, {"maximum", hi}}; };
+    const json prompt = {{"type", "string"}, {"maxLength", p_.max_prompt_bytes}};
+    const json completions = {
+        {"model", str},
+        {"prompt", {{"oneOf", {prompt, {{"type", "array"}, {"items", prompt}, {"minItems", 1}, {"maxItems", 1}}}}}},
+        {"max_tokens", integer(0, p_.max_tokens)},
+        {"temperature", number(0, 2)},
+        {"top_p", number(1e-9, 1)},
+        {"seed", integer(0, INT64_MAX)},
+        {"stop_at_eos", {{"type", "boolean"}}},
+        {"kv", str},
+        {"positions", str},
+        {"stop", {{"oneOf", {str, {{"type", "array"}, {"items", str}, {"maxItems", 4}}}}}},
+        {"stream", {{"type", "boolean"}}}};
+    const json diffusion = {{"prompt", prompt},
+                            {"length", integer(2, p_.max_length)},
+                            {"steps", integer(1, p_.max_steps)},
+                            {"temperature", number(0, 2)},
+                            {"top_p", number(1e-9, 1)},
+                            {"seed", integer(0, INT64_MAX)},
+                            {"block_length", integer(0, p_.max_length)},
+                            {"cache", str}};
+    json paths = {{"/v1/completions", openapi_post("OpenAI completions (stream: server-sent events)", completions,
+                                                   {"prompt"})},
+                  {"/v1/models", serve::openapi_get("the models served")},
+                  {"/health", serve::openapi_get("status, model and queue (503 while draining)")},
+                  {"/openapi.json", serve::openapi_get("this description")}};
+    if (!p_.diffusion_model.empty())
+        paths["/anchor/v1/diffusion"] = openapi_post("text diffusion with a cache mode", diffusion);
+    return serve::openapi_document("anchor-text serve", "OpenAI's completions API and text diffusion on AnchorCache",
+                                   paths);
 }
 
 } // namespace anchor::text

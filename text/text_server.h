@@ -23,6 +23,9 @@ struct TextServerParams {
     std::string default_kv = "full";
     int64_t max_tokens = 4096; // largest max_tokens of a request
     int64_t max_prompt = 4096; // largest prompt in tokens
+    // Largest prompt in UTF-8 bytes, checked before tokenizing (a GPT-2 token is at most a few dozen bytes, so this
+    // only refuses what could not pass max_prompt anyway, without tokenizing it).
+    int64_t max_prompt_bytes = int64_t(1) << 18;
     int64_t max_length = 1024; // largest diffusion length
     int64_t max_steps = 1024;  // largest diffusion steps
     void validate() const;     // ParamError naming the field
@@ -36,6 +39,7 @@ public:
 
 private:
     void add_routes();
+    nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
     TextServerParams p_;
     LoadedGpt2 model_;
     MdlmModel mdlm_{nullptr}; // the diffusion model (null without --diffusion-model)

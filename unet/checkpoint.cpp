@@ -317,6 +317,16 @@ SDModels load_diffusers(const ModelSource& src, const LoadOptions& o) {
     for (const char* sub : {"unet", "vae"}) (void)src.component(sub);
     const bool te1 = src.has_component("text_encoder"), te2 = src.has_component("text_encoder_2");
     if (!te1 && !te2) (void)src.component("text_encoder"); // names the folder and what it has
+    // Refuse, don't guess: a component folder without its config.json would otherwise get an architecture detected
+    // from the weights and the default sample size, and run to a wrong image. (Single-file checkpoints have no
+    // configs and keep their shape detection.)
+    for (const char* c : {"unet", "vae", "text_encoder", "text_encoder_2"}) {
+        if ((c == std::string("text_encoder") && !te1) || (c == std::string("text_encoder_2") && !te2)) continue;
+        if (src.component(c).config_file.empty())
+            throw ParamError("model", "'" + (root / c / "config.json").string() +
+                                          "' is missing: every component of a diffusers folder needs its config "
+                                          "(the architecture is not guessed from the weights)");
+    }
     if (o.unet) m.unet = load_component<UNet2DConditionModel, UNetConfig>(src.component("unet"), o.dtype);
     // The family from shapes (configs are shapes written down): the UNet's and the text encoders' widths.
     SdShapes shapes;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <limits>
 #include <locale.h>
+#include <queue>
 #include <sstream>
 #include <unistd.h>
 #include <wctype.h>
@@ -96,6 +97,9 @@ std::vector<uint32_t> decode_utf8(const std::string& s) {
             ++i;
             continue;
         }
+        // Surrogates and values past U+10FFFF are not characters: the cleaned text stays valid UTF-8, which lets
+        // the regex skip its own validation (see encode).
+        if ((cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) cp = 0xFFFD;
         cps.push_back(cp);
         i += n;
     }
@@ -165,6 +169,60 @@ std::pair<std::string, std::string> parse_merge(const std::string& line, const s
 }
 
 } // namespace
+
+void bpe_merge_heap(std::vector<std::string>& word, const std::unordered_map<std::string, int>& ranks) {
+    const size_t n = word.size();
+    if (n < 2) return;
+    std::vector<long> prev(n), next(n);
+    for (size_t i = 0; i < n; ++i) prev[i] = long(i) - 1, next[i] = i + 1 < n ? long(i) + 1 : -1;
+    std::vector<char> alive(n, 1);
+    using Entry = std::pair<int, long>; // (rank, position of the pair's left symbol)
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    std::string key;
+    auto rank_at = [&](long i) -> int { // rank of the pair starting at i, INT_MAX when none
+        if (i < 0 || next[size_t(i)] < 0) return INT_MAX;
+        key.assign(word[size_t(i)]).append(" ").append(word[size_t(next[size_t(i)])]);
+        const auto it = ranks.find(key);
+        return it == ranks.end() ? INT_MAX : it->second;
+    };
+    auto push = [&](long i) {
+        const int r = rank_at(i);
+        if (r != INT_MAX) heap.push({r, i});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(long(i));
+    std::vector<long> batch, touched;
+    while (!heap.empty()) {
+        const int r = heap.top().first;
+        // Every queued occurrence of this rank's pair, left to right (positions keep the symbols' order).
+        batch.clear();
+        while (!heap.empty() && heap.top().first == r) {
+            batch.push_back(heap.top().second);
+            heap.pop();
+        }
+        std::sort(batch.begin(), batch.end());
+        batch.erase(std::unique(batch.begin(), batch.end()), batch.end());
+        touched.clear();
+        for (long i : batch) {
+            // An entry is stale when its left symbol was merged away or its pair changed since it was queued.
+            if (!alive[size_t(i)] || rank_at(i) != r) continue;
+            const long j = next[size_t(i)];
+            word[size_t(i)] += word[size_t(j)];
+            alive[size_t(j)] = 0;
+            next[size_t(i)] = next[size_t(j)];
+            if (next[size_t(j)] >= 0) prev[size_t(next[size_t(j)])] = i;
+            touched.push_back(i);
+        }
+        // The pairs the merges made are queued after the pass, as the reference loop looks at them only then.
+        for (long i : touched) {
+            if (!alive[size_t(i)]) continue;
+            push(prev[size_t(i)]);
+            push(i);
+        }
+    }
+    std::vector<std::string> out;
+    for (long i = 0; i >= 0; i = next[size_t(i)]) out.push_back(std::move(word[size_t(i)]));
+    word.swap(out);
+}
 
 void ClipTokenizer::init_byte_encoder() {
     // GPT-2 / CLIP bytes_to_unicode(): printable Latin-1 bytes map to themselves, the rest to 256 + n.
@@ -315,7 +373,12 @@ std::vector<std::string> ClipTokenizer::bpe(const std::string& token) const {
     std::vector<std::string> word = split_symbols(token);
     if (word.empty()) return {};
     word.back() += "</w>";
-    bpe_merge(word, ranks_);
+    // The reference loop on ordinary words (the golden ids pin it); the heap on long ones, where the loop is
+    // quadratic.
+    if (word.size() > 32)
+        bpe_merge_heap(word, ranks_);
+    else
+        bpe_merge(word, ranks_);
     std::lock_guard<std::mutex> lk(*cache_mutex_);
     if (cache_.size() > 100000) cache_.clear();
     cache_.emplace(token, word);
@@ -329,8 +392,14 @@ std::vector<int64_t> ClipTokenizer::encode(const std::string& text) const {
     PCRE2_SIZE offset = 0;
     auto subject = reinterpret_cast<PCRE2_SPTR>(clean.data());
     while (offset < clean.size()) {
-        int rc = pcre2_match(regex_->code, subject, clean.size(), offset, 0, md, nullptr);
-        if (rc < 0) break;
+        // PCRE2 checks the whole subject's UTF-8 on every call unless told not to, which made tokenizing quadratic
+        // in the prompt's length; clean_text only writes valid UTF-8.
+        int rc = pcre2_match(regex_->code, subject, clean.size(), offset, PCRE2_NO_UTF_CHECK, md, nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            pcre2_match_data_free(md);
+            throw Error("internal error: the CLIP split regex failed (" + std::to_string(rc) + ")");
+        }
         PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         PCRE2_SIZE b = ov[0], e = ov[1];
         if (e <= b) { // cannot happen with this pattern; avoid looping forever

@@ -21,6 +21,12 @@ struct TokenizedPrompt {
     bool truncated = false;
 };
 
+// The BPE merge of cache/bpe.h (lowest-rank pair first, all its non-overlapping occurrences left to right) in
+// O(n log n) for a word of n symbols instead of O(n^2): the pairs sit in a min-heap by (rank, position), the symbols
+// in a linked list, and each rank's occurrences are merged as one left-to-right pass, so the result is the same as
+// the reference loop for any merge table. Long words are what a hostile prompt is made of.
+void bpe_merge_heap(std::vector<std::string>& word, const std::unordered_map<std::string, int>& ranks);
+
 class ClipTokenizer {
 public:
     static constexpr int64_t kBos = 49406;

@@ -245,9 +245,12 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (!std::isfinite(p.guidance_scale) || p.guidance_scale < 0)
         throw ParamError("guidance_scale", "must be a finite number >= 0, got " + std::to_string(p.guidance_scale));
     // Refuse sizes this machine cannot hold before allocating anything (estimate_peak_bytes says what is counted).
-    check_fits_memory("width", double(estimate_peak_bytes(p)),
-                      "a " + std::to_string(p.width) + "x" + std::to_string(p.height) + " image",
-                      "choose a smaller width/height");
+    // A batch that does not fit is the batch size's fault, one image that does not fit the size's.
+    const int64_t rows = int64_t(p.prompts.size()) * p.images_per_prompt;
+    const std::string size = std::to_string(p.width) + "x" + std::to_string(p.height);
+    check_fits_memory(rows > 1 ? "images_per_prompt" : "width", double(estimate_peak_bytes(p)),
+                      rows > 1 ? "a batch of " + std::to_string(rows) + " " + size + " images" : "a " + size + " image",
+                      rows > 1 ? "choose a smaller batch size" : "choose a smaller width/height");
     if (!p.device.is_cpu() && !(p.device.is_cuda() && torch::cuda::is_available()))
         throw ParamError("device", "'" + p.device.str() + "' is not available to this LibTorch (CUDA " +
                                        (torch::cuda::is_available() ? "present" : "absent") + ")");

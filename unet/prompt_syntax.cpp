@@ -88,7 +88,14 @@ bool is_special(char c) {
 
 } // namespace
 
+void check_prompt_bytes(const std::string& text, const std::string& field) {
+    if (text.size() > kMaxPromptBytes)
+        throw ParamError(field, "a prompt of " + std::to_string(text.size()) + " bytes, at most " +
+                                    std::to_string(kMaxPromptBytes) + " are read");
+}
+
 std::vector<PromptFragment> parse_prompt_attention(const std::string& text) {
+    check_prompt_bytes(text);
     std::vector<PromptFragment> res;
     std::vector<size_t> round, square; // positions in res where an open bracket starts
     auto multiply_from = [&res](size_t start, double m) {
@@ -108,11 +115,11 @@ std::vector<PromptFragment> parse_prompt_attention(const std::string& text) {
             const bool pair = i + 1 < text.size() && std::string("()[]\\").find(text[i + 1]) != std::string::npos;
             res.push_back({pair ? std::string(1, text[i + 1]) : std::string(), 1.0});
             i += pair ? 2 : 1;
-        } else if (c == '(') {
-            round.push_back(res.size());
-            ++i;
-        } else if (c == '[') {
-            square.push_back(res.size());
+        } else if (c == '(' || c == '[') {
+            if (round.size() + square.size() >= size_t(kMaxPromptNesting))
+                throw ParamError("prompts", "brackets nested more than " + std::to_string(kMaxPromptNesting) +
+                                                " deep (at byte " + std::to_string(i) + " of the prompt)");
+            (c == '(' ? round : square).push_back(res.size());
             ++i;
         } else if (c == ':') {
             std::string number;
@@ -194,12 +201,20 @@ ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFra
         weights.clear();
         last_comma = -1;
     };
+    size_t seen = 0; // tokens so far
     for (const auto& f : parsed) {
+        if (o.check) o.check();
         if (is_chunk_break(f)) {
             next_chunk(false);
             continue;
         }
-        for (int64_t token : tok.encode(f.text)) {
+        const auto tokens = tok.encode(f.text);
+        if (seen + tokens.size() > size_t(o.max_tokens))
+            throw ParamError("prompts", "a prompt of more than " + std::to_string(o.max_tokens) +
+                                            " CLIP tokens (" + std::to_string(o.max_tokens / std::max(1, o.chunk_length)) +
+                                            " chunks of " + std::to_string(o.chunk_length) + ")");
+        seen += tokens.size();
+        for (int64_t token : tokens) {
             if (token == comma) {
                 last_comma = long(ids.size());
             } else if (o.comma_backtrack > 0 && ids.size() == L && last_comma >= 0 &&
@@ -265,6 +280,8 @@ Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChu
 }
 
 void check_prompt_syntax(PromptSyntax syntax, std::initializer_list<const std::vector<std::string>*> lists) {
+    for (const auto* list : lists)
+        for (const auto& text : *list) check_prompt_bytes(text);
     if (syntax != PromptSyntax::A1111) return;
     for (const auto* list : lists)
         for (const auto& text : *list) (void)parse_prompt_attention(text);

@@ -31,14 +31,24 @@ struct PromptFragment {
 };
 bool is_chunk_break(const PromptFragment& f);
 
+// Bounds on one prompt (positive or negative), checked before any tokenizing or allocation so a request cannot hold
+// the server: its UTF-8 bytes, its brackets' nesting (each closing bracket multiplies every entry it encloses, so the
+// parse costs bytes x depth), and its CLIP tokens under A1111 chunking (each chunk is one more pass of the text
+// encoder and 77 more keys in every cross-attention). A1111 itself has no bounds; these are far above real prompts.
+constexpr size_t kMaxPromptBytes = size_t(1) << 16;
+constexpr int kMaxPromptNesting = 256;
+constexpr int kMaxPromptTokens = 75 * 20;
+// ParamError(field) when `text` is longer than kMaxPromptBytes.
+void check_prompt_bytes(const std::string& text, const std::string& field = "prompts");
+
 // A1111 parse_prompt_attention: `(x)` x1.1, `[x]` /1.1, `(x:w)` xw, nesting multiplies, brackets left open are
 // closed at the end, `\(` `\)` `\[` `\]` `\\` are literal characters, the word BREAK (upper case, on word
 // boundaries, surrounding whitespace dropped) is a chunk break, consecutive entries of equal weight are merged, an
 // empty prompt is [("", 1.0)]. Throws ParamError("prompts") for a weight that is not a number, e.g. `(x:1.2.3)`
-// (A1111 fails there too).
+// (A1111 fails there too), and ParamError("prompts") past kMaxPromptBytes or kMaxPromptNesting.
 std::vector<PromptFragment> parse_prompt_attention(const std::string& text);
-// Every text of each list parses under `syntax` (A1111: ParamError("prompts") for a weight that is not a number;
-// plain text always reads).
+// Every text of each list is within kMaxPromptBytes and parses under `syntax` (A1111: ParamError("prompts") for a
+// weight that is not a number; plain text always reads).
 void check_prompt_syntax(PromptSyntax syntax, std::initializer_list<const std::vector<std::string>*> lists);
 
 // One CLIP window: [bos] + up to chunk_length tokens + [eos] + padding, and the multiplier of every position (1.0 on
@@ -56,6 +66,9 @@ struct ChunkedPrompt {
 struct PromptChunkOptions {
     int chunk_length = 75;    // CLIP's 77 positions less bos/eos
     int comma_backtrack = 20; // A1111 opts.comma_padding_backtrack; 0 disables
+    int max_tokens = kMaxPromptTokens; // more: ParamError("prompts"), raised as soon as the count passes it
+    // Called before each fragment is tokenized: a cancellation point (it throws to stop).
+    std::function<void()> check;
 };
 
 // A1111 tokenize_line: every fragment tokenized on its own, the tokens collected into chunks of chunk_length; a chunk

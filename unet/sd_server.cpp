@@ -19,6 +19,9 @@ namespace anchor::unet {
 
 namespace fs = std::filesystem;
 using serve::HttpError;
+using serve::openapi_document;
+using serve::openapi_get;
+using serve::openapi_post;
 using serve::HttpReply;
 using serve::HttpRequest;
 using serve::JobControl;
@@ -93,6 +96,22 @@ template <class F> void as_request(F&& f) {
     } catch (const ParamError& e) {
         const std::string field = request_field(e.field());
         throw HttpError(400, field, field + ": " + e.detail());
+    }
+}
+
+// The request's prompt fields within their bounds (unet/prompt_syntax.h) before anything reads them further: bytes
+// here, then A1111 tokens on the connection thread (linear in the bytes, so bounded) before the job is queued.
+void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& prompt) {
+    const std::string negative = p.negative_prompts.empty() ? std::string() : p.negative_prompts[0];
+    for (const auto& [field, text] : {std::pair<std::string, const std::string*>{"prompt", &prompt},
+                                      std::pair<std::string, const std::string*>{"negative_prompt", &negative}}) {
+        try {
+            check_prompt_bytes(*text, field);
+            if (p.prompt_syntax == PromptSyntax::A1111) (void)pipe.prompt_chunks({*text});
+        } catch (const ParamError& e) {
+            throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field,
+                            field + ": " + e.detail());
+        }
     }
 }
 
@@ -208,6 +227,7 @@ void SdServer::add_routes() {
         auto& p = job.params;
         job.prompts = {f.string("prompt", "")};
         read_image_fields(f, p);
+        check_prompts(pipe_, p, job.prompts[0]);
         if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
         job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
         job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
@@ -369,6 +389,7 @@ void SdServer::add_routes() {
         Txt2ImgParams p;
         p.prompts = {f.string("prompt", "")};
         read_image_fields(f, p);
+        check_prompts(pipe_, p, p.prompts[0]);
         std::vector<std::string> modes;
         if (f.json().contains("modes") && f.json()["modes"].is_array())
             modes = f.strings("modes");
@@ -467,7 +488,63 @@ void SdServer::add_routes() {
         if (t) t->control.cancel("interrupted by POST /sdapi/v1/interrupt");
         return HttpReply::json({{"interrupted", t != nullptr}});
     });
+    // A1111's skip ends the image being sampled and goes on with the batch; a job here is one request, so skip
+    // stops the running job as interrupt does (its client gets 503 naming skip).
+    http.post("/sdapi/v1/skip", [this](const HttpRequest&) {
+        const auto t = http_.jobs().running();
+        if (t) t->control.cancel("skipped by POST /sdapi/v1/skip");
+        return HttpReply::json({{"skipped", t != nullptr}});
+    });
     http.add_health(model_name);
+    http.add_openapi(openapi());
+}
+
+nlohmann::json SdServer::openapi() const {
+    using nlohmann::json;
+    const json str = {{"type", "string"}};
+    auto integer = [](int64_t lo, int64_t hi) { return json{{"type", "integer"}, {"minimum", lo}, {"maximum", hi}}; };
+    auto number = [](double lo, double hi) { return json{{"type", "number"}, {"minimum", lo}, {"maximum", hi}}; };
+    json image = {{"prompt", {{"type", "string"}, {"maxLength", kMaxPromptBytes}}},
+                  {"negative_prompt", {{"type", "string"}, {"maxLength", kMaxPromptBytes}}},
+                  {"steps", integer(1, p_.max_steps)},
+                  {"cfg_scale", number(0, 100)},
+                  {"sampler_name", str},
+                  {"sampler_index", str},
+                  {"scheduler", str},
+                  {"seed", integer(-1, (int64_t(1) << 47) - 1)},
+                  {"width", integer(0, 1 << 14)},
+                  {"height", integer(0, 1 << 14)}};
+    json txt = image;
+    txt["eta"] = number(0, 10);
+    txt["batch_size"] = integer(1, p_.max_images);
+    txt["n_iter"] = integer(1, p_.max_images);
+    txt["cache"] = str;
+    json img = txt;
+    img["init_images"] = {{"type", "array"}, {"items", str}, {"minItems", 1}};
+    img["mask"] = str;
+    img["denoising_strength"] = number(1e-6, 1);
+    json gen = txt;
+    gen["n"] = integer(1, p_.max_images);
+    gen["size"] = str;
+    gen["response_format"] = {{"type", "string"}, {"enum", {"b64_json"}}};
+    json compare = image;
+    compare["modes"] = {{"oneOf", {str, {{"type", "array"}, {"items", str}}}}};
+    json paths = {
+        {"/sdapi/v1/txt2img", openapi_post("A1111 text to image", txt)},
+        {"/sdapi/v1/img2img", openapi_post("A1111 image to image", img, {"init_images"})},
+        {"/v1/images/generations", openapi_post("OpenAI image generation", gen)},
+        {"/anchor/v1/compare", openapi_post("several cache modes of one image", compare)},
+        {"/sdapi/v1/samplers", openapi_get("the samplers")},
+        {"/sdapi/v1/sd-models", openapi_get("the one model")},
+        {"/sdapi/v1/options", openapi_get("the server's settings")},
+        {"/sdapi/v1/progress", openapi_get("the running job's progress")},
+        {"/sdapi/v1/interrupt", openapi_post("stop the running job (no body needed)", json::object())},
+        {"/sdapi/v1/skip", openapi_post("stop the running job, as A1111's skip of its last image", json::object())},
+        {"/health", openapi_get("status, model and queue (503 while draining)")},
+        {"/openapi.json", openapi_get("this description")}};
+    paths["/sdapi/v1/options"].update(openapi_post("set the checkpoint (only the loaded one is accepted)",
+                                                   {{"sd_model_checkpoint", str}}));
+    return openapi_document("anchor-sd serve", "AUTOMATIC1111's and OpenAI's image APIs on AnchorCache", paths);
 }
 
 } // namespace anchor::unet

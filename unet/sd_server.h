@@ -40,6 +40,7 @@ public:
 
 private:
     void add_routes();
+    nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
     Txt2ImgPipeline& pipe_;
     SdServerParams p_;
     int threads_;            // the program's intra-op threads, set again on the job thread

@@ -266,6 +266,17 @@ void JobQueue::wait_idle() {
     idle_cv_.wait(lk, [&] { return queue_.empty() && !running_; });
 }
 
+bool JobQueue::wait_idle_for_ms(int ms) {
+    std::unique_lock<std::mutex> lk(m_);
+    return idle_cv_.wait_for(lk, std::chrono::milliseconds(ms), [&] { return queue_.empty() && !running_; });
+}
+
+void JobQueue::cancel_all(const std::string& why) {
+    std::lock_guard<std::mutex> lk(m_);
+    for (auto& t : queue_) t->control.cancel(why);
+    if (running_) running_->control.cancel(why);
+}
+
 std::shared_ptr<JobQueue::Ticket> JobQueue::running() const {
     std::lock_guard<std::mutex> lk(m_);
     return running_;
@@ -334,6 +345,9 @@ void ServerOptions::validate() const {
     if (port < 0 || port > 65535) throw ParamError("port", "must be in [0, 65535], got " + std::to_string(port));
     if (queue < 1) throw ParamError("queue", "must be >= 1, got " + std::to_string(queue));
     if (threads < 2) throw ParamError("threads", "must be >= 2, got " + std::to_string(threads));
+    if (drain_timeout_s < 0 || drain_timeout_s > 86400)
+        throw ParamError("drain_timeout_s", "must be in [0, 86400] seconds, got " + std::to_string(drain_timeout_s));
+    if (max_body < 1024) throw ParamError("max_body", "must be >= 1024 bytes, got " + std::to_string(max_body));
 }
 
 HttpReply HttpReply::json(const nlohmann::json& j, int status) {
@@ -403,6 +417,49 @@ std::string base64_decode(const std::string& text, const std::string& field) {
     return out;
 }
 
+namespace {
+nlohmann::json openapi_responses() {
+    const nlohmann::json error = {
+        {"description", "error: {\"error\": {\"message\", \"type\", \"param\", \"code\"}}"},
+        {"content",
+         {{"application/json",
+           {{"schema",
+             {{"type", "object"},
+              {"required", {"error"}},
+              {"properties",
+               {{"error",
+                 {{"type", "object"},
+                  {"required", {"message", "type", "code"}},
+                  {"properties",
+                   {{"message", {{"type", "string"}}},
+                    {"type", {{"type", "string"}}},
+                    {"param", {{"type", "string"}, {"nullable", true}}},
+                    {"code", {{"type", "integer"}}}}}}}}}}}}}}}};
+    nlohmann::json r = {{"200", {{"description", "ok"}}}};
+    for (const char* code : {"400", "404", "413", "429", "503"}) r[code] = error;
+    return r;
+}
+} // namespace
+
+nlohmann::json openapi_document(const std::string& title, const std::string& description, nlohmann::json paths) {
+    return {{"openapi", "3.0.3"},
+            {"info", {{"title", title}, {"version", "1"}, {"description", description}}},
+            {"paths", std::move(paths)}};
+}
+
+nlohmann::json openapi_get(const std::string& summary) {
+    return {{"get", {{"summary", summary}, {"responses", openapi_responses()}}}};
+}
+
+nlohmann::json openapi_post(const std::string& summary, nlohmann::json properties, std::vector<std::string> required) {
+    nlohmann::json schema = {{"type", "object"}, {"properties", std::move(properties)}};
+    if (!required.empty()) schema["required"] = required;
+    return {{"post",
+             {{"summary", summary},
+              {"requestBody", {{"required", !required.empty()}, {"content", {{"application/json", {{"schema", schema}}}}}}},
+              {"responses", openapi_responses()}}}};
+}
+
 std::string sse_event(const nlohmann::json& data) {
     return "data: " + data.dump() + "\n\n";
 }
@@ -413,6 +470,7 @@ std::string sse_done() {
 struct HttpServer::Impl {
     httplib::Server svr;
     int port = -1;
+    std::map<std::string, Handler> posts; // for the POSTs without a body, answered before httplib reads one
 };
 
 namespace {
@@ -460,13 +518,24 @@ void send(const HttpReply& r, httplib::Response& res) {
     });
 }
 
+HttpRequest to_request(const httplib::Request& r) {
+    HttpRequest q;
+    q.method = r.method;
+    q.path = r.path;
+    q.body = r.body;
+    for (const auto& [k, v] : r.params) q.query[k] = v;
+    const int local = r.local_port, remote = r.remote_port;
+    q.client_gone = [local, remote] { return tcp_peer_closed(local, remote); };
+    return q;
+}
+
 } // namespace
 
 HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), o_((o.validate(), o)), jobs_(o.queue) {
     auto& svr = impl_->svr;
     const int threads = o_.threads;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    svr.set_payload_max_length(64u << 20);
+    svr.set_payload_max_length(o_.max_body);
     // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which a second server on a port in use
     // would share it silently instead of failing.
     svr.set_socket_options([](socket_t sock) {
@@ -475,10 +544,23 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), o_((o
     });
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         t_request_start = std::chrono::steady_clock::now();
-        if (!draining_ || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-        send(error_reply(503, "the server is shutting down (draining): retry on another replica", ""), res);
-        res.set_header("Connection", "close");
-        return httplib::Server::HandlerResponse::Handled;
+        if (draining_ && req.path != "/health") {
+            send(error_reply(503, "the server is shutting down (draining): retry on another replica", ""), res);
+            res.set_header("Connection", "close");
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // cpp-httplib reads a POST's body until the connection closes when it has neither Content-Length nor
+        // chunked encoding: the client waits for the reply, so both wait out the read timeout and the reply is 400.
+        // Such a request has no body (RFC 9112 section 6.3): its handler runs now with an empty one.
+        if (req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+            const auto it = impl_->posts.find(req.path);
+            if (it == impl_->posts.end())
+                send(error_reply(404, "no such endpoint: POST " + req.path, ""), res);
+            else
+                send(guarded(it->second, to_request(req)), res);
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
     });
     svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
         const double ms =
@@ -488,11 +570,25 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), o_((o
                      res.status, ms, note.empty() ? "" : " ", note.c_str());
         std::fflush(stderr);
     });
-    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    const size_t max_body = o_.max_body;
+    svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
-        const std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                                  : "HTTP " + std::to_string(res.status);
-        res.set_content(error_body(res.status, msg).dump(), "application/json");
+        std::string msg, field;
+        if (res.status == 404) {
+            msg = "no such endpoint: " + req.method + " " + req.path;
+        } else if (res.status == 413) {
+            field = "body";
+            msg = "body: larger than this server's limit of " + std::to_string(max_body) + " bytes";
+        } else if (res.status == 400) {
+            field = "body";
+            msg = "body: the request could not be read (malformed HTTP, or fewer body bytes than its "
+                  "Content-Length before the read timeout)";
+        } else if (res.status == 405) {
+            msg = "method " + req.method + " is not served on " + req.path;
+        } else {
+            msg = "HTTP " + std::to_string(res.status) + " on " + req.method + " " + req.path;
+        }
+        res.set_content(error_body(res.status, msg, field).dump(), "application/json");
     });
     if (!o_.web_dir.empty() && !svr.set_mount_point("/", o_.web_dir))
         throw Error("serve: web folder '" + o_.web_dir + "' does not exist");
@@ -507,21 +603,6 @@ HttpServer::~HttpServer() {
     impl_->svr.stop();
     if (drainer_.joinable()) drainer_.join();
 }
-
-namespace {
-
-HttpRequest to_request(const httplib::Request& r) {
-    HttpRequest q;
-    q.method = r.method;
-    q.path = r.path;
-    q.body = r.body;
-    for (const auto& [k, v] : r.params) q.query[k] = v;
-    const int local = r.local_port, remote = r.remote_port;
-    q.client_gone = [local, remote] { return tcp_peer_closed(local, remote); };
-    return q;
-}
-
-} // namespace
 
 void HttpServer::get(const std::string& path, Handler h) {
     impl_->svr.Get(
@@ -539,7 +620,17 @@ void HttpServer::add_health(const std::string& model) {
     });
 }
 
+void HttpServer::add_openapi(nlohmann::json spec) {
+    const auto body = std::make_shared<const std::string>(spec.dump(1));
+    get("/openapi.json", [body](const HttpRequest&) {
+        HttpReply r;
+        r.body = *body;
+        return r;
+    });
+}
+
 void HttpServer::post(const std::string& path, Handler h) {
+    impl_->posts[path] = h;
     impl_->svr.Post(
         path, [h](const httplib::Request& req, httplib::Response& res) { send(guarded(h, to_request(req)), res); });
 }
@@ -569,7 +660,14 @@ void HttpServer::drain() {
     std::fprintf(stderr, "serve: draining: %d job(s) to finish, new requests get 503\n", jobs_.pending());
     std::fflush(stderr);
     drainer_ = std::thread([this] {
-        jobs_.wait_idle();
+        if (!jobs_.wait_idle_for_ms(o_.drain_timeout_s * 1000)) {
+            std::fprintf(stderr, "serve: the drain deadline (%d s) passed: cancelling the jobs in flight\n",
+                         o_.drain_timeout_s);
+            std::fflush(stderr);
+            jobs_.cancel_all("the server is shutting down and its drain deadline (" +
+                             std::to_string(o_.drain_timeout_s) + " s) passed");
+            jobs_.wait_idle();
+        }
         // The replies of the last jobs are written by their connection threads: give them a moment, then stop
         // (stop joins the connection threads, which finish the responses they are writing).
         std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -118,6 +118,10 @@ public:
     void close();
     // Blocks until no job waits or runs.
     void wait_idle();
+    // The same for at most `ms` milliseconds; true when idle.
+    bool wait_idle_for_ms(int ms);
+    // Cancels every job waiting or running (each stops at its next cancellation point).
+    void cancel_all(const std::string& why);
     std::shared_ptr<Ticket> running() const; // nullptr when idle
     int pending() const;                     // waiting or running
     int capacity() const { return capacity_; }
@@ -142,6 +146,8 @@ struct ServerOptions {
     int port = 7860;       // 0: any free port (HttpServer::bind returns it)
     int queue = 4;         // jobs waiting or running; one more gets 429
     int threads = 32;      // connection threads (each waiting client holds one)
+    int drain_timeout_s = 60; // a drain waits this long for the jobs in flight, then cancels them
+    size_t max_body = size_t(64) << 20; // larger request bodies get 413 naming "body"
     std::string web_dir;   // static files served at / ("": none)
     std::string program;   // in the startup line
     void validate() const; // ParamError naming the field
@@ -173,6 +179,14 @@ struct HttpReply {
 std::string base64_encode(const std::string& bytes);
 std::string base64_decode(const std::string& text, const std::string& field);
 
+// Pieces of an OpenAPI 3.0 description (served at /openapi.json, read by clients and by the fuzz test
+// tests/serve/openapi_fuzz.py). An operation answers 200 with JSON, or an error_body with 400, 404, 413, 429 or 503.
+nlohmann::json openapi_document(const std::string& title, const std::string& description, nlohmann::json paths);
+nlohmann::json openapi_get(const std::string& summary);
+// A POST whose body is a JSON object with these properties (JSON Schema each); `required` names those it must have.
+nlohmann::json openapi_post(const std::string& summary, nlohmann::json properties,
+                            std::vector<std::string> required = {});
+
 // One "data: ..." event of a server-sent event stream (and the OpenAI terminator "data: [DONE]").
 std::string sse_event(const nlohmann::json& data);
 std::string sse_done();
@@ -186,9 +200,12 @@ public:
     HttpServer& operator=(const HttpServer&) = delete;
 
     // A handler's exceptions become replies: HttpError its status, ParamError 400 naming the field, Cancelled 503,
-    // anything else 500; the server goes on.
+    // anything else 500; the server goes on. A POST without Content-Length or chunked encoding has no body (RFC 9112
+    // section 6.3; curl -X POST sends one such) and reaches its handler with body "" at once.
     void get(const std::string& path, Handler h);
     void post(const std::string& path, Handler h);
+    // GET /openapi.json: `spec` (an OpenAPI 3 description of the server's endpoints).
+    void add_openapi(nlohmann::json spec);
     // GET /health: {"status": "ok" | "draining" (503), "model", "queue", "queue_capacity"}, what a load balancer or a
     // supervisor polls.
     void add_health(const std::string& model);
@@ -200,7 +217,8 @@ public:
     int bind();
     // Serves until stop() or a drain ends (binds first when bind() was not called). Prints the startup line.
     void serve();
-    // Drain: new requests get 503, the jobs submitted finish and their replies go out, then serve() returns.
+    // Drain: new requests get 503, the jobs submitted finish and their replies go out, then serve() returns. A job
+    // still running after ServerOptions::drain_timeout_s is cancelled (its client gets 503), so a drain is bounded.
     void drain();
     // SIGTERM and SIGINT start drain() (a watcher thread; the handler itself only writes to a pipe).
     void drain_on_signals();
