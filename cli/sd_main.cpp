@@ -543,7 +543,7 @@ int main(int argc, char** argv) {
         if (!o.prompt_from.empty()) apply_prompt_from(app, o);
         if (o.prompt.empty() && o.prompts_file.empty())
             throw UsageError("a prompt is required (-p/--prompt TEXT, not empty, or --prompts-file FILE)");
-        if (app.get_option("--strength")->count() > 0 && o.job.params.init.init_image.empty())
+        if (app.get_option("--strength")->count() > 0 && o.job.params.init.init_images.empty())
             throw UsageError("--strength " + app.get_option("--strength")->as<std::string>() +
                              " needs an init image (-i/--init-img): without one the run is txt2img");
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();
