@@ -252,6 +252,27 @@ TEST_CASE("DeepCache and the freq cache run in img2img and inpaint over the trun
         CHECK(r2.full_steps >= 1);
         CHECK(torch::isfinite(r2.image).all().item<bool>());
     }
+    // A batch of three prompts with their own init images and masks: the caches see the whole CFG batch.
+    auto models = case_models(mm, "anchorcache_cases/inpaint_batch");
+    unet::Txt2ImgPipeline pipe(models);
+    const fs::path dir = test::golden("sd/anchorcache_cases/inpaint_batch");
+    auto p = tiny_params(unet::SamplerKind::Euler, 8, 0.6);
+    p.prompts = {"a cat on a sofa", "a bowl of fruit", "a ship at sea"};
+    p.init.init_images.clear();
+    for (int k = 0; k < 3; ++k) {
+        p.init.init_images.push_back((dir / ("init_image_" + std::to_string(k) + ".png")).string());
+        p.init.masks.push_back((dir / ("mask_image_" + std::to_string(k) + ".png")).string());
+    }
+    auto r0 = pipe.run(p);
+    for (const char* mode : {"deepcache:2", "freq"}) {
+        INFO(mode);
+        auto ctl = unet::parse_cache_mode(mode);
+        auto r = pipe.run(p, ctl.get());
+        CHECK(r.total_steps == 4);
+        CHECK(r.image.sizes() == std::vector<int64_t>{3, 3, 16, 24});
+        CHECK(torch::equal(r.initial_latents, r0.initial_latents));
+        CHECK(torch::isfinite(r.image).all().item<bool>());
+    }
 }
 
 TEST_CASE("img2img and inpaint refuse bad inputs, naming the field and the file", "[sd][img2img]") {
