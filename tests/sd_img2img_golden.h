@@ -90,6 +90,7 @@ inline Img2ImgRunSpec read_img2img_spec(const nlohmann::json& cfg, const std::st
         throw Error("config.json: vae_scale_factor " + m["vae_scale_factor"].dump() + ", the models' VAE has " +
                     std::to_string(vae_factor));
     p.init.strength = need("strength").get<double>();
+    check_scheduler_settings(need("scheduler_base_config"), p.sampler, "config.json: scheduler_base_config");
     s.scheduler = unet::SchedulerConfig::from_json_text(need("scheduler_base_config").dump(),
                                                         "config.json:scheduler_base_config");
     // The UNet: runs.<run>.unet names a folder of "models" (inpaint), else models.unet.

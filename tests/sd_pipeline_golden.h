@@ -48,6 +48,15 @@ inline unet::SamplerKind sampler_from_class(const std::string& cls) {
     throw Error("unknown scheduler class '" + cls + "'");
 }
 
+// A scheduler configuration that the engine's sampler for `kind` would not run as diffusers does (a behaviour-changing
+// key with a value it does not implement, an unknown key that is set) fails the case naming the key and the value,
+// instead of running as something else.
+inline void check_scheduler_settings(const nlohmann::json& config, unet::SamplerKind kind, const std::string& where) {
+    std::string u;
+    for (const auto& s : unet::unsupported_scheduler_settings(config.dump(), kind)) u += (u.empty() ? "" : "; ") + s;
+    if (!u.empty()) throw Error(where + ": " + u);
+}
+
 inline nlohmann::json read_json_file(const std::filesystem::path& p) {
     std::ifstream f(p);
     if (!f) throw Error("cannot open '" + p.string() + "'");
@@ -234,6 +243,7 @@ inline RunSpec read_run_spec(const std::filesystem::path& dir, const nlohmann::j
         throw Error("config.json: runs." + run +
                     " has no 'scheduler_base_config' (nor a no_cache_baseline folder "
                     "that has one)");
+    check_scheduler_settings(m["scheduler_base_config"], p.sampler, "config.json: scheduler_base_config");
     s.scheduler =
         unet::SchedulerConfig::from_json_text(m["scheduler_base_config"].dump(), "config.json:scheduler_base_config");
     if (m.contains("timesteps")) s.timesteps = m["timesteps"].get<std::vector<double>>();

@@ -182,6 +182,14 @@ TEST_CASE("the img2img spec reader fails on keys it does not understand, naming 
     bad["runs"]["ddim10_strength0.6"].erase("strength");
     CHECK_THROWS_WITH(sdgolden::read_img2img_spec(bad, "ddim10_strength0.6", 2), Catch::Contains("'strength'"));
     CHECK_THROWS_WITH(sdgolden::read_img2img_spec(cfg, "ddim10_strength0.6", 8), Catch::Contains("vae_scale_factor"));
+    // A scheduler setting the engine would not run as diffusers does: the key and its value, never a silent default.
+    bad = cfg;
+    bad["scheduler_base_config"]["thresholding"] = true;
+    CHECK_THROWS_WITH(sdgolden::read_img2img_spec(bad, "ddim10_strength0.6", 2),
+                      Catch::Contains("thresholding = true"));
+    bad = cfg;
+    bad["scheduler_base_config"]["timestep_type"] = "continuous";
+    CHECK_THROWS_WITH(sdgolden::read_img2img_spec(bad, "euler10_strength0.8", 2), Catch::Contains("timestep_type"));
 }
 
 TEST_CASE("image files are read and resized as Pillow does", "[sd][img2img]") {
@@ -243,6 +251,27 @@ TEST_CASE("DeepCache and the freq cache run in img2img and inpaint over the trun
         CHECK(r2.total_steps == 6);
         CHECK(r2.full_steps >= 1);
         CHECK(torch::isfinite(r2.image).all().item<bool>());
+    }
+    // A batch of three prompts with their own init images and masks: the caches see the whole CFG batch.
+    auto models = case_models(mm, "anchorcache_cases/inpaint_batch");
+    unet::Txt2ImgPipeline pipe(models);
+    const fs::path dir = test::golden("sd/anchorcache_cases/inpaint_batch");
+    auto p = tiny_params(unet::SamplerKind::Euler, 8, 0.6);
+    p.prompts = {"a cat on a sofa", "a bowl of fruit", "a ship at sea"};
+    p.init.init_images.clear();
+    for (int k = 0; k < 3; ++k) {
+        p.init.init_images.push_back((dir / ("init_image_" + std::to_string(k) + ".png")).string());
+        p.init.masks.push_back((dir / ("mask_image_" + std::to_string(k) + ".png")).string());
+    }
+    auto r0 = pipe.run(p);
+    for (const char* mode : {"deepcache:2", "freq"}) {
+        INFO(mode);
+        auto ctl = unet::parse_cache_mode(mode);
+        auto r = pipe.run(p, ctl.get());
+        CHECK(r.total_steps == 4);
+        CHECK(r.image.sizes() == std::vector<int64_t>{3, 3, 16, 24});
+        CHECK(torch::equal(r.initial_latents, r0.initial_latents));
+        CHECK(torch::isfinite(r.image).all().item<bool>());
     }
 }
 
@@ -310,6 +339,44 @@ TEST_CASE("img2img output size: the init image's rounded down to the VAE factor,
     CHECK(res.image_uint8.sizes() == std::vector<int64_t>{1, 16, 32, 3});
     const auto resized = unet::resize_lanczos(unet::read_image_rgb(p.init.init_images[0]), 32, 16);
     CHECK(torch::equal(res.init.init_image, unet::preprocess_image(resized, 32, 16)));
+}
+
+TEST_CASE("anchor-sd: -i repeated gives each line of --prompts-file its own init image, as diffusers' image=[...]",
+          "[cli][sd][img2img]") {
+    const fs::path gdir = test::golden("sd/anchorcache_cases/img2img_batch");
+    const auto dir = test::scratch_dir("cli_sd_img2img_batch");
+    {
+        std::ofstream pf(dir + "/prompts.txt");
+        pf << "a red fox in the snow\nan old lighthouse at dusk, oil painting\n";
+    }
+    const std::string png = dir + "/out.png", lat = dir + "/lat.safetensors";
+    const std::string i0 = (gdir / "init_image_0.png").string(), i1 = (gdir / "init_image_1.png").string();
+    auto r = test::run_program(test::sd_bin(),
+                               {"-m", "assets/models/sd15-tiny-random", "--prompts-file", dir + "/prompts.txt", "-i", i0,
+                                "-i", i1, "--batch-size", "2", "--strength", "0.7", "--sampler", "ddim", "--steps", "8",
+                                "-s", "321", "--cfg-scale", "6.5", "-o", png, "--save-latents", lat, "--threads", "1",
+                                "--overwrite"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    auto golden = WeightMap::load((gdir / "ddim8_strength0.7.safetensors").string());
+    for (int k = 0; k < 2; ++k) {
+        const std::string f = unet::Txt2ImgJob::numbered(lat, k);
+        auto ours = SafeTensorsFile::open(f);
+        CHECK(torch::equal(ours->tensor("initial_noise"), golden.get("noise").narrow(0, k, 1)));
+        const auto fl = ours->tensor("final_latents").to(torch::kFloat64),
+                   gl = golden.get("final_latents").narrow(0, k, 1).to(torch::kFloat64);
+        CHECK((fl - gl).abs().max().item<double>() <= 1e-1 * gl.abs().max().item<double>());
+        std::ifstream j(unet::Txt2ImgJob::numbered(png, k) + ".json");
+        const auto rec = nlohmann::json::parse(j);
+        CHECK(rec["init_image"]["file"] == (k ? i1 : i0));
+        CHECK(rec["init_image"]["sha256"] == sha256_file(k ? i1 : i0));
+    }
+    // Three images for two prompts: refused before any model work, naming the counts.
+    r = test::run_program(test::sd_bin(),
+                          {"-m", "assets/models/sd15-tiny-random", "--prompts-file", dir + "/prompts.txt", "-i", i0, "-i",
+                           i1, "-i", i0, "--batch-size", "2", "-o", dir + "/bad.png", "--threads", "1"});
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Catch::Contains("3 init images"));
 }
 
 TEST_CASE("anchor-sd -i --strength runs img2img and --mask inpaint, recording the inputs", "[cli][sd][img2img]") {

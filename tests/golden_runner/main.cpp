@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -41,6 +42,66 @@ bool looks_like_case(const fs::path& dir, std::string* why) {
     for (const auto& s : json_stems)
         if (st_stems.count(s)) return *why = s + ".json + " + s + ".safetensors", true;
     return false;
+}
+
+// The class a folder's config names: config_class (config.json _class_name / architectures), its "class" key, or a
+// scheduler_config.json's _class_name.
+std::string folder_class(const fs::path& dir) {
+    std::string c = config_class(dir);
+    if (!c.empty()) return c;
+    for (const char* f : {"config.json", "scheduler_config.json"}) {
+        if (!has_file(dir, f)) continue;
+        try {
+            const auto j = nlohmann::json::parse(read_text(dir / f));
+            for (const char* k : {"_class_name", "class"})
+                if (j.contains(k) && j[k].is_string()) return j[k].get<std::string>();
+        } catch (...) {
+        }
+    }
+    return "";
+}
+
+// What a case no checker claims is made of, for its FAIL line: the class of its config (and of a pipeline it
+// describes), the classes of its model / scheduler sub-folders, and its top-level config keys; for a model folder
+// inside such a case, its class and the case around it.
+std::string unsupported_reason(const fs::path& dir) {
+    std::vector<std::string> parts;
+    const std::string own = folder_class(dir);
+    if (!own.empty()) parts.push_back("class " + own);
+    if (has_file(dir, "config.json")) {
+        try {
+            const auto j = nlohmann::json::parse(read_text(dir / "config.json"));
+            if (j.contains("pipeline") && j["pipeline"].is_object()) {
+                const auto& pj = j["pipeline"];
+                for (const char* k : {"class", "replicates", "scheduler"})
+                    if (pj.contains(k) && pj[k].is_string()) parts.push_back(std::string("pipeline ") + k + " " +
+                                                                            pj[k].get<std::string>().substr(0, 80));
+            }
+            if (own.empty() && j.is_object()) {
+                std::string keys;
+                for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
+                parts.push_back("config keys: " + keys);
+            }
+        } catch (...) {
+        }
+    }
+    std::string subs;
+    std::error_code ec;
+    std::vector<fs::path> children;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.is_directory()) children.push_back(e.path());
+    std::sort(children.begin(), children.end());
+    for (const auto& c : children) {
+        const std::string cls = folder_class(c);
+        if (!cls.empty()) subs += (subs.empty() ? "" : ", ") + cls + " (" + c.filename().string() + "/)";
+    }
+    if (!subs.empty()) parts.push_back("sub-folders: " + subs);
+    const fs::path parent = dir.parent_path();
+    if (!own.empty() && has_file(parent, "config.json") && config_class(parent).empty())
+        parts.push_back("a model of the case " + parent.filename().string() + "/");
+    std::string out;
+    for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
+    return out;
 }
 
 void print_line(const std::string& name, const Stats& s) {
@@ -115,7 +176,9 @@ int main(int argc, char** argv) {
         std::string why;
         if (!model_claimed && looks_like_case(dir, &why)) {
             Stats s;
-            s.fail("found a reference case (" + why + ") that no checker of this build understands");
+            const std::string what = unsupported_reason(dir);
+            s.fail("found a reference case (" + why + ") that no checker of this build understands" +
+                   (what.empty() ? std::string() : ": " + what));
             print_line(rel + " [unchecked]", s);
             failed++;
         }

@@ -217,6 +217,22 @@ TEST_CASE("sd serve: img2img from a PNG of the server's own", "[serve]") {
     CHECK(info["anchorcache"][0]["unet_steps"] == 4); // half of 8 steps
     CHECK(info["denoising_strength"] == 0.5);
     CHECK(is_png(unbase64(r["images"][0])));
+
+    // init_images is a list: one per image of the batch (diffusers' image=[...]), each image's record naming its own.
+    const json t2 = post_json(c, "/sdapi/v1/txt2img", txt2img(4, "off"), &status);
+    REQUIRE(status == 200);
+    body["init_images"] = {t["images"][0], t2["images"][0]};
+    body["batch_size"] = 2;
+    const json r2 = post_json(c, "/sdapi/v1/img2img", body, &status);
+    REQUIRE(status == 200);
+    REQUIRE(r2["images"].size() == 2);
+    const json info2 = json::parse(r2["info"].get<std::string>());
+    CHECK(info2["anchorcache"][0]["init_image"]["sha256"] != info2["anchorcache"][1]["init_image"]["sha256"]);
+    // A count that does not divide the batch is a 400 naming the field.
+    body["init_images"] = {t["images"][0], t2["images"][0], t["images"][0]};
+    const json bad = post_json(c, "/sdapi/v1/img2img", body, &status);
+    CHECK(status == 400);
+    CHECK_THAT(bad.dump(), Catch::Contains("init_images") && Catch::Contains("3 init images"));
 }
 
 TEST_CASE("sd serve: OpenAI images, compare, and the listing endpoints", "[serve]") {
