@@ -352,7 +352,8 @@ void add_txt2img_options(CLI::App& app, Options& o) {
     auto* prompt = bind(app.add_option("-p,--prompt", o.prompt, "the prompt"), "prompts");
     auto* prompts_file = app.add_option("--prompts-file", o.prompts_file,
                                         "one prompt per line, run --batch-size lines at a time, each batch "
-                                        "--batch-count times, in this process (outputs get _k suffixes)")
+                                        "--batch-count times, in this process (outputs get _k suffixes); batch j of "
+                                        "the job uses seed + j, so with --batch-size 1 prompt k uses seed + k")
                              ->excludes(prompt);
     app.add_option("--prompt-from", o.prompt_from,
                    "run an image's parameters again: prompt, negative prompt, steps, sampler, CFG scale, seed, size, "

@@ -71,7 +71,12 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
          "max_tokens");
     bind(cmd->add_option("--max-prompt", p->max_prompt, "largest prompt in tokens")->capture_default_str(),
          "max_prompt");
-    bind(cmd->add_option("--max-prompt-bytes", p->max_prompt_bytes, "largest prompt in bytes (checked before tokenizing)")
+    bind(cmd->add_option("--max-length", p->max_length, "largest diffusion length of a request")->capture_default_str(),
+         "max_length");
+    bind(cmd->add_option("--max-steps", p->max_steps, "largest diffusion steps of a request")->capture_default_str(),
+         "max_steps");
+    bind(cmd->add_option("--max-prompt-bytes", p->max_prompt_bytes,
+                         "largest prompt in bytes (checked before tokenizing)")
              ->capture_default_str(),
          "max_prompt_bytes");
     runners.emplace_back(cmd, [p, no_diffusion]() { return run_text_serve(*p, *no_diffusion); });

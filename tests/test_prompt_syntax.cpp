@@ -401,8 +401,7 @@ TEST_CASE("A1111 prompts are bounded before tokenizing: bytes, bracket depth, CL
     CHECK_THROWS_WITH(parse_prompt_attention(std::string(kMaxPromptBytes + 1, 'a')),
                       Catch::Contains("bytes") && Catch::Contains(std::to_string(kMaxPromptBytes)));
     CHECK_NOTHROW(parse_prompt_attention(std::string(kMaxPromptNesting, '(') + "a"));
-    CHECK_THROWS_WITH(parse_prompt_attention(std::string(kMaxPromptNesting + 1, '[') + "a"),
-                      Catch::Contains("nested"));
+    CHECK_THROWS_WITH(parse_prompt_attention(std::string(kMaxPromptNesting + 1, '[') + "a"), Catch::Contains("nested"));
     const std::vector<std::string> huge = {std::string(70000, 'a')};
     CHECK_THROWS_WITH(check_prompt_syntax(PromptSyntax::Plain, {&huge}), Catch::Contains("bytes"));
     std::string long_prompt;

@@ -93,7 +93,9 @@ TEST_CASE("batches of a job: batch size, batch count and prompts files", "[sd][p
     CHECK(j[0].prompts == std::vector<std::string>{"a", "b"});
     CHECK(j[2].prompts == std::vector<std::string>{"e"});
     CHECK(j[2].first_image == 4);
-    CHECK(j[2].seed == 7);
+    CHECK(j[0].seed == 7); // batch j with seed + j: the prompts of a file do not share their noise
+    CHECK(j[1].seed == 8);
+    CHECK(j[2].seed == 9);
     CHECK_THROWS_WITH(plan_batches({"a"}, 0, 1, 0), Catch::Contains("batch_size"));
     CHECK_THROWS_WITH(plan_batches({"a"}, 1, 0, 0), Catch::Contains("batch_count"));
 }

@@ -103,7 +103,10 @@ void StreamRunner::encode_prompt() {
     const double kv_part = double(estimate_stream_bytes(c, p_.kv, 0, 0));
     const double new_part = 16.0 * double(p_.max_new_tokens);
     // The part that dominates the estimate is the one to name.
-    check_fits_memory(new_part * 2 > need ? "max_new_tokens" : kv_part * 2 > need ? "kv" : "prompt", need,
+    check_fits_memory(new_part * 2 > need  ? "max_new_tokens"
+                      : kv_part * 2 > need ? "kv"
+                                           : "prompt",
+                      need,
                       "kv " + p_.kv.str() + " with a prompt of " + std::to_string(prompt_.size()) + " tokens and " +
                           std::to_string(p_.max_new_tokens) + " new ones",
                       new_part * 2 > need ? "choose fewer new tokens" : "choose a smaller kv window or prompt");

@@ -180,15 +180,15 @@ void check_sampling_memory(const MdlmConfig& c, const SamplerOptions& o) {
     // Rotary positions run past the training length without an error, into positions the model never saw.
     if (o.length > c.max_seq_len)
         throw ParamError("length", "must be <= " + std::to_string(c.max_seq_len) +
-                                       ", the context the weights were trained for (config max_seq_len), got " + std::to_string(o.length));
+                                       ", the context the weights were trained for (config max_seq_len), got " +
+                                       std::to_string(o.length));
     check_fits_memory("length", double(estimate_sampling_bytes(c, o)),
                       "sampling " + std::to_string(o.length) + " positions", "choose a smaller length");
 }
 
 void check_prompt_vocabulary(const MdlmModelImpl& model, const std::vector<int64_t>& prompt) {
     for (size_t i = 0; i < prompt.size(); ++i)
-        if (!model.in_vocabulary({prompt[i]}))
-            throw TokenOutsideVocabulary(i, prompt[i], model.config().vocab_size);
+        if (!model.in_vocabulary({prompt[i]})) throw TokenOutsideVocabulary(i, prompt[i], model.config().vocab_size);
 }
 
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {

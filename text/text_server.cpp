@@ -307,11 +307,11 @@ nlohmann::json TextServer::openapi() const {
                             {"seed", integer(0, INT64_MAX)},
                             {"block_length", integer(0, p_.max_length)},
                             {"cache", str}};
-    json paths = {{"/v1/completions", openapi_post("OpenAI completions (stream: server-sent events)", completions,
-                                                   {"prompt"})},
-                  {"/v1/models", serve::openapi_get("the models served")},
-                  {"/health", serve::openapi_get("status, model and queue (503 while draining)")},
-                  {"/openapi.json", serve::openapi_get("this description")}};
+    json paths = {
+        {"/v1/completions", openapi_post("OpenAI completions (stream: server-sent events)", completions, {"prompt"})},
+        {"/v1/models", serve::openapi_get("the models served")},
+        {"/health", serve::openapi_get("status, model and queue (503 while draining)")},
+        {"/openapi.json", serve::openapi_get("this description")}};
     if (!p_.diffusion_model.empty())
         paths["/anchor/v1/diffusion"] = openapi_post("text diffusion with a cache mode", diffusion);
     return serve::openapi_document("anchor-text serve", "OpenAI's completions API and text diffusion on AnchorCache",

@@ -549,7 +549,7 @@ std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int 
     int next = 0;
     auto add = [&](std::vector<std::string> group, int per_prompt, int first_prompt) {
         for (int k = 0; k < batch_count; ++k) {
-            BatchJob j{group, per_prompt, seed + k, next, k, first_prompt};
+            BatchJob j{group, per_prompt, seed + int64_t(jobs.size()), next, k, first_prompt};
             next += j.images();
             jobs.push_back(std::move(j));
         }

@@ -268,13 +268,15 @@ struct BatchJob {
     int images_per_prompt = 1;
     int64_t seed = 0;
     int first_image = 0; // index of the batch's first image in the job
-    int repeat = 0;      // k of the batch count (seed = base seed + k)
+    int repeat = 0;       // k of the batch count
     int first_prompt = 0; // index of the batch's first prompt in the job's prompts
     int images() const { return int(prompts.size()) * images_per_prompt; }
 };
 // The batches of a job, A1111's batch size / batch count: one prompt gives batches of `batch_size` images of it
 // (images_per_prompt); several prompts (a prompts file) give consecutive groups of `batch_size` prompts, one image
-// each. Every batch runs `batch_count` times with seed + k, k = 0 .. batch_count - 1.
+// each. Every batch runs `batch_count` times; batch j of the job (in this order) has seed + j: one prompt's repeat k
+// has seed + k (A1111's batch count), and with batch_size 1 prompt k of a prompts file has seed + k, the rule of
+// anchor-text's prompts files (text/text_job.h).
 std::vector<BatchJob> plan_batches(const std::vector<std::string>& prompts, int batch_size, int batch_count,
                                    int64_t seed);
 

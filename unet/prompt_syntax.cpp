@@ -210,9 +210,9 @@ ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFra
         }
         const auto tokens = tok.encode(f.text);
         if (seen + tokens.size() > size_t(o.max_tokens))
-            throw ParamError("prompts", "a prompt of more than " + std::to_string(o.max_tokens) +
-                                            " CLIP tokens (" + std::to_string(o.max_tokens / std::max(1, o.chunk_length)) +
-                                            " chunks of " + std::to_string(o.chunk_length) + ")");
+            throw ParamError("prompts", "a prompt of more than " + std::to_string(o.max_tokens) + " CLIP tokens (" +
+                                            std::to_string(o.max_tokens / std::max(1, o.chunk_length)) + " chunks of " +
+                                            std::to_string(o.chunk_length) + ")");
         seen += tokens.size();
         for (int64_t token : tokens) {
             if (token == comma) {

@@ -64,8 +64,8 @@ struct ChunkedPrompt {
 };
 
 struct PromptChunkOptions {
-    int chunk_length = 75;    // CLIP's 77 positions less bos/eos
-    int comma_backtrack = 20; // A1111 opts.comma_padding_backtrack; 0 disables
+    int chunk_length = 75;             // CLIP's 77 positions less bos/eos
+    int comma_backtrack = 20;          // A1111 opts.comma_padding_backtrack; 0 disables
     int max_tokens = kMaxPromptTokens; // more: ParamError("prompts"), raised as soon as the count passes it
     // Called before each fragment is tokenized: a cancellation point (it throws to stop).
     std::function<void()> check;

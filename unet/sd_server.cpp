@@ -19,12 +19,12 @@ namespace anchor::unet {
 
 namespace fs = std::filesystem;
 using serve::HttpError;
-using serve::openapi_document;
-using serve::openapi_get;
-using serve::openapi_post;
 using serve::HttpReply;
 using serve::HttpRequest;
 using serve::JobControl;
+using serve::openapi_document;
+using serve::openapi_get;
+using serve::openapi_post;
 using serve::RequestFields;
 
 void SdServerParams::validate() const {
@@ -109,8 +109,7 @@ void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::str
             check_prompt_bytes(*text, field);
             if (p.prompt_syntax == PromptSyntax::A1111) (void)pipe.prompt_chunks({*text});
         } catch (const ParamError& e) {
-            throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field,
-                            field + ": " + e.detail());
+            throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field, field + ": " + e.detail());
         }
     }
 }
@@ -341,7 +340,9 @@ void SdServer::add_routes() {
         nlohmann::json params = f.json();
         if (params.contains("init_images")) params["init_images"] = nlohmann::json::array(); // not echoed back
         if (params.contains("mask")) params["mask"] = nullptr;
-        HttpReply r = HttpReply::json({{"images", out["images"]}, {"parameters", params}, {"info", info.dump()}});
+        HttpReply r = HttpReply::json({{"images", out["images"]},
+                                       {"parameters", params},
+                                       {"info", info.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
         r.note = "cache=" + job.cache;
         return r;
     };
@@ -542,8 +543,8 @@ nlohmann::json SdServer::openapi() const {
         {"/sdapi/v1/skip", openapi_post("stop the running job, as A1111's skip of its last image", json::object())},
         {"/health", openapi_get("status, model and queue (503 while draining)")},
         {"/openapi.json", openapi_get("this description")}};
-    paths["/sdapi/v1/options"].update(openapi_post("set the checkpoint (only the loaded one is accepted)",
-                                                   {{"sd_model_checkpoint", str}}));
+    paths["/sdapi/v1/options"].update(
+        openapi_post("set the checkpoint (only the loaded one is accepted)", {{"sd_model_checkpoint", str}}));
     return openapi_document("anchor-sd serve", "AUTOMATIC1111's and OpenAI's image APIs on AnchorCache", paths);
 }
 

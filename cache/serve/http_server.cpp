@@ -31,9 +31,19 @@ std::string type_name(const nlohmann::json& v) {
 
 // The value as the message quotes it, cut short: the message stays one line.
 std::string shown(const nlohmann::json& v) {
-    std::string s = v.dump();
-    if (s.size() > 40) s = s.substr(0, 37) + "...";
+    std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (s.size() > 40) {
+        // Cut on a character boundary: half a UTF-8 sequence would make the reply itself invalid JSON text.
+        size_t n = 37;
+        while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+        s = s.substr(0, n) + "...";
+    }
     return s;
+}
+
+// Replies never fail to serialize: text that is not valid UTF-8 (cut short, or from a model) becomes U+FFFD.
+std::string dump_reply(const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 [[noreturn]] void bad_type(const std::string& name, const std::string& expected, const nlohmann::json& v) {
@@ -353,7 +363,7 @@ void ServerOptions::validate() const {
 HttpReply HttpReply::json(const nlohmann::json& j, int status) {
     HttpReply r;
     r.status = status;
-    r.body = j.dump();
+    r.body = dump_reply(j);
     return r;
 }
 
@@ -419,22 +429,21 @@ std::string base64_decode(const std::string& text, const std::string& field) {
 
 namespace {
 nlohmann::json openapi_responses() {
-    const nlohmann::json error = {
-        {"description", "error: {\"error\": {\"message\", \"type\", \"param\", \"code\"}}"},
-        {"content",
-         {{"application/json",
-           {{"schema",
-             {{"type", "object"},
-              {"required", {"error"}},
-              {"properties",
-               {{"error",
-                 {{"type", "object"},
-                  {"required", {"message", "type", "code"}},
-                  {"properties",
-                   {{"message", {{"type", "string"}}},
-                    {"type", {{"type", "string"}}},
-                    {"param", {{"type", "string"}, {"nullable", true}}},
-                    {"code", {{"type", "integer"}}}}}}}}}}}}}}}};
+    const nlohmann::json error = {{"description", "error: {\"error\": {\"message\", \"type\", \"param\", \"code\"}}"},
+                                  {"content",
+                                   {{"application/json",
+                                     {{"schema",
+                                       {{"type", "object"},
+                                        {"required", {"error"}},
+                                        {"properties",
+                                         {{"error",
+                                           {{"type", "object"},
+                                            {"required", {"message", "type", "code"}},
+                                            {"properties",
+                                             {{"message", {{"type", "string"}}},
+                                              {"type", {{"type", "string"}}},
+                                              {"param", {{"type", "string"}, {"nullable", true}}},
+                                              {"code", {{"type", "integer"}}}}}}}}}}}}}}}};
     nlohmann::json r = {{"200", {{"description", "ok"}}}};
     for (const char* code : {"400", "404", "413", "429", "503"}) r[code] = error;
     return r;
@@ -454,14 +463,15 @@ nlohmann::json openapi_get(const std::string& summary) {
 nlohmann::json openapi_post(const std::string& summary, nlohmann::json properties, std::vector<std::string> required) {
     nlohmann::json schema = {{"type", "object"}, {"properties", std::move(properties)}};
     if (!required.empty()) schema["required"] = required;
-    return {{"post",
-             {{"summary", summary},
-              {"requestBody", {{"required", !required.empty()}, {"content", {{"application/json", {{"schema", schema}}}}}}},
-              {"responses", openapi_responses()}}}};
+    return {
+        {"post",
+         {{"summary", summary},
+          {"requestBody", {{"required", !required.empty()}, {"content", {{"application/json", {{"schema", schema}}}}}}},
+          {"responses", openapi_responses()}}}};
 }
 
 std::string sse_event(const nlohmann::json& data) {
-    return "data: " + data.dump() + "\n\n";
+    return "data: " + dump_reply(data) + "\n\n";
 }
 std::string sse_done() {
     return "data: [DONE]\n\n";
@@ -588,7 +598,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), o_((o
         } else {
             msg = "HTTP " + std::to_string(res.status) + " on " + req.method + " " + req.path;
         }
-        res.set_content(error_body(res.status, msg, field).dump(), "application/json");
+        res.set_content(dump_reply(error_body(res.status, msg, field)), "application/json");
     });
     if (!o_.web_dir.empty() && !svr.set_mount_point("/", o_.web_dir))
         throw Error("serve: web folder '" + o_.web_dir + "' does not exist");

@@ -143,14 +143,14 @@ private:
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
-    int port = 7860;       // 0: any free port (HttpServer::bind returns it)
-    int queue = 4;         // jobs waiting or running; one more gets 429
-    int threads = 32;      // connection threads (each waiting client holds one)
-    int drain_timeout_s = 60; // a drain waits this long for the jobs in flight, then cancels them
+    int port = 7860;                    // 0: any free port (HttpServer::bind returns it)
+    int queue = 4;                      // jobs waiting or running; one more gets 429
+    int threads = 32;                   // connection threads (each waiting client holds one)
+    int drain_timeout_s = 60;           // a drain waits this long for the jobs in flight, then cancels them
     size_t max_body = size_t(64) << 20; // larger request bodies get 413 naming "body"
-    std::string web_dir;   // static files served at / ("": none)
-    std::string program;   // in the startup line
-    void validate() const; // ParamError naming the field
+    std::string web_dir;                // static files served at / ("": none)
+    std::string program;                // in the startup line
+    void validate() const;              // ParamError naming the field
 };
 
 struct HttpRequest {

@@ -119,7 +119,7 @@ def fuzz(exe, server, examples, seed):
     watch.start()
     cmd = [exe, "run", server.url + "/openapi.json", "--checks", "not_a_server_error", "--max-examples",
            str(examples), "--seed", str(seed), "--workers", "1", "--request-timeout", str(REQUEST_DEADLINE_S),
-           "--generation-database", "none", "--no-color", "--phases", "examples,fuzzing", "--url", server.url]
+           "--generation-database", "none", "--no-color", "--phases", "examples,coverage,fuzzing", "--url", server.url]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, NO_PROXY="127.0.0.1"))
     watch.stop_flag.set()
@@ -136,6 +136,8 @@ def fuzz(exe, server, examples, seed):
     summary = (f"{server.name}: {time.time() - t0:.0f}s, /health worst {watch.health_worst:.2f}s, "
                f"RSS {min(rss or [0]):.0f}-{max(rss or [0]):.0f} MB")
     print(summary, flush=True)
+    if os.environ.get("FUZZ_VERBOSE"):
+        print(r.stdout)
     last = [ln for ln in r.stdout.splitlines() if ln.strip()][-3:]
     print("  " + "\n  ".join(last), flush=True)
     return problems

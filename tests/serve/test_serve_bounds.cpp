@@ -253,6 +253,13 @@ TEST_CASE("text serve: a 5 MB prompt is refused in under a second; diffusion nam
         INFO(p);
         CHECK(spec["paths"].contains(p));
     }
+    // A body of the wrong type whose quoted value would be cut inside a UTF-8 sequence (found by the fuzz): 400.
+    for (const char* path : {"/v1/completions", "/anchor/v1/diffusion"}) {
+        auto w = c.Post(path, "[\"" + std::string(34, 'a') + "\xc3\xa9\xc3\xa9\xc3\xa9\"]", "application/json");
+        REQUIRE(w);
+        CHECK(w->status == 400);
+        check_error(json::parse(w->body), 400, "body", "expected a JSON object");
+    }
     const std::string reply = raw_http(s.port(), "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n\r\n");
     CHECK(status_of(reply) == 400);
     check_error(body_of(reply), 400, "body", "malformed JSON");
