@@ -369,7 +369,8 @@ TEST_CASE("sd serve: every cache key out of its range is a one-line 400 naming t
                                       : key == "interval" ? "deepcache:" + v
                                                           : "deepcache:3," + key + "=" + v;
             INFO(cache);
-            check_400(post_json(c, "/sdapi/v1/txt2img", txt2img(1, cache), &status), status, "cache", key);
+            const json e = post_json(c, "/sdapi/v1/txt2img", txt2img(1, cache), &status); // status set before the check
+            check_400(e, status, "cache", key);
         }
     }
     // A branch past this model's skip connections, a key given twice, lists with an empty mode.
