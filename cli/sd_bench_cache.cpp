@@ -39,7 +39,7 @@ torch::Device parse_device(const std::string& s) {
 
 int run_bench_cache(Options& o) {
     auto& b = o.bench;
-    b.modes = unet::split_mode_list(o.modes);
+    b.modes = unet::parse_cache_list(o.modes, "modes");
     b.repeat = o.repeat > 0 ? o.repeat : (o.model.empty() ? 3 : 1);
     b.base.device = parse_device(o.device);
     if (!o.model.empty() && !b.base.device.is_cpu()) throw UsageError("-m runs the pipeline on the CPU only");

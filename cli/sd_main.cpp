@@ -31,7 +31,10 @@ namespace {
 // What the command line sets beyond the job: the model, the dtype, a compare instead of a job.
 struct Options {
     Txt2ImgJob job;
-    std::string model, prompt, negative, prompts_file, dtype = "f32", compare, lora_model_dir, prompt_from;
+    std::string model, prompt, negative, prompts_file, dtype = "f32", lora_model_dir, prompt_from;
+    std::string cache = "off";                // --cache as typed; parsed once into job.cache
+    std::vector<std::string> compare;         // --compare lists (repeatable); parsed once into compare_modes
+    std::vector<CacheConfig> compare_modes;
     bool negative_given = false;    // -n given (even empty): SDXL's zero negative conditioning is for none at all
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
@@ -132,7 +135,7 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.init_image && !given("--init-img")) p.init.init_images = {*ip.init_image};
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
-    if (!given("--deepcache")) take("--cache", ip.cache_mode, o.job.cache);
+    if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
                  ip.source.c_str());
     for (const auto& n : ip.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
@@ -141,9 +144,11 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
 // The job from the options: --deepcache sugar, prompts (and their <lora:...> tags), checks before loading anything.
 std::vector<LoraSpec> prepare_job(Options& o) {
     auto& job = o.job;
+    if (o.deepcache < 0)
+        throw UsageError("--deepcache: expected an interval >= 1 (0 = off), got " + std::to_string(o.deepcache));
     if (o.deepcache > 0) { // --deepcache N is sugar for --cache deepcache:N
-        if (job.cache != "off") throw UsageError("--cache and --deepcache are exclusive");
-        job.cache = "deepcache:" + std::to_string(o.deepcache) + ",branch=" + std::to_string(o.deepcache_branch);
+        if (o.cache != "off") throw UsageError("--cache and --deepcache are exclusive");
+        o.cache = "deepcache:" + std::to_string(o.deepcache) + ",branch=" + std::to_string(o.deepcache_branch);
     }
     if (!o.prompts_file.empty() && !o.compare.empty()) throw UsageError("--prompts-file and --compare are exclusive");
     // An existing folder named as the output file fails at the first write, after the whole run: say so now.
@@ -160,8 +165,13 @@ std::vector<LoraSpec> prepare_job(Options& o) {
         o.negative_given || !o.negative.empty() ? std::vector<std::string>{o.negative} : std::vector<std::string>{};
     // stable-diffusion.cpp semantics: N-th last layer (1 = last, 2 = penultimate); <= 0 = the model's default.
     job.params.clip_skip = o.clip_skip <= 0 ? 0 : o.clip_skip - 1;
-    if (o.compare.empty()) job.validate();
-    for (const auto& m : split_mode_list(o.compare)) (void)parse_cache_mode(m);
+    // The modes, parsed here once (one-line errors under --cache / --compare), before any model is loaded.
+    if (o.compare.empty()) {
+        job.cache = parse_cache_config(o.cache);
+        job.validate();
+    } else {
+        o.compare_modes = parse_cache_list(o.compare, "compare");
+    }
     if (job.params.seed < 0) {
         std::random_device rd;
         job.params.seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
@@ -230,7 +240,7 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
     p.prompts = job.prompts;
     pipe.validate(p);
     const fs::path out(job.output);
-    auto rep = run_compare(pipe, p, o.compare, (out.parent_path() / out.stem()).string(), job.facts, job.overwrite,
+    auto rep = run_compare(pipe, p, o.compare_modes, (out.parent_path() / out.stem()).string(), job.facts, job.overwrite,
                            [](const std::string& m) { std::fprintf(stderr, "compare: %s\n", m.c_str()); });
     print_compare_table(rep);
     return 0;
@@ -480,11 +490,18 @@ void add_txt2img_options(CLI::App& app, Options& o) {
         ->capture_default_str();
     app.add_option("--deepcache-branch", o.deepcache_branch, "DeepCache skip branch (0 = shallowest)")
         ->capture_default_str();
-    bind(app.add_option("--cache", j.cache, "cache mode:\n" + cache_mode_help())->capture_default_str(), "cache");
+    bind(app.add_option("--cache", o.cache, "cache mode (`--cache help`: the modes, presets and keys):\n" +
+                                                 cache_mode_help())
+             ->capture_default_str(),
+         "cache");
     auto* compare = bind(app.add_option("--compare", o.compare,
-                                        "run each listed mode (e.g. off,deepcache:3,freq) with the same seed and write "
-                                        "the labelled grid to <output> itself, plus <stem>_timeline.png and "
-                                        "<stem>_report.json"),
+                                        "run each listed mode (e.g. 'off;deepcache:3;freq', or off,deepcache:3,freq; "
+                                        "repeatable) with the same seed and write the labelled grid to <output> "
+                                        "itself, plus <stem>_timeline.png and <stem>_report.json")
+                             ->type_size(1)
+                             ->expected(1)
+                             ->allow_extra_args(false)
+                             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll),
                          "compare");
     bind(app.add_flag("--free-params", p.free_params,
                       "release the text encoder's weights once the prompts are encoded and the UNet's before the VAE "
@@ -541,6 +558,10 @@ int main(int argc, char** argv) {
         anchor::util::configure_threads(o.threads);
         for (auto& [sub, body] : subcommands)
             if (sub->parsed()) return body();
+        if (o.cache == "help" || (o.compare.size() == 1 && o.compare[0] == "help")) {
+            std::printf("%s", anchor::unet::cache_help().c_str());
+            return 0;
+        }
         if (!o.prompt_from.empty()) apply_prompt_from(app, o);
         if (o.prompt.empty() && o.prompts_file.empty())
             throw UsageError("a prompt is required (-p/--prompt TEXT, not empty, or --prompts-file FILE)");

@@ -72,9 +72,10 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
                          "seconds SIGTERM's drain waits for the jobs in flight before it cancels them")
              ->capture_default_str(),
          "drain_timeout_s");
-    bind(cmd->add_option("--cache", s.default_cache,
-                         "cache mode of requests without a `cache` field:\n" + unet::cache_mode_help())
-             ->capture_default_str(),
+    bind(cmd->add_option_function<std::string>(
+                 "--cache", [&s](const std::string& v) { s.default_cache = unet::parse_cache_config(v); },
+                 "cache mode of requests without a `cache` field (default off; anchor-sd --cache help lists them):\n" +
+                     unet::cache_mode_help()),
          "cache");
     bind(cmd->add_option("--max-steps", s.max_steps, "largest `steps` of a request")->capture_default_str(),
          "max_steps");

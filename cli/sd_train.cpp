@@ -107,7 +107,7 @@ std::vector<std::string> write_speed_quality_plots(const nlohmann::json& rep, co
 }
 
 int run_eval(EvalOptions& o) {
-    o.eval.modes = unet::split_mode_list(o.modes);
+    o.eval.modes = unet::parse_cache_list(o.modes, "modes");
     if (!o.prompts_file.empty()) o.eval.prompts = read_prompts_file(o.prompts_file);
     if (!o.seeds.empty()) o.eval.seed_list = parse_int_list(o.seeds, "--seeds");
     const auto r = unet::train::run_fashion_eval(o.eval);

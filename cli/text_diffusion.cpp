@@ -8,6 +8,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
+#include "cache/modes/mode_list.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
 #include "cli/loss_plot.h"
@@ -215,7 +216,8 @@ struct SampleArgs {
 
 struct GenerateArgs {
     SampleArgs s;
-    std::string cache = "off", compare, score_with, json_out;
+    std::string cache = "off", score_with, json_out;
+    std::vector<std::string> compare; // --compare lists (repeatable), as anchor-sd splits them
     bool show_steps = false, overwrite = false;
     BatchArgs batch; // --prompts-file
 
@@ -299,20 +301,29 @@ int run_generate_prompts(const GenerateArgs& a, const FlagNames& flags) {
 int run_generate(const GenerateArgs& a) {
     const auto flags = with(sampler_flags(), {{"cache", a.compare.empty() ? "--cache" : "--compare"},
                                               {"caches", a.compare.empty() ? "--cache" : "--compare"}});
-    if (a.cache == "help" || a.compare == "help") return print_cache_help();
+    if (a.cache == "help" || (a.compare.size() == 1 && a.compare[0] == "help")) return print_cache_help();
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
     if (!a.batch.prompts_file.empty()) return run_generate_prompts(a, flags);
     const auto rep = with_flag_errors(flags, [&] {
         auto p = a.params(true);
-        // --compare A,B: both runs side by side with the same seed.
-        const auto comma = a.compare.find(',');
-        if (!a.compare.empty() && comma == std::string::npos)
-            throw UsageError("--compare needs two cache modes separated by a comma, e.g. off,anchor");
+        // --compare A,B (or A;B, or --compare A --compare B): both runs side by side with the same seed. The list is
+        // split as anchor-sd splits its own (cache/modes/mode_list.h), so a mode with commas inside stays one.
+        std::vector<std::string> modes;
+        if (!a.compare.empty()) {
+            try {
+                modes = cache::modes::split_mode_lists(a.compare, "compare");
+            } catch (const anchor::ParamError& e) {
+                throw UsageError("--compare: " + e.detail());
+            }
+            if (modes.size() != 2)
+                throw UsageError("--compare: expected two cache modes (e.g. off,anchor or 'off;dual:decoded=reuse'), "
+                                 "got " + std::to_string(modes.size()));
+        }
         // A mode's own keys (threshold=...) stay as written: only the field names the flag.
         p.caches = with_flag_errors({{"cache", a.compare.empty() ? "--cache" : "--compare"}}, [&] {
-            return a.compare.empty() ? std::vector<DecodeSpec>{parse_decode_spec(a.cache)}
-                                     : std::vector<DecodeSpec>{parse_decode_spec(a.compare.substr(0, comma)),
-                                                               parse_decode_spec(a.compare.substr(comma + 1))};
+            return a.compare.empty()
+                       ? std::vector<DecodeSpec>{parse_decode_spec(a.cache)}
+                       : std::vector<DecodeSpec>{parse_decode_spec(modes[0]), parse_decode_spec(modes[1])};
         });
         const int64_t P = static_cast<int64_t>(p.sampler.prompt.size());
         auto show = [&](const StepInfo& st) {
@@ -525,7 +536,13 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     auto* gen = diff->add_subcommand("generate", "Sample text; --compare runs two cache modes side by side");
     g->s.add(gen);
     gen->add_option("--cache", g->cache, cache_help())->capture_default_str();
-    gen->add_option("--compare", g->compare, "Two cache modes, e.g. off,anchor:stale=2");
+    gen->add_option("--compare", g->compare,
+                    "Two cache modes, e.g. off,anchor:stale=2 or 'off;dual:decoded=reuse,masked=reuse' (repeatable: "
+                    "--compare off --compare anchor)")
+        ->type_size(1)
+        ->expected(1)
+        ->allow_extra_args(false)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     gen->add_flag("--show-steps", g->show_steps, "Print the sequence after every step");
     gen->add_option("--score-with", g->score_with, "GPT-2 model: print each text's generative perplexity under it");
     gen->add_option("--json", g->json_out, "Also write every run (tokens, timings, cache and store statistics) here");

@@ -1,6 +1,6 @@
 // CPU reference for the batched 2-D DCT energy kernel (kernels/cuda/dct_energy.cu): per-coefficient energies
-// E(u, v) = X(u, v)^2 of the orthonormal DCT-II of each [H, W] map, computed with the cached basis matrices of
-// cache/dct.h (an independent method from the GPU's FFT route, so the two check each other).
+// E(u, v) = X(u, v)^2 of the orthonormal DCT-II of each [H, W] map, computed in float64 with the DCT basis matrices
+// built from their definition (an independent method from the GPU's FFT route, so the two check each other).
 #pragma once
 
 #include <torch/torch.h>

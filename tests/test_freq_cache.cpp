@@ -1,7 +1,9 @@
 // Frequency-anchored deep-feature cache (unet/freq_cache.h) and the cache mode parser.
 #include "cache/dct.h"
 #include "cache/io/error.h"
+#include "cache/modes/mode_list.h"
 #include "tests/sd_pipeline_golden.h"
+#include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "unet/freq_cache.h"
 #include "unet/train/fashion_eval.h"
@@ -11,7 +13,9 @@
 
 #include <algorithm>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <tuple>
 
@@ -998,4 +1002,179 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
     CHECK(train::against_deepcache(modes, modes[2]).is_null());
     CHECK(train::against_deepcache(modes, modes[0]).is_null());
     CHECK(train::against_deepcache(json::array({modes[0]}), mode("freq", 2.3, 35.0, 22.0)).is_null());
+}
+
+// ---- typed cache configurations (unet/cache_config.h) ----------------------------------------------------------------
+
+TEST_CASE("cache configs: presets, labels, resolved parameters", "[freq][cache_config]") {
+    const auto freq = parse_cache_config("freq");
+    CHECK(freq.kind() == CacheKind::Freq);
+    CHECK(freq.label == "freq");
+    CHECK(freq.canonical() == FreqParams{}.describe());
+    CHECK(make_cache_controller(freq)->label() == "freq");
+    CHECK(make_cache_controller(freq)->spec() == parse_cache_mode("freq")->spec());
+    // The presets set their keys; keys after a preset override it.
+    const auto fast = parse_cache_config("freq:fast");
+    CHECK(fast.label == "freq:fast");
+    CHECK(std::get<FreqParams>(fast.params).drift == 0.4);
+    CHECK(std::get<FreqParams>(parse_cache_config("freq:quality").params).drift == 0.3);
+    const auto tuned = parse_cache_config("freq:fast,thr=0.6");
+    CHECK(std::get<FreqParams>(tuned.params).thr == 0.6);
+    CHECK(std::get<FreqParams>(tuned.params).drift == 0.4);
+    CHECK(make_cache_controller(tuned)->label() == "freq:fast,thr=0.6");
+    CHECK_THROWS_AS(parse_cache_config("freq:rapid"), ParamError);
+    // The report's resolved parameters, from the key table.
+    const auto j = parse_cache_config("freq:thr=0.6").params_json();
+    CHECK(j["thr"] == 0.6);
+    CHECK(j["max"] == "none");
+    CHECK(j["extrapolate"] == true);
+    CHECK(j["probe"] == "raw");
+    CHECK(!j.contains("profile"));
+    const auto dc = parse_cache_config("deepcache:3,branch=1");
+    CHECK(dc.kind() == CacheKind::DeepCache);
+    CHECK(std::get<DeepCacheParams>(dc.params).interval == 3);
+    CHECK(dc.branch() == 1);
+    CHECK(dc.canonical() == "deepcache:3,branch=1");
+    CHECK(parse_cache_config("deepcache:interval=4").canonical() == "deepcache:4");
+    CHECK(parse_cache_config("off").kind() == CacheKind::Off);
+    // A key given twice is an error, not the last one winning.
+    CHECK_THROWS_WITH(parse_cache_config("freq:thr=0.5,thr=0.6"), Catch::Contains("thr is given twice"));
+    CHECK_THROWS_WITH(parse_cache_config("deepcache:3,interval=4"), Catch::Contains("interval is given twice"));
+    CHECK_THROWS_WITH(parse_cache_config("deepcache:3,branch=1,branch=2"), Catch::Contains("branch is given twice"));
+    // `--cache help` comes from the tables: every preset and key with its range and default.
+    const std::string help = cache_help();
+    for (const auto& k : freq_keys())
+        CHECK(help.find("    " + k.name + " (" + k.values + ", default ") != std::string::npos);
+    for (const auto& k : deepcache_keys()) CHECK(help.find("    " + k.name + " (") != std::string::npos);
+    for (const auto& [name, keys] : freq_presets())
+        CHECK(help.find("freq:" + name + "  -  freq:" + keys) != std::string::npos);
+    CHECK(help.find("advanced:") != std::string::npos);
+}
+
+TEST_CASE("cache configs: every key out of its range is one line naming the mode, the key and the range",
+          "[freq][cache_config]") {
+    auto sweep = [](const std::string& prefix, const std::string& key, const std::string& values, bool integer) {
+        std::vector<std::string> bad = {"", "x", "-1e9", "1e999", "nan", "maybe", "1,"};
+        if (integer) bad.insert(bad.end(), {"1.5", "999999999"});
+        for (const auto& v : bad) {
+            const std::string mode = prefix + key + "=" + v;
+            INFO(mode);
+            try {
+                (void)parse_cache_config(mode);
+                FAIL("accepted");
+            } catch (const ParamError& e) {
+                const std::string m = e.what();
+                CHECK(e.field() == "cache");
+                CHECK(m.find('\n') == std::string::npos);
+                CHECK(m.size() < 600);
+                CHECK(m.find(key) != std::string::npos);
+                if (v != "1,") CHECK(m.find(key + " must be ") != std::string::npos);
+                CHECK(m.find("freq[:tau=") != std::string::npos); // the forms, on the same line
+            }
+        }
+    };
+    for (const auto& k : freq_keys())
+        if (k.name != "profile") sweep("freq:", k.name, k.values, k.values.rfind("an integer", 0) == 0);
+    sweep("deepcache:", "interval", "", true);
+    sweep("deepcache:3,", "branch", "", true);
+    CHECK_THROWS_WITH(parse_cache_config("freq:profile="), Catch::Contains("profile must be a file"));
+    CHECK_THROWS_WITH(parse_cache_config("deepcache:3,branch=99"), Catch::Contains("branch must be an integer in [0, 11]"));
+}
+
+TEST_CASE("cache configs: a branch past the model's skip connections is a usage error before any work",
+          "[freq][cache_config]") {
+    auto m = deepcache_models();
+    const int n = m.unet->num_skips();
+    REQUIRE(n >= 2);
+    check_cache_config(parse_cache_config("deepcache:2,branch=" + std::to_string(n - 1)), *m.unet);
+    // A configuration past this model's last skip (the parser's own bound is that of the largest supported UNet).
+    CacheConfig past;
+    FreqParams fp;
+    fp.branch = n;
+    past.params = fp;
+    past.label = "freq:branch=" + std::to_string(n);
+    try {
+        check_cache_config(past, *m.unet);
+        FAIL("accepted");
+    } catch (const ParamError& e) {
+        CHECK(e.field() == "cache");
+        CHECK_THAT(e.detail(), Catch::Contains("this UNet has " + std::to_string(n) + " skip connections: branch must be"));
+    }
+}
+
+TEST_CASE("cache mode lists split the same way in anchor-sd and anchor-text", "[freq][cache_config]") {
+    using cache::modes::split_mode_list;
+    using V = std::vector<std::string>;
+    CHECK(split_mode_list("off;freq:fast;deepcache:3,branch=1") == V{"off", "freq:fast", "deepcache:3,branch=1"});
+    CHECK(split_mode_list("off,dual:decoded=reuse,masked=reuse") == V{"off", "dual:decoded=reuse,masked=reuse"});
+    CHECK(split_mode_list("off,anchor+unmask=confidence,threshold=0.9") ==
+          V{"off", "anchor+unmask=confidence,threshold=0.9"});
+    CHECK(split_mode_list("freq:fast,thr=0.6;off") == V{"freq:fast,thr=0.6", "off"});
+    CHECK(cache::modes::split_mode_lists({"off", "freq,thr=0.6"}) == V{"off", "freq:thr=0.6"});
+    // The field a list's error names ("accepted" when there is none).
+    auto refused_as = [](const std::string& list) -> std::string {
+        try {
+            (void)split_mode_list(list);
+        } catch (const ParamError& e) {
+            return e.field();
+        }
+        return "accepted";
+    };
+    for (const std::string bad : {"", "off,,freq", "off;;freq", "off,", ";off"}) CHECK(refused_as(bad) == "compare");
+    const auto list = parse_cache_list("off;freq:fast,thr=0.6,deepcache:2");
+    REQUIRE(list.size() == 3);
+    CHECK(list[1].label == "freq:fast,thr=0.6");
+    CHECK(list[2].label == "deepcache:2");
+}
+
+TEST_CASE("docs/caching.md holds the presets and key tables of the code", "[freq][cache_config][docs]") {
+    std::ifstream f(std::string(ANCHOR_SOURCE_DIR) + "/docs/caching.md");
+    REQUIRE(f);
+    const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string begin = "<!-- cache tables: unet::cache_docs_tables() -->\n", end = "<!-- end of the cache tables -->";
+    const auto b = doc.find(begin), e = doc.find(end);
+    REQUIRE(b != std::string::npos);
+    REQUIRE(e != std::string::npos);
+    const std::string tables = doc.substr(b + begin.size(), e - b - begin.size());
+    if (tables != cache_docs_tables()) { // the tables to paste between the markers
+        const auto path = std::filesystem::temp_directory_path() / "anchor_cache_tables.md";
+        std::ofstream(path) << cache_docs_tables();
+        FAIL("docs/caching.md's cache tables differ from the code's: the code's are in " << path.string());
+    }
+}
+
+TEST_CASE("anchor-sd: every cache key out of its range, and bad mode lists, exit 2 with one line",
+          "[freq][cache_config][cli]") {
+    auto one_line_error = [](const test::ProgramResult& r, const std::string& option, const std::string& words) {
+        INFO(r.output);
+        CHECK(r.exit_code == 2);
+        const auto at = r.output.find("error: " + option + ": ");
+        REQUIRE(at != std::string::npos);
+        const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+        CHECK(line.find(words) != std::string::npos);
+        CHECK(r.output.find("error:", at + 1) == std::string::npos);
+        CHECK(r.output.size() - at < 600); // no help text after it
+    };
+    const std::string out = (std::filesystem::temp_directory_path() / "anchor_cache_sweep.png").string();
+    auto sd = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), {"-p", "x", "--steps", "2", "-o", out});
+        return test::run_program(test::sd_bin(), args);
+    };
+    for (const auto& k : freq_keys())
+        if (k.name != "profile") one_line_error(sd({"--cache", "freq:" + k.name + "=-1e9"}), "--cache", k.name);
+    one_line_error(sd({"--cache", "deepcache:-1"}), "--cache", "interval");
+    one_line_error(sd({"--cache", "deepcache:3,branch=99"}), "--cache", "branch must be an integer in [0, 11]");
+    one_line_error(sd({"--cache", "freq:drift=0.3,drift=0.4"}), "--cache", "drift is given twice");
+    one_line_error(sd({"--compare", "off,,freq"}), "--compare", "an empty cache mode");
+    one_line_error(sd({"--compare", ""}), "--compare", "at least one cache mode");
+    one_line_error(sd({"--compare", "off;freq:thr=-1"}), "--compare", "thr must be > 0");
+    const auto dc = sd({"--deepcache", "-1"});
+    INFO(dc.output);
+    CHECK(dc.exit_code == 2);
+    CHECK_THAT(dc.output, Catch::Contains("error: --deepcache: expected an interval >= 1 (0 = off), got -1"));
+    CHECK(!std::filesystem::exists(out));
+    const auto help = test::run_program(test::sd_bin(), {"--cache", "help"});
+    CHECK(help.exit_code == 0);
+    CHECK_THAT(help.output, Catch::Contains("freq:fast  -  freq:drift=0.4"));
+    CHECK_THAT(help.output, Catch::Contains("advanced:"));
 }

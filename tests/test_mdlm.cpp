@@ -1343,3 +1343,9 @@ TEST_CASE("mdlm: LLaDA and Dream layouts are refused naming the missing architec
     CHECK_THROWS_WITH(load_mdlm(dir + "/dream"), Catch::Contains("Dream") && Catch::Contains("Qwen2"));
     CHECK_THROWS_WITH(load_mdlm(dir + "/llada_nocfg/model.safetensors"), Catch::Contains("LLaDA"));
 }
+
+TEST_CASE("mdlm cache spec: a key given twice is an error", "[mdlm]") {
+    CHECK_THROWS_WITH(parse_cache_spec("anchor:stale=2,stale=3"), Catch::Contains("stale is given twice"));
+    CHECK_THROWS_WITH(parse_cache_spec("dual:refresh=2,refresh=4"), Catch::Contains("refresh is given twice"));
+    CHECK(parse_cache_spec("dual:decoded=reuse,masked=reuse").anchor.reuse_block_masks);
+}

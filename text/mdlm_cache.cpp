@@ -129,11 +129,16 @@ CacheSpec parse_cache_spec(const std::string& s) {
     };
     static const std::vector<std::string> block_keys = {"refresh", "drift",        "decoded", "masked",
                                                         "stale",   "stale_masked", "window"};
+    std::vector<std::string> seen;
     while (std::getline(ss, item, ',')) {
         auto eq = item.find('=');
         if (eq == std::string::npos)
             throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
         std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+        // A key given twice is a mistake to report, not a value to overwrite.
+        if (std::find(seen.begin(), seen.end(), k) != seen.end())
+            throw ParamError("cache", "option " + k + " is given twice in '" + s + "'");
+        seen.push_back(k);
         // prefix and dual take block_keys; those the anchor rule lacks (drift, decoded, stale_masked, window) are
         // theirs only.
         const bool block_key = std::find(block_keys.begin(), block_keys.end(), k) != block_keys.end();

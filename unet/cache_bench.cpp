@@ -11,7 +11,6 @@ namespace anchor::unet {
 
 void CacheBenchParams::validate() const {
     if (modes.empty()) throw ParamError("modes", "no cache mode");
-    for (const auto& m : modes) (void)parse_cache_mode(m); // ParamError("cache") naming the bad one
     if (repeat < 1) throw ParamError("repeat", "must be >= 1, got " + std::to_string(repeat));
     if (seeds < 1) throw ParamError("seeds", "must be >= 1, got " + std::to_string(seeds));
 }
@@ -75,7 +74,10 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
     }
     const auto prompts = models.text_encoder ? p.prompts : std::vector<std::string>{""};
     if (prompts.empty()) throw ParamError("prompts", "no prompt");
-    for (const auto& m : p.modes) rep.modes.push_back({parse_cache_mode(m)->spec()});
+    for (const auto& m : p.modes) {
+        check_cache_config(m, *models.unet, "modes");
+        rep.modes.push_back({m.label});
+    }
     rep.setup = std::to_string(run.width) + "x" + std::to_string(run.height) + ", " + std::to_string(run.steps) + " " +
                 sampler_name(run.sampler) + " steps, CFG " + util::fmt("%.1f", run.guidance_scale) + ", " +
                 std::to_string(prompts.size()) + " prompt(s) x " + std::to_string(p.seeds) + " seed(s) x " +
@@ -83,7 +85,9 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
     { // warm-up: weights paged in, kernels loaded, the shallow shapes too
         auto warm = run;
         warm.steps = std::min(run.steps, 3);
-        auto c = parse_cache_mode("deepcache:2");
+        CacheConfig dc;
+        dc.params = DeepCacheParams{2, 0};
+        auto c = make_cache_controller(dc);
         pipe.run(warm, c.get());
     }
     for (const auto& prompt : prompts)
@@ -93,7 +97,7 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
             for (int r = 0; r < p.repeat; ++r) {
                 torch::Tensor ref;
                 for (size_t k = 0; k < p.modes.size(); ++k) { // interleaved: every mode sees the same machine state
-                    auto c = parse_cache_mode(p.modes[k]);
+                    auto c = make_cache_controller(p.modes[k]);
                     auto res = pipe.run(run, c.get());
                     auto& m = rep.modes[k];
                     m.wall_s.push_back(res.denoise_s);

@@ -9,6 +9,7 @@
 // over the interleaved runs and the speed-up of the medians.
 #pragma once
 
+#include "unet/cache_config.h"
 #include "unet/checkpoint.h"
 #include "unet/pipeline.h"
 
@@ -21,7 +22,7 @@
 namespace anchor::unet {
 
 struct CacheBenchParams {
-    std::vector<std::string> modes;   // cache modes; the first is the reference
+    std::vector<CacheConfig> modes;   // cache modes; the first is the reference
     Txt2ImgParams base;               // sampler, steps, guidance, size, device, seed of the first run
     std::vector<std::string> prompts; // real models: one run per prompt and seed
     int seeds = 1;                    // seeds per prompt: base.seed, base.seed + 1, ...
@@ -30,7 +31,7 @@ struct CacheBenchParams {
 };
 
 struct CacheBenchMode {
-    std::string mode; // canonical spec
+    std::string mode; // the mode as the user wrote it (CacheConfig::label)
     std::vector<double> wall_s;
     int full_steps = 0, total_steps = 0;
     double macs_per_step = 0;       // per sample, mean over the loop

@@ -197,7 +197,9 @@ nlohmann::json compare_report(const std::vector<CompareEntry>& e, const nlohmann
         m["mode"] = e[i].mode;
         m["wall_s"] = e[i].wall_s;
         m["speedup_vs_first"] = figs[i].speedup;
-        m["psnr_vs_first_db"] = std::isinf(figs[i].psnr) ? nlohmann::json("inf") : nlohmann::json(figs[i].psnr);
+        // JSON has no infinity: an image identical to the first has no finite PSNR.
+        m["psnr_vs_first_db"] = std::isinf(figs[i].psnr) ? nlohmann::json(nullptr) : nlohmann::json(figs[i].psnr);
+        m["identical_to_first"] = std::isinf(figs[i].psnr);
         m["ssim_vs_first"] = std::isnan(figs[i].ssim) ? nlohmann::json(nullptr) : nlohmann::json(figs[i].ssim);
         modes.push_back(m);
     }
@@ -220,24 +222,26 @@ nlohmann::json write_compare(const std::vector<CompareEntry>& e, const std::stri
 
 namespace {
 
-// The controllers of the modes, all parsed before any work.
-std::vector<std::unique_ptr<CacheController>> compare_controllers(const Txt2ImgParams& p,
-                                                                  const std::string& modes_list) {
-    const auto specs = split_mode_list(modes_list);
-    if (specs.empty()) throw ParamError("compare", "needs at least one mode");
+// The controllers of the modes, every mode checked against the model before any work.
+std::vector<std::unique_ptr<CacheController>> compare_controllers(Txt2ImgPipeline& pipe, const Txt2ImgParams& p,
+                                                                  const std::vector<CacheConfig>& modes) {
+    if (modes.empty()) throw ParamError("compare", "needs at least one mode");
     if (p.prompts.size() * size_t(p.images_per_prompt) != 1)
         throw ParamError("batch_size", "a compare runs one image per mode");
     std::vector<std::unique_ptr<CacheController>> ctls;
-    for (const auto& s : specs) ctls.push_back(parse_cache_mode(s));
+    for (const auto& m : modes) {
+        if (pipe.models().unet) check_cache_config(m, *pipe.models().unet, "compare");
+        ctls.push_back(make_cache_controller(m));
+    }
     return ctls;
 }
 
 } // namespace
 
-CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::vector<CacheConfig>& modes,
                              const nlohmann::json& meta, const std::function<void(const std::string& mode)>& on_mode,
                              const std::function<void(size_t mode, const ProgressInfo&)>& progress, bool warm_up) {
-    auto ctls = compare_controllers(p, modes_list);
+    auto ctls = compare_controllers(pipe, p, modes);
     if (warm_up) {
         // A process's first UNet call pays one-time costs (oneDNN primitives built, weights and buffers paged in):
         // 15x a later step on the demo model. Untimed here, they would land on the first mode's wall time and
@@ -252,7 +256,7 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
     CompareRun out;
     out.meta = meta;
     for (auto& c : ctls) {
-        if (on_mode) on_mode(c->spec());
+        if (on_mode) on_mode(c->label());
         const size_t index = out.entries.size();
         auto r =
             pipe.run(p, c.get(),
@@ -267,7 +271,7 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
             out.meta.update(model_record(pipe));
         }
         CompareEntry e;
-        e.mode = c->spec();
+        e.mode = c->label();
         e.wall_s = r.denoise_s;
         e.image_uint8 = r.image_uint8[0];
         e.steps = c->log();
@@ -280,12 +284,12 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
     return out;
 }
 
-nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::vector<CacheConfig>& modes,
                            const std::string& base, const nlohmann::json& meta, bool overwrite,
                            const std::function<void(const std::string& mode)>& on_mode) {
-    (void)compare_controllers(p, modes_list); // the modes, then the outputs, before any work
+    (void)compare_controllers(pipe, p, modes); // the modes, then the outputs, before any work
     for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
-    const auto run = run_compare_modes(pipe, p, modes_list, meta, on_mode);
+    const auto run = run_compare_modes(pipe, p, modes, meta, on_mode);
     return write_compare(run.entries, base, run.meta, overwrite);
 }
 

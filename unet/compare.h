@@ -21,7 +21,7 @@
 namespace anchor::unet {
 
 struct CompareEntry {
-    std::string mode;          // canonical mode string
+    std::string mode;          // the mode as the user wrote it (CacheConfig::label)
     double wall_s = 0;         // denoise wall time (seconds)
     torch::Tensor image_uint8; // [H, W, 3] uint8
     std::vector<CacheStepLog> steps;
@@ -40,17 +40,17 @@ std::string render_compare_grid(const std::vector<CompareEntry>& entries, const 
 std::string render_timeline(const std::vector<CompareEntry>& entries);
 
 // The report of the entries without any file: `meta`, the reference mode and per mode its cache log, wall time,
-// speed-up, PSNR and SSIM vs the first mode.
+// speed-up, PSNR and SSIM vs the first mode (PSNR null with identical_to_first for an image equal to the first).
 nlohmann::json compare_report(const std::vector<CompareEntry>& entries, const nlohmann::json& meta);
 // Writes <base>.png (the grid), <base>_timeline.png and <base>_report.json (base = output path without .png). `meta` is
 // copied into the report (prompt, seed, ...). Returns the report.
 nlohmann::json write_compare(const std::vector<CompareEntry>& entries, const std::string& base,
                              const nlohmann::json& meta, bool overwrite);
-// Runs `pipe` once per mode of `modes_list` ("off,deepcache:3,freq", see split_mode_list) with the same parameters
+// Runs `pipe` once per mode of `modes` (parsed at the edge: parse_cache_list) with the same parameters
 // and seed (one image), then write_compare(base); `on_mode` hears each mode before it runs. The report holds `meta`
 // (program facts), every parameter as the image sidecar records it (prompts, sampler, schedule, eta, size, the init
 // image, mask and strength with their hashes) and the LoRAs merged at load. Returns the report.
-nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+nlohmann::json run_compare(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::vector<CacheConfig>& modes,
                            const std::string& base, const nlohmann::json& meta, bool overwrite,
                            const std::function<void(const std::string& mode)>& on_mode = {});
 
@@ -62,7 +62,7 @@ struct CompareRun {
     std::vector<CompareEntry> entries;
     nlohmann::json meta;
 };
-CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& modes_list,
+CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::vector<CacheConfig>& modes,
                              const nlohmann::json& meta,
                              const std::function<void(const std::string& mode)>& on_mode = {},
                              const std::function<void(size_t mode, const ProgressInfo&)>& progress = {},

@@ -1,285 +1,43 @@
-// Frequency-anchored deep-feature cache and the cache mode parser (see freq_cache.h for the rule and its equations).
+// The frequency-anchored deep-feature cache (see freq_cache.h for the rule and its equations).
 #include "unet/freq_cache.h"
 
 #include "cache/dct.h"
 #include "cache/io/error.h"
+#include "cache/modes/key_table.h"
 #include "kernels/dispatch.h"
 #include "unet/unet_macs.h"
 #include "unet/unet_model.h"
 
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
-#include <sstream>
 
 namespace anchor::unet {
 
 using torch::Tensor;
 
 namespace {
-
-// Image b's rows of a batch of `images` images laid out as [uncond rows; cond rows]: b, images + b, ...
-Tensor image_rows(int64_t b, int64_t rows, int64_t images, const torch::Device& device) {
-    return torch::arange(b, rows, images, torch::TensorOptions().dtype(torch::kLong).device(device));
-}
-
-// A step's record, begun with the shallow probe's r_k (both modes probe every step: the log and the policies read it).
-CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, const Tensor& x, int step,
-                         const Tensor& injected = {}) {
-    CacheStepLog rec;
-    rec.step = step;
-    rec.energy_change = probe.update(unet, x, injected);
-    return rec;
-}
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string fmt_num(double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%g", v);
-    return buf;
-}
-
-[[noreturn]] void bad_mode(const std::string& spec, const std::string& why) {
-    throw ParamError("cache", "invalid cache mode '" + spec + "': " + why + "; valid forms:\n" + cache_mode_help());
-}
-
-double parse_double(const std::string& spec, const std::string& key, const std::string& v) {
-    try {
-        size_t pos = 0;
-        const double d = std::stod(v, &pos);
-        if (pos != v.size() || !std::isfinite(d)) throw std::invalid_argument(v);
-        return d;
-    } catch (const std::exception&) {
-        bad_mode(spec, key + " must be a number, got '" + v + "'");
-    }
-}
-
-int parse_int(const std::string& spec, const std::string& key, const std::string& v) {
-    try {
-        size_t pos = 0;
-        const long d = std::stol(v, &pos);
-        if (pos != v.size() || d < INT32_MIN || d > INT32_MAX) throw std::invalid_argument(v);
-        return int(d);
-    } catch (const std::exception&) {
-        bad_mode(spec, key + " must be an integer, got '" + v + "'");
-    }
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-    std::vector<std::string> out;
-    std::string cur;
-    std::stringstream ss(s);
-    while (std::getline(ss, cur, sep)) out.push_back(cur);
-    if (!s.empty() && s.back() == sep) out.emplace_back();
-    return out;
-}
-
-} // namespace
-
-// ---- mode table -------------------------------------------------------------------------------------------------
-
-const std::vector<CacheModeInfo>& cache_mode_table() {
-    static const std::vector<CacheModeInfo> t = {
-        {CacheKind::Off, "off", "off", "full UNet at every step"},
-        {CacheKind::DeepCache, "deepcache", "deepcache:N[,branch=B]",
-         "DeepCache uniform: full UNet every N steps, shallow path of skip branch B (default 0) in between"},
-        {CacheKind::Freq, "freq",
-         "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,"
-         "correct=0|1,skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,attnmax=N|none,"
-         "decide=batch|image,profile=FILE]",
-         "frequency-anchored deep-feature cache: full step when the accumulated low-band (u+v<K, default 4) DCT "
-         "energy change of conv_in(x) reaches A (default 0.7), after M reuses (default none), or once the "
-         "log-sigma distance since the last full step passes S (default 0.35) of the loop's log-sigma range; "
-         "coefficients of the cached feature with energy change rate < T (default 0.01) are reused, the others "
-         "forecast along the timestep (extrapolate=1, default; order=1 linear, order=2 TaylorSeer's second-order "
-         "term); drift=D (default 0.35, 0 = off) makes a step full when the probe's own forecast misses by more "
-         "than D; "
-         "probe=raw (default) decides on the input as it is, probe=det on the input less the sampler's injected "
-         "noise (Euler a, DDIM eta > 0), adding that noise's effect back on reuse; correct=1 (default) scales each "
-         "image's forecast step by the share of its own forecast the probe moved (forecast then calibrate); "
-         "skip=N (default 1, 0 = off): up to N reuse steps in a row run no UNet layer, the model output forecast "
-         "from the last two computed steps (not with LMS/PNDM), and only while the probe's drift is below skipdrift=D "
-         "(default 0.35, 0 = no bound; else the shallow path runs); noise=V (default 0.7, 0 = off): with a sampler "
-         "that injects noise (Euler a), a full step once the noise injected since the last full step reaches V of "
-         "the noise level (drift is not applied there); noiseskip=W (default 0.5, 0 = off): there a reuse step whose "
-         "injected noise is below W of the noise level is forecast by holding the last computed denoised estimate "
-         "(no UNet layer; above W the shallow path runs); the last step is always full when its noise level is at "
-         "least lastsigma=S (default 0.1; 0 = always), else always a reuse; last=0 lets it follow the rules whatever "
-         "its noise level; attn=reuse (default) lets a shallow reuse step add the residuals its attention layers had "
-         "when they last ran instead of running them, except under injected noise, for at most attnmax=N shallow "
-         "steps in a row (default 1, none = no bound), after which a shallow step runs them and keeps their "
-         "residuals (attn=run: they always run); "
-         "decide=batch (default) gives a batch of images one decision per step, from the image "
-         "that changes most, decide=image lets each image decide alone (it comes out as it would alone; the UNet "
-         "runs on the sub-batch that chose a full step); profile=FILE (anchor-sd calibrate) sets A per range of "
-         "steps"},
-    };
-    return t;
-}
-
-std::string cache_mode_help() {
-    std::string s;
-    for (const auto& m : cache_mode_table()) s += std::string("  ") + m.syntax + "  -  " + m.help + "\n";
-    return s;
-}
-
-std::string FreqParams::describe() const {
-    return "freq:tau=" + fmt_num(tau) + ",thr=" + fmt_num(thr) +
-           ",max=" + (max_reuse < 0 ? std::string("none") : std::to_string(max_reuse)) + ",span=" + fmt_num(span) +
-           ",band=" + std::to_string(band) + ",extrapolate=" + (extrapolate ? "1" : "0") +
-           ",order=" + std::to_string(order) + ",drift=" + fmt_num(drift) + ",branch=" + std::to_string(branch) +
-           ",probe=" + (probe_det ? "det" : "raw") + ",correct=" + (correct ? "1" : "0") +
-           ",skip=" + std::to_string(skip) + ",skipdrift=" + fmt_num(skip_drift) + ",noise=" + fmt_num(noise) +
-           ",noiseskip=" + fmt_num(noise_skip) + ",lastsigma=" + fmt_num(last_sigma) + (last ? "" : ",last=0") +
-           (attn_reuse ? ",attn=reuse,attnmax=" + (attn_max < 0 ? std::string("none") : std::to_string(attn_max))
-                       : ",attn=run") +
-           (per_image ? ",decide=image" : "") + (profile.empty() ? "" : ",profile=" + profile);
-}
-
-nlohmann::json CacheController::params_json() const {
-    return nlohmann::json::object();
-}
-
-// ---- store ------------------------------------------------------------------------------------------------------
-
-namespace {
-std::string fresh_namespace() {
-    static std::atomic<uint64_t> next{0};
-    return "sd/run" + std::to_string(next++);
+std::string freq_fmt(double v) {
+    return cache::modes::format_number(v);
 }
 } // namespace
-
-BatchFeatureStore::BatchFeatureStore() : store_(std::make_shared<cache::LatentCache>()), ns_(fresh_namespace()) {}
-
-BatchFeatureStore::BatchFeatureStore(std::shared_ptr<cache::LatentCache> store, std::string ns)
-    : store_(std::move(store)), ns_(std::move(ns)) {
-    if (!store_) throw Error("BatchFeatureStore: no store");
-}
-
-cache::CacheKey BatchFeatureStore::key(int b, int32_t layer, int32_t slot, int64_t anchor) const {
-    return {ns_ + "/" + std::to_string(first_ + b), layer, slot, anchor};
-}
-
-void BatchFeatureStore::begin(int images) {
-    for (int b = 0; b < images_; ++b) store_->erase_namespace(ns_ + "/" + std::to_string(first_ + b));
-    images_ = std::max(images, 1);
-}
-
-BatchFeatureStore BatchFeatureStore::image(int b) const {
-    if (b < 0 || b >= images_)
-        throw Error("feature store: image " + std::to_string(b) + " of a batch of " + std::to_string(images_));
-    BatchFeatureStore v(*this);
-    v.images_ = 1;
-    v.first_ = first_ + b;
-    return v;
-}
-
-void BatchFeatureStore::put(int32_t layer, int32_t slot, int64_t anchor, const Tensor& batch, int64_t step) {
-    const int64_t n = images_, rows = batch.size(0);
-    if (n == 1 || rows % n != 0) {
-        if (rows % n != 0)
-            throw Error("feature store: " + std::to_string(rows) + " rows for " + std::to_string(n) + " images");
-        store_->put(key(0, layer, slot, anchor), batch, step);
-        return;
-    }
-    for (int64_t b = 0; b < n; ++b) {
-        store_->put(key(int(b), layer, slot, anchor), batch.index_select(0, image_rows(b, rows, n, batch.device())),
-                    step);
-    }
-}
-
-std::optional<Tensor> BatchFeatureStore::get(int32_t layer, int32_t slot, int64_t anchor, int64_t step,
-                                             int max_staleness) {
-    std::vector<Tensor> parts;
-    for (int b = 0; b < images_; ++b) {
-        auto t = store_->get(key(b, layer, slot, anchor), step, max_staleness);
-        if (!t) return std::nullopt;
-        parts.push_back(*t);
-    }
-    if (parts.size() == 1) return parts[0];
-    // Back to the batch order: row r of image b was row r * n + b.
-    return torch::stack(parts, 1).flatten(0, 1);
-}
-
-void BatchFeatureStore::erase(int32_t layer, int32_t slot, int64_t anchor) {
-    for (int b = 0; b < images_; ++b) store_->erase(key(b, layer, slot, anchor));
-}
-
-void CacheController::set_store(std::shared_ptr<cache::LatentCache> store, std::string ns) {
-    features_ = BatchFeatureStore(std::move(store), std::move(ns));
-}
-
-// ---- probe ------------------------------------------------------------------------------------------------------
-
-double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& injected) {
-    torch::NoGradGuard ng;
-    stem_ = unet.stem(x); // the UNet reuses it as its conv_in output this step (forward's `stem`)
-    if (injected.defined() && injected.sizes() != x.sizes())
-        throw Error("freq probe: the injected noise has shape " + shape_str(injected.sizes().vec()) +
-                    ", the model input " + shape_str(x.sizes().vec()));
-    observed_ = injected.defined() ? unet.stem(x - injected) : stem_;
-    auto s = observed_.to(torch::kFloat);
-    // Only the L low-band coefficients (u + v < band) enter r_k. On the CPU one [maps, HW] x [HW, L] product
-    // (cache::dct2_low_band); on a GPU the batched cuFFT energy kernel (kernels/cuda/dct_energy.cu), band picked after.
-    Tensor e;
-    if (s.is_cuda() && kernels::cuda_kernels_built()) {
-        const int64_t h = s.size(-2), w = s.size(-1);
-        const auto idx = cache::low_band_indices(h, w, band_);
-        e = kernels::dct_energy(s).flatten(-2).index_select(-1, torch::tensor(idx, torch::kInt64).to(s.device()));
-    } else {
-        e = cache::dct2_low_band(s, band_).square();
-    }
-    const double r = prev_.defined() && prev_.sizes() == e.sizes() ? largest_image_change(e, prev_, images_) : 0.0;
-    prev_ = e;
-    return r;
-}
-
-double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, int images) {
-    const int64_t rows = e.size(0), n = images;
-    if (n <= 1 || rows % n != 0) return cache::relative_spectral_change(e, ref);
-    double r = 0.0;
-    for (int64_t b = 0; b < n; ++b) { // image b owns rows b, n + b, 2n + b, ...
-        const auto idx = image_rows(b, rows, n, e.device());
-        r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), ref.index_select(0, idx)));
-    }
-    return r;
-}
-
-// ---- freq -------------------------------------------------------------------------------------------------------
-
-double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx,
-                                  StepCompute what, int branch) {
-    if (!mac_fn) {
-        const auto b = unet_mac_breakdown(unet.config(), x.size(-2), x.size(-1), ctx.context.size(1));
-        const double f = double(b.full().total()), sh = double(b.shallow(branch).total()),
-                     lite = double(b.shallow(branch, false).total());
-        mac_fn = [f, sh, lite](StepCompute w) {
-            return w == StepCompute::Full ? f : w == StepCompute::Shallow ? sh : lite;
-        };
-    }
-    return mac_fn(what);
-}
 
 FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.band) {
-    if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + fmt_num(p.tau));
-    if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + fmt_num(p.thr));
+    if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + freq_fmt(p.tau));
+    if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + freq_fmt(p.thr));
     if (p.max_reuse < -1)
         throw ParamError("cache", "freq: max must be >= 0 or none, got " + std::to_string(p.max_reuse));
-    if (!(p.span >= 0)) throw ParamError("cache", "freq: span must be >= 0, got " + fmt_num(p.span));
+    if (!(p.span >= 0)) throw ParamError("cache", "freq: span must be >= 0, got " + freq_fmt(p.span));
     if (p.order != 1 && p.order != 2)
         throw ParamError("cache", "freq: order must be 1 or 2, got " + std::to_string(p.order));
-    if (!(p.drift >= 0)) throw ParamError("cache", "freq: drift must be >= 0, got " + fmt_num(p.drift));
-    if (!(p.noise >= 0)) throw ParamError("cache", "freq: noise must be >= 0, got " + fmt_num(p.noise));
+    if (!(p.drift >= 0)) throw ParamError("cache", "freq: drift must be >= 0, got " + freq_fmt(p.drift));
+    if (!(p.noise >= 0)) throw ParamError("cache", "freq: noise must be >= 0, got " + freq_fmt(p.noise));
     if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
@@ -288,26 +46,7 @@ FreqAnchorDenoiser::Lane::Lane(const FreqParams& p, BatchFeatureStore store)
     : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), features(std::move(store)) {}
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
-    return {{"tau", p_.tau},
-            {"thr", p_.thr},
-            {"max", p_.max_reuse < 0 ? nlohmann::json("none") : nlohmann::json(p_.max_reuse)},
-            {"span", p_.span},
-            {"band", p_.band},
-            {"extrapolate", p_.extrapolate},
-            {"order", p_.order},
-            {"drift", p_.drift},
-            {"branch", p_.branch},
-            {"probe", p_.probe_det ? "det" : "raw"},
-            {"correct", p_.correct},
-            {"skip", p_.skip},
-            {"skipdrift", p_.skip_drift},
-            {"noise", p_.noise},
-            {"noiseskip", p_.noise_skip},
-            {"lastsigma", p_.last_sigma},
-            {"last", p_.last},
-            {"attn", p_.attn_reuse ? "reuse" : "run"},
-            {"attnmax", p_.attn_max < 0 ? nlohmann::json("none") : nlohmann::json(p_.attn_max)},
-            {"decide", p_.per_image ? "image" : "batch"}};
+    return cache::modes::keys_json(freq_keys(), p_);
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
@@ -695,7 +434,7 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     if (n > 1) // image b owns rows b, n + b, ... (with guidance [uncond rows; cond rows])
         for (int b = 0; b < n; ++b)
             if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
-                lanes_[size_t(b)].rows = image_rows(b, R, n, torch::kCPU);
+                lanes_[size_t(b)].rows = batch_image_rows(b, R, n, torch::kCPU);
     const Tensor prev_energies = probe_.energies();
     CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
@@ -884,230 +623,6 @@ Tensor FreqAnchorDenoiser::forecast_calibration(const Tensor& S, const Tensor& S
     const auto num = ((s - s1) * step).sum(1), den = step.square().sum(1);
     return torch::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()), torch::ones_like(den))
         .clamp(0.0, 2.0);
-}
-
-// ---- off / deepcache --------------------------------------------------------------------------------------------
-
-DeepCacheDenoiser::DeepCacheDenoiser(int interval, int branch, int band)
-    : interval_(interval), branch_(branch), probe_(band) {
-    if (interval < 0) throw Error("deepcache: interval must be >= 1 (0 = off), got " + std::to_string(interval));
-    if (branch < 0) throw Error("deepcache: branch must be >= 0, got " + std::to_string(branch));
-    if (interval > 0) policy_ = std::make_unique<cache::FixedIntervalPolicy>(interval);
-}
-
-std::string DeepCacheDenoiser::spec() const {
-    if (interval_ == 0) return "off";
-    return "deepcache:" + std::to_string(interval_) + (branch_ ? ",branch=" + std::to_string(branch_) : "");
-}
-
-nlohmann::json DeepCacheDenoiser::params_json() const {
-    if (interval_ == 0) return nlohmann::json::object();
-    return {{"interval", interval_}, {"branch", branch_}};
-}
-
-void DeepCacheDenoiser::begin(int num_steps, int images) {
-    num_steps_ = num_steps;
-    probe_.reset(images);
-    features_.begin(images);
-    log_.clear();
-    last_full_ = true;
-}
-
-Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx,
-                                  int step, const Tensor&) {
-    torch::NoGradGuard ng;
-    const auto t0 = std::chrono::steady_clock::now();
-    CacheStepLog rec = probed_step(probe_, unet, x, step);
-    rec.noise_level = noise_level(step);
-    cache::Decision d;
-    d.why = "off";
-    if (policy_) d = policy_->decide({step, num_steps_, {}, rec.energy_change});
-    bool full = d.action == cache::Action::Full;
-    // The feature of the last full step serves the interval - 1 steps after it.
-    std::optional<Tensor> cached;
-    if (!full) cached = features_.get(branch_, kFeature, 0, step, interval_ - 1);
-    if (!full && (!cached || cached->size(0) != x.size(0))) full = true, d.why = "store";
-    Tensor out;
-    if (full) {
-        SkipFeatureCapture f(branch_);
-        out = unet.forward(x, t, ctx, policy_ ? &f : nullptr, probe_.stem());
-        if (policy_) features_.put(branch_, kFeature, 0, f.feature, step);
-    } else {
-        out = unet.forward_shallow(x, t, ctx, branch_, *cached, probe_.stem());
-    }
-    last_full_ = rec.full = full;
-    rec.full_share = full ? 1.0 : 0.0;
-    rec.why = full ? d.why : "";
-    rec.anchored_fraction = full ? 0.0 : 1.0;
-    rec.macs = step_macs(unet, x, ctx, full ? StepCompute::Full : StepCompute::Shallow, branch_);
-    rec.ms = ms_since(t0);
-    log_.push_back(rec);
-    return out;
-}
-
-// ---- parsing ----------------------------------------------------------------------------------------------------
-
-std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
-    const auto colon = spec.find(':');
-    const std::string head = spec.substr(0, colon);
-    const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
-    const CacheModeInfo* info = nullptr;
-    for (const auto& m : cache_mode_table())
-        if (head == m.name) info = &m;
-    if (!info) bad_mode(spec, "unknown mode '" + head + "'");
-    if (colon != std::string::npos && rest.empty()) bad_mode(spec, "empty parameter list after ':'");
-
-    switch (info->kind) {
-    case CacheKind::Off:
-        if (colon != std::string::npos) bad_mode(spec, "'off' takes no parameters");
-        return std::make_unique<DeepCacheDenoiser>(0, 0);
-    case CacheKind::DeepCache: {
-        if (rest.empty()) bad_mode(spec, "deepcache needs an interval N");
-        auto items = split(rest, ',');
-        const int n = parse_int(spec, "N", items[0]);
-        if (n < 1) bad_mode(spec, "the interval N must be >= 1");
-        int branch = 0;
-        for (size_t i = 1; i < items.size(); ++i) {
-            const auto eq = items[i].find('=');
-            if (eq == std::string::npos || items[i].substr(0, eq) != "branch")
-                bad_mode(spec, "unknown deepcache parameter '" + items[i] + "' (only branch=B)");
-            branch = parse_int(spec, "branch", items[i].substr(eq + 1));
-            if (branch < 0) bad_mode(spec, "branch must be >= 0");
-        }
-        return std::make_unique<DeepCacheDenoiser>(n, branch);
-    }
-    case CacheKind::Freq: {
-        FreqParams p;
-        if (!rest.empty())
-            for (const auto& item : split(rest, ',')) {
-                const auto eq = item.find('=');
-                if (eq == std::string::npos) bad_mode(spec, "expected key=value, got '" + item + "'");
-                const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-                // A key with two values, `a` or `b`: whether the value is `yes` (one of them).
-                auto either = [&](const char* a, const char* b, const char* yes) {
-                    if (v != a && v != b) bad_mode(spec, k + " must be " + a + " or " + b + ", got '" + v + "'");
-                    return v == yes;
-                };
-                // A count >= 0, or "none" (-1: no bound).
-                auto count_or_none = [&] {
-                    const int n = v == "none" ? -1 : parse_int(spec, k, v);
-                    if (v != "none" && n < 0) bad_mode(spec, k + " must be >= 0 or none, got '" + v + "'");
-                    return n;
-                };
-                // A number that must be >= 0.
-                auto non_negative = [&] {
-                    const double d = parse_double(spec, k, v);
-                    if (!(d >= 0)) bad_mode(spec, k + " must be >= 0, got '" + v + "'");
-                    return d;
-                };
-                if (k == "tau")
-                    p.tau = parse_double(spec, k, v);
-                else if (k == "thr")
-                    p.thr = parse_double(spec, k, v);
-                else if (k == "max")
-                    p.max_reuse = count_or_none();
-                else if (k == "span")
-                    p.span = parse_double(spec, k, v);
-                else if (k == "order")
-                    p.order = parse_int(spec, k, v);
-                else if (k == "drift")
-                    p.drift = parse_double(spec, k, v);
-                else if (k == "band")
-                    p.band = parse_int(spec, k, v);
-                else if (k == "branch")
-                    p.branch = parse_int(spec, k, v);
-                else if (k == "profile") {
-                    p.profile = v;
-                    p.profile_data = cache::AnchorProfile::load(v);
-                    if (!p.profile_data.has_step_ranges())
-                        throw Error("anchor profile '" + v +
-                                    "' has no step ranges (write one with anchor-sd calibrate)");
-                } else if (k == "probe") {
-                    p.probe_det = either("det", "raw", "det");
-                } else if (k == "correct") {
-                    p.correct = either("0", "1", "1");
-                } else if (k == "noise") {
-                    p.noise = non_negative();
-                } else if (k == "lastsigma") {
-                    p.last_sigma = non_negative();
-                } else if (k == "noiseskip") {
-                    p.noise_skip = non_negative();
-                } else if (k == "attnmax") {
-                    p.attn_max = count_or_none();
-                } else if (k == "skipdrift") {
-                    p.skip_drift = non_negative();
-                } else if (k == "attn") {
-                    p.attn_reuse = either("reuse", "run", "reuse");
-                } else if (k == "decide") {
-                    p.per_image = either("image", "batch", "image");
-                } else if (k == "last") {
-                    p.last = either("0", "1", "1");
-                } else if (k == "skip") {
-                    p.skip = parse_int(spec, k, v);
-                    if (p.skip < 0) bad_mode(spec, "skip must be >= 0, got '" + v + "'");
-                } else if (k == "extrapolate") {
-                    p.extrapolate = either("0", "1", "1");
-                } else
-                    bad_mode(spec, "unknown freq parameter '" + k + "'");
-            }
-        try {
-            return std::make_unique<FreqAnchorDenoiser>(p);
-        } catch (const ParamError& e) {
-            bad_mode(spec, e.detail());
-        } catch (const Error& e) { // the policy's own checks (cache/anchor_policy.h)
-            bad_mode(spec, e.what());
-        }
-    }
-    }
-    bad_mode(spec, "unknown mode");
-}
-
-std::vector<std::string> split_mode_list(const std::string& list) {
-    std::vector<std::string> out;
-    for (const auto& item : split(list, ',')) {
-        const bool kv = item.find('=') != std::string::npos && item.find(':') == std::string::npos;
-        if (kv && !out.empty())
-            out.back() += (out.back().find(':') == std::string::npos ? ":" : ",") + item;
-        else
-            out.push_back(item);
-    }
-    return out;
-}
-
-nlohmann::json cache_log_json(const CacheController& c) {
-    nlohmann::json steps = nlohmann::json::array();
-    int full = 0;
-    double macs = 0, ms = 0;
-    for (const auto& r : c.log()) {
-        steps.push_back({{"step", r.step},
-                         {"full", r.full},
-                         {"energy_change", r.energy_change},
-                         {"accumulated", r.accumulated},
-                         {"anchored_fraction", r.anchored_fraction},
-                         {"noise_level", r.noise_level},
-                         {"drift", r.drift},
-                         {"calibration", r.calibration},
-                         {"forecast", r.forecast},
-                         {"attention_reused", r.attention_reused},
-                         {"injected", r.injected},
-                         {"full_share", r.full_share},
-                         {"why", r.why},
-                         {"macs", r.macs},
-                         {"ms", r.ms}});
-        full += r.full ? 1 : 0;
-        macs += r.macs;
-        ms += r.ms;
-    }
-    const size_t n = c.log().size();
-    return {{"mode", c.spec()},
-            {"kind", c.name()},
-            {"params", c.params_json()},
-            {"full_steps", full},
-            {"total_steps", n},
-            {"macs_per_step", n ? macs / double(n) : 0.0},
-            {"unet_ms", ms},
-            {"store", c.features().store().stats_json()},
-            {"steps", steps}};
 }
 
 } // namespace anchor::unet

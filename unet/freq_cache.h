@@ -1,4 +1,5 @@
-// Cache modes of anchor-sd: "off", "deepcache:N[,branch=B]" and the frequency-anchored deep-feature cache "freq".
+// The frequency-anchored deep-feature cache "freq" of anchor-sd (its configuration: unet/freq_params.h and the key
+// table of unet/cache_config.h; off and deepcache: unet/deepcache.h).
 //
 // freq (FreqAnchorDenoiser) combines two decisions, both made in the orthonormal 2-D DCT domain (cache/dct.h):
 //
@@ -41,265 +42,20 @@
 #pragma once
 
 #include "cache/anchor_policy.h"
-#include "cache/anchor_profile.h"
-#include "cache/latent_cache.h"
-#include "unet/pipeline.h"
+#include "unet/cache_config.h"
+#include "unet/cache_controller.h"
+#include "unet/deepcache.h"
+#include "unet/feature_store.h"
+#include "unet/freq_params.h"
+#include "unet/shallow_probe.h"
 
 #include <nlohmann/json_fwd.hpp>
 
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace anchor::unet {
-
-// One loop step of a cache controller (the JSON sidecar / compare report).
-struct CacheStepLog {
-    int step = 0;
-    bool full = true;
-    double energy_change = 0;      // r_k of the shallow probe (0 at step 0)
-    double accumulated = 0;        // A_k since the last full step (freq only; 0 otherwise)
-    double anchored_fraction = 0;  // freq reuse steps: fraction of anchored DCT coefficients (1 when all reused)
-    double macs = 0;               // UNet MACs of the step per sample (0 when no MAC model is attached)
-    double ms = 0;                 // wall time of the UNet evaluation (and the probe)
-    double noise_level = 0;        // sigma of the step (0 when the loop gave none)
-    double drift = 0;              // freq: the probe's forecast residual (see FreqParams::drift; 0 at full steps)
-    double calibration = 1;        // freq correct=1 reuse steps: the mean forecast calibration alpha (1 otherwise)
-    bool forecast = false;         // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
-    double injected = 0;           // freq noise=V: the noise injected since the last full step, against its noise level
-    bool attention_reused = false; // freq attn=reuse: the shallow path added its attention layers' cached residuals
-    // The share of the batch's images that ran the full UNet at this step: freq decides per image (1 for one image;
-    // DeepCache and off decide for the batch, 1 or 0). `full` is set when any image did.
-    double full_share = 1;
-    // Why a full step was full: "first", "last", "change" (A_k >= thr), "count" (max reuses), "span" (the log-sigma
-    // bound), "drift" (the probe left its forecast), "noise" (injected noise, freq noise=V), "store" (no usable cached
-    // entry), "interval" (DeepCache), "off";
-    // "" for a reuse.
-    std::string why;
-};
-
-enum class CacheKind { Off, DeepCache, Freq };
-
-// Mode table: kind <-> name and the accepted syntax (drives --help and error messages).
-struct CacheModeInfo {
-    CacheKind kind;
-    const char* name;
-    const char* syntax;
-    const char* help;
-};
-const std::vector<CacheModeInfo>& cache_mode_table();
-std::string cache_mode_help(); // one line per mode
-
-struct FreqParams {
-    double tau = 0.01; // anchoring threshold on the per-coefficient energy change rate
-    // Full-step threshold on the accumulated low-band change A_k. On fashion-sd, DDIM 20, r_k falls from ~0.65 to
-    // ~0.06 (mean ~0.3), so thr = 0.7 is ~2-3 steps of mean change per full step; r_k scales ~1/steps, so longer runs
-    // reuse more. 0.7 (with drift 0.4) was chosen image by image (eval-cache --batch 1) on held-out prompts x seeds
-    // 7001-7002: against 1.0 (with drift 0.6) it raises the share of images >= 30 dB at DDIM 20 from 70 % to 95 % for
-    // 6.2 instead of 5.1 full steps (tests/bench/results/eval_cache_2026-12-03b/README.md).
-    double thr = 0.7;
-    int max_reuse = -1; // at most this many consecutive reuses; -1: no count bound ("max=none")
-    // The reuse run bound in the schedule's own units (DctChangePolicy::set_span_bound): a fraction of the loop's
-    // log-sigma range; 0 = none. Unlike a count it means the same stretch of the schedule at 10 or 50 steps.
-    double span = 0.35;
-    int band = 4; // low band u + v < band of the probe spectrum
-    bool extrapolate = true;
-    // Forecast order of the non-anchored coefficients along the timestep axis: 1 = linear through the last two full
-    // steps; 2 = TaylorSeer's second-order term (Liu et al., ICCV 2025, eq. 6) with the real spacing of the last
-    // three full steps (see FreqAnchorDenoiser::extrapolation_curvature).
-    int order = 1;
-    // Per-image safety bound (0 = off): the probe's low-band energies are forecast from the last two full steps like
-    // the feature; when some image's relative residual |e_k - e^_k|_1 / |e_k|_1 exceeds `drift`, its trajectory has
-    // left the forecast and the step is full ("drift"). It decides most full steps at every step count. 0.35, with
-    // thr 0.7 (above), was chosen on held-out prompts x seeds 7001-7002, one image at a time, among 0.3, 0.35 and 0.4
-    // over DDIM, DPM++ 2M, Euler and LMS at 10-50 steps: against 0.4 the mean is higher in 14 of 16 cells (+0.3 to
-    // +1.7 dB) and the worst image in 11 (DDIM 20 19.3 -> 23.9 dB, DPM++ 2M 20 22.1 -> 27.0 dB), for 0.15-0.4 more
-    // full steps (DDIM 20 3.20x -> 3.04x); 0.3 is slower still for no better worst image
-    // (tests/bench/results/eval_cache_2026-12-04c/README.md). At 0.35 skip_drift's band (below) is empty.
-    double drift = 0.35;
-    int branch = 0; // DeepCache branch of the cached feature
-    // probe=det|raw: how a sampler that injects noise (Euler a, DDIM with eta > 0) is handled. raw: as any other;
-    // the probe reads every step's fresh noise as change. det: the decisions (change, drift) look at the model input
-    // less the injected noise carried forward (Scheduler::injected_noise), the deterministic part of the trajectory;
-    // and a reuse step runs the shallow path on the input less the noise injected since the last full step D (the
-    // input the cached feature's trajectory would have reached without it) and adds that noise's own effect on the
-    // output, InjectedNoise::gain * D: with the denoised estimate held fixed, fresh white noise in the input moves
-    // the predicted noise by itself. The same for deterministic samplers (nothing is injected).
-    bool probe_det = false;
-    // correct=1: forecast then calibrate (FoCa, Zheng et al., AAAI 2026: a forecast corrected by what the cheap
-    // path observes). The probe's stem, computed at every step anyway, is forecast like the feature from the last two
-    // full steps; the share of that forecast it actually moved (forecast_calibration) scales the feature's forecast
-    // step per image: F = F1 + alpha (F^_k - F1). Nothing to calibrate with extrapolate=0.
-    bool correct = true;
-    // skip=N (0 = off): up to N reuse steps in a row between computed steps run no UNet layer at all: the model output
-    // is forecast along the timestep from the last two computed outputs (first order with the real spacing; TeaCache
-    // and FORA reuse the whole output unchanged), the probe still deciding. A step into which the sampler injected
-    // noise (Euler a, DDIM eta > 0) is always computed, and so is every step of a sampler that combines more than one
-    // earlier model output (LMS, PLMS): a forecast enters that history, and order-4 weights (Adams-Bashforth's 55/24,
-    // -59/24, 37/24, -9/24) amplify its error (LMS 20 on fresh images: 33.5 -> 29.1 dB mean with it). Chosen on
-    // held-out prompts x seeds 7001-7002: at the same full steps and quality, skip=1 takes a reuse step from ~0.17 of a
-    // full step to ~0.08 (DDIM 20 2.2x -> 2.7x, DDIM 50 3.3x -> 4.4x;
-    // tests/bench/results/eval_cache_2026-12-03/README.md); skip=2 costs quality at 20 steps.
-    int skip = 1;
-    // skipdrift=D: a reuse step is forecast only while the probe's drift (the per-image residual of the `drift` rule)
-    // is below D; between D and `drift` the shallow path runs on the step's real input instead, so an image that
-    // starts to leave its trajectory is corrected by a computed step before its forecasts compound. 0 = no bound.
-    // Chosen on held-out prompts x seeds 7001-7002: 0.45 with the full shallow path (among 0.15, 0.2, 0.3, 0.45 and
-    // none; 0.15-0.2 hand too many steps to the shallow path, which is worse than the forecast there;
-    // tests/bench/results/eval_cache_2026-12-03/README.md). With attn=reuse, which halves the shallow step's cost,
-    // 0.35 did best of 0.3, 0.35, 0.45 over the deterministic samplers at 10-50 steps (mean, worst image, share
-    // >= 30 dB; tests/bench/results/eval_cache_2026-12-04/README.md).
-    double skip_drift = 0.35;
-    // noise=V (0 = off): with a sampler that injects noise (Euler a, DDIM with eta > 0), a full step once the noise
-    // injected since the last full step, carried to this step (D of probe=det), reaches V times the noise of the
-    // step's input: RMS(D) / (sigma_k / sqrt(1 + sigma_k^2)) >= V (model-input units, Euler-type and DDIM-type
-    // alike). Fresh noise is what no cached feature has seen and no forecast can follow, so it bounds the reuse run
-    // in the sampler's own units, whatever the step count. Under injected noise the drift rule is not applied: the
-    // probe's energies carry each step's fresh noise, which their forecast from the full steps cannot follow, so
-    // drift there measures the noise this rule already bounds. 0.7 was chosen on held-out prompts x seeds 7001-7002,
-    // one image at a time (tests/bench/results/eval_cache_2026-12-03c/): Euler a 20 and 50 steps, against the rules
-    // without it (drift, no bound on the run) as fast or faster and 6-8 dB closer to the uncached image.
-    double noise = 0.7;
-    // noiseskip=W (0 = off; counts against skip=N's run): under injected noise a reuse step whose noise since the
-    // last full step (the ratio of noise=V) is below W runs no UNet layer. Its output is the one that gives, at this
-    // step's input, the denoised estimate x0 of the last computed step: x0 is what an ancestral step carries from
-    // one evaluation to the next, the fresh noise entering only the input, so the output follows that noise exactly
-    // (eps = (x sqrt(1 + sigma^2) - x0) / sigma) where an output forecast (skip=N) or the shallow path could not.
-    // 0.5 was chosen on held-out prompts x seeds 7001-7002, one image at a time: Euler a 50 steps 2.10x -> 2.29x at
-    // 36.3 -> 37.5 dB mean (98 % of images >= 30 dB either way); at 20 steps one step's noise is mostly above 0.5
-    // and few steps are forecast (tests/bench/results/eval_cache_2026-12-03d/).
-    double noise_skip = 0.5;
-    // last=1: the last step is always full when its noise level is at least last_sigma (lastsigma=S; 0: always), else
-    // always a reuse (no rule makes it full); last=0: it follows the rules whatever its noise level. The last step
-    // runs into sigma = 0, where an error e of the model output moves the image by sigma_last e (Euler's x - sigma
-    // eps; DDIM's final step damps it further), so where the schedule ends low (DDIM, Euler, LMS, Euler a: sigma_last
-    // 0.04) a reuse there costs little and where it ends high (DPM++ 2M's schedule: 0.22 at 20 steps, 0.14 at 50) it
-    // does not. 0.1 was chosen on held-out prompts x seeds 7001-7002 (tests/bench/results/eval_cache_2026-12-03e/).
-    bool last = true;
-    double last_sigma = 0.1;
-    // decide=image|batch: who decides the full steps of a batch of several images. batch: one decision for all, from
-    // the image that changes (or drifts) most, so no image is reused past its own bounds and a batch is at least as
-    // close to the uncached images as each image alone (one UNet call per step). image: each image on its own
-    // signals with its own state, so an image comes out the same alone or in any batch (the UNet then runs once on
-    // the rows of the images that chose a full step and once on the others').
-    bool per_image = false;
-    // attn=reuse|run: a reuse step that runs the shallow path also skips the path's attention layers, adding the
-    // residual (output - input) each had when it last ran instead (the transformer is residual; caching its residual
-    // is FORA's and Delta-DiT's reuse, Selvaraju et al. 2024, Chen et al. 2024, applied inside DeepCache's shallow
-    // path). The resnets and the output head still run on the step's own input, so the step follows its input where
-    // it is local (the shallow path's high-resolution detail) for about half the shallow path's cost. Not under
-    // injected noise (Euler a): the residual answers the input its layer saw, not the fresh noise since (Euler a 30
-    // on held-out prompts x seeds 7001-7002: worst image 26.6 -> 14.3 dB with it).
-    bool attn_reuse = true;
-    // attnmax=N (-1: "none"): at most N shallow steps in a row add the cached residuals; the next shallow step runs
-    // the layers and records theirs. Each reused residual adds its own error to the step's output, so the bound is
-    // on the steps that reuse it, not on a span of the schedule: without it DDIM 50 (runs of ~8 reuse steps) lost
-    // 2 dB of mean where DDIM 20 (runs of ~3) lost 0.3. 1 (every other shallow step runs them), with skipdrift 0.35,
-    // was chosen on held-out prompts x seeds 7001-7002 among 1, 2, 3 and none, one image at a time, over DDIM, DPM++
-    // 2M, Euler and LMS at 10-50 steps: against attn=run it is faster in every cell (DDIM 20 3.00x -> 3.19x, DDIM 50
-    // 5.03x -> 5.61x) with the mean up in 14 of 16 cells; 2, 3 and none are faster still but keep fewer images
-    // >= 30 dB at LMS 20 (88 % against 92 %) (tests/bench/results/eval_cache_2026-12-04b/README.md). With drift 0.35,
-    // 2 keeps the share on the tuning seeds but costs 0.3-0.5 dB of mean on seeds 7003-7008
-    // (tests/bench/results/eval_cache_2026-12-04c/README.md).
-    int attn_max = 1;
-    // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
-    // threshold per range of the loop, replacing thr where they apply.
-    std::string profile;
-    cache::AnchorProfile profile_data;
-    std::string describe() const;
-};
-
-// The tensors of a batch in the store, one entry per image: image b owns rows b, n + b, ... of a batch of n images
-// (with guidance the UNet batch is [uncond rows; cond rows]). One image: the whole tensor, no copy.
-class BatchFeatureStore {
-public:
-    BatchFeatureStore();                                                          // a store of its own
-    BatchFeatureStore(std::shared_ptr<cache::LatentCache> store, std::string ns); // a shared one (e.g. a server's)
-    // Drops this run's entries; the next run has `images` images.
-    void begin(int images);
-    void put(int32_t layer, int32_t slot, int64_t anchor, const torch::Tensor& batch, int64_t step);
-    // The batch tensor when every image's entry is present and at most `max_staleness` steps old, else nullopt.
-    std::optional<torch::Tensor> get(int32_t layer, int32_t slot, int64_t anchor, int64_t step, int max_staleness);
-    void erase(int32_t layer, int32_t slot, int64_t anchor);
-    // Image b's entries alone, as a store of one image (the same entries the batch view reads and writes).
-    BatchFeatureStore image(int b) const;
-    const cache::LatentCache& store() const { return *store_; }
-    const std::string& ns() const { return ns_; }
-
-private:
-    cache::CacheKey key(int b, int32_t layer, int32_t slot, int64_t anchor) const;
-    std::shared_ptr<cache::LatentCache> store_;
-    std::string ns_;
-    int images_ = 1;
-    int first_ = 0; // the batch image of this view's image 0
-};
-
-// A DenoiseController that keeps a per-step log (and the probe's energy change for the timeline).
-class CacheController : public DenoiseController {
-public:
-    const std::vector<CacheStepLog>& log() const { return log_; }
-    // The canonical mode string ("off", "deepcache:3,branch=0", "freq:tau=0.01,...").
-    virtual std::string spec() const = 0;
-    virtual nlohmann::json params_json() const;
-    // What a step computed, for its MAC count.
-    enum class StepCompute { Full, Shallow, ShallowNoAttention };
-    // MACs of a step per sample. When unset, the analytic count of unet/unet_macs.h for the UNet and latent size of
-    // the first call is attached on that call.
-    std::function<double(StepCompute)> mac_fn;
-    // The store this mode caches in (its own unless set_store is called before the run).
-    void set_store(std::shared_ptr<cache::LatentCache> store, std::string ns);
-    const BatchFeatureStore& features() const { return features_; }
-    void set_noise_levels(std::vector<double> sigmas) override { sigmas_ = std::move(sigmas); }
-
-protected:
-    std::vector<CacheStepLog> log_;
-    BatchFeatureStore features_;
-    std::vector<double> sigmas_; // noise levels of the loop's steps (empty when the loop gave none)
-    double noise_level(int step) const {
-        return step >= 0 && size_t(step) < sigmas_.size() ? sigmas_[size_t(step)] : 0;
-    }
-    double step_macs(const UNet2DConditionModelImpl& unet, const torch::Tensor& x, const UNetCond& ctx,
-                     StepCompute what, int branch);
-};
-
-// Slots of the feature caches' store entries.
-// kAttnResidual entries are keyed by the attention layer (attn=reuse), not the branch.
-enum FeatureSlot : int32_t { kFeature = 0, kSpectrum = 1, kSlope = 2, kCurvature = 3, kStem = 4, kAttnResidual = 5 };
-
-// Relative low-band DCT energy change of conv_in(x) between consecutive calls (see the top of this file).
-//
-// For a batch of several images update() returns the largest of the images' changes, each pooled over the image's
-// rows (uncond and cond); for one image this is the change of the whole batch. freq decides per image from
-// energies() (FreqAnchorDenoiser's lanes); DeepCache only logs it.
-class ShallowProbe {
-public:
-    explicit ShallowProbe(int band) : band_(band) {}
-    void reset(int images = 1) {
-        prev_ = stem_ = observed_ = torch::Tensor();
-        images_ = std::max(images, 1);
-    }
-    // Returns r_k (0 on the first call). `injected` (rows and channels of x): the energies come from
-    // conv_in(x - injected), the deterministic part of the input (FreqParams::probe_det).
-    double update(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& injected = {});
-    // conv_in(x) of the last update: handed to the UNet so that it is computed once per step.
-    const torch::Tensor& stem() const { return stem_; }
-    // What the energies of the last update came from: conv_in(x - injected), or stem() when nothing was injected.
-    const torch::Tensor& observed() const { return observed_; }
-    // Low-band energies [rows, C, L] of the last update.
-    const torch::Tensor& energies() const { return prev_; }
-    // The largest over the images of the relative L1 change sum |e - ref| / (sum ref + eps), each image pooled over
-    // its rows (b, n + b, ...); the whole batch when images is 1 or does not divide the rows.
-    static double largest_image_change(const torch::Tensor& e, const torch::Tensor& ref, int images);
-
-private:
-    int band_;
-    int images_ = 1;
-    torch::Tensor prev_; // low-band energies [rows, C, L] of the previous step
-    torch::Tensor stem_, observed_;
-};
 
 class FreqAnchorDenoiser : public CacheController {
 public:
@@ -401,39 +157,5 @@ private:
     // noiseskip=W is in play at this step: on, with skip=N, and the sampler injected noise.
     bool holds_denoised() const { return p_.noise_skip > 0 && p_.skip > 0 && injected_.present; }
 };
-
-// DeepCache (Ma et al. 2023, uniform skip mode; "deepcache:N[,branch=B]"): FixedIntervalPolicy makes step i full
-// when i % N == 0; a full step stores the feature entering the up layer of skip `branch`, the other steps run
-// UNet2DConditionModelImpl::forward_shallow with it. interval 0 is "off": every step full. Both log the probe's
-// energy change too, so the compare timeline shows the energy curve for every mode.
-class DeepCacheDenoiser : public CacheController {
-public:
-    DeepCacheDenoiser(int interval, int branch, int band = 4);
-    std::string name() const override { return interval_ == 0 ? "off" : "deepcache"; }
-    std::string spec() const override;
-    nlohmann::json params_json() const override;
-    void begin(int num_steps, int images) override;
-    torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
-                          const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
-    bool last_step_was_full() const override { return last_full_; }
-
-private:
-    int interval_, branch_;
-    std::unique_ptr<cache::FixedIntervalPolicy> policy_; // null for "off"
-    ShallowProbe probe_;
-    int num_steps_ = 0;
-    bool last_full_ = true;
-};
-
-// "off" | "deepcache:N[,branch=B]" |
-// "freq[:tau=T,thr=A,max=M|none,span=S,band=K,extrapolate=0|1,order=1|2,drift=D,branch=B,probe=det|raw,correct=0|1,
-// skip=N,skipdrift=D,noise=V,noiseskip=W,lastsigma=S,last=0|1,attn=reuse|run,decide=batch|image,profile=FILE]".
-// Malformed specs throw ParamError("cache") listing the valid forms.
-std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
-// Comma-separated list for --compare; "deepcache:3,branch=1" stays one mode (key=value items attach to the mode
-// before them).
-std::vector<std::string> split_mode_list(const std::string& list);
-
-nlohmann::json cache_log_json(const CacheController& c);
 
 } // namespace anchor::unet

@@ -21,7 +21,7 @@ cache::AnchorProfile calibrate_freq_profile(Txt2ImgPipeline& pipe, const FreqCal
     for (size_t i = 0; i < p.prompts.size(); ++i) {
         run.prompts = {p.prompts[i]};
         run.seed = p.base.seed + int64_t(i);
-        auto ctl = parse_cache_mode("off");
+        auto ctl = make_cache_controller(CacheConfig{}); // off: every step full
         pipe.run(run, ctl.get());
         const auto& log = ctl->log();
         mean.resize(log.size(), 0.0);

@@ -1,6 +1,7 @@
 #include "unet/sd_server.h"
 
 #include "cache/io/png_text.h"
+#include "cache/modes/mode_list.h"
 #include "unet/compare.h"
 #include "unet/freq_cache.h"
 #include "unet/infotext.h"
@@ -33,7 +34,6 @@ void SdServerParams::validate() const {
     if (max_pixels < 64) throw ParamError("max_pixels", "must be >= 64, got " + std::to_string(max_pixels));
     if (max_images < 1) throw ParamError("max_images", "must be >= 1, got " + std::to_string(max_images));
     if (max_modes < 1) throw ParamError("max_modes", "must be >= 1, got " + std::to_string(max_modes));
-    (void)parse_cache_mode(default_cache);
 }
 
 namespace {
@@ -58,24 +58,24 @@ SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
                         enum_choices(sampler_table()) + ")");
 }
 
-// The cache mode's error on one line: its reason and the forms (the help text is for --help).
-std::string cache_error(const ParamError& e) {
-    std::string d = e.detail();
-    const auto cut = d.find("; valid forms");
-    if (cut != std::string::npos) d.resize(cut);
-    std::string forms;
-    for (const auto& m : cache_mode_table()) forms += (forms.empty() ? "" : ", ") + std::string(m.syntax);
-    return d + " (valid forms: " + forms + ")";
+// The request's cache mode, parsed here once (its error is one line: the key, its range and the forms).
+CacheConfig cache_of(const RequestFields& f, const std::string& field, const CacheConfig& dflt) {
+    if (!f.has(field)) return dflt;
+    try {
+        return parse_cache_config(f.string(field, ""), field);
+    } catch (const ParamError& e) {
+        throw HttpError(400, field, field + ": " + e.detail());
+    }
 }
 
-std::string cache_of(const RequestFields& f, const std::string& field, const std::string& dflt) {
-    const std::string mode = f.string(field, dflt);
+// A mode's demands on the model (its branch exists), as a 400 naming `field`.
+void check_cache_for_model(const CacheConfig& c, const SDModels& models, const std::string& field) {
+    if (!models.unet) return;
     try {
-        (void)parse_cache_mode(mode);
+        check_cache_config(c, *models.unet, field);
     } catch (const ParamError& e) {
-        throw HttpError(400, field, field + ": " + cache_error(e));
+        throw HttpError(400, field, field + ": " + e.detail());
     }
-    return mode;
 }
 
 // The request's name of a library params field (A1111's names where they differ).
@@ -235,6 +235,7 @@ void SdServer::add_routes() {
                             "batch_size: batch_size x n_iter must be <= " + std::to_string(p_.max_images) + ", got " +
                                 std::to_string(job.batch_size) + " x " + std::to_string(job.batch_count));
         job.cache = cache_of(f, "cache", p_.default_cache);
+        check_cache_for_model(job.cache, pipe_.models(), "cache");
         if (img2img) {
             const auto inits = f.strings("init_images");
             if (inits.empty())
@@ -284,7 +285,7 @@ void SdServer::add_routes() {
             cb.progress = [&](const ProgressInfo& pi, const std::string&) {
                 c.check(); // an interrupt or a client gone stops the job here, at the next step
                 full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-                c.set_progress(progress_json(pi, unit, units, job.cache, full));
+                c.set_progress(progress_json(pi, unit, units, job.cache.label, full));
             };
             cb.batch_done = [&](const std::vector<Txt2ImgJobImage>&, double, double, int64_t) { ++unit; };
             const auto r = run_txt2img_job(pipe_, job, cb);
@@ -334,7 +335,7 @@ void SdServer::add_routes() {
             {"sd_model_name", model_name},
             {"denoising_strength", img2img ? nlohmann::json(p.init.strength) : nlohmann::json(nullptr)},
             {"infotexts", out["infotexts"]},
-            {"cache", job.cache},
+            {"cache", job.cache.label},
             {"anchorcache", out["records"]},
             {"warnings", out["warnings"]}};
         nlohmann::json params = f.json();
@@ -343,7 +344,7 @@ void SdServer::add_routes() {
         HttpReply r = HttpReply::json({{"images", out["images"]},
                                        {"parameters", params},
                                        {"info", info.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
-        r.note = "cache=" + job.cache;
+        r.note = "cache=" + job.cache.label;
         return r;
     };
 
@@ -379,7 +380,7 @@ void SdServer::add_routes() {
                                                        std::chrono::system_clock::now().time_since_epoch())
                                                        .count()},
                                        {"data", data}});
-        r.note = "cache=" + job.cache;
+        r.note = "cache=" + job.cache.label;
         return r;
     });
 
@@ -391,24 +392,32 @@ void SdServer::add_routes() {
         p.prompts = {f.string("prompt", "")};
         read_image_fields(f, p);
         check_prompts(pipe_, p, p.prompts[0]);
-        std::vector<std::string> modes;
-        if (f.json().contains("modes") && f.json()["modes"].is_array())
-            modes = f.strings("modes");
-        else
-            modes = split_mode_list(f.string("modes", "off,deepcache:3,freq"));
-        if (modes.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
-        if (int(modes.size()) > p_.max_modes)
+        // An array of modes, or one list as anchor-sd --compare takes it (cache/modes/mode_list.h).
+        std::vector<std::string> texts;
+        try {
+            if (f.json().contains("modes") && f.json()["modes"].is_array())
+                texts = f.strings("modes");
+            else
+                texts = cache::modes::split_mode_list(f.string("modes", "off,deepcache:3,freq"), "modes");
+        } catch (const ParamError& e) {
+            throw HttpError(400, "modes", "modes: " + e.detail());
+        }
+        if (texts.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
+        if (int(texts.size()) > p_.max_modes)
             throw HttpError(400, "modes",
                             "modes: at most " + std::to_string(p_.max_modes) + " modes, got " +
-                                std::to_string(modes.size()));
+                                std::to_string(texts.size()));
+        std::vector<CacheConfig> modes;
         std::string list;
-        for (size_t i = 0; i < modes.size(); ++i) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+            const std::string field = "modes[" + std::to_string(i) + "]";
             try {
-                (void)parse_cache_mode(modes[i]);
+                modes.push_back(parse_cache_config(texts[i], field));
             } catch (const ParamError& e) {
-                throw HttpError(400, "modes", "modes[" + std::to_string(i) + "]: " + cache_error(e));
+                throw HttpError(400, "modes", field + ": " + e.detail());
             }
-            list += (i ? "," : "") + modes[i];
+            check_cache_for_model(modes.back(), pipe_.models(), "modes");
+            list += (i ? ";" : "") + texts[i];
         }
         as_request([&] { p = pipe_.resolved(p); });
         check_pixels(p);
@@ -419,11 +428,11 @@ void SdServer::add_routes() {
             c.check();
             int full = 0;
             auto run = run_compare_modes(
-                pipe_, p, list, p_.facts, {},
+                pipe_, p, modes, p_.facts, {},
                 [&](size_t mode, const ProgressInfo& pi) {
                     c.check();
                     full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-                    auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode], full);
+                    auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode].label, full);
                     c.set_progress(pj);
                 },
                 first_at_shape(p));
@@ -457,8 +466,9 @@ void SdServer::add_routes() {
     });
     http.get("/sdapi/v1/options", [this, model_name](const HttpRequest&) {
         return HttpReply::json({{"sd_model_checkpoint", model_name},
-                                {"anchor_default_cache", p_.default_cache},
+                                {"anchor_default_cache", p_.default_cache.label},
                                 {"anchor_cache_modes", cache_mode_help()},
+                                {"anchor_cache_keys", cache_keys_json()},
                                 {"anchor_max_steps", p_.max_steps},
                                 {"anchor_max_pixels", p_.max_pixels},
                                 {"anchor_max_images", p_.max_images}});

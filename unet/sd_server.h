@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cache/serve/http_server.h"
+#include "unet/cache_config.h"
 #include "unet/infotext.h"
 #include "unet/pipeline.h"
 
@@ -20,7 +21,7 @@ namespace anchor::unet {
 struct SdServerParams {
     serve::ServerOptions http;
     std::string model;                 // what the clients see as the checkpoint (the -m path)
-    std::string default_cache = "off"; // when a request has no `cache` field
+    CacheConfig default_cache; // when a request has no `cache` field (off)
     // Limits checked before anything is allocated (400 naming the field); the pipeline's memory estimate
     // (Txt2ImgPipeline::validate) is checked too.
     int max_steps = 150;

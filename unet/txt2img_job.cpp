@@ -27,7 +27,6 @@ void Txt2ImgJob::validate() const {
     if (shard_count < 1 || shard_rank < 0 || shard_rank >= shard_count)
         throw ParamError("shard_rank", "rank " + std::to_string(shard_rank) + " of " + std::to_string(shard_count) +
                                            " shards (needs 0 <= rank < shards)");
-    (void)parse_cache_mode(cache); // ParamError("cache") listing the valid forms
     // The init images, masks and strength before any model is loaded (the pipeline checks the rest): every batch's
     // share, so that a count that fits no batch fails before the first image.
     if (params.steps >= 1)
@@ -220,8 +219,9 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
     if (batches.empty()) return out;
     Txt2ImgParams p = pipe.resolved(job.params);
     // The model file is hashed once per job, before the first image (A1111's "Model hash").
-    InfotextFacts info = job.infotext ? *job.infotext : infotext_facts(pipe.models(), job.cache);
-    info.cache_mode = job.cache;
+    if (pipe.models().unet) check_cache_config(job.cache, *pipe.models().unet); // the branch exists, before any work
+    InfotextFacts info = job.infotext ? *job.infotext : infotext_facts(pipe.models(), job.cache.label);
+    info.cache_mode = job.cache.label;
     const nlohmann::json model_facts = model_record(pipe);
     bool first = true;
     for (const auto& batch : batches) {
@@ -230,7 +230,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
         p.seed = batch.seed;
         p.init = job.init_of(batch);
         p.free_params = job.params.free_params && &batch == &batches.back(); // the models' last use in this job
-        auto ctl = parse_cache_mode(job.cache);
+        auto ctl = make_cache_controller(job.cache);
         const int nb = batch.images(), k0 = batch.first_image;
         const std::string label = n_images == 1 ? ""
                                   : nb > 1 ? "images " + std::to_string(k0 + 1) + "-" + std::to_string(k0 + nb) + "/" +
@@ -252,7 +252,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             rec["batch_index"] = batch.repeat;
             rec["image_index"] = k;
             if (job.write_files) rec["output"] = pngs[size_t(k)];
-            rec["cache_mode"] = job.cache;
+            rec["cache_mode"] = job.cache.label;
             if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
             // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
             const auto chunks = image_text_chunks(infotext_of(p, i, info), rec);

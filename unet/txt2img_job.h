@@ -3,6 +3,7 @@
 // checked before anything runs. A library call, so that a server or an MPI job runs the same thing.
 #pragma once
 
+#include "unet/cache_config.h"
 #include "unet/infotext.h"
 #include "unet/pipeline.h"
 
@@ -23,7 +24,7 @@ struct Txt2ImgJob {
     std::vector<std::string> prompts;  // one prompt, or the lines of a prompts file
     int batch_size = 1;                // images per UNet batch (plan_batches)
     int batch_count = 1;               // batches per prompt group, batch k with seed + k
-    std::string cache = "off";         // cache mode (unet/freq_cache.h)
+    CacheConfig cache;                 // cache mode, parsed at the edge (unet/cache_config.h)
     std::string output = "output.png"; // image k > 0 gets a _k suffix; every image a <png>.json sidecar
     std::string save_latents;          // "": none; else initial noise, latents, embeddings, image per image
     bool overwrite = false;

@@ -42,7 +42,7 @@ function render(report) {
     figure(t, "wall", m.wall_s.toFixed(3) + " s");
     figure(t, "speed-up", m.speedup_vs_first.toFixed(2) + "x");
     figure(t, "full steps", m.full_steps + "/" + m.total_steps);
-    figure(t, "PSNR", typeof m.psnr_vs_first_db === "number" ? m.psnr_vs_first_db.toFixed(2) + " dB" : m.psnr_vs_first_db);
+    figure(t, "PSNR", typeof m.psnr_vs_first_db === "number" ? m.psnr_vs_first_db.toFixed(2) + " dB" : "inf");
     figure(t, "SSIM", m.ssim_vs_first === null ? "n/a" : m.ssim_vs_first.toFixed(4));
     div.appendChild(t);
     const tl = document.createElement("div");

@@ -255,7 +255,10 @@ TEST_CASE("sd serve: OpenAI images, compare, and the listing endpoints", "[serve
     REQUIRE(status == 200);
     REQUIRE(cmp["modes"].size() == 3);
     CHECK(cmp["reference_mode"] == "off");
-    CHECK(cmp["modes"][0]["psnr_vs_first_db"] == "inf");
+    // The first mode against itself: no finite PSNR, a JSON null (not the string "inf") and the flag.
+    CHECK(cmp["modes"][0]["psnr_vs_first_db"].is_null());
+    CHECK(cmp["modes"][0]["identical_to_first"] == true);
+    CHECK(cmp["modes"][1]["psnr_vs_first_db"].is_number());
     CHECK(cmp["modes"][1]["full_steps"] == 4);
     CHECK(cmp["modes"][1]["total_steps"] == 8);
     for (const auto& m : cmp["modes"]) {
@@ -363,4 +366,37 @@ TEST_CASE("sd serve: SIGTERM finishes the job in flight, refuses new ones and ex
     CHECK(done.second["images"].size() == 1);
     CHECK(s.wait_exit(30) == 0);
     CHECK(s.log_has("draining"));
+}
+
+TEST_CASE("sd serve: every cache key out of its range is a one-line 400 naming the field", "[serve][cache]") {
+    auto c = shared_server().client();
+    int status = 0;
+    // The server publishes its key tables (unet/cache_config.h): the sweep covers every key it has.
+    auto opts = c.Get("/sdapi/v1/options");
+    REQUIRE(opts);
+    const json keys = json::parse(opts->body)["anchor_cache_keys"];
+    REQUIRE(keys.size() >= 20);
+    for (const auto& k : keys) {
+        const std::string mode = k["mode"], key = k["key"];
+        if (key == "profile") continue; // a file: a missing one is its own error
+        for (const std::string v : {"-1e9", "x", "999999999999"}) {
+            if (v == "999999999999" && k["values"].get<std::string>().rfind("an integer", 0) != 0) continue;
+            const std::string cache = mode == "freq" ? "freq:" + key + "=" + v
+                                      : key == "interval" ? "deepcache:" + v
+                                                          : "deepcache:3," + key + "=" + v;
+            INFO(cache);
+            const json e = post_json(c, "/sdapi/v1/txt2img", txt2img(1, cache), &status); // status set before the check
+            check_400(e, status, "cache", key);
+        }
+    }
+    // A branch past this model's skip connections, a key given twice, lists with an empty mode.
+    check_400(post_json(c, "/sdapi/v1/txt2img", txt2img(1, "deepcache:3,branch=99"), &status), status, "cache",
+              "branch");
+    check_400(post_json(c, "/sdapi/v1/txt2img", txt2img(1, "freq:thr=1,thr=2"), &status), status, "cache",
+              "given twice");
+    check_400(post_json(c, "/anchor/v1/compare", {{"prompt", "x"}, {"modes", "off,,freq"}}, &status), status, "modes",
+              "empty cache mode");
+    check_400(post_json(c, "/anchor/v1/compare", {{"prompt", "x"}, {"modes", ""}}, &status), status, "modes",
+              "at least one cache mode");
+    CHECK(c.Get("/health")->status == 200);
 }

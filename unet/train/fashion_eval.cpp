@@ -23,7 +23,6 @@ using util::fmt;
 
 void FashionEvalParams::validate() const {
     if (modes.empty()) throw ParamError("modes", "no cache mode");
-    for (const auto& m : modes) (void)parse_cache_mode(m);
     if (seed_list.empty() && seeds < 1) throw ParamError("seeds", "must be >= 1");
     if (repeats < 1) throw ParamError("repeats", "must be >= 1");
     if (batch < 0)
@@ -205,9 +204,9 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     const std::string report = (out / "cache_eval.json").string();
     std::vector<std::string> specs;
     for (const auto& m : modes) {
-        const std::string spec = parse_cache_mode(m)->spec();
+        const std::string spec = m.canonical();
         if (std::find(specs.begin(), specs.end(), spec) != specs.end())
-            throw ParamError("modes", "lists '" + m + "' twice (as " + safe_name(spec) + ")");
+            throw ParamError("modes", "lists '" + m.label + "' twice (as " + safe_name(spec) + ")");
         specs.push_back(spec);
     }
     auto sheet_path = [&](const std::string& sampler, int steps, size_t k) {
@@ -277,7 +276,7 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
                         double best = INFINITY;
                         std::vector<CacheStepLog> best_log;
                         for (int rep_i = 0; rep_i < o.repeats; ++rep_i) {
-                            auto ctl = parse_cache_mode(modes[k]);
+                            auto ctl = make_cache_controller(modes[k]);
                             m.spec = ctl->spec();
                             r = pipe.run(p, ctl.get());
                             if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();

@@ -6,6 +6,8 @@
 // the machine's, not the code's).
 #pragma once
 
+#include "unet/cache_config.h"
+
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -15,8 +17,7 @@ namespace anchor::unet::train {
 
 struct FashionEvalParams {
     std::string model = "assets/models/fashion-sd", classifier; // classifier: <model>/eval/classifier.safetensors
-    std::vector<std::string> modes{"off",         "deepcache:2",  "deepcache:3", "deepcache:4", "deepcache:5",
-                                   "deepcache:6", "freq:thr=0.5", "freq",        "freq:thr=2"};
+    std::vector<CacheConfig> modes; // parsed at the edge (anchor-sd eval-fashion --modes has the default list)
     std::string out; // report folder: <model>/eval by default
     // The grid: every sampler x step count x seed is a cell, the prompts in batches of `batch`, run by every mode (the
     // modes interleaved per cell, the first is the reference of the cell). Empty prompts: the 10 class prompts "a photo

@@ -1,0 +1,48 @@
+// The shallow probe of the SD cache modes (see shallow_probe.h).
+#include "unet/shallow_probe.h"
+
+#include "cache/dct.h"
+#include "cache/io/error.h"
+#include "kernels/dispatch.h"
+#include "unet/feature_store.h"
+#include "unet/unet_model.h"
+
+namespace anchor::unet {
+
+using torch::Tensor;
+
+double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& injected) {
+    torch::NoGradGuard ng;
+    stem_ = unet.stem(x); // the UNet reuses it as its conv_in output this step (forward's `stem`)
+    if (injected.defined() && injected.sizes() != x.sizes())
+        throw Error("freq probe: the injected noise has shape " + shape_str(injected.sizes().vec()) +
+                    ", the model input " + shape_str(x.sizes().vec()));
+    observed_ = injected.defined() ? unet.stem(x - injected) : stem_;
+    auto s = observed_.to(torch::kFloat);
+    // Only the L low-band coefficients (u + v < band) enter r_k. On the CPU one [maps, HW] x [HW, L] product
+    // (cache::dct2_low_band); on a GPU the batched cuFFT energy kernel (kernels/cuda/dct_energy.cu), band picked after.
+    Tensor e;
+    if (s.is_cuda() && kernels::cuda_kernels_built()) {
+        const int64_t h = s.size(-2), w = s.size(-1);
+        const auto idx = cache::low_band_indices(h, w, band_);
+        e = kernels::dct_energy(s).flatten(-2).index_select(-1, torch::tensor(idx, torch::kInt64).to(s.device()));
+    } else {
+        e = cache::dct2_low_band(s, band_).square();
+    }
+    const double r = prev_.defined() && prev_.sizes() == e.sizes() ? largest_image_change(e, prev_, images_) : 0.0;
+    prev_ = e;
+    return r;
+}
+
+double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, int images) {
+    const int64_t rows = e.size(0), n = images;
+    if (n <= 1 || rows % n != 0) return cache::relative_spectral_change(e, ref);
+    double r = 0.0;
+    for (int64_t b = 0; b < n; ++b) { // image b owns rows b, n + b, 2n + b, ...
+        const auto idx = batch_image_rows(b, rows, n, e.device());
+        r = std::max(r, cache::relative_spectral_change(e.index_select(0, idx), ref.index_select(0, idx)));
+    }
+    return r;
+}
+
+} // namespace anchor::unet
