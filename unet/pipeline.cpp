@@ -107,7 +107,7 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
 }
 
 namespace {
-std::string wxh(int w, int h) {
+std::string size_text(int w, int h) {
     return std::to_string(w) + "x" + std::to_string(h);
 }
 
@@ -127,7 +127,7 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
     const int f = m.vae_scale_factor();
     if (iw < f || ih < f)
         throw ParamError("init_image",
-                         "the init image is " + wxh(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
+                         "the init image is " + size_text(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
     if (!m.vae) throw ParamError("init_image", "img2img needs the VAE to encode the init image");
     if (unet_channels == 9 && !in.inpaint())
         throw ParamError("mask", "this UNet has 9 input channels (an inpainting model): it needs a mask");
