@@ -57,6 +57,7 @@ std::string fmt_s(double s) {
 }
 
 void progress_bar(const ProgressInfo& p, const std::string& label) {
+    if (p.phase != anchor::unet::ProgressPhase::Step) return;
     const int width = 30, filled = p.total ? p.step * width / p.total : width;
     const double eta = p.step ? p.elapsed_s / p.step * (p.total - p.step) : 0.0;
     const std::string bar = std::string(size_t(filled), '#') + std::string(size_t(width - filled), '.');

@@ -457,6 +457,14 @@ TEST_CASE("anchor-sd refuses out-of-range numbers and settings past the model, n
     fs::remove(nocfg + "/unet/config.json");
     std::string many_tokens, deep(300, '(');
     for (int i = 0; i < 1000; ++i) many_tokens += "red, ";
+    // A PNG cut short: the golden init image's first 100 bytes (its header and part of the IDAT chunk).
+    const std::string cut = work + "/cut.png";
+    {
+        std::ifstream in(test::golden("sd/img2img_tiny/init_image.png"), std::ios::binary);
+        std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        REQUIRE(bytes.size() > 100);
+        std::ofstream(cut, std::ios::binary) << bytes.substr(0, 100);
+    }
     const std::vector<Case> cases = {
         {"CFG 1e30",
          "sd",
@@ -496,6 +504,13 @@ TEST_CASE("anchor-sd refuses out-of-range numbers and settings past the model, n
          {"-m", m, "-p", "a", "-o", folder, "--overwrite"},
          2,
          {"a_folder", "is a folder"}},
+        {"an init image that is a folder", "sd", {"-m", m, "-p", "a", "-i", folder, "-o", png}, 2,
+         {"--init-img", "a_folder", "is a folder, not an image file"}},
+        {"a truncated init PNG says why",
+         "sd",
+         {"-m", m, "-p", "a", "-i", cut, "-o", png},
+         2,
+         {"--init-img", "cut.png", "truncated or corrupt"}},
         {"prompts file is a folder",
          "sd",
          {"-m", m, "--prompts-file", folder, "-o", png},

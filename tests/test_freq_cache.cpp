@@ -1178,3 +1178,35 @@ TEST_CASE("anchor-sd: every cache key out of its range, and bad mode lists, exit
     CHECK_THAT(help.output, Catch::Contains("freq:fast  -  freq:drift=0.4"));
     CHECK_THAT(help.output, Catch::Contains("advanced:"));
 }
+
+// Cancellation points around the loop (issue 56): a run calls its progress callback before the prompt encoding,
+// after every step and before the VAE decode, so a callback that throws stops a job in each long phase.
+TEST_CASE("a run reports the encode, step and decode phases, and a throwing callback stops it there", "[sd][cancel]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    Txt2ImgPipeline pipe(models);
+    const auto p = tiny_params(3, SamplerKind::DDIM);
+    c10::InferenceMode guard;
+    std::vector<ProgressPhase> phases;
+    std::vector<int> steps;
+    pipe.run(p, nullptr, [&](const ProgressInfo& pi) {
+        phases.push_back(pi.phase);
+        steps.push_back(pi.step);
+    });
+    REQUIRE(phases == std::vector<ProgressPhase>{ProgressPhase::Encode, ProgressPhase::Step, ProgressPhase::Step,
+                                                 ProgressPhase::Step, ProgressPhase::Decode});
+    REQUIRE(steps == std::vector<int>{0, 1, 2, 3, 3});
+    for (const auto stop_at : {ProgressPhase::Encode, ProgressPhase::Decode}) {
+        int unet_steps = 0;
+        REQUIRE_THROWS_WITH(pipe.run(
+                                p, nullptr,
+                                [&](const ProgressInfo& pi) {
+                                    if (pi.phase == stop_at) throw std::runtime_error("cancelled");
+                                },
+                                [&](const StepRecord&) { ++unet_steps; }),
+                            "cancelled");
+        REQUIRE(unet_steps == (stop_at == ProgressPhase::Encode ? 0 : 3));
+    }
+}

@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -36,15 +37,33 @@ struct Decoded {
     int w = 0, h = 0, c = 0;
 };
 
-Decoded decode(const std::string& path, const std::string& field) {
+// stb_image's failure reasons are single words ("outofdata"); say what they mean for the user's file.
+std::string stb_reason() {
+    const char* r = stbi_failure_reason();
+    const std::string why = r ? r : "";
+    if (why == "outofdata" || why == "bad zlib header" || why == "bad huffman code" || why == "no IDAT" ||
+        why == "not enough pixels" || why == "corrupt")
+        return "the file is truncated or corrupt (stb_image: " + why + ")";
+    if (why == "unknown image type" || why.empty())
+        return "not an image format this reads (PNG, JPEG, BMP, TGA, GIF, PSD, PIC, PNM)";
+    return why;
+}
+
+// The path names a readable regular file, or the error says what it is instead.
+void check_image_path(const std::string& path, const std::string& field) {
     if (path.empty()) throw ParamError(field, "no image file given");
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw ParamError(field, "'" + path + "' is a folder, not an image file");
     std::ifstream probe(path, std::ios::binary);
     if (!probe) throw ParamError(field, "cannot open image file '" + path + "'");
+}
+
+Decoded decode(const std::string& path, const std::string& field) {
+    check_image_path(path, field);
     Decoded d;
     d.px.reset(stbi_load(path.c_str(), &d.w, &d.h, &d.c, 0));
-    if (!d.px)
-        throw ParamError(field, "cannot decode image file '" + path +
-                                    "': " + (stbi_failure_reason() ? stbi_failure_reason() : "unknown format"));
+    if (!d.px) throw ParamError(field, "cannot decode image file '" + path + "': " + stb_reason());
     return d;
 }
 
@@ -175,13 +194,10 @@ Tensor read_image_grey(const std::string& path, const std::string& field) {
 }
 
 std::pair<int, int> image_file_size(const std::string& path, const std::string& field) {
-    if (path.empty()) throw ParamError(field, "no image file given");
-    std::ifstream probe(path, std::ios::binary);
-    if (!probe) throw ParamError(field, "cannot open image file '" + path + "'");
+    check_image_path(path, field);
     int w = 0, h = 0, c = 0;
     if (!stbi_info(path.c_str(), &w, &h, &c))
-        throw ParamError(field, "cannot read image file '" + path +
-                                    "': " + (stbi_failure_reason() ? stbi_failure_reason() : "unknown format"));
+        throw ParamError(field, "cannot read image file '" + path + "': " + stb_reason());
     return {w, h};
 }
 

@@ -580,6 +580,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     Txt2ImgResult r;
     const bool cfg = p.guidance_scale > 1.0;
     auto t0 = std::chrono::steady_clock::now();
+    if (progress) progress({0, p.steps, 0.0, true, ProgressPhase::Encode});
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
     if (p.free_params) {
         if (p.init.enabled())
@@ -645,6 +646,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.final_latents = latents;
     if (p.free_params) release_weights(m_, {ModelPart::Unet});
     if (!p.decode) return r;
+    if (progress) progress({n, n, r.denoise_s, true, ProgressPhase::Decode});
     t0 = std::chrono::steady_clock::now();
     auto d = decode(latents);
     if (!torch::isfinite(d[0]).all().item<bool>())

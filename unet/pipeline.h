@@ -163,11 +163,17 @@ struct InitLatents {
     bool unet9 = false;                 // a 9-channel inpainting UNet: [latents, mask, masked_image_latents] input
 };
 
+// Where a run is when it calls its progress callback: after each denoising step, and before the two long phases
+// around the loop (the prompt encoding, the VAE decode), so that a callback that throws (a cancelled server job)
+// stops the run there too.
+enum class ProgressPhase { Step, Encode, Decode };
+
 struct ProgressInfo {
     int step = 0; // steps done (1-based after a step)
     int total = 0;
     double elapsed_s = 0;
     bool full = true; // the cache decision of the step just done: the full UNet ran (false: a cached feature)
+    ProgressPhase phase = ProgressPhase::Step;
 };
 
 struct Txt2ImgResult {

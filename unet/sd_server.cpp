@@ -283,7 +283,8 @@ void SdServer::add_routes() {
             int unit = 0, full = 0;
             Txt2ImgJobCallbacks cb;
             cb.progress = [&](const ProgressInfo& pi, const std::string&) {
-                c.check(); // an interrupt or a client gone stops the job here, at the next step
+                c.check(); // an interrupt or a client gone stops the job here: before encoding, each step, the decode
+                if (pi.phase != ProgressPhase::Step) return;
                 full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
                 c.set_progress(progress_json(pi, unit, units, job.cache.label, full));
             };
@@ -431,6 +432,7 @@ void SdServer::add_routes() {
                 pipe_, p, modes, p_.facts, {},
                 [&](size_t mode, const ProgressInfo& pi) {
                     c.check();
+                    if (pi.phase != ProgressPhase::Step) return;
                     full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
                     auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode].label, full);
                     c.set_progress(pj);
