@@ -27,7 +27,7 @@ std::string expected_cuda_refusal() {
 
 } // namespace
 
-TEST_CASE("--device cuda without a usable GPU is a usage error naming the build", "[cli][errors][device]") {
+TEST_CASE("anchor-sd --device cuda without a usable GPU is a usage error naming the build", "[cli][errors][device]") {
     if (torch::cuda::is_available()) {
         WARN("a GPU is present: the refusal is not exercised here");
         return;
@@ -47,7 +47,7 @@ TEST_CASE("--device cuda without a usable GPU is a usage error naming the build"
     }
 }
 
-TEST_CASE("--dtype: auto is f32 on the CPU, f16 is refused there, the sidecar records the dtype in effect",
+TEST_CASE("anchor-sd --dtype auto is f32 on the CPU, f16 is refused there, the sidecar records the dtype in effect",
           "[cli][device]") {
     const auto out = scratch_dir("dtype_options");
     const std::string png = out + "/x.png", m = "assets/models/sd15-tiny-random";
