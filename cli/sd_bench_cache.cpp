@@ -4,6 +4,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/batch_job.h"
 #include "cache/util/bench.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
@@ -31,9 +32,10 @@ struct Options {
 
 torch::Device parse_device(const std::string& s) {
     try {
-        return torch::Device(s);
-    } catch (const std::exception&) {
-        throw UsageError("--device must be cpu or cuda[:N], got '" + s + "'");
+        // The programs' one device check: a CPU-only build or a missing GPU is a usage error naming the option.
+        return batch::select_device(batch::DeviceSpec::parse(s), 0);
+    } catch (const ParamError& e) {
+        throw UsageError("--device: " + e.detail());
     }
 }
 

@@ -31,7 +31,7 @@ namespace {
 // What the command line sets beyond the job: the model, the dtype, a compare instead of a job.
 struct Options {
     Txt2ImgJob job;
-    std::string model, prompt, negative, prompts_file, dtype = "f32", lora_model_dir, prompt_from;
+    std::string model, prompt, negative, prompts_file, dtype = "auto", lora_model_dir, prompt_from;
     std::string cache = "off";                // --cache as typed; parsed once into job.cache
     std::vector<std::string> compare;         // --compare lists (repeatable); parsed once into compare_modes
     std::vector<CacheConfig> compare_modes;
@@ -67,14 +67,17 @@ void progress_bar(const ProgressInfo& p, const std::string& label) {
     std::fflush(stderr);
 }
 
-torch::ScalarType parse_dtype(const std::string& s) {
+// --dtype on `device`: auto is f16 on CUDA (diffusers' torch_dtype=float16 there) and f32 on the CPU.
+torch::ScalarType parse_dtype(const std::string& s, const torch::Device& device) {
+    if (s == "auto") return device.is_cuda() ? torch::kHalf : torch::kFloat;
     if (s == "f32") return torch::kFloat;
-    // The pipeline runs on the CPU, where LibTorch has no float16 convolutions: say so instead of failing mid-run.
+    // On the CPU LibTorch has no float16 convolutions: say so instead of failing mid-run.
+    if (s == "f16" && device.is_cuda()) return torch::kHalf;
     if (s == "f16")
         throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU convolutions); use "
                          "f32 or bf16 (f16 checkpoints are converted at load)");
     if (s == "bf16") return torch::kBFloat16;
-    throw UsageError("--dtype must be f32, f16 or bf16, got '" + s + "'");
+    throw UsageError("--dtype must be auto, f32, f16 or bf16, got '" + s + "'");
 }
 
 // The prompts, checked as text: they go into the tokenizer and the JSON sidecar.
@@ -183,7 +186,6 @@ std::vector<LoraSpec> prepare_job(Options& o) {
 
 LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     LoadOptions lo;
-    lo.dtype = parse_dtype(o.dtype);
     lo.attention = o.attention;
     lo.gemm = o.gemm;
     lo.loras = loras;
@@ -192,6 +194,7 @@ LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     lo.weights_dtype = o.weights_dtype;
     // Under mpirun each process of a machine takes the GPU of its local rank (with cuda or auto).
     lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), o.shard.local_rank);
+    lo.dtype = parse_dtype(o.dtype, lo.device);
     lo.validate(); // before loading anything
     return lo;
 }
@@ -250,7 +253,8 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
 int run(Options& o) {
     auto& job = o.job;
     o.shard = batch::shard_from_env();
-    (void)load_options(o, {}); // --dtype / --weights-dtype / --device before loading anything
+    // --dtype / --weights-dtype / --device before loading anything; the sidecars record the dtype in effect.
+    o.dtype = enum_name(weights_dtype_table(), load_options(o, {}).dtype);
     const auto loras = prepare_job(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
@@ -467,7 +471,9 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                        "folder of the prompt's A1111 tags <lora:NAME> / <lora:NAME:MULTIPLIER> (DIR/NAME.safetensors); "
                        "the tags are removed from the prompt"),
         "lora_model_dir");
-    app.add_option("--dtype", o.dtype, "compute dtype: f32 or bf16 (f16 is rejected on CPU)")->capture_default_str();
+    app.add_option("--dtype", o.dtype,
+                   "compute dtype: f32, f16 or bf16; auto: f16 on CUDA, f32 on the CPU (f16 is rejected on the CPU)")
+        ->capture_default_str();
     bind(cli::add_enum_option(app, "--weights-dtype", o.weights_dtype, weights_dtype_table(),
                               "how Linear/Conv weights are kept in memory; f16/bf16 halve them, the compute stays f32 "
                               "(needs --dtype f32)"),

@@ -97,6 +97,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor attention_matmul(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const AttentionOptions& opts);
 
+// ---- LibTorch's fused operator (kernels/attention_sdpa.cpp) ---------------------------------------------------------
+
+// at::scaled_dot_product_attention (FlashAttention-2 / memory-efficient kernels on CUDA), chosen at compile time:
+// available with LibTorch >= 2.1, never with 1.13. attention() runs it for the Fused and Flash choices where
+// sdpa_applies(): tensors on a CUDA device, every formulation, layout and mask (the causal mask aligned to the last
+// key, as `causal` says). Within rounding of the reference (another summation order; reduced precision is not upcast).
+bool sdpa_available();
+bool sdpa_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const AttentionOptions& opts);
+// The operator itself, on any device (tests run it on the CPU); an error naming the LibTorch version without it.
+torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const AttentionOptions& opts);
+
 // ---- tiled online-softmax attention (kernels/flash_attention.cpp) -------------------------------------------------
 
 // FlashAttention's tiling (Dao et al. 2022, Alg. 1) on the CPU: for each block of 64 queries and 192 keys, scores in a

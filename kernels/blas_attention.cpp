@@ -179,6 +179,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
         macs = 2.0 * double(B) * double(H) * double(N) * double(M) * double(D);
     });
     const bool tiled = o.kernel == AttentionKernel::Fused || o.kernel == AttentionKernel::Flash;
+    if (tiled && sdpa_applies(q, k, v, o)) return sdpa_attention(q, k, v, o);
     if (o.formula != ScoreFormula::Diffusers)
         return tiled && flash_attention_applies(q, k, v, o) ? flash_attention(q, k, v, o)
                                                             : attention_matmul(q, k, v, o);

@@ -569,7 +569,14 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
     if (m.unet) store_weights_as(*m.unet, opts.weights_dtype);
     if (m.vae) store_weights_as(*m.vae, opts.weights_dtype);
     if (m.text_encoder) store_weights_as(*m.text_encoder, opts.weights_dtype);
-    if (m.unet && !opts.device.is_cpu()) m.unet->to(opts.device);
+    // --device cuda: every network on the GPU (the tokenizer, the schedulers and the initial noise stay on the CPU,
+    // so a seed gives the same image as on the CPU, as in diffusers).
+    if (!opts.device.is_cpu()) {
+        if (m.unet) m.unet->to(opts.device);
+        if (m.vae) m.vae->to(opts.device);
+        for (auto* te : {&m.text_encoder, &m.text_encoder_2})
+            if (*te) (*te)->to(opts.device);
+    }
     return m;
 }
 

@@ -153,8 +153,9 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
     if (T > cfg_.max_position_embeddings)
         throw Error("CLIP text encoder: " + std::to_string(T) + " tokens exceed the " +
                     std::to_string(cfg_.max_position_embeddings) + " positions of the model");
-    auto ids = input_ids.to(torch::kLong);
     auto& emb = text_model->embeddings;
+    // The encoder runs where its weights are (a GPU with --device cuda); the ids come from the CPU tokenizer.
+    auto ids = input_ids.to(emb->token_embedding->weight.device(), torch::kLong);
     auto x = emb->token_embedding->forward(ids) + emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
     auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
     ClipTextOutput out;
@@ -174,9 +175,10 @@ torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip
                                           " layers is out of range for a text encoder with " +
                                           std::to_string(cfg_.num_hidden_layers) + " layers");
     auto out = forward(input_ids);
-    if (clip_skip == 0) return out.last_hidden_state;
+    // The embeddings go back to the ids' device: the pipeline weights and concatenates them there (prompt_syntax).
+    if (clip_skip == 0) return out.last_hidden_state.to(input_ids.device());
     const auto n = out.hidden_states.size();
-    return text_model->final_layer_norm->forward(out.hidden_states[n - 1 - size_t(clip_skip)]);
+    return text_model->final_layer_norm->forward(out.hidden_states[n - 1 - size_t(clip_skip)]).to(input_ids.device());
 }
 
 torch::Tensor ClipTextModelImpl::pooled(const ClipTextOutput& out, const torch::Tensor& input_ids) {
@@ -193,7 +195,8 @@ ClipConditioning ClipTextModelImpl::encode_penultimate(const torch::Tensor& inpu
                                           std::to_string(cfg_.num_hidden_layers) + " layers");
     auto out = forward(input_ids);
     const auto n = out.hidden_states.size();
-    return {out.hidden_states[n - 2 - size_t(clip_skip)], pooled(out, input_ids)};
+    return {out.hidden_states[n - 2 - size_t(clip_skip)].to(input_ids.device()),
+            pooled(out, input_ids).to(input_ids.device())};
 }
 
 void ClipTextModelImpl::load(const WeightMap& w) {

@@ -534,7 +534,7 @@ std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
     } else {
         decoded = m_.vae->decode(vc.unscale_latents(latents));
     }
-    decoded = decoded.to(torch::kFloat);
+    decoded = decoded.to(torch::kCPU, torch::kFloat); // the VAE may be on a GPU (--device cuda)
     auto image = (decoded / 2 + 0.5).clamp(0, 1);
     auto u8 = (image.permute({0, 2, 3, 1}) * 255).round().to(torch::kUInt8).contiguous();
     return {decoded, image, u8};

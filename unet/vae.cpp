@@ -224,7 +224,7 @@ Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::stri
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     util::HeapScope heap;                     // reuse the decode's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/checkpoint.h weights_dtype).
-    auto h = outer_conv(post_quant_conv, in_layout(z.to(post_quant_conv->bias.scalar_type())), gemm);
+    auto h = outer_conv(post_quant_conv, in_layout(z.to(post_quant_conv->bias.device(), post_quant_conv->bias.scalar_type())), gemm);
     if (f) (*f)[prefix + "post_quant_conv"] = h;
     return decoder->forward(h, f, prefix + "decoder.").contiguous();
 }
@@ -239,7 +239,7 @@ Tensor AutoencoderKLImpl::in_layout(const Tensor& x) const {
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training());
     util::HeapScope heap;
-    auto h = encoder->forward(in_layout(image.to(quant_conv->bias.scalar_type())), f, prefix + "encoder.");
+    auto h = encoder->forward(in_layout(image.to(quant_conv->bias.device(), quant_conv->bias.scalar_type())), f, prefix + "encoder.");
     LatentDistribution d;
     d.moments = outer_conv(quant_conv, h, gemm).contiguous();
     if (f) (*f)[prefix + "quant_conv"] = d.moments;

@@ -4,6 +4,8 @@
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
 
+#include <torch/version.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +89,14 @@ torch::Device select_device(const DeviceSpec& spec, int local_rank, int cuda_dev
 }
 
 torch::Device select_device(const DeviceSpec& spec, int local_rank) {
+#if !defined(ANCHOR_WITH_CUDA)
+    // A build without CUDA (Debian's LibTorch 1.13 is CPU-only) says which build has it, not only that no device
+    // is seen.
+    if (spec.choice == DeviceChoice::Cuda)
+        throw ParamError("device", "'" + spec.str() + "': this build has no CUDA (LibTorch " TORCH_VERSION
+                                   " without CUDA, or no nvcc at configure time); build with `cli/setup.sh --torch "
+                                   "pip` (build-torch2/, LibTorch 2.x with CUDA) or use cpu");
+#endif
     const int n = torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0;
     return select_device(spec, local_rank, n);
 }

@@ -2,6 +2,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <malloc.h>
 #include <sys/mman.h>
@@ -21,11 +22,18 @@ namespace {
 constexpr size_t kPage = size_t(2) << 20;     // a transparent huge page
 constexpr size_t kMinBlock = size_t(1) << 20; // smaller blocks: LibTorch's allocator
 
+// c10::Allocator::allocate is const in LibTorch 1.x and not in 2.x since 2.3 (c10/core/Allocator.h).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define ANCHOR_ALLOCATE_CONST
+#else
+#define ANCHOR_ALLOCATE_CONST const
+#endif
+
 class BlockCache final : public c10::Allocator {
 public:
     explicit BlockCache(c10::Allocator* base) : base_(base) {}
 
-    c10::DataPtr allocate(size_t n) const override {
+    c10::DataPtr allocate(size_t n) ANCHOR_ALLOCATE_CONST override {
         if (n < kMinBlock || scopes_.load(std::memory_order_acquire) == 0) return base_->allocate(n);
         const size_t size = (n + kPage - 1) / kPage * kPage;
         void* p = nullptr;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # anchor-text serve on the embedded kjv-gpt2 / kjv-mdlm: curl (completion, SSE stream, models, diffusion, bad input)
-# and the official npm `openai` client (tests/serve/node, installed here when missing; skipped with exit 77 only when
-# npm or the registry is unavailable). Usage: text_serve_test.sh BUILD_DIR
+# and PyPI's official `openai` client (tests/serve/openai_client.py, installed into a venv outside the checkout when
+# missing; skipped with exit 77 only when PyPI is unreachable). Usage: text_serve_test.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -72,21 +72,30 @@ for _ in $(seq 1 50); do
 done
 [ "$freed" = 1 ] || fail "the stream's job went on after its client left"
 
-# The official openai client.
-if command -v npm >/dev/null && command -v node >/dev/null; then
-  if [ ! -d "$here/node/node_modules/openai" ]; then
-    (cd "$here/node" && timeout 180 npm install --no-audit --no-fund >/dev/null 2>&1) || {
-      echo "SKIP openai client: npm install failed (no registry?)"; npm_skip=1; }
+# The official openai client: PyPI's `openai` in the virtual environment $ANCHOR_PY_VENV (default /opt/anchor-py,
+# shared with the other Python test clients; ~/.cache/anchorcache/py when /opt is not writable), installed when
+# missing. Skipped (exit 77) only when PyPI cannot be reached; any other install failure fails the test.
+py_venv="${ANCHOR_PY_VENV:-/opt/anchor-py}"
+[ -n "${ANCHOR_PY_VENV:-}" ] || [ -x "$py_venv/bin/python" ] || { mkdir -p /opt 2>/dev/null && [ -w /opt ]; } ||
+  py_venv="${XDG_CACHE_HOME:-$HOME/.cache}/anchorcache/py"
+if ! "$py_venv/bin/python" -c 'import openai' >/dev/null 2>&1; then
+  mkdir -p "$(dirname "$py_venv")"
+  if ! ( flock 9
+         [ -x "$py_venv/bin/python" ] || python3 -m venv "$py_venv"
+         timeout 300 "$py_venv/bin/pip" install -q --disable-pip-version-check openai ) 9>"$py_venv.lock" \
+       >"$work/pip_openai.log" 2>&1; then
+    if curl -sS --max-time 20 -o /dev/null https://pypi.org/simple/openai/ 2>/dev/null; then
+      fail "pip install openai into $py_venv failed with PyPI reachable: $(tail -3 "$work/pip_openai.log")"
+    fi
+    echo "SKIP openai client: PyPI unreachable (pip install openai into $py_venv failed)"; openai_skip=1
   fi
-  if [ -z "${npm_skip:-}" ]; then
-    node "$here/node/openai_client.mjs" "$base/v1" || fail "openai client"
-  fi
-else
-  echo "SKIP openai client: node/npm not installed"; npm_skip=1
+fi
+if [ -z "${openai_skip:-}" ]; then
+  "$py_venv/bin/python" "$here/openai_client.py" "$base/v1" || fail "openai client"
 fi
 
 stop_server "$SERVER_PID" || fail "the server did not exit 0 after SIGTERM"
 grep -q 'POST /v1/completions 200 .*kv=' "$work/text_serve.log" || fail "no request log line"
 trap - EXIT
 echo "text serve: ok"
-[ -z "${npm_skip:-}" ] || exit 77
+[ -z "${openai_skip:-}" ] || exit 77
