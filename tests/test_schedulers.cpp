@@ -5,6 +5,7 @@
 #include "unet/scheduler.h"
 
 #include <catch2/catch.hpp>
+#include <torch/version.h>
 
 #include <cmath>
 #include <fstream>
@@ -110,8 +111,15 @@ TEST_CASE("scheduler loops with another noise seed, batch and ancestral generato
 TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly", "[schedulers]") {
     auto common = SafeTensorsFile::open(test::golden("sd/schedulers/common.safetensors"));
     SchedulerConfig cfg;
+#if TORCH_VERSION_MAJOR >= 2
+    // LibTorch 2's float32 linspace rounds some betas differently in the last bit than torch 1.13, which made the
+    // reference: within float32 rounding there, bit for bit on 1.x.
+    CHECK(torch::allclose(make_betas(cfg), common->tensor("betas"), 1e-6, 0.0));
+    CHECK(torch::allclose(make_alphas_cumprod(cfg), common->tensor("alphas_cumprod"), 1e-5, 0.0));
+#else
     CHECK(torch::equal(make_betas(cfg), common->tensor("betas")));
     CHECK(torch::equal(make_alphas_cumprod(cfg), common->tensor("alphas_cumprod")));
+#endif
     cfg.beta_schedule = BetaSchedule::Linear;
     auto lin = make_betas(cfg);
     CHECK(lin[0].item<float>() == Approx(0.00085f));
