@@ -39,7 +39,7 @@ if [ -z "$build_dir" ]; then
   [ "$torch" = pip ] && build_dir="$root/build-torch2"
 fi
 
-# libopenblas0-openmp is mandatory: without it LibTorch's GEMM runs on reference BLAS (~35x slower).
+# libopenblas0-openmp is mandatory: without it LibTorch's GEMM runs on reference BLAS (an order of magnitude slower).
 # python3-torch: tests/train/ checks the PyTorch MDLM trainer (text/train/mdlm_train_torch.py, for GPU machines) against
 # the C++ trainer on the same LibTorch version.
 packages=(dataset-fashion-mnist bible-kjv-text build-essential cmake ninja-build pkg-config libtorch-dev libopenblas0-openmp libopencv-dev libstb-dev

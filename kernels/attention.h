@@ -43,7 +43,7 @@ torch::Tensor attention_torch(const torch::Tensor& q, const torch::Tensor& k, co
 //   blas_attention where it is available. The tiny reference models amplify a last-bit difference ~1000x at their 1x1
 //   levels (GroupNorm over 2 values), so only bit parity is inside their tolerance on every input.
 // * Fused: the fused small-head kernel (small_attention) where it applies, else Exact. Other summation order and
-//   exponential: within 2e-6 relative of the reference, 2-3x faster for many small heads; for models whose outputs do
+//   exponential: within 2e-6 relative of the reference, faster for many small heads; for models whose outputs do
 //   not hinge on the last bit.
 // * Flash: the tiled online-softmax kernel (flash_attention) wherever it applies (>= 8 queries, any formulation and
 //   layout, causal or no mask), else Exact. No N x M score buffer; within 2e-6 relative of the reference.

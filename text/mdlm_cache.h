@@ -63,9 +63,8 @@ const EnumTable<CacheMode>& cache_mode_table(); // "off", "anchor", "prefix", "d
 
 // The defaults are the best setting measured on held-out prompts (tests/bench/results/mdlm_default_anchor_*.txt):
 // for the 8 x 384 kjv-mdlm, the fastest whose gen-PPL and unigram entropy stay within 5 % and 2 % of off (stale=4,
-// masked=reuse: 2.37x over 16 prompts at generate's defaults, gen-PPL -3.5 %, entropy +0.4 %; stale=8 gives 2.94x at
-// +8.0 %, stale=32, the default for the earlier 4 x 128 model, 3.85x at +38 %: a stronger model's features move more
-// between steps, so old entries cost more).
+// masked=reuse). Longer staleness is faster but leaves that band, more so than for the earlier 4 x 128 model: a
+// stronger model's features move more between steps, so old entries cost more.
 struct AnchorCacheSettings {
     double tau_gate = 0.95;
     int64_t stale = 4;       // max age of an anchored entry (steps)
