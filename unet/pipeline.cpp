@@ -3,6 +3,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/strings.h"
 #include "cache/util/heap.h"
 #include "cache/util/memory.h"
 
@@ -107,9 +108,6 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
 }
 
 namespace {
-std::string wxh(int w, int h) {
-    return std::to_string(w) + "x" + std::to_string(h);
-}
 
 // The img2img / inpaint part of validate(): inputs readable, sizes, strength, the UNet kind.
 void validate_init(const Txt2ImgParams& p, const SDModels& m) {
