@@ -11,6 +11,7 @@
 
 #include "cache/io/enum_table.h"
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 #include "cache/io/json_config.h"
 
 #include <nlohmann/json.hpp>
@@ -203,11 +204,7 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
 }
 
 SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot open scheduler config '" + path + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return from_json_text(ss.str(), path);
+    return from_json_text(read_file(path, "scheduler config"), path);
 }
 
 SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const std::string& path) {
