@@ -103,9 +103,7 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
 }
 
 std::string cache_help() {
-    std::string s =
-        "Cache mode, 'help' lists them: off | anchor[:key=value,...] | prefix[:refresh=R] | dual[:refresh=R], "
-        "optionally +key=value,... of";
+    std::string s = "Cache mode, 'help' lists them: one of " + cache_mode_forms() + ", optionally +key=value,... of";
     for (const auto& [k, h] : decode_spec_keys()) s += " " + k;
     return s;
 }

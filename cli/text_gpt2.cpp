@@ -5,6 +5,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/enum_table.h"
+#include "cache/io/read_file.h"
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
@@ -364,7 +365,7 @@ void write_train_outputs(const TrainArgs& a, const text::Gpt2TrainResult& r) {
     write_file_atomic((fs::path(a.o.export_dir) / "loss.png").string(), png, a.o.overwrite_export);
     for (const char* f : {"train_log.txt", "metrics.csv"}) {
         const auto src = fs::path(a.o.out_dir) / f, dst = fs::path(a.o.export_dir) / f;
-        write_file_atomic(dst.string(), text::read_text_file(src.string()), a.o.overwrite_export);
+        write_file_atomic(dst.string(), read_file(src.string(), "text file"), a.o.overwrite_export);
     }
     std::cout << "wrote " << a.o.export_dir << "/{config.json,model.safetensors,loss.png,train_log.txt,"
               << "metrics.csv}\n";

@@ -5,6 +5,7 @@
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
+#include "text/mdlm_cache.h"
 #include "unet/freq_cache.h"
 #include "unet/train/fashion_eval.h"
 #include "unet/unet_macs.h"
@@ -1131,16 +1132,22 @@ TEST_CASE("docs/caching.md holds the presets and key tables of the code", "[freq
     std::ifstream f(std::string(ANCHOR_SOURCE_DIR) + "/docs/caching.md");
     REQUIRE(f);
     const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const std::string begin = "<!-- cache tables: unet::cache_docs_tables() -->\n", end = "<!-- end of the cache tables -->";
-    const auto b = doc.find(begin), e = doc.find(end);
-    REQUIRE(b != std::string::npos);
-    REQUIRE(e != std::string::npos);
-    const std::string tables = doc.substr(b + begin.size(), e - b - begin.size());
-    if (tables != cache_docs_tables()) { // the tables to paste between the markers
-        const auto path = std::filesystem::temp_directory_path() / "anchor_cache_tables.md";
-        std::ofstream(path) << cache_docs_tables();
-        FAIL("docs/caching.md's cache tables differ from the code's: the code's are in " << path.string());
-    }
+    // The text between a pair of markers must be the code's tables; else the code's are written where FAIL says.
+    auto check = [&](const std::string& begin, const std::string& end, const std::string& code, const char* file) {
+        INFO(begin);
+        const auto b = doc.find(begin), e = doc.find(end);
+        REQUIRE(b != std::string::npos);
+        REQUIRE(e != std::string::npos);
+        if (doc.substr(b + begin.size(), e - b - begin.size()) != code) { // the tables to paste between the markers
+            const auto path = std::filesystem::temp_directory_path() / file;
+            std::ofstream(path) << code;
+            FAIL("docs/caching.md's cache tables differ from the code's: the code's are in " << path.string());
+        }
+    };
+    check("<!-- cache tables: unet::cache_docs_tables() -->\n", "<!-- end of the cache tables -->", cache_docs_tables(),
+          "anchor_cache_tables.md");
+    check("<!-- text cache tables: text::cache_docs_tables() -->\n", "<!-- end of the text cache tables -->",
+          text::cache_docs_tables(), "anchor_text_cache_tables.md");
 }
 
 TEST_CASE("anchor-sd: every cache key out of its range, and bad mode lists, exit 2 with one line",

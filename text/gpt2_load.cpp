@@ -32,13 +32,4 @@ Gpt2Tokenizer load_gpt2_tokenizer(const Gpt2ModelParams& p, const LoadedGpt2& m)
     return Gpt2Tokenizer::load_default();
 }
 
-std::string read_text_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read text file '" + path + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw Error("error while reading text file '" + path + "'");
-    return ss.str();
-}
-
 } // namespace anchor::text

@@ -25,7 +25,4 @@ LoadedGpt2 load_gpt2_model(const Gpt2ModelParams& p);
 // The tokenizer of `p` for the loaded model `m` (see Gpt2ModelParams::vocab).
 Gpt2Tokenizer load_gpt2_tokenizer(const Gpt2ModelParams& p, const LoadedGpt2& m);
 
-// The bytes of a text file; anchor::Error naming it when it cannot be read.
-std::string read_text_file(const std::string& path);
-
 } // namespace anchor::text

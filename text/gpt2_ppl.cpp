@@ -1,5 +1,6 @@
 #include "text/gpt2_ppl.h"
 
+#include "cache/io/read_file.h"
 #include "cache/util/bench.h"
 #include "text/params.h"
 
@@ -70,7 +71,7 @@ std::optional<ParamError> cannot_run(const KvSpec& kv, PositionMode positions, i
 PplReport evaluate_ppl(const PplParams& p, const PplProgress& progress) {
     using Clock = std::chrono::steady_clock;
     p.validate();
-    const std::string text = read_text_file(p.file);
+    const std::string text = read_file(p.file, "text file");
     auto loaded = load_gpt2_model(p.model);
     auto tok = load_gpt2_tokenizer(p.model, loaded);
     auto ids = p.max_tokens > 0 ? tok.encode_first(text, static_cast<size_t>(p.max_tokens)) : tok.encode(text);

@@ -7,6 +7,7 @@
 #include "cache/bpe.h"
 
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 
 #include <nlohmann/json.hpp>
 #include <pcre2.h>
@@ -23,14 +24,6 @@ namespace fs = std::filesystem;
 namespace anchor::text {
 
 namespace {
-
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read tokenizer file '" + path + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 void append_utf8(std::string& out, uint32_t cp) {
     if (cp < 0x80) {
@@ -289,7 +282,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::string& encoder_json, const s
 
     nlohmann::json enc;
     try {
-        enc = nlohmann::json::parse(read_file(encoder_json));
+        enc = nlohmann::json::parse(read_file(encoder_json, "tokenizer file"));
     } catch (const nlohmann::json::exception& e) {
         throw Error("tokenizer vocabulary '" + encoder_json + "' is not valid JSON: " + e.what());
     }
@@ -319,7 +312,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::string& encoder_json, const s
     for (int64_t i = 0; i <= max_id; ++i)
         if (!seen[i]) throw Error("tokenizer vocabulary '" + encoder_json + "': id " + std::to_string(i) + " missing");
 
-    std::istringstream ms(read_file(merges));
+    std::istringstream ms(read_file(merges, "tokenizer file"));
     std::string line;
     int rank = 0, line_no = 0;
     while (std::getline(ms, line)) {

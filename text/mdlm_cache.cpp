@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/modes/key_table.h"
 #include "text/params.h"
 
 #include <algorithm>
@@ -14,6 +15,183 @@
 namespace anchor::text {
 
 // ---- mode strings ---------------------------------------------------------------------------------------------------
+//
+// One key table per mode (cache/modes/key_table.h, as the SD modes in unet/cache_config.cpp): it drives the parser,
+// to_string, params_json, `--cache help` and the tables of docs/caching.md (a test compares them). prefix and dual
+// share one table: they differ in what a step computes, not in their keys.
+
+namespace {
+
+namespace mode_keys = cache::modes;
+using Settings = AnchorCacheSettings;
+using Key = mode_keys::ModeKey<Settings>;
+
+constexpr int64_t kMaxCount = 1000000000; // counts of steps and positions: far past any run
+
+// One of two words; the error quotes both ("masked is 'yes': expected 'active' or 'reuse'").
+Key word_key(std::string name, bool Settings::*m, const std::string& on, const std::string& off, std::string help,
+             bool advanced) {
+    auto k = mode_keys::choice_key(std::move(name), m, on, off, std::move(help), advanced);
+    k.set = [m, on, off](Settings& p, const std::string& v) {
+        if (v != on && v != off) throw mode_keys::BadKeyValue("is '" + v + "': expected '" + off + "' or '" + on + "'");
+        p.*m = v == on;
+    };
+    return k;
+}
+
+// A count whose unset value (-1) defers to something else (`unset` says what, e.g. "2*stale"): written only when set.
+Key deferring_key(std::string name, int64_t Settings::*m, const std::string& unset, std::string help, bool advanced) {
+    auto k = mode_keys::integer_key(std::move(name), m, 0, kMaxCount, std::move(help), advanced);
+    k.get = [m, unset](const Settings& p) { return p.*m < 0 ? unset : std::to_string(p.*m); };
+    k.json = [m, unset](const Settings& p) { return p.*m < 0 ? nlohmann::json(unset) : nlohmann::json(p.*m); };
+    k.shown = [m](const Settings& p) { return p.*m >= 0; };
+    return k;
+}
+
+Key& shown_if(Key& k, std::function<bool(const Settings&)> shown) {
+    k.shown = std::move(shown);
+    return k;
+}
+
+const std::vector<Key>& anchor_keys() {
+    static const std::vector<Key> t = [] {
+        auto tau = mode_keys::make_key<Settings>("tau", "a number", "gate-mean threshold above which a layer uses "
+                                                 "stale_high", true);
+        tau.set = [](Settings& p, const std::string& v) { p.tau_gate = mode_keys::parse_number(v, "a number"); };
+        tau.get = [](const Settings& p) { return mode_keys::format_number(p.tau_gate); };
+        tau.json = [](const Settings& p) { return nlohmann::json(p.tau_gate); };
+        auto profile = mode_keys::make_key<Settings>("profile", "a file",
+                                                     "calibrated anchor profile JSON (anchor-text diffusion calibrate): "
+                                                     "per-layer, per-time staleness",
+                                                     false);
+        profile.set = [](Settings& p, const std::string& v) {
+            if (v.empty()) throw mode_keys::BadKeyValue("must be a file, got ''");
+            p.profile = v; // read by MdlmDenoiser, which checks it against the model
+        };
+        profile.get = [](const Settings& p) { return p.profile; };
+        profile.json = [](const Settings& p) { return p.profile.empty() ? nlohmann::json() : nlohmann::json(p.profile); };
+        profile.shown = [](const Settings& p) { return !p.profile.empty(); };
+        std::vector<Key> k = {
+            tau,
+            mode_keys::integer_key("stale", &Settings::stale, 0, kMaxCount, "max age in steps of an anchored entry",
+                                   false),
+            deferring_key("stale_high", &Settings::stale_high, "2*stale",
+                          "staleness of the layers whose gate mean exceeds tau", true),
+            mode_keys::number_key("rho", &Settings::rho, 0, 1,
+                                  "fraction of the anchored positions re-verified by how much their value vector moved",
+                                  true),
+            mode_keys::integer_key("refresh", &Settings::refresh, 0, kMaxCount,
+                                   "recompute everything every R steps (0: only the first step)", false),
+            word_key("masked", &Settings::reuse_masked, "reuse", "active",
+                     "reuse: of the [MASK] positions only those being decoded are recomputed (dLLM-Cache); active: "
+                     "every one",
+                     false),
+            mode_keys::choice_key("fp16", &Settings::fp16, "1", "0",
+                                  "1: store the cached latents as float16 (half the bytes; results move by its rounding)",
+                                  true, true),
+            mode_keys::number_key("budget", &Settings::budget_mib, 0, 1e9,
+                                  "byte budget of the latent store in MiB (0: unlimited); an evicted layer is recomputed",
+                                  false),
+            profile,
+        };
+        shown_if(k[6], [](const Settings& p) { return p.fp16; });
+        shown_if(k[7], [](const Settings& p) { return p.budget_mib > 0; });
+        return k;
+    }();
+    return t;
+}
+
+const std::vector<Key>& block_keys() {
+    static const std::vector<Key> t = [] {
+        std::vector<Key> k = {
+            mode_keys::integer_key("refresh", &Settings::refresh, 0, kMaxCount,
+                                   "also recompute everything every R steps (0: only at each block's first step)",
+                                   false),
+            mode_keys::number_key("drift", &Settings::drift, 0, 1,
+                                  "Elastic-Cache: when the key of the cached token the block attends to most moves "
+                                  "(cosine similarity to its cached key below G), that layer and the deeper ones "
+                                  "recompute everything (0: off)",
+                                  false),
+            word_key("decoded", &Settings::reuse_decoded, "reuse", "compute",
+                     "reuse: dKV-Cache's delayed cache inside the block: a position decoded at an earlier step is "
+                     "computed once more with its token, then reused until it is older than stale; compute: the whole "
+                     "block every step",
+                     false),
+            word_key("masked", &Settings::reuse_block_masks, "reuse", "compute",
+                     "reuse: of the block's [MASK] positions only those whose logits the sampler asks for are computed "
+                     "(ancestral: the ones it unmasks now), the others keep their latents; compute: every one",
+                     false),
+            mode_keys::integer_key("stale", &Settings::stale, 0, kMaxCount,
+                                   "with decoded=reuse or masked=reuse, a reused position is computed again after S "
+                                   "steps",
+                                   false),
+            deferring_key("stale_masked", &Settings::stale_masked, "stale",
+                          "with masked=reuse, the block's [MASK] positions are computed again after M steps", true),
+            deferring_key("window", &Settings::window, "all",
+                          "a block's first step recomputes only the W positions before the block (W = the block "
+                          "length: the previous block) and the block; the prompt, older blocks and the masked suffix "
+                          "keep their rows (all: every position, Fast-dLLM's refresh)",
+                          true),
+        };
+        shown_if(k[0], [](const Settings& p) { return p.refresh > 0; });
+        shown_if(k[1], [](const Settings& p) { return p.drift > 0; });
+        shown_if(k[2], [](const Settings& p) { return p.reuse_decoded; });
+        shown_if(k[3], [](const Settings& p) { return p.reuse_block_masks; });
+        shown_if(k[4], [](const Settings& p) {
+            return (p.reuse_decoded || p.reuse_block_masks) && p.stale != Settings{}.stale;
+        });
+        shown_if(k[5], [](const Settings& p) { return p.reuse_block_masks && p.stale_masked >= 0; });
+        return k;
+    }();
+    return t;
+}
+
+const std::vector<Key>& keys_of(CacheMode m) {
+    return m == CacheMode::Anchor ? anchor_keys() : block_keys();
+}
+
+// What each mode is, for `--cache help`.
+struct ModeInfo {
+    CacheMode mode;
+    const char* syntax;
+    const char* help;
+};
+const std::vector<ModeInfo>& mode_infos() {
+    static const std::vector<ModeInfo> t = {
+        {CacheMode::Off, "off", "dense forward at every step (the exact reference)"},
+        {CacheMode::Anchor, "anchor[:key=value,...]", "cross-step latent cache (dLLM-Cache style)"},
+        {CacheMode::Prefix, "prefix[:key=value,...]",
+         "Fast-dLLM prefix KV cache: the prompt and the finished blocks are computed once per block"},
+        {CacheMode::Dual, "dual[:key=value,...]",
+         "Fast-dLLM DualCache: the masked suffix is cached too; only the current block is computed"},
+    };
+    return t;
+}
+
+[[noreturn]] void bad_mode(const std::string& text, const std::string& why) {
+    throw ParamError("cache", "mode '" + text + "': " + why);
+}
+
+// Names the mode of a key the table lacks (apply_keys would only list this mode's keys): an anchor key under a block
+// mode or the reverse is a mistake worth its own words.
+void check_key_names(CacheMode mode, const std::string& head, const std::string& items, const std::string& text) {
+    const auto& table = keys_of(mode);
+    for (size_t b = 0; b <= items.size();) {
+        const size_t e = std::min(items.find(',', b), items.size());
+        const std::string item = items.substr(b, e - b);
+        b = e + 1;
+        const auto eq = item.find('=');
+        if (eq == std::string::npos) continue; // apply_keys says what it expected
+        const std::string name = item.substr(0, eq);
+        if (mode_keys::find_key(table, name)) continue;
+        if (mode == CacheMode::Anchor && mode_keys::find_key(block_keys(), name))
+            bad_mode(text, "option " + name + " is for prefix and dual (block caches), not anchor");
+        bad_mode(text, "option '" + name + "' is unknown for " + head + " (its keys: " + mode_keys::key_names(table) +
+                           ")");
+    }
+}
+
+} // namespace
 
 const EnumTable<CacheMode>& cache_mode_table() {
     static const EnumTable<CacheMode> t = {{"off", CacheMode::Off},
@@ -23,188 +201,60 @@ const EnumTable<CacheMode>& cache_mode_table() {
     return t;
 }
 
-std::string cache_modes_help() {
-    const AnchorCacheSettings d;
-    std::ostringstream os;
-    os << "off: dense forward at every step (the exact reference)\n"
-       << "anchor[:key=value,...]: cross-step latent cache (dLLM-Cache style); keys:\n";
-    for (const auto& [k, h] : cache_spec_keys()) os << "    " << k << ": " << h << "\n";
-    os << "  default: " << CacheSpec{CacheMode::Anchor, d}.to_string() << "\n"
-       << "prefix[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]: Fast-dLLM prefix "
-          "KV cache:\n"
-       << "  the prompt and finished blocks are computed once per block\n"
-       << "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]: Fast-dLLM "
-          "DualCache:\n"
-       << "  the masked suffix is cached too; only the current block is computed\n"
-       << "    refresh: also recompute everything every R steps, 0 = only at each block's first step (default 0)\n"
-       << "    drift: Elastic-Cache adaptive refresh: when the key of the cached token the block attends to most "
-          "moves\n"
-       << "      (cosine similarity to its cached key below G), that layer and the deeper ones recompute everything\n"
-       << "      (0 = off, default; e.g. 0.9)\n"
-       << "    decoded: reuse: dKV-Cache's delayed cache inside the block: a position decoded at an earlier step is "
-          "computed\n"
-       << "      once more with its token, then reused until it is older than stale; compute: the whole block every "
-          "step (default)\n"
-       << "    masked: reuse: of the block's [MASK] positions only those whose logits the sampler asks for are "
-          "computed\n"
-       << "      (ancestral: the ones it unmasks now), the others keep their latents; compute: every one (default)\n"
-       << "    stale: with decoded=reuse or masked=reuse, a reused position is computed again after S steps (default "
-          "4)\n"
-       << "    stale_masked: with masked=reuse, the block's [MASK] positions are computed again after M steps "
-          "(default: stale)\n"
-       << "    window: a block's first step recomputes only the W positions before the block (W = the block length: "
-          "the\n"
-       << "      previous block) and the block; the prompt, older blocks and the masked suffix keep their rows\n"
-       << "      (default: every position, Fast-dLLM's refresh)\n"
-       << "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
-    return os.str();
+std::string cache_mode_forms() {
+    std::string s;
+    for (const auto& m : mode_infos()) s += (s.empty() ? "" : ", ") + std::string(m.syntax);
+    return s;
 }
 
-const std::vector<std::pair<std::string, std::string>>& cache_spec_keys() {
-    static const std::vector<std::pair<std::string, std::string>> keys = {
-        {"tau", "gate-mean threshold above which a layer uses stale_high (default 0.95)"},
-        {"stale", "max age in steps of an anchored entry (default 4)"},
-        {"stale_high", "staleness of layers whose gate mean exceeds tau (default 2*stale)"},
-        {"rho", "fraction of anchored positions re-verified by value change, 0..1 (default 0)"},
-        {"refresh", "recompute everything every R steps, 0 = only the first step (default 0)"},
-        {"masked",
-         "reuse: only the [MASK] positions being decoded are recomputed (dLLM-Cache; default); active: every one"},
-        {"fp16", "1: store the cached latents as float16 (half the bytes, results move by its rounding; default 0)"},
-        {"budget", "byte budget of the latent store in MiB, 0 = unlimited; an evicted layer is recomputed (default 0)"},
-        {"profile", "calibrated anchor profile JSON (per-layer, per-time staleness)"}};
-    return keys;
+std::string cache_modes_help() {
+    std::string s;
+    for (const auto& m : mode_infos()) s += std::string(m.syntax) + ": " + m.help + "\n";
+    s += "anchor keys (anchor:key=value,...):\n" + mode_keys::keys_help(anchor_keys(), Settings{});
+    s += "  default: " + CacheSpec{CacheMode::Anchor, Settings{}}.to_string() + "\n";
+    s += "prefix and dual keys (dual:key=value,...):\n" + mode_keys::keys_help(block_keys(), Settings{});
+    s += "prefix and dual need --block-length (semi-autoregressive blocks); with one block, dual is prefix.";
+    return s;
+}
+
+std::string cache_docs_tables() {
+    std::string s = mode_keys::keys_markdown(anchor_keys(), Settings{}, false);
+    s += "\n" + mode_keys::keys_markdown(anchor_keys(), Settings{}, true);
+    s += "\n" + mode_keys::keys_markdown(block_keys(), Settings{}, false);
+    s += "\n" + mode_keys::keys_markdown(block_keys(), Settings{}, true);
+    return s;
 }
 
 std::string CacheSpec::to_string() const {
     if (mode == CacheMode::Off) return "off";
-    if (mode == CacheMode::Prefix || mode == CacheMode::Dual) {
-        std::ostringstream os;
-        os << enum_name(cache_mode_table(), mode);
-        std::string sep = ":";
-        if (anchor.refresh > 0) os << sep << "refresh=" << anchor.refresh, sep = ",";
-        if (anchor.drift > 0) os << sep << "drift=" << anchor.drift, sep = ",";
-        if (anchor.reuse_decoded) os << sep << "decoded=reuse", sep = ",";
-        if (anchor.reuse_block_masks) os << sep << "masked=reuse", sep = ",";
-        if ((anchor.reuse_decoded || anchor.reuse_block_masks) && anchor.stale != AnchorCacheSettings{}.stale)
-            os << sep << "stale=" << anchor.stale;
-        if (anchor.reuse_block_masks && anchor.stale_masked >= 0) os << sep << "stale_masked=" << anchor.stale_masked;
-        if (anchor.window >= 0) os << sep << "window=" << anchor.window;
-        return os.str();
-    }
-    std::ostringstream os;
-    os << "anchor:tau=" << anchor.tau_gate << ",stale=" << anchor.stale;
-    if (anchor.stale_high >= 0) os << ",stale_high=" << anchor.stale_high;
-    os << ",rho=" << anchor.rho << ",refresh=" << anchor.refresh;
-    os << (anchor.reuse_masked ? ",masked=reuse" : ",masked=active");
-    if (anchor.fp16) os << ",fp16=1";
-    if (anchor.budget_mib > 0) os << ",budget=" << anchor.budget_mib;
-    if (!anchor.profile.empty()) os << ",profile=" << anchor.profile;
-    return os.str();
+    const std::string keys = mode_keys::keys_string(keys_of(mode), anchor);
+    return enum_name(cache_mode_table(), mode) + (keys.empty() ? "" : ":" + keys);
+}
+
+nlohmann::json CacheSpec::params_json() const {
+    if (mode == CacheMode::Off) return nlohmann::json::object();
+    return mode_keys::keys_json(keys_of(mode), anchor);
 }
 
 CacheSpec parse_cache_spec(const std::string& s) {
     CacheSpec spec;
-    if (s == "off") return spec;
-    std::string head = s.substr(0, s.find(':'));
-    if (head == "anchor")
-        spec.mode = CacheMode::Anchor;
-    else if (head == "prefix")
-        spec.mode = CacheMode::Prefix;
-    else if (head == "dual")
-        spec.mode = CacheMode::Dual;
-    else
-        throw ParamError("cache", "mode '" + s +
-                                      "' is unknown (expected off, anchor[:key=value,...], prefix[:key=value,...] or "
-                                      "dual[:key=value,...]; --cache help lists them)");
-    const bool block_mode = spec.mode != CacheMode::Anchor;
-    if (block_mode) spec.anchor.refresh = 0;
-    if (s.size() <= head.size() + 1) return spec;
-    std::string rest = s.substr(head.size() + 1);
-    std::stringstream ss(rest);
-    std::string item;
-    auto valid_keys = [] {
-        std::string k;
-        for (const auto& [n, h] : cache_spec_keys()) k += (k.empty() ? "" : ", ") + n;
-        return k;
-    };
-    static const std::vector<std::string> block_keys = {"refresh", "drift",        "decoded", "masked",
-                                                        "stale",   "stale_masked", "window"};
-    std::vector<std::string> seen;
-    while (std::getline(ss, item, ',')) {
-        auto eq = item.find('=');
-        if (eq == std::string::npos)
-            throw ParamError("cache", "option '" + item + "' is not key=value (keys: " + valid_keys() + ")");
-        std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-        // A key given twice is a mistake to report, not a value to overwrite.
-        if (std::find(seen.begin(), seen.end(), k) != seen.end())
-            throw ParamError("cache", "option " + k + " is given twice in '" + s + "'");
-        seen.push_back(k);
-        // prefix and dual take block_keys; those the anchor rule lacks (drift, decoded, stale_masked, window) are
-        // theirs only.
-        const bool block_key = std::find(block_keys.begin(), block_keys.end(), k) != block_keys.end();
-        const bool anchor_key = std::any_of(cache_spec_keys().begin(), cache_spec_keys().end(),
-                                            [&](const auto& key) { return key.first == k; });
-        if (block_mode && !block_key) {
-            std::string listed;
-            for (const auto& b : block_keys) listed += (listed.empty() ? "" : ", ") + b;
-            throw ParamError("cache", "option '" + k + "' is unknown for " + head + " (its keys: " + listed + ")");
-        }
-        if (!block_mode && block_key && !anchor_key)
-            throw ParamError("cache", "option " + k + " is for prefix and dual (block caches), not " + head);
-        auto num = [&](double lo, double hi) {
-            size_t used = 0;
-            double d = 0;
-            try {
-                d = std::stod(v, &used);
-            } catch (...) {
-                used = 0;
-            }
-            if (used != v.size() || v.empty() || !(d >= lo && d <= hi))
-                throw ParamError("cache", "option " + k + "=" + v + ": expected a number in [" + std::to_string(lo) +
-                                              ", " + std::to_string(hi) + "]");
-            return d;
-        };
-        auto integer = [&](int64_t lo) {
-            double d = num(static_cast<double>(lo), 1e9);
-            if (d != std::floor(d)) throw ParamError("cache", "option " + k + "=" + v + ": expected an integer");
-            return static_cast<int64_t>(d);
-        };
-        if (k == "tau")
-            spec.anchor.tau_gate = num(-1e9, 1e9);
-        else if (k == "stale")
-            spec.anchor.stale = integer(0);
-        else if (k == "stale_high")
-            spec.anchor.stale_high = integer(0);
-        else if (k == "stale_masked")
-            spec.anchor.stale_masked = integer(0);
-        else if (k == "window")
-            spec.anchor.window = integer(0);
-        else if (k == "rho")
-            spec.anchor.rho = num(0.0, 1.0);
-        else if (k == "refresh")
-            spec.anchor.refresh = integer(0);
-        else if (k == "drift")
-            spec.anchor.drift = num(0.0, 1.0);
-        else if (k == "decoded") {
-            if (v != "reuse" && v != "compute")
-                throw ParamError("cache", "option decoded=" + v + ": expected 'reuse' or 'compute'");
-            spec.anchor.reuse_decoded = v == "reuse";
-        } else if (k == "masked") {
-            // The other value names what happens instead: the anchor rule keeps masks active (recomputed when the
-            // rule says so); a block cache computes every mask of its block, as for decoded=compute.
-            const std::string other = block_mode ? "compute" : "active";
-            if (v != other && v != "reuse")
-                throw ParamError("cache", "option masked=" + v + ": expected '" + other + "' or 'reuse'");
-            (block_mode ? spec.anchor.reuse_block_masks : spec.anchor.reuse_masked) = v == "reuse";
-        } else if (k == "fp16") {
-            spec.anchor.fp16 = integer(0) != 0;
-        } else if (k == "budget") {
-            spec.anchor.budget_mib = num(0.0, 1e9);
-        } else if (k == "profile") {
-            if (v.empty()) throw ParamError("cache", "option profile= needs a file");
-            spec.anchor.profile = v;
-        } else
-            throw ParamError("cache", "option '" + k + "' is unknown (keys: " + valid_keys() + ")");
+    const auto colon = s.find(':');
+    const std::string head = s.substr(0, colon);
+    const CacheMode* mode = nullptr;
+    for (const auto& [name, m] : cache_mode_table())
+        if (name == head) mode = &m;
+    if (!mode || (*mode == CacheMode::Off && colon != std::string::npos))
+        throw ParamError("cache", "mode '" + s + "' is unknown (expected one of " + cache_mode_forms() +
+                                      "; --cache help lists them)");
+    spec.mode = *mode;
+    if (spec.mode == CacheMode::Off || colon == std::string::npos) return spec;
+    const std::string items = s.substr(colon + 1);
+    if (items.empty()) bad_mode(s, "empty key list after ':'");
+    check_key_names(spec.mode, head, items, s);
+    try {
+        mode_keys::apply_keys(keys_of(spec.mode), spec.anchor, items);
+    } catch (const std::invalid_argument& e) {
+        bad_mode(s, e.what());
     }
     return spec;
 }

@@ -50,6 +50,8 @@
 #include "cache/latent_cache.h"
 #include "text/mdlm_model.h"
 
+#include <nlohmann/json.hpp>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -101,17 +103,24 @@ struct AnchorCacheSettings {
 struct CacheSpec {
     CacheMode mode = CacheMode::Off;
     AnchorCacheSettings anchor;
+    // The canonical string (the keys that differ from what the mode does anyway) and the resolved value of every key
+    // of the mode, from the mode's key table.
     std::string to_string() const;
+    nlohmann::json params_json() const;
 };
 
-// "off" | "anchor" | "anchor:tau=0.95,stale=2,stale_high=4,rho=0.05,refresh=8,masked=active,fp16=1,budget=64,
-// profile=FILE" (any subset of keys) | "prefix[:refresh=R,drift=G,decoded=reuse]" |
-// "dual[:refresh=R,drift=G,decoded=reuse,masked=reuse,stale=S,stale_masked=M,window=W]".
-// Throws text::ParamError (field "cache") naming the bad key/value and listing the valid keys.
+// "off" | "anchor[:key=value,...]" | "prefix[:key=value,...]" | "dual[:key=value,...]": each mode's keys are declared
+// once, in its key table (text/mdlm_cache.cpp; prefix and dual share one), which drives this parser, to_string,
+// params_json, cache_modes_help and cache_docs_tables. Throws text::ParamError (field "cache"), one line naming the
+// mode, the key and its range (or the mode's keys).
 CacheSpec parse_cache_spec(const std::string& s);
-const std::vector<std::pair<std::string, std::string>>& cache_spec_keys(); // anchor's key -> help (for --help)
-// Every mode with its keys and defaults, one per line (`--cache help`).
+// "off, anchor[:key=value,...], prefix[:key=value,...], dual[:key=value,...]" (for errors and --help).
+std::string cache_mode_forms();
+// Every mode with its keys and defaults (`--cache help`).
 std::string cache_modes_help();
+// The Markdown tables of the keys (anchor's, then prefix and dual's; each documented, then advanced) that
+// docs/caching.md holds (a test compares them).
+std::string cache_docs_tables();
 
 // The store (cache/latent_cache.h, one per denoiser) holds, per layer, five row-versioned entries keyed
 // (namespace, layer, slot, anchor):

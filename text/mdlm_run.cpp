@@ -137,6 +137,7 @@ double token_agreement(const std::vector<int64_t>& a, const std::vector<int64_t>
 
 nlohmann::json DiffusionRun::to_json() const {
     nlohmann::json j = {{"cache", cache.to_string()},
+                        {"cache_params", cache.cache.params_json()},
                         {"tokens", result.tokens},
                         {"seconds", result.seconds},
                         {"forward_passes", result.forward_passes},

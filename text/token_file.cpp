@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 #include "text/mdlm_model.h"
 
 #include <fstream>
@@ -10,9 +11,7 @@
 namespace anchor::text {
 
 std::vector<int64_t> load_token_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot open token file '" + path + "'");
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string bytes = read_file(path, "token file");
     if (bytes.size() % 2 != 0) throw Error("token file '" + path + "' has an odd size (expected uint16 LE ids)");
     std::vector<int64_t> ids(bytes.size() / 2);
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -6,6 +6,7 @@
 
 #include "cache/io/assets.h"
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 #include "cache/io/gzip_file.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -310,10 +311,7 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
             throw Error("'" + vocab_path.string() + "': id of '" + it.key() + "' is not an integer");
         t.encoder_.emplace(it.key(), it.value().get<int64_t>());
     }
-    std::ifstream mf(merges_path, std::ios::binary);
-    std::stringstream ss;
-    ss << mf.rdbuf();
-    auto lines = split_lines(ss.str());
+    auto lines = split_lines(read_file(merges_path.string(), "BPE merges"));
     std::vector<std::pair<std::string, std::string>> merges;
     for (size_t i = 0; i < lines.size(); ++i) {
         if (lines[i].empty() || (i == 0 && lines[i].rfind("#version", 0) == 0)) continue;

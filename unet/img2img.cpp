@@ -2,6 +2,7 @@
 #include "unet/img2img.h"
 
 #include "cache/io/error.h"
+#include "cache/util/strings.h"
 #include "cache/io/sha256.h"
 
 #if defined(__GNUC__)
@@ -278,9 +279,6 @@ int64_t Img2ImgParams::mask_count() const {
 
 namespace {
 
-std::string wxh(int w, int h) {
-    return std::to_string(w) + "x" + std::to_string(h);
-}
 
 // The size shared by the images of one field (files by their headers, pixels by their shape); a file of another size
 // than the first is refused, naming both.

@@ -3,6 +3,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/util/strings.h"
 #include "cache/util/heap.h"
 #include "cache/util/memory.h"
 
@@ -107,9 +108,6 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
 }
 
 namespace {
-std::string size_text(int w, int h) {
-    return std::to_string(w) + "x" + std::to_string(h);
-}
 
 // The img2img / inpaint part of validate(): inputs readable, sizes, strength, the UNet kind.
 void validate_init(const Txt2ImgParams& p, const SDModels& m) {
@@ -127,7 +125,7 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
     const int f = m.vae_scale_factor();
     if (iw < f || ih < f)
         throw ParamError("init_image",
-                         "the init image is " + size_text(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
+                         "the init image is " + wxh(iw, ih) + ", smaller than the VAE factor " + std::to_string(f));
     if (!m.vae) throw ParamError("init_image", "img2img needs the VAE to encode the init image");
     if (unet_channels == 9 && !in.inpaint())
         throw ParamError("mask", "this UNet has 9 input channels (an inpainting model): it needs a mask");

@@ -1,6 +1,7 @@
 #include "cache/io/png_text.h"
 
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 
 #include <zlib.h>
 
@@ -265,11 +266,7 @@ std::vector<PngTextChunk> parse_png_text_chunks(const std::string& b, const std:
 
 std::vector<PngTextChunk> read_png_text_chunks(const std::string& path) {
     if (std::filesystem::is_directory(path)) throw Error("'" + path + "' is a directory, not a PNG file");
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot read '" + path + "': " + std::strerror(errno));
-    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (f.bad()) throw Error("cannot read '" + path + "'");
-    return parse_png_text_chunks(bytes, path);
+    return parse_png_text_chunks(read_file(path), path);
 }
 
 const PngTextChunk* find_png_text(const std::vector<PngTextChunk>& chunks, const std::string& keyword) {

@@ -4,6 +4,7 @@
 #include "cache/util/strings.h"
 
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/torch_checkpoint.h"
 
@@ -22,14 +23,6 @@ namespace anchor {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read '" + path + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 std::string list_names(const std::vector<std::string>& names, size_t max_show = 400) {
     std::string out;
     for (size_t i = 0; i < names.size() && i < max_show; ++i) out += "\n  " + names[i];
@@ -47,7 +40,7 @@ WeightMap WeightMap::load_index(const std::string& index) {
     WeightMap wm;
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(read_text(index));
+        j = nlohmann::json::parse(read_file(index));
     } catch (const nlohmann::json::exception& e) {
         throw Error("sharded checkpoint index '" + index + "': invalid JSON: " + e.what());
     }

@@ -1,6 +1,7 @@
 #include "cache/io/yaml_lite.h"
 
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -176,11 +177,7 @@ nlohmann::json parse_yaml_lite(const std::string& text, const std::string& sourc
 }
 
 nlohmann::json load_yaml_lite(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot open '" + path + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return parse_yaml_lite(ss.str(), path);
+    return parse_yaml_lite(read_file(path), path);
 }
 
 } // namespace anchor

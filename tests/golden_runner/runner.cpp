@@ -1,5 +1,7 @@
 #include "tests/golden_runner/runner.h"
 
+#include "cache/io/read_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -82,11 +84,7 @@ const std::vector<Checker>& checkers() {
 }
 
 std::string read_text(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot read " + p.string());
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return anchor::read_file(p.string());
 }
 
 CaseResult guarded(const std::string& name, const std::function<void(Stats&)>& body) {

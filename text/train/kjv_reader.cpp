@@ -1,6 +1,7 @@
 #include "text/train/kjv_reader.h"
 
 #include "cache/io/error.h"
+#include "cache/io/read_file.h"
 
 #include <algorithm>
 #include <cctype>
@@ -295,10 +296,7 @@ std::vector<KjvVerse> read_kjv(const std::string& path_in) {
     if (path.empty())
         throw Error("the KJV data file was not found (/usr/lib/bible.data); install it with "
                     "`apt-get install bible-kjv-text` or pass its path");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot open KJV file '" + path + "'");
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) throw Error("error while reading KJV file '" + path + "'");
+    const std::string bytes = read_file(path, "KJV file");
     try {
         return parse_kjv_verses(kjv_text_from_bytes(bytes));
     } catch (const Error& e) {

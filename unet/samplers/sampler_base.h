@@ -1,0 +1,218 @@
+// The common part of the samplers behind unet/scheduler.h's Scheduler interface: the numpy-exact schedule and sigma
+// helpers (defined in unet/scheduler.cpp), the base classes, and one factory per sampler. Each sampler is one file in
+// this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp) holding only its own step rule and
+// multistep state; a new sampler is a new file, its factory and one row of make_scheduler's table.
+//
+// Scalar coefficients are computed in float (the schedulers hold float32 tensors, so diffusers' 0-dim tensor
+// arithmetic is float32) and applied to the tensors in the same order as diffusers' expressions, which reproduces
+// the goldens to the last bit or nearly so (tests/golden/sd/schedulers/README.md).
+#pragma once
+
+#include "cache/io/error.h"
+#include "unet/scheduler.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace anchor::unet::samplers {
+
+// ---- schedule and sigma helpers (unet/scheduler.cpp) -------------------------------------------------------------
+
+std::vector<float> to_floats(const torch::Tensor& t);
+// Karras/EDM sigmas of the training schedule: sigma_t = sqrt((1 - abar_t) / abar_t), float32 like diffusers.
+std::vector<float> train_sigmas(const torch::Tensor& alphas_cumprod);
+// numpy.arange(start, stop, step) for a negative float step: length ceil((stop - start) / step).
+std::vector<double> np_arange_down(double start, double stop, double step);
+// numpy.linspace(start, stop, num) in float64 (endpoint forced to `stop`).
+std::vector<double> np_linspace(double start, double stop, int num);
+// Half to even, as numpy.round.
+double np_round(double x);
+// numpy.interp(x, arange(len(fp)), fp) in float64.
+double np_interp_index(double x, const std::vector<float>& fp);
+// diffusers' _sigma_to_t, numpy-exact: piecewise-linear interpolation of t over log sigma (log_sigmas float32 as
+// numpy's np.log of the float32 sigmas, sigma itself float64).
+double sigma_to_t(double sigma, const std::vector<float>& log_sigmas);
+// diffusers' EulerDiscreteScheduler._sigma_to_t as numpy < 2 evaluates it for one float64 sigma against the float32
+// log_sigmas: value-based casting turns every array expression into float32 (log sigma rounded to float32 for the
+// distances and the weight w = (low - log sigma) / (low - high)); only t = (1 - w) low + w high is float64.
+double sigma_to_t_f32(double sigma, const std::vector<float>& log_sigmas);
+// Karras et al. 2022 eq. 5, rho = 7 (the paper's value): n sigmas from sigma_max down to sigma_min, in float64 as
+// diffusers' _convert_to_karras.
+std::vector<double> karras_sigmas(double sigma_min, double sigma_max, int n);
+void check_num_steps(const SchedulerConfig& cfg, int n, const char* who);
+[[noreturn]] void bad_spacing(const SchedulerConfig&);
+// Descending discrete timesteps shared by DDIM / PNDM (PNDM keeps them ascending) / Euler / LMS (as float):
+//   leading:  (arange(n) * (N // n))[::-1] + steps_offset
+//   trailing: round(arange(N, 0, -N / n)) - 1
+//   linspace: round(linspace(0, N - 1, n))[::-1]   (Euler/LMS keep the unrounded float32 values: `rounded` false)
+std::vector<double> spaced_timesteps(const SchedulerConfig& cfg, int n, bool rounded_linspace);
+// VE/EDM form x = x0 + sigma eps on the scaled input x / sqrt(sigma^2 + 1) (Karras et al. 2022, table 1).
+torch::Tensor ve_x0(PredictionType type, const torch::Tensor& out, const torch::Tensor& x, float sigma_hat,
+                    float sigma);
+// sigma (VE) -> (alpha_t, sigma_t) of the VP process: alpha_t = 1 / sqrt(sigma^2 + 1), sigma_t = sigma * alpha_t.
+struct AlphaSigma {
+    float alpha, sigma;
+};
+AlphaSigma sigma_to_alpha_sigma(float sigma);
+// log / exp of a float32 scalar through LibTorch's own kernels: diffusers evaluates these on 0-dim float32 tensors,
+// whose vectorised (Sleef) results can differ from libm's by an ulp.
+float torch_log(float v);
+float torch_exp(float v);
+// Noise of model_output's shape from `gen` (drawn on the generator's device, then moved), like diffusers' randn_tensor.
+torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen);
+
+// ---- base classes ------------------------------------------------------------------------------------------------
+
+class SchedulerBase : public Scheduler {
+public:
+    SchedulerBase(const SchedulerConfig& cfg, const char* name) : cfg_(cfg), name_(name) {
+        abar_ = to_floats(make_alphas_cumprod(cfg_));
+    }
+    std::vector<double> timesteps() const override { return ts_; }
+    int num_loop_steps() const override { return static_cast<int>(ts_.size()); }
+    double timestep(int i) const override {
+        check_index(i);
+        return ts_[i];
+    }
+    void set_begin_index(int begin) override {
+        if (ts_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        if (begin < 0 || begin >= static_cast<int>(ts_.size()))
+            throw Error(std::string(name_) + ": begin index " + std::to_string(begin) + " outside [0, " +
+                        std::to_string(ts_.size()) + ")");
+        begin_ = begin;
+        reset_injected_noise();
+        restart();
+    }
+    int begin_index() const override { return begin_; }
+    PredictionType prediction_type() const override { return cfg_.prediction_type; }
+    // Alpha-bar form (DDIM / PNDM add_noise): abar at the timestep of loop step i, float32 like diffusers.
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        const float abar = abar_.at(static_cast<size_t>(ts_[i]));
+        return x0 * double(std::sqrt(abar)) + noise * double(std::sqrt(1.0f - abar));
+    }
+
+protected:
+    // Multistep state back to the begin index (set_begin_index).
+    virtual void restart() {}
+    void check_index(int i) const {
+        if (ts_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        if (i < 0 || i >= static_cast<int>(ts_.size()))
+            throw Error(std::string(name_) + ": loop step " + std::to_string(i) + " outside [0, " +
+                        std::to_string(ts_.size()) + ")");
+    }
+    // Multistep samplers keep history, so their steps must come in loop order.
+    void check_in_order(int i, int expected) const {
+        check_index(i);
+        if (i != expected)
+            throw Error(std::string(name_) + ": step(" + std::to_string(i) + ") called out of order (expected step " +
+                        std::to_string(expected) + "); call set_timesteps to restart");
+    }
+    float abar_at(int64_t t, float final_alpha) const {
+        return t >= 0 ? abar_.at(static_cast<size_t>(t)) : final_alpha;
+    }
+    // A schedule other than diffusers' own spacing (see the top of scheduler.h).
+    bool custom_schedule() const { return cfg_.schedule.value_or(NoiseSchedule::Default) != NoiseSchedule::Default; }
+    // Timestep samplers on a custom schedule: its _sigma_to_t timesteps rounded half to even (numpy.round).
+    std::vector<double> rounded_schedule_timesteps(int n) const {
+        std::vector<double> t;
+        for (double v : schedule_levels(*cfg_.schedule, cfg_, n).timesteps) t.push_back(np_round(v));
+        return t;
+    }
+    // The timestep after descending-list position k (-1 past the end: alpha_bar = final_alpha).
+    static int64_t next_in(const std::vector<double>& desc, size_t k) {
+        return k + 1 < desc.size() ? static_cast<int64_t>(desc[k + 1]) : -1;
+    }
+
+    SchedulerConfig cfg_;
+    const char* name_;
+    std::vector<float> abar_;
+    std::vector<double> ts_;
+    int n_ = 0;     // num_inference_steps
+    int begin_ = 0; // first loop step (set_begin_index)
+};
+
+// ---- sigma-space samplers share timesteps/sigmas and the input scaling -------------------------------------------
+class SigmaScheduler : public SchedulerBase {
+public:
+    using SchedulerBase::SchedulerBase;
+    std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
+    // diffusers: sqrt(sigma_max^2 + 1) for 'leading', sigma_max for 'linspace'/'trailing'.
+    double init_noise_sigma() const override {
+        if (sig_.empty()) throw Error(std::string(name_) + ": set_timesteps was not called");
+        const float m = *std::max_element(sig_.begin(), sig_.end());
+        if (cfg_.timestep_spacing == TimestepSpacing::Linspace || cfg_.timestep_spacing == TimestepSpacing::Trailing)
+            return m;
+        return std::sqrt(m * m + 1.0f);
+    }
+    // x / sqrt(sigma^2 + 1): the VP-normalised input the UNet was trained on.
+    torch::Tensor scale_model_input(const torch::Tensor& x, int i) const override {
+        check_index(i);
+        const float s = sig_[i];
+        return x / double(std::sqrt(s * s + 1.0f));
+    }
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        return x0 + noise * double(sig_[i]);
+    }
+
+protected:
+    // Float32 timesteps (spacing) and sigmas = interp(timesteps, arange(N), train_sigmas) ++ [0]; on a custom
+    // schedule its sigmas (float32) and their fractional _sigma_to_t timesteps (float32, as diffusers' Euler with
+    // use_karras_sigmas) ++ [0].
+    void set_sigma_timesteps(int n) {
+        check_num_steps(cfg_, n, name_);
+        n_ = n;
+        begin_ = 0;
+        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
+        if (custom_schedule() && cfg_.karras_spaced_range && *cfg_.schedule == NoiseSchedule::Karras) {
+            // diffusers' Euler / LMS set_timesteps with use_karras_sigmas: the spaced timesteps' sigmas
+            // (np.interp, float64) give _convert_to_karras its range, sigma_max = the first one, sigma_min = the
+            // last (unless the config sets them); the timesteps are _sigma_to_t of the Karras sigmas.
+            const auto spaced = spaced_timesteps(cfg_, n, false);
+            const double smax = cfg_.sigma_max.value_or(np_interp_index(spaced.front(), full));
+            const double smin = cfg_.sigma_min.value_or(np_interp_index(spaced.back(), full));
+            std::vector<float> log_sigmas(full.size());
+            for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+            const auto levels = karras_sigmas(smin, smax, n);
+            ts_.clear();
+            sig_.clear();
+            for (double sigma : levels) {
+                ts_.push_back(double(static_cast<float>(sigma_to_t_f32(sigma, log_sigmas))));
+                sig_.push_back(static_cast<float>(sigma));
+            }
+            sig_.push_back(0.0f);
+            return;
+        }
+        if (custom_schedule()) {
+            const auto lv = schedule_levels(*cfg_.schedule, cfg_, n);
+            ts_.clear();
+            sig_.clear();
+            for (double t : lv.timesteps) ts_.push_back(double(static_cast<float>(t)));
+            for (double s : lv.sigmas) sig_.push_back(static_cast<float>(s));
+            sig_.push_back(0.0f);
+            return;
+        }
+        ts_ = spaced_timesteps(cfg_, n, false);
+        sig_.clear();
+        for (double t : ts_) sig_.push_back(static_cast<float>(np_interp_index(t, full)));
+        sig_.push_back(0.0f);
+    }
+    std::vector<float> sig_;
+};
+
+// ---- one factory per sampler (its own file); eta is set for the samplers that take one (sampler_takes_eta) ------
+std::unique_ptr<Scheduler> make_ddim(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_pndm(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_euler(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_euler_a(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_dpmpp_2m(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_lms(const SchedulerConfig& cfg, std::optional<double> eta);
+
+} // namespace anchor::unet::samplers
