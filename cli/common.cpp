@@ -131,6 +131,15 @@ CLI::Validator in_range(double lo, double hi, const std::string& why) {
         range);
 }
 
+CLI::Option* add_mode_list_option(CLI::App& app, const std::string& name, std::vector<std::string>& lists,
+                                  const std::string& help) {
+    return app.add_option(name, lists, help)
+        ->type_size(1)
+        ->expected(1)
+        ->allow_extra_args(false)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 int max_threads() {
     return 4 * int(std::max(1u, std::thread::hardware_concurrency()));
 }

@@ -42,6 +42,10 @@ namespace cli {
 // A CLI11 check: the option's number lies in [lo, hi] (NaN does not); the error quotes the value as typed, e.g.
 // "--cfg-scale: must be in [0, 100], got 1e30". `why` (optional) says where the bound comes from.
 CLI::Validator in_range(double lo, double hi, const std::string& why = "");
+// A list of cache modes (--compare in both programs): repeatable, one list per occurrence, each split later by
+// cache/modes/mode_list.h, so `--compare 'off;freq' --compare deepcache:3` and `--compare off,freq` read alike.
+CLI::Option* add_mode_list_option(CLI::App& app, const std::string& name, std::vector<std::string>& lists,
+                                  const std::string& help);
 // The most intra-op threads --threads takes: 4 per core (more only adds OpenMP overhead; thousands hang the run).
 int max_threads();
 

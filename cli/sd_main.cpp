@@ -501,14 +501,11 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                                                  cache_mode_help())
              ->capture_default_str(),
          "cache");
-    auto* compare = bind(app.add_option("--compare", o.compare,
-                                        "run each listed mode (e.g. 'off;deepcache:3;freq', or off,deepcache:3,freq; "
-                                        "repeatable) with the same seed and write the labelled grid to <output> "
-                                        "itself, plus <stem>_timeline.png and <stem>_report.json")
-                             ->type_size(1)
-                             ->expected(1)
-                             ->allow_extra_args(false)
-                             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll),
+    auto* compare = bind(cli::add_mode_list_option(app, "--compare", o.compare,
+                                                   "run each listed mode (e.g. 'off;deepcache:3;freq', or "
+                                                   "off,deepcache:3,freq; repeatable) with the same seed and write the "
+                                                   "labelled grid to <output> itself, plus <stem>_timeline.png and "
+                                                   "<stem>_report.json"),
                          "compare");
     bind(app.add_flag("--free-params", p.free_params,
                       "release the text encoder's weights once the prompts are encoded and the UNet's before the VAE "

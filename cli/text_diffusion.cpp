@@ -334,9 +334,8 @@ int run_generate(const GenerateArgs& a) {
             return generate_diffusion(p, a.show_steps ? StepCallback(show) : StepCallback());
         } catch (const text::TokenOutsideVocabulary& e) {
             // The library knows the token; the user typed the text: name the piece.
-            throw UsageError(std::string(a.s.prompt.empty() ? "--prompt-ids" : "--prompt") + ": the text piece '" +
-                             a.s.io.decode({e.id()}) + "' (token " + std::to_string(e.index()) + ", id " +
-                             std::to_string(e.id()) + ") is not in this model's vocabulary; leave it out or reword it");
+            throw UsageError(std::string(a.s.prompt.empty() ? "--prompt-ids" : "--prompt") + ": " +
+                             e.describe(a.s.io.decode({e.id()})) + "; leave it out or reword it");
         }
     });
     print_generated(a, rep);
@@ -534,13 +533,9 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     auto* gen = diff->add_subcommand("generate", "Sample text; --compare runs two cache modes side by side");
     g->s.add(gen);
     gen->add_option("--cache", g->cache, cache_help())->capture_default_str();
-    gen->add_option("--compare", g->compare,
-                    "Two cache modes, e.g. off,anchor:stale=2 or 'off;dual:decoded=reuse,masked=reuse' (repeatable: "
-                    "--compare off --compare anchor)")
-        ->type_size(1)
-        ->expected(1)
-        ->allow_extra_args(false)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    cli::add_mode_list_option(*gen, "--compare", g->compare,
+                              "Two cache modes, e.g. off,anchor:stale=2 or 'off;dual:decoded=reuse,masked=reuse' "
+                              "(repeatable: --compare off --compare anchor)");
     gen->add_flag("--show-steps", g->show_steps, "Print the sequence after every step");
     gen->add_option("--score-with", g->score_with, "GPT-2 model: print each text's generative perplexity under it");
     gen->add_option("--json", g->json_out, "Also write every run (tokens, timings, cache and store statistics) here");

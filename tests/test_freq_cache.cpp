@@ -45,9 +45,9 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(parse_cache_mode("freq:attn=run")->spec().find(",attn=run") != std::string::npos);
     CHECK(parse_cache_mode("freq:attn=reuse,attnmax=1")->spec() == f->spec()); // the default
     CHECK(parse_cache_mode("freq:attnmax=none")->spec().find(",attn=reuse,attnmax=none") != std::string::npos);
-    CHECK(split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
+    CHECK(cache::modes::split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
-    CHECK(split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
+    CHECK(cache::modes::split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
 }
 
 TEST_CASE("cache mode parsing: malformed forms are errors of the cache field listing the valid forms", "[freq]") {

@@ -32,6 +32,12 @@ public:
           index_(index), id_(id) {}
     size_t index() const { return index_; }
     int64_t id() const { return id_; }
+    // The message in the user's terms, given the text the token decodes to: "the text piece 'é' (token 1, id 2634) is
+    // not in this model's vocabulary".
+    std::string describe(const std::string& piece) const {
+        return "the text piece '" + piece + "' (token " + std::to_string(index_) + ", id " + std::to_string(id_) +
+               ") is not in this model's vocabulary";
+    }
 
 private:
     size_t index_;

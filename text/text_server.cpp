@@ -253,10 +253,7 @@ void TextServer::add_routes() {
         try {
             check_prompt_vocabulary(*mdlm_, s.prompt);
         } catch (const TokenOutsideVocabulary& e) {
-            throw HttpError(400, "prompt",
-                            "prompt: the text piece '" + tok_->decode({e.id()}) + "' (token " +
-                                std::to_string(e.index()) + ", id " + std::to_string(e.id()) +
-                                ") is not in this diffusion model's vocabulary");
+            throw HttpError(400, "prompt", "prompt: " + e.describe(tok_->decode({e.id()})));
         }
         const int64_t P = int64_t(s.prompt.size());
         if (P >= s.length)

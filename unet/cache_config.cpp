@@ -331,8 +331,4 @@ std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec) {
     return make_cache_controller(parse_cache_config(spec));
 }
 
-std::vector<std::string> split_mode_list(const std::string& list) {
-    return mode_keys::split_mode_list(list);
-}
-
 } // namespace anchor::unet

@@ -82,7 +82,5 @@ std::unique_ptr<CacheController> make_cache_controller(const CacheConfig& c);
 
 // parse_cache_config + make_cache_controller, for tests and tools that hold a literal mode string.
 std::unique_ptr<CacheController> parse_cache_mode(const std::string& spec);
-// The modes of a list, unparsed (cache/modes/mode_list.h).
-std::vector<std::string> split_mode_list(const std::string& list);
 
 } // namespace anchor::unet
