@@ -998,6 +998,17 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
           Pts{{1.2, 40.0}, {1.7, 38.0}, {2.1, 33.0}, {2.5, 28.0}, {3.8, 27.0}});
     CHECK(train::deepcache_frontier(more, "psnr_min_db") ==
           Pts{{1.2, 27.0}, {1.7, 25.0}, {2.1, 24.0}, {2.5, 18.0}, {3.8, 17.5}});
+    // Reports label a mode as the user typed it and keep the resolved parameters apart: DeepCache is recognised by
+    // the resolved form (a label such as "deepcache" alone, or a preset name, says nothing of the parameters).
+    json labelled = json::array({mode("off", 1.0, "inf", "inf"), mode("deepcache", 1.7, 38.0, 25.0),
+                                 mode("deepcache:4", 2.5, 28.0, 18.0)});
+    labelled[1]["resolved"] = "deepcache:2,branch=0";
+    labelled[2]["resolved"] = "deepcache:4,branch=0";
+    auto freq = mode("freq", 2.1, 35.0, 22.0);
+    freq["resolved"] = "freq:tau=0.01,thr=0.7";
+    CHECK(train::deepcache_frontier(labelled, "psnr_db") == Pts{{1.7, 38.0}, {2.5, 28.0}});
+    CHECK(train::against_deepcache(labelled, freq)["deepcache_psnr_db"].get<double>() == Approx(33.0));
+    CHECK(train::against_deepcache(labelled, labelled[1]).is_null());
     CHECK(train::deepcache_frontier(json::array({modes[0]}), "psnr_db").empty());
     // Deepcache itself, the reference, a cell without deepcache: not placed.
     CHECK(train::against_deepcache(modes, modes[2]).is_null());

@@ -77,14 +77,20 @@ std::string full_per_run(const nlohmann::json& m, const nlohmann::json& cell) {
     return std::abs(full - std::round(full)) < 1e-9 ? std::to_string(int(std::round(full))) : fmt("%.1f", full);
 }
 
+// Whether a report row is a DeepCache configuration: by its resolved parameters where the report has them (the label
+// is what the user typed, e.g. a preset name), else by the label of an older report.
+bool is_deepcache(const nlohmann::json& row) {
+    const auto it = row.find("resolved");
+    const std::string s = (it != row.end() ? *it : row.at("mode")).get<std::string>();
+    return s == "deepcache" || s.rfind("deepcache:", 0) == 0;
+}
 } // namespace
 
 std::vector<std::pair<double, double>> deepcache_frontier(const nlohmann::json& modes, const std::string& measure) {
     std::vector<std::pair<double, double>> dc; // (speed-up, value)
     // at(): the modes may come from a saved report (anchor-sd eval-plot), where a field can be missing.
     for (const auto& d : modes)
-        if (d.at("mode").get<std::string>().rfind("deepcache:", 0) == 0 && d.contains(measure) &&
-            d.at(measure).is_number())
+        if (is_deepcache(d) && d.contains(measure) && d.at(measure).is_number())
             dc.emplace_back(d.at("speedup_vs_first").get<double>(), d.at(measure).get<double>());
     std::stable_sort(dc.begin(), dc.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<std::pair<double, double>> fr;
@@ -101,12 +107,9 @@ std::vector<std::pair<double, double>> deepcache_frontier(const nlohmann::json& 
 nlohmann::json against_deepcache(const nlohmann::json& modes, const nlohmann::json& m) {
     std::vector<double> dc; // the speed-ups of the configurations measured in both
     for (const auto& d : modes)
-        if (d["mode"].get<std::string>().rfind("deepcache:", 0) == 0 && d["psnr_db"].is_number() &&
-            d["psnr_min_db"].is_number())
+        if (is_deepcache(d) && d["psnr_db"].is_number() && d["psnr_min_db"].is_number())
             dc.push_back(d["speedup_vs_first"].get<double>());
-    const std::string name = m["mode"].get<std::string>();
-    if (dc.empty() || name.rfind("deepcache:", 0) == 0 || !m["psnr_db"].is_number() || !m["psnr_min_db"].is_number())
-        return nullptr;
+    if (dc.empty() || is_deepcache(m) || !m["psnr_db"].is_number() || !m["psnr_min_db"].is_number()) return nullptr;
     std::sort(dc.begin(), dc.end());
     const double s = m["speedup_vs_first"].get<double>();
     // DeepCache's curve in one measure: its frontier, linear between the two configurations that bracket s; below the
@@ -325,7 +328,8 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
                 const std::string sheet = sheet_path(sampler, steps, k);
                 write_png(sheet, torch::cat(rows, 0), o.overwrite);
                 cell["modes"].push_back(
-                    {{"mode", m.spec},
+                    {{"mode", modes[k].label},
+                     {"resolved", m.spec},
                      {"full_steps", m.full},
                      {"total_steps", m.total},
                      {"wall_s", wall},
