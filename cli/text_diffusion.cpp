@@ -253,7 +253,7 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
     if (rep.runs.size() == 1) {
         const auto& r = rep.runs[0];
         std::cout << io.decode(std::vector<int64_t>(r.result.tokens.begin() + P, r.result.tokens.end())) << "\n";
-        std::cerr << "cache " << r.cache.to_string() << ": " << std::fixed << std::setprecision(3) << r.result.seconds
+        std::cerr << "cache " << r.cache.display() << ": " << std::fixed << std::setprecision(3) << r.result.seconds
                   << " s, reused " << std::setprecision(1) << 100.0 * r.result.cache.reused_fraction()
                   << "% of position-layer computations";
         if (r.gen_ppl >= 0) std::cerr << ", generative perplexity " << std::setprecision(2) << r.gen_ppl;
@@ -262,8 +262,8 @@ void print_generated(const GenerateArgs& a, const DiffusionReport& rep) {
     }
     const auto &ra = rep.runs[0], &rb = rep.runs[1];
     const auto entropy = [P](const DiffusionRun& r) { return unigram_entropy(r.result.tokens, P); };
-    std::cout << "[" << ra.cache.to_string() << "]\n" << marked(io, ra.result.tokens, rb.result.tokens, P) << "\n\n";
-    std::cout << "[" << rb.cache.to_string() << "]\n" << marked(io, rb.result.tokens, ra.result.tokens, P) << "\n\n";
+    std::cout << "[" << ra.cache.display() << "]\n" << marked(io, ra.result.tokens, rb.result.tokens, P) << "\n\n";
+    std::cout << "[" << rb.cache.display() << "]\n" << marked(io, rb.result.tokens, ra.result.tokens, P) << "\n\n";
     std::cout << std::fixed << std::setprecision(3) << "token agreement: " << 100.0 * rep.agreement()
               << "% (differing tokens marked [[ ]])\n"
               << "wall time: " << ra.result.seconds << " s vs " << rb.result.seconds << " s, speed-up "
@@ -315,7 +315,8 @@ int run_generate(const GenerateArgs& a) {
             }
             if (modes.size() != 2)
                 throw UsageError("--compare: expected two cache modes (e.g. off,anchor or 'off;dual:decoded=reuse'), "
-                                 "got " + std::to_string(modes.size()));
+                                 "got " +
+                                 std::to_string(modes.size()));
         }
         // A mode's own keys (threshold=...) stay as written: only the field names the flag.
         p.caches = with_flag_errors({{"cache", a.compare.empty() ? "--cache" : "--compare"}}, [&] {
@@ -510,7 +511,8 @@ int run_bench(BenchArgs a) {
     const auto rep = with_flag_errors(flags, [&] {
         with_flag_errors({{"cache", "--cache or --baseline"}}, [&] {
             a.p.baseline = parse_decode_spec(a.baseline);
-            for (const auto& c : a.caches) a.p.caches.push_back(parse_decode_spec(c));
+            for (const auto& c : cache::modes::split_mode_lists(a.caches, "cache"))
+                a.p.caches.push_back(parse_decode_spec(c));
         });
         return run_diffusion_bench(a.p, print_bench);
     });
@@ -619,7 +621,10 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--repeats", bp.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     add_enum_option(*be, "--unmask", bp.unmask, unmask_rule_table(), "Unmasking rule");
     add_attention_option(*be, bp.attention, bp.gemm);
-    be->add_option("--cache", b->caches, "Modes to measure against the baseline (repeatable). " + cache_help())
+    cli::add_mode_list_option(*be, "--cache", b->caches,
+                              "Modes to measure against the baseline: a list as --compare takes ('anchor;dual', "
+                              "repeatable). " +
+                                  cache_help())
         ->capture_default_str();
     be->add_option("--baseline", b->baseline, "The mode every --cache is measured against")->capture_default_str();
     be->add_option("--block-length", bp.block_length, "Block length of modes that do not set block=")

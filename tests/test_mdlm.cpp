@@ -940,6 +940,12 @@ TEST_CASE(
     CHECK(o.steps == 12);
     CHECK(parse_decode_spec(d.to_string()).to_string() == d.to_string());
     CHECK_THROWS_WITH(parse_decode_spec("dual+steps=1.5"), Catch::Contains("integer"));
+    // Tables name a mode as it was typed; the resolved form (every parameter) stays available for the reports.
+    const auto typed = parse_decode_spec("anchor");
+    CHECK(typed.display() == "anchor");
+    CHECK(typed.to_string().rfind("anchor:", 0) == 0);
+    CHECK(typed.to_string().find("tau=") != std::string::npos);
+    CHECK(DecodeSpec{}.display() == DecodeSpec{}.to_string());
 }
 
 TEST_CASE("mdlm cache: decoded=reuse computes a block's masks every step and a decoded position once more, then "

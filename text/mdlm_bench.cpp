@@ -87,6 +87,7 @@ MeanCi MeanCi::of(const std::vector<double>& v) {
 
 nlohmann::json DiffusionBenchRow::to_json() const {
     nlohmann::json o = {{"cache", cache},
+                        {"resolved", resolved},
                         {"steps", steps},
                         {"off_s", off_s.to_json()},
                         {"cached_s", cached_s.to_json()},
@@ -138,7 +139,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
     rep.prompt_len = p.prompt_len;
     rep.repeats = p.repeats;
     rep.prompts = p.prompts_from.empty() ? "random tokens" : p.prompts_from;
-    rep.baseline = p.baseline.to_string();
+    rep.baseline = p.baseline.display();
     rep.unmask = p.unmask;
     rep.temperature = p.temperature;
     rep.threads = at::get_num_threads();
@@ -198,7 +199,8 @@ run_diffusion_bench(const DiffusionBenchParams& p,
         }
         for (size_t k = 0; k < nc; ++k) {
             auto& row = rows[k];
-            row.cache = p.caches[k].to_string();
+            row.cache = p.caches[k].display();
+            row.resolved = p.caches[k].to_string();
             row.steps = T;
             row.off_s = Spread::of(toff);
             row.cached_s = Spread::of(tc[k]);

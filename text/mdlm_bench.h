@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -45,7 +46,7 @@ struct MeanCi {
 };
 
 struct DiffusionBenchRow {
-    std::string cache;
+    std::string cache, resolved; // as typed, and with every parameter
     int64_t steps = 0;
     Spread off_s, cached_s; // wall time of the baseline and the mode
     Spread speedups;        // per prompt: baseline over mode
@@ -54,7 +55,10 @@ struct DiffusionBenchRow {
     MeanCi gen_ppl_off, gen_ppl_cached;           // mean -1: not scored
     MeanCi entropy_off, entropy_cached;           // unigram entropy (nats) of the generated tokens
     double gen_ppl_change() const { return gen_ppl_cached.mean / gen_ppl_off.mean - 1; }
-    double entropy_change() const { return entropy_cached.mean / entropy_off.mean - 1; }
+    double entropy_change() const { // relative; a baseline of entropy 0 (one repeated token) gives 0 or +inf
+        return entropy_off.mean > 0 ? entropy_cached.mean / entropy_off.mean - 1
+                                    : (entropy_cached.mean > 0 ? HUGE_VAL : 0.0);
+    }
     cache::CacheStats store; // the cached runs' latent store, summed over the repeats
     double speedup() const { return off_s.median / cached_s.median; } // median wall time, off over cached
     nlohmann::json to_json() const;

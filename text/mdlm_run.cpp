@@ -51,6 +51,7 @@ std::string DecodeSpec::to_string() const {
 
 DecodeSpec parse_decode_spec(const std::string& s) {
     DecodeSpec d;
+    d.label = s;
     const auto plus = s.find('+');
     d.cache = parse_cache_spec(s.substr(0, plus));
     if (plus == std::string::npos) return d;
@@ -136,7 +137,8 @@ double token_agreement(const std::vector<int64_t>& a, const std::vector<int64_t>
 }
 
 nlohmann::json DiffusionRun::to_json() const {
-    nlohmann::json j = {{"cache", cache.to_string()},
+    nlohmann::json j = {{"cache", cache.display()},
+                        {"resolved", cache.to_string()},
                         {"cache_params", cache.cache.params_json()},
                         {"tokens", result.tokens},
                         {"seconds", result.seconds},

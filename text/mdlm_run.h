@@ -27,8 +27,11 @@ struct DecodeSpec {
     // The model's linear layers for this mode (MdlmBlockImpl::gemm), e.g. `off,dual+gemm=bf16`: the cached mode on
     // bfloat16 operands beside the reference arithmetic. Unset: the run's (--gemm).
     std::optional<kernels::GemmBackend> gemm;
+    // The mode as the user wrote it (parse_decode_spec); empty for a spec built in code.
+    std::string label;
     void apply(SamplerOptions& o) const; // the overrides
-    std::string to_string() const;       // "dual+threshold=0.9,block=32"
+    std::string to_string() const;       // resolved: "dual:refresh=0,...+threshold=0.9,block=32"
+    std::string display() const { return label.empty() ? to_string() : label; } // how tables and grids name it
 };
 // "CACHE[+key=value,...]" with CACHE as parse_cache_spec reads it and keys unmask (a rule name), threshold, factor,
 // block (block length), steps, gemm (a kernels::GemmBackend name). ParamError (field "cache") naming the bad key.
