@@ -2,6 +2,7 @@
 #include "cache/io/safetensors.h"
 #include "tests/scheduler_golden.h"
 #include "tests/test_util.h"
+#include "unet/infotext.h"
 #include "unet/scheduler.h"
 
 #include <catch2/catch.hpp>
@@ -720,4 +721,26 @@ TEST_CASE("UniPC corrects the sample with the new output before predicting", "[s
         else
             CHECK_FALSE(torch::allclose(xa, xb, 1e-6, 1e-6));
     }
+}
+
+TEST_CASE("DPM-Solver family: A1111 names where A1111 has the same algorithm, ours elsewhere", "[schedulers][png]") {
+    CHECK(a1111_sampler(SamplerKind::DPMPP2MSDE).sampler == "DPM++ 2M SDE");
+    CHECK(a1111_sampler(SamplerKind::UniPC).sampler == "UniPC");
+    // A1111's "DPM++ 2S a" is ancestral, and A1111 has no DEIS: our names, read back as themselves.
+    CHECK(a1111_sampler(SamplerKind::DPMPP2S).sampler == "dpmpp_2s");
+    CHECK(sampler_from_a1111("dpmpp_2s", "Automatic") == SamplerKind::DPMPP2S);
+    CHECK(sampler_from_a1111("deis") == SamplerKind::DEIS);
+    CHECK_FALSE(sampler_from_a1111("DPM++ 2S a").has_value());
+    // "DPM++ 2M SDE" on an explicit schedule type is ours on that schedule; A1111's "Automatic" for it is
+    // exponential, which the old one-field name with Karras is not.
+    auto ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: DPM++ 2M SDE, Schedule type: Karras, Seed: 1",
+                                             "test");
+    CHECK(ip.sampler == SamplerKind::DPMPP2MSDE);
+    CHECK(ip.schedule == NoiseSchedule::Karras);
+    ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: DPM++ 2M SDE, Schedule type: Exponential", "test");
+    CHECK(ip.sampler == SamplerKind::DPMPP2MSDE);
+    CHECK(ip.schedule == NoiseSchedule::Exponential);
+    ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: UniPC, Schedule type: Automatic", "test");
+    CHECK(ip.sampler == SamplerKind::UniPC);
+    CHECK_FALSE(ip.schedule.has_value());
 }
