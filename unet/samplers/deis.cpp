@@ -29,13 +29,16 @@ public:
         const auto x0 = data_prediction(out, x, i);
         remember((x - double(alpha) * x0) / double(sigma), order_);
         torch::Tensor prev;
-        if (order_ == 1 || lower_order_nums_ < 1 || first_at_final)
+        switch (multistep_order(order_, first_at_final, second_at_final)) {
+        case 1:
             prev = first_order(x, i);
-        else if (order_ == 2 || lower_order_nums_ < 2 || second_at_final)
+            break;
+        case 2:
             prev = second_order(x, i);
-        else
+            break;
+        default:
             prev = third_order(x, i);
-        if (lower_order_nums_ < order_) ++lower_order_nums_;
+        }
         ++step_index_;
         return prev.to(out.scalar_type());
     }

@@ -116,15 +116,18 @@ public:
         // The SDE draws its noise every step (the last one too, where its scale may be 0), as diffusers' step does.
         torch::Tensor noise;
         if (algorithm_ == DpmAlgorithm::Sde) noise = draw_noise(sample, gen);
+        const bool sde = algorithm_ == DpmAlgorithm::Sde;
         torch::Tensor prev;
-        if (order_ == 1 || lower_order_nums_ < 1 || first_at_final)
-            prev = algorithm_ == DpmAlgorithm::Sde ? sde_first_order(x0, sample, noise, i)
-                                                   : dpmpp_first_order(x0, sample, i, i + 1);
-        else if (order_ == 2 || lower_order_nums_ < 2 || second_at_final)
-            prev = algorithm_ == DpmAlgorithm::Sde ? sde_second_order(sample, noise, i) : second_order(sample, i);
-        else
+        switch (multistep_order(order_, first_at_final, second_at_final)) {
+        case 1:
+            prev = sde ? sde_first_order(x0, sample, noise, i) : dpmpp_first_order(x0, sample, i, i + 1);
+            break;
+        case 2:
+            prev = sde ? sde_second_order(sample, noise, i) : second_order(sample, i);
+            break;
+        default:
             prev = third_order(sample, i);
-        if (lower_order_nums_ < order_) ++lower_order_nums_;
+        }
         ++step_index_;
         return prev.to(out.scalar_type());
     }

@@ -263,6 +263,18 @@ protected:
         lower_order_nums_ = 0;
         step_index_ = begin_;
     }
+    // The order of this step of a multistep solver of order `order` (diffusers' DPM-Solver / DEIS rule): first order
+    // while there is no history yet or where `first_at_final`, at most second order with one earlier output or where
+    // `second_at_final`. Counts the step into the warm-up.
+    int multistep_order(int order, bool first_at_final, bool second_at_final) {
+        int o = 3;
+        if (order == 1 || lower_order_nums_ < 1 || first_at_final)
+            o = 1;
+        else if (order == 2 || lower_order_nums_ < 2 || second_at_final)
+            o = 2;
+        if (lower_order_nums_ < order) ++lower_order_nums_;
+        return o;
+    }
     // A solver order from the configuration (the class's default when unset), refused outside [1, max_order].
     int solver_order(int default_order, int max_order) const {
         const int o = cfg_.solver.solver_order.value_or(default_order);
