@@ -77,8 +77,9 @@ namespace {
 enum class DpmAlgorithm {
     // DPM-Solver++ (Lu et al. 2022b): the exponential integrator of the probability-flow ODE in data prediction.
     Ode,
-    // SDE-DPM-Solver++ (Lu et al. 2022b, appendix B / Gonzalez et al.'s SA-Solver form as diffusers has it): the same
-    // integrator for the reverse SDE, whose solution adds fresh noise of std sigma_t sqrt(1 - e^{-2h}) every step.
+    // SDE-DPM-Solver++ (the SDE form of Lu et al. 2022b; diffusers' sde-dpmsolver++, k-diffusion's
+    // sample_dpmpp_2m_sde): the same integrator for the reverse SDE, whose exact linear part decays the sample by an
+    // extra e^{-h}, doubles the data weight's exponent and adds fresh noise of std sigma_t sqrt(1 - e^{-2h}).
     Sde,
 };
 
