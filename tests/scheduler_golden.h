@@ -95,7 +95,8 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
     // would not run as diffusers does (FAIL naming the key and value, never run as something else).
     const std::string cls = scheduler_golden_class(j);
     const bool karras = j.contains("config") && j["config"].value("use_karras_sigmas", false);
-    const SamplerKind kind = sampler_from_class_name(cls, karras);
+    const std::string algorithm = j.contains("config") ? j["config"].value("algorithm_type", "") : "";
+    const SamplerKind kind = sampler_from_class_name(cls, karras, algorithm);
     std::string unsupported;
     for (const auto& u : unsupported_scheduler_settings(j.at("config").dump(), kind))
         unsupported += (unsupported.empty() ? "" : "; ") + u;

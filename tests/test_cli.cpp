@@ -228,6 +228,10 @@ TEST_CASE("anchor-sd --schedule and --eta run on the tiny model and are recorded
         {{"--sampler", "ddim", "--schedule", "exponential"}, "exponential", 0.0},
         {{"--sampler", "dpmpp_2m_karras"}, "karras", nullptr},
         {{"--sampler", "euler"}, "default", nullptr},
+        {{"--sampler", "dpmpp_2m_sde", "--schedule", "karras"}, "karras", nullptr},
+        {{"--sampler", "dpmpp_2s"}, "default", nullptr},
+        {{"--sampler", "unipc", "--schedule", "exponential"}, "exponential", nullptr},
+        {{"--sampler", "deis"}, "default", nullptr},
     };
     int k = 0;
     for (const auto& run : runs) {

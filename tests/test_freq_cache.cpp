@@ -1227,3 +1227,33 @@ TEST_CASE("a run reports the encode, step and decode phases, and a throwing call
         REQUIRE(unet_steps == (stop_at == ProgressPhase::Encode ? 0 : 3));
     }
 }
+
+TEST_CASE("the DPM-Solver family samplers run the tiny pipeline free-running, under every cache mode",
+          "[freq][sd][schedulers]") {
+    // dpmpp_2m_sde (fresh noise every step, from the pipeline's generator), dpmpp_2s, unipc, deis on the tiny SD model:
+    // a finite image with the cache off, DeepCache (which reuses steps) and freq; the same seed gives the same image.
+    auto models = deepcache_models();
+    Txt2ImgPipeline pipe(models);
+    c10::InferenceMode guard;
+    for (auto kind : {SamplerKind::DPMPP2MSDE, SamplerKind::DPMPP2S, SamplerKind::UniPC, SamplerKind::DEIS}) {
+        const auto p = tiny_params(8, kind);
+        for (const char* mode : {"off", "deepcache:3", "freq"}) {
+            INFO(sampler_name(kind) << " with " << mode);
+            auto ctl = parse_cache_mode(mode);
+            int full = 0, steps = 0;
+            auto r = pipe.run(p, ctl.get(), {}, [&](const StepRecord&) {
+                ++steps;
+                full += ctl->last_step_was_full() ? 1 : 0;
+            });
+            CHECK(steps == 8);
+            CHECK(torch::isfinite(r.final_latents).all().item<bool>());
+            CHECK(torch::isfinite(r.image).all().item<bool>());
+            if (std::string(mode) == "deepcache:3") CHECK(full < steps);
+            if (std::string(mode) == "off") {
+                CHECK(full == steps);
+                auto again = parse_cache_mode(mode);
+                CHECK(torch::equal(pipe.run(p, again.get()).final_latents, r.final_latents));
+            }
+        }
+    }
+}

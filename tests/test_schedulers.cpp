@@ -2,6 +2,7 @@
 #include "cache/io/safetensors.h"
 #include "tests/scheduler_golden.h"
 #include "tests/test_util.h"
+#include "unet/infotext.h"
 #include "unet/scheduler.h"
 
 #include <catch2/catch.hpp>
@@ -135,7 +136,7 @@ TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly"
 }
 
 TEST_CASE("sampler names drive parsing and errors list the valid names", "[schedulers]") {
-    CHECK(sampler_table().size() == 7);
+    CHECK(sampler_table().size() == 11);
     for (const auto& [name, kind] : sampler_table()) {
         CHECK(sampler_from_string(name) == kind);
         CHECK(sampler_name(kind) == name);
@@ -207,7 +208,8 @@ TEST_CASE("timestep spacings follow diffusers' numpy formulas", "[schedulers]") 
 }
 
 TEST_CASE("multistep samplers reject out-of-order steps", "[schedulers]") {
-    for (auto kind : {SamplerKind::PNDM, SamplerKind::DPMPP2M, SamplerKind::LMS}) {
+    for (auto kind : {SamplerKind::PNDM, SamplerKind::DPMPP2M, SamplerKind::LMS, SamplerKind::DPMPP2MSDE,
+                      SamplerKind::DPMPP2S, SamplerKind::UniPC, SamplerKind::DEIS}) {
         auto s = make_scheduler(kind);
         s->set_timesteps(10);
         auto x = torch::randn({1, 4, 2, 2});
@@ -248,7 +250,8 @@ TEST_CASE("DDIM eta=1 with consecutive timesteps is the DDPM posterior step", "[
 TEST_CASE("v_prediction parameterisation agrees with epsilon", "[schedulers]") {
     // (PNDM is left out: diffusers combines raw v outputs of different samples before converting, so its v and eps
     // trajectories legitimately differ.)
-    for (auto kind : {SamplerKind::DDIM, SamplerKind::Euler, SamplerKind::DPMPP2M, SamplerKind::LMS}) {
+    for (auto kind : {SamplerKind::DDIM, SamplerKind::Euler, SamplerKind::DPMPP2M, SamplerKind::LMS,
+                      SamplerKind::DPMPP2S, SamplerKind::UniPC, SamplerKind::DEIS}) {
         SchedulerConfig ce, cv;
         cv.prediction_type = PredictionType::VPrediction;
         auto se = make_scheduler(kind, ce), sv = make_scheduler(kind, cv);
@@ -427,8 +430,8 @@ TEST_CASE("Karras sigmas: a config's use_karras_sigmas is diffusers' of that cla
     CHECK(model_range->timesteps().front() == Approx(999.0));
     CHECK(std::abs(model_range->sigmas().front() - full[999].item<double>()) < 1e-5);
     // sigma_min / sigma_max of the config bound diffusers' range.
-    auto bounded = SchedulerConfig::from_json_text(
-        R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})");
+    auto bounded =
+        SchedulerConfig::from_json_text(R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})");
     auto b = make_scheduler(SamplerKind::Euler, bounded);
     b->set_timesteps(5);
     CHECK(b->sigmas().front() == Approx(10.0));
@@ -450,7 +453,7 @@ TEST_CASE("scheduler settings this engine does not implement are named, never ru
     auto u = unsupported_scheduler_settings(R"({"algorithm_type": "sde-dpmsolver++"})", SamplerKind::DPMPP2M);
     REQUIRE(u.size() == 1);
     CHECK_THAT(u[0], Catch::Contains("algorithm_type") && Catch::Contains("sde-dpmsolver++"));
-    CHECK(unsupported_scheduler_settings(R"({"solver_order": 3})", SamplerKind::DPMPP2MKarras).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"solver_order": 4})", SamplerKind::DPMPP2MKarras).size() == 1);
     CHECK(unsupported_scheduler_settings(R"({"interpolation_type": "log_linear"})", SamplerKind::Euler).size() == 1);
     CHECK(unsupported_scheduler_settings(R"({"thresholding": true})", SamplerKind::DDIM).size() == 1);
     CHECK(unsupported_scheduler_settings(R"({"skip_prk_steps": false})", SamplerKind::PNDM).size() == 1);
@@ -574,4 +577,170 @@ TEST_CASE("every sampler runs a whole loop on every schedule, also from a begin 
             CHECK(torch::isfinite(y).all().item<bool>());
         }
     }
+}
+
+// ---- the DPM-Solver family: dpmpp_2m_sde, dpmpp_2s, unipc, deis ---------------------------------------------------
+
+TEST_CASE("DPM-Solver family: class names, algorithm types and solver settings pick and configure the sampler",
+          "[schedulers]") {
+    CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", false, "sde-dpmsolver++") == SamplerKind::DPMPP2MSDE);
+    CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", true, "sde-dpmsolver++") == SamplerKind::DPMPP2MSDE);
+    CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", true, "dpmsolver++") == SamplerKind::DPMPP2MKarras);
+    // An algorithm no row runs is the plain row, whose settings check then names it.
+    CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", false, "sde-dpmsolver") == SamplerKind::DPMPP2M);
+    CHECK(sampler_from_class_name("DPMSolverSinglestepScheduler") == SamplerKind::DPMPP2S);
+    CHECK(sampler_from_class_name("UniPCMultistepScheduler") == SamplerKind::UniPC);
+    CHECK(sampler_from_class_name("DEISMultistepScheduler") == SamplerKind::DEIS);
+    for (const char* name : {"dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis"})
+        CHECK(sampler_name(sampler_from_string(name)) == name);
+
+    // Implemented values and the ones diffusers runs the same; the others named with the implemented ones.
+    CHECK(unsupported_scheduler_settings(R"({"algorithm_type": "sde-dpmsolver++", "solver_order": 1,
+        "solver_type": "heun", "final_sigmas_type": "sigma_min", "lower_order_final": false, "euler_at_final": true})",
+                                         SamplerKind::DPMPP2MSDE)
+              .empty());
+    auto u = unsupported_scheduler_settings(R"({"algorithm_type": "sde-dpmsolver++", "solver_order": 3})",
+                                            SamplerKind::DPMPP2MSDE);
+    REQUIRE(u.size() == 1);
+    CHECK_THAT(u[0], Catch::Contains("solver_order = 3") && Catch::Contains("dpmpp_2m_sde"));
+    CHECK(unsupported_scheduler_settings(R"({"algorithm_type": "dpmsolver++"})", SamplerKind::DPMPP2MSDE).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"solver_order": 3})", SamplerKind::DPMPP2S).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"algorithm_type": "dpmsolver"})", SamplerKind::DPMPP2S).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"solver_order": 5, "solver_type": "midpoint", "predict_x0": false,
+        "disable_corrector": [0, 2], "solver_p": null})",
+                                         SamplerKind::UniPC)
+              .empty());
+    CHECK(unsupported_scheduler_settings(R"({"thresholding": true})", SamplerKind::UniPC).size() == 1);
+    CHECK(unsupported_scheduler_settings(R"({"algorithm_type": "dpmsolver++", "solver_type": "bh2",
+        "solver_order": 3})",
+                                         SamplerKind::DEIS)
+              .empty());
+    CHECK(unsupported_scheduler_settings(R"({"solver_order": 4})", SamplerKind::DEIS).size() == 1);
+
+    // The settings travel from the JSON to the sampler; a value outside its range is refused by the factory too.
+    auto cfg = SchedulerConfig::from_json_text(R"({"solver_order": 3, "lower_order_final": false,
+        "final_sigmas_type": "sigma_min", "solver_type": "heun", "euler_at_final": true, "predict_x0": false,
+        "disable_corrector": [1]})");
+    CHECK(cfg.solver.solver_order == 3);
+    CHECK(cfg.solver.lower_order_final == false);
+    CHECK(cfg.solver.final_sigmas_type == FinalSigmasType::SigmaMin);
+    CHECK(cfg.solver.solver_type == SolverType::Heun);
+    CHECK(cfg.solver.euler_at_final == true);
+    CHECK(cfg.solver.predict_x0 == false);
+    CHECK(cfg.solver.disable_corrector == std::vector<int>{1});
+    CHECK_THROWS_AS(SchedulerConfig::from_json_text(R"({"solver_type": "rk4"})"), Error);
+    CHECK_THROWS_AS(SchedulerConfig::from_json_text(R"({"solver_order": 0})"), Error);
+    CHECK_THROWS_AS(make_scheduler(SamplerKind::DPMPP2MSDE, cfg), ParamError);
+    CHECK_THROWS_AS(make_scheduler(SamplerKind::DPMPP2S, cfg), ParamError);
+    CHECK(make_scheduler(SamplerKind::UniPC, cfg)->earlier_outputs() == 3);
+    CHECK(make_scheduler(SamplerKind::DEIS, cfg)->earlier_outputs() == 2);
+    // The DPM-Solver family's model input is the sample itself and init_noise_sigma 1; the final sigma is 0 for
+    // DPM-Solver (final_sigmas_type zero) and sigma(0) for UniPC / DEIS.
+    for (auto kind : {SamplerKind::DPMPP2MSDE, SamplerKind::DPMPP2S, SamplerKind::UniPC, SamplerKind::DEIS}) {
+        auto s = make_scheduler(kind);
+        s->set_timesteps(5);
+        INFO(sampler_name(kind));
+        CHECK(s->init_noise_sigma() == 1.0);
+        const bool dpm = kind == SamplerKind::DPMPP2MSDE || kind == SamplerKind::DPMPP2S;
+        CHECK((s->sigmas().back() == 0.0) == dpm);
+    }
+}
+
+TEST_CASE("DPM-Solver family: the solver settings match diffusers 0.27.2 (solver_configs)", "[schedulers][golden]") {
+    // tests/golden/sd/anchorcache_cases/solver_configs (generate/gen_solver_configs.py): orders 1 and 3, heun / bh1,
+    // sigma_min, lower_order_final false, euler_at_final, predict_x0 false, disable_corrector, Karras, v-prediction.
+    const std::filesystem::path dir = test::golden("sd/anchorcache_cases/solver_configs");
+    std::vector<std::string> runs;
+    const auto cfg = test::read_json_file(dir / "config.json");
+    for (const auto& r : cfg.at("runs")) runs.push_back(r.at("file").get<std::string>());
+    CHECK(runs.size() >= 20);
+    check_runs(dir, runs, 10);
+}
+
+TEST_CASE("DPM++ 2M SDE: the injected noise carried forward leaves the deterministic trajectory", "[schedulers]") {
+    // With a model whose data prediction is a fixed X0 (eps = (x - alpha X0) / sigma_vp), every SDE step is
+    // x' = decay x + alpha_t (1 - e^{-2h}) X0 + sigma_t sqrt(1 - e^{-2h}) z (the second-order term vanishes: D1 = 0),
+    // decay = sigma_t / sigma_s e^{-h}. Less the injected noise it must follow y' = decay y + alpha_t (1 - e^{-2h}) X0.
+    auto sched = make_scheduler(SamplerKind::DPMPP2MSDE);
+    sched->set_timesteps(6);
+    const auto sig = sched->sigmas();
+    torch::manual_seed(12);
+    const auto X0 = torch::randn({1, 4, 3, 3});
+    auto x = torch::randn({1, 4, 3, 3});
+    auto y = x.clone();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+    auto vp = [](double s) { return std::pair{1 / std::sqrt(s * s + 1), s / std::sqrt(s * s + 1)}; };
+    for (int i = 0; i < 6; ++i) {
+        const auto [as, ss] = vp(sig[size_t(i)]);
+        const auto [at, st] = vp(sig[size_t(i) + 1]);
+        const double h = std::log(at / st) - std::log(as / ss);
+        const double decay = st / ss * std::exp(-h);
+        x = sched->step((x - as * X0) / ss, i, x, &gen);
+        y = decay * y + at * (1 - std::exp(-2 * h)) * X0;
+        INFO("step " << i);
+        if (i < 5) {
+            REQUIRE(sched->injected_noise().defined());
+            CHECK(sched->injected_carry() > 0);
+            CHECK(torch::allclose(x - sched->injected_noise(), y, 1e-4, 1e-4));
+        } else {
+            // The last step reaches sigma 0: no noise, the data prediction itself.
+            CHECK(torch::allclose(x, X0, 1e-5, 1e-5));
+        }
+    }
+    sched->set_timesteps(6);
+    CHECK_FALSE(sched->injected_noise().defined());
+    // The generator drives the noise: the same seed gives the same run, another seed another one.
+    auto run = [&](uint64_t seed) {
+        auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+        sched->set_timesteps(4);
+        auto z = torch::ones({1, 4, 2, 2});
+        for (int i = 0; i < 4; ++i) z = sched->step(0.1 * z, i, z, &g);
+        return z;
+    };
+    CHECK(torch::equal(run(3), run(3)));
+    CHECK_FALSE(torch::allclose(run(3), run(4)));
+}
+
+TEST_CASE("UniPC corrects the sample with the new output before predicting", "[schedulers]") {
+    // disable_corrector naming every step turns UniPC into its predictor alone (UniP-2, Zhao et al. sec. 3.1); the
+    // corrector changes the trajectory from the second step on but not the first.
+    SchedulerConfig plain, no_corr;
+    no_corr.solver.disable_corrector = {0, 1, 2, 3, 4, 5};
+    auto a = make_scheduler(SamplerKind::UniPC, plain), b = make_scheduler(SamplerKind::UniPC, no_corr);
+    a->set_timesteps(6);
+    b->set_timesteps(6);
+    torch::manual_seed(5);
+    auto xa = torch::randn({1, 4, 3, 3});
+    auto xb = xa.clone();
+    for (int i = 0; i < 6; ++i) {
+        xa = a->step(torch::sin(xa), i, xa, nullptr);
+        xb = b->step(torch::sin(xb), i, xb, nullptr);
+        INFO("step " << i);
+        if (i == 0)
+            CHECK(torch::equal(xa, xb));
+        else
+            CHECK_FALSE(torch::allclose(xa, xb, 1e-6, 1e-6));
+    }
+}
+
+TEST_CASE("DPM-Solver family: A1111 names where A1111 has the same algorithm, ours elsewhere", "[schedulers][png]") {
+    CHECK(a1111_sampler(SamplerKind::DPMPP2MSDE).sampler == "DPM++ 2M SDE");
+    CHECK(a1111_sampler(SamplerKind::UniPC).sampler == "UniPC");
+    // A1111's "DPM++ 2S a" is ancestral, and A1111 has no DEIS: our names, read back as themselves.
+    CHECK(a1111_sampler(SamplerKind::DPMPP2S).sampler == "dpmpp_2s");
+    CHECK(sampler_from_a1111("dpmpp_2s", "Automatic") == SamplerKind::DPMPP2S);
+    CHECK(sampler_from_a1111("deis") == SamplerKind::DEIS);
+    CHECK_FALSE(sampler_from_a1111("DPM++ 2S a").has_value());
+    // "DPM++ 2M SDE" on an explicit schedule type is ours on that schedule; A1111's "Automatic" for it is
+    // exponential, which the old one-field name with Karras is not.
+    auto ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: DPM++ 2M SDE, Schedule type: Karras, Seed: 1",
+                                             "test");
+    CHECK(ip.sampler == SamplerKind::DPMPP2MSDE);
+    CHECK(ip.schedule == NoiseSchedule::Karras);
+    ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: DPM++ 2M SDE, Schedule type: Exponential", "test");
+    CHECK(ip.sampler == SamplerKind::DPMPP2MSDE);
+    CHECK(ip.schedule == NoiseSchedule::Exponential);
+    ip = image_parameters_from_infotext("a cat\nSteps: 9, Sampler: UniPC, Schedule type: Automatic", "test");
+    CHECK(ip.sampler == SamplerKind::UniPC);
+    CHECK_FALSE(ip.schedule.has_value());
 }

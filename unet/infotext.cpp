@@ -17,7 +17,11 @@ namespace {
 // A1111 names (modules/sd_samplers_kdiffusion.py, sd_samplers_timesteps.py). diffusers' PNDM as SD runs it
 // (skip_prk_steps) is the PLMS of the CompVis sampler A1111 lists as "PLMS". "Automatic" is the sampler's default
 // schedule, which since A1111 1.9 is Karras for "DPM++ 2M" ({'scheduler': 'karras'}): our plain dpmpp_2m (the
-// model's own sigmas) is "Uniform" there.
+// model's own sigmas) is "Uniform" there. "DPM++ 2M SDE" is k-diffusion's sample_dpmpp_2m_sde (midpoint, eta 1, the
+// algorithm of diffusers' sde-dpmsolver++; A1111 draws its noise from a Brownian tree, Gaussian increments over these
+// disjoint steps all the same), whose "Automatic" is exponential. "UniPC" is the same predictor-corrector, but
+// A1111's settings pick its variant and order (uni_pc_variant, uni_pc_order) where ours come from the scheduler
+// config (diffusers' bh2, order 2 by default). A1111's "DPM++ 2S a" is ancestral: not our dpmpp_2s.
 const std::vector<std::pair<SamplerKind, A1111Sampler>>& a1111_samplers() {
     static const std::vector<std::pair<SamplerKind, A1111Sampler>> table = {
         {SamplerKind::EulerAncestral, {"Euler a", "Automatic"}},
@@ -27,6 +31,8 @@ const std::vector<std::pair<SamplerKind, A1111Sampler>>& a1111_samplers() {
         {SamplerKind::DPMPP2M, {"DPM++ 2M", "Uniform"}},
         {SamplerKind::DPMPP2MKarras, {"DPM++ 2M", "Karras"}},
         {SamplerKind::LMS, {"LMS", "Automatic"}},
+        {SamplerKind::DPMPP2MSDE, {"DPM++ 2M SDE", "Uniform"}},
+        {SamplerKind::UniPC, {"UniPC", "Automatic"}},
     };
     return table;
 }
@@ -35,7 +41,11 @@ const std::vector<std::pair<SamplerKind, A1111Sampler>>& a1111_samplers() {
 // resolves to the sampler's default, a missing field (infotexts before 1.9) to the model's own sigmas.
 std::string resolved_schedule(const std::string& sampler, const std::string& schedule) {
     if (schedule.empty()) return "Uniform";
-    if (schedule == "Automatic") return sampler == "DPM++ 2M" ? "Karras" : "Uniform";
+    if (schedule == "Automatic") {
+        if (sampler == "DPM++ 2M") return "Karras";
+        if (sampler == "DPM++ 2M SDE") return "Exponential"; // A1111's {'scheduler': 'exponential'}
+        return "Uniform";
+    }
     return schedule;
 }
 
@@ -83,6 +93,10 @@ std::optional<SamplerKind> sampler_from_a1111(const std::string& sampler, const 
     schedule = resolved_schedule(name, schedule);
     for (const auto& [kind, s] : a1111_samplers())
         if (s.sampler == name && resolved_schedule(name, s.schedule_type) == schedule) return kind;
+    // A sampler A1111 does not have is written under our own name (a1111_sampler): it reads back the same way.
+    if (schedule == "Uniform")
+        for (const auto& [n, kind] : sampler_table())
+            if (n == name && a1111_sampler(kind).sampler == n) return kind;
     return std::nullopt;
 }
 
@@ -319,7 +333,7 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
         // Any other sampler with a schedule type of ours: that sampler on that schedule.
         for (const auto& [name, s] : noise_schedule_table())
             if (!ip.sampler && s != NoiseSchedule::Default && noise_schedule_label(s) == schedule) {
-                ip.sampler = sampler_from_a1111(sampler, "Automatic");
+                ip.sampler = sampler_from_a1111(sampler, "Uniform"); // the sampler on its own spacing
                 if (ip.sampler) ip.schedule = s;
             }
         if (!ip.sampler)

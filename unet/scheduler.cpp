@@ -39,6 +39,10 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
         {"dpmpp_2m", SamplerKind::DPMPP2M},
         {"dpmpp_2m_karras", SamplerKind::DPMPP2MKarras},
         {"lms", SamplerKind::LMS},
+        {"dpmpp_2m_sde", SamplerKind::DPMPP2MSDE},
+        {"dpmpp_2s", SamplerKind::DPMPP2S},
+        {"unipc", SamplerKind::UniPC},
+        {"deis", SamplerKind::DEIS},
     };
     // clang-format on
     return table;
@@ -71,6 +75,21 @@ const EnumTable<NoiseSchedule>& noise_schedule_table() {
                                                {"exponential", NoiseSchedule::Exponential},
                                                {"sgm_uniform", NoiseSchedule::SgmUniform},
                                                {"simple", NoiseSchedule::Simple}};
+    return t;
+}
+
+const EnumTable<SolverType>& solver_type_table() {
+    static const EnumTable<SolverType> t = {{"midpoint", SolverType::Midpoint},
+                                            {"heun", SolverType::Heun},
+                                            {"bh1", SolverType::Bh1},
+                                            {"bh2", SolverType::Bh2},
+                                            {"logrho", SolverType::LogRho}};
+    return t;
+}
+
+const EnumTable<FinalSigmasType>& final_sigmas_type_table() {
+    static const EnumTable<FinalSigmasType> t = {{"zero", FinalSigmasType::Zero},
+                                                 {"sigma_min", FinalSigmasType::SigmaMin}};
     return t;
 }
 
@@ -107,6 +126,9 @@ struct SamplerRow {
     std::optional<double> default_eta;
     bool karras_spaced_range;
     std::unique_ptr<Scheduler> (*make)(const SchedulerConfig&, std::optional<double>);
+    // The class's algorithm_type this row runs, where the class has several behind different samplers (nullptr: the
+    // class's plain row).
+    const char* algorithm_type = nullptr;
 };
 
 const std::vector<SamplerRow>& sampler_rows() {
@@ -119,6 +141,10 @@ const std::vector<SamplerRow>& sampler_rows() {
         {SamplerKind::DPMPP2M,        "DPMSolverMultistepScheduler",     false, std::nullopt, false, samplers::make_dpmpp_2m},
         {SamplerKind::DPMPP2MKarras,  "DPMSolverMultistepScheduler",     true,  std::nullopt, false, samplers::make_dpmpp_2m},
         {SamplerKind::LMS,            "LMSDiscreteScheduler",            false, std::nullopt, true,  samplers::make_lms},
+        {SamplerKind::DPMPP2MSDE,     "DPMSolverMultistepScheduler",     false, std::nullopt, false, samplers::make_dpmpp_2m_sde, "sde-dpmsolver++"},
+        {SamplerKind::DPMPP2S,        "DPMSolverSinglestepScheduler",    false, std::nullopt, false, samplers::make_dpmpp_2s},
+        {SamplerKind::UniPC,          "UniPCMultistepScheduler",         false, std::nullopt, false, samplers::make_unipc},
+        {SamplerKind::DEIS,           "DEISMultistepScheduler",          false, std::nullopt, false, samplers::make_deis},
     };
     // clang-format on
     return rows;
@@ -132,12 +158,15 @@ const SamplerRow& sampler_row(SamplerKind kind) {
 
 } // namespace
 
-SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigmas) {
-    // The class's Karras row when asked for and there is one, else its plain row.
+SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigmas, const std::string& algorithm_type) {
+    // The row of the class that runs `algorithm_type` if one does; else the class's Karras row when asked for and
+    // there is one, else its plain row.
+    for (const auto& r : sampler_rows())
+        if (cls == r.diffusers_class && r.algorithm_type && algorithm_type == r.algorithm_type) return r.kind;
     const SamplerRow* found = nullptr;
     std::string supported;
     for (const auto& r : sampler_rows()) {
-        if (cls == r.diffusers_class && (!found || (use_karras_sigmas && r.karras))) found = &r;
+        if (cls == r.diffusers_class && !r.algorithm_type && (!found || (use_karras_sigmas && r.karras))) found = &r;
         if (supported.find(r.diffusers_class) == std::string::npos)
             supported += (supported.empty() ? "" : ", ") + std::string(r.diffusers_class);
     }
@@ -148,18 +177,24 @@ SamplerKind sampler_from_class_name(const std::string& cls, bool use_karras_sigm
 std::vector<std::string> unsupported_scheduler_settings(const std::string& json_text, SamplerKind kind) {
     const auto j = nlohmann::json::parse(json_text);
     const bool dpm = kind == SamplerKind::DPMPP2M || kind == SamplerKind::DPMPP2MKarras;
+    const bool sde = kind == SamplerKind::DPMPP2MSDE, dpm_2s = kind == SamplerKind::DPMPP2S;
+    const bool unipc = kind == SamplerKind::UniPC, deis = kind == SamplerKind::DEIS;
     // Read by SchedulerConfig, or inert unless a switch below enables them (thresholding's ratio and range, the
     // clipping range of clip_sample, which DDIM implements).
     static const std::set<std::string> known = {
         "_class_name",      "_diffusers_version", "num_train_timesteps", "beta_start",          "beta_end",
         "beta_schedule",    "trained_betas",      "steps_offset",        "set_alpha_to_one",    "clip_sample",
         "prediction_type",  "timestep_spacing",   "use_karras_sigmas",   "sigma_min",           "sigma_max",
-        "skip_prk_steps",   "clip_sample_range",  "sample_max_value",    "dynamic_thresholding_ratio"};
-    // Behaviour-changing keys: the one value implemented, for the samplers whose diffusers class has the key.
+        "skip_prk_steps",   "clip_sample_range",  "sample_max_value",    "dynamic_thresholding_ratio",
+        "lower_order_final", "euler_at_final",    "predict_x0",          "disable_corrector"};
+    // Behaviour-changing keys: the value implemented (and those that run the same), for the samplers whose diffusers
+    // class has the key.
     struct Rule {
         const char* key;
         nlohmann::json value; // the supported value (null: only null)
         bool applies;
+        // Other values that run the same (diffusers maps them to the implemented one): an array, or null.
+        nlohmann::json same_as = nullptr;
     };
     const std::vector<Rule> rules = {
         {"thresholding", false, true},
@@ -167,15 +202,23 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         {"skip_prk_steps", true, kind == SamplerKind::PNDM},
         {"interpolation_type", "linear", kind == SamplerKind::Euler},
         {"timestep_type", "discrete", kind == SamplerKind::Euler},
-        {"algorithm_type", "dpmsolver++", dpm},
-        {"solver_order", 2, dpm},
-        {"solver_type", "midpoint", dpm},
-        {"lower_order_final", true, dpm},
-        {"euler_at_final", false, dpm},
-        {"use_lu_lambdas", false, dpm},
-        {"final_sigmas_type", "zero", dpm},
-        {"lambda_min_clipped", "-inf", dpm},
-        {"variance_type", nullptr, dpm},
+        // The DPM-Solver family (dpmpp_2m / dpmpp_2m_karras, dpmpp_2m_sde, dpmpp_2s, unipc, deis): the solver settings
+        // they implement (SolverSettings); lower_order_final, euler_at_final, predict_x0 and disable_corrector take
+        // any value. diffusers runs the other classes' algorithm and solver types as the class's own (e.g. DEIS's
+        // 'logrho' as DPM-Solver's 'midpoint').
+        {"algorithm_type", "dpmsolver++", dpm || dpm_2s, {"deis"}},
+        {"algorithm_type", "sde-dpmsolver++", sde},
+        {"algorithm_type", "deis", deis, {"dpmsolver", "dpmsolver++"}},
+        {"solver_order", 2, dpm || deis, {1, 3}},
+        {"solver_order", 2, sde || dpm_2s, {1}}, // no third-order SDE (diffusers has none) or singlestep update
+        {"solver_type", "midpoint", dpm || sde || dpm_2s, {"heun", "logrho", "bh1", "bh2"}},
+        {"solver_type", "bh2", unipc, {"bh1", "midpoint", "heun", "logrho"}},
+        {"solver_type", "logrho", deis, {"midpoint", "heun", "bh1", "bh2"}},
+        {"use_lu_lambdas", false, dpm || sde},
+        {"final_sigmas_type", "zero", dpm || sde || dpm_2s, {"sigma_min"}},
+        {"lambda_min_clipped", "-inf", dpm || sde || dpm_2s},
+        {"variance_type", nullptr, dpm || sde || dpm_2s},
+        {"solver_p", nullptr, unipc},
     };
     std::vector<std::string> out;
     auto same = [](const nlohmann::json& v, const nlohmann::json& want) {
@@ -191,9 +234,15 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         if (!r.applies || !j.contains(r.key)) continue;
         const auto& v = j[r.key];
         if (v.is_null() && !r.value.is_boolean()) continue; // null = the class default
-        if (!same(v, r.value))
-            out.push_back(std::string(r.key) + " = " + v.dump() + " (only " + r.value.dump() + " is implemented for " +
+        const bool accepted = r.same_as.is_array() && std::any_of(r.same_as.begin(), r.same_as.end(),
+                                                                 [&](const nlohmann::json& a) { return same(v, a); });
+        if (!same(v, r.value) && !accepted) {
+            std::string values = r.value.dump();
+            if (r.same_as.is_array())
+                for (const auto& a : r.same_as) values += ", " + a.dump();
+            out.push_back(std::string(r.key) + " = " + v.dump() + " (only " + values + " is implemented for " +
                           sampler_name(kind) + ")");
+        }
     }
     for (const auto& [k, v] : j.items()) {
         if (known.count(k) || ruled.count(k)) continue;
@@ -223,6 +272,18 @@ SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const s
     c.use_karras_sigmas = j.get_bool("use_karras_sigmas", c.use_karras_sigmas);
     if (j.has("sigma_min")) c.sigma_min = j.get_double("sigma_min", 0.0);
     if (j.has("sigma_max")) c.sigma_max = j.get_double("sigma_max", 0.0);
+    auto& so = c.solver;
+    if (j.has("solver_order")) {
+        so.solver_order = j.get_int("solver_order", 2);
+        if (*so.solver_order < 1) j.fail("solver_order", "must be >= 1", j.json().at("solver_order"));
+    }
+    if (j.has("lower_order_final")) so.lower_order_final = j.get_bool("lower_order_final", true);
+    if (j.has("final_sigmas_type"))
+        so.final_sigmas_type = j.get_enum("final_sigmas_type", final_sigmas_type_table(), FinalSigmasType::Zero);
+    if (j.has("solver_type")) so.solver_type = j.get_enum("solver_type", solver_type_table(), SolverType::Midpoint);
+    if (j.has("euler_at_final")) so.euler_at_final = j.get_bool("euler_at_final", false);
+    if (j.has("predict_x0")) so.predict_x0 = j.get_bool("predict_x0", true);
+    so.disable_corrector = j.get_int_list("disable_corrector", {});
     j.reject("trained_betas", "the betas come from beta_schedule");
     if (c.num_train_timesteps < 2) j.fail("num_train_timesteps", "must be >= 2", j.json().at("num_train_timesteps"));
     return c;
@@ -384,6 +445,10 @@ float torch_log(float v) {
 
 float torch_exp(float v) {
     return torch::exp(torch::scalar_tensor(v, torch::kFloat32)).item<float>();
+}
+
+float torch_expm1(float v) {
+    return torch::expm1(torch::scalar_tensor(v, torch::kFloat32)).item<float>();
 }
 
 torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen) {

@@ -44,10 +44,22 @@
 
 namespace anchor::unet {
 
-enum class SamplerKind { DDIM, PNDM, Euler, EulerAncestral, DPMPP2M, DPMPP2MKarras, LMS };
+enum class SamplerKind {
+    DDIM,
+    PNDM,
+    Euler,
+    EulerAncestral,
+    DPMPP2M,
+    DPMPP2MKarras,
+    LMS,
+    DPMPP2MSDE,
+    DPMPP2S,
+    UniPC,
+    DEIS,
+};
 
 // Enum <-> string table that drives CLI parsing and --help: "ddim", "pndm", "euler", "euler_a", "dpmpp_2m",
-// "dpmpp_2m_karras", "lms".
+// "dpmpp_2m_karras", "lms", "dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis".
 const EnumTable<SamplerKind>& sampler_table();
 SamplerKind sampler_from_string(const std::string& s); // throws ParamError("sampler") listing the valid names
 std::string sampler_name(SamplerKind k);
@@ -82,6 +94,25 @@ std::string noise_schedule_name(NoiseSchedule s);
 // "SGM Uniform", "Simple".
 std::string noise_schedule_label(NoiseSchedule s);
 
+// The solver type of the DPM-Solver family: DPM-Solver's second-order 'midpoint' / 'heun' (Lu et al. 2022a/b),
+// UniPC's B(h) = h 'bh1' / e^h - 1 'bh2' (Zhao et al. 2023, sec. 3.1), DEIS's 'logrho'. Each class runs the others'
+// names as its default, as diffusers does.
+enum class SolverType { Midpoint, Heun, Bh1, Bh2, LogRho };
+const EnumTable<SolverType>& solver_type_table(); // "midpoint", "heun", "bh1", "bh2", "logrho"
+// diffusers' final_sigmas_type: the sigma after the last step is 0 or sigma(t = 0) of the training schedule.
+enum class FinalSigmasType { Zero, SigmaMin };
+const EnumTable<FinalSigmasType>& final_sigmas_type_table(); // "zero", "sigma_min"
+// The keys of those classes' scheduler_config.json (unset: the class's default).
+struct SolverSettings {
+    std::optional<int> solver_order;                   // multistep order / singlestep pattern order
+    std::optional<bool> lower_order_final;             // lower orders at the end of short runs
+    std::optional<FinalSigmasType> final_sigmas_type;  // DPM-Solver multistep and singlestep
+    std::optional<SolverType> solver_type;             // see SolverType
+    std::optional<bool> euler_at_final;                // DPM-Solver multistep: first order at the last step
+    std::optional<bool> predict_x0;                    // UniPC: data (true) or noise prediction
+    std::vector<int> disable_corrector;                // UniPC: steps whose corrector is skipped
+};
+
 // The fields of diffusers' scheduler_config.json that matter; defaults are SD 1.5's.
 struct SchedulerConfig {
     int num_train_timesteps = 1000;
@@ -107,6 +138,9 @@ struct SchedulerConfig {
     // sigmas of its spaced timesteps, so the range depends on timestep_spacing). Otherwise the model's range
     // [sigma(0), sigma(N-1)], as DPMSolverMultistepScheduler and k-diffusion / A1111's karras.
     bool karras_spaced_range = false;
+    // Addition: the solver settings of the DPM-Solver family (DPMSolverMultistep / DPMSolverSinglestep /
+    // UniPCMultistep / DEISMultistep; each sampler reads those its class has, unset = the class default).
+    SolverSettings solver;
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
     // not know is an anchor::Error naming the file, the field and the choices).
@@ -206,10 +240,14 @@ ScheduleLevels schedule_levels(NoiseSchedule s, const SchedulerConfig& cfg, int 
 // 2021 eq. 17 with beta capped at 0.999. alphas_cumprod = cumprod(1 - betas) in float32.
 torch::Tensor make_betas(const SchedulerConfig& cfg);
 torch::Tensor make_alphas_cumprod(const SchedulerConfig& cfg);
-// diffusers class name (+ use_karras_sigmas) -> sampler: "DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
-// "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "LMSDiscreteScheduler". Throws anchor::Error
-// for an unknown class.
-SamplerKind sampler_from_class_name(const std::string& class_name, bool use_karras_sigmas = false);
+// diffusers class name (+ use_karras_sigmas, + algorithm_type where the class has several) -> sampler:
+// "DDIMScheduler", "PNDMScheduler", "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
+// "DPMSolverMultistepScheduler" (algorithm_type "sde-dpmsolver++": dpmpp_2m_sde), "LMSDiscreteScheduler",
+// "DPMSolverSinglestepScheduler", "UniPCMultistepScheduler", "DEISMultistepScheduler". Throws anchor::Error for an
+// unknown class. An algorithm_type no row names gives the class's plain row (unsupported_scheduler_settings then
+// reports it).
+SamplerKind sampler_from_class_name(const std::string& class_name, bool use_karras_sigmas = false,
+                                    const std::string& algorithm_type = "");
 // The settings of a diffusers scheduler configuration (JSON text) that the sampler `kind` would not run as diffusers
 // does: a behaviour-changing key of that class with a value this engine does not implement (e.g.
 // DPMSolverMultistepScheduler's algorithm_type 'sde-dpmsolver++', EulerDiscreteScheduler's interpolation_type

@@ -1,6 +1,7 @@
 // The common part of the samplers behind unet/scheduler.h's Scheduler interface: the numpy-exact schedule and sigma
 // helpers (defined in unet/scheduler.cpp), the base classes, and one factory per sampler. Each sampler is one file in
-// this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp) holding only its own step rule and
+// this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp, dpmpp_sde.cpp, dpmpp_2s.cpp,
+// unipc.cpp, deis.cpp) holding only its own step rule and
 // multistep state; a new sampler is a new file, its factory and one row of make_scheduler's table.
 //
 // Scalar coefficients are computed in float (the schedulers hold float32 tensors, so diffusers' 0-dim tensor
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +66,7 @@ AlphaSigma sigma_to_alpha_sigma(float sigma);
 // whose vectorised (Sleef) results can differ from libm's by an ulp.
 float torch_log(float v);
 float torch_exp(float v);
+float torch_expm1(float v);
 // Noise of model_output's shape from `gen` (drawn on the generator's device, then moved), like diffusers' randn_tensor.
 torch::Tensor draw_noise(const torch::Tensor& like, torch::Generator* gen);
 
@@ -207,6 +210,86 @@ protected:
     std::vector<float> sig_;
 };
 
+// ---- the DPM-Solver family: DPM-Solver++ 2M / 2M SDE / 2S, UniPC, DEIS ------------------------------------------
+// diffusers' DPMSolverMultistep, DPMSolverSinglestep, UniPCMultistep and DEISMultistep schedulers share the schedule
+// and the parameterisation: integer timesteps with DPM's own spacing, sigmas interpolated at them (float32) and one
+// final sigma, the VP pair (alpha_t, sigma_t) of each sigma and its half log-SNR lambda = log alpha - log sigma
+// (Lu et al. 2022a, sec. 3.1), the unscaled model input, init_noise_sigma 1, add_noise alpha x0 + sigma noise.
+
+// The sigma after the last step: 0 (DPM-Solver final_sigmas_type 'zero'), sigma(t = 0) of the training schedule
+// ('sigma_min'), or what UniPC / DEIS append: sigma(t = 0) on the default spacing but the schedule's last sigma again
+// on a custom schedule (their use_karras_sigmas path), which makes the last step keep the sample.
+enum class FinalSigma { Zero, TrainMin, ScheduleEnd };
+
+class DpmFamilyScheduler : public SchedulerBase {
+public:
+    using SchedulerBase::SchedulerBase;
+    std::vector<double> sigmas() const override { return std::vector<double>(sig_.begin(), sig_.end()); }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+    torch::Tensor add_noise(const torch::Tensor& x0, const torch::Tensor& noise, int i) const override {
+        check_index(i);
+        const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_[i]);
+        return x0 * double(alpha) + noise * double(sigma);
+    }
+
+protected:
+    // Timesteps of `spacing` as diffusers' DPM-Solver family spaces them ('leading' with step ratio N // (n + 1),
+    // 'linspace' over n + 1 points less the last, 'trailing'), or on a custom schedule its sigmas with their
+    // _sigma_to_t timesteps rounded half to even; then the final sigma. Resets the begin index and calls restart().
+    void set_dpm_timesteps(int n, TimestepSpacing spacing, FinalSigma final_sigma);
+    struct Lambda {
+        float alpha, sigma, lambda;
+    };
+    // The VP pair and lambda of sigma index k (lambda through LibTorch's log, as diffusers' 0-dim tensors).
+    Lambda lambda_at(int k) const {
+        const auto [alpha, sigma] = sigma_to_alpha_sigma(sig_.at(size_t(k)));
+        return {alpha, sigma, torch_log(alpha) - torch_log(sigma)};
+    }
+    // Data prediction x0 of the model output at sigma index i (Lu et al. 2022b eq. 9; v: Salimans & Ho 2022).
+    torch::Tensor data_prediction(const torch::Tensor& out, const torch::Tensor& x, int i) const;
+    // DPM-Solver++ first order (= DDIM), from sigma index s to t: x_t = (sigma_t / sigma_s) x - alpha_t (e^{-h} - 1)
+    // x0, h = lambda_t - lambda_s (Lu et al. 2022b eq. 10 with k = 1).
+    torch::Tensor dpmpp_first_order(const torch::Tensor& x0, const torch::Tensor& sample, int s, int t) const;
+    // The model outputs the solver converted at the last steps (at most `keep`), for the multistep formulas;
+    // recent(0) is the newest. restart() clears them with the order warm-up count and the step counter.
+    void remember(const torch::Tensor& m, int keep) {
+        history_.push_back(m);
+        while (static_cast<int>(history_.size()) > keep) history_.pop_front();
+    }
+    const torch::Tensor& recent(int k) const { return history_.at(history_.size() - 1 - size_t(k)); }
+    void restart() override {
+        history_.clear();
+        lower_order_nums_ = 0;
+        step_index_ = begin_;
+    }
+    // The order of this step of a multistep solver of order `order` (diffusers' DPM-Solver / DEIS rule): first order
+    // while there is no history yet or where `first_at_final`, at most second order with one earlier output or where
+    // `second_at_final`. Counts the step into the warm-up.
+    int multistep_order(int order, bool first_at_final, bool second_at_final) {
+        int o = 3;
+        if (order == 1 || lower_order_nums_ < 1 || first_at_final)
+            o = 1;
+        else if (order == 2 || lower_order_nums_ < 2 || second_at_final)
+            o = 2;
+        if (lower_order_nums_ < order) ++lower_order_nums_;
+        return o;
+    }
+    // A solver order from the configuration (the class's default when unset), refused outside [1, max_order].
+    int solver_order(int default_order, int max_order) const {
+        const int o = cfg_.solver.solver_order.value_or(default_order);
+        if (o < 1 || o > max_order)
+            throw ParamError("solver_order", std::string(name_) + ": solver_order must be in [1, " +
+                                                 std::to_string(max_order) + "], got " + std::to_string(o));
+        return o;
+    }
+
+    std::vector<float> sig_;
+    std::deque<torch::Tensor> history_;
+    int lower_order_nums_ = 0; // steps taken so far, capped at the solver order (the warm-up of a multistep method)
+    int step_index_ = 0;
+};
+
 // ---- one factory per sampler (its own file); eta is set for the samplers that take one (sampler_takes_eta) ------
 std::unique_ptr<Scheduler> make_ddim(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_pndm(const SchedulerConfig& cfg, std::optional<double> eta);
@@ -214,5 +297,9 @@ std::unique_ptr<Scheduler> make_euler(const SchedulerConfig& cfg, std::optional<
 std::unique_ptr<Scheduler> make_euler_a(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_dpmpp_2m(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_lms(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_dpmpp_2m_sde(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_dpmpp_2s(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_unipc(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_deis(const SchedulerConfig& cfg, std::optional<double> eta);
 
 } // namespace anchor::unet::samplers
