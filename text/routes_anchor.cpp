@@ -11,11 +11,6 @@
 
 namespace anchor::text {
 
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
-using serve::RequestFields;
 using text_routes::as_field;
 using text_routes::check_prompt_bytes;
 

@@ -9,7 +9,6 @@
 namespace anchor::text {
 
 namespace fs = std::filesystem;
-using serve::HttpError;
 
 void TextServerParams::validate() const {
     http.validate();

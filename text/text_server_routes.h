@@ -12,6 +12,13 @@
 
 namespace anchor::text {
 
+// The server core's names every route file uses.
+using serve::HttpError;
+using serve::HttpReply;
+using serve::HttpRequest;
+using serve::JobControl;
+using serve::RequestFields;
+
 void register_openai_routes(TextServer& srv, serve::HttpServer& http);
 void register_anchor_routes(TextServer& srv, serve::HttpServer& http);
 

@@ -5,12 +5,6 @@
 
 namespace anchor::unet {
 
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
-using serve::RequestFields;
-
 void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
     const std::string model_name = s.model_name();
 

@@ -12,11 +12,6 @@ using sd_routes::as_request;
 using sd_routes::check_cache_for_model;
 using sd_routes::check_prompts;
 using sd_routes::progress_json;
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
-using serve::RequestFields;
 
 void register_anchor_routes(SdServer& s, serve::HttpServer& http) {
     // Several cache modes of one image side by side: each image with its wall time, speed-up, full steps, PSNR and

@@ -7,12 +7,6 @@
 
 namespace anchor::unet {
 
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
-using serve::RequestFields;
-
 void register_openai_routes(SdServer& s, serve::HttpServer& http) {
     // OpenAI's image generation: prompt, n, size "WxH", response_format b64_json; our fields as in txt2img.
     http.post("/v1/images/generations", [&s](const HttpRequest& req) {

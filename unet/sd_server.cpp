@@ -16,14 +16,9 @@
 namespace anchor::unet {
 
 namespace fs = std::filesystem;
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
 using serve::openapi_document;
 using serve::openapi_get;
 using serve::openapi_post;
-using serve::RequestFields;
 
 void SdServerParams::validate() const {
     http.validate();

@@ -14,6 +14,13 @@
 
 namespace anchor::unet {
 
+// The server core's names every route file uses.
+using serve::HttpError;
+using serve::HttpReply;
+using serve::HttpRequest;
+using serve::JobControl;
+using serve::RequestFields;
+
 void register_a1111_routes(SdServer& s, serve::HttpServer& http);
 void register_openai_routes(SdServer& s, serve::HttpServer& http);
 void register_anchor_routes(SdServer& s, serve::HttpServer& http);
