@@ -393,7 +393,7 @@ void LatentCache::reset_stats() {
 
 nlohmann::json to_json(const CacheStats& s) {
     const uint64_t lookups = s.hits + s.misses + s.stale_rejections;
-    return nlohmann::json{
+    nlohmann::json j{
         {"hits", s.hits},
         {"misses", s.misses},
         {"stale_rejections", s.stale_rejections},
@@ -411,6 +411,13 @@ nlohmann::json to_json(const CacheStats& s) {
           {"stale_rejections", s.row_stale_rejections},
           {"misses", s.row_misses}}},
     };
+    if (s.position_layers_total > 0)
+        j["reuse"] = {{"position_layers_total", s.position_layers_total},
+                      {"position_layers_reused", s.position_layers_reused},
+                      {"reused_fraction", s.reused_fraction()},
+                      {"full_steps", s.full_steps},
+                      {"drift_refreshes", s.drift_refreshes}};
+    return j;
 }
 
 CacheStats& CacheStats::operator+=(const CacheStats& o) {
@@ -420,6 +427,9 @@ CacheStats& CacheStats::operator+=(const CacheStats& o) {
     entries = std::max(entries, o.entries);
     rows_written += o.rows_written, row_hits += o.row_hits, row_stale_rejections += o.row_stale_rejections;
     row_misses += o.row_misses;
+    position_layers_total += o.position_layers_total, position_layers_reused += o.position_layers_reused;
+    full_steps += o.full_steps, drift_refreshes += o.drift_refreshes;
+    active_per_step.insert(active_per_step.end(), o.active_per_step.begin(), o.active_per_step.end());
     return *this;
 }
 

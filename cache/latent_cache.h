@@ -99,10 +99,24 @@ struct CacheStats {
     uint64_t row_hits = 0;
     uint64_t row_stale_rejections = 0;
     uint64_t row_misses = 0;
-    // Sums the counters of runs (bytes, peak_bytes and entries: the largest of the two).
+    // The decisions of the cache that reads the store (text/mdlm_cache.h; LatentCache itself leaves them 0), counted
+    // in position-layers (one position of one block at one step): all of them, the anchored ones (served from the
+    // store), the steps that recomputed everything, the steps where the drift probe refreshed the deeper layers
+    // (drift=G), and the position-layers computed at each step.
+    int64_t position_layers_total = 0;
+    int64_t position_layers_reused = 0;
+    int64_t full_steps = 0;
+    int64_t drift_refreshes = 0;
+    std::vector<int64_t> active_per_step;
+    double reused_fraction() const {
+        return position_layers_total ? double(position_layers_reused) / double(position_layers_total) : 0.0;
+    }
+    // Sums the counters of runs (bytes, peak_bytes and entries: the largest of the two; active_per_step: the steps of
+    // both, one after the other).
     CacheStats& operator+=(const CacheStats& o);
 };
-// Every statistic above as JSON (the keys of LatentCache::stats_json, without the options and operation counts).
+// Every statistic above as JSON (the keys of LatentCache::stats_json, without the options and operation counts); the
+// decisions under "reuse", only when there are any (position_layers_total > 0).
 nlohmann::json to_json(const CacheStats& s);
 
 // Counts of the primitive operations the cache performed, for complexity tests.

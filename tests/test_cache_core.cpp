@@ -191,6 +191,38 @@ TEST_CASE("latent cache: statistics export as JSON", "[cache]") {
     CHECK(c.op_counters().total() == 0);
 }
 
+TEST_CASE("cache statistics: one type for the store and the decisions of the cache reading it", "[cache]") {
+    CacheStats a;
+    a.hits = 3, a.bytes = 100, a.peak_bytes = 120, a.entries = 2;
+    CHECK_FALSE(to_json(a).contains("reuse")); // a store alone (the SD caches') reports no decisions
+    CHECK(a.reused_fraction() == 0.0);
+    CacheStats d; // a denoiser's decisions: 2 steps x 3 positions x 2 layers, 5 of the 12 position-layers anchored
+    d.position_layers_total = 12, d.position_layers_reused = 5, d.full_steps = 1, d.drift_refreshes = 1;
+    d.active_per_step = {6, 1};
+    CacheStats b;
+    b.hits = 1, b.bytes = 80, b.peak_bytes = 200, b.entries = 3;
+    b.position_layers_total = 6, b.position_layers_reused = 1, b.active_per_step = {5};
+    a += d;
+    a += b;
+    CHECK(a.hits == 4);
+    CHECK(a.bytes == 100);
+    CHECK(a.peak_bytes == 200);
+    CHECK(a.entries == 3);
+    CHECK(a.position_layers_total == 18);
+    CHECK(a.position_layers_reused == 6);
+    CHECK(a.full_steps == 1);
+    CHECK(a.drift_refreshes == 1);
+    CHECK(a.active_per_step == std::vector<int64_t>{6, 1, 5});
+    CHECK(a.reused_fraction() == Approx(6.0 / 18));
+    const auto j = to_json(a);
+    CHECK(j["hits"] == 4);
+    CHECK(j["reuse"]["position_layers_total"] == 18);
+    CHECK(j["reuse"]["position_layers_reused"] == 6);
+    CHECK(j["reuse"]["reused_fraction"].get<double>() == Approx(1.0 / 3));
+    CHECK(j["reuse"]["full_steps"] == 1);
+    CHECK(j["reuse"]["drift_refreshes"] == 1);
+}
+
 TEST_CASE("latent cache: row-versioned entries write rows in place and stamp each one", "[cache][rows]") {
     LatentCache c;
     auto k = key("seq", 1, 0);

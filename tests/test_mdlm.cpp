@@ -378,22 +378,22 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     auto r = sample(den, so);
     const int64_t active = r.cache.position_layers_total - r.cache.position_layers_reused;
     // Five slots (K, V, Attn, Ffn, Token) per recomputed position and layer; every anchored row was a fresh row.
-    CHECK(r.store.rows_written == uint64_t(5 * active));
-    CHECK(r.store.row_hits >= uint64_t(r.cache.position_layers_reused));
-    CHECK(r.store.row_hits + r.store.row_stale_rejections + r.store.row_misses == uint64_t(layers * L * so.steps));
-    CHECK(r.store.row_misses == uint64_t(layers * L)); // step 0 finds every row unwritten
-    CHECK(r.store.entries == size_t(5 * layers));
-    CHECK(r.store.evictions == 0);
+    CHECK(r.cache.rows_written == uint64_t(5 * active));
+    CHECK(r.cache.row_hits >= uint64_t(r.cache.position_layers_reused));
+    CHECK(r.cache.row_hits + r.cache.row_stale_rejections + r.cache.row_misses == uint64_t(layers * L * so.steps));
+    CHECK(r.cache.row_misses == uint64_t(layers * L)); // step 0 finds every row unwritten
+    CHECK(r.cache.entries == size_t(5 * layers));
+    CHECK(r.cache.evictions == 0);
     // One sequence per namespace: the next sample replaces the previous one's entries.
     auto r2 = sample(den, so);
     CHECK(r2.tokens == r.tokens);
     CHECK(den.store().size() == size_t(5 * layers));
-    CHECK(r2.store.rows_written == r.store.rows_written);
+    CHECK(r2.cache.rows_written == r.cache.rows_written);
 
     // fp16 storage: about half the bytes, logits within float16 rounding of the float32 store.
     MdlmDenoiser half(m, parse_cache_spec("anchor:masked=active,stale=3,rho=0.1,fp16=1"));
     auto rh = sample(half, so);
-    CHECK(rh.store.bytes < r.store.bytes * 6 / 10);
+    CHECK(rh.cache.bytes < r.cache.bytes * 6 / 10);
     auto ids = scripted_ids(m, L);
     auto pos = torch::arange(L, torch::kInt64);
     MdlmDenoiser a(m, parse_cache_spec("anchor:masked=active,stale=10,rho=0")),
@@ -409,13 +409,13 @@ TEST_CASE("mdlm cache: the latent store's rows, statistics, fp16 storage and byt
     CHECK(rel < 1e-2);
 
     // A byte budget below the whole sequence's latents: layers are evicted and recomputed, the sample completes.
-    const double layer_mib = double(r.store.bytes) / double(layers) / (1024.0 * 1024.0);
+    const double layer_mib = double(r.cache.bytes) / double(layers) / (1024.0 * 1024.0);
     std::ostringstream spec;
     spec << "anchor:masked=active,stale=3,rho=0.1,budget=" << 2.5 * layer_mib;
     MdlmDenoiser tight(m, parse_cache_spec(spec.str()));
     auto rt = sample(tight, so);
-    CHECK(rt.store.evictions > 0);
-    CHECK(rt.store.bytes <= size_t(2.5 * layer_mib * 1024 * 1024));
+    CHECK(rt.cache.evictions > 0);
+    CHECK(rt.cache.bytes <= size_t(2.5 * layer_mib * 1024 * 1024));
     CHECK(rt.tokens.size() == size_t(L));
     // One that cannot hold one layer is refused, naming the budget.
     std::ostringstream tiny;

@@ -1,6 +1,8 @@
 // GPT-2 model, loader and streaming; semantics in tests/golden/text/README.md sec. 2-3.
 #include "text/gpt2_model.h"
 
+#include "text/gpt2_tokenizer.h"
+
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/model_source.h"
@@ -79,6 +81,22 @@ std::string Gpt2Config::describe() const {
     return os.str();
 }
 
+namespace {
+
+// The fields from_json reads and to_json writes under HF's names.
+std::vector<JsonField> json_fields(Gpt2Config& g) {
+    return {ANCHOR_JSON_FIELD(g, n_layer),
+            ANCHOR_JSON_FIELD(g, n_head),
+            ANCHOR_JSON_FIELD(g, n_embd),
+            ANCHOR_JSON_FIELD(g, n_positions),
+            ANCHOR_JSON_FIELD(g, vocab_size),
+            ANCHOR_JSON_FIELD(g, n_inner),
+            ANCHOR_JSON_FIELD(g, layer_norm_epsilon),
+            JsonField{"activation_function", &g.activation}};
+}
+
+} // namespace
+
 Gpt2Config Gpt2Config::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig c(j, source);
     bool is_gpt2 = c.get_string("model_type", "") == "gpt2";
@@ -86,12 +104,23 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j, const std::string& sou
     if (!is_gpt2) c.fail("not a GPT-2 config (model_type '" + c.get_string("model_type", "?") + "')");
     Gpt2Config g;
     g.n_positions = c.get_int64("n_ctx", g.n_positions); // older configs; n_positions wins when both are there
-    c.read({ANCHOR_JSON_FIELD(g, n_layer), ANCHOR_JSON_FIELD(g, n_head), ANCHOR_JSON_FIELD(g, n_embd),
-            ANCHOR_JSON_FIELD(g, n_positions), ANCHOR_JSON_FIELD(g, vocab_size), ANCHOR_JSON_FIELD(g, n_inner),
-            ANCHOR_JSON_FIELD(g, layer_norm_epsilon)});
-    g.activation = c.get_string("activation_function", g.activation);
+    c.read(json_fields(g));
     g.validate();
     return g;
+}
+
+nlohmann::json Gpt2Config::to_json() const {
+    Gpt2Config g = *this;
+    nlohmann::json j = json_of(json_fields(g));
+    if (n_inner == 0) j["n_inner"] = nullptr; // HF: None means 4 * n_embd (0 would be a zero-width MLP)
+    j["n_ctx"] = n_positions;                 // older readers
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["bos_token_id"] = j["eos_token_id"] = Gpt2Tokenizer::kEndOfText;
+    j["embd_pdrop"] = j["attn_pdrop"] = j["resid_pdrop"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["tie_word_embeddings"] = true;
+    return j;
 }
 
 Gpt2Config Gpt2Config::from_json_file(const std::string& path) {

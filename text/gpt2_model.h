@@ -57,6 +57,9 @@ struct Gpt2Config {
     // HF config.json (model_type gpt2 / architectures GPT2*). Throws naming the file and field.
     static Gpt2Config from_json(const nlohmann::json& j, const std::string& source = "config.json");
     static Gpt2Config from_json_file(const std::string& path);
+    // The HF config.json of this config (what from_json reads back, and what HF's GPT2LMHeadModel loads), its fields
+    // through the binding from_json reads.
+    nlohmann::json to_json() const;
     // Shapes only: layers from `h.{i}.` names, sizes from wte/wpe/c_fc. Shapes cannot tell the head count:
     // `n_head_hint` when > 0, else the GPT-2 family's head size of 64 (n_head = n_embd / 64).
     static Gpt2Config detect_from_weights(const WeightMap& w, int64_t n_head_hint = 0);

@@ -192,7 +192,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
                 rows[k].reused += ra.cache.reused_fraction() / R;
                 rows[k].agreement += token_agreement(ro.tokens, ra.tokens, p.prompt_len) / R;
                 rows[k].forwards_cached += double(ra.forward_passes) / R;
-                rows[k].store += ra.store;
+                rows[k].store += ra.cache;
                 ent_c[k].push_back(unigram_entropy(ra.tokens, p.prompt_len));
                 if (scorer) ppl_c[k].push_back(gen_ppl(ra.tokens));
             }

@@ -345,6 +345,12 @@ void MdlmDenoiser::begin_block(int64_t lo, int64_t hi) {
     block_started_ = true;
 }
 
+cache::CacheStats MdlmDenoiser::stats() const {
+    cache::CacheStats s = store_.stats();
+    s += decision_counts_; // its store counters are 0: the sum adds the decisions
+    return s;
+}
+
 void MdlmDenoiser::reset(int64_t length) {
     const auto& c = model_->config();
     length_ = length;
@@ -356,7 +362,7 @@ void MdlmDenoiser::reset(int64_t length) {
     store_.reset_stats();
     if (spec_.mode != CacheMode::Off)
         for (int64_t l = 0; l < c.n_blocks; ++l) create_layer(l);
-    stats_ = CacheStats{};
+    decision_counts_ = cache::CacheStats{};
     decisions_.clear();
     at_time_.clear();
 }
@@ -392,9 +398,9 @@ torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::
         if (on_layer_output) on_layer_output(step, l, ids, x[0]);
         ++l;
     }
-    stats_.position_layers_total += length_ * static_cast<int64_t>(model_->block_list.size());
-    stats_.active_per_step.push_back(length_ * static_cast<int64_t>(model_->block_list.size()));
-    stats_.full_steps++;
+    decision_counts_.position_layers_total += length_ * static_cast<int64_t>(model_->block_list.size());
+    decision_counts_.active_per_step.push_back(length_ * static_cast<int64_t>(model_->block_list.size()));
+    decision_counts_.full_steps++;
     return x;
 }
 
@@ -477,7 +483,7 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
             if (dec.probe >= 0) {
                 dec.probe_cos = key_similarity(*b, x, m, dec.probe, read(l, MdlmSlot::K), rope_);
                 drifted = dec.probe_cos < a.drift;
-                if (drifted) stats_.drift_refreshes++;
+                if (drifted) decision_counts_.drift_refreshes++;
             }
         }
         dec.full = full || drifted || rows.unwritten > 0;
@@ -583,10 +589,10 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
         }
         h = x.index_select(1, positions);
     }
-    stats_.position_layers_total += length_ * cfg.n_blocks;
-    stats_.position_layers_reused += length_ * cfg.n_blocks - active_total;
-    stats_.active_per_step.push_back(active_total);
-    if (active_total == length_ * cfg.n_blocks) stats_.full_steps++;
+    decision_counts_.position_layers_total += length_ * cfg.n_blocks;
+    decision_counts_.position_layers_reused += length_ * cfg.n_blocks - active_total;
+    decision_counts_.active_per_step.push_back(active_total);
+    if (active_total == length_ * cfg.n_blocks) decision_counts_.full_steps++;
     return h;
 }
 

@@ -133,24 +133,14 @@ std::string cache_docs_tables();
 //     active positions with one put_rows per slot and the position's version is the row's step stamp: per-position
 //     staleness (the rule above) is fresh_rows of the Token entry, whose rows are written together with the other
 //     four. One entry per position would cost a cat of L tensors before every attention.
-// The store's statistics (hits, misses, stale rejections, evictions, bytes, rows written) are part of each sample's
-// result (SampleResult::store).
+// The store's statistics (hits, misses, stale rejections, evictions, bytes, rows written) and the denoiser's decisions
+// (position-layers reused, full steps, drift refreshes) are one cache::CacheStats, part of each sample's result
+// (SampleResult::cache).
 // The store's slots: the block's latents (BlockLatent, same values), then the token ids.
 enum class MdlmSlot : int32_t { K = 0, V = 1, Attn = 2, Ffn = 3, Token = 4 };
 inline MdlmSlot slot_of(BlockLatent b) {
     return static_cast<MdlmSlot>(static_cast<int32_t>(b));
 }
-
-struct CacheStats {
-    int64_t position_layers_total = 0;    // positions x layers over all steps
-    int64_t position_layers_reused = 0;   // anchored ones
-    int64_t full_steps = 0;               // steps where everything was recomputed
-    int64_t drift_refreshes = 0;          // steps where the drift probe refreshed the deeper layers (drift=G)
-    std::vector<int64_t> active_per_step; // sum over layers of active positions
-    double reused_fraction() const {
-        return position_layers_total ? double(position_layers_reused) / double(position_layers_total) : 0.0;
-    }
-};
 
 // Per-step, per-layer decisions for tests and --show-steps: which positions were active and why.
 struct LayerDecision {
@@ -179,10 +169,9 @@ public:
     torch::Tensor logits(const torch::Tensor& ids, double t, int64_t step, const torch::Tensor& positions);
 
     const CacheSpec& spec() const { return spec_; }
-    const CacheStats& stats() const { return stats_; }
+    // The latent store's statistics and the decisions since the last reset (the store's all zero in mode off).
+    cache::CacheStats stats() const;
     const std::vector<LayerDecision>& last_decisions() const { return decisions_; }
-    // Statistics of the latent store since the last reset (all zero in mode off).
-    cache::CacheStats store_stats() const { return store_.stats(); }
     const cache::LatentCache& store() const { return store_; }
     MdlmModel& model() { return model_; }
 
@@ -226,7 +215,7 @@ private:
     };
     std::map<double, TimeEntry> at_time_;
     const TimeEntry& at_time(double t);
-    CacheStats stats_;
+    cache::CacheStats decision_counts_; // the decision counters only (the store counts its own)
     std::vector<LayerDecision> decisions_;
 
 public:

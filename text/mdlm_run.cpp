@@ -147,7 +147,7 @@ nlohmann::json DiffusionRun::to_json() const {
                         {"reused_fraction", result.cache.reused_fraction()},
                         {"full_steps", result.cache.full_steps},
                         {"drift_refreshes", result.cache.drift_refreshes},
-                        {"store", cache::to_json(result.store)}};
+                        {"store", cache::to_json(result.cache)}};
     if (gen_ppl >= 0) j["gen_ppl"] = gen_ppl;
     j["unigram_entropy"] = unigram_entropy(result.tokens, prompt_tokens);
     return j;

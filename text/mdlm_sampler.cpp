@@ -188,7 +188,6 @@ SampleResult sample(MdlmDenoiser& den, const SamplerOptions& opt, const StepCall
     refresh_ext();
     res.tokens = ext;
     res.cache = den.stats();
-    res.store = den.store_stats();
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return res;
 }

@@ -65,8 +65,7 @@ using StepCallback = std::function<void(const StepInfo&)>;
 struct SampleResult {
     std::vector<int64_t> tokens; // GPT-2-side ids, prompt included
     std::vector<int64_t> unmasked_per_step;
-    CacheStats cache;
-    cache::CacheStats store;    // the denoiser's latent store over this sample (cache/latent_cache.h)
+    cache::CacheStats cache;    // the denoiser's latent store and decisions over this sample (cache/latent_cache.h)
     int64_t forward_passes = 0; // denoiser calls (ancestral steps that unmask nothing need none)
     double seconds = 0.0;
 };

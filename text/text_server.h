@@ -3,6 +3,8 @@
 // buffer so a stream can run past the context window) and `positions`; and POST /anchor/v1/diffusion for text
 // diffusion with a `cache` mode. Over the shared server core (cache/serve/): one job at a time, each with its own KV
 // cache and sampler.
+// This header's TextServer is the core (lifecycle, queue, /health, /openapi.json); the routes of each API dialect are
+// registered by a file of their own (text/text_server_routes.h).
 #pragma once
 
 #include "cache/serve/http_server.h"
@@ -38,6 +40,9 @@ public:
     serve::HttpServer& http() { return http_; }
 
 private:
+    // Each dialect's routes (text/routes_*.cpp) read the model, the tokenizer and the limits below.
+    friend void register_openai_routes(TextServer& srv, serve::HttpServer& http);
+    friend void register_anchor_routes(TextServer& srv, serve::HttpServer& http);
     void add_routes();
     nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
     TextServerParams p_;

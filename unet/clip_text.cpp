@@ -19,15 +19,24 @@ namespace anchor::unet {
 
 namespace F = torch::nn::functional;
 
+namespace {
+
+// The fields from_json reads and to_json writes under HF's names.
+std::vector<JsonField> json_fields(ClipTextConfig& c) {
+    return {ANCHOR_JSON_FIELD(c, vocab_size),          ANCHOR_JSON_FIELD(c, hidden_size),
+            ANCHOR_JSON_FIELD(c, intermediate_size),   ANCHOR_JSON_FIELD(c, num_hidden_layers),
+            ANCHOR_JSON_FIELD(c, num_attention_heads), ANCHOR_JSON_FIELD(c, max_position_embeddings),
+            ANCHOR_JSON_FIELD(c, hidden_act),          ANCHOR_JSON_FIELD(c, layer_norm_eps)};
+}
+
+} // namespace
+
 ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j, const std::string& source) {
     // SD 2.x text_encoder/config.json nests nothing; a full CLIPConfig has the fields under text_config.
     const bool nested = j.contains("text_config") && j["text_config"].is_object();
     const JsonConfig f(nested ? j["text_config"] : j, nested ? source + "' text_config '" : source);
     ClipTextConfig c;
-    f.read({ANCHOR_JSON_FIELD(c, vocab_size), ANCHOR_JSON_FIELD(c, hidden_size),
-            ANCHOR_JSON_FIELD(c, intermediate_size), ANCHOR_JSON_FIELD(c, num_hidden_layers),
-            ANCHOR_JSON_FIELD(c, num_attention_heads), ANCHOR_JSON_FIELD(c, max_position_embeddings),
-            ANCHOR_JSON_FIELD(c, hidden_act), ANCHOR_JSON_FIELD(c, layer_norm_eps)});
+    f.read(json_fields(c));
     // Every HF CLIP text config carries projection_dim; only the WithProjection model has the layer.
     if (j.contains("architectures") && j["architectures"].is_array())
         for (const auto& a : j["architectures"])
@@ -39,6 +48,18 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& j, const std::str
         f.fail("hidden_size " + std::to_string(c.hidden_size) + " is not divisible by " +
                std::to_string(c.num_attention_heads) + " heads");
     return c;
+}
+
+nlohmann::json ClipTextConfig::to_json() const {
+    ClipTextConfig c = *this;
+    nlohmann::json j = json_of(json_fields(c));
+    j["architectures"] = {projection_dim > 0 ? "CLIPTextModelWithProjection" : "CLIPTextModel"};
+    j["model_type"] = "clip_text_model";
+    if (projection_dim > 0) j["projection_dim"] = projection_dim;
+    // CLIP's <|startoftext|> and <|endoftext|> (SD pads with the latter).
+    j["bos_token_id"] = 49406;
+    j["eos_token_id"] = j["pad_token_id"] = 49407;
+    return j;
 }
 
 ClipTextConfig ClipTextConfig::from_json_file(const std::string& path) {

@@ -34,6 +34,8 @@ struct ClipTextConfig {
     // HF config.json (`CLIPTextConfig` fields; missing ones keep the defaults).
     static ClipTextConfig from_json(const nlohmann::json& j, const std::string& source = "text encoder config");
     static ClipTextConfig from_json_file(const std::string& path);
+    // The HF config.json of this config (what from_json reads back), its fields through the binding from_json reads.
+    nlohmann::json to_json() const;
     // Sizes from tensor shapes (names relative to the model root, i.e. starting with `text_model.`). Shapes cannot tell
     // the head count: real CLIP uses head dim 64 (hidden >= 512), tiny test models head dim 8; hidden 1024 means
     // OpenCLIP ViT-H (SD 2.x) with gelu, otherwise quick_gelu.

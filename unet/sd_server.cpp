@@ -1,10 +1,8 @@
 #include "unet/sd_server.h"
 
 #include "cache/io/png_text.h"
-#include "cache/modes/mode_list.h"
-#include "unet/compare.h"
-#include "unet/freq_cache.h"
 #include "unet/infotext.h"
+#include "unet/sd_server_routes.h"
 #include "unet/txt2img_job.h"
 
 #include <unistd.h>
@@ -14,19 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 
 namespace anchor::unet {
 
 namespace fs = std::filesystem;
-using serve::HttpError;
-using serve::HttpReply;
-using serve::HttpRequest;
-using serve::JobControl;
 using serve::openapi_document;
 using serve::openapi_get;
 using serve::openapi_post;
-using serve::RequestFields;
 
 void SdServerParams::validate() const {
     http.validate();
@@ -68,52 +60,6 @@ CacheConfig cache_of(const RequestFields& f, const std::string& field, const Cac
     }
 }
 
-// A mode's demands on the model (its branch exists), as a 400 naming `field`.
-void check_cache_for_model(const CacheConfig& c, const SDModels& models, const std::string& field) {
-    if (!models.unet) return;
-    try {
-        check_cache_config(c, *models.unet, field);
-    } catch (const ParamError& e) {
-        throw HttpError(400, field, field + ": " + e.detail());
-    }
-}
-
-// The request's name of a library params field (A1111's names where they differ).
-std::string request_field(const std::string& field) {
-    static const std::vector<std::pair<std::string, std::string>> names = {
-        {"prompts", "prompt"},         {"negative_prompts", "negative_prompt"}, {"guidance_scale", "cfg_scale"},
-        {"sampler", "sampler_name"},   {"images_per_prompt", "batch_size"},     {"batch_count", "n_iter"},
-        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"}};
-    for (const auto& [lib, req] : names)
-        if (lib == field) return req;
-    return field;
-}
-
-// Runs `f`; a library ParamError comes out as the 400 of the request field it is about.
-template <class F> void as_request(F&& f) {
-    try {
-        f();
-    } catch (const ParamError& e) {
-        const std::string field = request_field(e.field());
-        throw HttpError(400, field, field + ": " + e.detail());
-    }
-}
-
-// The request's prompt fields within their bounds (unet/prompt_syntax.h) before anything reads them further: bytes
-// here, then A1111 tokens on the connection thread (linear in the bytes, so bounded) before the job is queued.
-void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& prompt) {
-    const std::string negative = p.negative_prompts.empty() ? std::string() : p.negative_prompts[0];
-    for (const auto& [field, text] : {std::pair<std::string, const std::string*>{"prompt", &prompt},
-                                      std::pair<std::string, const std::string*>{"negative_prompt", &negative}}) {
-        try {
-            check_prompt_bytes(*text, field);
-            if (p.prompt_syntax == PromptSyntax::A1111) (void)pipe.prompt_chunks({*text});
-        } catch (const ParamError& e) {
-            throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field, field + ": " + e.detail());
-        }
-    }
-}
-
 int64_t random_seed() {
     std::random_device rd;
     return int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
@@ -148,6 +94,46 @@ torch::Tensor request_image(const std::string& b64, const std::string& field, bo
     }
 }
 
+} // namespace
+
+namespace sd_routes {
+
+// A mode's demands on the model (its branch exists), as a 400 naming `field`.
+void check_cache_for_model(const CacheConfig& c, const SDModels& models, const std::string& field) {
+    if (!models.unet) return;
+    try {
+        check_cache_config(c, *models.unet, field);
+    } catch (const ParamError& e) {
+        throw HttpError(400, field, field + ": " + e.detail());
+    }
+}
+
+// The request's name of a library params field (A1111's names where they differ).
+std::string request_field(const std::string& field) {
+    static const std::vector<std::pair<std::string, std::string>> names = {
+        {"prompts", "prompt"},         {"negative_prompts", "negative_prompt"}, {"guidance_scale", "cfg_scale"},
+        {"sampler", "sampler_name"},   {"images_per_prompt", "batch_size"},     {"batch_count", "n_iter"},
+        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"}};
+    for (const auto& [lib, req] : names)
+        if (lib == field) return req;
+    return field;
+}
+
+// The request's prompt fields within their bounds (unet/prompt_syntax.h) before anything reads them further: bytes
+// here, then A1111 tokens on the connection thread (linear in the bytes, so bounded) before the job is queued.
+void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& prompt) {
+    const std::string negative = p.negative_prompts.empty() ? std::string() : p.negative_prompts[0];
+    for (const auto& [field, text] : {std::pair<std::string, const std::string*>{"prompt", &prompt},
+                                      std::pair<std::string, const std::string*>{"negative_prompt", &negative}}) {
+        try {
+            check_prompt_bytes(*text, field);
+            if (p.prompt_syntax == PromptSyntax::A1111) (void)pipe.prompt_chunks({*text});
+        } catch (const ParamError& e) {
+            throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field, field + ": " + e.detail());
+        }
+    }
+}
+
 // Progress of a job for /sdapi/v1/progress (A1111's fields, and ours under "anchor").
 nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const std::string& mode, int full_steps) {
     const double done = units > 0 && pi.total > 0 ? (double(unit) + double(pi.step) / pi.total) / units : 0.0;
@@ -165,7 +151,12 @@ nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const 
             {"anchor", {{"cache", mode}, {"step_full", pi.full}, {"full_steps", full_steps}}}};
 }
 
-} // namespace
+} // namespace sd_routes
+
+using sd_routes::as_request;
+using sd_routes::check_cache_for_model;
+using sd_routes::check_prompts;
+using sd_routes::progress_json;
 
 SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
     : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()),
@@ -198,318 +189,120 @@ bool SdServer::first_at_shape(const Txt2ImgParams& p) {
     return warm_shapes_.insert(key).second;
 }
 
+std::string SdServer::model_name() const {
+    return fs::path(p_.model).filename().string();
+}
+
+void SdServer::read_image_fields(const RequestFields& f, Txt2ImgParams& p) const {
+    p.negative_prompts = {f.string("negative_prompt", "")};
+    p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
+    p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
+    p.sampler = sampler_of(f, SamplerKind::EulerAncestral);
+    p.seed = f.integer("seed", -1, -1, (int64_t(1) << 47) - 1);
+    if (p.seed < 0) p.seed = random_seed();
+    p.width = int(f.integer("width", 0, 0, 1 << 14));
+    p.height = int(f.integer("height", 0, 0, 1 << 14));
+}
+
+void SdServer::check_pixels(const Txt2ImgParams& resolved) const {
+    if (int64_t(resolved.width) * resolved.height > p_.max_pixels)
+        throw HttpError(400, "width",
+                        "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
+                            std::to_string(resolved.width) + "x" + std::to_string(resolved.height));
+}
+
+Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
+    Txt2ImgJob job;
+    auto& p = job.params;
+    job.prompts = {f.string("prompt", "")};
+    read_image_fields(f, p);
+    check_prompts(pipe_, p, job.prompts[0]);
+    if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
+    job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
+    job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
+    if (job.batch_size * job.batch_count > p_.max_images)
+        throw HttpError(400, "batch_size",
+                        "batch_size: batch_size x n_iter must be <= " + std::to_string(p_.max_images) + ", got " +
+                            std::to_string(job.batch_size) + " x " + std::to_string(job.batch_count));
+    job.cache = cache_of(f, "cache", p_.default_cache);
+    check_cache_for_model(job.cache, pipe_.models(), "cache");
+    if (img2img) {
+        const auto inits = f.strings("init_images");
+        if (inits.empty())
+            throw HttpError(400, "init_images", "init_images: expected one or more base64 images, got none");
+        // One image for the whole batch, or several (a count dividing batch_size; Img2ImgParams tiles them as
+        // diffusers' image=[...]), all of one size.
+        std::vector<torch::Tensor> imgs;
+        for (size_t k = 0; k < inits.size(); ++k) {
+            imgs.push_back(request_image(inits[k], "init_images", false));
+            if (imgs[k].sizes() != imgs[0].sizes())
+                throw HttpError(400, "init_images",
+                                "init_images: image " + std::to_string(k) + " is " + std::to_string(imgs[k].size(1)) +
+                                    "x" + std::to_string(imgs[k].size(0)) + ", image 0 is " +
+                                    std::to_string(imgs[0].size(1)) + "x" + std::to_string(imgs[0].size(0)) +
+                                    ": the images of a batch need one size");
+        }
+        p.init.init_pixels = imgs.size() == 1 ? imgs[0] : torch::stack(imgs, 0);
+        if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
+        p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
+    }
+    Txt2ImgParams r;
+    as_request([&] { r = pipe_.resolved(p); });
+    check_pixels(r);
+    job.write_files = false;
+    job.facts = p_.facts;
+    job.infotext = infotext_;
+    // The job's and the pipeline's own checks, the memory estimate among them, before the job is queued.
+    as_request([&] {
+        job.validate();
+        Txt2ImgParams check = r;
+        check.prompts = job.prompts;
+        check.images_per_prompt = job.batch_size;
+        pipe_.validate(check);
+    });
+    return job;
+}
+
+nlohmann::json SdServer::run_images(const HttpRequest& req, const Txt2ImgJob& job) {
+    return http_.run_job(req, [this, job](JobControl& c) {
+        torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread: the worker's own
+        at::set_num_threads(threads_);
+        c.check();
+        const int units = job.batch_count; // one pipeline run per batch
+        int unit = 0, full = 0;
+        Txt2ImgJobCallbacks cb;
+        cb.progress = [&](const ProgressInfo& pi, const std::string&) {
+            c.check(); // an interrupt or a client gone stops the job here: before encoding, each step, the decode
+            if (pi.phase != ProgressPhase::Step) return;
+            full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
+            c.set_progress(progress_json(pi, unit, units, job.cache.label, full));
+        };
+        cb.batch_done = [&](const std::vector<Txt2ImgJobImage>&, double, double, int64_t) { ++unit; };
+        const auto r = run_txt2img_job(pipe_, job, cb);
+        nlohmann::json images = nlohmann::json::array(), records = nlohmann::json::array(),
+                       infotexts = nlohmann::json::array(), seeds = nlohmann::json::array();
+        for (const auto& im : r.images) {
+            images.push_back(serve::base64_encode(im.png_bytes));
+            records.push_back(im.record);
+            seeds.push_back(im.record["seed"]);
+            const auto chunks = parse_png_text_chunks(im.png_bytes, "image");
+            const auto* t = find_png_text(chunks, kInfotextKeyword);
+            infotexts.push_back(t ? t->text : "");
+        }
+        return nlohmann::json{{"images", images},
+                              {"records", records},
+                              {"infotexts", infotexts},
+                              {"seeds", seeds},
+                              {"warnings", r.warnings}};
+    });
+}
+
 void SdServer::add_routes() {
-    const std::string model_name = fs::path(p_.model).filename().string();
-    auto& http = http_;
-
-    // A1111's fields every image request shares (the prompt aside), each range-checked (400 naming it).
-    auto read_image_fields = [this](const RequestFields& f, Txt2ImgParams& p) {
-        p.negative_prompts = {f.string("negative_prompt", "")};
-        p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
-        p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
-        p.sampler = sampler_of(f, SamplerKind::EulerAncestral);
-        p.seed = f.integer("seed", -1, -1, (int64_t(1) << 47) - 1);
-        if (p.seed < 0) p.seed = random_seed();
-        p.width = int(f.integer("width", 0, 0, 1 << 14));
-        p.height = int(f.integer("height", 0, 0, 1 << 14));
-    };
-    auto check_pixels = [this](const Txt2ImgParams& r) {
-        if (int64_t(r.width) * r.height > p_.max_pixels)
-            throw HttpError(400, "width",
-                            "width: width x height must be <= " + std::to_string(p_.max_pixels) + " pixels, got " +
-                                std::to_string(r.width) + "x" + std::to_string(r.height));
-    };
-
-    // The job of a txt2img / img2img / images-generations request, every field checked before anything runs.
-    auto make_job = [this, read_image_fields, check_pixels](const RequestFields& f, bool img2img) {
-        Txt2ImgJob job;
-        auto& p = job.params;
-        job.prompts = {f.string("prompt", "")};
-        read_image_fields(f, p);
-        check_prompts(pipe_, p, job.prompts[0]);
-        if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
-        job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
-        job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
-        if (job.batch_size * job.batch_count > p_.max_images)
-            throw HttpError(400, "batch_size",
-                            "batch_size: batch_size x n_iter must be <= " + std::to_string(p_.max_images) + ", got " +
-                                std::to_string(job.batch_size) + " x " + std::to_string(job.batch_count));
-        job.cache = cache_of(f, "cache", p_.default_cache);
-        check_cache_for_model(job.cache, pipe_.models(), "cache");
-        if (img2img) {
-            const auto inits = f.strings("init_images");
-            if (inits.empty())
-                throw HttpError(400, "init_images", "init_images: expected one or more base64 images, got none");
-            // One image for the whole batch, or several (a count dividing batch_size; Img2ImgParams tiles them as
-            // diffusers' image=[...]), all of one size.
-            std::vector<torch::Tensor> imgs;
-            for (size_t k = 0; k < inits.size(); ++k) {
-                imgs.push_back(request_image(inits[k], "init_images", false));
-                if (imgs[k].sizes() != imgs[0].sizes())
-                    throw HttpError(400, "init_images",
-                                    "init_images: image " + std::to_string(k) + " is " +
-                                        std::to_string(imgs[k].size(1)) + "x" + std::to_string(imgs[k].size(0)) +
-                                        ", image 0 is " + std::to_string(imgs[0].size(1)) + "x" +
-                                        std::to_string(imgs[0].size(0)) + ": the images of a batch need one size");
-            }
-            p.init.init_pixels = imgs.size() == 1 ? imgs[0] : torch::stack(imgs, 0);
-            if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
-            p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
-        }
-        Txt2ImgParams r;
-        as_request([&] { r = pipe_.resolved(p); });
-        check_pixels(r);
-        job.write_files = false;
-        job.facts = p_.facts;
-        job.infotext = infotext_;
-        // The job's and the pipeline's own checks, the memory estimate among them, before the job is queued.
-        as_request([&] {
-            job.validate();
-            Txt2ImgParams check = r;
-            check.prompts = job.prompts;
-            check.images_per_prompt = job.batch_size;
-            pipe_.validate(check);
-        });
-        return job;
-    };
-
-    // Runs a job in the queue; the images with their records.
-    auto run_images = [this](const HttpRequest& req, const Txt2ImgJob& job) {
-        return http_.run_job(req, [this, job](JobControl& c) {
-            torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread: the worker's own
-            at::set_num_threads(threads_);
-            c.check();
-            const int units = job.batch_count; // one pipeline run per batch
-            int unit = 0, full = 0;
-            Txt2ImgJobCallbacks cb;
-            cb.progress = [&](const ProgressInfo& pi, const std::string&) {
-                c.check(); // an interrupt or a client gone stops the job here: before encoding, each step, the decode
-                if (pi.phase != ProgressPhase::Step) return;
-                full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-                c.set_progress(progress_json(pi, unit, units, job.cache.label, full));
-            };
-            cb.batch_done = [&](const std::vector<Txt2ImgJobImage>&, double, double, int64_t) { ++unit; };
-            const auto r = run_txt2img_job(pipe_, job, cb);
-            nlohmann::json images = nlohmann::json::array(), records = nlohmann::json::array(),
-                           infotexts = nlohmann::json::array(), seeds = nlohmann::json::array();
-            for (const auto& im : r.images) {
-                images.push_back(serve::base64_encode(im.png_bytes));
-                records.push_back(im.record);
-                seeds.push_back(im.record["seed"]);
-                const auto chunks = parse_png_text_chunks(im.png_bytes, "image");
-                const auto* t = find_png_text(chunks, kInfotextKeyword);
-                infotexts.push_back(t ? t->text : "");
-            }
-            return nlohmann::json{{"images", images},
-                                  {"records", records},
-                                  {"infotexts", infotexts},
-                                  {"seeds", seeds},
-                                  {"warnings", r.warnings}};
-        });
-    };
-
-    // A1111's reply: images, the request's parameters, and `info` as a JSON string.
-    auto a1111_reply = [this, model_name, make_job, run_images](const HttpRequest& req, bool img2img) {
-        const auto f = RequestFields::parse(req.body);
-        const Txt2ImgJob job = make_job(f, img2img);
-        auto out = run_images(req, job);
-        const auto& p = job.params;
-        const auto rp = pipe_.resolved(p);
-        nlohmann::json prompts = nlohmann::json::array(), negatives = nlohmann::json::array();
-        for (size_t i = 0; i < out["images"].size(); ++i)
-            prompts.push_back(job.prompts[0]), negatives.push_back(p.negative_prompts[0]);
-        const nlohmann::json info = {
-            {"prompt", job.prompts[0]},
-            {"all_prompts", prompts},
-            {"negative_prompt", p.negative_prompts[0]},
-            {"all_negative_prompts", negatives},
-            {"seed", p.seed},
-            {"all_seeds", out["seeds"]},
-            {"width", rp.width},
-            {"height", rp.height},
-            {"sampler_name", a1111_sampler(p.sampler).sampler},
-            {"scheduler", a1111_sampler(p.sampler).schedule_type},
-            {"cfg_scale", p.guidance_scale},
-            {"steps", p.steps},
-            {"batch_size", job.batch_size},
-            {"n_iter", job.batch_count},
-            {"sd_model_name", model_name},
-            {"denoising_strength", img2img ? nlohmann::json(p.init.strength) : nlohmann::json(nullptr)},
-            {"infotexts", out["infotexts"]},
-            {"cache", job.cache.label},
-            {"anchorcache", out["records"]},
-            {"warnings", out["warnings"]}};
-        nlohmann::json params = f.json();
-        if (params.contains("init_images")) params["init_images"] = nlohmann::json::array(); // not echoed back
-        if (params.contains("mask")) params["mask"] = nullptr;
-        HttpReply r = HttpReply::json({{"images", out["images"]},
-                                       {"parameters", params},
-                                       {"info", info.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
-        r.note = "cache=" + job.cache.label;
-        return r;
-    };
-
-    http.post("/sdapi/v1/txt2img", [a1111_reply](const HttpRequest& req) { return a1111_reply(req, false); });
-    http.post("/sdapi/v1/img2img", [a1111_reply](const HttpRequest& req) { return a1111_reply(req, true); });
-
-    // OpenAI's image generation: prompt, n, size "WxH", response_format b64_json; our fields as in txt2img.
-    http.post("/v1/images/generations", [this, make_job, run_images](const HttpRequest& req) {
-        const auto f0 = RequestFields::parse(req.body);
-        nlohmann::json body = f0.json();
-        const std::string format = f0.string("response_format", "b64_json");
-        if (format != "b64_json")
-            throw HttpError(400, "response_format",
-                            "response_format: only b64_json is served (no image hosting), got '" + format + "'");
-        body["batch_size"] = f0.integer("n", 1, 1, p_.max_images);
-        if (f0.has("size")) {
-            const std::string size = f0.string("size", "");
-            int w = 0, h = 0;
-            char x = 0;
-            std::istringstream is(size);
-            if (!(is >> w >> x >> h) || x != 'x' || w <= 0 || h <= 0 || !is.eof())
-                throw HttpError(400, "size", "size: expected WIDTHxHEIGHT such as 512x512, got '" + size + "'");
-            body["width"] = w, body["height"] = h;
-        }
-        const RequestFields f(body);
-        const Txt2ImgJob job = make_job(f, false);
-        auto out = run_images(req, job);
-        nlohmann::json data = nlohmann::json::array();
-        for (size_t i = 0; i < out["images"].size(); ++i)
-            data.push_back(
-                {{"b64_json", out["images"][i]}, {"revised_prompt", job.prompts[0]}, {"seed", out["seeds"][i]}});
-        HttpReply r = HttpReply::json({{"created", std::chrono::duration_cast<std::chrono::seconds>(
-                                                       std::chrono::system_clock::now().time_since_epoch())
-                                                       .count()},
-                                       {"data", data}});
-        r.note = "cache=" + job.cache.label;
-        return r;
-    });
-
-    // Several cache modes of one image side by side: each image with its wall time, speed-up, full steps, PSNR and
-    // SSIM against the first mode, and its per-step record.
-    http.post("/anchor/v1/compare", [this, read_image_fields, check_pixels](const HttpRequest& req) {
-        const auto f = RequestFields::parse(req.body);
-        Txt2ImgParams p;
-        p.prompts = {f.string("prompt", "")};
-        read_image_fields(f, p);
-        check_prompts(pipe_, p, p.prompts[0]);
-        // An array of modes, or one list as anchor-sd --compare takes it (cache/modes/mode_list.h).
-        std::vector<std::string> texts;
-        try {
-            if (f.json().contains("modes") && f.json()["modes"].is_array())
-                texts = f.strings("modes");
-            else
-                texts = cache::modes::split_mode_list(f.string("modes", "off,deepcache:3,freq"), "modes");
-        } catch (const ParamError& e) {
-            throw HttpError(400, "modes", "modes: " + e.detail());
-        }
-        if (texts.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
-        if (int(texts.size()) > p_.max_modes)
-            throw HttpError(400, "modes",
-                            "modes: at most " + std::to_string(p_.max_modes) + " modes, got " +
-                                std::to_string(texts.size()));
-        std::vector<CacheConfig> modes;
-        std::string list;
-        for (size_t i = 0; i < texts.size(); ++i) {
-            const std::string field = "modes[" + std::to_string(i) + "]";
-            try {
-                modes.push_back(parse_cache_config(texts[i], field));
-            } catch (const ParamError& e) {
-                throw HttpError(400, "modes", field + ": " + e.detail());
-            }
-            check_cache_for_model(modes.back(), pipe_.models(), "modes");
-            list += (i ? ";" : "") + texts[i];
-        }
-        as_request([&] { p = pipe_.resolved(p); });
-        check_pixels(p);
-        as_request([&] { pipe_.validate(p); });
-        auto out = http_.run_job(req, [this, p, list, modes](JobControl& c) {
-            torch::NoGradGuard no_grad;
-            at::set_num_threads(threads_);
-            c.check();
-            int full = 0;
-            auto run = run_compare_modes(
-                pipe_, p, modes, p_.facts, {},
-                [&](size_t mode, const ProgressInfo& pi) {
-                    c.check();
-                    if (pi.phase != ProgressPhase::Step) return;
-                    full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-                    auto pj = progress_json(pi, int(mode), int(modes.size()), modes[mode].label, full);
-                    c.set_progress(pj);
-                },
-                first_at_shape(p));
-            nlohmann::json rep = compare_report(run.entries, run.meta);
-            for (size_t i = 0; i < run.entries.size(); ++i)
-                rep["modes"][i]["image"] = serve::base64_encode(encode_png(run.entries[i].image_uint8));
-            return rep;
-        });
-        HttpReply r = HttpReply::json(out);
-        r.note = "cache=" + list;
-        return r;
-    });
-
-    http.get("/sdapi/v1/samplers", [](const HttpRequest&) {
-        nlohmann::json out = nlohmann::json::array();
-        for (const auto& [name, k] : sampler_table()) {
-            const auto a = a1111_sampler(k);
-            out.push_back({{"name", a.sampler + (a.schedule_type == "Karras" ? " Karras" : "")},
-                           {"aliases", {name}},
-                           {"options", {{"scheduler", a.schedule_type}}}});
-        }
-        return HttpReply::json(out);
-    });
-    http.get("/sdapi/v1/sd-models", [this, model_name](const HttpRequest&) {
-        return HttpReply::json(nlohmann::json::array({{{"title", model_name},
-                                                       {"model_name", model_name},
-                                                       {"hash", nullptr},
-                                                       {"sha256", nullptr},
-                                                       {"filename", p_.model},
-                                                       {"config", nullptr}}}));
-    });
-    http.get("/sdapi/v1/options", [this, model_name](const HttpRequest&) {
-        return HttpReply::json({{"sd_model_checkpoint", model_name},
-                                {"anchor_default_cache", p_.default_cache.label},
-                                {"anchor_cache_modes", cache_mode_help()},
-                                {"anchor_cache_keys", cache_keys_json()},
-                                {"anchor_max_steps", p_.max_steps},
-                                {"anchor_max_pixels", p_.max_pixels},
-                                {"anchor_max_images", p_.max_images}});
-    });
-    // Clients set the checkpoint through the options; one model is loaded, so only its own name is accepted.
-    http.post("/sdapi/v1/options", [model_name](const HttpRequest& req) {
-        const auto f = RequestFields::parse(req.body);
-        const std::string want = f.string("sd_model_checkpoint", model_name);
-        if (want != model_name)
-            throw HttpError(400, "sd_model_checkpoint",
-                            "sd_model_checkpoint: this server has one model, '" + model_name + "', got '" + want + "'");
-        return HttpReply::json(nullptr);
-    });
-    http.get("/sdapi/v1/progress", [this](const HttpRequest&) {
-        const auto t = http_.jobs().running();
-        nlohmann::json pj = t ? t->control.progress() : nlohmann::json::object();
-        if (pj.empty())
-            pj = {{"progress", 0.0},
-                  {"eta_relative", 0.0},
-                  {"state", {{"job_count", 0}, {"sampling_step", 0}, {"sampling_steps", 0}, {"interrupted", false}}}};
-        pj["state"]["queue"] = http_.jobs().pending();
-        if (t) pj["state"]["interrupted"] = t->control.cancelled();
-        pj["current_image"] = nullptr;
-        return HttpReply::json(pj);
-    });
-    http.post("/sdapi/v1/interrupt", [this](const HttpRequest&) {
-        const auto t = http_.jobs().running();
-        if (t) t->control.cancel("interrupted by POST /sdapi/v1/interrupt");
-        return HttpReply::json({{"interrupted", t != nullptr}});
-    });
-    // A1111's skip ends the image being sampled and goes on with the batch; a job here is one request, so skip
-    // stops the running job as interrupt does (its client gets 503 naming skip).
-    http.post("/sdapi/v1/skip", [this](const HttpRequest&) {
-        const auto t = http_.jobs().running();
-        if (t) t->control.cancel("skipped by POST /sdapi/v1/skip");
-        return HttpReply::json({{"skipped", t != nullptr}});
-    });
-    http.add_health(model_name);
-    http.add_openapi(openapi());
+    register_a1111_routes(*this, http_);
+    register_openai_routes(*this, http_);
+    register_anchor_routes(*this, http_);
+    http_.add_health(model_name());
+    http_.add_openapi(openapi());
 }
 
 nlohmann::json SdServer::openapi() const {

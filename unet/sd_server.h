@@ -3,12 +3,15 @@
 // modes side by side with their figures and per-step records), over the shared server core (cache/serve/). One model
 // in memory; every request runs as its own job (unet/txt2img_job.h, unet/compare.h) with caches of its own, so two
 // requests never share cache state.
+// This header's SdServer is the core (lifecycle, queue, the jobs, /health, /openapi.json); the routes of each API
+// dialect are registered by a file of their own (unet/sd_server_routes.h).
 #pragma once
 
 #include "cache/serve/http_server.h"
 #include "unet/cache_config.h"
 #include "unet/infotext.h"
 #include "unet/pipeline.h"
+#include "unet/txt2img_job.h"
 
 #include <nlohmann/json.hpp>
 
@@ -20,7 +23,7 @@ namespace anchor::unet {
 
 struct SdServerParams {
     serve::ServerOptions http;
-    std::string model;                 // what the clients see as the checkpoint (the -m path)
+    std::string model;         // what the clients see as the checkpoint (the -m path)
     CacheConfig default_cache; // when a request has no `cache` field (off)
     // Limits checked before anything is allocated (400 naming the field); the pipeline's memory estimate
     // (Txt2ImgPipeline::validate) is checked too.
@@ -40,8 +43,20 @@ public:
     serve::HttpServer& http() { return http_; }
 
 private:
+    // Each dialect's routes (unet/routes_*.cpp) use the core's request readers and job runner below.
+    friend void register_a1111_routes(SdServer& s, serve::HttpServer& http);
+    friend void register_openai_routes(SdServer& s, serve::HttpServer& http);
+    friend void register_anchor_routes(SdServer& s, serve::HttpServer& http);
     void add_routes();
     nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
+    std::string model_name() const; // the checkpoint's file name, as the clients see it
+    // A1111's fields every image request shares (the prompt aside), each range-checked (400 naming it).
+    void read_image_fields(const serve::RequestFields& f, Txt2ImgParams& p) const;
+    void check_pixels(const Txt2ImgParams& resolved) const; // width x height within max_pixels (400)
+    // The job of a txt2img / img2img / images-generations request, every field checked before anything runs.
+    Txt2ImgJob image_job(const serve::RequestFields& f, bool img2img);
+    // Runs a job in the queue: the images (base64 PNG) with their records, infotexts, seeds and warnings.
+    nlohmann::json run_images(const serve::HttpRequest& req, const Txt2ImgJob& job);
     Txt2ImgPipeline& pipe_;
     SdServerParams p_;
     int threads_;            // the program's intra-op threads, set again on the job thread

@@ -273,15 +273,37 @@ Tensor Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, c
 
 // ---- config ------------------------------------------------------------------------------------------------------
 
+namespace {
+
+// The fields from_json reads and to_json writes as they are (the per-block lists and the SDXL fields have rules).
+std::vector<JsonField> json_fields(UNetConfig& c) {
+    return {ANCHOR_JSON_FIELD(c, sample_size),
+            ANCHOR_JSON_FIELD(c, in_channels),
+            ANCHOR_JSON_FIELD(c, out_channels),
+            ANCHOR_JSON_FIELD(c, norm_num_groups),
+            ANCHOR_JSON_FIELD(c, cross_attention_dim),
+            ANCHOR_JSON_FIELD(c, down_block_types),
+            ANCHOR_JSON_FIELD(c, up_block_types),
+            ANCHOR_JSON_FIELD(c, block_out_channels),
+            ANCHOR_JSON_FIELD(c, use_linear_projection),
+            ANCHOR_JSON_FIELD(c, upcast_attention),
+            ANCHOR_JSON_FIELD(c, norm_eps),
+            ANCHOR_JSON_FIELD(c, flip_sin_to_cos),
+            ANCHOR_JSON_FIELD(c, freq_shift)};
+}
+
+// A per-block list as diffusers writes it: one integer when every block has the same value.
+nlohmann::json int_or_list(const std::vector<int>& v) {
+    if (!v.empty() && std::all_of(v.begin(), v.end(), [&](int x) { return x == v[0]; })) return v[0];
+    return v;
+}
+
+} // namespace
+
 UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig f(j, source);
     UNetConfig c;
-    f.read({ANCHOR_JSON_FIELD(c, sample_size), ANCHOR_JSON_FIELD(c, in_channels), ANCHOR_JSON_FIELD(c, out_channels),
-            ANCHOR_JSON_FIELD(c, norm_num_groups), ANCHOR_JSON_FIELD(c, cross_attention_dim),
-            ANCHOR_JSON_FIELD(c, down_block_types), ANCHOR_JSON_FIELD(c, up_block_types),
-            ANCHOR_JSON_FIELD(c, block_out_channels), ANCHOR_JSON_FIELD(c, use_linear_projection),
-            ANCHOR_JSON_FIELD(c, upcast_attention), ANCHOR_JSON_FIELD(c, norm_eps),
-            ANCHOR_JSON_FIELD(c, flip_sin_to_cos), ANCHOR_JSON_FIELD(c, freq_shift)});
+    f.read(json_fields(c));
     const size_t n = c.block_out_channels.size();
     if (c.down_block_types.size() != n || c.up_block_types.size() != n)
         f.fail(std::to_string(n) + " block_out_channels but " + std::to_string(c.down_block_types.size()) + " down / " +
@@ -323,6 +345,26 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& sou
     for (const char* k : {"conv_in_kernel", "conv_out_kernel"})
         if (f.get_int(k, 3) != 3) f.fail(k, "must be 3", f.json().at(k));
     return c;
+}
+
+nlohmann::json UNetConfig::to_json() const {
+    UNetConfig c = *this;
+    nlohmann::json j = json_of(json_fields(c));
+    if (!upcast_attention) j.erase("upcast_attention"); // diffusers' default
+    j["_class_name"] = "UNet2DConditionModel";
+    j["act_fn"] = "silu";
+    j["layers_per_block"] = int_or_list(layers_per_block);
+    j["attention_head_dim"] = heads; // diffusers' SD 1.x naming: the head count
+    if (std::any_of(transformer_layers_per_block.begin(), transformer_layers_per_block.end(),
+                    [](int n) { return n != 1; }))
+        j["transformer_layers_per_block"] = int_or_list(transformer_layers_per_block);
+    j["mid_block_type"] = mid_block ? nlohmann::json("UNetMidBlock2DCrossAttn") : nlohmann::json(nullptr);
+    if (text_time()) {
+        j["addition_embed_type"] = "text_time";
+        j["addition_time_embed_dim"] = addition_time_embed_dim;
+        j["projection_class_embeddings_input_dim"] = projection_class_embeddings_input_dim;
+    }
+    return j;
 }
 
 UNetConfig UNetConfig::from_json_file(const std::string& path) {

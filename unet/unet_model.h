@@ -160,6 +160,9 @@ struct UNetConfig {
     // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
     static UNetConfig from_json(const nlohmann::json& j, const std::string& source = "UNet config");
     static UNetConfig from_json_file(const std::string& path);
+    // The diffusers config.json of this config (what from_json reads back; SD 1.x naming: the head counts as
+    // attention_head_dim), its plain fields through the binding from_json reads.
+    nlohmann::json to_json() const;
     // Empty per-block lists for a detector to fill from tensor shapes.
     static UNetConfig blank(int in_channels, int out_channels);
     // The fields both detectors (diffusers and LDM names) derive the same way once the blocks are read: the

@@ -39,15 +39,20 @@ Tensor outer_conv(torch::nn::Conv2d& c, const Tensor& x, kernels::GemmBackend ge
     return perf::conv2d(c, x, how);
 }
 
+// The fields from_json reads and to_json writes as they are.
+std::vector<JsonField> json_fields(VaeConfig& c) {
+    return {ANCHOR_JSON_FIELD(c, in_channels),     ANCHOR_JSON_FIELD(c, out_channels),
+            ANCHOR_JSON_FIELD(c, latent_channels), ANCHOR_JSON_FIELD(c, layers_per_block),
+            ANCHOR_JSON_FIELD(c, norm_num_groups), ANCHOR_JSON_FIELD(c, block_out_channels),
+            ANCHOR_JSON_FIELD(c, scaling_factor)};
+}
+
 } // namespace
 
 VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& source) {
     const JsonConfig f(j, source);
     VaeConfig c;
-    f.read({ANCHOR_JSON_FIELD(c, in_channels), ANCHOR_JSON_FIELD(c, out_channels),
-            ANCHOR_JSON_FIELD(c, latent_channels), ANCHOR_JSON_FIELD(c, layers_per_block),
-            ANCHOR_JSON_FIELD(c, norm_num_groups), ANCHOR_JSON_FIELD(c, block_out_channels),
-            ANCHOR_JSON_FIELD(c, scaling_factor)});
+    f.read(json_fields(c));
     if (c.block_out_channels.empty())
         f.fail("block_out_channels", "must not be empty", f.json().at("block_out_channels"));
     for (const char* k : {"down_block_types", "up_block_types"})
@@ -68,6 +73,19 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& sourc
     if (c.latents_mean.empty() != c.latents_std.empty())
         f.fail("latents_mean and latents_std must be given together (diffusers uses them only as a pair)");
     return c;
+}
+
+nlohmann::json VaeConfig::to_json(int sample_size) const {
+    VaeConfig c = *this;
+    nlohmann::json j = json_of(json_fields(c));
+    j["_class_name"] = "AutoencoderKL";
+    j["act_fn"] = "silu";
+    j["down_block_types"] = std::vector<std::string>(block_out_channels.size(), "DownEncoderBlock2D");
+    j["up_block_types"] = std::vector<std::string>(block_out_channels.size(), "UpDecoderBlock2D");
+    j["sample_size"] = sample_size;
+    if (force_upcast) j["force_upcast"] = true;
+    if (!latents_mean.empty()) j["latents_mean"] = latents_mean, j["latents_std"] = latents_std;
+    return j;
 }
 
 torch::Tensor VaeConfig::unscale_latents(const torch::Tensor& z) const {

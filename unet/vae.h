@@ -39,6 +39,9 @@ struct VaeConfig {
 
     static VaeConfig from_json(const nlohmann::json& j, const std::string& source = "VAE config");
     static VaeConfig from_json_file(const std::string& path);
+    // The diffusers config.json of this config (what from_json reads back), its plain fields through the binding
+    // from_json reads. `sample_size`: the training resolution diffusers records (the VAE itself is size-free).
+    nlohmann::json to_json(int sample_size) const;
     // From diffusers-named shapes; the scaling factor cannot be seen in shapes: 0.18215 (SD 1.x/2.x).
     static VaeConfig detect_from_weights(const WeightMap& w);
     // Image pixels per latent pixel: 2^(levels-1) (8 for SD).

@@ -200,27 +200,6 @@ double gpt2_mean_nll(Gpt2Model& model, const std::vector<int64_t>& stream, int64
 
 namespace {
 
-nlohmann::json config_json(const Gpt2Config& c) {
-    return {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"n_layer", c.n_layer},
-            {"n_head", c.n_head},
-            {"n_embd", c.n_embd},
-            {"n_positions", c.n_positions},
-            {"n_ctx", c.n_positions},
-            {"vocab_size", c.vocab_size},
-            {"n_inner", nullptr},
-            {"activation_function", c.activation},
-            {"layer_norm_epsilon", c.layer_norm_epsilon},
-            {"bos_token_id", Gpt2Tokenizer::kEndOfText},
-            {"eos_token_id", Gpt2Tokenizer::kEndOfText},
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"resid_pdrop", 0.0},
-            {"initializer_range", 0.02},
-            {"tie_word_embeddings", true}};
-}
-
 using AdamW = cache::NamedAdamW;
 
 cache::AdamWConfig adamw_config(const Gpt2TrainOptions& o) {
@@ -470,7 +449,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
                          {{"step", std::to_string(step)},
                           {"adam_t", std::to_string(opt.t)},
                           {"elapsed_s", std::to_string(elapsed)},
-                          {"config", config_json(cfg).dump()},
+                          {"config", cfg.to_json().dump()},
                           {"full_vocab", full_vocab ? "1" : "0"},
                           {"holdout", o.holdout.str()},
                           {"seq_len", std::to_string(T)},
@@ -566,7 +545,7 @@ Gpt2TrainResult train_gpt2(const Gpt2TrainOptions& o) {
             ts.emplace_back(p.key(), t.to(o.export_dtype).contiguous());
         }
         out_cfg.vocab_size = Gpt2Tokenizer::kEndOfText + 1;
-        auto cj = config_json(out_cfg);
+        auto cj = out_cfg.to_json();
         cj["torch_dtype"] = o.export_dtype == torch::kFloat16    ? "float16"
                             : o.export_dtype == torch::kBFloat16 ? "bfloat16"
                                                                  : "float32";

@@ -2,6 +2,7 @@
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "cache/train/optim.h"
@@ -72,6 +73,17 @@ private:
     NamedTensors shadow_;
 };
 
+// A checkpoint's state.json, written last (a checkpoint counts once it is there): the step it holds, the training
+// seconds until then and the model it belongs to.
+struct CheckpointState {
+    int step = 0;
+    double seconds = 0.0;
+    std::string what;
+    std::vector<JsonField> fields() {
+        return {ANCHOR_JSON_FIELD(*this, step), ANCHOR_JSON_FIELD(*this, seconds), ANCHOR_JSON_FIELD(*this, what)};
+    }
+};
+
 struct Loop {
     const TrainOptions& o;
     std::string what;
@@ -94,10 +106,12 @@ struct Loop {
     int begin(torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
         fs::create_directories(ckpt);
         if (o.resume && fs::exists(ckpt / "state.json")) {
-            std::ifstream f(ckpt / "state.json");
-            const auto j = nlohmann::json::parse(f);
-            start = j.at("step").get<int>();
-            t_resume = j.value("seconds", 0.0);
+            const auto j = JsonConfig::load((ckpt / "state.json").string(), "checkpoint state");
+            if (!j.has("step")) j.fail("'step' is missing (not a checkpoint's state.json)");
+            CheckpointState st;
+            j.read(st.fields());
+            start = st.step;
+            t_resume = st.seconds;
             WeightMap::load((ckpt / "model.safetensors").string()).load_into(m);
             if (fs::exists(ckpt / "ema.safetensors")) ema.load(WeightMap::load((ckpt / "ema.safetensors").string()));
             torch::load(opt, (ckpt / "optimizer.pt").string());
@@ -139,8 +153,8 @@ struct Loop {
         torch::save(opt, tmp);
         fs::rename(tmp, ckpt / "optimizer.pt");
         // state.json last: a checkpoint counts only once all its files are in place.
-        write_file_atomic((ckpt / "state.json").string(),
-                          nlohmann::json{{"step", step}, {"seconds", elapsed}, {"what", what}}.dump() + "\n", true);
+        CheckpointState st{step, elapsed, what};
+        write_file_atomic((ckpt / "state.json").string(), json_of(st.fields()).dump() + "\n", true);
     }
     TrainResult finish(int steps_done) {
         if (!o.quiet) std::fprintf(stderr, "\n");
@@ -175,68 +189,6 @@ void write_json(const fs::path& p, const nlohmann::json& j) {
     write_file_atomic(p.string(), j.dump(2) + "\n", true);
 }
 
-nlohmann::json vae_json(const VaeConfig& c) {
-    std::vector<std::string> down(c.block_out_channels.size(), "DownEncoderBlock2D"),
-        up(c.block_out_channels.size(), "UpDecoderBlock2D");
-    return {{"_class_name", "AutoencoderKL"},
-            {"act_fn", "silu"},
-            {"block_out_channels", c.block_out_channels},
-            {"down_block_types", down},
-            {"up_block_types", up},
-            {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels},
-            {"latent_channels", c.latent_channels},
-            {"layers_per_block", c.layers_per_block},
-            {"norm_num_groups", c.norm_num_groups},
-            {"sample_size", 32},
-            {"scaling_factor", c.scaling_factor}};
-}
-
-nlohmann::json unet_json(const UNetConfig& c) {
-    return {{"_class_name", "UNet2DConditionModel"},
-            {"act_fn", "silu"},
-            {"sample_size", c.sample_size},
-            {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels},
-            {"down_block_types", c.down_block_types},
-            {"up_block_types", c.up_block_types},
-            {"block_out_channels", c.block_out_channels},
-            {"layers_per_block", c.layers_per_block.front()},
-            {"attention_head_dim", c.heads}, // diffusers' SD 1.x naming: the head count
-            {"cross_attention_dim", c.cross_attention_dim},
-            {"norm_num_groups", c.norm_num_groups},
-            {"norm_eps", c.norm_eps},
-            {"flip_sin_to_cos", c.flip_sin_to_cos},
-            {"freq_shift", c.freq_shift},
-            {"mid_block_type", "UNetMidBlock2DCrossAttn"},
-            {"use_linear_projection", c.use_linear_projection}};
-}
-
-ClipTextConfig fashion_text_config() {
-    ClipTextConfig c;
-    c.hidden_size = 64;
-    c.intermediate_size = 256;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    return c;
-}
-
-nlohmann::json text_json(const ClipTextConfig& c) {
-    return {{"architectures", {"CLIPTextModel"}},
-            {"model_type", "clip_text_model"},
-            {"hidden_act", c.hidden_act},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"layer_norm_eps", c.layer_norm_eps},
-            {"vocab_size", c.vocab_size},
-            {"bos_token_id", 49406},
-            {"eos_token_id", 49407},
-            {"pad_token_id", 49407}};
-}
-
 // A random batch of training images as model input [B, 3, 32, 32] in [-1, 1] and their labels.
 std::pair<Tensor, Tensor> batch_of(const FashionMnist& d, int64_t b, torch::Generator& gen) {
     auto idx = torch::randint(d.images.size(0), {b}, gen, torch::kLong);
@@ -253,6 +205,15 @@ VaeConfig fashion_vae_config() {
     c.layers_per_block = 1;
     c.norm_num_groups = 8;
     c.latent_channels = 4;
+    return c;
+}
+
+ClipTextConfig fashion_text_config() {
+    ClipTextConfig c;
+    c.hidden_size = 64;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
     return c;
 }
 
@@ -316,7 +277,7 @@ TrainResult train_vae(const TrainOptions& o) {
     const fs::path dir = fs::path(o.out) / "vae";
     fs::create_directories(dir);
     to_half_file((dir / "diffusion_pytorch_model.safetensors").string(), named_params(*final_vae));
-    write_json(dir / "config.json", vae_json(cfg));
+    write_json(dir / "config.json", cfg.to_json(32)); // trained on 32x32 images
     r.metric = cfg.scaling_factor;
     std::fprintf(stderr, "vae: %d steps in %.0f s, loss %.4f -> %.4f, scaling_factor %.4f; wrote %s\n", r.steps_done,
                  r.seconds, r.first_loss, r.final_loss, cfg.scaling_factor, dir.c_str());
@@ -434,9 +395,9 @@ TrainResult train_unet(const TrainOptions& o) {
     fs::create_directories(root / "text_encoder");
     fs::create_directories(root / "scheduler");
     to_half_file((root / "unet" / "diffusion_pytorch_model.safetensors").string(), with_prefix_removed(w, "unet."));
-    write_json(root / "unet" / "config.json", unet_json(fashion_unet_config()));
+    write_json(root / "unet" / "config.json", fashion_unet_config().to_json());
     to_half_file((root / "text_encoder" / "model.safetensors").string(), with_prefix_removed(w, "text_encoder."));
-    write_json(root / "text_encoder" / "config.json", text_json(fashion_text_config()));
+    write_json(root / "text_encoder" / "config.json", fashion_text_config().to_json());
     write_json(root / "scheduler" / "scheduler_config.json", {{"_class_name", "DDIMScheduler"},
                                                               {"num_train_timesteps", 1000},
                                                               {"beta_start", 0.00085},

@@ -11,6 +11,7 @@
 // resumable checkpoints (<out>/checkpoint/) and a progress line with the running loss.
 #pragma once
 
+#include "unet/clip_text.h"
 #include "unet/unet_model.h"
 #include "unet/vae.h"
 
@@ -23,14 +24,14 @@ namespace anchor::unet::train {
 
 struct TrainOptions {
     std::string data_dir = "/usr/share/datasets/fashion-mnist";
-    std::string out;        // model folder (diffusers layout; train_unet reads <out>/vae)
+    std::string out; // model folder (diffusers layout; train_unet reads <out>/vae)
     int steps = 1000;
     int batch = 64;
     double lr = 1e-3;
     int warmup = 100;
     double min_lr_fraction = 0.1; // cosine floor
     double weight_decay = 0.01;
-    double ema = 0.999;           // 0 disables the EMA
+    double ema = 0.999; // 0 disables the EMA
     double grad_clip = 1.0;
     int checkpoint_every = 200;
     int log_every = 20;
@@ -44,13 +45,14 @@ struct TrainResult {
     int steps_done = 0;
     double first_loss = 0, final_loss = 0; // means over the first / last log_every steps
     double seconds = 0;
-    std::string log_path;                  // <out>/train_<what>_log.txt: "step loss lr seconds" lines
-    double metric = 0;                     // classifier: test accuracy; vae: scaling factor; unet: 0
+    std::string log_path; // <out>/train_<what>_log.txt: "step loss lr seconds" lines
+    double metric = 0;    // classifier: test accuracy; vae: scaling factor; unet: 0
 };
 
 // Model shapes of the demo (also written as config.json).
 VaeConfig fashion_vae_config();
 UNetConfig fashion_unet_config();
+ClipTextConfig fashion_text_config();
 
 TrainResult train_vae(const TrainOptions& o);
 TrainResult train_unet(const TrainOptions& o);
