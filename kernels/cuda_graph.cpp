@@ -17,7 +17,7 @@ namespace anchor::kernels {
 
 #if ANCHOR_HAVE_CUDA_GRAPH
 struct CudaGraph::Impl {
-    at::cuda::CUDAGraph graph;
+    std::unique_ptr<at::cuda::CUDAGraph> graph; // made at capture: constructing one initialises CUDA
     bool captured = false;
 };
 #else
@@ -51,9 +51,10 @@ std::vector<torch::Tensor> CudaGraph::capture(const std::function<std::vector<to
         const c10::cuda::CUDAStreamGuard stream_guard(side);
         for (int i = 0; i < warmup; ++i) body();
         side.synchronize();
-        impl_->graph.capture_begin();
+        impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
+        impl_->graph->capture_begin();
         out = body();
-        impl_->graph.capture_end();
+        impl_->graph->capture_end();
     }
     side.synchronize();
     impl_->captured = true;
@@ -67,7 +68,7 @@ std::vector<torch::Tensor> CudaGraph::capture(const std::function<std::vector<to
 void CudaGraph::replay() {
 #if ANCHOR_HAVE_CUDA_GRAPH
     if (!impl_->captured) throw Error("CUDA graph: replay before capture");
-    impl_->graph.replay();
+    impl_->graph->replay();
 #else
     throw Error("CUDA graphs need LibTorch >= 2 with CUDA");
 #endif

@@ -2,6 +2,7 @@
 // the float32 reference (GPT-2 logits, the sink-rolling KV ring over a stream, the MDLM denoiser with and without its
 // cross-step cache), the refusals (f16 on the CPU, decode copies or oneDNN off CPU float32, --device cuda without
 // CUDA), and, tagged [cuda], the same models on a GPU against the CPU (skipped without one).
+#include "tests/mdlm_tiny_config.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "text/gpt2_model.h"
@@ -43,13 +44,7 @@ torch::Tensor stream_logits(Gpt2Model model, const std::vector<int64_t>& ids) {
 }
 
 MdlmModel tiny_mdlm(const Placement& p) {
-    MdlmConfig c;
-    c.hidden_size = 32;
-    c.n_heads = 4;
-    c.n_blocks = 3;
-    c.cond_dim = 16;
-    c.freq_embed_size = 32;
-    MdlmModel m(c);
+    MdlmModel m(test::tiny_mdlm_config());
     randomize_mdlm_weights(m, 5);
     m->eval();
     m->place(p);

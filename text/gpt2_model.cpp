@@ -751,10 +751,11 @@ bool Gpt2DecodeGraph::applies(const Gpt2ModelImpl& model, const std::vector<cach
 }
 
 Gpt2DecodeGraph::Gpt2DecodeGraph(Gpt2Model model, const std::vector<cache::SinkRollingKV>& caches)
-    : model_(std::move(model)), graph_(std::make_unique<kernels::CudaGraph>()) {
+    : model_(std::move(model)) {
     if (!applies(*model_, caches))
         throw Error("GPT-2 decode graph: needs the model and batch-1 KV caches on a CUDA device in a build with CUDA "
                     "graphs (LibTorch >= 2)");
+    graph_ = std::make_unique<kernels::CudaGraph>();
     for (const auto& c : caches) k_.push_back(c.k_storage()), v_.push_back(c.v_storage());
     const auto dev = model_->wte->weight.device();
     const auto ids = torch::dtype(torch::kLong).device(dev);
