@@ -199,8 +199,10 @@ bool LatentCache::put_rows(const CacheKey& key, const torch::Tensor& idx, const 
         throw Error("LatentCache::put_rows: " + key.str() + " takes int64 [n] indices and rows of shape " +
                     shape_str(want) + ", got indices " + shape_str(idx.sizes().vec()) + " and rows " +
                     shape_str(rows.sizes().vec()));
-    values_[i].index_copy_(m.row_dim, idx, m.stored_fp16 ? rows.to(torch::kHalf) : rows);
-    stamps_[i].index_fill_(0, idx, step);
+    // A model on a GPU keeps its latents there; the row stamps (host bookkeeping) stay on the CPU.
+    values_[i].index_copy_(m.row_dim, idx.to(values_[i].device()),
+                           rows.to(values_[i].device(), m.stored_fp16 ? torch::kHalf : values_[i].scalar_type()));
+    stamps_[i].index_fill_(0, idx.to(torch::kCPU), step);
     nodes_[i].meta.step = step;
     stats_.rows_written += uint64_t(idx.numel());
     lru_unlink(i);

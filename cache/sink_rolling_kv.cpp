@@ -127,6 +127,14 @@ std::vector<int64_t> SinkRollingKV::append(const torch::Tensor& k, const torch::
     return slots;
 }
 
+int64_t SinkRollingKV::advance(int64_t pos_id) {
+    const int64_t s = next_slot();
+    cells_.assign(s, count_, pos_id);
+    ++count_;
+    filled_ = std::min(count_, capacity());
+    return s;
+}
+
 torch::Tensor SinkRollingKV::keys() const {
     return k_.narrow(2, 0, filled_);
 }

@@ -95,6 +95,10 @@ public:
         append(k, v, std::vector<int64_t>{pos_id});
     }
 
+    // The bookkeeping of append() for one token whose K/V rows the caller writes into next_slot() itself (a captured
+    // CUDA graph writes them from a slot index held on the device): the slot is recorded and returned.
+    int64_t advance(int64_t pos_id);
+
     // Keys/values to attend over: slots [p0, p1) = [0, filled()) of the buffers, [batch, heads, filled, head_dim]
     // views (no copy), in slot order.
     torch::Tensor keys() const;

@@ -203,10 +203,23 @@ void print_item_job_result(const batch::ItemJobResult& r) {
                  r.manifest.empty() ? "" : ("; manifest " + r.manifest).c_str());
 }
 
-CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+torch::ScalarType parse_dtype(const std::string& s, const torch::Device& device) {
+    if (s == "auto") return device.is_cuda() ? torch::kHalf : torch::kFloat;
+    if (s == "f32") return torch::kFloat;
+    // On the CPU LibTorch has no float16 convolutions or matrix products: say so instead of failing mid-run.
+    if (s == "f16" && device.is_cuda()) return torch::kHalf;
+    if (s == "f16")
+        throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU convolutions or matrix "
+                         "products); use f32 or bf16 (f16 checkpoints are converted at load)");
+    if (s == "bf16") return torch::kBFloat16;
+    throw UsageError("--dtype must be auto, f32, f16 or bf16, got '" + s + "'");
+}
+
+CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::string& what) {
     auto* o = app.add_option("--device", device,
-                             "where the UNet runs: cpu, cuda, cuda:N or auto (CUDA when there is a device, else the "
-                             "CPU); cuda and auto take the GPU of the MPI local rank under mpirun")
+                             "where " + what +
+                                 " runs: cpu, cuda, cuda:N or auto (CUDA when there is a device, else the CPU); cuda "
+                                 "and auto take the GPU of the MPI local rank under mpirun")
                   ->capture_default_str();
     bind_field("device", o->get_name());
     return o;

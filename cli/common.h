@@ -68,8 +68,12 @@ void add_batch_options(CLI::App* sub, BatchArgs& a, const std::string& what);
 batch::ItemJob make_item_job(const BatchArgs& a, bool overwrite, const nlohmann::json& facts);
 // "N prompts generated, M done before; manifest F" on stderr.
 void print_item_job_result(const batch::ItemJobResult& r);
-// --device (batch::DeviceSpec) for anchor-sd and anchor-sd serve; the field it names is "device".
-CLI::Option* add_device_option(CLI::App& app, std::string& device);
+// --device (batch::DeviceSpec) for anchor-sd, anchor-text and their servers; the field it names is "device". `what`:
+// what runs there, for --help.
+CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::string& what = "the UNet");
+// --dtype on `device`, both programs' rule: auto is f16 on CUDA (diffusers' torch_dtype=float16 there) and f32 on the
+// CPU; f16 on the CPU is a UsageError (LibTorch has no float16 CPU convolutions or matrix products).
+torch::ScalarType parse_dtype(const std::string& s, const torch::Device& device);
 
 // The embedded SD model used when -m is not given: assets/models/fashion-sd (trained by the project, issue 7), else
 // the golden tiny random model assets/models/sd15-tiny-random. Throws anchor::Error when neither is found.

@@ -67,19 +67,6 @@ void progress_bar(const ProgressInfo& p, const std::string& label) {
     std::fflush(stderr);
 }
 
-// --dtype on `device`: auto is f16 on CUDA (diffusers' torch_dtype=float16 there) and f32 on the CPU.
-torch::ScalarType parse_dtype(const std::string& s, const torch::Device& device) {
-    if (s == "auto") return device.is_cuda() ? torch::kHalf : torch::kFloat;
-    if (s == "f32") return torch::kFloat;
-    // On the CPU LibTorch has no float16 convolutions: say so instead of failing mid-run.
-    if (s == "f16" && device.is_cuda()) return torch::kHalf;
-    if (s == "f16")
-        throw UsageError("--dtype f16 is not available on the CPU (LibTorch has no float16 CPU convolutions); use "
-                         "f32 or bf16 (f16 checkpoints are converted at load)");
-    if (s == "bf16") return torch::kBFloat16;
-    throw UsageError("--dtype must be auto, f32, f16 or bf16, got '" + s + "'");
-}
-
 // The prompts, checked as text: they go into the tokenizer and the JSON sidecar.
 std::vector<std::string> read_prompts(const Options& o) {
     auto prompts = o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : cli::read_prompts_file(o.prompts_file);
@@ -194,7 +181,7 @@ LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     lo.weights_dtype = o.weights_dtype;
     // Under mpirun each process of a machine takes the GPU of its local rank (with cuda or auto).
     lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), o.shard.local_rank);
-    lo.dtype = parse_dtype(o.dtype, lo.device);
+    lo.dtype = cli::parse_dtype(o.dtype, lo.device);
     lo.validate(); // before loading anything
     return lo;
 }

@@ -26,6 +26,16 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
 // The embedded GPT-2 (assets/models/kjv-gpt2): the model of `gpt2 generate`, `gpt2 ppl` and `serve` without -m.
 std::string default_gpt2_model(); // cli/text_gpt2.cpp
 
+// --device and --dtype of every anchor-text command that runs a model (declared once, by add_placement_options);
+// resolved after parsing by resolve_placement into the library's typed text::Placement.
+struct PlacementArgs {
+    std::string device = "cpu", dtype = "auto";
+};
+void add_placement_options(CLI::App* sub, PlacementArgs& a, const std::string& what); // cli/text_main.cpp
+// batch::select_device (the GPU of this process's MPI local rank for cuda / auto) and cli::parse_dtype, the rules of
+// anchor-sd: a CUDA device in a build without CUDA or on a machine without one is a usage error naming --device.
+text::Placement resolve_placement(const PlacementArgs& a);
+
 // Library field -> the flag that fills it, for the messages of text::ParamError.
 using FlagNames = std::vector<std::pair<std::string, std::string>>;
 

@@ -135,7 +135,8 @@ const FlagNames& sampler_flags() {
                                 {"threshold", "--threshold"},
                                 {"factor", "--factor"},
                                 {"prompt", "--prompt"},
-                                {"score_with", "--score-with"}};
+                                {"score_with", "--score-with"},
+                                {"gemm", "--gemm"}};
     return f;
 }
 
@@ -214,6 +215,7 @@ struct SampleArgs {
 
 struct GenerateArgs {
     SampleArgs s;
+    PlacementArgs place;
     std::string cache = "off", score_with, json_out;
     std::vector<std::string> compare; // --compare lists (repeatable), as anchor-sd splits them
     bool show_steps = false, overwrite = false;
@@ -228,6 +230,7 @@ struct GenerateArgs {
         p.score_with = score_with;
         p.attention = s.attention;
         p.gemm = s.gemm;
+        p.placement = resolve_placement(place);
         return p;
     }
 };
@@ -366,8 +369,7 @@ int run_calibrate(CalibrateArgs a) {
                                               {"max_stale", "--max-stale"}});
     const auto prof = with_flag_errors(flags, [&] {
         auto model = load_mdlm(a.s.model_path(), a.s.n_heads);
-        model->set_attention_kernel(a.s.attention);
-        model->set_gemm_backend(a.s.gemm);
+        configure_mdlm(model, a.s.attention, {}, a.s.gemm); // calibration records CPU float32 statistics
         for (const auto& p : a.prompt_id_lists) a.co.prompts.push_back(parse_ids(p, "--prompt-ids"));
         if (!a.prompts_from.empty())
             for (auto& p :
@@ -435,6 +437,7 @@ int run_train(TrainArgs a) {
 
 struct BenchArgs {
     DiffusionBenchParams p;
+    PlacementArgs place;
     std::string steps_list = "64,128,256", json_out, plot_out;
     std::vector<std::string> caches = {"anchor"};
     std::string baseline = "off";
@@ -497,6 +500,7 @@ int run_bench(BenchArgs a) {
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
     if (!a.plot_out.empty()) check_output_path(a.plot_out, a.overwrite);
     a.p.steps = parse_int_list(a.steps_list, "--steps-list");
+    a.p.placement = resolve_placement(a.place);
     const FlagNames flags = with(sampler_flags(), {{"steps", "--steps-list"},
                                                    {"cache", "--cache"},
                                                    {"caches", "--cache"},
@@ -534,6 +538,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     auto g = std::make_shared<GenerateArgs>();
     auto* gen = diff->add_subcommand("generate", "Sample text; --compare runs two cache modes side by side");
     g->s.add(gen);
+    add_placement_options(gen, g->place, "the MDLM and its caches");
     gen->add_option("--cache", g->cache, cache_help())->capture_default_str();
     cli::add_mode_list_option(*gen, "--compare", g->compare,
                               "Two cache modes, e.g. off,anchor:stale=2 or 'off;dual:decoded=reuse,masked=reuse' "
@@ -621,6 +626,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     be->add_option("--repeats", bp.repeats, "Runs per step count (min/median/max)")->capture_default_str();
     add_enum_option(*be, "--unmask", bp.unmask, unmask_rule_table(), "Unmasking rule");
     add_attention_option(*be, bp.attention, bp.gemm);
+    add_placement_options(be, b->place, "the MDLM and its caches");
     cli::add_mode_list_option(*be, "--cache", b->caches,
                               "Modes to measure against the baseline: a list as --compare takes ('anchor;dual', "
                               "repeatable). " +

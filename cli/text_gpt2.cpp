@@ -94,8 +94,18 @@ void write_json(const std::string& path, const nlohmann::json& j, bool overwrite
 
 // ---- ppl ---------------------------------------------------------------------------------------------------------
 
+// --cuda-graphs of generate and ppl: the process-wide switch (text::set_decode_cuda_graphs), for a CUDA device only.
+void set_graphs(const PlacementArgs& place, bool on) {
+    if (on && (place.device == "cpu" || !kernels::CudaGraph::available()))
+        throw UsageError("--cuda-graphs: needs --device cuda in a build with LibTorch >= 2 and CUDA (the torch2 "
+                         "build), got --device " + place.device);
+    text::set_decode_cuda_graphs(on);
+}
+
 struct PplArgs {
     text::PplParams p;
+    PlacementArgs place;
+    bool cuda_graphs = false;
     std::string kv = "full", compare, json_out;
     bool overwrite = false;
 };
@@ -133,6 +143,8 @@ int run_ppl(PplArgs a) {
         with(model_flags(),
              {{"kv", a.compare.empty() ? "--kv" : "--compare"}, {"file", "--file"}, {"max_tokens", "--max-tokens"}});
     if (a.p.model.model.empty()) a.p.model.model = default_gpt2_model();
+    a.p.model.placement = resolve_placement(a.place);
+    set_graphs(a.place, a.cuda_graphs);
     return with_flag_errors(flags, [&] {
         a.p.kv = text::parse_kv_list(a.compare.empty() ? a.kv : a.compare);
         a.p.validate();
@@ -154,6 +166,8 @@ int run_ppl(PplArgs a) {
 
 struct GenArgs {
     text::GenerateParams p;
+    PlacementArgs place;
+    bool cuda_graphs = false;
     std::string kv = "full", report_json;
     bool overwrite = false;
     BatchArgs batch; // --prompts-file
@@ -187,6 +201,8 @@ int run_generate(GenArgs a) {
     }
     if (a.batch.prompts_file.empty() == a.p.prompt.empty())
         throw UsageError("give a prompt (-p/--prompt TEXT, not empty) or --prompts-file FILE, not both");
+    a.p.model.placement = resolve_placement(a.place);
+    set_graphs(a.place, a.cuda_graphs);
     return with_flag_errors(flags, [&] {
         a.p.kv = text::KvSpec::parse(a.kv);
         if (!a.batch.prompts_file.empty()) {
@@ -231,15 +247,17 @@ int run_generate(GenArgs a) {
 
 struct BenchArgs {
     text::Gpt2BenchParams p;
-    std::string stream_tokens = "1000,10000", json_out;
+    PlacementArgs place;
+    std::string stream_tokens = "1000,10000", contexts = "16,256,900", json_out;
     bool long_stream = false, overwrite = false;
 };
 
 void print_decode(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
     if (stage == text::Gpt2BenchStage::DecodeSection) {
         if (r.copies_skipped)
-            std::cout << "decode latency, f16 and q8_0 weights: skipped (the --reference-kernel path reads f32 "
-                         "weights)\n";
+            std::cout << "decode latency, f16 and q8_0 weights: skipped (the "
+                      << (r.placement == "cpu f32" ? "--reference-kernel path" : r.placement + " model")
+                      << " reads its own weights, no decode copies)\n";
         else
             std::cout << "decode latency, full KV cache, " << r.decode.back().weights << " weights ("
                       << human_bytes(r.decode.back().weight_bytes) << " per token; per token):\n";
@@ -277,7 +295,7 @@ void print_bench(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
     case S::Started:
         std::cout << "# anchor-text gpt2 bench\nmodel: " << r.model << "\n  " << r.config << "\nthreads: " << r.threads
                   << ", decode matrix-vector kernel: " << r.kernel << ", repeats: " << r.repeats
-                  << " (min / median / max)\n"
+                  << " (min / median / max)\nplacement: " << r.placement << "\n"
                   << std::fixed << std::setprecision(2) << "memcpy bandwidth (read+write): " << r.memcpy_gbs.min
                   << " / " << r.memcpy_gbs.median << " / " << r.memcpy_gbs.max << " GB/s\n"
                   << "weights streamed per decode step: " << human_bytes(r.weight_bytes) << "\n";
@@ -306,13 +324,17 @@ void print_bench(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
 
 int run_bench(BenchArgs a) {
     a.p.stream_tokens = parse_int_list(a.stream_tokens, "--stream-tokens");
+    a.p.contexts = parse_int_list(a.contexts, "--contexts");
+    a.p.placement = resolve_placement(a.place);
     if (a.long_stream) a.p.stream_tokens.push_back(100000);
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
     const FlagNames flags = {{"model", "--model"},
                              {"n_head", "--n-head"},
                              {"repeats", "--repeats"},
                              {"stream_tokens", "--stream-tokens"},
-                             {"recompute_repeats", "--recompute-repeats"}};
+                             {"recompute_repeats", "--recompute-repeats"},
+                             {"contexts", "--contexts"},
+                             {"cuda_graphs", "--cuda-graphs"}};
     const auto report = with_flag_errors(flags, [&] { return text::run_gpt2_bench(a.p, print_bench); });
     if (!a.json_out.empty()) write_json(a.json_out, report.to_json(), a.overwrite, std::cout);
     return 0;
@@ -417,6 +439,8 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     auto* p = gpt2->add_subcommand("ppl", "Streaming perplexity (StreamingLLM protocol: one token per forward, "
                                           "score the next; ppl = exp(mean NLL))");
     add_model_options(p, ppl->p.model);
+    add_placement_options(p, ppl->place, "the GPT-2 and its KV cache");
+    p->add_flag("--cuda-graphs", ppl->cuda_graphs, "One-token steps on a CUDA device replay a captured CUDA graph");
     add_stream_options(p, ppl->kv, ppl->p.positions);
     p->add_option("--file", ppl->p.file, "UTF-8 text file to score")->required();
     p->add_option("--compare", ppl->compare,
@@ -429,6 +453,8 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     auto gen = std::make_shared<GenArgs>();
     auto* g = gpt2->add_subcommand("generate", "Generate text, printing tokens as they are produced");
     add_model_options(g, gen->p.model);
+    add_placement_options(g, gen->place, "the GPT-2 and its KV cache");
+    g->add_flag("--cuda-graphs", gen->cuda_graphs, "One-token steps on a CUDA device replay a captured CUDA graph");
     add_stream_options(g, gen->kv, gen->p.positions);
     g->add_option("-p,--prompt", gen->p.prompt, "Prompt text");
     add_batch_options(g, gen->batch, "text file");
@@ -460,6 +486,11 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
                                       "latency/RSS, speed-up over recompute, GB/s vs memcpy");
     b->add_option("-m,--model", bo->p.model, "GPT-2 model (default: random GPT-2-small shapes in memory)");
     b->add_option("--n-head", bo->p.n_head, "Head count when the model has no config.json");
+    add_placement_options(b, bo->place, "the GPT-2 and its KV cache");
+    b->add_option("--contexts", bo->contexts, "Contexts of the decode latency rows (full KV cache)")
+        ->capture_default_str();
+    b->add_flag("--cuda-graphs", bo->p.cuda_graphs,
+                "One-token steps on a CUDA device replay a captured CUDA graph (LibTorch >= 2; off by default)");
     b->add_option("--repeats", bo->p.repeats, "Timed repeats per measurement")->capture_default_str();
     b->add_option("--stream-tokens", bo->stream_tokens, "Stream lengths for the sink:4,1020 run")
         ->capture_default_str();

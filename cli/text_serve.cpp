@@ -15,7 +15,8 @@ namespace anchor::cli {
 
 namespace {
 
-int run_text_serve(text::TextServerParams& p, bool no_diffusion) {
+int run_text_serve(text::TextServerParams& p, const PlacementArgs& place, bool no_diffusion) {
+    p.gpt2.placement = resolve_placement(place); // both models run there
     if (p.gpt2.model.empty()) p.gpt2.model = default_gpt2_model();
     if (std::filesystem::path(p.gpt2.model).filename() == "config.json")
         p.gpt2.model = std::filesystem::path(p.gpt2.model).parent_path().string();
@@ -39,6 +40,7 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     cmd->fallthrough();
     auto p = std::make_shared<text::TextServerParams>();
     auto no_diffusion = std::make_shared<bool>(false);
+    auto place = std::make_shared<PlacementArgs>();
     p->http.port = 8080;
     auto bind = [](CLI::Option* opt, const char* field) {
         bind_field(field, opt->get_name());
@@ -50,6 +52,7 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                          "MDLM folder for /anchor/v1/diffusion (default: assets/models/kjv-mdlm)"),
          "diffusion_model");
     cmd->add_flag("--no-diffusion", *no_diffusion, "no /anchor/v1/diffusion");
+    add_placement_options(cmd, *place, "the GPT-2 (with every request's KV cache) and the MDLM");
     bind(add_enum_option(*cmd, "--diffusion-gemm", p->diffusion_gemm, kernels::gemm_backend_table(),
                          "the diffusion model's linear layers: torch (SEDD's bits), onednn (~1.5x faster) or bf16"),
          "diffusion_gemm");
@@ -79,7 +82,7 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                          "largest prompt in bytes (checked before tokenizing)")
              ->capture_default_str(),
          "max_prompt_bytes");
-    runners.emplace_back(cmd, [p, no_diffusion]() { return run_text_serve(*p, *no_diffusion); });
+    runners.emplace_back(cmd, [p, place, no_diffusion]() { return run_text_serve(*p, *place, *no_diffusion); });
 }
 
 } // namespace anchor::cli

@@ -228,17 +228,14 @@ if [ $rc = 0 ]; then
             "$(json "$BC.json" "'%.3f s, %.2fx, latent PSNR %s dB' % (d['modes'][$i]['wall_s_median'], d['modes'][$i]['speedup_vs_first_median'], d['modes'][$i]['latent_psnr_db'])")" \
             "$PEAK"
     done
-    row "SD 1.5 UNet 512² CFG steps/s f32, SDPA, no graphs" \
+    row "UNet 512² CFG steps/s f32 (bench-cache off, 20 steps)" \
         "$(json "$BC.json" "'%.1f' % (d['modes'][0]['total_steps'] / d['modes'][0]['wall_s_median'])")" "$PEAK"
 else
-    row "SD 1.5 UNet 512² CFG steps/s f32, SDPA, no graphs" "$(why $rc)" "-"
+    row "UNet 512² CFG steps/s f32 (bench-cache off, 20 steps)" "$(why $rc)" "-"
     row "bench-cache --device cuda 512² off/deepcache:3/freq" "$(why $rc)" "-"
 fi
-for v in "f16, SDPA" "bf16, SDPA" "f32/f16, without SDPA" "f16, CUDA graphs"; do
-    row "SD 1.5 UNet 512² CFG steps/s $v" "n/a: not in this build" "-"
-done
-echo "  (n/a rows: anchor-sd bench and bench-cache run float32 with random weights; no switch turns SDPA off on" \
-    "CUDA; CUDA graphs are not implemented)" >>"$TABLE"
+[ -f "$BC.json" ] && row "  d2h scalars per step: off / deepcache:3 / freq" \
+    "$(json "$BC.json" "' / '.join(str(m.get('d2h_scalars_per_step', 'n/a')) for m in d['modes'])")" "-"
 
 # 2. txt2img end to end on a random SD 1.5 single file made here (--dtype auto = f16 on CUDA; the VAE decodes in
 #    f32 where its config says force_upcast), then CPU-seed parity at 256x256 in f32.
@@ -272,8 +269,74 @@ if [ $rc = 0 ]; then
 else
     row "txt2img 20 DDIM 512² end to end, f16 (random SD 1.5)" "$(why $rc)" "-"
 fi
+if [ "$GPU_OK" != 1 ] || [ -f "$CK" ]; then
+    # 2b. The UNet's CFG step rate by dtype, with SDPA (--attention fused: scaled_dot_product_attention on CUDA) and
+    #     without (--attention exact: matmul-softmax-matmul): 8 DDIM steps at 512², the sidecar's per-step time.
+    for dt in f32 f16 bf16; do
+        for att in fused exact; do
+            step "unet-$dt-$att" 45 "$SD" -m "$CK" -p "a red bicycle" --steps 8 --sampler ddim -W 512 -H 512 -s 1 \
+                --device cuda --dtype "$dt" --attention "$att" -o "$OUTDIR/unet-$dt-$att.png" --overwrite
+            rc=$?
+            name="SD 1.5 UNet 512² CFG steps/s $dt, $([ $att = fused ] && echo SDPA || echo 'no SDPA'), no graphs"
+            if [ $rc = 0 ]; then
+                row "$name" "$(json "$OUTDIR/unet-$dt-$att.png.json" "'%.1f' % (1 / d['timings_s']['per_step'])")" "$PEAK"
+            else
+                row "$name" "$(why $rc)" "-"
+            fi
+        done
+    done
+else
+    row "SD 1.5 UNet 512² CFG steps/s f32/f16/bf16, SDPA or not" "n/a: no random SD 1.5 file" "-"
+fi
+row "SD 1.5 UNet 512² CFG steps/s, CUDA graphs (f32/f16/bf16)" "n/a: UNet CUDA graphs not implemented" "-"
 
-# 3. SDXL base at 1024x1024, f16 (random weights written here: ~5 GB).
+# 3. GPT-2-small (random weights of its shapes) in f16 on the GPU: decode latency with a full KV cache at three
+#    contexts, then a 10k-token sink:4,1020 stream (the KV ring on the GPU); the text-diffusion bench, 12 x 768
+#    random MDLM, off against the anchor cache.
+TXT=$BUILD/anchor-text
+GB=$OUTDIR/gpt2-bench-f16.json
+step gpt2-f16 90 "$TXT" gpt2 bench --device cuda --dtype f16 --contexts 16,256,1000 --stream-tokens 1000,10000 \
+    --repeats 20 --recompute-repeats 2 --json "$GB" --overwrite
+rc=$?
+for i in 0 1 2; do
+    ctx=$(echo 16 256 1000 | cut -d' ' -f$((i + 1)))
+    if [ $rc = 0 ]; then
+        row "GPT-2-small f16 decode ms/token, context $ctx" \
+            "$(json "$GB" "'%.3f' % (d['decode'][0]['rows'][$i]['seconds'][1] * 1e3)")" "$PEAK"
+    else
+        row "GPT-2-small f16 decode ms/token, context $ctx" "$(why $rc)" "-"
+    fi
+done
+if [ $rc = 0 ]; then
+    row "GPT-2-small f16 10k-token sink stream, ms/token" \
+        "$(json "$GB" "'%.3f at 1k, %.3f at 10k (%+.1f %%)' % (d['sink']['stream'][0]['seconds'][1] * 1e3, d['sink']['stream'][-1]['seconds'][1] * 1e3, d['sink']['stream'][-1]['latency_change_percent'])")" \
+        "$PEAK"
+else
+    row "GPT-2-small f16 10k-token sink stream, ms/token" "$(why $rc)" "-"
+fi
+GG=$OUTDIR/gpt2-bench-f16-graphs.json
+step gpt2-f16-graphs 60 "$TXT" gpt2 bench --device cuda --dtype f16 --cuda-graphs --contexts 16,256,1000 \
+    --stream-tokens 1000 --repeats 20 --recompute-repeats 1 --json "$GG" --overwrite
+rc=$?
+if [ $rc = 0 ]; then
+    row "GPT-2-small f16 decode ms/token, CUDA graphs, ctx 16/256/1000" \
+        "$(json "$GG" "' / '.join('%.3f' % (r['seconds'][1] * 1e3) for r in d['decode'][0]['rows'])")" "$PEAK"
+else
+    row "GPT-2-small f16 decode ms/token, CUDA graphs, ctx 16/256/1000" "$(why $rc)" "-"
+fi
+DB=$OUTDIR/diffusion-bench-12x768.json
+step diffusion-12x768 90 "$TXT" diffusion bench --device cuda --dtype f16 --layers 12 --dim 768 --steps-list 128 \
+    --repeats 2 --cache anchor --json "$DB" --overwrite
+rc=$?
+if [ $rc = 0 ]; then
+    row "text diffusion 12x768 L=256 128 steps f16: off vs anchor" \
+        "$(json "$DB" "'%.3f s vs %.3f s, %.2fx' % (d['rows'][0]['off_s'][1], d['rows'][0]['cached_s'][1], d['rows'][0]['speedup_median'])")" \
+        "$PEAK"
+else
+    row "text diffusion 12x768 L=256 128 steps f16: off vs anchor" "$(why $rc)" "-"
+fi
+
+# 4. SDXL base at 1024x1024, f16 (random weights written here: ~5 GB).
 CX=$BUILD/sdxl-random-f16.safetensors
 step random-sdxl 120 "$SD" random-model --family sdxl --dtype f16 -o "$CX" --overwrite &&
     step sdxl-1024 90 "$SD" -m "$CX" -p "a lighthouse at dusk" --steps 4 --sampler ddim -W 1024 -H 1024 -s 1 \
@@ -286,13 +349,6 @@ else
     row "SDXL 1024² CFG steps/s f16 (4 DDIM steps)" "$(why $rc)" "-"
 fi
 rm -f "$CX"
-
-# 4. GPT-2 and text diffusion: their benchmarks have no --device in this build.
-for r in "GPT-2-small f16 decode ms/token, context 16" "GPT-2-small f16 decode ms/token, context 256" \
-    "GPT-2-small f16 decode ms/token, context 1000" "GPT-2-small f16 decode, 10k-token sink stream" \
-    "text diffusion 12x768 bench off vs cached"; do
-    row "$r" "n/a: anchor-text has no --device yet" "-"
-done
 
 echo
 echo "== correctness: CUDA kernel vs CPU reference"

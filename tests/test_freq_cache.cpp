@@ -1257,3 +1257,27 @@ TEST_CASE("the DPM-Solver family samplers run the tiny pipeline free-running, un
         }
     }
 }
+
+TEST_CASE("the cache decision reads one device value per step: counted in the log and the report", "[freq][sd][d2h]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    // host_read (unet/shallow_probe.h) counts on the CPU what a GPU would wait for: the probe's r_k, the timestep and
+    // the drift residual of freq travel together; DeepCache reads r_k alone.
+    for (const char* spec : {"freq", "freq:fast", "deepcache:3"}) {
+        INFO(spec);
+        auto c = parse_cache_mode(spec);
+        run_tiny(models, *c, 10);
+        REQUIRE(c->log().size() == 10);
+        for (const auto& s : c->log()) CHECK(s.d2h_scalars == 1);
+        const auto j = cache_log_json(*c);
+        CHECK(j.at("d2h_scalars_per_step") == 1);
+        CHECK(j.at("steps")[3].at("d2h_scalars") == 1);
+    }
+    // One transfer for several values, each read back as it was.
+    const auto before = host_reads();
+    const auto v = host_read({torch::scalar_tensor(0.25, torch::kFloat64), torch::scalar_tensor(3.0f)});
+    CHECK(host_reads() == before + 1);
+    CHECK(v == std::vector<double>{0.25, 3.0});
+}

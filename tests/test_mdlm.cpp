@@ -3,6 +3,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "tests/mdlm_tiny_config.h"
 #include "tests/test_util.h"
 #include "text/mdlm_calibrate.h"
 #include "text/mdlm_run.h"
@@ -36,14 +37,7 @@ SamplerOptions confidence_options(int steps, uint64_t seed) {
 }
 
 MdlmConfig tiny_config(GateKind gate = GateKind::TimeAnchor) {
-    MdlmConfig c;
-    c.hidden_size = 32;
-    c.n_heads = 4;
-    c.n_blocks = 3;
-    c.cond_dim = 16;
-    c.freq_embed_size = 32;
-    c.gate = gate;
-    return c;
+    return test::tiny_mdlm_config(gate);
 }
 
 MdlmModel tiny_model(GateKind gate = GateKind::TimeAnchor, uint64_t seed = 7) {

@@ -58,18 +58,24 @@ std::vector<double> time_steps(Gpt2Stream& stream, int steps, std::mt19937_64& r
     std::uniform_int_distribution<int64_t> tok(0, vocab - 1);
     for (int i = 0; i < steps; ++i) {
         auto t0 = Clock::now();
-        auto l = stream.feed(tok(rng));
+        auto l = stream.feed(tok(rng)); // host logits: a device step has finished when feed returns
         (void)l.data_ptr<float>();
         t.push_back(since(t0));
     }
     return t;
 }
 
-// The decode kernel of the run, restored afterwards (it is process-wide).
+// The decode kernel and CUDA graph switch of the run, restored afterwards (they are process-wide).
 struct KernelChoice {
-    bool before = fast_decode_kernel();
-    explicit KernelChoice(bool fast) { set_fast_decode_kernel(fast); }
-    ~KernelChoice() { set_fast_decode_kernel(before); }
+    bool before = fast_decode_kernel(), graphs_before = decode_cuda_graphs();
+    KernelChoice(bool fast, bool graphs) {
+        set_fast_decode_kernel(fast);
+        set_decode_cuda_graphs(graphs);
+    }
+    ~KernelChoice() {
+        set_fast_decode_kernel(before);
+        set_decode_cuda_graphs(graphs_before);
+    }
 };
 
 } // namespace
@@ -82,12 +88,18 @@ void Gpt2BenchParams::validate() const {
     for (size_t i = 0; i < stream_tokens.size(); ++i)
         if (stream_tokens[i] < 1 || (i > 0 && stream_tokens[i] < stream_tokens[i - 1]))
             throw ParamError("stream_tokens", "must be ascending counts >= 1");
+    for (auto c : contexts)
+        if (c < 1) throw ParamError("contexts", "must be >= 1, got " + std::to_string(c));
+    placement.validate();
+    if (cuda_graphs && (!placement.device.is_cuda() || !kernels::CudaGraph::available()))
+        throw ParamError("cuda_graphs", "need a CUDA device and a build with LibTorch >= 2 and CUDA (the torch2 build)");
 }
 
 nlohmann::json Gpt2BenchReport::to_json() const {
     nlohmann::json j = {{"model", model},
                         {"config", config},
                         {"kernel", kernel},
+                        {"placement", placement},
                         {"threads", threads},
                         {"repeats", repeats},
                         {"n_positions", n_positions},
@@ -124,13 +136,15 @@ nlohmann::json Gpt2BenchReport::to_json() const {
 Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
                                const std::function<void(const Gpt2BenchReport&, Gpt2BenchStage)>& progress) {
     p.validate();
-    const KernelChoice kernel(!p.reference_kernel);
+    const KernelChoice kernel(!p.reference_kernel, p.cuda_graphs);
     auto tell = [&](const Gpt2BenchReport& r, Gpt2BenchStage s) {
         if (progress) progress(r, s);
     };
     Gpt2BenchReport r;
     Gpt2Model model = p.model.empty() ? random_gpt2_small() : load_gpt2(p.model, p.n_head).model;
     r.model = p.model.empty() ? "random GPT-2-small shapes (in memory)" : p.model;
+    model->place(p.placement);
+    r.placement = p.placement.str();
     const auto& cfg = model->config();
     const int64_t P = cfg.n_positions, V = cfg.vocab_size;
     std::mt19937_64 rng(1234);
@@ -142,7 +156,8 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
     };
     r.config = cfg.describe();
     r.n_positions = P;
-    r.kernel = decode_kernel();
+    r.kernel = p.placement.reference() ? decode_kernel()
+               : "LibTorch operators on " + p.placement.str() + (p.cuda_graphs ? ", one-token steps as a CUDA graph" : "");
     r.threads = at::get_num_threads();
     r.repeats = p.repeats;
     r.memcpy_gbs = copy_bandwidth_gbs(p.repeats);
@@ -156,7 +171,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
         std::vector<double> t;
         for (int i = 0; i < p.repeats; ++i) {
             auto t0 = Clock::now();
-            model->forward(ids, false, true);
+            (void)model->forward(ids, false, true).logits.to(torch::kCPU); // waits for a device
             t.push_back(since(t0));
         }
         r.prompt_s = Spread::of(t);
@@ -167,7 +182,7 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
     // (--decode-weights f16 / q8_0), measured in the same run.
     std::vector<double> f32_median;
     for (auto dw : {DecodeWeights::F32, DecodeWeights::F16, DecodeWeights::Q8_0}) {
-        if (dw != DecodeWeights::F32 && !fast_decode_kernel()) {
+        if (dw != DecodeWeights::F32 && (!fast_decode_kernel() || !p.placement.reference())) {
             if (!r.copies_skipped) {
                 r.copies_skipped = true;
                 tell(r, Gpt2BenchStage::DecodeSection);
@@ -177,10 +192,12 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
         model->set_decode_weights(dw);
         const double bytes = static_cast<double>(model->decode_weight_bytes());
         const bool copy = dw != DecodeWeights::F32;
-        r.decode.push_back({enum_name(decode_weight_table(), dw), bytes, {}});
+        // Off CPU float32 the model reads its own weights in the compute dtype: the section is named after it.
+        const auto dtype_name = p.placement.reference() ? enum_name(decode_weight_table(), dw) : p.placement.str();
+        r.decode.push_back({dtype_name, bytes, {}});
         tell(r, Gpt2BenchStage::DecodeSection);
         size_t n = 0;
-        for (int64_t ctx : {int64_t(16), int64_t(256), int64_t(900)}) {
+        for (int64_t ctx : p.contexts) {
             Gpt2BenchReport::DecodeRow row;
             row.context = ctx;
             row.skipped = ctx + p.repeats > P;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "text/bench_report.h"
+#include "text/params.h"
 
 #include <nlohmann/json.hpp>
 
@@ -20,11 +21,15 @@ struct Gpt2BenchParams {
     std::vector<int64_t> stream_tokens = {1000, 10000}; // stream lengths of the sink run, ascending
     int recompute_repeats = 2;
     bool reference_kernel = false; // decode with torch::addmv/mv instead of the gemv kernel (for the run only)
+    std::vector<int64_t> contexts = {16, 256, 900}; // decode latency rows (full KV cache at these contexts)
+    Placement placement; // --device / --dtype: the model and its KV buffers there; f16/q8_0 copies CPU f32 only
+    bool cuda_graphs = false; // one-token steps replay a CUDA graph (set_decode_cuda_graphs) for the run only
     void validate() const;         // ParamError naming the field
 };
 
 struct Gpt2BenchReport {
     std::string model, config, kernel;
+    std::string placement; // "cpu f32", "cuda:0 f16"
     int threads = 0, repeats = 0;
     int64_t n_positions = 0;
     Spread memcpy_gbs;       // read + write bandwidth of a 256 MiB memcpy

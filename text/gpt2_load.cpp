@@ -17,11 +17,13 @@ const EnumTable<DecodeWeights>& decode_weight_table() {
 void Gpt2ModelParams::validate() const {
     if (model.empty()) throw ParamError("model", "is empty: a GPT-2 folder, .safetensors file or index is needed");
     if (n_head < 0) throw ParamError("n_head", "must be >= 0, got " + std::to_string(n_head));
+    placement.validate();
 }
 
 LoadedGpt2 load_gpt2_model(const Gpt2ModelParams& p) {
     p.validate();
     auto loaded = load_gpt2(p.model, p.n_head);
+    loaded.model->place(p.placement);
     loaded.model->set_decode_weights(p.decode_weights);
     return loaded;
 }

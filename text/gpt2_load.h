@@ -17,10 +17,11 @@ struct Gpt2ModelParams {
     std::string vocab;  // tokenizer folder; "": the model folder when it has one, else Gpt2Tokenizer::default_dir()
     int64_t n_head = 0; // head count when the model has no config.json (0: n_embd / 64)
     DecodeWeights decode_weights = DecodeWeights::F32;
+    Placement placement; // --device / --dtype (Gpt2ModelImpl::place); decode copies need CPU float32
     void validate() const; // ParamError naming the field
 };
 
-// load_gpt2 with the decode weights applied.
+// load_gpt2 with the placement and the decode weights applied.
 LoadedGpt2 load_gpt2_model(const Gpt2ModelParams& p);
 // The tokenizer of `p` for the loaded model `m` (see Gpt2ModelParams::vocab).
 Gpt2Tokenizer load_gpt2_tokenizer(const Gpt2ModelParams& p, const LoadedGpt2& m);

@@ -171,10 +171,14 @@ void DecodeRows::set_copies(DecodeWeights dw) {
     q8 = dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(f32)) : torch::Tensor();
 }
 
+bool DecodeRows::on_cpu_f32() const {
+    return f32.defined() && f32.device().is_cpu() && f32.scalar_type() == torch::kFloat32;
+}
+
 int64_t DecodeRows::bytes() const {
     if (q8.defined()) return q8.nbytes();
     if (f16.defined()) return f16.nbytes();
-    return f32.numel() * int64_t(sizeof(float));
+    return f32.numel() * int64_t(f32.element_size());
 }
 
 void DecodeRows::gemv(const float* x, const float* b, float* y) const {
@@ -216,7 +220,7 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
     auto shape = x.sizes().vec();
     shape.back() = out;
     if (x.numel() == in && rows_.f32.defined()) { // one token: matrix-vector over contiguous rows
-        if (g_fast_decode) return rows_.gemv(x.reshape({in}), bias).view(shape);
+        if (g_fast_decode && rows_.on_cpu_f32()) return rows_.gemv(x.reshape({in}), bias).view(shape);
         return torch::addmv(bias, rows_.f32, x.reshape({in})).view(shape);
     }
     return torch::addmm(bias, x.reshape({-1, in}), weight).view(shape);
@@ -318,7 +322,32 @@ void Gpt2ModelImpl::finalize(const torch::Tensor& explicit_lm_head) {
     for (auto& p : parameters()) p.set_requires_grad(false);
 }
 
+void Gpt2ModelImpl::place(const Placement& p) {
+    p.validate();
+    torch::NoGradGuard ng;
+    if (p.device == placement_.device && p.dtype == placement_.dtype) return;
+    if (decode_dtype_ != DecodeWeights::F32 && !p.reference())
+        throw ParamError("decode_weights", "the " + std::string(decode_dtype_ == DecodeWeights::F16 ? "f16" : "q8_0") +
+                                               " decode copies are for CPU float32 decoding, not " + p.str());
+    // Module::to would convert every tensor; each parameter is moved instead, then the [out, in] rows every Conv1D
+    // and the LM head read are laid out again from the moved weights (one copy of each on the device).
+    for (auto& t : parameters()) t.set_data(t.detach().to(p.device, p.dtype));
+    for (auto& b : blocks_)
+        for (auto* c : b->conv1ds()) c->relayout();
+    lm_.f32 = tied_ ? wte->weight.detach() : lm_.f32.to(p.device, p.dtype).contiguous();
+    placement_ = p;
+}
+
+void Conv1DImpl::relayout() {
+    torch::NoGradGuard ng;
+    rows_.f32 = weight.detach().t().contiguous();
+    weight.set_data(rows_.f32.t());
+}
+
 void Gpt2ModelImpl::set_decode_weights(DecodeWeights dw) {
+    if (dw != DecodeWeights::F32 && !placement_.reference())
+        throw ParamError("decode_weights", "the f16 and q8_0 decode copies are for CPU float32 decoding, not " +
+                                               placement_.str());
     for (auto& b : blocks_)
         for (auto* c : b->conv1ds()) c->set_decode_weights(dw);
     lm_.set_copies(dw);
@@ -337,10 +366,11 @@ torch::Tensor Gpt2ModelImpl::logits_of(const torch::Tensor& x) {
     if (x.numel() == C) { // one token: matrix-vector over the vocabulary rows
         auto shape = x.sizes().vec();
         shape.back() = lm_.f32.size(0);
-        if (g_fast_decode) return lm_.gemv(x.reshape({C})).view(shape);
-        return torch::mv(lm_.f32, x.reshape({C})).view(shape);
+        if (g_fast_decode && lm_.on_cpu_f32()) return lm_.gemv(x.reshape({C})).view(shape);
+        return torch::mv(lm_.f32, x.reshape({C})).view(shape).to(torch::kFloat32);
     }
-    return torch::matmul(x, lm_.f32.t());
+    // Logits leave the model in float32 whatever the compute dtype (the samplers and perplexities read float32).
+    return torch::matmul(x, lm_.f32.t()).to(torch::kFloat32);
 }
 
 Gpt2Output Gpt2ModelImpl::forward(const torch::Tensor& ids_in, bool want_hidden, bool last_only,
@@ -352,9 +382,10 @@ Gpt2Output Gpt2ModelImpl::forward(const torch::Tensor& ids_in, bool want_hidden,
     if (!positions.defined() && T > cfg_.n_positions)
         throw Error("GPT-2 forward: " + std::to_string(T) + " tokens exceed n_positions " +
                     std::to_string(cfg_.n_positions));
-    auto pos = positions.defined() ? positions.to(torch::kLong) : torch::arange(T, torch::kLong);
+    const auto dev = wte->weight.device();
+    auto pos = positions.defined() ? positions.to(dev, torch::kLong) : torch::arange(T, torch::dtype(torch::kLong).device(dev));
     Gpt2Output out;
-    auto x = wte(ids.to(torch::kLong)) + wpe(pos);
+    auto x = wte(ids.to(dev, torch::kLong)) + wpe(pos);
     if (want_hidden) out.hidden.push_back(x);
     for (auto& b : blocks_) {
         x = b(x);
@@ -379,8 +410,9 @@ torch::Tensor Gpt2ModelImpl::step(const torch::Tensor& ids_in, const std::vector
             throw Error("GPT-2 step: position id " + std::to_string(p) + " outside [0, " +
                         std::to_string(cfg_.n_positions) + ")");
     if (step_one_applies(ids, caches)) return step_one(ids.to(torch::kLong).item<int64_t>(), pos_ids[0], caches);
-    auto pos = torch::tensor(pos_ids, torch::kLong);
-    auto x = wte(ids.to(torch::kLong)) + wpe(pos);
+    const auto dev = wte->weight.device();
+    auto pos = torch::tensor(pos_ids, torch::kLong).to(dev);
+    auto x = wte(ids.to(dev, torch::kLong)) + wpe(pos);
     for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l](x, &caches[l], pos_ids);
     if (last_only) x = x.narrow(1, T - 1, 1);
     return logits_of(ln_f(x));
@@ -456,6 +488,9 @@ std::vector<cache::SinkRollingKV> Gpt2ModelImpl::make_caches(int64_t sinks, int6
         o.sinks = sinks;
         o.window = window;
         o.evict = evict;
+        // The ring lives where the model runs, in its compute dtype (preallocated once: no allocation per token).
+        o.dtype = wte->weight.scalar_type();
+        o.device = wte->weight.device();
         o.device_writer = &kernels::ring_write; // the fused CUDA write for buffers on a GPU
         out.emplace_back(o);
     }
@@ -671,6 +706,7 @@ namespace {
 // Logits with a NaN/Inf (broken weights, overflow) are reported at the token where they appear instead of being
 // sampled from or averaged into a perplexity. One reduction over V floats per token.
 torch::Tensor checked_logits(torch::Tensor logits, int64_t stream_index) {
+    logits = logits.to(torch::kCPU, torch::kFloat32); // the one copy to the host per step on a device
     if (!torch::isfinite(logits).all().item<bool>())
         throw Error("NaN/Inf in the logits at stream token " + std::to_string(stream_index) +
                     "; check the model weights");
@@ -706,11 +742,105 @@ torch::Tensor Gpt2Stream::feed(const std::vector<int64_t>& tokens) {
         int64_t n = std::max<int64_t>(1, std::min<int64_t>(capacity_ - count_, tokens.size() - i));
         std::vector<int64_t> pos(n), chunk(tokens.begin() + i, tokens.begin() + i + n);
         for (int64_t j = 0; j < n; ++j) pos[j] = position_of(count_ + j);
-        logits = model_->step(torch::tensor(chunk, torch::kLong).unsqueeze(0), pos, caches_, true);
+        logits = n == 1 ? one_token_step(chunk[0], pos[0])
+                        : model_->step(torch::tensor(chunk, torch::kLong).unsqueeze(0), pos, caches_, true);
         count_ += n;
         i += n;
     }
     return checked_logits(logits.reshape({V}), count_ - 1);
+}
+
+torch::Tensor Gpt2Stream::one_token_step(int64_t id, int64_t pos) {
+    if (decode_cuda_graphs() && (graph_ || Gpt2DecodeGraph::applies(*model_, caches_))) {
+        if (!graph_) graph_ = std::make_shared<Gpt2DecodeGraph>(model_, caches_);
+        return graph_->step(id, pos, caches_);
+    }
+    return model_->step(torch::tensor(std::vector<int64_t>{id}, torch::kLong).unsqueeze(0), {pos}, caches_, true);
+}
+
+// ---- the decode step as a CUDA graph ------------------------------------------------------------------------------
+
+namespace {
+std::atomic<bool> g_decode_graphs{false};
+} // namespace
+
+void set_decode_cuda_graphs(bool on) {
+    g_decode_graphs = on;
+}
+
+bool decode_cuda_graphs() {
+    return g_decode_graphs;
+}
+
+bool Gpt2DecodeGraph::applies(const Gpt2ModelImpl& model, const std::vector<cache::SinkRollingKV>& caches) {
+    if (!kernels::CudaGraph::available() || !model.wte->weight.is_cuda() || caches.empty()) return false;
+    for (const auto& c : caches)
+        if (!c.k_storage().is_cuda() || c.k_storage().size(0) != 1) return false;
+    return true;
+}
+
+Gpt2DecodeGraph::Gpt2DecodeGraph(Gpt2Model model, const std::vector<cache::SinkRollingKV>& caches)
+    : model_(std::move(model)) {
+    if (!applies(*model_, caches))
+        throw Error("GPT-2 decode graph: needs the model and batch-1 KV caches on a CUDA device in a build with CUDA "
+                    "graphs (LibTorch >= 2)");
+    graph_ = std::make_unique<kernels::CudaGraph>();
+    for (const auto& c : caches) k_.push_back(c.k_storage()), v_.push_back(c.v_storage());
+    const auto dev = model_->wte->weight.device();
+    const auto ids = torch::dtype(torch::kLong).device(dev);
+    id_ = torch::zeros({1}, ids), pos_ = torch::zeros({1}, ids), slot_ = torch::zeros({1}, ids);
+    mask_ = torch::full({1, 1, 1, caches.front().capacity()}, -std::numeric_limits<float>::infinity(),
+                        torch::dtype(model_->wte->weight.scalar_type()).device(dev));
+}
+
+Gpt2DecodeGraph::~Gpt2DecodeGraph() = default;
+
+std::vector<torch::Tensor> Gpt2DecodeGraph::body() {
+    auto& m = *model_;
+    const auto& c = m.config();
+    const int64_t C = c.n_embd, H = c.n_head, D = c.head_dim();
+    const double scale = 1.0 / std::sqrt(double(D));
+    auto x = m.wte->weight.index_select(0, id_) + m.wpe->weight.index_select(0, pos_); // [1, C]
+    for (size_t l = 0; l < m.blocks_.size(); ++l) {
+        auto& blk = *m.blocks_[l];
+        const auto qkv = blk.attn->c_attn(blk.ln_1(x)); // [1, 3C]
+        auto heads = [&](int64_t part) { return qkv.narrow(1, part * C, C).reshape({1, H, 1, D}); };
+        // The new token's K and V into its slot, then attention over the whole ring with the empty slots masked:
+        // the eager step's append-then-attend (README sec. 3), at a fixed shape.
+        k_[l].index_copy_(2, slot_, heads(1));
+        v_[l].index_copy_(2, slot_, heads(2));
+        auto scores = torch::matmul(heads(0), k_[l].transpose(-2, -1)).to(torch::kFloat32) * scale + mask_;
+        auto y = torch::matmul(torch::softmax(scores, -1).to(v_[l].scalar_type()), v_[l]).reshape({1, C});
+        x = x + blk.attn->c_proj(y);
+        x = x + blk.mlp(blk.ln_2(x));
+    }
+    return {m.logits_of(m.ln_f(x)).reshape({1, 1, -1})};
+}
+
+torch::Tensor Gpt2DecodeGraph::step(int64_t id, int64_t pos, std::vector<cache::SinkRollingKV>& caches) {
+    torch::NoGradGuard ng;
+    const auto& c = model_->config();
+    if (id < 0 || id >= c.vocab_size)
+        throw Error("GPT-2 step: token id " + std::to_string(id) + " outside [0, " + std::to_string(c.vocab_size) +
+                    ")");
+    if (pos < 0 || pos >= c.n_positions)
+        throw Error("GPT-2 step: position id " + std::to_string(pos) + " outside [0, " +
+                    std::to_string(c.n_positions) + ")");
+    if (caches.size() != k_.size() || !caches.front().k_storage().is_same(k_.front()))
+        throw Error("GPT-2 decode graph: called with other caches than it was captured on");
+    int64_t slot = 0;
+    for (auto& kv : caches) slot = kv.advance(pos);
+    const int64_t filled = caches.front().filled();
+    if (filled < live_) { // the caches were cleared since
+        mask_.fill_(-std::numeric_limits<float>::infinity());
+        live_ = 0;
+    }
+    if (filled > live_) mask_.narrow(3, live_, filled - live_).fill_(0.0);
+    live_ = filled;
+    id_.fill_(id), pos_.fill_(pos), slot_.fill_(slot);
+    if (!graph_->captured()) out_ = graph_->capture([this] { return body(); }, id_.device()).at(0);
+    graph_->replay();
+    return out_;
 }
 
 torch::Tensor Gpt2Stream::feed_reencode(const std::vector<int64_t>& tokens) {
@@ -799,7 +929,8 @@ double generative_ppl(Gpt2Model model, const std::vector<int64_t>& ids, int64_t 
         const int64_t s = std::max<int64_t>(0, std::min(next - ctx / 2, n - ctx));
         const int64_t e = std::min(n, s + ctx);
         auto win = torch::tensor(std::vector<int64_t>(ids.begin() + s, ids.begin() + e), torch::kInt64).unsqueeze(0);
-        auto logp = torch::log_softmax(model->forward(win).logits[0].to(torch::kFloat64), -1); // [e-s, V]
+        auto logp =
+            torch::log_softmax(model->forward(win).logits[0].to(torch::kCPU, torch::kFloat64), -1); // [e-s, V]
         for (int64_t i = next; i < e; ++i) nll -= logp[i - 1 - s][ids[static_cast<size_t>(i)]].item<double>();
         scored += e - next;
         next = e;

@@ -9,6 +9,8 @@
 
 #include "cache/io/enum_table.h"
 #include "cache/sink_rolling_kv.h"
+#include "kernels/cuda_graph.h"
+#include "text/params.h"
 
 #include <torch/torch.h>
 
@@ -17,6 +19,7 @@
 #include <array>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +37,11 @@ bool fast_decode_kernel();
 // The matrix-vector kernel batch-1 steps run now: "AVX-512 gemv", "AVX2/FMA gemv", "portable gemv" or
 // "torch::addmv/mv (reference)".
 std::string decode_kernel();
+
+// One-token stream steps on a CUDA device replay a captured CUDA graph (Gpt2DecodeGraph; `--cuda-graphs`), off by
+// default. Process-wide, as set_fast_decode_kernel; it only applies where Gpt2DecodeGraph::applies.
+void set_decode_cuda_graphs(bool on);
+bool decode_cuda_graphs();
 
 // The weights batch-1 steps read (`--decode-weights`): float32, a float16 copy, or a q8_0 copy (llama.cpp's block
 // format: 32 int8 values and one float16 scale per block, kernels/gemv.h).
@@ -72,6 +80,7 @@ struct DecodeRows {
     torch::Tensor f32, f16, q8;
     void set_copies(DecodeWeights dw); // copies of f32 on huge pages (kernels::huge_page_copy); F32 drops them
     int64_t bytes() const;             // of the rows a step reads
+    bool on_cpu_f32() const;           // the rows the gemv kernels read (elsewhere: torch::addmv / mv)
     // y = W x + b (b may be null) through the copy in use (kernels::gemv_f32 / gemv_f16 / gemv_q8_0).
     void gemv(const float* x, const float* b, float* y) const;
     torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& bias = {}) const; // x [in] -> y [out]
@@ -83,6 +92,7 @@ public:
     Conv1DImpl(int64_t in, int64_t out);
     torch::Tensor forward(const torch::Tensor& x);
     void finalize(); // re-lays the loaded weight out as [out, in] rows (once, after loading)
+    void relayout(); // the same from the weight as it is now (after Gpt2ModelImpl::place moved it), no huge pages
     // Batch-1 steps read a float16 or q8_0 copy of the rows (half / ~0.27 of the bytes) when asked; batched forwards
     // keep float32.
     void set_decode_weights(DecodeWeights dw);
@@ -141,6 +151,8 @@ struct Gpt2Output {
     std::vector<torch::Tensor> hidden; // when asked: embed, after block 0..L-1 (before ln_f), ln_f(last)
 };
 
+class Gpt2DecodeGraph;
+
 class Gpt2ModelImpl : public torch::nn::Module {
 public:
     explicit Gpt2ModelImpl(const Gpt2Config& c);
@@ -165,7 +177,13 @@ public:
     // llama.cpp does) brings it to 0.27. Costs a second copy of those weights; prompts and batched forwards stay
     // float32. Logits move by the rounding of the weights (f16: relative ~1e-3; q8_0: ~1e-2). Only with the fast
     // decode kernel.
-    void set_decode_weights(DecodeWeights dw); // F32 (default) drops the copies
+    void set_decode_weights(DecodeWeights dw); // F32 (default) drops the copies; others only on CPU float32
+    // Moves the weights to `p.device` in `p.dtype` (after finalize); caches made afterwards live there too, and
+    // step()/forward() take ids from the CPU and give float32 logits on the device. Off CPU float32 every product is
+    // LibTorch's (the gemv kernels read CPU float32 rows). ParamError "dtype" (Placement::validate) or
+    // "decode_weights" (f16/q8_0 copies are CPU float32 only).
+    void place(const Placement& p);
+    const Placement& placement() const { return placement_; }
     DecodeWeights decode_weights() const { return decode_dtype_; }
     int64_t decode_weight_bytes() const; // bytes one batch-1 step streams: every Conv1D weight and the LM head
     const Gpt2Config& config() const { return cfg_; }
@@ -175,6 +193,7 @@ public:
     torch::nn::LayerNorm ln_f{nullptr};
 
 private:
+    friend class Gpt2DecodeGraph;
     torch::Tensor logits_of(const torch::Tensor& x); // ln_f already applied
     // One token of one sequence on raw rows (kernels/decode_ops.h, kernels::gemv_*): the same arithmetic as the
     // module forwards without their ~40 LibTorch ops per layer. Used by step() with the fast decode kernel; the
@@ -185,6 +204,7 @@ private:
     std::vector<Gpt2Block> blocks_;
     DecodeRows lm_; // the LM head (wte's table when tied)
     DecodeWeights decode_dtype_ = DecodeWeights::F32;
+    Placement placement_;
     bool tied_ = true;
 };
 TORCH_MODULE(Gpt2Model);
@@ -201,6 +221,32 @@ struct LoadedGpt2 {
 // `transformer.` prefix, tied or explicit `lm_head.weight`, `h.{i}.attn.bias`/`masked_bias` buffers ignored,
 // F32/F16/BF16 converted to float32. Every missing/unexpected/wrong-shape tensor is reported in one error.
 LoadedGpt2 load_gpt2(const std::string& path, int64_t n_head_hint = 0);
+
+// The one-token step of a stream as a CUDA graph (kernels/cuda_graph.h), captured at its first step: static shapes,
+// the KV ring attended at its full capacity with an additive mask over the slots not yet filled (the same attention
+// set as the eager step: the filled slots [0, filled), StreamingLLM's A(i) u {i}), the token, its position and its
+// ring slot read from device buffers written before each replay (SinkRollingKV::advance keeps the bookkeeping on the
+// host). Batch 1, the model on a CUDA device, LibTorch >= 2. The eager step stays the reference (tests/
+// test_text_device.cpp [cuda] compares them).
+class Gpt2DecodeGraph {
+public:
+    static bool applies(const Gpt2ModelImpl& model, const std::vector<cache::SinkRollingKV>& caches);
+    Gpt2DecodeGraph(Gpt2Model model, const std::vector<cache::SinkRollingKV>& caches);
+    ~Gpt2DecodeGraph();
+    // Appends token `id` at position `pos` to `caches` (the ones of the constructor) and returns its logits [1, 1, V]
+    // float32 on the device (the graph's output tensor: read it before the next step).
+    torch::Tensor step(int64_t id, int64_t pos, std::vector<cache::SinkRollingKV>& caches);
+
+private:
+    std::vector<torch::Tensor> body();
+    Gpt2Model model_;
+    std::vector<torch::Tensor> k_, v_; // the rings' storage, [1, H, capacity, D] per layer
+    torch::Tensor id_, pos_, slot_;    // int64 [1] on the device
+    torch::Tensor mask_;               // [1, 1, 1, capacity]: 0 for a filled slot, -inf for an empty one
+    int64_t live_ = 0;                 // slots the mask has at 0
+    torch::Tensor out_;
+    std::unique_ptr<kernels::CudaGraph> graph_;
+};
 
 // ---- streaming ---------------------------------------------------------------------------------------------------
 
@@ -262,6 +308,8 @@ private:
     std::vector<int64_t> sink_ids_;
     int64_t cached_ = 0; // tokens in the buffer
     torch::Tensor feed_reencode(const std::vector<int64_t>& tokens);
+    std::shared_ptr<Gpt2DecodeGraph> graph_; // decode_cuda_graphs(): made at the first one-token step that can
+    torch::Tensor one_token_step(int64_t id, int64_t pos);
 };
 
 // StreamingLLM evaluation protocol: one token per step, score the next one.

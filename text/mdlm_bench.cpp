@@ -46,6 +46,7 @@ std::vector<std::vector<int64_t>> bench_prompts(const DiffusionBenchParams& p, c
 
 void DiffusionBenchParams::validate() const {
     if (n_heads < 0) throw ParamError("n_heads", "must be >= 0, got " + std::to_string(n_heads));
+    placement.validate();
     if (model.empty() && (layers < 1 || dim < 1))
         throw ParamError("layers", "and dim of the random model must be >= 1, got " + std::to_string(layers) + " x " +
                                        std::to_string(dim));
@@ -127,8 +128,7 @@ run_diffusion_bench(const DiffusionBenchParams& p,
                     const std::function<void(const DiffusionBenchReport&, const DiffusionBenchRow*)>& progress) {
     p.validate();
     auto model = p.model.empty() ? random_model(p.layers, p.dim, p.seed) : load_mdlm(p.model, p.n_heads);
-    model->set_attention_kernel(p.attention);
-    model->set_gemm_backend(p.gemm);
+    configure_mdlm(model, p.attention, p.placement, p.gemm);
     std::optional<LoadedGpt2> scorer;
     if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
     const auto prompts = bench_prompts(p, model);

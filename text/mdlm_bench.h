@@ -30,6 +30,7 @@ struct DiffusionBenchParams {
     int64_t block_length = 0;                                             // of every mode that does not set its own
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact; // the model's (kernels/attention.h)
     kernels::GemmBackend gemm = kernels::GemmBackend::Torch;              // its linear layers' (MdlmBlockImpl::gemm)
+    Placement placement; // --device / --dtype of the MDLM; the scoring GPT-2 stays the CPU float32 reference
     uint64_t seed = 0;
     DecodeSpec baseline;            // what every mode is measured against (off)
     std::vector<DecodeSpec> caches; // each measured against the baseline

@@ -303,11 +303,14 @@ void MdlmDenoiser::create_layer(int64_t l) {
     const auto& c = model_->config();
     const int64_t L = length_, H = c.n_heads, d = c.head_dim(), D = c.hidden_size;
     const auto none = cache::LatentCache::kUnwritten;
-    // Zero-filled (never read before written: a layer without written rows is recomputed in full).
-    store_.put(key(l, MdlmSlot::K), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
-    store_.put(key(l, MdlmSlot::V), torch::zeros({H, L, d}), none, cache::RowVersioned{1});
-    store_.put(key(l, MdlmSlot::Attn), torch::zeros({L, D}), none, cache::RowVersioned{0});
-    store_.put(key(l, MdlmSlot::Ffn), torch::zeros({L, D}), none, cache::RowVersioned{0});
+    // Zero-filled (never read before written: a layer without written rows is recomputed in full). The latents live
+    // where the model runs, in its dtype; the tokens they were computed with are host bookkeeping.
+    const auto& pl = model_->placement();
+    const auto opts = torch::TensorOptions().device(pl.device).dtype(pl.dtype);
+    store_.put(key(l, MdlmSlot::K), torch::zeros({H, L, d}, opts), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::V), torch::zeros({H, L, d}, opts), none, cache::RowVersioned{1});
+    store_.put(key(l, MdlmSlot::Attn), torch::zeros({L, D}, opts), none, cache::RowVersioned{0});
+    store_.put(key(l, MdlmSlot::Ffn), torch::zeros({L, D}, opts), none, cache::RowVersioned{0});
     store_.put(key(l, MdlmSlot::Token), torch::full({L}, -1, torch::kInt64), none, cache::RowVersioned{0});
     for (auto slot : {MdlmSlot::K, MdlmSlot::V, MdlmSlot::Attn, MdlmSlot::Ffn, MdlmSlot::Token})
         if (!store_.contains(key(l, slot)))
@@ -356,7 +359,8 @@ void MdlmDenoiser::reset(int64_t length) {
     length_ = length;
     block_lo_ = 0, block_hi_ = length;
     block_started_ = true;
-    rope_ = model_->rope(length, torch::TensorOptions().dtype(torch::kFloat32));
+    const auto& pl = model_->placement();
+    rope_ = model_->rope(length, torch::TensorOptions().dtype(pl.dtype).device(pl.device));
     if (!ns_.empty()) store_.erase_namespace(ns_);
     ns_ = "mdlm/seq" + std::to_string(sequence_++);
     store_.reset_stats();
@@ -383,10 +387,12 @@ torch::Tensor MdlmDenoiser::logits(const torch::Tensor& ids, double t, int64_t s
     if (ids.dim() != 1) throw Error("MdlmDenoiser::logits: ids must be 1-D");
     if (ids.size(0) != length_) reset(ids.size(0));
     const auto& at = at_time(t);
+    const auto dev = model_->placement().device;
     auto h = spec_.mode == CacheMode::Off
-                 ? dense_hidden(ids, model_->embed(ids.unsqueeze(0)), at, step).index_select(1, positions)
+                 ? dense_hidden(ids, model_->embed(ids.unsqueeze(0)), at, step).index_select(1, positions.to(dev))
                  : cached_hidden(ids, at, step, positions);
-    return model_->head(h, at.cond).squeeze(0);
+    // The samplers are host code with a CPU generator: one copy of the asked positions' logits per step.
+    return model_->head(h, at.cond).squeeze(0).to(torch::kCPU, torch::kFloat32);
 }
 
 torch::Tensor MdlmDenoiser::dense_hidden(const torch::Tensor& ids, const torch::Tensor& x0, const TimeEntry& at,
@@ -412,21 +418,22 @@ int64_t most_attended_cached(MdlmBlockImpl& b, const torch::Tensor& x, const Blo
                              const torch::Tensor& keys, const Rope& rope) {
     if (block_idx.size(0) == 0 || block_idx.size(0) == x.size(1)) return -1;
     torch::Tensor q, k, v;
-    b.qkv(b.attn_input(x.index_select(1, block_idx), m), rope.select(block_idx), q, k, v); // q [1, H, n, d]
+    const auto idx = block_idx.to(x.device());
+    b.qkv(b.attn_input(x.index_select(1, idx), m), rope.select(idx), q, k, v); // q [1, H, n, d]
     const double scale = 1.0 / std::sqrt(double(q.size(-1)));
-    auto p = torch::softmax(torch::matmul(q[0], keys.transpose(1, 2)) * scale, -1); // [H, n, L]
-    auto mass = p.sum(std::vector<int64_t>{0, 1}).masked_fill(block_active, -1.0);
+    auto p = torch::softmax(torch::matmul(q[0], keys.transpose(1, 2)).to(torch::kFloat32) * scale, -1); // [H, n, L]
+    auto mass = p.sum(std::vector<int64_t>{0, 1}).masked_fill(block_active.to(p.device()), -1.0);
     return mass.argmax().item<int64_t>();
 }
 
 // Cosine similarity of position `pos`'s key recomputed from the layer's current input with its cached key.
 double key_similarity(MdlmBlockImpl& b, const torch::Tensor& x, const BlockModulation& m, int64_t pos,
                       const torch::Tensor& keys, const Rope& rope) {
-    const auto idx = torch::full({1}, pos, torch::kInt64);
+    const auto idx = torch::full({1}, pos, torch::dtype(torch::kInt64).device(x.device()));
     torch::Tensor q, k, v;
     b.qkv(b.attn_input(x.index_select(1, idx), m), rope.select(idx), q, k, v); // k [1, H, 1, d]
     auto now = k[0].select(1, 0).reshape(-1), old = keys.select(1, pos).reshape(-1);
-    return torch::cosine_similarity(now, old, 0, 1e-8).item<double>();
+    return torch::cosine_similarity(now.to(torch::kFloat32), old.to(torch::kFloat32), 0, 1e-8).item<double>();
 }
 } // namespace
 
@@ -520,13 +527,14 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
             auto cidx = torch::nonzero(~active).reshape(-1);
             int64_t nc = cidx.size(0), nv = static_cast<int64_t>(std::ceil(a.rho * static_cast<double>(nc)));
             if (nc > 0 && nv > 0) {
-                auto v_now = b->value(b->attn_input(x.index_select(1, cidx), m))[0]; // [H, nc, d]
-                auto v_old = read(l, MdlmSlot::V).index_select(1, cidx);
+                const auto cidx_x = cidx.to(x.device());
+                auto v_now = b->value(b->attn_input(x.index_select(1, cidx_x), m))[0]; // [H, nc, d]
+                auto v_old = read(l, MdlmSlot::V).index_select(1, cidx_x);
                 auto flat_now = v_now.permute({1, 0, 2}).reshape({nc, -1});
                 auto flat_old = v_old.permute({1, 0, 2}).reshape({nc, -1});
                 auto cos = torch::cosine_similarity(flat_now, flat_old, 1, 1e-8);
                 auto worst = std::get<1>(torch::topk(cos, std::min(nv, nc), 0, /*largest=*/false));
-                active.index_fill_(0, cidx.index_select(0, worst), true);
+                active.index_fill_(0, cidx.index_select(0, worst.to(torch::kCPU)), true);
             }
         }
         if (override_active) active = override_active(step, l, active);
@@ -587,7 +595,7 @@ torch::Tensor MdlmDenoiser::cached_hidden(const torch::Tensor& ids, const TimeEn
             if (on_layer_output) on_layer_output(step, l, ids, x[0]);
             finish(std::move(dec), i);
         }
-        h = x.index_select(1, positions);
+        h = x.index_select(1, positions.to(x.device()));
     }
     decision_counts_.position_layers_total += length_ * cfg.n_blocks;
     decision_counts_.position_layers_reused += length_ * cfg.n_blocks - active_total;

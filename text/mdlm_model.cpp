@@ -151,7 +151,8 @@ torch::Tensor NormNoBiasImpl::forward(const torch::Tensor& x) {
 }
 
 Rope Rope::select(const torch::Tensor& positions) const {
-    return {cos.index_select(0, positions), sin.index_select(0, positions)};
+    const auto p = positions.to(cos.device()); // a sampler's positions come from the CPU
+    return {cos.index_select(0, p), sin.index_select(0, p)};
 }
 
 // One head row of the rotate-half rotary embedding, (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin
@@ -295,12 +296,35 @@ void MdlmModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
 }
 
 void MdlmModelImpl::set_gemm_backend(kernels::GemmBackend g) {
+    if (g != kernels::GemmBackend::Torch && !placement_.reference())
+        throw ParamError("gemm", "'" + enum_name(kernels::gemm_backend_table(), g) +
+                                     "' runs on the CPU in float32; the weights are on " + placement_.str() +
+                                     " (use torch)");
     if (const auto why = kernels::gemm_backend_unavailable(g); !why.empty()) throw ParamError("gemm", why);
     if (g != kernels::GemmBackend::Torch && !kernels::onednn_available())
         throw ParamError("gemm", "'" + enum_name(kernels::gemm_backend_table(), g) +
                                      "' runs on oneDNN, and this build has none (use torch)");
     for (auto& b : block_list) b->gemm = g;
     output_layer->gemm = g;
+}
+
+void MdlmModelImpl::place(const Placement& p) {
+    p.validate();
+    if (p.device == placement_.device && p.dtype == placement_.dtype) return;
+    if (gemm_backend() != kernels::GemmBackend::Torch && !p.reference())
+        throw ParamError("gemm", "'" + enum_name(kernels::gemm_backend_table(), gemm_backend()) +
+                                     "' runs on the CPU in float32, not on " + p.str() + " (use torch)");
+    torch::NoGradGuard ng;
+    // Parameters only: Module::to would move the int64 vocab_ids buffer too, which the CPU-side id maps read.
+    for (auto& t : parameters()) t.set_data(t.detach().to(p.device, p.dtype));
+    placement_ = p;
+}
+
+void configure_mdlm(MdlmModel& model, kernels::AttentionKernel attention, const Placement& placement,
+                    kernels::GemmBackend gemm) {
+    model->set_attention_kernel(attention);
+    model->place(placement);
+    model->set_gemm_backend(gemm);
 }
 
 void MdlmModelImpl::set_stream_few_rows(bool on) {
@@ -413,16 +437,18 @@ torch::Tensor MdlmBlockImpl::forward_cached(const torch::Tensor& x, const BlockM
     if (active.size(0) > 0 && rows_path_applies(active.size(0), x.size(1), x, rope))
         return forward_rows(x, {}, m, rope, active, active, latents);
     const bool any = active.size(0) > 0;
+    // The rows are gathered on x's device; the latents take the positions as given (LatentCache moves them).
+    const auto act = active.to(x.device());
     if (any) {
         torch::Tensor q, k, v;
-        qkv(attn_input(x.index_select(1, active), m), rope.select(active), q, k, v);
+        qkv(attn_input(x.index_select(1, act), m), rope.select(act), q, k, v);
         latents.write(BlockLatent::K, active, k[0]);
         latents.write(BlockLatent::V, active, v[0]);
         auto o = attend(q, latents.read(BlockLatent::K).unsqueeze(0), latents.read(BlockLatent::V).unsqueeze(0));
         latents.write(BlockLatent::Attn, active, o[0]);
     }
     auto y = x + m.gate_attn * latents.read(BlockLatent::Attn).unsqueeze(0);
-    if (any) latents.write(BlockLatent::Ffn, active, ffn(y.index_select(1, active), m)[0]);
+    if (any) latents.write(BlockLatent::Ffn, active, ffn(y.index_select(1, act), m)[0]);
     return y + m.gate_ffn * latents.read(BlockLatent::Ffn).unsqueeze(0);
 }
 
@@ -437,7 +463,9 @@ torch::Tensor TimestepEmbedderImpl::forward(const torch::Tensor& sigma) {
     auto opts = sigma.options();
     auto freqs = torch::exp(-std::log(10000.0) * torch::arange(half, opts) / static_cast<double>(half));
     auto args = sigma.unsqueeze(-1) * freqs.unsqueeze(0);
-    return mlp->forward(torch::cat({torch::cos(args), torch::sin(args)}, -1));
+    // The sinusoids in float32 (sigma near 0 and 1e3 frequencies), the MLP in the weights' dtype.
+    const auto dtype = mlp[0]->as<torch::nn::Linear>()->weight.scalar_type();
+    return mlp->forward(torch::cat({torch::cos(args), torch::sin(args)}, -1).to(dtype));
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim) {
@@ -549,7 +577,7 @@ torch::Tensor MdlmModelImpl::sigma_of_t(const torch::Tensor& t) const {
 }
 
 torch::Tensor MdlmModelImpl::conditioning(const torch::Tensor& t) {
-    auto tf = t.to(torch::kFloat32);
+    auto tf = t.to(placement_.device, torch::kFloat32);
     auto sigma = cfg_.time_conditioning ? sigma_of_t(tf) : torch::zeros_like(tf);
     return torch::silu(sigma_map->forward(sigma));
 }

@@ -49,6 +49,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/onednn.h"
+#include "text/params.h"
 
 #include <torch/torch.h>
 
@@ -258,7 +259,7 @@ public:
     Rope rope(int64_t length, const torch::TensorOptions& opts) const;
 
     // Token embedding of internal ids [B, L].
-    torch::Tensor embed(const torch::Tensor& ids) { return vocab_embed->forward(ids); }
+    torch::Tensor embed(const torch::Tensor& ids) { return vocab_embed->forward(ids.to(placement_.device)); }
     // Residual stream after all blocks, [B, L, D]. `per_layer` (optional) receives each block's output.
     torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& c,
                          std::vector<torch::Tensor>* per_layer = nullptr);
@@ -289,6 +290,12 @@ public:
     void set_stream_few_rows(bool on);
     // Every block's MdlmBlockImpl::fuse_rows.
     void set_fuse_rows(bool on);
+    // Moves the weights to `p.device` in `p.dtype` (the compact vocabulary's id maps stay on the CPU, where the
+    // samplers' ids are). Inputs (ids, t, positions) may come from the CPU; the denoiser's logits leave as float32 on
+    // the CPU (text/mdlm_cache.h). Off CPU float32 every product is LibTorch's: ParamError "gemm" for a oneDNN
+    // backend, "dtype" for a Placement::validate failure.
+    void place(const Placement& p);
+    const Placement& placement() const { return placement_; }
 
     Embedding vocab_embed{nullptr};
     TimestepEmbedder sigma_map{nullptr};
@@ -302,6 +309,7 @@ private:
     torch::Tensor ext_to_int_; // [mask_token_id + 1] int64, -1 for absent (compact only)
     torch::Tensor internal_or_minus_one(const torch::Tensor& ids) const; // ids in range; -1 where absent
     torch::Tensor mask_bias_;                                            // [V] 0 / -inf at the mask column
+    Placement placement_;
 };
 TORCH_MODULE(MdlmModel);
 
@@ -314,6 +322,10 @@ void randomize_mdlm_weights(MdlmModel& model, uint64_t seed);
 // (MDLM HF layout) are stripped; rotary buffers ignored. Weights are converted to float32. Another diffusion LM's
 // layout (LLaDA, Dream) is an anchor::Error naming the architecture and what this loader lacks for it.
 MdlmModel load_mdlm(const std::string& path, int64_t n_heads_hint = 0);
+// What a run sets on a loaded model, in this order: the attention kernel, the placement (MdlmModelImpl::place), the
+// linear layers' backend (a oneDNN one off CPU float32 is ParamError "gemm").
+void configure_mdlm(MdlmModel& model, kernels::AttentionKernel attention, const Placement& placement,
+                    kernels::GemmBackend gemm);
 // Writes `dir/config.json` and `dir/model.safetensors` (atomically) in `dtype` (float32 or float16).
 // The message for a config or tensor names of an unsupported diffusion-LM architecture ("" when it is not one).
 std::string unsupported_diffusion_lm(const nlohmann::json& config, const std::vector<std::string>& tensor_names);

@@ -120,6 +120,7 @@ double unigram_entropy(const std::vector<int64_t>& ids, int64_t from) {
 void DiffusionGenerateParams::validate() const {
     if (model.empty()) throw ParamError("model", "is empty: an MDLM folder or .safetensors file is needed");
     if (n_heads < 0) throw ParamError("n_heads", "must be >= 0, got " + std::to_string(n_heads));
+    placement.validate();
     if (caches.empty() || caches.size() > 2)
         throw ParamError("caches", "must hold one cache mode or two to compare, got " + std::to_string(caches.size()));
     sampler.validate();
@@ -197,8 +198,7 @@ void check_prompt_vocabulary(const MdlmModelImpl& model, const std::vector<int64
 DiffusionReport generate_diffusion(const DiffusionGenerateParams& p, const StepCallback& on_step) {
     p.validate();
     auto model = load_mdlm(p.model, p.n_heads);
-    model->set_attention_kernel(p.attention);
-    model->set_gemm_backend(p.gemm);
+    configure_mdlm(model, p.attention, p.placement, p.gemm);
     return generate_diffusion(model, p, on_step);
 }
 

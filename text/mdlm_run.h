@@ -65,6 +65,7 @@ struct DiffusionGenerateParams {
     // The model's attention arithmetic when generate_diffusion loads it (kernels/attention.h; Exact: SEDD's).
     kernels::AttentionKernel attention = kernels::AttentionKernel::Exact;
     kernels::GemmBackend gemm = kernels::GemmBackend::Torch; // its linear layers' (MdlmBlockImpl::gemm)
+    Placement placement; // --device / --dtype of the MDLM (the scoring GPT-2 stays the CPU float32 reference)
     void validate() const;                                   // ParamError naming the field
 };
 

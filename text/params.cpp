@@ -4,6 +4,19 @@
 
 namespace anchor::text {
 
+std::string Placement::str() const {
+    const char* d = dtype == c10::kHalf ? "f16" : dtype == c10::kBFloat16 ? "bf16" : dtype == c10::kFloat ? "f32" : "?";
+    return device.str() + " " + d;
+}
+
+void Placement::validate() const {
+    if (dtype != c10::kFloat && dtype != c10::kHalf && dtype != c10::kBFloat16)
+        throw ParamError("dtype", std::string("must be f32, f16 or bf16, got ") + c10::toString(dtype));
+    if (dtype == c10::kHalf && device.is_cpu())
+        throw ParamError("dtype", "f16 is not available on the CPU (LibTorch has no float16 CPU matrix products); use "
+                                  "f32 or bf16");
+}
+
 std::string with_flags(const std::string& s, const std::vector<std::pair<std::string, std::string>>& flags) {
     // One pass over the words of the message, so a flag written in is never rewritten by another field.
     auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };

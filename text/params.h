@@ -5,6 +5,9 @@
 
 #include "cache/io/error.h"
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -14,6 +17,21 @@ namespace anchor::text {
 
 // A bad parameter is anchor::ParamError (cache/io/error.h): field() names the params struct's field.
 using anchor::ParamError;
+
+// Where a text model runs and the dtype of its weights and activations (`--device`, `--dtype`): the programs resolve
+// the options (cli::parse_dtype, batch::select_device) and the libraries only read these fields. CPU float32 is the
+// reference arithmetic and the only placement the CPU kernels (kernels::gemv, the few-row paths) take; any other runs
+// LibTorch's own operators. Logits leave a model as float32 on the CPU whatever the placement, so samplers, their
+// CPU generator (the same seed gives the same draws on every device) and the reports stay host code.
+struct Placement {
+    c10::Device device = c10::kCPU;
+    c10::ScalarType dtype = c10::kFloat;
+    bool reference() const { return device.is_cpu() && dtype == c10::kFloat; }
+    std::string str() const; // "cpu f32", "cuda:0 f16"
+    // ParamError: "dtype" for a dtype other than f32, f16, bf16; f16 on the CPU (LibTorch 1.13 has no float16 CPU
+    // matrix products).
+    void validate() const;
+};
 
 // `message` with every field name of `flags` (field -> flag, e.g. {"max_new_tokens", "--max-new"}) that stands as a
 // whole word replaced by its flag: what a program prints for a ParamError (or a report line naming fields).

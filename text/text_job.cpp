@@ -55,8 +55,7 @@ batch::ItemJobResult run_diffusion_prompts(const DiffusionGenerateParams& p, con
     p.validate();
     if (p.caches.size() != 1) throw ParamError("caches", "a prompts file runs one cache mode, not a comparison");
     MdlmModel model = load_mdlm(p.model, p.n_heads);
-    model->set_attention_kernel(p.attention);
-    model->set_gemm_backend(p.gemm);
+    configure_mdlm(model, p.attention, p.placement, p.gemm);
     std::optional<LoadedGpt2> scorer;
     if (!p.score_with.empty()) scorer = load_gpt2(p.score_with);
     return batch::run_item_job(

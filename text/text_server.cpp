@@ -41,7 +41,7 @@ TextServer::TextServer(TextServerParams p)
     // One diffusion model in memory for every request (each run has its own denoiser and caches).
     if (!p_.diffusion_model.empty()) {
         mdlm_ = load_mdlm(p_.diffusion_model);
-        mdlm_->set_gemm_backend(p_.diffusion_gemm);
+        configure_mdlm(mdlm_, kernels::AttentionKernel::Exact, p_.gpt2.placement, p_.diffusion_gemm);
     }
     if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
     add_routes();

@@ -44,6 +44,7 @@ void take_log(const CacheController& c, CacheBenchMode& m) {
     m.full_steps = full;
     m.total_steps = int(c.log().size());
     m.macs_per_step = c.log().empty() ? 0 : macs / double(c.log().size());
+    for (const auto& s : c.log()) m.d2h_scalars_per_step = std::max(m.d2h_scalars_per_step, s.d2h_scalars);
 }
 
 double latent_psnr(const torch::Tensor& x, const torch::Tensor& ref) {
@@ -128,6 +129,7 @@ nlohmann::json CacheBenchReport::to_json() const {
              {"full_steps", m.full_steps},
              {"total_steps", m.total_steps},
              {"gmacs_per_step", m.macs_per_step / 1e9},
+             {"d2h_scalars_per_step", m.d2h_scalars_per_step},
              {"wall_s", m.wall_s},
              {"wall_s_median", med},
              {"speedup_vs_first_median", base / med},

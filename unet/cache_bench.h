@@ -35,6 +35,7 @@ struct CacheBenchMode {
     std::vector<double> wall_s;
     int full_steps = 0, total_steps = 0;
     double macs_per_step = 0;       // per sample, mean over the loop
+    int64_t d2h_scalars_per_step = 0; // the most device-to-host reads of one step's cache decision (host_read)
     std::vector<double> psnr, ssim; // vs the first mode, per run (ssim empty for latents)
 };
 

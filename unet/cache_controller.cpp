@@ -17,6 +17,26 @@ CacheStepLog probed_step(ShallowProbe& probe, UNet2DConditionModelImpl& unet, co
     return rec;
 }
 
+const std::vector<CacheStepLog>& CacheController::log() const {
+    if (!pending_.empty()) {
+        std::vector<torch::Tensor> values;
+        for (const auto& p : pending_) values.push_back(p.value);
+        const auto host = host_read(values);
+        for (size_t i = 0; i < pending_.size(); ++i) log_.at(pending_[i].index).*(pending_[i].field) = host[i];
+        pending_.clear();
+    }
+    return log_;
+}
+
+void CacheController::begin_step() {
+    reads_at_step_ = host_reads();
+}
+
+void CacheController::log_step(CacheStepLog rec) {
+    rec.d2h_scalars = host_reads() - reads_at_step_;
+    log_.push_back(std::move(rec));
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -45,8 +65,10 @@ double CacheController::step_macs(const UNet2DConditionModelImpl& unet, const to
 nlohmann::json cache_log_json(const CacheController& c) {
     nlohmann::json steps = nlohmann::json::array();
     int full = 0;
+    int64_t d2h_max = 0;
     double macs = 0, ms = 0;
     for (const auto& r : c.log()) {
+        d2h_max = std::max(d2h_max, r.d2h_scalars);
         steps.push_back({{"step", r.step},
                          {"full", r.full},
                          {"energy_change", r.energy_change},
@@ -59,6 +81,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
                          {"attention_reused", r.attention_reused},
                          {"injected", r.injected},
                          {"full_share", r.full_share},
+                         {"d2h_scalars", r.d2h_scalars},
                          {"why", r.why},
                          {"macs", r.macs},
                          {"ms", r.ms}});
@@ -74,6 +97,7 @@ nlohmann::json cache_log_json(const CacheController& c) {
             {"full_steps", full},
             {"total_steps", n},
             {"macs_per_step", n ? macs / double(n) : 0.0},
+            {"d2h_scalars_per_step", d2h_max}, // the most device-to-host reads of one step's decision
             {"unet_ms", ms},
             {"store", c.features().store().stats_json()},
             {"steps", steps}};

@@ -32,6 +32,8 @@ struct CacheStepLog {
     bool forecast = false;         // freq skip=N: the model output was forecast, no UNet layer ran (only the probe)
     double injected = 0;           // freq noise=V: the noise injected since the last full step, against its noise level
     bool attention_reused = false; // freq attn=reuse: the shallow path added its attention layers' cached residuals
+    // Device-to-host reads the step's decision made (host_read, unet/shallow_probe.h); the same count on the CPU.
+    int64_t d2h_scalars = 0;
     // The share of the batch's images that ran the full UNet at this step: freq decides per image (1 for one image;
     // DeepCache and off decide for the batch, 1 or 0). `full` is set when any image did.
     double full_share = 1;
@@ -45,7 +47,8 @@ struct CacheStepLog {
 // A DenoiseController that keeps a per-step log (and the probe's energy change for the timeline).
 class CacheController : public DenoiseController {
 public:
-    const std::vector<CacheStepLog>& log() const { return log_; }
+    // The log; values a GPU step left on the device for the log only (not for a decision) are read here, once.
+    const std::vector<CacheStepLog>& log() const;
     // The canonical mode string ("off", "deepcache:3,branch=0", "freq:tau=0.01,...").
     virtual std::string spec() const = 0;
     // The mode as the user wrote it ("freq", "freq:fast"; make_cache_controller sets it); spec() when unset.
@@ -64,7 +67,18 @@ public:
 
 protected:
     std::string label_;
-    std::vector<CacheStepLog> log_;
+    mutable std::vector<CacheStepLog> log_;
+    // A log field of step `index` whose value is still on the device (0-d): read by log(), after the steps.
+    struct PendingLogValue {
+        size_t index;
+        double CacheStepLog::*field;
+        torch::Tensor value;
+    };
+    mutable std::vector<PendingLogValue> pending_;
+    int64_t reads_at_step_ = 0;
+    // begin_step() at the top of predict, log_step(rec) at its end: the step's record with its device reads.
+    void begin_step();
+    void log_step(CacheStepLog rec);
     BatchFeatureStore features_;
     std::vector<double> sigmas_; // noise levels of the loop's steps (empty when the loop gave none)
     double noise_level(int step) const {

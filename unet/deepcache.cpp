@@ -34,6 +34,7 @@ void DeepCacheDenoiser::begin(int num_steps, int images) {
     probe_.reset(images);
     features_.begin(images);
     log_.clear();
+    pending_.clear();
     last_full_ = true;
 }
 
@@ -41,6 +42,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
                                   int step, const Tensor&) {
     torch::NoGradGuard ng;
     const auto t0 = std::chrono::steady_clock::now();
+    begin_step();
     CacheStepLog rec = probed_step(probe_, unet, x, step);
     rec.noise_level = noise_level(step);
     cache::Decision d;
@@ -65,7 +67,7 @@ Tensor DeepCacheDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& 
     rec.anchored_fraction = full ? 0.0 : 1.0;
     rec.macs = step_macs(unet, x, ctx, full ? StepCompute::Full : StepCompute::Shallow, branch_);
     rec.ms = ms_since(t0);
-    log_.push_back(rec);
+    log_step(std::move(rec));
     return out;
 }
 

@@ -55,6 +55,7 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
     probe_.reset(images);
     features_.begin(images);
     log_.clear();
+    pending_.clear();
     injected_ = InjectedNoise();
     last_full_ = true;
     // The loop's noise levels when the pipeline gave them for this loop (a caller driving predict itself gives none:
@@ -109,7 +110,7 @@ Tensor unanchored_difference(const Tensor& X1, const Tensor& X0, double tau, int
 } // namespace
 
 Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X0, double s1, double s0, double tau,
-                                               double* anchored_fraction) {
+                                               double* anchored_fraction, Tensor* anchored_on_device) {
     if (anchored_fraction) *anchored_fraction = 1.0;
     if (!X0.defined() || s1 == s0) return Tensor();
     Tensor diff;
@@ -121,8 +122,14 @@ Tensor FreqAnchorDenoiser::extrapolation_slope(const Tensor& X1, const Tensor& X
         frac = double(anchored) / double(std::max<int64_t>(X1.numel(), 1));
     } else { // the tensor formula (GPU, other dtypes); the test checks both agree
         auto mask = anchored_mask(X1, X0, tau);
-        frac = mask.to(torch::kDouble).mean().item<double>();
         diff = torch::where(mask, torch::zeros_like(X1), X1 - X0);
+        if (anchored_on_device && !X1.device().is_cpu()) {
+            // Not read here: a full step's decision has read its one value already. An all-anchored slope is zero,
+            // which extrapolates to F1 itself.
+            *anchored_on_device = mask.to(torch::kDouble).mean();
+            return cache::idct2(diff).div_(s1 - s0);
+        }
+        frac = mask.to(torch::kDouble).mean().item<double>();
     }
     if (anchored_fraction) *anchored_fraction = frac;
     if (frac >= 1.0) return Tensor();
@@ -133,7 +140,8 @@ Tensor FreqAnchorDenoiser::extrapolation_curvature(const Tensor& X1, const Tenso
                                                    double s0, double s00, double tau) {
     if (!X0.defined() || !X00.defined() || s1 == s0 || s0 == s00 || s1 == s00) return Tensor();
     auto mask = anchored_mask(X1, X0, tau);
-    if (mask.all().item<bool>()) return Tensor();
+    // On a GPU not read back (an all-anchored curvature is zero: the same feature).
+    if (X1.device().is_cpu() && mask.all().item<bool>()) return Tensor();
     const auto a = X1.to(torch::kFloat), b = X0.to(torch::kFloat), c = X00.to(torch::kFloat);
     auto dd = ((a - b) / (s1 - s0) - (b - c) / (s0 - s00)) * (2.0 / (s1 - s00));
     return cache::idct2(torch::where(mask, torch::zeros_like(dd), dd));
@@ -243,6 +251,7 @@ struct FreqAnchorDenoiser::LanePlan {
     enum class Kind { Full, Shallow, Forecast } kind = Kind::Full;
     const char* why = "";
     double accumulated = 0, drift = 0, calibration = 1, anchored = 0;
+    Tensor calibration_on_device, anchored_on_device; // a GPU's log values, read with the log
     bool calibrated = false;
     Tensor feature;   // Shallow: the reuse feature handed to the shallow path
     Tensor injected;  // Shallow with probe=det: the noise injected since the last full step, D
@@ -272,36 +281,46 @@ Tensor FreqAnchorDenoiser::output_for(const Tensor& x, const Tensor& x0, double 
     return vp_output(p, x0, xt, float(1.0 / (1.0 + sigma * sigma))).to(dtype);
 }
 
-FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& x, double batch_change,
-                                                      const Tensor& prev_energies, int step, double u) {
-    LanePlan pl;
+Tensor FreqAnchorDenoiser::lane_change(const Lane& lane, const Tensor& prev_energies) const {
+    // A lane over every row decides on the probe's own change (ShallowProbe::update: the same largest image change).
     const auto& energies = probe_.energies();
-    const Tensor e = lane_rows(energies, lane.rows);
+    if (!lane.rows.defined()) return Tensor();
+    if (!prev_energies.defined() || prev_energies.sizes() != energies.sizes())
+        return torch::zeros({}, torch::dtype(torch::kFloat64).device(energies.device()));
+    return ShallowProbe::image_change(lane_rows(energies, lane.rows), lane_rows(prev_energies, lane.rows), lane.images);
+}
+
+Tensor FreqAnchorDenoiser::lane_drift(const Lane& lane, const Tensor& c) const {
+    // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
+    // trajectory has left that forecast gets a full step whatever its accumulated change (plan).
+    const bool noise_rule = p_.noise > 0 && injected_.present;
+    if (p_.drift <= 0 || noise_rule || !lane.e1.defined()) return Tensor();
+    const Tensor e = lane_rows(probe_.energies(), lane.rows);
+    // c is a host double on the CPU (linear_forecast's loop, its bits) and a 0-d tensor on a GPU (nothing read back).
+    const auto forecast = !lane.e0.defined() || lane.u1 == lane.u0 ? lane.e1
+                          : c.device().is_cpu()                    ? linear_forecast(lane.e1, lane.e0, c.item<double>())
+                                                                   : lane.e1 + (lane.e1 - lane.e0) * c;
+    if (forecast.sizes() != e.sizes()) return Tensor();
+    return ShallowProbe::image_change(e, forecast, lane.images);
+}
+
+FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& x, double change, double drift,
+                                                      int step, double u) {
+    LanePlan pl;
     cache::StepSignals sig;
     sig.step = step;
     sig.num_steps = num_steps_;
-    // A lane over every row decides on the probe's own change (ShallowProbe::update: the same largest image change).
-    sig.energy_change = !lane.rows.defined() ? batch_change
-                        : prev_energies.defined() && prev_energies.sizes() == energies.sizes()
-                            ? ShallowProbe::largest_image_change(e, lane_rows(prev_energies, lane.rows), lane.images)
-                            : 0.0;
+    sig.energy_change = change;
     const auto decision = lane.policy.decide(sig);
     bool full = decision.action == cache::Action::Full;
     const char* why = decision.why;
     pl.accumulated = full ? 0.0 : lane.policy.accumulated();
-    // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
-    // trajectory has left that forecast gets a full step whatever its accumulated change.
     const bool noise_rule = p_.noise > 0 && injected_.present;
     // The policy's reused last step: no rule of this controller makes it full either.
     const bool reused_last = lane.policy.last_step() == cache::LastStep::Reuse && step == num_steps_ - 1;
-    if (!full && p_.drift > 0 && !noise_rule && lane.e1.defined()) {
-        auto forecast = lane.e0.defined() && lane.u1 != lane.u0
-                            ? linear_forecast(lane.e1, lane.e0, (u - lane.u1) / (lane.u1 - lane.u0))
-                            : lane.e1;
-        if (forecast.sizes() == e.sizes()) {
-            pl.drift = ShallowProbe::largest_image_change(e, forecast, lane.images);
-            if (pl.drift > p_.drift && !reused_last) full = true, why = "drift";
-        }
+    if (!full && !std::isnan(drift)) { // lane_drift
+        pl.drift = drift;
+        if (pl.drift > p_.drift && !reused_last) full = true, why = "drift";
     }
     // The noise injected since the last full step, D (what the cached feature has not seen), carried to this step:
     // worked out once, for the noise rule and probe=det, on a step that may be a reuse.
@@ -316,7 +335,8 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     if ((noise_rule || noise_skip) && D.defined()) {
         // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
         const double level = sigma / std::sqrt(1.0 + sigma * sigma);
-        pl.noise = level > 0 ? std::sqrt(D.to(torch::kFloat).square().mean().item<double>()) / level : 0.0;
+        // A second device read of the step, only under injected noise (ancestral samplers), counted as such.
+        pl.noise = level > 0 ? std::sqrt(host_read({D.to(torch::kFloat).square().mean()})[0]) / level : 0.0;
         if (noise_rule && !reused_last && pl.noise >= p_.noise) full = true, why = "noise";
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
@@ -362,12 +382,17 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
         const Tensor observed = lane_rows(probe_.observed(), lane.rows);
         if (S1 && S0 && S1->sizes() == observed.sizes()) {
             alpha = forecast_calibration(observed, *S1, *S0, (u - lane.u1) / (lane.u1 - lane.u0));
-            pl.calibration = alpha.mean().item<double>(); // alpha is on the stems' device (a GPU's too)
+            // For the log only: on a GPU left there (read with the log), on the CPU read now.
+            if (alpha.device().is_cpu())
+                pl.calibration = alpha.mean().item<double>();
+            else
+                pl.calibration_on_device = alpha.to(torch::kFloat64).mean();
             pl.calibrated = true;
         }
     }
     pl.feature = extrapolate_feature(*F1, slope, u - lane.u1, curv, alpha);
     pl.anchored = lane.anchored_fraction;
+    pl.anchored_on_device = lane.anchored_on_device;
     // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
     // effect added back analytically (FreqParams::probe_det).
     const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
@@ -406,7 +431,8 @@ void FreqAnchorDenoiser::commit_full(Lane& lane, const Tensor& feature, int step
         return X;
     };
     const Tensor X0 = spectrum(lane.s0);
-    auto slope = extrapolation_slope(X1, X0, lane.u1, lane.u0, p_.tau, &lane.anchored_fraction);
+    lane.anchored_on_device = Tensor();
+    auto slope = extrapolation_slope(X1, X0, lane.u1, lane.u0, p_.tau, &lane.anchored_fraction, &lane.anchored_on_device);
     lane.have_slope = p_.extrapolate && slope.defined();
     if (lane.have_slope)
         fs.put(p_.branch, kSlope, 0, slope, step);
@@ -435,12 +461,33 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         for (int b = 0; b < n; ++b)
             if (!lanes_[size_t(b)].rows.defined() || lanes_[size_t(b)].rows.size(0) != R / n)
                 lanes_[size_t(b)].rows = batch_image_rows(b, R, n, torch::kCPU);
+    begin_step();
     const Tensor prev_energies = probe_.energies();
-    CacheStepLog rec = probed_step(probe_, unet, x, step, p_.probe_det ? injected_.part : Tensor());
+    CacheStepLog rec;
+    rec.step = step;
+    const Tensor r = probe_.update_value(unet, x, p_.probe_det ? injected_.part : Tensor());
     rec.noise_level = noise_level(step);
-    const double u = t.item<double>(); // the forecast axis: the UNet's timestep
+    // Everything the decision reads, in one host transfer (one wait on a GPU): the timestep u (the forecast axis),
+    // the probe's change r_k, and each lane's own change and drift residual. On a GPU the drift forecast takes u as a
+    // tensor; on the CPU every value is the float loops' (their bits).
+    const bool on_cpu = r.device().is_cpu();
+    const double u_cpu = on_cpu ? t.item<double>() : 0.0;
+    const Tensor u_t = on_cpu ? torch::scalar_tensor(u_cpu, torch::kFloat64) : t.to(torch::kFloat64).reshape({});
+    std::vector<Tensor> values = {u_t, r};
+    std::vector<int> change_at(lanes_.size(), -1), drift_at(lanes_.size(), -1);
+    for (size_t b = 0; b < lanes_.size(); ++b) {
+        const auto& lane = lanes_[b];
+        const Tensor c = lane.u1 != lane.u0 ? (u_t - lane.u1) / (lane.u1 - lane.u0) : u_t;
+        if (auto ch = lane_change(lane, prev_energies); ch.defined()) change_at[b] = int(values.size()), values.push_back(ch);
+        if (auto d = lane_drift(lane, c); d.defined()) drift_at[b] = int(values.size()), values.push_back(d);
+    }
+    const auto host = host_read(values);
+    const double u = host[0];
+    rec.energy_change = host[1];
     std::vector<LanePlan> plans;
-    for (auto& lane : lanes_) plans.push_back(plan(lane, x, rec.energy_change, prev_energies, step, u));
+    for (size_t b = 0; b < lanes_.size(); ++b)
+        plans.push_back(plan(lanes_[b], x, change_at[b] >= 0 ? host[size_t(change_at[b])] : rec.energy_change,
+                             drift_at[b] >= 0 ? host[size_t(drift_at[b])] : std::nan(""), step, u));
 
     // The model output, assembled from each image's rows.
     Tensor out;
@@ -558,6 +605,8 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
     // Each image's history of computed outputs; the step's record over the images.
     int full_n = 0, shallow_n = 0, forecast_n = 0, calibrated_n = 0;
     double calibration = 0, anchored = 0;
+    Tensor calibration_dev, anchored_dev; // sums of a GPU's log values (read with the log)
+    auto add = [](Tensor& sum, const Tensor& v) { sum = sum.defined() ? sum + v : v; };
     std::string why;
     for (int b = 0; b < n; ++b) {
         auto& lane = lanes_[size_t(b)];
@@ -565,7 +614,13 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         rec.accumulated = std::max(rec.accumulated, pl.accumulated);
         rec.drift = std::max(rec.drift, pl.drift);
         rec.injected = std::max(rec.injected, pl.noise);
-        if (pl.calibrated) calibration += pl.calibration, ++calibrated_n;
+        if (pl.calibrated) {
+            ++calibrated_n;
+            if (pl.calibration_on_device.defined())
+                add(calibration_dev, pl.calibration_on_device);
+            else
+                calibration += pl.calibration;
+        }
         if (pl.kind == LanePlan::Kind::Forecast) {
             ++forecast_n;
             continue;
@@ -579,7 +634,11 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             ++full_n;
             if (why.find(pl.why) == std::string::npos) why += (why.empty() ? "" : "+") + std::string(pl.why);
         } else {
-            ++shallow_n, anchored += pl.anchored;
+            ++shallow_n;
+            if (pl.anchored_on_device.defined())
+                add(anchored_dev, pl.anchored_on_device);
+            else
+                anchored += pl.anchored;
         }
     }
     last_full_ = full_n > 0;
@@ -598,7 +657,11 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
                     n;
     rec.attention_reused = attention_reused;
     rec.ms = ms_since(t0);
-    log_.push_back(rec);
+    if (calibration_dev.defined())
+        pending_.push_back({log_.size(), &CacheStepLog::calibration, (calibration_dev + calibration) / calibrated_n});
+    if (anchored_dev.defined())
+        pending_.push_back({log_.size(), &CacheStepLog::anchored_fraction, (anchored_dev + anchored) / shallow_n});
+    log_step(std::move(rec));
     return out;
 }
 

@@ -83,8 +83,11 @@ public:
     // Change per unit of u of the feature from its non-anchored coefficients, in the spatial domain:
     // idct2(where(anchored, 0, X1 - X0)) / (s1 - s0). By linearity of the DCT the reuse feature at u = k is
     // F1 + slope (k - s1). Undefined when X0 is undefined or every coefficient is anchored. Sets *anchored_fraction.
+    // `anchored_on_device` (optional): off the CPU, the fraction is left there (a 0-d tensor, for the log) instead of
+    // read, and the slope is returned even when every coefficient is anchored (zero then: the same feature).
     static torch::Tensor extrapolation_slope(const torch::Tensor& X1, const torch::Tensor& X0, double s1, double s0,
-                                             double tau, double* anchored_fraction);
+                                             double tau, double* anchored_fraction,
+                                             torch::Tensor* anchored_on_device = nullptr);
     // The second-order term of order=2, TaylorSeer's finite difference with unequal spacing: twice the divided
     // difference f[s1, s0, s00] = ((X1 - X0) / (s1 - s0) - (X0 - X00) / (s0 - s00)) / (s1 - s00) over the coefficients
     // not anchored between X0 and X1, in the spatial domain. The feature at u = k is then
@@ -128,6 +131,7 @@ private:
         bool have_slope = false;    // the store holds an extrapolation slope of the last two full steps
         bool have_curv = false;     // ... and a curvature term of the last three (order 2)
         double anchored_fraction = 1.0;
+        torch::Tensor anchored_on_device; // a GPU's anchored fraction, read with the log (CacheController::log)
         int s1 = -1, s0 = -1, s00 = -1; // the last three full steps
         double u1 = 0, u0 = 0, u00 = 0; // their timesteps
         torch::Tensor e1, e0;           // the probe's energies at the last two full steps (drift)
@@ -139,10 +143,14 @@ private:
         torch::Tensor x0;               // noiseskip=W: the denoised estimate of the last computed step (float)
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
-    // batch_change: the probe's change of this step (a lane over every row takes it); prev_energies: the probe's
-    // energies of the previous step (a per-image lane works out its own change from them).
-    LanePlan plan(Lane& lane, const torch::Tensor& x, double batch_change, const torch::Tensor& prev_energies, int step,
-                  double u);
+    // change: the lane's probe change of this step; drift: its forecast residual (NaN when the drift rule does not
+    // apply); both read on the host with the step's other values in one transfer (predict).
+    LanePlan plan(Lane& lane, const torch::Tensor& x, double change, double drift, int step, double u);
+    // The lane's probe change (0-d float64; undefined for a lane over every row, which takes the probe's own) and its
+    // drift residual against the forecast of the last two full steps at `c` = (u - u1) / (u1 - u0) (undefined when
+    // the drift rule does not apply), on the energies' device.
+    torch::Tensor lane_change(const Lane& lane, const torch::Tensor& prev_energies) const;
+    torch::Tensor lane_drift(const Lane& lane, const torch::Tensor& c) const;
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
 
     FreqParams p_;

@@ -11,7 +11,38 @@ namespace anchor::unet {
 
 using torch::Tensor;
 
+namespace {
+thread_local int64_t g_host_reads = 0;
+} // namespace
+
+std::vector<double> host_read(const std::vector<Tensor>& values) {
+    ++g_host_reads;
+    std::vector<double> out;
+    out.reserve(values.size());
+    torch::Device dev = torch::kCPU;
+    for (const auto& v : values)
+        if (!v.device().is_cpu()) dev = v.device();
+    if (dev.is_cpu()) {
+        for (const auto& v : values) out.push_back(v.item<double>());
+        return out;
+    }
+    std::vector<Tensor> on_dev;
+    for (const auto& v : values) on_dev.push_back(v.to(dev, torch::kFloat64).reshape({}));
+    const auto host = torch::stack(on_dev).to(torch::kCPU); // the one wait for the stream
+    const double* p = host.data_ptr<double>();
+    out.assign(p, p + host.numel());
+    return out;
+}
+
+int64_t host_reads() {
+    return g_host_reads;
+}
+
 double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& injected) {
+    return host_read({update_value(unet, x, injected)})[0];
+}
+
+Tensor ShallowProbe::update_value(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& injected) {
     torch::NoGradGuard ng;
     stem_ = unet.stem(x); // the UNet reuses it as its conv_in output this step (forward's `stem`)
     if (injected.defined() && injected.sizes() != x.sizes())
@@ -29,9 +60,20 @@ double ShallowProbe::update(UNet2DConditionModelImpl& unet, const Tensor& x, con
     } else {
         e = cache::dct2_low_band(s, band_).square();
     }
-    const double r = prev_.defined() && prev_.sizes() == e.sizes() ? largest_image_change(e, prev_, images_) : 0.0;
+    Tensor r = prev_.defined() && prev_.sizes() == e.sizes()
+                   ? image_change(e, prev_, images_)
+                   : torch::zeros({}, torch::dtype(torch::kFloat64).device(e.device()));
     prev_ = e;
     return r;
+}
+
+Tensor ShallowProbe::image_change(const Tensor& e, const Tensor& ref, int images) {
+    if (e.device().is_cpu()) return torch::scalar_tensor(largest_image_change(e, ref, images), torch::kFloat64);
+    // cache::relative_spectral_change's sums (float64), per image over its rows b, n + b, ..., then the largest.
+    const int64_t rows = e.size(0), n = images > 1 && rows % images == 0 ? images : 1;
+    const auto a = e.to(torch::kFloat64).reshape({rows / n, n, -1}), b = ref.to(torch::kFloat64).reshape({rows / n, n, -1});
+    const auto num = (a - b).abs().sum(std::vector<int64_t>{0, 2}), den = b.sum(std::vector<int64_t>{0, 2});
+    return (num / (den + cache::kEnergyRateEps)).max();
 }
 
 double ShallowProbe::largest_image_change(const Tensor& e, const Tensor& ref, int images) {
