@@ -31,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // sigmas where it has them, else sqrt((1 - abar_t) / abar_t) at the step's timestep (abar interpolated linearly
 // between training steps for a fractional one, the index clamped to the training range).
 std::vector<double> loop_noise_levels(const Scheduler& sched, const SchedulerConfig& cfg, int begin) {
-    const auto sig = sched.sigmas();
+    const auto sig = sched.model_sigmas();
     const auto abar = make_alphas_cumprod(cfg).to(torch::kDouble).contiguous();
     const double* a = abar.data_ptr<double>();
     const int64_t N = abar.numel();
@@ -465,8 +465,8 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     InitLatents in;
     const bool inpaint = p.init.inpaint();
     in.unet9 = m_.unet->config().in_channels == 9;
-    // get_timesteps: the loop starts at t_start * order (order 1 for every sampler here).
-    in.begin = strength_schedule(p.steps, p.init.strength).t_start;
+    // get_timesteps: the loop starts at t_start * order (2 for the two-call samplers Heun / KDPM2).
+    in.begin = strength_schedule(p.steps, p.init.strength).t_start * sched.order();
     sched.set_begin_index(in.begin);
     const int f = m_.vae_scale_factor();
     const double sf = m_.vae->config().scaling_factor;

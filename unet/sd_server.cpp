@@ -45,9 +45,7 @@ SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
     const std::string name = f.string(field, "");
     if (name.empty()) return dflt;
     const std::string schedule = f.string("scheduler", "");
-    if (auto k = sampler_from_a1111(name, schedule)) return *k;
-    for (const auto& [n, k] : sampler_table())
-        if (n == name) return k;
+    if (auto k = sampler_from_any_name(name, schedule)) return *k;
     std::string choices;
     for (const auto& [n, k] : sampler_table()) {
         const auto a = a1111_sampler(k);
@@ -452,8 +450,11 @@ void SdServer::add_routes() {
         nlohmann::json out = nlohmann::json::array();
         for (const auto& [name, k] : sampler_table()) {
             const auto a = a1111_sampler(k);
+            auto aliases = nlohmann::json::array({name});
+            for (const auto& [alias, kind] : sampler_alias_table())
+                if (kind == k) aliases.push_back(alias);
             out.push_back({{"name", a.sampler + (a.schedule_type == "Karras" ? " Karras" : "")},
-                           {"aliases", {name}},
+                           {"aliases", aliases},
                            {"options", {{"scheduler", a.schedule_type}}}});
         }
         return HttpReply::json(out);

@@ -207,6 +207,39 @@ protected:
     std::vector<float> sig_;
 };
 
+// ---- two-evaluation samplers (Heun, KDPM2): each step's second model call is a loop step of its own ----------
+// diffusers' torch.cat([v[:1], v[1:].repeat_interleave(2)]): the first value once, every later one twice.
+template <class T> std::vector<T> repeat_after_first(const std::vector<T>& v) {
+    std::vector<T> out;
+    for (size_t k = 0; k < v.size(); ++k) {
+        out.push_back(v[k]);
+        if (k > 0) out.push_back(v[k]);
+    }
+    return out;
+}
+
+// ---- consistency-model samplers (LCM, TCD) -------------------------------------------------------------------------
+// LCMScheduler / TCDScheduler's set_timesteps: n of the distillation schedule's timesteps (1..K) * (N / K) - 1,
+// K = original_inference_steps, taken from the top at indices floor(linspace(0, K, n, endpoint=False)).
+// ParamError("steps") when n > K; ParamError("schedule") for a schedule other than default (those samplers run on
+// the timesteps they were distilled on).
+std::vector<double> distilled_timesteps(const SchedulerConfig& cfg, int n, const char* who);
+
+// The base of Heun / KDPM2 / KDPM2 ancestral: two loop steps per step, and a loop that starts on a step's first call.
+class TwoCallScheduler : public SigmaScheduler {
+public:
+    using SigmaScheduler::SigmaScheduler;
+    int order() const override { return 2; }
+    // The corrector's step starts from the sample before the predictor's call.
+    int earlier_outputs() const override { return 1; }
+    void set_begin_index(int begin) override {
+        if (begin % 2 != 0)
+            throw Error(std::string(name_) + ": begin index " + std::to_string(begin) +
+                        " is a step's second model call (two calls per step: the begin index is t_start * 2)");
+        SigmaScheduler::set_begin_index(begin);
+    }
+};
+
 // ---- one factory per sampler (its own file); eta is set for the samplers that take one (sampler_takes_eta) ------
 std::unique_ptr<Scheduler> make_ddim(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_pndm(const SchedulerConfig& cfg, std::optional<double> eta);
@@ -214,5 +247,11 @@ std::unique_ptr<Scheduler> make_euler(const SchedulerConfig& cfg, std::optional<
 std::unique_ptr<Scheduler> make_euler_a(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_dpmpp_2m(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_lms(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_ddpm(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_heun(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_kdpm2(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_kdpm2_ancestral(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_lcm(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_tcd(const SchedulerConfig& cfg, std::optional<double> eta);
 
 } // namespace anchor::unet::samplers
