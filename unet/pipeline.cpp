@@ -576,7 +576,10 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     FullDenoiser full;
     DenoiseController& ctl = ctl_in ? *ctl_in : full;
     Txt2ImgResult r;
-    const bool cfg = p.guidance_scale > 1.0;
+    // LCM UNets take the guidance scale as an input, the embedding of w = guidance_scale - 1 (Luo et al. 2023, sec.
+    // 4.2; diffusers' LatentConsistencyModelPipeline), instead of a classifier-free guidance batch.
+    const int64_t w_dim = m_.unet->config().time_cond_proj_dim;
+    const bool cfg = p.guidance_scale > 1.0 && w_dim == 0;
     auto t0 = std::chrono::steady_clock::now();
     if (progress) progress({0, p.steps, 0.0, true, ProgressPhase::Encode});
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
@@ -590,7 +593,11 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.text_embeds = cond.text_embeds;
     r.time_ids = cond.time_ids;
     r.text_s = seconds_since(t0);
-    const auto context = cond.to(p.device);
+    auto context = cond.to(p.device);
+    if (w_dim > 0)
+        context.timestep_cond =
+            guidance_scale_embedding(torch::full({cond.context.size(0)}, p.guidance_scale - 1.0, torch::kFloat32), w_dim)
+                .to(p.device);
 
     const SchedulerConfig sc = with_params(sched_cfg ? *sched_cfg : scheduler_config(), p);
     r.schedule = effective_schedule(p.sampler, sc);
