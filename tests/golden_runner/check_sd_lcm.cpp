@@ -5,13 +5,13 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "tests/golden_runner/runner.h"
+#include "tests/scheduler_golden.h"
 #include "unet/checkpoint.h"
 #include "unet/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <set>
 
 namespace anchor::golden {
@@ -21,19 +21,13 @@ using namespace anchor::unet;
 
 constexpr double kLcmAtol = 1e-4, kLcmRtol = 1e-4;
 
-nlohmann::json read_lcm_json(const fs::path& p) {
-    std::ifstream f(p);
-    if (!f) throw Error("cannot open '" + p.string() + "'");
-    return nlohmann::json::parse(f);
-}
-
 bool claims_lcm(const fs::path& d) {
     if (!has_file(d, "golden.safetensors") || !fs::exists(d / "unet" / "config.json") ||
         !fs::exists(d / "scheduler" / "scheduler_config.json"))
         return false;
     try {
-        const auto u = read_lcm_json(d / "unet" / "config.json");
-        const auto s = read_lcm_json(d / "scheduler" / "scheduler_config.json");
+        const auto u = test::read_json_file(d / "unet" / "config.json");
+        const auto s = test::read_json_file(d / "scheduler" / "scheduler_config.json");
         return u.contains("time_cond_proj_dim") && !u["time_cond_proj_dim"].is_null() &&
                s.value("_class_name", "") == "LCMScheduler";
     } catch (const std::exception&) {
@@ -105,7 +99,7 @@ void check_pipeline(UNet2DConditionModelImpl& unet, const fs::path& dir, const n
 const bool registered_sd_lcm = register_checker(
     {"sd-lcm", claims_lcm, [](const fs::path& dir, const Context& ctx) {
          const std::string base = relative_name(dir, ctx);
-         const auto cfg = read_lcm_json(dir / "config.json");
+         const auto cfg = test::read_json_file(dir / "config.json");
          std::vector<CaseResult> out;
          UNet2DConditionModel unet{nullptr};
          std::shared_ptr<SafeTensorsFile> g;

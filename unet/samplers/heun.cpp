@@ -20,12 +20,13 @@ public:
         sig_.pop_back();
         sig_ = repeat_after_first(sig_);
         sig_.push_back(last);
+        in_.assign(sig_.begin(), sig_.end() - 1);
         restart();
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
         check_in_order(i, step_index_);
         ++step_index_;
-        const bool first_order = !prev_derivative_.defined();
+        const bool first_order = !start_.defined();
         // The predictor runs from sig_[i] to sig_[i + 1]; the corrector's model call was at sig_[i], the end of the
         // step that started at sig_[i - 1].
         const float sigma = first_order ? sig_[i] : sig_[i - 1];
@@ -49,12 +50,11 @@ public:
 
 private:
     void restart() override {
-        prev_derivative_ = start_ = torch::Tensor();
-        step_index_ = begin_;
+        TwoCallScheduler::restart();
+        prev_derivative_ = torch::Tensor();
     }
-    torch::Tensor prev_derivative_, start_;
+    torch::Tensor prev_derivative_;
     float dt_ = 0;
-    int step_index_ = 0;
 };
 
 } // namespace

@@ -12,7 +12,6 @@ namespace {
 class Kdpm2Scheduler final : public TwoCallScheduler {
 public:
     explicit Kdpm2Scheduler(const SchedulerConfig& cfg) : TwoCallScheduler(cfg, "KDPM2") {}
-    std::vector<double> model_sigmas() const override { return std::vector<double>(in_.begin(), in_.end()); }
     void set_timesteps(int n) override {
         set_sigma_timesteps(n);
         if (custom_schedule()) // diffusers' KDPM2 with use_karras_sigmas rounds the Karras timesteps
@@ -22,9 +21,7 @@ public:
         // diffusers computes it (k = 0 wraps to the final 0 and is never used).
         const auto s = torch::tensor(base, torch::kFloat32);
         const auto mid = to_floats(s.log().lerp(s.roll(1).log(), 0.5).exp());
-        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
-        std::vector<float> log_sigmas(full.size());
-        for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+        const auto log_sigmas = log_train_sigmas();
         // Loop: [t_0, t(mid_1), t_1, t(mid_2), t_2, ..., t(mid_{n-1}), t_{n-1}]; the midpoint's timestep is
         // _sigma_to_t of its sigma, float32.
         std::vector<double> ts{ts_[0]};
@@ -42,10 +39,6 @@ public:
         mid_ = repeat_after_first(mid);
         mid_.push_back(mid.back());
         restart();
-    }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int i) const override {
-        check_index(i);
-        return x / double(std::sqrt(in_[size_t(i)] * in_[size_t(i)] + 1.0f));
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
         check_in_order(i, step_index_);
@@ -67,14 +60,7 @@ public:
     }
 
 private:
-    void restart() override {
-        start_ = torch::Tensor();
-        step_index_ = begin_;
-    }
     std::vector<float> mid_; // diffusers' sigmas_interpol, laid out as sig_
-    std::vector<float> in_;  // the model input's sigma of each loop step
-    torch::Tensor start_;
-    int step_index_ = 0;
 };
 
 } // namespace

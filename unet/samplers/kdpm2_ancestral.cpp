@@ -15,7 +15,6 @@ namespace {
 class Kdpm2AncestralScheduler final : public TwoCallScheduler {
 public:
     explicit Kdpm2AncestralScheduler(const SchedulerConfig& cfg) : TwoCallScheduler(cfg, "KDPM2Ancestral") {}
-    std::vector<double> model_sigmas() const override { return std::vector<double>(in_.begin(), in_.end()); }
     void set_timesteps(int n) override {
         set_sigma_timesteps(n);
         if (custom_schedule()) // diffusers rounds the Karras timesteps of its use_karras_sigmas
@@ -31,9 +30,7 @@ public:
         auto mid = s.log().lerp(down.log(), 0.5).exp();
         mid.narrow(0, mid.size(0) - 2, 2).zero_();
         const auto upv = to_floats(up), downv = to_floats(down), midv = to_floats(mid);
-        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
-        std::vector<float> log_sigmas(full.size());
-        for (size_t k = 0; k < full.size(); ++k) log_sigmas[k] = std::log(full[k]);
+        const auto log_sigmas = log_train_sigmas();
         // Loop: [t_0, t(mid_0), t_1, t(mid_1), t_2, ..., t(mid_{n-2}), t_{n-1}].
         std::vector<double> ts{ts_[0]};
         in_ = {base[0]};
@@ -55,10 +52,6 @@ public:
         down_ = lay_out(downv);
         restart();
         reset_injected_noise();
-    }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int i) const override {
-        check_index(i);
-        return x / double(std::sqrt(in_[size_t(i)] * in_[size_t(i)] + 1.0f));
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_in_order(i, step_index_);
@@ -87,14 +80,7 @@ public:
     }
 
 private:
-    void restart() override {
-        start_ = torch::Tensor();
-        step_index_ = begin_;
-    }
     std::vector<float> mid_, up_, down_; // diffusers' sigmas_interpol / sigmas_up / sigmas_down, laid out as sig_
-    std::vector<float> in_;              // the model input's sigma of each loop step
-    torch::Tensor start_;
-    int step_index_ = 0;
 };
 
 } // namespace

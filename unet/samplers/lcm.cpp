@@ -29,21 +29,11 @@ std::vector<double> distilled_timesteps(const SchedulerConfig& cfg, int n, const
 
 namespace {
 
-class LcmScheduler final : public SchedulerBase {
+class LcmScheduler final : public ConsistencyScheduler {
 public:
-    explicit LcmScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "LCM") {
+    explicit LcmScheduler(const SchedulerConfig& cfg) : ConsistencyScheduler(cfg, "LCM") {
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
-    void set_timesteps(int n) override {
-        ts_ = distilled_timesteps(cfg_, n, "LCM");
-        n_ = n;
-        begin_ = 0;
-        denoised_ = torch::Tensor();
-        reset_injected_noise();
-    }
-    double init_noise_sigma() const override { return 1.0; }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
-    torch::Tensor denoised() const override { return denoised_; }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const auto t = static_cast<int64_t>(ts_[size_t(i)]);
@@ -66,7 +56,6 @@ public:
 
 private:
     float final_alpha_;
-    torch::Tensor denoised_;
 };
 
 } // namespace

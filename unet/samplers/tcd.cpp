@@ -9,19 +9,9 @@ namespace anchor::unet::samplers {
 
 namespace {
 
-class TcdScheduler final : public SchedulerBase {
+class TcdScheduler final : public ConsistencyScheduler {
 public:
-    TcdScheduler(const SchedulerConfig& cfg, double gamma) : SchedulerBase(cfg, "TCD"), gamma_(gamma) {}
-    void set_timesteps(int n) override {
-        ts_ = distilled_timesteps(cfg_, n, "TCD");
-        n_ = n;
-        begin_ = 0;
-        denoised_ = torch::Tensor();
-        reset_injected_noise();
-    }
-    double init_noise_sigma() const override { return 1.0; }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
-    torch::Tensor denoised() const override { return denoised_; }
+    TcdScheduler(const SchedulerConfig& cfg, double gamma) : ConsistencyScheduler(cfg, "TCD"), gamma_(gamma) {}
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const auto t = static_cast<int64_t>(ts_[size_t(i)]);
@@ -42,7 +32,6 @@ public:
 
 private:
     double gamma_;
-    torch::Tensor denoised_;
 };
 
 } // namespace
