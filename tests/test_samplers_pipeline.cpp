@@ -42,8 +42,8 @@ TEST_CASE("ddpm, heun, dpm2, dpm2_a, lcm and tcd run txt2img on the tiny model w
     const int steps = 6;
     for (const char* name : {"ddpm", "heun", "dpm2", "dpm2_a", "lcm", "tcd"}) {
         const SamplerKind kind = sampler_from_string(name);
-        const bool two_calls = kind == SamplerKind::Heun || kind == SamplerKind::KDPM2 ||
-                               kind == SamplerKind::KDPM2Ancestral;
+        const bool two_calls =
+            kind == SamplerKind::Heun || kind == SamplerKind::KDPM2 || kind == SamplerKind::KDPM2Ancestral;
         const int calls = two_calls ? 2 * steps - 1 : steps;
         for (const char* mode : {"off", "deepcache:3", "freq"}) {
             INFO(name << " with " << mode);
@@ -84,8 +84,8 @@ TEST_CASE("sampler names: ours, A1111's and stable-diffusion.cpp's / ComfyUI's n
         FAIL("expected ParamError");
     } catch (const ParamError& e) {
         CHECK(e.field() == "--sampler");
-        CHECK_THAT(std::string(e.what()), Catch::Contains("'nope'") && Catch::Contains("dpm2_a") &&
-                                              Catch::Contains("DPM++ 2M Karras"));
+        CHECK_THAT(std::string(e.what()),
+                   Catch::Contains("'nope'") && Catch::Contains("dpm2_a") && Catch::Contains("DPM++ 2M Karras"));
     }
     // Every sampler's A1111 name reads back as itself, in an infotext too.
     for (const auto& [name, k] : sampler_table()) {
@@ -146,8 +146,8 @@ TEST_CASE("anchor-sd --sampler takes our names, A1111's and stable-diffusion.cpp
         std::ifstream f(png + ".json");
         CHECK(nlohmann::json::parse(f)["sampler"] == recorded);
     }
-    auto bad = test::run_program(test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a", "--sampler",
-                                                  "DPM9", "-o", dir + "/x.png"});
+    auto bad = test::run_program(
+        test::sd_bin(), {"-m", "assets/models/sd15-tiny-random", "-p", "a", "--sampler", "DPM9", "-o", dir + "/x.png"});
     CHECK(bad.exit_code == 2);
     CHECK(bad.output.find("DPM9") != std::string::npos);
     CHECK(bad.output.find("dpm2_a") != std::string::npos);

@@ -457,8 +457,8 @@ TEST_CASE("Karras sigmas: a config's use_karras_sigmas is diffusers' of that cla
     CHECK(model_range->timesteps().front() == Approx(999.0));
     CHECK(std::abs(model_range->sigmas().front() - full[999].item<double>()) < 1e-5);
     // sigma_min / sigma_max of the config bound diffusers' range.
-    auto bounded = SchedulerConfig::from_json_text(
-        R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})");
+    auto bounded =
+        SchedulerConfig::from_json_text(R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})");
     auto b = make_scheduler(SamplerKind::Euler, bounded);
     b->set_timesteps(5);
     CHECK(b->sigmas().front() == Approx(10.0));

@@ -594,10 +594,10 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.time_ids = cond.time_ids;
     r.text_s = seconds_since(t0);
     auto context = cond.to(p.device);
-    if (w_dim > 0)
-        context.timestep_cond =
-            guidance_scale_embedding(torch::full({cond.context.size(0)}, p.guidance_scale - 1.0, torch::kFloat32), w_dim)
-                .to(p.device);
+    if (w_dim > 0) {
+        const auto w = torch::full({cond.context.size(0)}, p.guidance_scale - 1.0, torch::kFloat32);
+        context.timestep_cond = guidance_scale_embedding(w, w_dim).to(p.device);
+    }
 
     const SchedulerConfig sc = with_params(sched_cfg ? *sched_cfg : scheduler_config(), p);
     r.schedule = effective_schedule(p.sampler, sc);

@@ -48,8 +48,8 @@ void check_component(UNet2DConditionModelImpl& unet, const nlohmann::json& c, Sa
     st.check_equal("timesteps", ts, torch::tensor(want_ts, torch::kInt64));
     const double w = c.at("guidance_scale_w").get<double>();
     const int64_t B = sample.size(0);
-    auto cond_emb = guidance_scale_embedding(torch::full({B}, w - 1.0, torch::kFloat32),
-                                             unet.config().time_cond_proj_dim);
+    auto cond_emb =
+        guidance_scale_embedding(torch::full({B}, w - 1.0, torch::kFloat32), unet.config().time_cond_proj_dim);
     st.check("timestep_cond", cond_emb, g.tensor("timestep_cond"), kLcmAtol, kLcmRtol);
     UNetCond cond(g.tensor("encoder_hidden_states"));
     cond.timestep_cond = g.tensor("timestep_cond");
@@ -61,11 +61,11 @@ void check_component(UNet2DConditionModelImpl& unet, const nlohmann::json& c, Sa
 void check_pipeline(UNet2DConditionModelImpl& unet, const fs::path& dir, const nlohmann::json& p, SafeTensorsFile& g,
                     Stats& st) {
     lcm_only_known(p, "config.json pipeline",
-               {"replicates", "scheduler", "num_inference_steps", "original_inference_steps", "guidance_scale",
-                "batch", "generator_seed", "initial_latents", "step", "timesteps", "recorded"});
+                   {"replicates", "scheduler", "num_inference_steps", "original_inference_steps", "guidance_scale",
+                    "batch", "generator_seed", "initial_latents", "step", "timesteps", "recorded"});
     auto scfg = SchedulerConfig::from_json_file((dir / "scheduler" / "scheduler_config.json").string());
-    const auto unsupported = unsupported_scheduler_settings(
-        read_text(dir / "scheduler" / "scheduler_config.json"), SamplerKind::LCM);
+    const auto unsupported =
+        unsupported_scheduler_settings(read_text(dir / "scheduler" / "scheduler_config.json"), SamplerKind::LCM);
     if (!unsupported.empty()) throw Error("scheduler_config.json: " + unsupported.front());
     scfg.original_inference_steps = p.at("original_inference_steps").get<int>();
     auto sched = make_scheduler(SamplerKind::LCM, scfg);
@@ -82,8 +82,9 @@ void check_pipeline(UNet2DConditionModelImpl& unet, const fs::path& dir, const n
     auto latents = torch::randn({B, C, init.size(2), init.size(3)}, gen, torch::kFloat32) * sched->init_noise_sigma();
     st.check("initial_latents", latents, init, kLcmAtol, kLcmRtol);
     UNetCond cond(embeds);
-    cond.timestep_cond = guidance_scale_embedding(
-        torch::full({B}, p.at("guidance_scale").get<double>() - 1.0, torch::kFloat32), unet.config().time_cond_proj_dim);
+    cond.timestep_cond =
+        guidance_scale_embedding(torch::full({B}, p.at("guidance_scale").get<double>() - 1.0, torch::kFloat32),
+                                 unet.config().time_cond_proj_dim);
     torch::Tensor denoised;
     for (int i = 0; i < sched->num_loop_steps(); ++i) {
         const auto t = torch::tensor(int64_t(sched->timestep(i)));
@@ -91,47 +92,46 @@ void check_pipeline(UNet2DConditionModelImpl& unet, const fs::path& dir, const n
         latents = sched->step(out, i, latents, &gen);
         denoised = sched->denoised();
         st.check("latents." + std::to_string(i), latents, g.tensor("latents." + std::to_string(i)), kLcmAtol, kLcmRtol);
-        st.check("denoised." + std::to_string(i), denoised, g.tensor("denoised." + std::to_string(i)), kLcmAtol, kLcmRtol);
+        st.check("denoised." + std::to_string(i), denoised, g.tensor("denoised." + std::to_string(i)), kLcmAtol,
+                 kLcmRtol);
     }
     st.check("final_denoised", denoised, g.tensor("final_denoised"), kLcmAtol, kLcmRtol);
 }
 
-const bool registered_sd_lcm = register_checker(
-    {"sd-lcm", claims_lcm, [](const fs::path& dir, const Context& ctx) {
-         const std::string base = relative_name(dir, ctx);
-         const auto cfg = test::read_json_file(dir / "config.json");
-         std::vector<CaseResult> out;
-         UNet2DConditionModel unet{nullptr};
-         std::shared_ptr<SafeTensorsFile> g;
-         out.push_back(guarded(base + "/component", [&](Stats& st) {
-             lcm_only_known(cfg, "config.json", {"diffusers", "unet_config", "component", "pipeline"});
-             unet = load_unet_folder((dir / "unet").string());
-             g = SafeTensorsFile::open((dir / "golden.safetensors").string());
-             torch::NoGradGuard ng;
-             check_component(*unet, cfg.at("component"), *g, st);
-         }));
-         out.push_back(guarded(base + "/pipeline", [&](Stats& st) {
-             if (!unet || !g) throw Error("the UNet did not load (see the component case)");
-             torch::NoGradGuard ng;
-             check_pipeline(*unet, dir, cfg.at("pipeline"), *g, st);
-         }));
-         return out;
-     }});
+const bool registered_sd_lcm =
+    register_checker({"sd-lcm", claims_lcm, [](const fs::path& dir, const Context& ctx) {
+                          const std::string base = relative_name(dir, ctx);
+                          const auto cfg = test::read_json_file(dir / "config.json");
+                          std::vector<CaseResult> out;
+                          UNet2DConditionModel unet{nullptr};
+                          std::shared_ptr<SafeTensorsFile> g;
+                          out.push_back(guarded(base + "/component", [&](Stats& st) {
+                              lcm_only_known(cfg, "config.json", {"diffusers", "unet_config", "component", "pipeline"});
+                              unet = load_unet_folder((dir / "unet").string());
+                              g = SafeTensorsFile::open((dir / "golden.safetensors").string());
+                              torch::NoGradGuard ng;
+                              check_component(*unet, cfg.at("component"), *g, st);
+                          }));
+                          out.push_back(guarded(base + "/pipeline", [&](Stats& st) {
+                              if (!unet || !g) throw Error("the UNet did not load (see the component case)");
+                              torch::NoGradGuard ng;
+                              check_pipeline(*unet, dir, cfg.at("pipeline"), *g, st);
+                          }));
+                          return out;
+                      }});
 
 // The case's unet/ folder: it loads (every tensor used by the model, cond_proj included); its forward is the
 // component case of the folder above.
 const bool registered_sd_lcm_unet = register_checker(
-    {"sd-lcm-unet",
-     [](const fs::path& d) { return d.filename() == "unet" && claims_lcm(d.parent_path()); },
+    {"sd-lcm-unet", [](const fs::path& d) { return d.filename() == "unet" && claims_lcm(d.parent_path()); },
      [](const fs::path& dir, const Context& ctx) {
-         return std::vector<CaseResult>{guarded(relative_name(dir, ctx) + ":loads (forward checked by the case above)",
-                                               [&](Stats& st) {
-                                                   auto unet = load_unet_folder(dir.string());
-                                                   st.check_true("time_cond_proj_dim",
-                                                                 unet->config().time_cond_proj_dim > 0 &&
-                                                                     unet->time_embedding->cond_proj,
-                                                                 "no cond_proj");
-                                               })};
+         return std::vector<CaseResult>{
+             guarded(relative_name(dir, ctx) + ":loads (forward checked by the case above)", [&](Stats& st) {
+                 auto unet = load_unet_folder(dir.string());
+                 st.check_true("time_cond_proj_dim",
+                               unet->config().time_cond_proj_dim > 0 && unet->time_embedding->cond_proj,
+                               "no cond_proj");
+             })};
      }});
 
 } // namespace

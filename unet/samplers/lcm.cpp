@@ -9,7 +9,8 @@ namespace anchor::unet::samplers {
 std::vector<double> distilled_timesteps(const SchedulerConfig& cfg, int n, const char* who) {
     check_num_steps(cfg, n, who);
     if (cfg.schedule.value_or(NoiseSchedule::Default) != NoiseSchedule::Default)
-        throw ParamError("schedule", std::string(who) + " runs on the timesteps its model was distilled on; schedule '" +
+        throw ParamError("schedule", std::string(who) +
+                                         " runs on the timesteps its model was distilled on; schedule '" +
                                          noise_schedule_name(*cfg.schedule) + "' does not apply (use default)");
     const int K = cfg.original_inference_steps, N = cfg.num_train_timesteps;
     if (K < 1 || K > N)

@@ -264,8 +264,8 @@ protected:
         for (size_t k = 0; k < full.size(); ++k) l[k] = std::log(full[k]);
         return l;
     }
-    std::vector<float> in_;  // the model input's sigma of each loop step
-    torch::Tensor start_;    // the sample at the step's first call; undefined: the next call is a first one
+    std::vector<float> in_; // the model input's sigma of each loop step
+    torch::Tensor start_;   // the sample at the step's first call; undefined: the next call is a first one
     int step_index_ = 0;
 };
 

@@ -37,8 +37,7 @@ private:
 } // namespace
 
 std::unique_ptr<Scheduler> make_tcd(const SchedulerConfig& cfg, std::optional<double> eta) {
-    if (*eta > 1.0)
-        throw ParamError("eta", "TCD's gamma (eta) must be in [0, 1], got " + std::to_string(*eta));
+    if (*eta > 1.0) throw ParamError("eta", "TCD's gamma (eta) must be in [0, 1], got " + std::to_string(*eta));
     return std::make_unique<TcdScheduler>(cfg, *eta);
 }
 
