@@ -379,7 +379,13 @@ void add_txt2img_options(CLI::App& app, Options& o) {
     p.seed = 42;
     app.add_option("-s,--seed", p.seed, "RNG seed; negative = random (printed)")->capture_default_str();
     p.sampler = SamplerKind::EulerAncestral;
-    bind(cli::add_enum_option(app, "--sampler", p.sampler, sampler_table(), "sampler"), "sampler");
+    bind(app.add_option_function<std::string>(
+                "--sampler", [&p](const std::string& s) { p.sampler = parse_sampler_name(s, "--sampler"); },
+                "sampler (" + enum_choices(sampler_table(), "|") +
+                    ", or an A1111 / stable-diffusion.cpp / ComfyUI name: 'DPM++ 2M Karras', 'DPM2 a', dpm++2m, ...; "
+                    "default euler_a)")
+             ->type_name("NAME"),
+         "sampler");
     p.prompt_syntax = PromptSyntax::A1111;
     bind(cli::add_enum_option(app, "--prompt-syntax", p.prompt_syntax, prompt_syntax_table(),
                               "how the prompts are read: a1111 = AUTOMATIC1111's (text) / [text] / (text:1.3) "

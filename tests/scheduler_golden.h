@@ -189,6 +189,12 @@ inline void run_scheduler_golden(const std::filesystem::path& dir, const std::st
         }
         x = sched->step(eps, i, x, &gen);
         sink.tensor("prev_sample." + s, x, ref->tensor("prev_sample." + s), atol, rtol);
+        // The step's clean estimate where the reference stored it (LCM's `denoised`).
+        if (ref->has("denoised." + s)) {
+            const auto d = sched->denoised();
+            sink.fact("denoised." + s, d.defined(), "this sampler returns no denoised estimate");
+            if (d.defined()) sink.tensor("denoised." + s, d, ref->tensor("denoised." + s), atol, rtol);
+        }
     }
     sink.tensor("final", x, ref->tensor("final"), atol, rtol);
 }

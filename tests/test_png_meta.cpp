@@ -234,11 +234,12 @@ TEST_CASE("A1111 infotext parse: multi-line prompts, negative prompt, quoted val
     CHECK((sampler_from_a1111("DPM++ 2M", "Automatic") == SamplerKind::DPMPP2MKarras)); // 1.9's default for it
     CHECK((sampler_from_a1111("Euler a", "Automatic") == SamplerKind::EulerAncestral));
     CHECK(!sampler_from_a1111("Euler", "Karras"));
-    CHECK(!sampler_from_a1111("Heun"));
-    const auto heun = image_parameters_from_infotext("a dog\nSteps: 5, Sampler: Heun, Seed: 3", "test");
-    CHECK(heun.prompt == "a dog");
-    CHECK(!heun.sampler);
-    CHECK(heun.notes.at(0).find("'Heun'") != std::string::npos);
+    CHECK((sampler_from_a1111("Heun") == SamplerKind::Heun));
+    CHECK(!sampler_from_a1111("DPM++ 3M SDE"));
+    const auto m3 = image_parameters_from_infotext("a dog\nSteps: 5, Sampler: DPM++ 3M SDE, Seed: 3", "test");
+    CHECK(m3.prompt == "a dog");
+    CHECK(!m3.sampler);
+    CHECK(m3.notes.at(0).find("'DPM++ 3M SDE'") != std::string::npos);
     // A prompt alone (no parameter line of >= 3 fields) stays the prompt.
     CHECK(parse_infotext("just a prompt: with a colon").prompt == "just a prompt: with a colon");
     CHECK_THROWS_WITH(image_parameters_from_infotext("x\nSteps: many, Seed: 1, Size: 8x8", "img.png"),

@@ -86,6 +86,24 @@ TEST_CASE("scheduler golden loops match diffusers 0.27.2 (21 runs)", "[scheduler
     check_runs(test::golden("sd/schedulers"), std::vector<std::string>(std::begin(kRuns), std::end(kRuns)), 20);
 }
 
+TEST_CASE("DDPM, Heun, KDPM2, KDPM2 ancestral, LCM and TCD loops match diffusers 0.27.2 (schedulers_more)",
+          "[schedulers][golden]") {
+    // tests/golden/sd/schedulers_more: 4, 10 and 20 steps each; Heun / KDPM2 list both model calls of a step, the
+    // ancestral ones draw from the case's generator, LCM also compares each step's denoised estimate.
+    std::vector<std::string> runs;
+    for (const char* s : {"ddpm", "heun", "kdpm2", "kdpm2_ancestral", "lcm", "tcd"})
+        for (const char* n : {"_4", "_10", "_20"}) runs.push_back(std::string(s) + n);
+    check_runs(test::golden("sd/schedulers_more"), runs, 8);
+    // Other step counts, spacings, Karras sigmas, v_prediction, original_inference_steps and TCD's gamma, another
+    // noise and generator seed (anchorcache_cases/generate/gen_sched_more.py).
+    check_runs(test::golden("sd/anchorcache_cases/schedulers_more_seed123"),
+               {"ddpm_7", "ddpm_trailing_5", "ddpm_v_9", "heun_7", "heun_karras_9", "heun_linspace_6", "heun_v_5",
+                "kdpm2_7", "kdpm2_karras_8", "kdpm2_trailing_6", "kdpm2_ancestral_5", "kdpm2_ancestral_karras_9",
+                "kdpm2_ancestral_linspace_12", "lcm_3", "lcm_orig20_6", "lcm_v_8", "tcd_5", "tcd_gamma0_4",
+                "tcd_gamma1_6"},
+               8);
+}
+
 TEST_CASE("scheduler loops with another noise seed, batch and ancestral generator seed match diffusers",
           "[schedulers][golden]") {
     // tests/golden/sd/anchorcache_cases/schedulers_seed123: [2, 4, 6, 8] noise from seed 5, Euler ancestral's generator
@@ -136,23 +154,35 @@ TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly"
 }
 
 TEST_CASE("sampler names drive parsing and errors list the valid names", "[schedulers]") {
-    CHECK(sampler_table().size() == 11);
+    CHECK(sampler_table().size() == 17);
     for (const auto& [name, kind] : sampler_table()) {
         CHECK(sampler_from_string(name) == kind);
         CHECK(sampler_name(kind) == name);
     }
+    // Aliases name a sampler of the table and never shadow one of its names.
+    for (const auto& [alias, kind] : sampler_alias_table()) {
+        INFO(alias);
+        CHECK(sampler_from_string(alias) == kind);
+        for (const auto& [name, k] : sampler_table()) CHECK(name != alias);
+    }
+    CHECK(sampler_from_string("dpm++2m") == SamplerKind::DPMPP2M);
+    CHECK(sampler_from_string("dpm_2_ancestral") == SamplerKind::KDPM2Ancestral);
     try {
-        sampler_from_string("heun");
+        sampler_from_string("heun_pp");
         FAIL("expected ParamError");
     } catch (const ParamError& e) {
         CHECK(e.field() == "sampler");
         std::string msg = e.what();
-        CHECK(msg.find("heun") != std::string::npos);
+        CHECK(msg.find("heun_pp") != std::string::npos);
         CHECK(msg.find("dpmpp_2m_karras") != std::string::npos);
+        CHECK(msg.find("dpm2_a") != std::string::npos);
     }
     CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", true) == SamplerKind::DPMPP2MKarras);
     CHECK(sampler_from_class_name("DPMSolverMultistepScheduler", false) == SamplerKind::DPMPP2M);
-    CHECK_THROWS_AS(sampler_from_class_name("HeunDiscreteScheduler"), Error);
+    CHECK(sampler_from_class_name("HeunDiscreteScheduler") == SamplerKind::Heun);
+    CHECK(sampler_from_class_name("KDPM2AncestralDiscreteScheduler") == SamplerKind::KDPM2Ancestral);
+    CHECK(sampler_from_class_name("TCDScheduler") == SamplerKind::TCD);
+    CHECK_THROWS_AS(sampler_from_class_name("NoSuchScheduler"), Error);
 }
 
 TEST_CASE("SchedulerConfig reads diffusers' scheduler_config.json", "[schedulers]") {
@@ -564,15 +594,21 @@ TEST_CASE("every sampler runs a whole loop on every schedule, also from a begin 
         for (const auto& [kname, kind] : sampler_table()) {
             if (kind == SamplerKind::DPMPP2MKarras && s != NoiseSchedule::Karras) continue;
             INFO(kname << " on " << sname);
+            // LCM and TCD run on their distillation timesteps only.
+            if ((kind == SamplerKind::LCM || kind == SamplerKind::TCD) && s != NoiseSchedule::Default) {
+                CHECK_THROWS_AS(make_scheduler(kind, with_schedule(s))->set_timesteps(10), ParamError);
+                continue;
+            }
             auto sch = make_scheduler(kind, with_schedule(s));
             const auto x = fake_loop(*sch, 10, noise, 9);
             CHECK(torch::isfinite(x).all().item<bool>());
-            // img2img's truncated loop: begin at loop step 3 and run to the end in order.
+            // img2img's truncated loop: begin at step 3 (loop step 3 * order) and run to the end in order.
             sch->set_timesteps(10);
-            sch->set_begin_index(3);
+            const int b = 3 * sch->order();
+            sch->set_begin_index(b);
             auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
-            auto y = sch->add_noise(torch::zeros_like(noise), noise, 3);
-            for (int i = 3; i < sch->num_loop_steps(); ++i)
+            auto y = sch->add_noise(torch::zeros_like(noise), noise, b);
+            for (int i = b; i < sch->num_loop_steps(); ++i)
                 y = sch->step(0.1 * sch->scale_model_input(y, i), i, y, &gen);
             CHECK(torch::isfinite(y).all().item<bool>());
         }

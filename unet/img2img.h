@@ -72,7 +72,7 @@ torch::Tensor preprocess_mask(const torch::Tensor& grey_u8, int width, int heigh
 torch::Tensor latent_mask(const torch::Tensor& mask_condition, int vae_factor);
 
 // get_timesteps: init_timestep = min(int(steps * strength), steps) (int() truncates the float64 product),
-// t_start = steps - init_timestep; the loop starts at loop step t_start * order (order 1 for every sampler here).
+// t_start = steps - init_timestep; the loop starts at loop step t_start * Scheduler::order().
 struct StrengthSchedule {
     int init_timestep = 0, t_start = 0;
 };

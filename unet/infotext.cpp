@@ -33,6 +33,13 @@ const std::vector<std::pair<SamplerKind, A1111Sampler>>& a1111_samplers() {
         {SamplerKind::LMS, {"LMS", "Automatic"}},
         {SamplerKind::DPMPP2MSDE, {"DPM++ 2M SDE", "Uniform"}},
         {SamplerKind::UniPC, {"UniPC", "Automatic"}},
+        // A1111 has no DDPM or TCD sampler: ComfyUI's and Forge's names, in A1111's spelling.
+        {SamplerKind::DDPM, {"DDPM", "Automatic"}},
+        {SamplerKind::Heun, {"Heun", "Automatic"}},
+        {SamplerKind::KDPM2, {"DPM2", "Automatic"}},
+        {SamplerKind::KDPM2Ancestral, {"DPM2 a", "Automatic"}},
+        {SamplerKind::LCM, {"LCM", "Automatic"}},
+        {SamplerKind::TCD, {"TCD", "Automatic"}},
     };
     return table;
 }
@@ -98,6 +105,31 @@ std::optional<SamplerKind> sampler_from_a1111(const std::string& sampler, const 
         for (const auto& [n, kind] : sampler_table())
             if (n == name && a1111_sampler(kind).sampler == n) return kind;
     return std::nullopt;
+}
+
+std::optional<SamplerKind> sampler_from_any_name(const std::string& name, const std::string& schedule_type) {
+    if (auto k = sampler_from_a1111(name, schedule_type)) return k;
+    auto lookup = [](const std::string& n) -> std::optional<SamplerKind> {
+        for (const auto& table : {sampler_table(), sampler_alias_table()})
+            for (const auto& [key, kind] : table)
+                if (key == n) return kind;
+        return std::nullopt;
+    };
+    if (auto k = lookup(name)) return k;
+    // stable-diffusion.cpp's infotext writes its method name and a lower-case " karras" ("dpm++2m karras").
+    const std::string suffix = " karras";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const auto k = lookup(name.substr(0, name.size() - suffix.size()));
+        if (k == SamplerKind::DPMPP2M) return SamplerKind::DPMPP2MKarras;
+    }
+    return std::nullopt;
+}
+
+SamplerKind parse_sampler_name(const std::string& name, const std::string& field) {
+    if (auto k = sampler_from_any_name(name, std::string())) return *k;
+    throw ParamError(field, "unknown sampler '" + name + "' (choices: " + enum_choices(sampler_table()) +
+                                "; or an A1111 name such as 'DPM++ 2M Karras', 'Euler a', 'DPM2 a', or a "
+                                "stable-diffusion.cpp / ComfyUI one such as 'dpm++2m', 'dpm_2_ancestral')");
 }
 
 void Infotext::set(const std::string& key, const std::string& value) {
@@ -265,8 +297,7 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
         if (r.contains("seed")) ip.seed = r["seed"].get<int64_t>();
         if (r.contains("sampler")) {
             const auto s = r["sampler"].get<std::string>();
-            for (const auto& [name, kind] : sampler_table())
-                if (name == s) ip.sampler = kind;
+            ip.sampler = sampler_from_any_name(s, std::string());
             if (!ip.sampler) ip.notes.push_back("sampler '" + s + "' is unknown here; not applied");
         }
         if (r.value("mode", "txt2img") != "txt2img") {
@@ -329,7 +360,7 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
         }
     }
     if (!sampler.empty()) {
-        ip.sampler = sampler_from_a1111(sampler, schedule);
+        ip.sampler = sampler_from_any_name(sampler, schedule);
         // Any other sampler with a schedule type of ours: that sampler on that schedule.
         for (const auto& [name, s] : noise_schedule_table())
             if (!ip.sampler && s != NoiseSchedule::Default && noise_schedule_label(s) == schedule) {

@@ -27,6 +27,12 @@ A1111Sampler a1111_sampler(SamplerKind k);
 // Ours from A1111's sampler name and schedule type (also the older one-field "DPM++ 2M Karras"); nullopt when this
 // engine has no such sampler.
 std::optional<SamplerKind> sampler_from_a1111(const std::string& sampler, const std::string& schedule_type = "");
+// Any name a user may give a sampler: A1111's (as sampler_from_a1111), ours (sampler_table), an alias
+// (sampler_alias_table: stable-diffusion.cpp's "dpm++2m", ComfyUI's "dpm_2_ancestral", ...) or stable-diffusion.cpp's
+// infotext form "dpm++2m karras"; nullopt when none matches.
+std::optional<SamplerKind> sampler_from_any_name(const std::string& name, const std::string& schedule_type);
+// The same for a name given as option `field` (the CLI's --sampler): ParamError(field) naming the choices.
+SamplerKind parse_sampler_name(const std::string& name, const std::string& field);
 
 // An infotext: the prompt, the negative prompt and the "Key: value" fields of its last line, in order, values as
 // they read after unquoting.

@@ -31,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // sigmas where it has them, else sqrt((1 - abar_t) / abar_t) at the step's timestep (abar interpolated linearly
 // between training steps for a fractional one, the index clamped to the training range).
 std::vector<double> loop_noise_levels(const Scheduler& sched, const SchedulerConfig& cfg, int begin) {
-    const auto sig = sched.sigmas();
+    const auto sig = sched.model_sigmas();
     const auto abar = make_alphas_cumprod(cfg).to(torch::kDouble).contiguous();
     const double* a = abar.data_ptr<double>();
     const int64_t N = abar.numel();
@@ -465,8 +465,8 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     InitLatents in;
     const bool inpaint = p.init.inpaint();
     in.unet9 = m_.unet->config().in_channels == 9;
-    // get_timesteps: the loop starts at t_start * order (order 1 for every sampler here).
-    in.begin = strength_schedule(p.steps, p.init.strength).t_start;
+    // get_timesteps: the loop starts at t_start * order (2 for the two-call samplers Heun / KDPM2).
+    in.begin = strength_schedule(p.steps, p.init.strength).t_start * sched.order();
     sched.set_begin_index(in.begin);
     const int f = m_.vae_scale_factor();
     const double sf = m_.vae->config().scaling_factor;
@@ -576,7 +576,10 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     FullDenoiser full;
     DenoiseController& ctl = ctl_in ? *ctl_in : full;
     Txt2ImgResult r;
-    const bool cfg = p.guidance_scale > 1.0;
+    // LCM UNets take the guidance scale as an input, the embedding of w = guidance_scale - 1 (Luo et al. 2023, sec.
+    // 4.2; diffusers' LatentConsistencyModelPipeline), instead of a classifier-free guidance batch.
+    const int64_t w_dim = m_.unet->config().time_cond_proj_dim;
+    const bool cfg = p.guidance_scale > 1.0 && w_dim == 0;
     auto t0 = std::chrono::steady_clock::now();
     if (progress) progress({0, p.steps, 0.0, true, ProgressPhase::Encode});
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
@@ -590,7 +593,11 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     r.text_embeds = cond.text_embeds;
     r.time_ids = cond.time_ids;
     r.text_s = seconds_since(t0);
-    const auto context = cond.to(p.device);
+    auto context = cond.to(p.device);
+    if (w_dim > 0) {
+        const auto w = torch::full({cond.context.size(0)}, p.guidance_scale - 1.0, torch::kFloat32);
+        context.timestep_cond = guidance_scale_embedding(w, w_dim).to(p.device);
+    }
 
     const SchedulerConfig sc = with_params(sched_cfg ? *sched_cfg : scheduler_config(), p);
     r.schedule = effective_schedule(p.sampler, sc);

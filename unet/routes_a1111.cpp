@@ -56,8 +56,11 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
         nlohmann::json out = nlohmann::json::array();
         for (const auto& [name, k] : sampler_table()) {
             const auto a = a1111_sampler(k);
+            auto aliases = nlohmann::json::array({name});
+            for (const auto& [alias, kind] : sampler_alias_table())
+                if (kind == k) aliases.push_back(alias);
             out.push_back({{"name", a.sampler + (a.schedule_type == "Karras" ? " Karras" : "")},
-                           {"aliases", {name}},
+                           {"aliases", aliases},
                            {"options", {{"scheduler", a.schedule_type}}}});
         }
         return HttpReply::json(out);

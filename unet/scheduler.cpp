@@ -43,6 +43,37 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
         {"dpmpp_2s", SamplerKind::DPMPP2S},
         {"unipc", SamplerKind::UniPC},
         {"deis", SamplerKind::DEIS},
+        {"ddpm", SamplerKind::DDPM},
+        {"heun", SamplerKind::Heun},
+        {"dpm2", SamplerKind::KDPM2},
+        {"dpm2_a", SamplerKind::KDPM2Ancestral},
+        {"lcm", SamplerKind::LCM},
+        {"tcd", SamplerKind::TCD},
+    };
+    // clang-format on
+    return table;
+}
+
+const EnumTable<SamplerKind>& sampler_alias_table() {
+    // stable-diffusion.cpp's sample_method names (its "euler", "euler_a", "heun", "dpm2", "lcm", "tcd" are ours
+    // already) and ComfyUI's KSampler names.
+    // clang-format off
+    static const EnumTable<SamplerKind> table = {
+        {"dpm++2m", SamplerKind::DPMPP2M},
+        {"dpmpp_2m_k", SamplerKind::DPMPP2MKarras},
+        {"k_lms", SamplerKind::LMS},
+        {"plms", SamplerKind::PNDM},
+        {"euler_ancestral", SamplerKind::EulerAncestral},
+        {"k_euler", SamplerKind::Euler},
+        {"k_euler_a", SamplerKind::EulerAncestral},
+        {"dpm_2", SamplerKind::KDPM2},
+        {"k_dpm_2", SamplerKind::KDPM2},
+        {"dpm_2_ancestral", SamplerKind::KDPM2Ancestral},
+        {"k_dpm_2_a", SamplerKind::KDPM2Ancestral},
+        {"dpm2a", SamplerKind::KDPM2Ancestral},
+        {"k_heun", SamplerKind::Heun},
+        {"uni_pc", SamplerKind::UniPC},
+        {"k_dpmpp_2m_sde", SamplerKind::DPMPP2MSDE},
     };
     // clang-format on
     return table;
@@ -107,6 +138,8 @@ std::string noise_schedule_label(NoiseSchedule s) {
 }
 
 SamplerKind sampler_from_string(const std::string& s) {
+    for (const auto& [name, kind] : sampler_alias_table())
+        if (name == s) return kind;
     return enum_from_string(sampler_table(), s, "sampler");
 }
 
@@ -145,6 +178,12 @@ const std::vector<SamplerRow>& sampler_rows() {
         {SamplerKind::DPMPP2S,        "DPMSolverSinglestepScheduler",    false, std::nullopt, false, samplers::make_dpmpp_2s},
         {SamplerKind::UniPC,          "UniPCMultistepScheduler",         false, std::nullopt, false, samplers::make_unipc},
         {SamplerKind::DEIS,           "DEISMultistepScheduler",          false, std::nullopt, false, samplers::make_deis},
+        {SamplerKind::DDPM,           "DDPMScheduler",                   false, std::nullopt, false, samplers::make_ddpm},
+        {SamplerKind::Heun,           "HeunDiscreteScheduler",           false, std::nullopt, true,  samplers::make_heun},
+        {SamplerKind::KDPM2,          "KDPM2DiscreteScheduler",          false, std::nullopt, true,  samplers::make_kdpm2},
+        {SamplerKind::KDPM2Ancestral, "KDPM2AncestralDiscreteScheduler", false, std::nullopt, true,  samplers::make_kdpm2_ancestral},
+        {SamplerKind::LCM,            "LCMScheduler",                    false, std::nullopt, false, samplers::make_lcm},
+        {SamplerKind::TCD,            "TCDScheduler",                    false, 0.3,          false, samplers::make_tcd},
     };
     // clang-format on
     return rows;
@@ -186,7 +225,8 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         "beta_schedule",    "trained_betas",      "steps_offset",        "set_alpha_to_one",    "clip_sample",
         "prediction_type",  "timestep_spacing",   "use_karras_sigmas",   "sigma_min",           "sigma_max",
         "skip_prk_steps",   "clip_sample_range",  "sample_max_value",    "dynamic_thresholding_ratio",
-        "lower_order_final", "euler_at_final",    "predict_x0",          "disable_corrector"};
+        "lower_order_final", "euler_at_final",    "predict_x0",          "disable_corrector",
+        "original_inference_steps", "timestep_scaling"};
     // Behaviour-changing keys: the value implemented (and those that run the same), for the samplers whose diffusers
     // class has the key.
     struct Rule {
@@ -219,6 +259,7 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         {"lambda_min_clipped", "-inf", dpm || sde || dpm_2s},
         {"variance_type", nullptr, dpm || sde || dpm_2s},
         {"solver_p", nullptr, unipc},
+        {"variance_type", "fixed_small", kind == SamplerKind::DDPM},
     };
     std::vector<std::string> out;
     auto same = [](const nlohmann::json& v, const nlohmann::json& want) {
@@ -284,6 +325,12 @@ SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const s
     if (j.has("euler_at_final")) so.euler_at_final = j.get_bool("euler_at_final", false);
     if (j.has("predict_x0")) so.predict_x0 = j.get_bool("predict_x0", true);
     so.disable_corrector = j.get_int_list("disable_corrector", {});
+    c.original_inference_steps = j.get_int("original_inference_steps", c.original_inference_steps);
+    c.timestep_scaling = j.get_double("timestep_scaling", c.timestep_scaling);
+    if (j.has("original_inference_steps") &&
+        (c.original_inference_steps < 1 || c.original_inference_steps > c.num_train_timesteps))
+        j.fail("original_inference_steps", "must be in [1, num_train_timesteps]",
+               j.json().at("original_inference_steps"));
     j.reject("trained_betas", "the betas come from beta_schedule");
     if (c.num_train_timesteps < 2) j.fail("num_train_timesteps", "must be >= 2", j.json().at("num_train_timesteps"));
     return c;

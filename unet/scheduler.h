@@ -56,12 +56,25 @@ enum class SamplerKind {
     DPMPP2S,
     UniPC,
     DEIS,
+    DDPM,
+    Heun,
+    KDPM2,
+    KDPM2Ancestral,
+    LCM,
+    TCD,
 };
 
 // Enum <-> string table that drives CLI parsing and --help: "ddim", "pndm", "euler", "euler_a", "dpmpp_2m",
-// "dpmpp_2m_karras", "lms", "dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis".
+// "dpmpp_2m_karras", "lms", "dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis", "ddpm", "heun", "dpm2", "dpm2_a", "lcm",
+// "tcd".
 const EnumTable<SamplerKind>& sampler_table();
-SamplerKind sampler_from_string(const std::string& s); // throws ParamError("sampler") listing the valid names
+// Other spellings of the same samplers: stable-diffusion.cpp's --sampling-method names ("dpm++2m", "euler_a",
+// "dpm2", "lcm", ...) and ComfyUI's KSampler names ("dpm_2", "dpm_2_ancestral", ...), each naming one sampler of
+// sampler_table() exactly (a name of theirs that means something else here, e.g. sd.cpp's ancestral "dpm++2s_a", is
+// not listed). A1111's names are in unet/infotext.h (sampler_from_any_name).
+const EnumTable<SamplerKind>& sampler_alias_table();
+// A sampler_table() name or an alias; throws ParamError("sampler") listing the valid names.
+SamplerKind sampler_from_string(const std::string& s);
 std::string sampler_name(SamplerKind k);
 
 // The training noise schedule (diffusers' beta_schedule).
@@ -141,6 +154,11 @@ struct SchedulerConfig {
     // Addition: the solver settings of the DPM-Solver family (DPMSolverMultistep / DPMSolverSinglestep /
     // UniPCMultistep / DEISMultistep; each sampler reads those its class has, unset = the class default).
     SolverSettings solver;
+    // LCMScheduler / TCDScheduler: the distillation schedule's step count (the timesteps are taken from
+    // (1..original_inference_steps) * (N / original_inference_steps) - 1) and the scale of the timestep in the
+    // consistency-model boundary condition c_skip / c_out (Song et al. 2023, appendix C; LCM's sigma_data 0.5).
+    int original_inference_steps = 50;
+    double timestep_scaling = 10.0;
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
     // not know is an anchor::Error naming the file, the field and the choices).
@@ -197,6 +215,16 @@ public:
     // How many earlier model outputs one step combines with the current one: 0 for the single-step samplers (DDIM,
     // Euler, Euler a), 1 for DPM-Solver++ 2M, 3 for the order-4 linear multistep ones (LMS, PLMS).
     virtual int earlier_outputs() const { return 0; }
+    // diffusers' scheduler.order: loop steps (model calls) per inference step, 2 for Heun / KDPM2 / KDPM2 ancestral
+    // (a predictor and a corrector call), whose set_begin_index takes a multiple of it; 1 for the others.
+    virtual int order() const { return 1; }
+    // The noise level (VE sigma) of each loop step's model input where the sampler has sigmas: sigmas() for all of
+    // them except KDPM2 / KDPM2 ancestral, whose second evaluation of a step sits at the interpolated sigma between
+    // the two (empty where the scheduler has none).
+    virtual std::vector<double> model_sigmas() const { return sigmas(); }
+    // The clean-image estimate the last step() returned besides the sample where diffusers returns one as the step's
+    // output (LCMScheduler's `denoised`, TCDScheduler's `pred_noised_sample`); undefined for the others.
+    virtual torch::Tensor denoised() const { return {}; }
 
 protected:
     void carry_injected_noise(double carry, const torch::Tensor& fresh) {

@@ -37,9 +37,7 @@ SamplerKind sampler_of(const RequestFields& f, SamplerKind dflt) {
     const std::string name = f.string(field, "");
     if (name.empty()) return dflt;
     const std::string schedule = f.string("scheduler", "");
-    if (auto k = sampler_from_a1111(name, schedule)) return *k;
-    for (const auto& [n, k] : sampler_table())
-        if (n == name) return k;
+    if (auto k = sampler_from_any_name(name, schedule)) return *k;
     std::string choices;
     for (const auto& [n, k] : sampler_table()) {
         const auto a = a1111_sampler(k);

@@ -338,7 +338,10 @@ UNetConfig UNetConfig::from_json(const nlohmann::json& j, const std::string& sou
             f.fail("addition_embed_type 'text_time' needs positive addition_time_embed_dim and "
                    "projection_class_embeddings_input_dim");
     }
-    f.reject("time_cond_proj_dim", "LCM guidance embedding");
+    if (f.has("time_cond_proj_dim")) {
+        c.time_cond_proj_dim = f.get_int("time_cond_proj_dim", 0);
+        if (c.time_cond_proj_dim < 1) f.fail("time_cond_proj_dim", "must be >= 1", f.json().at("time_cond_proj_dim"));
+    }
     f.reject("encoder_hid_dim", "projected encoder states");
     f.reject("dual_cross_attention", "dual cross attention");
     f.reject("only_cross_attention", "cross-attention-only blocks");
@@ -442,12 +445,16 @@ std::string UNetConfig::describe() const {
 
 UNetCond UNetCond::to(const torch::Device& d) const {
     auto mv = [&](const Tensor& t) { return t.defined() ? t.to(d) : t; };
-    return {mv(context), mv(text_embeds), mv(time_ids)};
+    UNetCond out{mv(context), mv(text_embeds), mv(time_ids)};
+    out.timestep_cond = mv(timestep_cond);
+    return out;
 }
 
 UNetCond UNetCond::index_select(const Tensor& idx) const {
     auto sel = [&](const Tensor& t) { return t.defined() ? t.index_select(0, idx.to(t.device())) : t; };
-    return {sel(context), sel(text_embeds), sel(time_ids)};
+    UNetCond out{sel(context), sel(text_embeds), sel(time_ids)};
+    out.timestep_cond = sel(timestep_cond);
+    return out;
 }
 
 Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift) {
@@ -464,13 +471,35 @@ Tensor timestep_embedding(const Tensor& t, int64_t dim, bool flip_sin_to_cos, do
     return sc;
 }
 
-TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim) {
-    linear_1 = register_module("linear_1", make_linear(torch::nn::LinearOptions(in, dim)));
-    linear_2 = register_module("linear_2", make_linear(torch::nn::LinearOptions(dim, dim)));
+Tensor guidance_scale_embedding(const Tensor& w, int64_t dim) {
+    if (w.dim() != 1) throw Error("guidance_scale_embedding: w must be 1-D, got " + shape_str(w.sizes().vec()));
+    const int64_t half = dim / 2;
+    // Same float32 operation order as diffusers' get_guidance_scale_embedding.
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    auto step = torch::log(torch::tensor(10000.0, f32)) / double(half - 1);
+    auto freqs = torch::exp(torch::arange(half, f32) * -step);
+    auto emb = (w.to(torch::kFloat32) * 1000.0).unsqueeze(1) * freqs.unsqueeze(0);
+    emb = torch::cat({torch::sin(emb), torch::cos(emb)}, 1);
+    if (dim % 2 == 1) emb = F::pad(emb, F::PadFuncOptions({0, 1}));
+    return emb;
 }
 
-Tensor TimestepEmbeddingImpl::forward(const Tensor& x) {
-    return kernels::linear(linear_2, torch::silu(kernels::linear(linear_1, x)));
+TimestepEmbeddingImpl::TimestepEmbeddingImpl(int64_t in, int64_t dim, int64_t cond_dim) {
+    linear_1 = register_module("linear_1", make_linear(torch::nn::LinearOptions(in, dim)));
+    linear_2 = register_module("linear_2", make_linear(torch::nn::LinearOptions(dim, dim)));
+    if (cond_dim > 0)
+        cond_proj = register_module("cond_proj", make_linear(torch::nn::LinearOptions(cond_dim, in).bias(false)));
+}
+
+Tensor TimestepEmbeddingImpl::forward(const Tensor& x, const Tensor& condition) {
+    auto sample = x;
+    if (cond_proj && condition.defined()) {
+        if (condition.dim() != 2 || condition.size(0) != x.size(0) || condition.size(1) != cond_proj->weight.size(1))
+            throw Error("UNet: timestep_cond has shape " + shape_str(condition.sizes().vec()) + ", expected [" +
+                        std::to_string(x.size(0)) + ", " + std::to_string(cond_proj->weight.size(1)) + "]");
+        sample = sample + kernels::linear(cond_proj, condition.to(x.device(), x.scalar_type()));
+    }
+    return kernels::linear(linear_2, torch::silu(kernels::linear(linear_1, sample)));
 }
 
 UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c) {
@@ -481,7 +510,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c
     const int64_t ch0 = c.block_out_channels[0], temb = ch0 * 4, groups = c.norm_num_groups;
     const double eps = c.norm_eps;
     conv_in = register_module("conv_in", conv(c.in_channels, ch0, 3));
-    time_embedding = register_module("time_embedding", TimestepEmbedding(ch0, temb));
+    time_embedding = register_module("time_embedding", TimestepEmbedding(ch0, temb, c.time_cond_proj_dim));
     if (c.text_time())
         add_embedding =
             register_module("add_embedding", TimestepEmbedding(c.projection_class_embeddings_input_dim, temb));
@@ -690,7 +719,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
 
     auto tproj = timestep_embedding(t.to(x.device()), cfg_.block_out_channels[0], cfg_.flip_sin_to_cos, cfg_.freq_shift)
                      .to(dtype);
-    auto temb = time_embedding->forward(tproj);
+    auto temb = time_embedding->forward(tproj, cond.timestep_cond);
     emit(FeatureKind::TimeProj, -1, -1, tproj);
     emit(FeatureKind::TimeEmbedding, -1, -1, temb);
     if (add_embedding) {

@@ -156,6 +156,10 @@ struct UNetConfig {
     int addition_time_embed_dim = 0;
     int projection_class_embeddings_input_dim = 0;
     bool text_time() const { return addition_time_embed_dim > 0; }
+    // Latent consistency models (Luo et al. 2023, sec. 4.2; diffusers time_cond_proj_dim): the guidance scale w is an
+    // input, its sinusoidal embedding (guidance_scale_embedding) mapped by time_embedding.cond_proj (no bias) and
+    // added to the time embedding's input. 0: none.
+    int time_cond_proj_dim = 0;
 
     // diffusers config.json (attention_head_dim is the head COUNT when num_attention_heads is unset).
     static UNetConfig from_json(const nlohmann::json& j, const std::string& source = "UNet config");
@@ -199,6 +203,9 @@ struct UNetCond {
     UNetCond(torch::Tensor ctx, torch::Tensor text, torch::Tensor ids)
         : context(std::move(ctx)), text_embeds(std::move(text)), time_ids(std::move(ids)) {}
     torch::Tensor context, text_embeds, time_ids;
+    // LCM UNets (UNetConfig::time_cond_proj_dim): the guidance embedding [B, time_cond_proj_dim]; undefined: none
+    // added (as diffusers with timestep_cond None).
+    torch::Tensor timestep_cond;
     UNetCond to(const torch::Device& d) const;
     // Rows `idx` of every tensor (a per-image slice of a CFG batch).
     UNetCond index_select(const torch::Tensor& idx) const;
@@ -305,14 +312,20 @@ struct UNetMidBlockImpl : torch::nn::Module {
 TORCH_MODULE(UNetMidBlock);
 
 struct TimestepEmbeddingImpl : torch::nn::Module {
-    TimestepEmbeddingImpl(int64_t in, int64_t dim);
-    torch::Tensor forward(const torch::Tensor& x);
-    torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+    // cond_dim > 0: a cond_proj (cond_dim -> in, no bias) whose output forward adds to x (diffusers' TimestepEmbedding
+    // with cond_proj_dim).
+    TimestepEmbeddingImpl(int64_t in, int64_t dim, int64_t cond_dim = 0);
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& condition = {});
+    torch::nn::Linear linear_1{nullptr}, linear_2{nullptr}, cond_proj{nullptr};
 };
 TORCH_MODULE(TimestepEmbedding);
 
 // Sinusoidal timestep embedding exactly as diffusers' get_timestep_embedding (float32): t [B] -> [B, dim].
 torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, bool flip_sin_to_cos, double freq_shift);
+// The guidance-scale embedding of LCM UNets exactly as diffusers' LatentConsistencyModelPipeline
+// get_guidance_scale_embedding (float32): w [B] -> [sin(1000 w f_k), cos(1000 w f_k)], f_k = 10000^(-k / (dim/2 - 1)),
+// zero-padded to an odd dim. The pipelines give it w = guidance_scale - 1.
+torch::Tensor guidance_scale_embedding(const torch::Tensor& w, int64_t dim);
 
 class UNet2DConditionModelImpl : public torch::nn::Module, public perf::FastPaths {
 public:

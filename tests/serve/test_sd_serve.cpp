@@ -119,6 +119,21 @@ TEST_CASE("sd serve: txt2img answers base64 PNGs with A1111 parameters and info"
     CHECK(shared_server().log_has("cache=deepcache:2"));
 }
 
+TEST_CASE("sd serve: sampler_name takes A1111's, ours and stable-diffusion.cpp's names", "[serve][schedulers]") {
+    auto c = shared_server().client();
+    const std::vector<std::pair<std::string, std::string>> names = {
+        {"DPM2 a", "DPM2 a"}, {"Heun", "Heun"}, {"dpm++2m", "DPM++ 2M"}, {"lcm", "LCM"}, {"DDPM", "DDPM"}};
+    for (const auto& [given, a1111] : names) {
+        INFO(given);
+        int status = 0;
+        auto body = txt2img(3, "off", 3);
+        body["sampler_name"] = given;
+        const json r = post_json(c, "/sdapi/v1/txt2img", body, &status);
+        REQUIRE(status == 200);
+        CHECK(json::parse(r["info"].get<std::string>())["sampler_name"] == a1111);
+    }
+}
+
 TEST_CASE("sd serve: the same request gives the same image, concurrent or one after another", "[serve]") {
     auto c = shared_server().client();
     int s1 = 0, s2 = 0;
@@ -169,7 +184,7 @@ TEST_CASE("sd serve: bad input is a one-line 400 naming the field", "[serve]") {
     bad("steps", 100000, "must be in [1, 150], got 100000");
     bad("steps", 2.5, "expected an integer");
     bad("cfg_scale", "high", "expected a number");
-    bad("sampler_name", "Heun", "unknown sampler 'Heun'");
+    bad("sampler_name", "Heun2", "unknown sampler 'Heun2'");
     bad("cache", "deepcache:x", "cache");
     bad("width", 100000, "must be in");
     {

@@ -10,13 +10,7 @@ public:
     DdimScheduler(const SchedulerConfig& cfg, double eta) : SchedulerBase(cfg, "DDIM"), eta_(eta) {
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
-    void set_timesteps(int n) override {
-        check_num_steps(cfg_, n, "DDIM");
-        n_ = n;
-        begin_ = 0;
-        ts_ = custom_schedule() ? rounded_schedule_timesteps(n) : spaced_timesteps(cfg_, n, true);
-        reset_injected_noise();
-    }
+    void set_timesteps(int n) override { set_discrete_timesteps(n); }
     double init_noise_sigma() const override { return 1.0; }
     torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {

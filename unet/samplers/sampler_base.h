@@ -128,6 +128,14 @@ protected:
         for (double v : schedule_levels(*cfg_.schedule, cfg_, n).timesteps) t.push_back(np_round(v));
         return t;
     }
+    // DDIM / DDPM's set_timesteps: the spaced integer timesteps (linspace rounded), or the custom schedule's.
+    void set_discrete_timesteps(int n) {
+        check_num_steps(cfg_, n, name_);
+        n_ = n;
+        begin_ = 0;
+        ts_ = custom_schedule() ? rounded_schedule_timesteps(n) : spaced_timesteps(cfg_, n, true);
+        reset_injected_noise();
+    }
     // The timestep after descending-list position k (-1 past the end: alpha_bar = final_alpha).
     static int64_t next_in(const std::vector<double>& desc, size_t k) {
         return k + 1 < desc.size() ? static_cast<int64_t>(desc[k + 1]) : -1;
@@ -290,6 +298,79 @@ protected:
     int step_index_ = 0;
 };
 
+// ---- two-evaluation samplers (Heun, KDPM2): each step's second model call is a loop step of its own ----------
+// diffusers' torch.cat([v[:1], v[1:].repeat_interleave(2)]): the first value once, every later one twice.
+template <class T> std::vector<T> repeat_after_first(const std::vector<T>& v) {
+    std::vector<T> out;
+    for (size_t k = 0; k < v.size(); ++k) {
+        out.push_back(v[k]);
+        if (k > 0) out.push_back(v[k]);
+    }
+    return out;
+}
+
+// ---- consistency-model samplers (LCM, TCD) -------------------------------------------------------------------------
+// LCMScheduler / TCDScheduler's set_timesteps: n of the distillation schedule's timesteps (1..K) * (N / K) - 1,
+// K = original_inference_steps, taken from the top at indices floor(linspace(0, K, n, endpoint=False)).
+// ParamError("steps") when n > K; ParamError("schedule") for a schedule other than default (those samplers run on
+// the timesteps they were distilled on).
+std::vector<double> distilled_timesteps(const SchedulerConfig& cfg, int n, const char* who);
+
+// The base of Heun / KDPM2 / KDPM2 ancestral: two loop steps per step, and a loop that starts on a step's first call.
+class TwoCallScheduler : public SigmaScheduler {
+public:
+    using SigmaScheduler::SigmaScheduler;
+    int order() const override { return 2; }
+    // The corrector's step starts from the sample before the predictor's call.
+    int earlier_outputs() const override { return 1; }
+    std::vector<double> model_sigmas() const override { return std::vector<double>(in_.begin(), in_.end()); }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int i) const override {
+        check_index(i);
+        return x / double(std::sqrt(in_[size_t(i)] * in_[size_t(i)] + 1.0f));
+    }
+    void set_begin_index(int begin) override {
+        if (begin % 2 != 0)
+            throw Error(std::string(name_) + ": begin index " + std::to_string(begin) +
+                        " is a step's second model call (two calls per step: the begin index is t_start * 2)");
+        SigmaScheduler::set_begin_index(begin);
+    }
+
+protected:
+    void restart() override {
+        start_ = torch::Tensor();
+        step_index_ = begin_;
+    }
+    // log of the training sigmas in float32, for _sigma_to_t of the midpoints.
+    std::vector<float> log_train_sigmas() const {
+        const auto full = train_sigmas(make_alphas_cumprod(cfg_));
+        std::vector<float> l(full.size());
+        for (size_t k = 0; k < full.size(); ++k) l[k] = std::log(full[k]);
+        return l;
+    }
+    std::vector<float> in_; // the model input's sigma of each loop step
+    torch::Tensor start_;   // the sample at the step's first call; undefined: the next call is a first one
+    int step_index_ = 0;
+};
+
+// The base of LCM / TCD: the distillation timesteps, an unscaled input, and the step's clean estimate.
+class ConsistencyScheduler : public SchedulerBase {
+public:
+    using SchedulerBase::SchedulerBase;
+    void set_timesteps(int n) override {
+        ts_ = distilled_timesteps(cfg_, n, name_);
+        n_ = n;
+        begin_ = 0;
+        denoised_ = torch::Tensor();
+        reset_injected_noise();
+    }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+    torch::Tensor denoised() const override { return denoised_; }
+
+protected:
+    torch::Tensor denoised_;
+};
+
 // ---- one factory per sampler (its own file); eta is set for the samplers that take one (sampler_takes_eta) ------
 std::unique_ptr<Scheduler> make_ddim(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_pndm(const SchedulerConfig& cfg, std::optional<double> eta);
@@ -301,5 +382,11 @@ std::unique_ptr<Scheduler> make_dpmpp_2m_sde(const SchedulerConfig& cfg, std::op
 std::unique_ptr<Scheduler> make_dpmpp_2s(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_unipc(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_deis(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_ddpm(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_heun(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_kdpm2(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_kdpm2_ancestral(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_lcm(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_tcd(const SchedulerConfig& cfg, std::optional<double> eta);
 
 } // namespace anchor::unet::samplers
