@@ -68,7 +68,7 @@ enum class GateDirection {
     // (nothing cached yet). The gate-driven DiT caches.
     HighRecomputes,
     // g_l(t) > tau: Reuse, i.e. the layer's anchored entries may serve for the long staleness; Full = the normal one.
-    // The masked diffusion LM's residual gates (text/mdlm_cache.h): a gate near 1 passes the branch through almost
+    // The masked diffusion LM's residual gates (text/diffusion/mdlm_cache.h): a gate near 1 passes the branch through almost
     // unattenuated, so the residual stream is dominated by the stable cached branch. No step is forced Full: whether
     // anything is cached yet is the cache's own test.
     HighReuses,

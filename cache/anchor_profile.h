@@ -1,11 +1,11 @@
 // Anchor profiles: calibrated per-step and per-layer settings of an anchor cache, one type and one JSON format for
 // both paths (cache/calibration.h builds them from measurements of uncached runs).
 //
-// * Step ranges (Stable Diffusion freq, unet/freq_cache.h): the loop is split into ranges [begin, end) of its length
+// * Step ranges (Stable Diffusion freq, unet/cache/freq_cache.h): the loop is split into ranges [begin, end) of its length
 //   (fractions, so one profile serves any step count); each range has the full-step threshold on the accumulated
 //   spectral change. The change per step falls ~10x along a trajectory, so one fixed threshold reuses little early
 //   and too much late.
-// * Layer classes (text diffusion, text/mdlm_cache.h): per (layer, time bin) a stability class (k-means of the
+// * Layer classes (text diffusion, text/diffusion/mdlm_cache.h): per (layer, time bin) a stability class (k-means of the
 //   measured hidden-state change), each class with a staleness: how many steps an anchored entry may serve.
 //
 // Format "anchorcache-profile-1": {"format", "step_ranges": [{begin, end, threshold, mean_change}], "layers":

@@ -99,7 +99,7 @@ struct CacheStats {
     uint64_t row_hits = 0;
     uint64_t row_stale_rejections = 0;
     uint64_t row_misses = 0;
-    // The decisions of the cache that reads the store (text/mdlm_cache.h; LatentCache itself leaves them 0), counted
+    // The decisions of the cache that reads the store (text/diffusion/mdlm_cache.h; LatentCache itself leaves them 0), counted
     // in position-layers (one position of one block at one step): all of them, the anchored ones (served from the
     // store), the steps that recomputed everything, the steps where the drift probe refreshed the deeper layers
     // (drift=G), and the position-layers computed at each step.

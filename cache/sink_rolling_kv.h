@@ -26,7 +26,7 @@
 namespace anchor::cache {
 
 // Position ids for models with learned absolute positions (n_positions rows of wpe) while streaming past them. These
-// are the policies a buffer can execute alone; re-encoding the window in order is the stream's (text/gpt2_model.h,
+// are the policies a buffer can execute alone; re-encoding the window in order is the stream's (text/gpt2/gpt2_model.h,
 // PositionMode::Reencode).
 enum class PositionPolicy {
     Wrap,     // i % n_positions

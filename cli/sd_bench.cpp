@@ -1,14 +1,14 @@
-// `anchor-sd bench`: the option table of unet/unet_bench.h, the report printed and optionally written.
+// `anchor-sd bench`: the option table of unet/bench/unet_bench.h, the report printed and optionally written.
 #include "cli/sd_commands.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
-#include "unet/checkpoint.h"
-#include "unet/random_checkpoint.h"
-#include "unet/unet_bench.h"
-#include "unet/unet_macs.h"
+#include "unet/model/checkpoint.h"
+#include "unet/bench/random_checkpoint.h"
+#include "unet/bench/unet_bench.h"
+#include "unet/model/unet_macs.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,4 +1,4 @@
-// `anchor-sd bench-cache`: every cache mode against `off` in one run (unet/cache_bench.h): the option table, the
+// `anchor-sd bench-cache`: every cache mode against `off` in one run (unet/bench/cache_bench.h): the option table, the
 // models (a real one with -m, else a random-weight UNet on --device), printing and the result files.
 #include "cli/sd_commands.h"
 
@@ -8,9 +8,9 @@
 #include "cache/util/bench.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
-#include "unet/cache_bench.h"
-#include "unet/freq_cache.h"
-#include "unet/unet_macs.h"
+#include "unet/bench/cache_bench.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/model/unet_macs.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>

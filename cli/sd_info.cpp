@@ -2,7 +2,7 @@
 // `parameters` text) and as anchor-sd wrote it (the `anchorcache` JSON record), checked chunk by chunk on the way.
 #include "cache/io/error.h"
 #include "cli/sd_commands.h"
-#include "unet/infotext.h"
+#include "unet/pipeline/infotext.h"
 
 #include <CLI/CLI.hpp>
 

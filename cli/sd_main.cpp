@@ -1,5 +1,5 @@
 // anchor-sd: Stable Diffusion txt2img with anchor caches. Flags follow stable-diffusion.cpp's names. The top level is
-// txt2img (a library call, unet/txt2img_job.h); bench, bench-cache, calibrate, train-* and eval-fashion are
+// txt2img (a library call, unet/pipeline/txt2img_job.h); bench, bench-cache, calibrate, train-* and eval-fashion are
 // subcommands registered beside it, and --threads / --version work before or after any of them.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -8,11 +8,11 @@
 #include "cli/common.h"
 #include "cli/enum_option.h"
 #include "cli/sd_commands.h"
-#include "text/gpt2_tokenizer.h" // UTF-8 validation
-#include "unet/compare.h"
-#include "unet/freq_cache.h"
-#include "unet/infotext.h"
-#include "unet/txt2img_job.h"
+#include "text/gpt2/gpt2_tokenizer.h" // UTF-8 validation
+#include "unet/cache/compare.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/pipeline/infotext.h"
+#include "unet/pipeline/txt2img_job.h"
 
 #include <CLI/CLI.hpp>
 

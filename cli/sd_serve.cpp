@@ -1,9 +1,9 @@
-// `anchor-sd serve`: the option table of the HTTP server (unet/sd_server.h); the server itself is library code.
+// `anchor-sd serve`: the option table of the HTTP server (unet/serve/sd_server.h); the server itself is library code.
 #include "cache/io/assets.h"
 #include "cli/common.h"
 #include "cli/sd_commands.h"
-#include "unet/freq_cache.h"
-#include "unet/sd_server.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/serve/sd_server.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,8 +1,8 @@
 // `anchor-text diffusion generate|calibrate|train|bench`: masked text diffusion with time-anchor gates and the
-// cross-step latent cache. The work is the text library's (text/mdlm_run.h, text/mdlm_bench.h, text/mdlm_calibrate.h,
+// cross-step latent cache. The work is the text library's (text/diffusion/mdlm_run.h, text/bench/mdlm_bench.h, text/diffusion/mdlm_calibrate.h,
 // text/train/mdlm_train.h); here: options, text I/O through the GPT-2 tokenizer, printing, output files.
 //
-// Text goes through the GPT-2 tokenizer (text/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
+// Text goes through the GPT-2 tokenizer (text/gpt2/gpt2_tokenizer.h, vocabulary from --vocab or assets/vocab/gpt2);
 // --prompt-ids / --ids work with raw ids.
 #include "cache/io/assets.h"
 #include "cache/io/atomic_file.h"
@@ -13,10 +13,10 @@
 #include "cli/enum_option.h"
 #include "cli/loss_plot.h"
 #include "cli/text_commands.h"
-#include "text/gpt2_tokenizer.h"
-#include "text/mdlm_bench.h"
-#include "text/mdlm_calibrate.h"
-#include "text/mdlm_run.h"
+#include "text/gpt2/gpt2_tokenizer.h"
+#include "text/bench/mdlm_bench.h"
+#include "text/diffusion/mdlm_calibrate.h"
+#include "text/diffusion/mdlm_run.h"
 #include "text/text_job.h"
 #include "text/token_file.h"
 #include "text/train/mdlm_train.h"

@@ -1,6 +1,6 @@
 // `anchor-text gpt2 ppl|generate|bench|train`: GPT-2 streaming with attention-sink rolling KV buffers (StreamingLLM,
-// Xiao et al. 2023) next to full, window and recompute baselines. The work is the text library's (text/gpt2_ppl.h,
-// text/gpt2_generate.h, text/gpt2_bench.h, text/train/gpt2_train.h); here: options, printing, output files.
+// Xiao et al. 2023) next to full, window and recompute baselines. The work is the text library's (text/gpt2/gpt2_ppl.h,
+// text/gpt2/gpt2_generate.h, text/bench/gpt2_bench.h, text/train/gpt2_train.h); here: options, printing, output files.
 #include "cli/text_commands.h"
 
 #include "cache/io/atomic_file.h"
@@ -10,9 +10,9 @@
 #include "cli/common.h"
 #include "cli/enum_option.h"
 #include "cli/loss_plot.h"
-#include "text/gpt2_bench.h"
-#include "text/gpt2_generate.h"
-#include "text/gpt2_ppl.h"
+#include "text/bench/gpt2_bench.h"
+#include "text/gpt2/gpt2_generate.h"
+#include "text/gpt2/gpt2_ppl.h"
 #include "text/text_job.h"
 #include "text/train/gpt2_train.h"
 

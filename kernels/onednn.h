@@ -4,13 +4,13 @@
 // oneDNN's brgemm matmul runs SD's shapes at ~340-380 GFLOP/s where OpenBLAS' sgemm reaches ~160-200 (2 threads,
 // Zen 5; tests/bench/results/onednn_gemm_2026-12-02.txt). LibTorch's own convolution goes through oneDNN too (ideep),
 // as fast at SD's large sizes but with its weight reordered on every call unless a packed copy is kept (the LibTorch
-// fast path of unet/unet_perf.h keeps one: ~1.2 GB for SD 1.5's UNet), and slower on the few positions of
+// fast path of unet/model/unet_perf.h keeps one: ~1.2 GB for SD 1.5's UNet), and slower on the few positions of
 // the deep levels at 256x256.
 //
 // What is different from LibTorch's arithmetic: the summation order (blocking) of the products, so results differ in
 // the last bits (a few 1e-7 of the output's magnitude, tests/test_onednn.cpp against float64). The tiny reference
 // models, whose GroupNorm over 1-2 channels amplifies a last-bit difference ~1000x, keep LibTorch's (they keep the
-// exact attention too: unet/unet_model.h default_gemm_backend).
+// exact attention too: unet/model/unet_model.h default_gemm_backend).
 //
 // No second copy of a weight is kept: the matmul reads the [N, K] weight as it is (a transposed "ba" operand), and
 // a convolution's weight is reordered to the kernel's blocked layout on every call (a few ms for SD's largest,

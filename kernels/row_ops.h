@@ -1,4 +1,4 @@
-// Operations on a few rows of a long sequence: the work of a cached diffusion-LM step (text/mdlm_cache.h), where a
+// Operations on a few rows of a long sequence: the work of a cached diffusion-LM step (text/diffusion/mdlm_cache.h), where a
 // layer recomputes a handful of positions and reads every other position's keys and values from the cache.
 //
 // Why: at that size LibTorch's per-op cost (dispatch, allocation, a BLAS call that packs its operands) outweighs the

@@ -2,7 +2,7 @@
 // every test to run many samples, with the full GPT-2 vocabulary so that real prompts encode.
 #pragma once
 
-#include "text/mdlm_model.h"
+#include "text/diffusion/mdlm_model.h"
 
 namespace anchor::test {
 

@@ -5,7 +5,7 @@
 
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
-#include "unet/scheduler.h"
+#include "unet/samplers/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>

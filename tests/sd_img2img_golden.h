@@ -16,7 +16,7 @@
 #include "tests/sd_pipeline_golden.h"
 
 #include <torch/version.h>
-#include "unet/img2img.h"
+#include "unet/pipeline/img2img.h"
 
 #include <optional>
 

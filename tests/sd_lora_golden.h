@@ -3,7 +3,7 @@
 #pragma once
 
 #include "tests/sd_pipeline_golden.h"
-#include "unet/lora.h"
+#include "unet/model/lora.h"
 
 #include <nlohmann/json.hpp>
 

@@ -16,8 +16,8 @@
 
 #include "cache/io/error.h"
 #include "cache/io/weight_map.h"
-#include "unet/freq_cache.h"
-#include "unet/pipeline.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/pipeline/pipeline.h"
 
 #include <nlohmann/json.hpp>
 

@@ -3,9 +3,9 @@
 // encoder.
 #pragma once
 
-#include "unet/clip_text.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "unet/model/clip_text.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <algorithm>
 #include <string>

@@ -1,14 +1,14 @@
-// Frequency-anchored deep-feature cache (unet/freq_cache.h) and the cache mode parser.
+// Frequency-anchored deep-feature cache (unet/cache/freq_cache.h) and the cache mode parser.
 #include "cache/dct.h"
 #include "cache/io/error.h"
 #include "cache/modes/mode_list.h"
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "text/mdlm_cache.h"
-#include "unet/freq_cache.h"
+#include "text/diffusion/mdlm_cache.h"
+#include "unet/cache/freq_cache.h"
 #include "unet/train/fashion_eval.h"
-#include "unet/unet_macs.h"
+#include "unet/model/unet_macs.h"
 
 #include <catch2/catch.hpp>
 
@@ -1016,7 +1016,7 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
     CHECK(train::against_deepcache(json::array({modes[0]}), mode("freq", 2.3, 35.0, 22.0)).is_null());
 }
 
-// ---- typed cache configurations (unet/cache_config.h) ----------------------------------------------------------------
+// ---- typed cache configurations (unet/cache/cache_config.h) ----------------------------------------------------------------
 
 TEST_CASE("cache configs: presets, labels, resolved parameters", "[freq][cache_config]") {
     const auto freq = parse_cache_config("freq");
@@ -1263,7 +1263,7 @@ TEST_CASE("the cache decision reads one device value per step: counted in the lo
     const fs::path dir = test::golden("sd/deepcache");
     auto cfg = sdgolden::read_json_file(dir / "config.json");
     auto models = sdgolden::load_run_models(dir, cfg);
-    // host_read (unet/shallow_probe.h) counts on the CPU what a GPU would wait for: the probe's r_k, the timestep and
+    // host_read (unet/cache/shallow_probe.h) counts on the CPU what a GPU would wait for: the probe's r_k, the timestep and
     // the drift residual of freq travel together; DeepCache reads r_k alone.
     for (const char* spec : {"freq", "freq:fast", "deepcache:3"}) {
         INFO(spec);

@@ -1,7 +1,7 @@
 // GPT-2 tokenizer, model, KV cache and streaming against tests/golden/text (README there gives the semantics).
 #include "tests/test_util.h"
-#include "text/gpt2_load.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_load.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 #include "text/params.h"
 
 #include "cache/io/error.h"
@@ -110,7 +110,7 @@ TEST_CASE("GPT-2 tokenizer re-encodes the KJV evaluation text exactly", "[gpt2][
 // ---- model -----------------------------------------------------------------------------------------------------
 
 #include "cache/io/safetensors.h"
-#include "text/gpt2_model.h"
+#include "text/gpt2/gpt2_model.h"
 
 namespace {
 

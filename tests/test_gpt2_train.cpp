@@ -3,7 +3,7 @@
 #include "cache/io/error.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 #include "text/params.h"
 #include "text/train/gpt2_train.h"
 

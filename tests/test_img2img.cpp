@@ -9,8 +9,8 @@
 #include "tests/sd_img2img_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/freq_cache.h"
-#include "unet/txt2img_job.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/pipeline/txt2img_job.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// LoRA loading (unet/lora.h) against tests/golden/sd/lora_sd15_tiny (diffusers 0.27.2 + PEFT merges of kohya and PEFT
+// LoRA loading (unet/model/lora.h) against tests/golden/sd/lora_sd15_tiny (diffusers 0.27.2 + PEFT merges of kohya and PEFT
 // files on the tiny SD 1.x model): merge deltas, merged-model outputs, the txt2img run with two LoRAs, the kohya name
 // table for SDXL's original-layout spellings, A1111 prompt tags, and the errors for files and specs that do not fit.
 #include "cache/io/error.h"
@@ -8,9 +8,9 @@
 #include "tests/sd_lora_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
-#include "unet/lora.h"
-#include "unet/name_conversion.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/lora.h"
+#include "unet/model/name_conversion.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -374,7 +374,7 @@ TEST_CASE("anchor-sd --lora twice and <lora:...> tags reproduce the golden two-L
 
 TEST_CASE("LoRA: an SD 1.x kohya file spelled in the original LDM layout merges the same", "[lora]") {
     // lora_kohya_a with every UNet module renamed to its original-layout name (input_blocks / middle_block /
-    // output_blocks, resnets' in_layers.2 / out_layers.3) through unet/name_conversion.
+    // output_blocks, resnets' in_layers.2 / out_layers.3) through unet/model/name_conversion.
     SDModels m = tiny_models();
     const auto targets = lora_targets(m);
     const LoraFile f = read_lora(lora_path("lora_kohya_a.safetensors"), targets);

@@ -5,9 +5,9 @@
 #include "kernels/op_timing.h"
 #include "kernels/winograd.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <catch2/catch.hpp>
 

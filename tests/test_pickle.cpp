@@ -13,7 +13,7 @@
 #include "cache/io/zip_file.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
+#include "unet/model/checkpoint.h"
 
 #include <catch2/catch.hpp>
 #include <zlib.h>

@@ -5,7 +5,7 @@
 #include "cache/io/sha256.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/infotext.h"
+#include "unet/pipeline/infotext.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// A1111 prompt syntax (unet/prompt_syntax.h): parse_prompt_attention against the docstring examples of
+// A1111 prompt syntax (unet/pipeline/prompt_syntax.h): parse_prompt_attention against the docstring examples of
 // AUTOMATIC1111's modules/prompt_parser.py, BREAK and escapes; the 75-token chunking and comma backtracking of
 // modules/sd_hijack_clip.py on the bundled CLIP vocabulary; the "Original" emphasis on a hand-computed case; long
 // prompts through the pipeline on the golden tiny model; anchor-sd's --prompt-syntax.
@@ -6,9 +6,9 @@
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/clip_tokenizer.h"
-#include "unet/freq_cache.h"
-#include "unet/prompt_syntax.h"
+#include "unet/model/clip_tokenizer.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/pipeline/prompt_syntax.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
-// The token sampler chain (text/sampler_chain.h): every step on a case computed by hand, the chain's distribution in
+// The token sampler chain (text/gpt2/sampler_chain.h): every step on a case computed by hand, the chain's distribution in
 // both layouts, seeds, and the draws of the samplers it replaced (GPT-2 generate, the MDLM samplers) bit for bit.
 #include "text/params.h"
-#include "text/sampler_chain.h"
+#include "text/gpt2/sampler_chain.h"
 
 #include <catch2/catch.hpp>
 
@@ -61,7 +61,7 @@ int64_t old_gpt2_sample(const torch::Tensor& logits, double temperature, int64_t
     return idx[keep - 1].item<int64_t>();
 }
 
-// The MDLM samplers' draw before the chain (text/mdlm_sampler.cpp, 645d4b5), verbatim.
+// The MDLM samplers' draw before the chain (text/diffusion/mdlm_sampler.cpp, 645d4b5), verbatim.
 void old_mdlm_draw(const torch::Tensor& logits_in, double temperature, int64_t top_k, at::Generator& gen,
                    torch::Tensor& x0, torch::Tensor& conf) {
     auto logits = logits_in.to(torch::kFloat64);

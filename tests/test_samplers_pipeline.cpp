@@ -4,8 +4,8 @@
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "unet/cache_config.h"
-#include "unet/infotext.h"
+#include "unet/cache/cache_config.h"
+#include "unet/pipeline/infotext.h"
 
 #include <catch2/catch.hpp>
 

@@ -2,8 +2,8 @@
 #include "cache/io/safetensors.h"
 #include "tests/scheduler_golden.h"
 #include "tests/test_util.h"
-#include "unet/infotext.h"
-#include "unet/scheduler.h"
+#include "unet/pipeline/infotext.h"
+#include "unet/samplers/scheduler.h"
 
 #include <catch2/catch.hpp>
 #include <torch/version.h>

@@ -1,14 +1,14 @@
 // The model files SD users have: SD 2.x v-prediction detection for single files, --prediction, --vae FILE and
-// --weights-dtype (unet/checkpoint.h).
+// --weights-dtype (unet/model/checkpoint.h).
 #include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "tests/sd_tiny_configs.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
-#include "unet/pipeline.h"
-#include "unet/txt2img_job.h"
+#include "unet/model/checkpoint.h"
+#include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/txt2img_job.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -5,11 +5,11 @@
 #include "cache/io/weight_map.h"
 #include "tests/sd_tiny_configs.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
-#include "unet/clip_text.h"
-#include "unet/clip_tokenizer.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/clip_text.h"
+#include "unet/model/clip_tokenizer.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

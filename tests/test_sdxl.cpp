@@ -1,4 +1,4 @@
-// SDXL (unet/checkpoint.h, unet/pipeline.h): tokenizer_2's padding, the zero negative conditioning, the
+// SDXL (unet/model/checkpoint.h, unet/pipeline/pipeline.h): tokenizer_2's padding, the zero negative conditioning, the
 // micro-conditioning time ids, family detection from shapes, both file layouts giving the same images, and the
 // goldens of tests/golden/sd/sdxl_tiny through tests/sdxl_golden.h.
 #include "cache/io/error.h"
@@ -8,8 +8,8 @@
 #include "tests/sd_golden_checks.h"
 #include "tests/sdxl_golden.h"
 #include "tests/test_util.h"
-#include "unet/checkpoint.h"
-#include "unet/pipeline.h"
+#include "unet/model/checkpoint.h"
+#include "unet/pipeline/pipeline.h"
 
 #include <catch2/catch.hpp>
 

@@ -5,9 +5,9 @@
 #include "tests/mdlm_tiny_config.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "text/gpt2_model.h"
-#include "text/mdlm_cache.h"
-#include "text/mdlm_model.h"
+#include "text/gpt2/gpt2_model.h"
+#include "text/diffusion/mdlm_cache.h"
+#include "text/diffusion/mdlm_model.h"
 #include "text/params.h"
 
 #include <catch2/catch.hpp>

@@ -2,11 +2,11 @@
 // each config's to_json writes the fields its from_json reads. Written -> read gives the same config, and the committed
 // demo models' configs (written by the trainers) are reproduced key for key from what the loaders read.
 #include "cache/io/json_config.h"
-#include "text/gpt2_model.h"
-#include "unet/clip_text.h"
+#include "text/gpt2/gpt2_model.h"
+#include "unet/model/clip_text.h"
 #include "unet/train/sd_train.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -1,9 +1,9 @@
-// Analytic UNet MAC counts (unet/unet_macs.h) against SD 1.5's published figure and two independent formulas.
-#include "unet/unet_macs.h"
+// Analytic UNet MAC counts (unet/model/unet_macs.h) against SD 1.5's published figure and two independent formulas.
+#include "unet/model/unet_macs.h"
 
 #include "cache/io/weight_map.h"
-#include "unet/unet_perf.h"
-#include "unet/vae.h"
+#include "unet/model/unet_perf.h"
+#include "unet/model/vae.h"
 
 #include "tests/test_util.h"
 

@@ -1,6 +1,6 @@
 #include "text/text_job.h"
 
-#include "text/mdlm_model.h"
+#include "text/diffusion/mdlm_model.h"
 
 #include <memory>
 

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "cache/util/batch_job.h"
-#include "text/gpt2_generate.h"
-#include "text/mdlm_run.h"
+#include "text/gpt2/gpt2_generate.h"
+#include "text/diffusion/mdlm_run.h"
 
 #include <functional>
 #include <string>

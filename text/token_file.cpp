@@ -3,7 +3,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/read_file.h"
-#include "text/mdlm_model.h"
+#include "text/diffusion/mdlm_model.h"
 
 #include <fstream>
 #include <iterator>

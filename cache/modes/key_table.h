@@ -3,7 +3,7 @@
 // and the docs table (a test compares docs/caching.md with it). The shape is llama.cpp's common/arg.cpp, where an
 // option is declared once and its help reads the default from the params struct.
 //
-// Header-only and without LibTorch: the SD modes (unet/cache_config.h) and the text modes use the same grammar
+// Header-only and without LibTorch: the SD modes (unet/cache/cache_config.h) and the text modes use the same grammar
 // "mode[:key=value,...]".
 #pragma once
 

@@ -4,7 +4,7 @@
 // away or on request, server-sent events for streamed replies, one log line per request, and a drain on SIGTERM
 // (jobs in flight finish, new requests get 503).
 //
-// The model servers (unet/sd_server.h, text/text_server.h) register their endpoints on it; nothing here knows a model.
+// The model servers (unet/serve/sd_server.h, text/serve/text_server.h) register their endpoints on it; nothing here knows a model.
 #pragma once
 
 #include "cache/io/error.h"

@@ -1,7 +1,7 @@
 // libFuzzer target: the CLIP BPE tokenizer (bundled vocabulary) on arbitrary bytes. Contract: encode either succeeds
 // with ids inside the vocabulary or throws anchor::Error; it never crashes, reads out of bounds or loops.
 #include "cache/io/error.h"
-#include "unet/clip_tokenizer.h"
+#include "unet/model/clip_tokenizer.h"
 
 #include <cstdint>
 #include <cstdlib>

@@ -4,14 +4,14 @@
 // (a bare nlohmann message would not say which file or field is wrong), no crash, no unbounded allocation.
 #include "cache/anchor_profile.h"
 #include "cache/io/error.h"
-#include "text/gpt2_model.h"
-#include "text/mdlm_cache.h"
-#include "text/mdlm_model.h"
-#include "unet/clip_text.h"
-#include "unet/freq_cache.h"
-#include "unet/scheduler.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "text/gpt2/gpt2_model.h"
+#include "text/diffusion/mdlm_cache.h"
+#include "text/diffusion/mdlm_model.h"
+#include "unet/model/clip_text.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/samplers/scheduler.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <unistd.h>
 

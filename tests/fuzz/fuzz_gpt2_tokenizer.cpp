@@ -2,7 +2,7 @@
 // succeeds or throws anchor::Error (invalid UTF-8 is rejected with the byte offset), and for every input it accepts,
 // decode(encode(s)) == s — with and without `<|endoftext|>` as a special token.
 #include "cache/io/error.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 
 #include <cstdint>
 #include <cstdlib>

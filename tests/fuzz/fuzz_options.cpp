@@ -3,12 +3,12 @@
 // a value or throws anchor::Error (UsageError for bad syntax); it never crashes or hangs.
 #include "cache/io/error.h"
 #include "cache/sink_rolling_kv.h"
-#include "text/gpt2_model.h"
-#include "text/mdlm_cache.h"
-#include "text/mdlm_sampler.h"
+#include "text/gpt2/gpt2_model.h"
+#include "text/diffusion/mdlm_cache.h"
+#include "text/diffusion/mdlm_sampler.h"
 #include "text/train/gpt2_train.h"
-#include "unet/freq_cache.h"
-#include "unet/scheduler.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/samplers/scheduler.h"
 
 #include <cstdint>
 #include <string>

@@ -5,7 +5,7 @@
 #include "cache/io/weight_map.h"
 #include "tests/golden_runner/runner.h"
 #include "tests/sdxl_golden.h"
-#include "unet/checkpoint.h"
+#include "unet/model/checkpoint.h"
 
 #include <nlohmann/json.hpp>
 

@@ -6,8 +6,8 @@
 #include "cache/io/safetensors.h"
 #include "tests/golden_runner/runner.h"
 #include "tests/scheduler_golden.h"
-#include "unet/checkpoint.h"
-#include "unet/scheduler.h"
+#include "unet/model/checkpoint.h"
+#include "unet/samplers/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>

@@ -9,8 +9,8 @@
 #include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sd_lora_golden.h"
 #include "tests/sdxl_golden.h"
-#include "unet/checkpoint.h"
-#include "unet/lora.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/lora.h"
 
 #include <nlohmann/json.hpp>
 

@@ -4,7 +4,7 @@
 // single file of the same weights is check_sd.cpp's (key_map.json), which runs these comparisons on it.
 #include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sdxl_golden.h"
-#include "unet/checkpoint.h"
+#include "unet/model/checkpoint.h"
 
 namespace anchor::golden {
 

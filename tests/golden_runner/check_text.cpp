@@ -5,8 +5,8 @@
 #include "cache/io/safetensors.h"
 #include "cache/sink_rolling_kv.h"
 #include "tests/golden_runner/runner.h"
-#include "text/gpt2_model.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_model.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 

@@ -386,7 +386,7 @@ TEST_CASE("sd serve: SIGTERM finishes the job in flight, refuses new ones and ex
 TEST_CASE("sd serve: every cache key out of its range is a one-line 400 naming the field", "[serve][cache]") {
     auto c = shared_server().client();
     int status = 0;
-    // The server publishes its key tables (unet/cache_config.h): the sweep covers every key it has.
+    // The server publishes its key tables (unet/cache/cache_config.h): the sweep covers every key it has.
     auto opts = c.Get("/sdapi/v1/options");
     REQUIRE(opts);
     const json keys = json::parse(opts->body)["anchor_cache_keys"];

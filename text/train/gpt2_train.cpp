@@ -4,7 +4,7 @@
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 #include "text/params.h"
 
 #include <nlohmann/json.hpp>

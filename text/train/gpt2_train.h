@@ -1,6 +1,6 @@
 // Training a small GPT-2 on the King James Version (text/train/kjv_reader.h) with the real GPT-2 tokenizer.
 //
-// The result is an ordinary HF GPT-2 checkpoint (config.json + model.safetensors, the names of text/gpt2_model.h,
+// The result is an ordinary HF GPT-2 checkpoint (config.json + model.safetensors, the names of text/gpt2/gpt2_model.h,
 // tied LM head, 50257 rows) that load_gpt2 reads and that produces real GPT-2 token ids.
 //
 // Compact softmax: the KJV uses only ~13k of the 50257 GPT-2 tokens, and the output layer dominates a small model's
@@ -12,7 +12,7 @@
 // probability below 1e-8. `full_vocab` trains all 50257 rows instead (several times slower at 128 dims: the output layer dominates).
 #pragma once
 
-#include "text/gpt2_model.h"
+#include "text/gpt2/gpt2_model.h"
 #include "text/train/kjv_reader.h"
 
 #include <functional>

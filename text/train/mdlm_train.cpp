@@ -5,7 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
-#include "text/gpt2_tokenizer.h"
+#include "text/gpt2/gpt2_tokenizer.h"
 #include "text/params.h"
 #include "text/token_file.h"
 

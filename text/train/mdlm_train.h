@@ -2,7 +2,7 @@
 #pragma once
 
 #include "cache/io/enum_table.h"
-#include "text/mdlm_model.h"
+#include "text/diffusion/mdlm_model.h"
 #include "text/train/gpt2_train.h"
 
 #include <functional>

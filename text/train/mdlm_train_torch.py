@@ -75,7 +75,7 @@ def write_safetensors(path, tensors, meta):
     os.replace(tmp, path)
 
 
-# ---- the model: text/mdlm_model.cpp's forward, by the checkpoint's tensor names -------------------------------------
+# ---- the model: text/diffusion/mdlm_model.cpp's forward, by the checkpoint's tensor names -------------------------------------
 
 
 class Mdlm:
@@ -183,7 +183,7 @@ def param_names(cfg):
 
 
 def init_run(run, seed, std=0.02):
-    """A fresh checkpoint at step 0 from config.json and train_tokens.bin, as text/mdlm_model.cpp init_mdlm_weights
+    """A fresh checkpoint at step 0 from config.json and train_tokens.bin, as text/diffusion/mdlm_model.cpp init_mdlm_weights
     makes it (norms 1, adaLN and biases 0, the rest N(0, std) from one CPU generator in registration order) with the
     compact vocabulary of the C++ trainer (the corpus' sorted unique ids, then [MASK])."""
     cfg = json.load(open(os.path.join(run, "config.json")))

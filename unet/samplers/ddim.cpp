@@ -1,4 +1,4 @@
-// DDIM (Song et al. 2021, eq. 12): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// DDIM (Song et al. 2021, eq. 12): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {

@@ -1,5 +1,5 @@
 // DDPM ancestral sampling (Ho et al. 2020, eq. 6-7, algorithm 2 with the posterior variance beta~_t): one sampler
-// behind unet/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' DDPMScheduler with
+// behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' DDPMScheduler with
 // variance_type "fixed_small".
 #include "unet/samplers/sampler_base.h"
 

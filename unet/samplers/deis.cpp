@@ -1,7 +1,7 @@
 // DEIS (Zhang & Chen 2023, "Fast Sampling of Diffusion Models with Exponential Integrator"): the log-rho multistep
 // exponential integrator in noise prediction, its polynomial extrapolation integrated exactly in log rho, rho =
 // sigma_t / alpha_t, as diffusers' DEISMultistepScheduler (algorithm_type deis, solver_type logrho). One sampler
-// behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {

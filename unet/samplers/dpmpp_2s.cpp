@@ -1,5 +1,5 @@
 // DPM-Solver++(2S) (Lu et al. 2022b, algorithm 1 with the intermediate point on the timestep grid, as diffusers'
-// DPMSolverSinglestepScheduler with solver_order 2): one sampler behind unet/scheduler.h (common part:
+// DPMSolverSinglestepScheduler with solver_order 2): one sampler behind unet/samplers/scheduler.h (common part:
 // unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 

@@ -1,4 +1,4 @@
-// Euler (Karras et al. 2022, algorithm 2 with s_churn = 0): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// Euler (Karras et al. 2022, algorithm 2 with s_churn = 0): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {

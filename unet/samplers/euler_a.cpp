@@ -1,4 +1,4 @@
-// Euler ancestral (k-diffusion sample_euler_ancestral): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// Euler ancestral (k-diffusion sample_euler_ancestral): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {

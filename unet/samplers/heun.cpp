@@ -1,5 +1,5 @@
 // Heun's second-order method on the probability-flow ODE (Karras et al. 2022, algorithm 1 with the trapezoidal
-// correction, s_churn = 0): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h), as
+// correction, s_churn = 0): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as
 // diffusers' HeunDiscreteScheduler. Each step is two model calls and two loop steps: an Euler predictor from
 // sigma_k to sigma_{k+1} (even loop steps), then the corrector at sigma_{k+1} averaging the two slopes (odd loop
 // steps); the last step goes to sigma = 0 with the predictor alone.

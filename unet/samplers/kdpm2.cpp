@@ -1,5 +1,5 @@
 // DPM-Solver-2 (Lu et al. 2022, algorithm 1 with r = 1/2; k-diffusion's sample_dpm_2): one sampler behind
-// unet/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' KDPM2DiscreteScheduler. Each step from
+// unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' KDPM2DiscreteScheduler. Each step from
 // sigma_k to sigma_{k+1} is two model calls and two loop steps: an Euler half-step to the midpoint sigma_mid =
 // exp((log sigma_k + log sigma_{k+1}) / 2) (even loop steps), then the full step from sigma_k with the slope at the
 // midpoint (odd loop steps). The last step goes to sigma = 0 with the Euler part alone (its midpoint is 0).

@@ -1,4 +1,4 @@
-// DPM-Solver-2 ancestral (k-diffusion's sample_dpm_2_ancestral): one sampler behind unet/scheduler.h (common part:
+// DPM-Solver-2 ancestral (k-diffusion's sample_dpm_2_ancestral): one sampler behind unet/samplers/scheduler.h (common part:
 // unet/samplers/sampler_base.h), as diffusers' KDPM2AncestralDiscreteScheduler. Each step from sigma_k to
 // sigma_{k+1} splits like Euler ancestral into a deterministic part down to sigma_down and fresh noise of sigma_up
 // (sigma_up = sqrt(s_{k+1}^2 (s_k^2 - s_{k+1}^2) / s_k^2), sigma_down = sqrt(s_{k+1}^2 - sigma_up^2)), and takes the

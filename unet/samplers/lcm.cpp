@@ -1,5 +1,5 @@
 // Latent consistency model multistep sampling (Luo et al. 2023, algorithm 1; Song et al. 2023, algorithm 1): one
-// sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' LCMScheduler. Each step
+// sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' LCMScheduler. Each step
 // maps the sample to the consistency function's clean estimate f(x_t, t) = c_skip(t) x_t + c_out(t) x0(x_t) and,
 // except after the last step, noises it afresh to the next timestep.
 #include "unet/samplers/sampler_base.h"

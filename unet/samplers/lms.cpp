@@ -1,4 +1,4 @@
-// LMS (linear multistep in sigma, order 4): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// LMS (linear multistep in sigma, order 4): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 #include <deque>

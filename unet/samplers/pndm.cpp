@@ -1,4 +1,4 @@
-// PNDM with skip_prk_steps: PLMS (Liu et al. 2022, eq. 12 + the linear multistep of sec. 4): one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// PNDM with skip_prk_steps: PLMS (Liu et al. 2022, eq. 12 + the linear multistep of sec. 4): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {

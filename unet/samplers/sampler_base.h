@@ -1,5 +1,5 @@
-// The common part of the samplers behind unet/scheduler.h's Scheduler interface: the numpy-exact schedule and sigma
-// helpers (defined in unet/scheduler.cpp), the base classes, and one factory per sampler. Each sampler is one file in
+// The common part of the samplers behind unet/samplers/scheduler.h's Scheduler interface: the numpy-exact schedule and sigma
+// helpers (defined in unet/samplers/scheduler.cpp), the base classes, and one factory per sampler. Each sampler is one file in
 // this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp, dpmpp_sde.cpp, dpmpp_2s.cpp,
 // unipc.cpp, deis.cpp) holding only its own step rule and
 // multistep state; a new sampler is a new file, its factory and one row of make_scheduler's table.
@@ -10,7 +10,7 @@
 #pragma once
 
 #include "cache/io/error.h"
-#include "unet/scheduler.h"
+#include "unet/samplers/scheduler.h"
 
 #include <torch/torch.h>
 
@@ -24,7 +24,7 @@
 
 namespace anchor::unet::samplers {
 
-// ---- schedule and sigma helpers (unet/scheduler.cpp) -------------------------------------------------------------
+// ---- schedule and sigma helpers (unet/samplers/scheduler.cpp) -------------------------------------------------------------
 
 std::vector<float> to_floats(const torch::Tensor& t);
 // Karras/EDM sigmas of the training schedule: sigma_t = sqrt((1 - abar_t) / abar_t), float32 like diffusers.

@@ -1,5 +1,5 @@
 // Trajectory consistency distillation's strategic stochastic sampling (Zheng et al. 2024, algorithm 4): one sampler
-// behind unet/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' TCDScheduler. Each step goes
+// behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' TCDScheduler. Each step goes
 // from t to the intermediate s = floor((1 - gamma) t_prev) along the model's ODE (x0 and eps re-noised to s), then
 // forward-diffuses from s to t_prev with fresh noise; gamma (diffusers' `eta`, default 0.3) = 0 is deterministic,
 // 1 is LCM-like.

@@ -1,7 +1,7 @@
 // UniPC (Zhao et al. 2023, "UniPC: A Unified Predictor-Corrector Framework for Fast Sampling of Diffusion Models"):
 // the multistep predictor UniP-p and, each step, the corrector UniC applied to the sample before the next prediction,
 // reusing the model output just computed (so a step still costs one model call). As diffusers'
-// UniPCMultistepScheduler: one sampler behind unet/scheduler.h (common part: unet/samplers/sampler_base.h).
+// UniPCMultistepScheduler: one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 #include <algorithm>

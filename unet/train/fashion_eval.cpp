@@ -4,9 +4,9 @@
 #include "cache/io/error.h"
 #include "cache/metrics.h"
 #include "cache/util/bench.h"
-#include "unet/checkpoint.h"
-#include "unet/freq_cache.h"
-#include "unet/pipeline.h"
+#include "unet/model/checkpoint.h"
+#include "unet/cache/freq_cache.h"
+#include "unet/pipeline/pipeline.h"
 #include "unet/train/fashion_mnist.h"
 #include "unet/train/sd_train.h"
 

@@ -6,7 +6,7 @@
 // the machine's, not the code's).
 #pragma once
 
-#include "unet/cache_config.h"
+#include "unet/cache/cache_config.h"
 
 #include <nlohmann/json.hpp>
 

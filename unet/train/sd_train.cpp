@@ -6,12 +6,12 @@
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
 #include "cache/train/optim.h"
-#include "unet/checkpoint.h"
-#include "unet/clip_text.h"
-#include "unet/clip_tokenizer.h"
-#include "unet/scheduler.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/clip_text.h"
+#include "unet/model/clip_tokenizer.h"
+#include "unet/samplers/scheduler.h"
 #include "unet/train/fashion_mnist.h"
-#include "unet/unet_perf.h"
+#include "unet/model/unet_perf.h"
 
 #include <nlohmann/json.hpp>
 
@@ -414,7 +414,7 @@ TrainResult train_unet(const TrainOptions& o) {
                                            {"unet", {"diffusers", "UNet2DConditionModel"}},
                                            {"vae", {"diffusers", "AutoencoderKL"}}});
     // A model of our own has no reference outputs to reproduce bit for bit: let it run the fused small-head attention
-    // (unet/checkpoint.h, LoadOptions::attention).
+    // (unet/model/checkpoint.h, LoadOptions::attention).
     write_json(root / "anchorcache.json",
                {{"attention", "fused"},
                 {"why", "trained by anchor-sd train-unet; no reference outputs to reproduce bit for bit"}});

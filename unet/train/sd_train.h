@@ -11,9 +11,9 @@
 // resumable checkpoints (<out>/checkpoint/) and a progress line with the running loss.
 #pragma once
 
-#include "unet/clip_text.h"
-#include "unet/unet_model.h"
-#include "unet/vae.h"
+#include "unet/model/clip_text.h"
+#include "unet/model/unet_model.h"
+#include "unet/model/vae.h"
 
 #include <torch/torch.h>
 
