@@ -6,6 +6,7 @@ import json, os, sys, torch
 from diffusers import (DDPMScheduler, HeunDiscreteScheduler, KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                        LCMScheduler, TCDScheduler)
 from safetensors.torch import save_file
+from sched_loop import fake_model_loop
 G = sys.argv[1]; OUT = sys.argv[2]; os.makedirs(OUT, exist_ok=True)
 base = json.load(open(G + '/schedulers_more/config.json'))
 noise_seed, anc_seed = 5, 123
@@ -40,21 +41,8 @@ runs = []
 for name, Cls, n, over, extra, uses_gen in RUNS:
     s = Cls.from_config(base['base_config'], **over)
     s.set_timesteps(n)
-    kw = dict(extra)
-    if uses_gen:
-        kw['generator'] = torch.Generator('cpu').manual_seed(anc_seed)
-        twin = torch.Generator('cpu').manual_seed(anc_seed)
-    T = {}
-    x = noise * s.init_noise_sigma; T['sample_0'] = x
-    for i, t in enumerate(s.timesteps):
-        mi = s.scale_model_input(x, t); T[f'model_input.{i}'] = mi
-        eps = 0.1 * mi + 0.01 * float(t) / 1000
-        if uses_gen: T[f'noise.{i}'] = torch.randn(x.shape, generator=twin)
-        out = s.step(eps, t, x, **kw)
-        x = out.prev_sample; T[f'prev_sample.{i}'] = x
-        if Cls is LCMScheduler: T[f'denoised.{i}'] = out.denoised
-        if Cls is TCDScheduler: T[f'denoised.{i}'] = out.pred_noised_sample
-    T['final'] = x
+    x0 = {LCMScheduler: lambda out: out.denoised, TCDScheduler: lambda out: out.pred_noised_sample}.get(Cls)
+    T = fake_model_loop(s, noise, anc_seed, uses_gen, extra, x0)
     save_file({k: v.clone().contiguous() for k, v in T.items()}, f'{OUT}/{name}.safetensors')
     has_sigmas = Cls in (HeunDiscreteScheduler, KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler)
     step_kwargs = dict(extra)

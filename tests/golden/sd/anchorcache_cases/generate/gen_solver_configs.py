@@ -7,6 +7,7 @@ import json, os, sys, torch
 from diffusers import (DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler, UniPCMultistepScheduler,
                        DEISMultistepScheduler)
 from safetensors.torch import save_file
+from sched_loop import fake_model_loop
 
 G = sys.argv[1]; OUT = sys.argv[2]; os.makedirs(OUT, exist_ok=True)
 src = json.load(open(G + '/schedulers_more/config.json'))
@@ -45,18 +46,7 @@ for name, cls, over, n in RUNS:
     s = cls.from_config(base, **over)
     s.set_timesteps(n)
     gen_used = s.config.get('algorithm_type') == 'sde-dpmsolver++'
-    kw = {}
-    if gen_used:
-        kw['generator'] = torch.Generator('cpu').manual_seed(anc_seed)
-        twin = torch.Generator('cpu').manual_seed(anc_seed)
-    T = {}
-    x = noise * s.init_noise_sigma; T['sample_0'] = x
-    for i, t in enumerate(s.timesteps):
-        mi = s.scale_model_input(x, t); T[f'model_input.{i}'] = mi
-        eps = 0.1 * mi + 0.01 * float(t) / 1000
-        if gen_used: T[f'noise.{i}'] = torch.randn(x.shape, generator=twin)
-        x = s.step(eps, t, x, **kw).prev_sample; T[f'prev_sample.{i}'] = x
-    T['final'] = x
+    T = fake_model_loop(s, noise, anc_seed, gen_used)
     save_file({k: v.clone().contiguous() for k, v in T.items()}, f'{OUT}/{name}.safetensors')
     j = {'scheduler': cls.__name__, 'config': dict(s.config), 'num_inference_steps': n,
          'num_loop_steps': len(s.timesteps), 'timesteps': [float(t) for t in s.timesteps],
