@@ -32,12 +32,15 @@ TEST_CASE("train configs: the committed demo configs are what the loaders read, 
     auto gpt2 = committed("assets/models/kjv-gpt2/config.json");
     gpt2.erase("torch_dtype");
     CHECK(text::Gpt2Config::from_json_file("assets/models/kjv-gpt2/config.json").to_json() == gpt2);
+    CHECK(SchedulerConfig::from_json_file(sd + "scheduler/scheduler_config.json").to_json() ==
+          committed(sd + "scheduler/scheduler_config.json"));
 }
 
 TEST_CASE("train configs: the SD trainer's shapes write the committed files", "[train][config]") {
     const std::string sd = "assets/models/fashion-sd/";
     CHECK(train::fashion_unet_config().to_json() == committed(sd + "unet/config.json"));
     CHECK(train::fashion_text_config().to_json() == committed(sd + "text_encoder/config.json"));
+    CHECK(train::fashion_scheduler_config().to_json() == committed(sd + "scheduler/scheduler_config.json"));
     // The VAE's scaling factor is measured by its training run.
     auto vae = train::fashion_vae_config();
     vae.scaling_factor = VaeConfig::from_json_file(sd + "vae/config.json").scaling_factor;

@@ -297,19 +297,32 @@ SchedulerConfig SchedulerConfig::from_json_file(const std::string& path) {
     return from_json_text(read_file(path, "scheduler config"), path);
 }
 
+namespace {
+// The plain fields of every scheduler class, bound once for reading and writing (cache/io/json_config.h).
+std::vector<JsonField> common_fields(SchedulerConfig& c) {
+    return {ANCHOR_JSON_FIELD(c, num_train_timesteps), ANCHOR_JSON_FIELD(c, beta_start),
+            ANCHOR_JSON_FIELD(c, beta_end),            ANCHOR_JSON_FIELD(c, steps_offset),
+            ANCHOR_JSON_FIELD(c, set_alpha_to_one),    ANCHOR_JSON_FIELD(c, clip_sample),
+            JsonField{"_class_name", &c.class_name}};
+}
+} // namespace
+
+nlohmann::json SchedulerConfig::to_json() const {
+    SchedulerConfig c = *this;
+    nlohmann::json j = json_of(common_fields(c));
+    j["beta_schedule"] = enum_name(beta_schedule_table(), beta_schedule);
+    j["prediction_type"] = enum_name(prediction_type_table(), prediction_type);
+    j["timestep_spacing"] = enum_name(timestep_spacing_table(), timestep_spacing);
+    return j;
+}
+
 SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const std::string& path) {
     const auto j = JsonConfig::parse(text, path);
     SchedulerConfig c;
-    c.num_train_timesteps = j.get_int("num_train_timesteps", c.num_train_timesteps);
-    c.beta_start = j.get_double("beta_start", c.beta_start);
-    c.beta_end = j.get_double("beta_end", c.beta_end);
+    j.read(common_fields(c));
     c.beta_schedule = j.get_enum("beta_schedule", beta_schedule_table(), c.beta_schedule);
-    c.steps_offset = j.get_int("steps_offset", c.steps_offset);
-    c.set_alpha_to_one = j.get_bool("set_alpha_to_one", c.set_alpha_to_one);
-    c.clip_sample = j.get_bool("clip_sample", c.clip_sample);
     c.prediction_type = j.get_enum("prediction_type", prediction_type_table(), c.prediction_type);
     c.timestep_spacing = j.get_enum("timestep_spacing", timestep_spacing_table(), c.timestep_spacing);
-    c.class_name = j.get_string("_class_name", c.class_name);
     c.use_karras_sigmas = j.get_bool("use_karras_sigmas", c.use_karras_sigmas);
     if (j.has("sigma_min")) c.sigma_min = j.get_double("sigma_min", 0.0);
     if (j.has("sigma_max")) c.sigma_max = j.get_double("sigma_max", 0.0);

@@ -35,6 +35,7 @@
 
 #include "cache/io/enum_table.h"
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <memory>
@@ -165,6 +166,9 @@ struct SchedulerConfig {
     static SchedulerConfig from_json_file(const std::string& path);
     // Addition: the same from JSON text (`label` names the source in errors).
     static SchedulerConfig from_json_text(const std::string& text, const std::string& label = "<json>");
+    // The fields every diffusers scheduler class has (the training schedule, spacing, prediction type and the class
+    // name), as from_json_text reads them: what a trainer writes as its model's scheduler_config.json.
+    nlohmann::json to_json() const;
 };
 
 class Scheduler {

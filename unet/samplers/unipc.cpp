@@ -131,7 +131,7 @@ private:
         if (!c.d1s.empty()) {
             const auto rhos =
                 order == 2 ? torch::tensor({0.5f})
-                           : torch::linalg::solve(c.r.slice(0, 0, -1).slice(1, 0, -1), c.b.slice(0, 0, -1), true);
+                           : at::linalg_solve(c.r.slice(0, 0, -1).slice(1, 0, -1), c.b.slice(0, 0, -1), true);
             x_t = x_t - double(scale * c.b_h) * weighted_sum(rhos, c.d1s);
         }
         return x_t.to(x.scalar_type());
@@ -143,7 +143,7 @@ private:
     torch::Tensor corrector(const torch::Tensor& m_t, int i) const {
         const int order = this_order_;
         const auto c = coefficients(i - 1, i, order, i - 2);
-        const auto rhos = order == 1 ? torch::tensor({0.5f}) : torch::linalg::solve(c.r, c.b, true);
+        const auto rhos = order == 1 ? torch::tensor({0.5f}) : at::linalg_solve(c.r, c.b, true);
         float scale = 0;
         auto x_t = base_update(last_sample_, lambda_at(i), lambda_at(i - 1), c, &scale);
         auto d1_t = m_t - recent(0);

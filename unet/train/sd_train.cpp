@@ -217,6 +217,12 @@ ClipTextConfig fashion_text_config() {
     return c;
 }
 
+SchedulerConfig fashion_scheduler_config() {
+    SchedulerConfig c; // SD 1.x's training schedule: the defaults
+    c.class_name = "DDIMScheduler";
+    return c;
+}
+
 UNetConfig fashion_unet_config() {
     UNetConfig c;
     c.sample_size = 8;
@@ -398,16 +404,7 @@ TrainResult train_unet(const TrainOptions& o) {
     write_json(root / "unet" / "config.json", fashion_unet_config().to_json());
     to_half_file((root / "text_encoder" / "model.safetensors").string(), with_prefix_removed(w, "text_encoder."));
     write_json(root / "text_encoder" / "config.json", fashion_text_config().to_json());
-    write_json(root / "scheduler" / "scheduler_config.json", {{"_class_name", "DDIMScheduler"},
-                                                              {"num_train_timesteps", 1000},
-                                                              {"beta_start", 0.00085},
-                                                              {"beta_end", 0.012},
-                                                              {"beta_schedule", "scaled_linear"},
-                                                              {"steps_offset", 1},
-                                                              {"set_alpha_to_one", false},
-                                                              {"clip_sample", false},
-                                                              {"prediction_type", "epsilon"},
-                                                              {"timestep_spacing", "leading"}});
+    write_json(root / "scheduler" / "scheduler_config.json", fashion_scheduler_config().to_json());
     write_json(root / "model_index.json", {{"_class_name", "StableDiffusionPipeline"},
                                            {"scheduler", {"diffusers", "DDIMScheduler"}},
                                            {"text_encoder", {"transformers", "CLIPTextModel"}},

@@ -14,6 +14,7 @@
 #include "unet/model/clip_text.h"
 #include "unet/model/unet_model.h"
 #include "unet/model/vae.h"
+#include "unet/samplers/scheduler.h"
 
 #include <torch/torch.h>
 
@@ -53,6 +54,8 @@ struct TrainResult {
 VaeConfig fashion_vae_config();
 UNetConfig fashion_unet_config();
 ClipTextConfig fashion_text_config();
+// The training schedule the UNet is trained on (SD's scaled-linear betas), run with DDIM by default.
+SchedulerConfig fashion_scheduler_config();
 
 TrainResult train_vae(const TrainOptions& o);
 TrainResult train_unet(const TrainOptions& o);
