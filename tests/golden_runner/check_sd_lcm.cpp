@@ -86,16 +86,26 @@ void check_pipeline(UNet2DConditionModelImpl& unet, const fs::path& dir, const n
         guidance_scale_embedding(torch::full({B}, p.at("guidance_scale").get<double>() - 1.0, torch::kFloat32),
                                  unet.config().time_cond_proj_dim);
     torch::Tensor denoised;
+    // The loop runs free (each step from the last): bit for bit on the reference's LibTorch (1.x), the tolerance of a
+    // single forward there. LibTorch 2's kernels round the tiny UNet differently (its 1x1 levels amplify that,
+    // ../shared/golden/sd/README.md) and LCM's x0 = (x - sqrt(1 - abar) eps) / sqrt(abar) multiplies the UNet's
+    // difference by ~15 at t = 999, so there the README's free-running tolerance applies: max |a - b| <= 5e-2 max |g|.
+    auto check_loop = [&st](const std::string& what, const torch::Tensor& a, const torch::Tensor& g) {
+#if TORCH_VERSION_MAJOR >= 2
+        st.check(what, a, g, 5e-2 * g.abs().max().item<double>(), 0.0);
+#else
+        st.check(what, a, g, kLcmAtol, kLcmRtol);
+#endif
+    };
     for (int i = 0; i < sched->num_loop_steps(); ++i) {
         const auto t = torch::tensor(int64_t(sched->timestep(i)));
         auto out = unet.forward(sched->scale_model_input(latents, i), t, cond);
         latents = sched->step(out, i, latents, &gen);
         denoised = sched->denoised();
-        st.check("latents." + std::to_string(i), latents, g.tensor("latents." + std::to_string(i)), kLcmAtol, kLcmRtol);
-        st.check("denoised." + std::to_string(i), denoised, g.tensor("denoised." + std::to_string(i)), kLcmAtol,
-                 kLcmRtol);
+        check_loop("latents." + std::to_string(i), latents, g.tensor("latents." + std::to_string(i)));
+        check_loop("denoised." + std::to_string(i), denoised, g.tensor("denoised." + std::to_string(i)));
     }
-    st.check("final_denoised", denoised, g.tensor("final_denoised"), kLcmAtol, kLcmRtol);
+    check_loop("final_denoised", denoised, g.tensor("final_denoised"));
 }
 
 const bool registered_sd_lcm =
