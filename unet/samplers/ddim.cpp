@@ -1,23 +1,20 @@
-// DDIM (Song et al. 2021, eq. 12): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h).
+// DDIM (Song et al. 2021, eq. 12): one sampler behind unet/samplers/scheduler.h (common part:
+// unet/samplers/sampler_base.h).
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {
 
 namespace {
 
-class DdimScheduler final : public SchedulerBase {
+class DdimScheduler final : public DiscreteAlphaBarScheduler {
 public:
-    DdimScheduler(const SchedulerConfig& cfg, double eta) : SchedulerBase(cfg, "DDIM"), eta_(eta) {
+    DdimScheduler(const SchedulerConfig& cfg, double eta) : DiscreteAlphaBarScheduler(cfg, "DDIM"), eta_(eta) {
         final_alpha_ = cfg_.set_alpha_to_one ? 1.0f : abar_[0];
     }
-    void set_timesteps(int n) override { set_discrete_timesteps(n); }
-    double init_noise_sigma() const override { return 1.0; }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const auto t = static_cast<int64_t>(ts_[i]);
-        // diffusers' fixed stride on its own spacing; the next timestep of the list on a custom schedule.
-        const int64_t prev = custom_schedule() ? next_in(ts_, size_t(i)) : t - cfg_.num_train_timesteps / n_;
+        const int64_t prev = prev_timestep(i);
         const float a_t = abar_at(t, final_alpha_), a_prev = abar_at(prev, final_alpha_);
         const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
         auto [x0, eps] = vp_predict(cfg_.prediction_type, out, x, a_t);

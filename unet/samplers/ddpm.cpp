@@ -7,18 +7,14 @@ namespace anchor::unet::samplers {
 
 namespace {
 
-class DdpmScheduler final : public SchedulerBase {
+class DdpmScheduler final : public DiscreteAlphaBarScheduler {
 public:
-    explicit DdpmScheduler(const SchedulerConfig& cfg) : SchedulerBase(cfg, "DDPM") {}
-    void set_timesteps(int n) override { set_discrete_timesteps(n); }
-    double init_noise_sigma() const override { return 1.0; }
-    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+    explicit DdpmScheduler(const SchedulerConfig& cfg) : DiscreteAlphaBarScheduler(cfg, "DDPM") {}
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
         check_index(i);
         const auto t = static_cast<int64_t>(ts_[i]);
-        // diffusers' fixed stride on its own spacing; the next timestep of the list on a custom schedule. Past the
-        // end the chain reaches the data: alpha_bar_prev = 1 (DDPM has no set_alpha_to_one).
-        const int64_t prev = custom_schedule() ? next_in(ts_, size_t(i)) : t - cfg_.num_train_timesteps / n_;
+        // Past the end the chain reaches the data: alpha_bar_prev = 1 (DDPM has no set_alpha_to_one).
+        const int64_t prev = prev_timestep(i);
         const float a_t = abar_.at(static_cast<size_t>(t)), a_prev = abar_at(prev, 1.0f);
         const float b_t = 1.0f - a_t, b_prev = 1.0f - a_prev;
         const float cur_alpha = a_t / a_prev, cur_beta = 1.0f - cur_alpha;

@@ -1,8 +1,8 @@
-// The common part of the samplers behind unet/samplers/scheduler.h's Scheduler interface: the numpy-exact schedule and sigma
-// helpers (defined in unet/samplers/scheduler.cpp), the base classes, and one factory per sampler. Each sampler is one file in
-// this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp, dpmpp_sde.cpp, dpmpp_2s.cpp,
-// unipc.cpp, deis.cpp) holding only its own step rule and
-// multistep state; a new sampler is a new file, its factory and one row of make_scheduler's table.
+// The common part of the samplers behind unet/samplers/scheduler.h's Scheduler interface: the numpy-exact schedule and
+// sigma helpers (defined in unet/samplers/scheduler.cpp), the base classes, and one factory per sampler. Each sampler
+// is one file in this folder (ddim.cpp, pndm.cpp, euler.cpp, euler_a.cpp, dpmpp_2m.cpp, lms.cpp, dpmpp_sde.cpp,
+// dpmpp_2s.cpp, unipc.cpp, deis.cpp) holding only its own step rule and multistep state; a new sampler is a new file,
+// its factory and one row of make_scheduler's table.
 //
 // Scalar coefficients are computed in float (the schedulers hold float32 tensors, so diffusers' 0-dim tensor
 // arithmetic is float32) and applied to the tensors in the same order as diffusers' expressions, which reproduces
@@ -24,7 +24,8 @@
 
 namespace anchor::unet::samplers {
 
-// ---- schedule and sigma helpers (unet/samplers/scheduler.cpp) -------------------------------------------------------------
+// ---- schedule and sigma helpers (unet/samplers/scheduler.cpp)
+// -------------------------------------------------------------
 
 std::vector<float> to_floats(const torch::Tensor& t);
 // Karras/EDM sigmas of the training schedule: sigma_t = sqrt((1 - abar_t) / abar_t), float32 like diffusers.
@@ -147,6 +148,24 @@ protected:
     std::vector<double> ts_;
     int n_ = 0;     // num_inference_steps
     int begin_ = 0; // first loop step (set_begin_index)
+};
+
+// The base of DDIM and DDPM: integer timesteps (set_discrete_timesteps), the unscaled sample as model input, and the
+// timestep a step goes to.
+class DiscreteAlphaBarScheduler : public SchedulerBase {
+public:
+    using SchedulerBase::SchedulerBase;
+    void set_timesteps(int n) override { set_discrete_timesteps(n); }
+    double init_noise_sigma() const override { return 1.0; }
+    torch::Tensor scale_model_input(const torch::Tensor& x, int) const override { return x; }
+
+protected:
+    // diffusers' fixed stride on its own spacing; the next timestep of the list on a custom schedule (-1 past the
+    // end).
+    int64_t prev_timestep(int i) const {
+        return custom_schedule() ? next_in(ts_, size_t(i))
+                                 : static_cast<int64_t>(ts_[i]) - cfg_.num_train_timesteps / n_;
+    }
 };
 
 // ---- sigma-space samplers share timesteps/sigmas and the input scaling -------------------------------------------
