@@ -1,8 +1,8 @@
 // Heun's second-order method on the probability-flow ODE (Karras et al. 2022, algorithm 1 with the trapezoidal
-// correction, s_churn = 0): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as
-// diffusers' HeunDiscreteScheduler. Each step is two model calls and two loop steps: an Euler predictor from
-// sigma_k to sigma_{k+1} (even loop steps), then the corrector at sigma_{k+1} averaging the two slopes (odd loop
-// steps); the last step goes to sigma = 0 with the predictor alone.
+// correction, s_churn = 0): one sampler behind unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h),
+// as diffusers' HeunDiscreteScheduler. Each step is two model calls and two loop steps: an Euler predictor from sigma_k
+// to sigma_{k+1} (even loop steps), then the corrector at sigma_{k+1} averaging the two slopes (odd loop steps); the
+// last step goes to sigma = 0 with the predictor alone.
 #include "unet/samplers/sampler_base.h"
 
 namespace anchor::unet::samplers {
@@ -24,13 +24,8 @@ public:
         restart();
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
-        check_in_order(i, step_index_);
-        ++step_index_;
-        const bool first_order = !start_.defined();
-        // The predictor runs from sig_[i] to sig_[i + 1]; the corrector's model call was at sig_[i], the end of the
-        // step that started at sig_[i - 1].
-        const float sigma = first_order ? sig_[i] : sig_[i - 1];
-        const float sigma_next = first_order ? sig_[i + 1] : sig_[i];
+        // The corrector's model call was at the end of its step.
+        const auto [first_order, k, sigma, sigma_next] = next_call(i);
         const float sigma_in = first_order ? sigma : sigma_next;
         auto x0 = ve_x0(cfg_.prediction_type, out, x, sigma_in, sigma_in);
         if (cfg_.clip_sample) x0 = x0.clamp(-1.0, 1.0);

@@ -1,7 +1,7 @@
 // DPM-Solver-2 (Lu et al. 2022, algorithm 1 with r = 1/2; k-diffusion's sample_dpm_2): one sampler behind
-// unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' KDPM2DiscreteScheduler. Each step from
-// sigma_k to sigma_{k+1} is two model calls and two loop steps: an Euler half-step to the midpoint sigma_mid =
-// exp((log sigma_k + log sigma_{k+1}) / 2) (even loop steps), then the full step from sigma_k with the slope at the
+// unet/samplers/scheduler.h (common part: unet/samplers/sampler_base.h), as diffusers' KDPM2DiscreteScheduler. Each
+// step from sigma_k to sigma_{k+1} is two model calls and two loop steps: an Euler half-step to the midpoint sigma_mid
+// = exp((log sigma_k + log sigma_{k+1}) / 2) (even loop steps), then the full step from sigma_k with the slope at the
 // midpoint (odd loop steps). The last step goes to sigma = 0 with the Euler part alone (its midpoint is 0).
 #include "unet/samplers/sampler_base.h"
 
@@ -41,12 +41,8 @@ public:
         restart();
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator*) override {
-        check_in_order(i, step_index_);
-        ++step_index_;
-        const bool first_order = !start_.defined();
-        const float sigma = first_order ? sig_[i] : sig_[i - 1];
-        const float sigma_mid = first_order ? mid_[i + 1] : mid_[i];
-        const float sigma_next = first_order ? sig_[i + 1] : sig_[i];
+        const auto [first_order, k, sigma, sigma_next] = next_call(i);
+        const float sigma_mid = mid_[k + 1];
         const float sigma_in = first_order ? sigma : sigma_mid;
         auto x0 = ve_x0(cfg_.prediction_type, out, x, sigma_in, sigma_in);
         auto derivative = (x - x0) / double(sigma_in);

@@ -1,5 +1,5 @@
-// DPM-Solver-2 ancestral (k-diffusion's sample_dpm_2_ancestral): one sampler behind unet/samplers/scheduler.h (common part:
-// unet/samplers/sampler_base.h), as diffusers' KDPM2AncestralDiscreteScheduler. Each step from sigma_k to
+// DPM-Solver-2 ancestral (k-diffusion's sample_dpm_2_ancestral): one sampler behind unet/samplers/scheduler.h (common
+// part: unet/samplers/sampler_base.h), as diffusers' KDPM2AncestralDiscreteScheduler. Each step from sigma_k to
 // sigma_{k+1} splits like Euler ancestral into a deterministic part down to sigma_down and fresh noise of sigma_up
 // (sigma_up = sqrt(s_{k+1}^2 (s_k^2 - s_{k+1}^2) / s_k^2), sigma_down = sqrt(s_{k+1}^2 - sigma_up^2)), and takes the
 // deterministic part as DPM-Solver-2 does: an Euler half-step to sigma_mid = exp((log s_k + log sigma_down) / 2)
@@ -54,11 +54,10 @@ public:
         reset_injected_noise();
     }
     torch::Tensor step(const torch::Tensor& out, int i, const torch::Tensor& x, torch::Generator* gen) override {
-        check_in_order(i, step_index_);
-        ++step_index_;
-        const bool first_order = !start_.defined();
-        const size_t j = first_order ? size_t(i) : size_t(i - 1);
-        const float sigma = sig_[j], sigma_mid = mid_[j], sigma_up = up_[j];
+        const auto call = next_call(i);
+        const bool first_order = call.first;
+        const size_t j = call.k;
+        const float sigma = call.sigma, sigma_mid = mid_[j], sigma_up = up_[j];
         const float sigma_in = first_order ? sigma : sigma_mid;
         const auto noise = draw_noise(out, gen);
         auto x0 = ve_x0(cfg_.prediction_type, out, x, sigma_in, sigma_in);

@@ -359,6 +359,21 @@ protected:
         start_ = torch::Tensor();
         step_index_ = begin_;
     }
+    // Loop step i's place in its step (checked in order, counted): the first call (predictor) runs from sig_[i]
+    // toward sig_[i + 1]; the second call's step started at sig_[i - 1] and ends at sig_[i]. `k` is the step's index
+    // into the per-step tables (i, or i - 1 on the second call).
+    struct CallOf {
+        bool first;
+        size_t k;
+        float sigma, sigma_next;
+    };
+    CallOf next_call(int i) {
+        check_in_order(i, step_index_);
+        ++step_index_;
+        const bool first = !start_.defined();
+        const size_t k = first ? size_t(i) : size_t(i - 1);
+        return {first, k, sig_[k], sig_[k + 1]};
+    }
     // log of the training sigmas in float32, for _sigma_to_t of the midpoints.
     std::vector<float> log_train_sigmas() const {
         const auto full = train_sigmas(make_alphas_cumprod(cfg_));
