@@ -5,10 +5,11 @@
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
+#include "tests/tiny_sd_run.h"
 #include "text/diffusion/mdlm_cache.h"
 #include "unet/cache/freq_cache.h"
-#include "unet/train/fashion_eval.h"
 #include "unet/model/unet_macs.h"
+#include "unet/train/fashion_eval.h"
 
 #include <catch2/catch.hpp>
 
@@ -184,29 +185,8 @@ struct TinyRun {
     torch::Tensor latents;
 };
 
-// The tiny SD model of the DeepCache golden.
-unet::SDModels deepcache_models() {
-    const std::filesystem::path dir = test::golden("sd/deepcache");
-    return sdgolden::load_run_models(dir, sdgolden::read_json_file(dir / "config.json"));
-}
-
-// The DeepCache golden's prompts and guidance, seed 42, at `steps` of `sampler`.
-Txt2ImgParams tiny_params(int steps, SamplerKind sampler) {
-    namespace fs = std::filesystem;
-    const fs::path dir = test::golden("sd/deepcache");
-    auto cfg = sdgolden::read_json_file(dir / "config.json");
-    Txt2ImgParams p;
-    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
-    p.guidance_scale = cfg.value("guidance_scale", 7.5);
-    p.steps = steps;
-    p.seed = 42;
-    // deepcache/config.json has no image size: it is pipeline_tiny's (16x16, 8x8 latents).
-    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
-    p.width = pcfg.at("width").get<int>();
-    p.height = pcfg.at("height").get<int>();
-    p.sampler = sampler;
-    return p;
-}
+using test::deepcache_models;
+using test::tiny_params;
 
 TinyRun run_tiny(unet::SDModels& models, DenoiseController& ctl, int steps) {
     Txt2ImgPipeline pipe(models);
@@ -1000,8 +980,8 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
           Pts{{1.2, 27.0}, {1.7, 25.0}, {2.1, 24.0}, {2.5, 18.0}, {3.8, 17.5}});
     // Reports label a mode as the user typed it and keep the resolved parameters apart: DeepCache is recognised by
     // the resolved form (a label such as "deepcache" alone, or a preset name, says nothing of the parameters).
-    json labelled = json::array({mode("off", 1.0, "inf", "inf"), mode("deepcache", 1.7, 38.0, 25.0),
-                                 mode("deepcache:4", 2.5, 28.0, 18.0)});
+    json labelled = json::array(
+        {mode("off", 1.0, "inf", "inf"), mode("deepcache", 1.7, 38.0, 25.0), mode("deepcache:4", 2.5, 28.0, 18.0)});
     labelled[1]["resolved"] = "deepcache:2,branch=0";
     labelled[2]["resolved"] = "deepcache:4,branch=0";
     auto freq = mode("freq", 2.1, 35.0, 22.0);
@@ -1016,7 +996,8 @@ TEST_CASE("eval-cache: a mode against deepcache at the same speed-up, by hand", 
     CHECK(train::against_deepcache(json::array({modes[0]}), mode("freq", 2.3, 35.0, 22.0)).is_null());
 }
 
-// ---- typed cache configurations (unet/cache/cache_config.h) ----------------------------------------------------------------
+// ---- typed cache configurations (unet/cache/cache_config.h)
+// ----------------------------------------------------------------
 
 TEST_CASE("cache configs: presets, labels, resolved parameters", "[freq][cache_config]") {
     const auto freq = parse_cache_config("freq");
@@ -1090,7 +1071,8 @@ TEST_CASE("cache configs: every key out of its range is one line naming the mode
     sweep("deepcache:", "interval", "", true);
     sweep("deepcache:3,", "branch", "", true);
     CHECK_THROWS_WITH(parse_cache_config("freq:profile="), Catch::Contains("profile must be a file"));
-    CHECK_THROWS_WITH(parse_cache_config("deepcache:3,branch=99"), Catch::Contains("branch must be an integer in [0, 11]"));
+    CHECK_THROWS_WITH(parse_cache_config("deepcache:3,branch=99"),
+                      Catch::Contains("branch must be an integer in [0, 11]"));
 }
 
 TEST_CASE("cache configs: a branch past the model's skip connections is a usage error before any work",
@@ -1110,7 +1092,8 @@ TEST_CASE("cache configs: a branch past the model's skip connections is a usage 
         FAIL("accepted");
     } catch (const ParamError& e) {
         CHECK(e.field() == "cache");
-        CHECK_THAT(e.detail(), Catch::Contains("this UNet has " + std::to_string(n) + " skip connections: branch must be"));
+        CHECK_THAT(e.detail(),
+                   Catch::Contains("this UNet has " + std::to_string(n) + " skip connections: branch must be"));
     }
 }
 
@@ -1228,43 +1211,13 @@ TEST_CASE("a run reports the encode, step and decode phases, and a throwing call
     }
 }
 
-TEST_CASE("the DPM-Solver family samplers run the tiny pipeline free-running, under every cache mode",
-          "[freq][sd][schedulers]") {
-    // dpmpp_2m_sde (fresh noise every step, from the pipeline's generator), dpmpp_2s, unipc, deis on the tiny SD model:
-    // a finite image with the cache off, DeepCache (which reuses steps) and freq; the same seed gives the same image.
-    auto models = deepcache_models();
-    Txt2ImgPipeline pipe(models);
-    c10::InferenceMode guard;
-    for (auto kind : {SamplerKind::DPMPP2MSDE, SamplerKind::DPMPP2S, SamplerKind::UniPC, SamplerKind::DEIS}) {
-        const auto p = tiny_params(8, kind);
-        for (const char* mode : {"off", "deepcache:3", "freq"}) {
-            INFO(sampler_name(kind) << " with " << mode);
-            auto ctl = parse_cache_mode(mode);
-            int full = 0, steps = 0;
-            auto r = pipe.run(p, ctl.get(), {}, [&](const StepRecord&) {
-                ++steps;
-                full += ctl->last_step_was_full() ? 1 : 0;
-            });
-            CHECK(steps == 8);
-            CHECK(torch::isfinite(r.final_latents).all().item<bool>());
-            CHECK(torch::isfinite(r.image).all().item<bool>());
-            if (std::string(mode) == "deepcache:3") CHECK(full < steps);
-            if (std::string(mode) == "off") {
-                CHECK(full == steps);
-                auto again = parse_cache_mode(mode);
-                CHECK(torch::equal(pipe.run(p, again.get()).final_latents, r.final_latents));
-            }
-        }
-    }
-}
-
 TEST_CASE("the cache decision reads one device value per step: counted in the log and the report", "[freq][sd][d2h]") {
     namespace fs = std::filesystem;
     const fs::path dir = test::golden("sd/deepcache");
     auto cfg = sdgolden::read_json_file(dir / "config.json");
     auto models = sdgolden::load_run_models(dir, cfg);
-    // host_read (unet/cache/shallow_probe.h) counts on the CPU what a GPU would wait for: the probe's r_k, the timestep and
-    // the drift residual of freq travel together; DeepCache reads r_k alone.
+    // host_read (unet/cache/shallow_probe.h) counts on the CPU what a GPU would wait for: the probe's r_k, the timestep
+    // and the drift residual of freq travel together; DeepCache reads r_k alone.
     for (const char* spec : {"freq", "freq:fast", "deepcache:3"}) {
         INFO(spec);
         auto c = parse_cache_mode(spec);

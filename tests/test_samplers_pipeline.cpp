@@ -1,9 +1,10 @@
-// The samplers of issue 59 free-running on the tiny SD pipeline (tests/golden/sd/deepcache's model), with the caches
-// off, DeepCache and freq: every model call is a loop step, the output is finite, and DeepCache's full steps fall on
-// its interval over the model calls (Heun / KDPM2 run the cache on both calls of a step).
+// The samplers added for issue 59 free-running on the tiny SD pipeline (tests/golden/sd/deepcache's model), with the
+// caches off, DeepCache and freq: every model call is a loop step, the output is finite, and DeepCache's full steps
+// fall on its interval over the model calls (Heun / KDPM2 run the cache on both calls of a step).
 #include "tests/sd_pipeline_golden.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
+#include "tests/tiny_sd_run.h"
 #include "unet/cache/cache_config.h"
 #include "unet/pipeline/infotext.h"
 
@@ -14,40 +15,24 @@
 using namespace anchor;
 using namespace anchor::unet;
 
-namespace {
-
-Txt2ImgParams sampler_tiny_params(int steps, SamplerKind sampler) {
-    namespace fs = std::filesystem;
-    auto cfg = sdgolden::read_json_file(fs::path(test::golden("sd/deepcache")) / "config.json");
-    auto pcfg = sdgolden::read_json_file(fs::path(test::golden("sd/pipeline_tiny")) / "config.json");
-    Txt2ImgParams p;
-    p.prompts = cfg.at("prompts").get<std::vector<std::string>>();
-    p.guidance_scale = cfg.value("guidance_scale", 7.5);
-    p.steps = steps;
-    p.seed = 42;
-    p.width = pcfg.at("width").get<int>();
-    p.height = pcfg.at("height").get<int>();
-    p.sampler = sampler;
-    return p;
-}
-
-} // namespace
-
-TEST_CASE("ddpm, heun, dpm2, dpm2_a, lcm and tcd run txt2img on the tiny model with the caches off, deepcache, freq",
-          "[sd][schedulers][pipeline]") {
-    const std::filesystem::path dir = test::golden("sd/deepcache");
-    auto models = sdgolden::load_run_models(dir, sdgolden::read_json_file(dir / "config.json"));
+TEST_CASE("the samplers of issue 59 run txt2img on the tiny model with the caches off, deepcache, freq",
+          "[sd][schedulers][pipeline][freq]") {
+    // ddpm, heun, dpm2, dpm2_a, lcm, tcd, and the DPM-Solver family (dpmpp_2m_sde with fresh noise every step from
+    // the pipeline's generator, dpmpp_2s, unipc, deis): a finite image under every cache mode, DeepCache's full
+    // calls on its interval, and with the cache off every call full and the same seed giving the same image.
+    auto models = test::deepcache_models();
     Txt2ImgPipeline pipe(models);
     c10::InferenceMode guard;
     const int steps = 6;
-    for (const char* name : {"ddpm", "heun", "dpm2", "dpm2_a", "lcm", "tcd"}) {
+    for (const char* name :
+         {"ddpm", "heun", "dpm2", "dpm2_a", "lcm", "tcd", "dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis"}) {
         const SamplerKind kind = sampler_from_string(name);
         const bool two_calls =
             kind == SamplerKind::Heun || kind == SamplerKind::KDPM2 || kind == SamplerKind::KDPM2Ancestral;
         const int calls = two_calls ? 2 * steps - 1 : steps;
+        const auto p = test::tiny_params(steps, kind);
         for (const char* mode : {"off", "deepcache:3", "freq"}) {
             INFO(name << " with " << mode);
-            auto p = sampler_tiny_params(steps, kind);
             auto ctl = parse_cache_mode(mode);
             std::vector<bool> full;
             auto r = pipe.run(p, ctl.get(), {},
@@ -58,7 +43,11 @@ TEST_CASE("ddpm, heun, dpm2, dpm2_a, lcm and tcd run txt2img on the tiny model w
             CHECK(torch::isfinite(r.image).all().item<bool>());
             if (std::string(mode) == "deepcache:3")
                 for (int i = 0; i < calls; ++i) CHECK(full[size_t(i)] == (i % 3 == 0));
-            if (std::string(mode) == "off") CHECK(r.full_steps == calls);
+            if (std::string(mode) == "off") {
+                CHECK(r.full_steps == calls);
+                auto again = parse_cache_mode(mode);
+                CHECK(torch::equal(pipe.run(p, again.get()).final_latents, r.final_latents));
+            }
         }
     }
 }
