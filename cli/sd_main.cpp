@@ -44,6 +44,7 @@ struct Options {
     std::string vae;
     torch::ScalarType weights_dtype = torch::kFloat;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
+    bool channels_last = false, cudnn_benchmark = false;
     batch::Shard shard;         // this process's place under mpirun
 };
 
@@ -182,6 +183,8 @@ LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     // Under mpirun each process of a machine takes the GPU of its local rank (with cuda or auto).
     lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), o.shard.local_rank);
     lo.dtype = cli::parse_dtype(o.dtype, lo.device);
+    lo.channels_last = o.channels_last;
+    lo.cudnn_benchmark = o.cudnn_benchmark;
     lo.validate(); // before loading anything
     return lo;
 }
@@ -472,6 +475,12 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                               "(needs --dtype f32)"),
          "weights_dtype");
     cli::add_device_option(app, o.device);
+    bind(app.add_flag("--channels-last", o.channels_last,
+                      "CUDA: keep the UNet's and VAE's convolution weights in NHWC order (cuDNN's tensor-core layout)"),
+         "channels_last");
+    bind(app.add_flag("--cudnn-benchmark", o.cudnn_benchmark,
+                      "CUDA: let cuDNN time its convolution algorithms per shape and keep the fastest"),
+         "cudnn_benchmark");
     bind(cli::add_enum_option(app, "--prediction", o.prediction, prediction_option_table(),
                               "what the UNet predicts: auto = the model's scheduler config, epsilon for SD 1.x single "
                               "files, the v-prediction test for SD 2.x single files"),
@@ -505,6 +514,10 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                       "decode of the last batch: a lower peak memory for one-shot runs")
              ->excludes(compare),
          "free_params");
+    bind(app.add_flag("--cuda-graphs", p.cuda_graphs,
+                      "on a CUDA device the un-cached UNet steps replay a captured CUDA graph (LibTorch >= 2 with "
+                      "CUDA); cached steps run eagerly"),
+         "cuda_graphs");
     app.add_option_function<std::string>(
            "--attention",
            [&o](const std::string& s) {

@@ -288,7 +288,34 @@ if [ "$GPU_OK" != 1 ] || [ -f "$CK" ]; then
 else
     row "SD 1.5 UNet 512² CFG steps/s f32/f16/bf16, SDPA or not" "n/a: no random SD 1.5 file" "-"
 fi
-row "SD 1.5 UNet 512² CFG steps/s, CUDA graphs (f32/f16/bf16)" "n/a: UNet CUDA graphs not implemented" "-"
+if [ -f "$CK" ]; then
+    # 2c. The same steps with SDPA replayed as a CUDA graph (--cuda-graphs: captured at the first step, so the
+    #     per-step time of 8 steps includes one capture).
+    for dt in f32 f16 bf16; do
+        step "unet-$dt-graphs" 45 "$SD" -m "$CK" -p "a red bicycle" --steps 8 --sampler ddim -W 512 -H 512 -s 1 \
+            --device cuda --dtype "$dt" --attention fused --cuda-graphs -o "$OUTDIR/unet-$dt-graphs.png" --overwrite
+        rc=$?
+        name="SD 1.5 UNet 512² CFG steps/s $dt, SDPA, CUDA graphs"
+        if [ $rc = 0 ]; then
+            row "$name" "$(json "$OUTDIR/unet-$dt-graphs.png.json" "'%.1f' % (1 / d['timings_s']['per_step'])")" "$PEAK"
+        else
+            row "$name" "$(why $rc)" "-"
+        fi
+    done
+    # 2d. f16 with every switch: SDPA, CUDA graphs, channels-last weights, cuDNN benchmark mode.
+    step unet-f16-all 45 "$SD" -m "$CK" -p "a red bicycle" --steps 8 --sampler ddim -W 512 -H 512 -s 1 \
+        --device cuda --dtype f16 --attention fused --cuda-graphs --channels-last --cudnn-benchmark \
+        -o "$OUTDIR/unet-f16-all.png" --overwrite
+    rc=$?
+    name="SD 1.5 UNet 512² CFG steps/s f16, SDPA, graphs, channels-last, cuDNN benchmark"
+    if [ $rc = 0 ]; then
+        row "$name" "$(json "$OUTDIR/unet-f16-all.png.json" "'%.1f' % (1 / d['timings_s']['per_step'])")" "$PEAK"
+    else
+        row "$name" "$(why $rc)" "-"
+    fi
+else
+    row "SD 1.5 UNet 512² CFG steps/s, CUDA graphs (f32/f16/bf16)" "n/a: no random SD 1.5 file" "-"
+fi
 
 # 3. GPT-2-small (random weights of its shapes) in f16 on the GPU: decode latency with a full KV cache at three
 #    contexts, then a 10k-token sink:4,1020 stream (the KV ring on the GPU); the text-diffusion bench, 12 x 768

@@ -63,3 +63,16 @@ TEST_CASE("anchor-sd --dtype auto is f32 on the CPU, f16 is refused there, the s
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("auto, f32, f16 or bf16") != std::string::npos);
 }
+
+TEST_CASE("anchor-sd's CUDA-only switches on the CPU are usage errors naming the option", "[cli][errors][device]") {
+    const auto out = scratch_dir("device_switches");
+    const std::string png = out + "/x.png", m = "assets/models/sd15-tiny-random";
+    for (const std::string opt : {"--channels-last", "--cudnn-benchmark", "--cuda-graphs"}) {
+        const auto r = run_program(sd_bin(), {"-m", m, "-p", "a", "--steps", "2", opt, "-o", png});
+        INFO(r.output);
+        CHECK(r.exit_code == 2);
+        CHECK(r.output.find("error: " + opt) != std::string::npos);
+        CHECK(r.output.find("CUDA") != std::string::npos);
+        CHECK(!std::filesystem::exists(png));
+    }
+}

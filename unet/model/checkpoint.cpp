@@ -103,6 +103,9 @@ void LoadOptions::validate() const {
         throw ParamError("device", "'" + device.str() + "' is not a device of this LibTorch (CUDA devices: " +
                                        std::to_string(torch::cuda::is_available() ? torch::cuda::device_count() : 0) +
                                        ")");
+    for (const auto& [on, field] : {std::pair{channels_last, "channels_last"}, {cudnn_benchmark, "cudnn_benchmark"}})
+        if (on && !device.is_cuda())
+            throw ParamError(field, "is for a CUDA device (cuDNN convolutions), the models load on " + device.str());
 }
 
 void store_weights_as(torch::nn::Module& m, torch::ScalarType dtype) {
@@ -573,6 +576,15 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
         for (auto* te : {&m.text_encoder, &m.text_encoder_2})
             if (*te) (*te)->to(opts.device);
     }
+    if (opts.channels_last) {
+        torch::NoGradGuard ng;
+        for (torch::nn::Module* net : {static_cast<torch::nn::Module*>(m.unet.get()),
+                                       static_cast<torch::nn::Module*>(m.vae.get())})
+            if (net)
+                for (auto& w : net->parameters())
+                    if (w.dim() == 4) w.set_data(w.detach().contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    if (opts.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
     return m;
 }
 

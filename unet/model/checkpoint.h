@@ -51,10 +51,16 @@ struct LoadOptions {
     // which halves their memory. Biases, GroupNorm/LayerNorm parameters and embeddings stay float32. Distinct from
     // `dtype` (the compute dtype): only with dtype float32.
     torch::ScalarType weights_dtype = torch::kFloat;
-    // Where the UNet runs: the CPU, or a CUDA device of a CUDA build (batch::select_device picks one by MPI local
-    // rank). The text encoders and the VAE stay on the CPU; a pipeline's jobs run where its UNet is
+    // Where the networks run: the CPU, or a CUDA device of a CUDA build (batch::select_device picks one by MPI local
+    // rank). The text encoders, the UNet and the VAE all move there; a pipeline's jobs run where its UNet is
     // (Txt2ImgParams::device).
     torch::Device device = torch::kCPU;
+    // CUDA only (ParamError elsewhere). channels_last: the UNet's and the VAE's convolution weights kept in NHWC
+    // order, so cuDNN runs its NHWC (tensor-core) convolutions and the activations follow that layout.
+    // cudnn_benchmark: cuDNN times its convolution algorithms at each new shape and keeps the fastest (a
+    // process-wide setting of LibTorch, switched on and never off by a load).
+    bool channels_last = false;
+    bool cudnn_benchmark = false;
 
     // ParamError("weights_dtype") for a type other than f32/f16/bf16 or reduced-precision weights under a
     // reduced-precision compute dtype; ParamError("device") for a device this LibTorch does not have.

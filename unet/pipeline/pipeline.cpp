@@ -65,6 +65,10 @@ double InjectedNoise::gain(PredictionType prediction, double sigma) {
 
 Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx, int,
                              const Tensor& stem) {
+    if (cuda_graphs_ && !stem.defined() && UNetStepGraph::applies(unet, x)) {
+        if (!graph_ || graph_->model() != &unet) graph_ = std::make_unique<UNetStepGraph>(unet);
+        return graph_->forward(x, t, ctx);
+    }
     return unet.forward(x, t, ctx, nullptr, stem);
 }
 
@@ -249,6 +253,10 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     check_fits_memory(rows > 1 ? "images_per_prompt" : "width", double(estimate_peak_bytes(p)),
                       rows > 1 ? "a batch of " + std::to_string(rows) + " " + size + " images" : "a " + size + " image",
                       rows > 1 ? "choose a smaller batch size" : "choose a smaller width/height");
+    if (p.cuda_graphs && !(p.device.is_cuda() && kernels::CudaGraph::available()))
+        throw ParamError("cuda_graphs", std::string("needs a CUDA device in a build with LibTorch >= 2 and CUDA (") +
+                                            (kernels::CudaGraph::available() ? "this build has them" : "this build has none") +
+                                            "), the job runs on " + p.device.str());
     if (!p.device.is_cpu() && !(p.device.is_cuda() && torch::cuda::is_available()))
         throw ParamError("device", "'" + p.device.str() + "' is not available to this LibTorch (CUDA " +
                                        (torch::cuda::is_available() ? "present" : "absent") + ")");
@@ -573,7 +581,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const Txt2ImgParams p = resolved(p_in);
     validate(p);
     c10::InferenceMode guard;
-    FullDenoiser full;
+    FullDenoiser full(p.cuda_graphs);
     DenoiseController& ctl = ctl_in ? *ctl_in : full;
     Txt2ImgResult r;
     // LCM UNets take the guidance scale as an input, the embedding of w = guidance_scale - 1 (Luo et al. 2023, sec.

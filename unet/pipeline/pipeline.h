@@ -8,6 +8,7 @@
 
 #include "cache/io/png_text.h"
 #include "unet/model/checkpoint.h"
+#include "unet/model/unet_graph.h"
 #include "unet/pipeline/img2img.h"
 #include "unet/pipeline/prompt_syntax.h"
 #include "unet/samplers/scheduler.h"
@@ -76,6 +77,9 @@ struct Txt2ImgParams {
     // and the UNet's once the loop ends, so none is resident beside the VAE decode. The models cannot run again
     // afterwards (validate refuses).
     bool free_params = false;
+    // The un-cached UNet calls on a CUDA device replay a captured CUDA graph (unet/model/unet_graph.h): the same
+    // kernels without the per-kernel launch cost. Needs a CUDA device in a build with LibTorch >= 2 and CUDA.
+    bool cuda_graphs = false;
     // img2img (an init image) and inpaint (an init image and a mask), diffusers' StableDiffusionImg2ImgPipeline /
     // StableDiffusionInpaintPipeline: the loop runs the last steps of the schedule (strength), from the noised VAE
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
@@ -135,9 +139,16 @@ public:
 // Every step runs the full UNet.
 class FullDenoiser : public DenoiseController {
 public:
+    explicit FullDenoiser(bool cuda_graphs = false) : cuda_graphs_(cuda_graphs) {}
     std::string name() const override { return "none"; }
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
+    // The CUDA graph of the calls (Txt2ImgParams::cuda_graphs), made at the first call it applies to; null otherwise.
+    const UNetStepGraph* graph() const { return graph_.get(); }
+
+private:
+    bool cuda_graphs_;
+    std::unique_ptr<UNetStepGraph> graph_;
 };
 
 // Everything a step produced (for golden checks and debugging).
