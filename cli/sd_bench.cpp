@@ -65,6 +65,7 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_option("--warmup", o.warmup, "untimed UNet steps first")->capture_default_str();
     cmd.add_option("--batch", o.batch, "UNet batch (2 = one classifier-free-guidance step)")->capture_default_str();
     cmd.add_flag("--baseline", o.baseline, "time the plain module forwards instead of the fast paths");
+    cmd.add_flag("--fused-qkv", o.fused_qkv, "self-attention projects Q, K and V with one matrix product");
     cmd.add_flag("--ab", o.ab, "also time plain and fast forwards interleaved and report the speed-up");
     add_enum_option(cmd, "--attention", o.attention, kernels::attention_kernel_table(),
                     "attention arithmetic of the fast paths (kernels/attention.h)",

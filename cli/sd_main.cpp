@@ -44,7 +44,7 @@ struct Options {
     std::string vae;
     torch::ScalarType weights_dtype = torch::kFloat;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
-    bool channels_last = false, cudnn_benchmark = false;
+    bool channels_last = false, cudnn_benchmark = false, fused_qkv = false;
     batch::Shard shard;         // this process's place under mpirun
 };
 
@@ -185,6 +185,7 @@ LoadOptions load_options(const Options& o, const std::vector<LoraSpec>& loras) {
     lo.dtype = cli::parse_dtype(o.dtype, lo.device);
     lo.channels_last = o.channels_last;
     lo.cudnn_benchmark = o.cudnn_benchmark;
+    lo.fused_qkv = o.fused_qkv;
     lo.validate(); // before loading anything
     return lo;
 }
@@ -481,6 +482,9 @@ void add_txt2img_options(CLI::App& app, Options& o) {
     bind(app.add_flag("--cudnn-benchmark", o.cudnn_benchmark,
                       "CUDA: let cuDNN time its convolution algorithms per shape and keep the fastest"),
          "cudnn_benchmark");
+    bind(app.add_flag("--fused-qkv", o.fused_qkv,
+                      "self-attention projects Q, K and V with one matrix product (one GEMM instead of three)"),
+         "fused_qkv");
     bind(cli::add_enum_option(app, "--prediction", o.prediction, prediction_option_table(),
                               "what the UNet predicts: auto = the model's scheduler config, epsilon for SD 1.x single "
                               "files, the v-prediction test for SD 2.x single files"),

@@ -302,12 +302,12 @@ if [ -f "$CK" ]; then
             row "$name" "$(why $rc)" "-"
         fi
     done
-    # 2d. f16 with every switch: SDPA, CUDA graphs, channels-last weights, cuDNN benchmark mode.
+    # 2d. f16 with every switch: SDPA, CUDA graphs, channels-last weights, cuDNN benchmark mode, fused QKV.
     step unet-f16-all 45 "$SD" -m "$CK" -p "a red bicycle" --steps 8 --sampler ddim -W 512 -H 512 -s 1 \
-        --device cuda --dtype f16 --attention fused --cuda-graphs --channels-last --cudnn-benchmark \
+        --device cuda --dtype f16 --attention fused --cuda-graphs --channels-last --cudnn-benchmark --fused-qkv \
         -o "$OUTDIR/unet-f16-all.png" --overwrite
     rc=$?
-    name="SD 1.5 UNet 512² CFG steps/s f16, SDPA, graphs, channels-last, cuDNN benchmark"
+    name="SD 1.5 UNet 512² CFG steps/s f16, SDPA, graphs, channels-last, cuDNN benchmark, fused QKV"
     if [ $rc = 0 ]; then
         row "$name" "$(json "$OUTDIR/unet-f16-all.png.json" "'%.1f' % (1 / d['timings_s']['per_step'])")" "$PEAK"
     else

@@ -214,6 +214,8 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
          (o.gemm ? "" : " (follows attention)") + "; " + kernels::onednn_description());
     for (auto& p : model->parameters()) p.set_requires_grad(false);
     store_weights_as(*model, o.weights_dtype);
+    model->set_fused_qkv(o.fused_qkv);
+    if (o.fused_qkv) emit("  self-attention: fused QKV (one GEMM for the three projections)");
     int64_t nparams = 0;
     for (const auto& p : model->parameters()) nparams += p.numel();
     emit("model: " + util::fmt("%.1f", double(nparams) / 1e6) + " M parameters (" +

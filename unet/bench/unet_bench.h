@@ -34,6 +34,7 @@ struct UNetBenchParams {
     int gemm_n = 2048, gemm_repeat = 5;
     // How the Linear/Conv weights are kept (LoadOptions::weights_dtype): f16/bf16 halve them, upcast per layer.
     torch::ScalarType weights_dtype = torch::kFloat;
+    bool fused_qkv = false; // LoadOptions::fused_qkv: the self-attention projections as one GEMM
     int vae_repeat = 0; // > 0: also time this many decodes of one latent by SD's VAE (random weights) at the size
     int64_t seed = 0;
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)

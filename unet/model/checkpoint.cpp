@@ -585,6 +585,7 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                     if (w.dim() == 4) w.set_data(w.detach().contiguous(torch::MemoryFormat::ChannelsLast));
     }
     if (opts.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
+    if (opts.fused_qkv && m.unet) m.unet->set_fused_qkv(true);
     return m;
 }
 

@@ -61,6 +61,9 @@ struct LoadOptions {
     // process-wide setting of LibTorch, switched on and never off by a load).
     bool channels_last = false;
     bool cudnn_benchmark = false;
+    // The UNet's self-attention layers project through one fused QKV matrix (CrossAttentionImpl::set_fused_qkv):
+    // the same products in one GEMM, float32 rounding may differ in the last bit. Any device.
+    bool fused_qkv = false;
 
     // ParamError("weights_dtype") for a type other than f32/f16/bf16 or reduced-precision weights under a
     // reduced-precision compute dtype; ParamError("device") for a device this LibTorch does not have.

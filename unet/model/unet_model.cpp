@@ -152,11 +152,49 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
         else
             kv_ctx_ = context, k_ctx_ = perf::linear(to_k, context, *this), v_ctx_ = perf::linear(to_v, context, *this);
         k = k_ctx_, v = v_ctx_;
+    } else if (fused_ && !context.defined()) {
+        auto qkv = fused_projection(x);
+        return perf::linear(out_linear, multi_head_attention(qkv[0], qkv[1], qkv[2], heads, kernel, fast), *this);
     } else {
         k = perf::linear(to_k, c, *this), v = perf::linear(to_v, c, *this);
     }
     return perf::linear(out_linear, multi_head_attention(perf::linear(to_q, x, *this), k, v, heads, kernel, fast),
                         *this);
+}
+
+void CrossAttentionImpl::set_fused_qkv(bool on) {
+    fused_ = on && to_q->weight.size(1) == to_k->weight.size(1); // a self-attention layer's shapes
+    if (!fused_) qkv_ = nullptr, qkv_src_ = {};
+}
+
+namespace {
+// In-place changes of a weight (LoRA merges) bump its version; inference tensors have none and are never changed.
+uint32_t version(const Tensor& t) {
+    return t.is_inference() ? 0 : t._version();
+}
+} // namespace
+
+std::array<Tensor, 3> CrossAttentionImpl::fused_projection(const Tensor& x) {
+    const std::array<const Tensor*, 3> w{&to_q->weight, &to_k->weight, &to_v->weight};
+    bool stale = qkv_.is_empty();
+    for (size_t i = 0; i < 3; ++i)
+        stale = stale || w[i]->data_ptr() != qkv_src_[i] || version(*w[i]) != qkv_version_[i];
+    if (stale) {
+        c10::InferenceMode off(false); // set_data on a parameter is refused inside inference mode
+        torch::NoGradGuard no_grad;
+        const int64_t in = w[0]->size(1), out = w[0]->size(0) + w[1]->size(0) + w[2]->size(0);
+        qkv_ = make_linear(torch::nn::LinearOptions(in, out).bias(false));
+        qkv_->weight.set_data(torch::cat({*w[0], *w[1], *w[2]}, 0));
+        qkv_->to(w[0]->device());
+        for (size_t i = 0; i < 3; ++i) qkv_src_[i] = w[i]->data_ptr(), qkv_version_[i] = version(*w[i]);
+    }
+    auto y = perf::linear(qkv_, x, *this);
+    const int64_t nq = w[0]->size(0), nk = w[1]->size(0);
+    std::array<Tensor, 3> out{y.narrow(-1, 0, nq), y.narrow(-1, nq, nk), y.narrow(-1, nq + nk, w[2]->size(0))};
+    // The CPU kernels read row-major [B, N, C] operands; CUDA's attention reshapes the strided views itself.
+    if (!y.is_cuda())
+        for (auto& t : out) t = t.contiguous();
+    return out;
 }
 
 void CrossAttentionImpl::set_context_kv_reuse(bool on) {
@@ -595,6 +633,11 @@ void UNet2DConditionModelImpl::load(const WeightMap& w) {
 void UNet2DConditionModelImpl::set_fast_paths(bool on) {
     for (const auto& m : modules(true))
         if (auto* f = dynamic_cast<perf::FastPaths*>(m.get())) f->fast = on;
+}
+
+void UNet2DConditionModelImpl::set_fused_qkv(bool on) {
+    for (const auto& m : modules(false))
+        if (auto* b = dynamic_cast<BasicTransformerBlockImpl*>(m.get())) b->attn1->set_fused_qkv(on);
 }
 
 void UNet2DConditionModelImpl::set_attention_kernel(kernels::AttentionKernel k) {

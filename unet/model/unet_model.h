@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <string>
@@ -80,7 +81,19 @@ struct CrossAttentionImpl : torch::nn::Module, perf::FastPaths {
     void set_context_kv_reuse(bool on);
     int64_t context_kv_hits() const { return kv_hits_; }
 
+    // Fused QKV (LoadOptions::fused_qkv): a self-attention call projects x once through cat(W_q, W_k, W_v), one
+    // matrix product three times as wide instead of three (fewer launches and a better-shaped GEMM on a GPU). The
+    // fused matrix is built from the current weights and built again when any of them was replaced or changed in
+    // place (a LoRA merged later, a dtype or device move). Cross-attention (another context) keeps its projections.
+    void set_fused_qkv(bool on);
+    bool fused_qkv() const { return fused_; }
+
 private:
+    std::array<torch::Tensor, 3> fused_projection(const torch::Tensor& x);
+    bool fused_ = false;
+    torch::nn::Linear qkv_{nullptr};
+    std::array<const void*, 3> qkv_src_{};
+    std::array<uint32_t, 3> qkv_version_{};
     bool kv_reuse_ = false;
     int64_t kv_hits_ = 0;
     torch::Tensor kv_ctx_, k_ctx_, v_ctx_;
@@ -364,6 +377,8 @@ public:
     std::vector<CrossAttentionImpl*> cross_attentions(); // every attn2 (the text cross-attentions)
     // The attention arithmetic of every attention layer (kernels/attention.h); Exact unless the model asks otherwise.
     void set_attention_kernel(kernels::AttentionKernel k);
+    // Every transformer block's self-attention projects through one fused QKV matrix (CrossAttentionImpl::set_fused_qkv).
+    void set_fused_qkv(bool on);
     // Fast paths (unet_perf.h) on every module, or the plain module forwards (the reference; training).
     void set_fast_paths(bool on);
     const UNetConfig& config() const { return cfg_; }
