@@ -505,6 +505,23 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                       "decode of the last batch: a lower peak memory for one-shot runs")
              ->excludes(compare),
          "free_params");
+    bind(app.add_flag("--vae-tiling", p.vae_tiling.enabled,
+                      "VAE decode (and the init image's encode) in overlapping tiles with diffusers' enable_tiling "
+                      "blending when the image is larger than a tile: memory follows the tile size, not the image"),
+         "vae_tiling");
+    const auto tiling_on = [&p](const std::string&) { p.vae_tiling.enabled = true; };
+    bind(app.add_option("--vae-tile-size", p.vae_tiling.tile_sample_size,
+                        "VAE tile side in image pixels, a multiple of the VAE factor (diffusers' tile_sample_min_size; "
+                        "implies --vae-tiling)")
+             ->each(tiling_on)
+             ->capture_default_str(),
+         "vae_tile_size");
+    bind(app.add_option("--vae-tile-overlap", p.vae_tiling.overlap,
+                        "share of a VAE tile overlapping its neighbour, in [0, 1) (diffusers' tile_overlap_factor; "
+                        "implies --vae-tiling)")
+             ->each(tiling_on)
+             ->capture_default_str(),
+         "vae_tile_overlap");
     app.add_option_function<std::string>(
            "--attention",
            [&o](const std::string& s) {
