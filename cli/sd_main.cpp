@@ -562,6 +562,7 @@ int main(int argc, char** argv) {
         add_sdxl_options(app, o);
         std::vector<std::pair<CLI::App*, std::function<int()>>> subcommands;
         cli::add_sd_bench_command(app, subcommands);
+        cli::add_sd_bench_vae_command(app, subcommands);
         cli::add_sd_random_model_command(app, subcommands);
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);
