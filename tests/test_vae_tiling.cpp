@@ -11,6 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 using namespace anchor;
 using namespace anchor::unet;
@@ -204,6 +206,12 @@ TEST_CASE("anchor-sd --vae-tiling: txt2img and img2img run tiled; bad values exi
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(std::filesystem::exists(png));
+    {
+        std::ifstream f(png + ".json");
+        const std::string rec((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        CHECK(rec.find("\"vae_tiling\"") != std::string::npos); // the sidecar says how it was decoded
+        CHECK(rec.find("\"tile_size\": 32") != std::string::npos);
+    }
     r = test::run_program(test::sd_bin(), {"-m", m, "-p", "a", "--steps", "2", "-i",
                                            test::golden("sd/img2img_tiny/init_image.png"), "--vae-tiling",
                                            "--vae-tile-size", "16", "-o", out + "/i.png", "--overwrite"});

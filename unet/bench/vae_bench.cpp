@@ -10,10 +10,20 @@
 
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <string>
 #include <vector>
 
 namespace anchor::unet {
+
+namespace {
+double cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+} // namespace
 
 void VaeBenchParams::validate() const {
     if (width <= 0 || height <= 0 || width % 8 || height % 8)
@@ -56,23 +66,28 @@ void run_vae_bench(const VaeBenchParams& p, const std::function<void(const std::
     const auto z = torch::randn({1, vc.latent_channels, p.height / 8, p.width / 8});
     const int64_t rss_before = util::rss_now_bytes();
     const bool reset = util::reset_peak_rss();
-    std::vector<double> times;
+    std::vector<double> times, cpu;
     torch::Tensor img;
     for (int i = 0; i < p.warmup + p.repeat; ++i) {
         img = torch::Tensor(); // the previous image is not part of this decode's memory
-        const double t0 = util::now_s();
+        const double t0 = util::now_s(), c0 = cpu_seconds();
         img = vae_decode(*vae, vc.unscale_latents(z), p.tiling);
-        if (i >= p.warmup) times.push_back(util::now_s() - t0);
+        if (i >= p.warmup) times.push_back(util::now_s() - t0), cpu.push_back(cpu_seconds() - c0);
     }
     const int64_t peak = util::peak_rss_bytes();
     if (!torch::isfinite(img).all().item<bool>()) throw Error("bench-vae: the decoded image is not finite");
     if (img.size(2) != p.height || img.size(3) != p.width)
         throw Error("bench-vae: decoded " + std::to_string(img.size(3)) + "x" + std::to_string(img.size(2)));
-    std::string runs;
+    std::string runs, cpu_runs;
     for (double t : times) runs += (runs.empty() ? "" : " ") + secs(t);
+    for (double t : cpu) cpu_runs += (cpu_runs.empty() ? "" : " ") + secs(t);
+    const auto sc = util::stats_of(cpu);
     const auto st = util::stats_of(times);
     emit("decode: min " + secs(st.min) + " s, median " + secs(st.median) + " s, max " + secs(st.max) + " s over " +
          std::to_string(p.repeat) + " runs after " + std::to_string(p.warmup) + " warm-up; runs: " + runs);
+    // On a shared machine the process's CPU time (all threads) says more about the work than the wall time.
+    emit("decode CPU time (user + system, all threads): min " + secs(sc.min) + " s, median " + secs(sc.median) +
+         " s; runs: " + cpu_runs);
     emit("RSS before the decodes: " + mib(double(rss_before)) + "; peak RSS (VmHWM" +
          (reset ? ", reset after the build" : ", since the start") + "): " + mib(double(peak)) +
          "; decode working memory (peak - before): " + mib(double(peak - rss_before)));

@@ -109,7 +109,7 @@ void VaeTiling::validate(int vae_factor) const {
     const TileAxis e = plan_tile_axis(t.sample, t.sample, t.latent, overlap);
     if (d.keep != d.stride * vae_factor || e.keep * vae_factor != e.stride)
         throw ParamError("vae_tile_overlap",
-                         "with --vae-tile-size " + std::to_string(tile_sample_size) + " the overlap " + num(overlap) +
+                         "with tiles of " + std::to_string(tile_sample_size) + " px the overlap " + num(overlap) +
                              " does not tile the image evenly: the latent tile (" + std::to_string(t.latent) +
                              ") x overlap must be a whole number, e.g. " + num(0.25));
 }
