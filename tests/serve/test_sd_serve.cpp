@@ -233,7 +233,8 @@ TEST_CASE("sd serve: vae_tiling decodes in tiles; bad tile values are a 400 nami
     auto bad = [&](const char* field, const json& value, const std::string& words) {
         auto b = txt2img(1, "off", 1);
         b[field] = value;
-        check_400(post_json(c, "/sdapi/v1/txt2img", b, &status), status, field, words);
+        const json e = post_json(c, "/sdapi/v1/txt2img", b, &status); // before `status` is read
+        check_400(e, status, field, words);
     };
     bad("vae_tile_size", 30, "multiple of 4");
     bad("vae_tile_overlap", 1, "[0, 1)");
