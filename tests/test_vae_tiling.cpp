@@ -212,9 +212,9 @@ TEST_CASE("anchor-sd --vae-tiling: txt2img and img2img run tiled; bad values exi
         CHECK(rec.find("\"vae_tiling\"") != std::string::npos); // the sidecar says how it was decoded
         CHECK(rec.find("\"tile_size\": 32") != std::string::npos);
     }
-    r = test::run_program(test::sd_bin(), {"-m", m, "-p", "a", "--steps", "2", "-i",
-                                           test::golden("sd/img2img_tiny/init_image.png"), "--vae-tiling",
-                                           "--vae-tile-size", "16", "-o", out + "/i.png", "--overwrite"});
+    r = test::run_program(test::sd_bin(),
+                          {"-m", m, "-p", "a", "--steps", "2", "-i", test::golden("sd/img2img_tiny/init_image.png"),
+                           "--vae-tiling", "--vae-tile-size", "16", "-o", out + "/i.png", "--overwrite"});
     INFO(r.output);
     CHECK(r.exit_code == 0);
     const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> bad = {

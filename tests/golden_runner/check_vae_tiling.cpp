@@ -54,7 +54,8 @@ void check_case(const fs::path& dir, const nlohmann::json& cfg, Stats& st) {
     only_known(cfg, "config.json",
                {"diffusers", "vae_config", "tiling", "latents", "image", "max_abs_tiled_vs_plain_decode"});
     const auto& tj = cfg.at("tiling");
-    only_known(tj, "config.json tiling", {"call", "tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor"});
+    only_known(tj, "config.json tiling",
+               {"call", "tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor"});
     TileSizes t;
     t.sample = tj.at("tile_sample_min_size").get<int64_t>();
     t.latent = tj.at("tile_latent_min_size").get<int64_t>();
@@ -120,18 +121,18 @@ const bool registered_vae_tiling =
                       }});
 
 // The case's VAE folder: it loads (every tensor used); its decode and encode are the case above.
-const bool registered_vae_tiling_vae = register_checker(
-    {"sd-vae-tiling-vae",
-     [](const fs::path& d) {
-         const auto parent = d.parent_path();
-         if (!claims_vae_tiling(parent)) return false;
-         return fs::equivalent(vae_folder(parent, test::read_json_file(parent / "config.json")), d);
-     },
-     [](const fs::path& dir, const Context& ctx) {
-         return std::vector<CaseResult>{
-             guarded(relative_name(dir, ctx) + ":loads (decode/encode checked by the case above)",
-                     [&](Stats&) { (void)load_vae_folder(dir.string()); })};
-     }});
+const bool registered_vae_tiling_vae =
+    register_checker({"sd-vae-tiling-vae",
+                      [](const fs::path& d) {
+                          const auto parent = d.parent_path();
+                          if (!claims_vae_tiling(parent)) return false;
+                          return fs::equivalent(vae_folder(parent, test::read_json_file(parent / "config.json")), d);
+                      },
+                      [](const fs::path& dir, const Context& ctx) {
+                          return std::vector<CaseResult>{
+                              guarded(relative_name(dir, ctx) + ":loads (decode/encode checked by the case above)",
+                                      [&](Stats&) { (void)load_vae_folder(dir.string()); })};
+                      }});
 
 } // namespace
 } // namespace anchor::golden

@@ -54,8 +54,8 @@ void run_vae_bench(const VaeBenchParams& p, const std::function<void(const std::
     vae->set_attention_kernel(attention);
     vae->set_fast_paths(true);
     perf::set_gemm_backend(*vae, gemm);
-    const std::string how = p.tiling.enabled ? "tiled: tile " + std::to_string(p.tiling.tile_sample_size) +
-                                                   " px (" + std::to_string(p.tiling.tile_sample_size / 8) +
+    const std::string how = p.tiling.enabled ? "tiled: tile " + std::to_string(p.tiling.tile_sample_size) + " px (" +
+                                                   std::to_string(p.tiling.tile_sample_size / 8) +
                                                    " latents), overlap " + util::fmt("%g", p.tiling.overlap)
                                              : "plain (untiled)";
     emit("VAE decode " + std::to_string(p.width) + "x" + std::to_string(p.height) +

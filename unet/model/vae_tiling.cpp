@@ -62,8 +62,8 @@ Tensor run_tiles(const Tensor& x, int64_t tile_in, int64_t tile_out, double over
         Tensor left; // the last columns of the previous tile of this row
         int64_t ox = 0;
         for (size_t j = 0; j < cols.starts.size(); ++j) {
-            Tensor t = code(x.narrow(2, rows.starts[i], rows.sizes[i]).narrow(3, cols.starts[j], cols.sizes[j])
-                                .contiguous());
+            Tensor t =
+                code(x.narrow(2, rows.starts[i], rows.sizes[i]).narrow(3, cols.starts[j], cols.sizes[j]).contiguous());
             const int64_t want_h = coded_size(rows.sizes[i], levels, decoder),
                           want_w = coded_size(cols.sizes[j], levels, decoder);
             if (t.size(2) != want_h || t.size(3) != want_w)
@@ -74,8 +74,8 @@ Tensor run_tiles(const Tensor& x, int64_t tile_in, int64_t tile_out, double over
             if (i > 0) blend_edge(above[j], t, rows.blend, 2);
             if (j > 0) blend_edge(left, t, cols.blend, 3);
             // Copies, so the tile's storage goes when the next one is coded.
-            above[j] = t.narrow(2, t.size(2) - std::min(t.size(2), rows.blend), std::min(t.size(2), rows.blend))
-                           .clone();
+            above[j] =
+                t.narrow(2, t.size(2) - std::min(t.size(2), rows.blend), std::min(t.size(2), rows.blend)).clone();
             left = t.narrow(3, t.size(3) - std::min(t.size(3), cols.blend), std::min(t.size(3), cols.blend)).clone();
             if (!out.defined()) out = torch::empty({t.size(0), t.size(1), sum(kh), sum(kw)}, t.options());
             out.narrow(2, oy, kh[i]).narrow(3, ox, kw[j]).copy_(t.narrow(2, 0, kh[i]).narrow(3, 0, kw[j]));
@@ -108,10 +108,10 @@ void VaeTiling::validate(int vae_factor) const {
     const TileAxis d = plan_tile_axis(t.latent, t.latent, t.sample, overlap);
     const TileAxis e = plan_tile_axis(t.sample, t.sample, t.latent, overlap);
     if (d.keep != d.stride * vae_factor || e.keep * vae_factor != e.stride)
-        throw ParamError("vae_tile_overlap",
-                         "with tiles of " + std::to_string(tile_sample_size) + " px the overlap " + num(overlap) +
-                             " does not tile the image evenly: the latent tile (" + std::to_string(t.latent) +
-                             ") x overlap must be a whole number, e.g. " + num(0.25));
+        throw ParamError("vae_tile_overlap", "with tiles of " + std::to_string(tile_sample_size) + " px the overlap " +
+                                                 num(overlap) + " does not tile the image evenly: the latent tile (" +
+                                                 std::to_string(t.latent) +
+                                                 ") x overlap must be a whole number, e.g. " + num(0.25));
 }
 
 TileSizes TileSizes::of(const VaeTiling& t, int vae_factor) {
@@ -164,18 +164,16 @@ Tensor decode_tiled(AutoencoderKLImpl& vae, const Tensor& z, const TileSizes& t)
     c10::InferenceMode guard(!vae.is_training());
     util::HeapScope heap; // the tiles' activations reuse one another's blocks
     const int levels = int(vae.config().block_out_channels.size());
-    return run_tiles(z, t.latent, t.sample, t.overlap, levels, true, [&](const Tensor& tile) {
-        return vae.decode(tile);
-    });
+    return run_tiles(z, t.latent, t.sample, t.overlap, levels, true,
+                     [&](const Tensor& tile) { return vae.decode(tile); });
 }
 
 LatentDistribution encode_tiled(AutoencoderKLImpl& vae, const Tensor& image, const TileSizes& t) {
     c10::InferenceMode guard(!vae.is_training());
     util::HeapScope heap;
     const int levels = int(vae.config().block_out_channels.size());
-    return latent_distribution(run_tiles(image, t.sample, t.latent, t.overlap, levels, false, [&](const Tensor& tile) {
-        return vae.encode(tile).moments;
-    }));
+    return latent_distribution(run_tiles(image, t.sample, t.latent, t.overlap, levels, false,
+                                         [&](const Tensor& tile) { return vae.encode(tile).moments; }));
 }
 
 Tensor vae_decode(AutoencoderKLImpl& vae, const Tensor& z, const TileSizes& t) {
