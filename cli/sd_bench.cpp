@@ -8,6 +8,7 @@
 #include "unet/model/checkpoint.h"
 #include "unet/bench/random_checkpoint.h"
 #include "unet/bench/unet_bench.h"
+#include "unet/bench/vae_bench.h"
 #include "unet/model/unet_macs.h"
 
 #include <CLI/CLI.hpp>
@@ -128,6 +129,48 @@ void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::f
     auto o = std::make_shared<BenchOptions>();
     add_options(*cmd, *o);
     runners.emplace_back(cmd, [o]() { return run_bench(*o); });
+}
+
+void add_sd_bench_vae_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    auto* cmd = app.add_subcommand("bench-vae", "time and peak memory of a VAE decode (SDXL VAE shapes, random "
+                                                "weights), plain or tiled; run once per setting, each in its own process");
+    cmd->fallthrough();
+    struct Opts {
+        unet::VaeBenchParams p;
+        std::string output;
+        bool overwrite = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto& p = o->p;
+    cmd->add_option("-W,--width", p.width, "image width in pixels")->capture_default_str();
+    cmd->add_option("-H,--height", p.height, "image height in pixels")->capture_default_str();
+    cmd->add_option("--repeat", p.repeat, "timed decodes")->capture_default_str();
+    cmd->add_option("--warmup", p.warmup, "untimed decodes first")->capture_default_str();
+    cmd->add_flag("--vae-tiling", p.tiling.enabled, "decode in tiles (unet/model/vae_tiling.h)");
+    const auto on = [&p](const std::string&) { p.tiling.enabled = true; };
+    cmd->add_option("--vae-tile-size", p.tiling.tile_sample_size, "tile side in pixels (implies --vae-tiling)")
+        ->each(on)
+        ->capture_default_str();
+    cmd->add_option("--vae-tile-overlap", p.tiling.overlap, "tile overlap in [0, 1) (implies --vae-tiling)")
+        ->each(on)
+        ->capture_default_str();
+    add_enum_option(*cmd, "--attention", p.attention, kernels::attention_kernel_table(), "attention arithmetic",
+                    "what anchor-sd gives an SDXL checkpoint");
+    add_enum_option(*cmd, "--gemm", p.gemm, kernels::gemm_backend_table(), "convolution / linear library",
+                    "the default of the attention");
+    cmd->add_option("-s,--seed", p.seed, "seed of the weights and the latents")->capture_default_str();
+    cmd->add_option("-o,--output", o->output, "also write the report to this file");
+    cmd->add_flag("--overwrite", o->overwrite, "replace an existing --output file");
+    runners.emplace_back(cmd, [o]() {
+        if (!o->output.empty()) check_output_path(o->output, o->overwrite);
+        std::ostringstream out;
+        unet::run_vae_bench(o->p, [&](const std::string& line) {
+            std::cout << line << std::endl;
+            out << line << "\n";
+        });
+        if (!o->output.empty()) write_file_atomic(o->output, out.str(), o->overwrite);
+        return 0;
+    });
 }
 
 } // namespace anchor::cli

@@ -16,6 +16,8 @@ using SdRunners = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 // `bench`: UNet step speed with analytic MAC counts, against this machine's own GEMM rate (cli/sd_bench.cpp).
 void add_sd_bench_command(CLI::App& app, SdRunners& runners);
+// `bench-vae`: one VAE decode's time and peak memory, plain or tiled (unet/bench/vae_bench.h).
+void add_sd_bench_vae_command(CLI::App& app, SdRunners& runners);
 // `random-model`: a random-weight single file with a family's real shapes (unet/bench/random_checkpoint.h).
 void add_sd_random_model_command(CLI::App& app, SdRunners& runners);
 // `bench-cache`: every cache mode against `off` in one run (MACs per step, wall time, speed-up, quality).

@@ -522,6 +522,23 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                       "on a CUDA device the un-cached UNet steps replay a captured CUDA graph (LibTorch >= 2 with "
                       "CUDA); cached steps run eagerly"),
          "cuda_graphs");
+    bind(app.add_flag("--vae-tiling", p.vae_tiling.enabled,
+                      "VAE decode (and the init image's encode) in overlapping tiles with diffusers' enable_tiling "
+                      "blending when the image is larger than a tile: memory follows the tile size, not the image"),
+         "vae_tiling");
+    const auto tiling_on = [&p](const std::string&) { p.vae_tiling.enabled = true; };
+    bind(app.add_option("--vae-tile-size", p.vae_tiling.tile_sample_size,
+                        "VAE tile side in image pixels, a multiple of the VAE factor (diffusers' tile_sample_min_size; "
+                        "implies --vae-tiling)")
+             ->each(tiling_on)
+             ->capture_default_str(),
+         "vae_tile_size");
+    bind(app.add_option("--vae-tile-overlap", p.vae_tiling.overlap,
+                        "share of a VAE tile overlapping its neighbour, in [0, 1) (diffusers' tile_overlap_factor; "
+                        "implies --vae-tiling)")
+             ->each(tiling_on)
+             ->capture_default_str(),
+         "vae_tile_overlap");
     app.add_option_function<std::string>(
            "--attention",
            [&o](const std::string& s) {
@@ -562,6 +579,7 @@ int main(int argc, char** argv) {
         add_sdxl_options(app, o);
         std::vector<std::pair<CLI::App*, std::function<int()>>> subcommands;
         cli::add_sd_bench_command(app, subcommands);
+        cli::add_sd_bench_vae_command(app, subcommands);
         cli::add_sd_random_model_command(app, subcommands);
         cli::add_sd_bench_cache_command(app, subcommands);
         cli::add_sd_train_commands(app, subcommands);

@@ -217,6 +217,30 @@ TEST_CASE("sd serve: bad input is a one-line 400 naming the field", "[serve]") {
     CHECK(h->status == 200);
 }
 
+TEST_CASE("sd serve: vae_tiling decodes in tiles; bad tile values are a 400 naming the field", "[serve][vae_tiling]") {
+    auto c = shared_server().client();
+    int status = 0;
+    // 64x64 is 16x16 latents on this model (VAE factor 4): tiles of 32 px (8 latents) make a 3x3 grid.
+    auto body = txt2img(3, "off", 2);
+    body["width"] = 64;
+    body["height"] = 64;
+    body["vae_tiling"] = true;
+    body["vae_tile_size"] = 32;
+    const json r = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    INFO(r.dump().substr(0, 400));
+    REQUIRE(status == 200);
+    CHECK(is_png(unbase64(r["images"][0])));
+    auto bad = [&](const char* field, const json& value, const std::string& words) {
+        auto b = txt2img(1, "off", 1);
+        b[field] = value;
+        const json e = post_json(c, "/sdapi/v1/txt2img", b, &status); // before `status` is read
+        check_400(e, status, field, words);
+    };
+    bad("vae_tile_size", 30, "multiple of 4");
+    bad("vae_tile_overlap", 1, "[0, 1)");
+    bad("vae_tiling", "yes", "expected a boolean");
+}
+
 TEST_CASE("sd serve: img2img from a PNG of the server's own", "[serve]") {
     auto c = shared_server().client();
     int status = 0;

@@ -214,7 +214,10 @@ int64_t Txt2ImgPipeline::estimate_peak_bytes(const Txt2ImgParams& p_in) const {
         // Decoder level i runs at 1/2^i of the image with block_out_channels[i] channels, fed by level i + 1's.
         const double scale = double(1 << i), ch = std::max(vc.block_out_channels[size_t(i)],
                                                            vc.block_out_channels[size_t(std::min(i + 1, nl - 1))]);
-        vae = std::max(vae, ch * (p.height / scale) * (p.width / scale));
+        // Tiled: one tile's maps at a time (vae_tiling.h).
+        const double th = p.vae_tiling.enabled ? std::min(p.height, p.vae_tiling.tile_sample_size) : p.height,
+                     tw = p.vae_tiling.enabled ? std::min(p.width, p.vae_tiling.tile_sample_size) : p.width;
+        vae = std::max(vae, ch * (th / scale) * (tw / scale));
     }
     vae *= B * 4.0 * 4.0;
     return int64_t(std::max(unet, vae));
@@ -232,6 +235,7 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
     validate_init(p, m_);
+    if (p.vae_tiling.enabled) p.vae_tiling.validate(f);
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
         throw ParamError(p.width <= 0 || p.width % f != 0 ? "width" : "height",
                          "width and height must be positive multiples of " + std::to_string(f) +
@@ -487,7 +491,7 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     // retrieve_latents(vae.encode(x), generator): the posterior *sampled*, mean + std * randn(generator) with one draw
     // of the whole [N, C, h, w] (the N images as one VAE batch), times scaling_factor, then tiled to the batch.
     auto encode = [&](const Tensor& x, Tensor& mean, Tensor& stdv, Tensor& noise) {
-        auto d = m_.vae->encode(x);
+        auto d = vae_encode(*m_.vae, x, p.vae_tiling);
         mean = d.mean.to(torch::kCPU, torch::kFloat);
         stdv = d.std.to(torch::kCPU, torch::kFloat);
         noise = torch::randn(mean.sizes(), gen, f32);
@@ -527,7 +531,7 @@ Tensor Txt2ImgPipeline::blend_inpaint(const InitLatents& in, const Scheduler& sc
     return out;
 }
 
-std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
+std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents, const VaeTiling& tiling) {
     c10::InferenceMode guard;
     const auto& vc = m_.vae->config();
     Tensor decoded;
@@ -535,10 +539,10 @@ std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents) {
     if (vc.force_upcast && vae_dtype != torch::kFloat) {
         // diffusers' upcast_vae: decode in float32, then back to the VAE's dtype for the next call.
         m_.vae->to(torch::kFloat);
-        decoded = m_.vae->decode(vc.unscale_latents(latents.to(torch::kFloat)));
+        decoded = vae_decode(*m_.vae, vc.unscale_latents(latents.to(torch::kFloat)), tiling);
         m_.vae->to(vae_dtype);
     } else {
-        decoded = m_.vae->decode(vc.unscale_latents(latents));
+        decoded = vae_decode(*m_.vae, vc.unscale_latents(latents), tiling);
     }
     decoded = decoded.to(torch::kCPU, torch::kFloat); // the VAE may be on a GPU (--device cuda)
     auto image = (decoded / 2 + 0.5).clamp(0, 1);
@@ -661,7 +665,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     if (!p.decode) return r;
     if (progress) progress({n, n, r.denoise_s, true, ProgressPhase::Decode});
     t0 = std::chrono::steady_clock::now();
-    auto d = decode(latents);
+    auto d = decode(latents, p.vae_tiling);
     if (!torch::isfinite(d[0]).all().item<bool>())
         throw Error("NaN/Inf in the VAE decoder output; no image is written. Check the VAE weights");
     r.decoded = d[0];

@@ -9,6 +9,7 @@
 #include "cache/io/png_text.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/unet_graph.h"
+#include "unet/model/vae_tiling.h"
 #include "unet/pipeline/img2img.h"
 #include "unet/pipeline/prompt_syntax.h"
 #include "unet/samplers/scheduler.h"
@@ -85,6 +86,9 @@ struct Txt2ImgParams {
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
     // (diffusers' get_default_height_width); another size resizes the image (and the mask) to it with PIL's Lanczos.
     Img2ImgParams init;
+    // diffusers' vae.enable_tiling(): the decode (and img2img's encode) in overlapping tiles when the latents (image)
+    // are larger than one tile, so memory follows the tile size (unet/model/vae_tiling.h).
+    VaeTiling vae_tiling;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
@@ -264,7 +268,7 @@ public:
     torch::Tensor blend_inpaint(const InitLatents& in, const Scheduler& sched, int i, const torch::Tensor& latents,
                                 StepRecord* rec) const;
     // VAE decode of final latents: returns {decoded, image in [0,1], uint8 NHWC}.
-    std::vector<torch::Tensor> decode(const torch::Tensor& latents);
+    std::vector<torch::Tensor> decode(const torch::Tensor& latents, const VaeTiling& tiling = {});
 
     using ProgressFn = std::function<void(const ProgressInfo&)>;
     using StepFn = std::function<void(const StepRecord&)>;

@@ -133,6 +133,9 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
             j["inpaint_unet_channels"] = r.init.unet9 ? 9 : 4;
         }
     }
+    // Tiling changes the image (each tile decoded alone, then blended): the record says how it was decoded.
+    if (p.vae_tiling.enabled)
+        j["vae_tiling"] = {{"tile_size", p.vae_tiling.tile_sample_size}, {"overlap", p.vae_tiling.overlap}};
     j["cache"] = nlohmann::json{{"kind", "none"}};
     if (auto* cc = dynamic_cast<const CacheController*>(ctl)) j["cache"] = cache_log_json(*cc);
     j["unet_full_steps"] = r.full_steps;

@@ -202,6 +202,16 @@ void SdServer::read_image_fields(const RequestFields& f, Txt2ImgParams& p) const
     p.height = int(f.integer("height", 0, 0, 1 << 14));
 }
 
+// Our own request fields (A1111 has no standard one): "vae_tiling": true, and optionally "vae_tile_size" (image
+// pixels) and "vae_tile_overlap", each of which turns tiling on; the pipeline's validate checks them against the VAE.
+namespace {
+void read_vae_tiling(const serve::RequestFields& f, VaeTiling& t) {
+    t.enabled = f.boolean("vae_tiling", t.enabled);
+    if (f.has("vae_tile_size")) t.tile_sample_size = int(f.integer("vae_tile_size", 512, 1, 1 << 14)), t.enabled = true;
+    if (f.has("vae_tile_overlap")) t.overlap = f.number("vae_tile_overlap", 0.25, 0.0, 1.0), t.enabled = true;
+}
+} // namespace
+
 void SdServer::check_pixels(const Txt2ImgParams& resolved) const {
     if (int64_t(resolved.width) * resolved.height > p_.max_pixels)
         throw HttpError(400, "width",
@@ -216,6 +226,7 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
     read_image_fields(f, p);
     check_prompts(pipe_, p, job.prompts[0]);
     if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
+    read_vae_tiling(f, p.vae_tiling);
     job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
     job.batch_count = int(f.integer("n_iter", 1, 1, p_.max_images));
     if (job.batch_size * job.batch_count > p_.max_images)
@@ -323,6 +334,9 @@ nlohmann::json SdServer::openapi() const {
     txt["batch_size"] = integer(1, p_.max_images);
     txt["n_iter"] = integer(1, p_.max_images);
     txt["cache"] = str;
+    txt["vae_tiling"] = {{"type", "boolean"}};
+    txt["vae_tile_size"] = integer(1, 1 << 14);
+    txt["vae_tile_overlap"] = number(0, 1);
     json img = txt;
     img["init_images"] = {{"type", "array"}, {"items", str}, {"minItems", 1}};
     img["mask"] = str;
