@@ -8,6 +8,7 @@
 
 #include "cache/io/png_text.h"
 #include "unet/model/checkpoint.h"
+#include "unet/pipeline/control.h"
 #include "unet/pipeline/img2img.h"
 #include "unet/pipeline/prompt_syntax.h"
 #include "unet/samplers/scheduler.h"
@@ -81,6 +82,9 @@ struct Txt2ImgParams {
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
     // (diffusers' get_default_height_width); another size resizes the image (and the mask) to it with PIL's Lanczos.
     Img2ImgParams init;
+    // ControlNets (unet/pipeline/control.h, diffusers' StableDiffusionControlNetPipeline), their residuals added;
+    // width/height 0 (txt2img) = the first control image's size rounded down to the VAE factor, as diffusers.
+    std::vector<ControlParams> control;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
