@@ -181,7 +181,9 @@ std::vector<Comparison> compare_pipeline(const fs::path& dir, const nlohmann::js
             const auto next =
                 pipe.step(*sched, i, state, control.at(ctx, i), pr.guidance_scale, cfg_on, full, gen, nullptr);
             const std::string name = "latents." + std::to_string(i);
-            out.push_back({name, next, g.get(name), 1e-4, 1e-4});
+            // Relative to the state's scale: a batch of several rows rounds the tiny model's 1x1 levels differently
+            // from one row (tests/golden/sd/README.md), and the sampler multiplies that by its step size.
+            out.push_back({name, next, g.get(name), 1e-4, 0, Comparison::RelMax});
             state = g.get(name);
         }
     }
