@@ -253,6 +253,11 @@ int run(Options& o) {
     check_against_model(o, models);
     job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
                                              o.control_ends, o.guess_mode, load_options(o, {}).dtype);
+    for (auto& c : job.params.control) { // the UNet's arithmetic and device
+        c.net->set_attention_kernel(models.attention);
+        perf::set_gemm_backend(*c.net, models.gemm);
+        c.net->to(models.unet->conv_in->weight.device());
+    }
     for (const auto& c : job.params.control)
         std::fprintf(stderr, "ControlNet %s x %g (steps %g..%g of the loop%s), image %s\n", c.source.c_str(), c.scale,
                      c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
