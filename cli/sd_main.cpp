@@ -253,6 +253,7 @@ int run(Options& o) {
     check_against_model(o, models);
     job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
                                              o.control_ends, o.guess_mode, load_options(o, {}).dtype);
+    validate_control(job.params.control, models.unet->config(), int64_t(job.prompts.size())); // before saying more
     for (auto& c : job.params.control) { // the UNet's arithmetic and device
         c.net->set_attention_kernel(models.attention);
         perf::set_gemm_backend(*c.net, models.gemm);
