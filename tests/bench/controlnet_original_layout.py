@@ -11,37 +11,33 @@ lpb = cfg['layers_per_block']; nb = len(cfg['block_out_channels'])
 res_map = {'norm1': 'in_layers.0', 'conv1': 'in_layers.2', 'time_emb_proj': 'emb_layers.1', 'norm2': 'out_layers.0',
            'conv2': 'out_layers.3', 'conv_shortcut': 'skip_connection'}
 nemb = len(cfg['conditioning_embedding_out_channels'])
+def resnet_param(rest):
+    mod, p = rest.rsplit('.', 1)
+    return f'{res_map[mod]}.{p}'
+# (diffusers name pattern, original name of the match); resnets and attentions of the down blocks are above
+RULES = [
+    (r'down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)', lambda m: f'input_blocks.{1 + int(m[1]) * (lpb + 1) + lpb}.0.op.{m[2]}'),
+    (r'mid_block\.resnets\.(\d+)\.(.*)', lambda m: f'middle_block.{2 * int(m[1])}.{resnet_param(m[2])}'),
+    (r'mid_block\.attentions\.0\.(.*)', lambda m: f'middle_block.1.{m[1]}'),
+    (r'conv_in\.(.*)', lambda m: f'input_blocks.0.0.{m[1]}'),
+    (r'time_embedding\.linear_(\d)\.(.*)', lambda m: f'time_embed.{2 * (int(m[1]) - 1)}.{m[2]}'),
+    (r'controlnet_cond_embedding\.conv_in\.(.*)', lambda m: f'input_hint_block.0.{m[1]}'),
+    (r'controlnet_cond_embedding\.blocks\.(\d+)\.(.*)', lambda m: f'input_hint_block.{2 * (int(m[1]) + 1)}.{m[2]}'),
+    (r'controlnet_cond_embedding\.conv_out\.(.*)', lambda m: f'input_hint_block.{2 * (2 * (nemb - 1) + 1)}.{m[1]}'),
+    (r'controlnet_down_blocks\.(\d+)\.(.*)', lambda m: f'zero_convs.{m[1]}.0.{m[2]}'),
+    (r'controlnet_mid_block\.(.*)', lambda m: f'middle_block_out.0.{m[1]}'),
+]
 def to_orig(k):
     m = re.match(r'down_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.*)', k)
     if m:
         b, kind, j, rest = int(m[1]), m[2], int(m[3]), m[4]
         ib = 1 + b * (lpb + 1) + j
         if kind == 'resnets':
-            mod, p = rest.rsplit('.', 1)
-            return f'input_blocks.{ib}.0.{res_map[mod]}.{p}'
+            return f'input_blocks.{ib}.0.{resnet_param(rest)}'
         return f'input_blocks.{ib}.1.{rest}'
-    m = re.match(r'down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)', k)
-    if m: return f'input_blocks.{1 + int(m[1]) * (lpb + 1) + lpb}.0.op.{m[2]}'
-    m = re.match(r'mid_block\.resnets\.(\d+)\.(.*)', k)
-    if m:
-        mod, p = m[2].rsplit('.', 1)
-        return f'middle_block.{2 * int(m[1])}.{res_map[mod]}.{p}'
-    m = re.match(r'mid_block\.attentions\.0\.(.*)', k)
-    if m: return f'middle_block.1.{m[1]}'
-    m = re.match(r'conv_in\.(.*)', k)
-    if m: return f'input_blocks.0.0.{m[1]}'
-    m = re.match(r'time_embedding\.linear_(\d)\.(.*)', k)
-    if m: return f'time_embed.{2 * (int(m[1]) - 1)}.{m[2]}'
-    m = re.match(r'controlnet_cond_embedding\.conv_in\.(.*)', k)
-    if m: return f'input_hint_block.0.{m[1]}'
-    m = re.match(r'controlnet_cond_embedding\.blocks\.(\d+)\.(.*)', k)
-    if m: return f'input_hint_block.{2 * (int(m[1]) + 1)}.{m[2]}'
-    m = re.match(r'controlnet_cond_embedding\.conv_out\.(.*)', k)
-    if m: return f'input_hint_block.{2 * (2 * (nemb - 1) + 1)}.{m[1]}'
-    m = re.match(r'controlnet_down_blocks\.(\d+)\.(.*)', k)
-    if m: return f'zero_convs.{m[1]}.0.{m[2]}'
-    m = re.match(r'controlnet_mid_block\.(.*)', k)
-    if m: return f'middle_block_out.0.{m[1]}'
+    for pattern, name in RULES:
+        m = re.fullmatch(pattern, k)
+        if m: return name(m)
     raise KeyError(k)
 O = {to_orig(k): v for k, v in D.items()}
 assert len(O) == len(D)
