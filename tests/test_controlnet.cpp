@@ -255,3 +255,29 @@ TEST_CASE("ControlNet bad input: another family's ControlNet, an unreadable cont
     cp.pixels = random_pixels(16, 16, 5), cp.start = 0.6, cp.end = 0.4;
     CHECK_THROWS_AS(validate_control({cp}, u, 1), ParamError);
 }
+
+TEST_CASE("ControlNet for an SDXL UNet: the added conditioning reaches the ControlNet's time embedding",
+          "[controlnet][sdxl]") {
+    auto unet = load_unet_folder(test::golden("sd/sdxl_tiny/unet"));
+    const auto& u = unet->config();
+    REQUIRE(u.text_time());
+    auto net = random_controlnet(u);
+    REQUIRE(net->add_embedding);
+    c10::InferenceMode guard;
+    torch::manual_seed(5);
+    const int64_t pooled = u.projection_class_embeddings_input_dim - 6 * u.addition_time_embed_dim;
+    const auto x = torch::randn({1, u.in_channels, 8, 8}), ctx = torch::randn({1, 77, u.cross_attention_dim});
+    UNetCond cond(ctx, torch::randn({1, pooled}), torch::tensor({{16.0f, 16.0f, 0.0f, 0.0f, 16.0f, 16.0f}}));
+    const auto t = torch::tensor(500.0f).reshape({});
+    const auto image = torch::rand({1, 3, 16, 16});
+    const auto r = net->residuals(x, t, cond, image, 1.0, false);
+    UNetCond with = cond;
+    with.residuals = r;
+    const auto out = unet->forward(x, t, with);
+    CHECK(torch::isfinite(out).all().item<bool>());
+    CHECK_FALSE(torch::allclose(out, unet->forward(x, t, cond)));
+    // Other time ids change the residuals: the ControlNet reads them.
+    UNetCond other = cond;
+    other.time_ids = torch::tensor({{32.0f, 32.0f, 0.0f, 0.0f, 32.0f, 32.0f}});
+    CHECK_FALSE(torch::equal(net->residuals(x, t, other, image, 1.0, false).mid, r.mid));
+}
