@@ -53,6 +53,8 @@ std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::j
     const double scale = c.value("conditioning_scale", 1.0);
     const bool guess = c.value("guess_mode", false);
     auto g = WeightMap::load((dir / "golden_controlnet.safetensors").string());
+    const auto& cc = cfg.at("controlnet_config");
+    if (!cc.is_string()) throw Error("config.json component with several ControlNets is not understood");
     auto net = unet::load_controlnet(model_dir(dir, cfg, "controlnet_config", "controlnet/config.json").string());
     auto unet = unet::load_unet_folder(model_dir(dir, cfg, "unet_config", "unet/config.json").string());
     c10::InferenceMode guard;
@@ -113,23 +115,33 @@ std::vector<Comparison> compare_pipeline(const fs::path& dir, const nlohmann::js
                                                     sched_json.value("algorithm_type", ""));
     sdgolden::check_scheduler_settings(sched_json, kind, "scheduler_config.json");
 
-    unet::ControlParams cp;
-    cp.net = unet::load_controlnet(model_dir(dir, cfg, "controlnet_config", "controlnet/config.json").string());
-    cp.source = "controlnet";
-    std::string img = pc.value("control_image", "control_image.png");
-    img = img.substr(0, img.find(' ')); // "control_image.png (16x16 RGB), passed as a PIL image"
-    cp.image = (dir / img).string();
-    const auto& sc = pc.at("controlnet_conditioning_scale");
-    cp.scale = sc.is_array() ? sc.at(0).get<double>() : sc.get<double>();
-    if (sc.is_array() && sc.size() != 1) throw Error("config.json: several ControlNets are not in this case's files");
-    cp.guess_mode = pc.value("guess_mode", false);
-    auto one = [&](const char* key, double def) {
+    // One ControlNet, or several (diffusers' MultiControlNetModel): "controlnet_config" a list, and the images,
+    // scales, starts and ends lists of the same length or one value for all.
+    const auto& cc = cfg.at("controlnet_config");
+    const auto configs = cc.is_array() ? cc.get<std::vector<std::string>>() : std::vector<std::string>{cc.get<std::string>()};
+    auto nth = [&](const char* key, size_t k, const nlohmann::json& def) {
         if (!pc.contains(key)) return def;
         const auto& v = pc[key];
-        return v.is_array() ? v.at(0).get<double>() : v.get<double>();
+        if (!v.is_array()) return v;
+        if (v.size() != configs.size())
+            throw Error(std::string("config.json pipeline ") + key + ": " + std::to_string(v.size()) + " values for " +
+                        std::to_string(configs.size()) + " ControlNets");
+        return v[k];
     };
-    cp.start = one("control_guidance_start", 0.0);
-    cp.end = one("control_guidance_end", 1.0);
+    std::vector<unet::ControlParams> control;
+    for (size_t k = 0; k < configs.size(); ++k) {
+        unet::ControlParams cp;
+        cp.net = unet::load_controlnet((dir / configs[k]).parent_path().string());
+        cp.source = configs[k];
+        std::string img = nth("control_image", k, "control_image.png").get<std::string>();
+        img = img.substr(0, img.find(' ')); // "control_image.png (16x16 RGB), passed as a PIL image"
+        cp.image = (dir / img).string();
+        cp.scale = nth("controlnet_conditioning_scale", k, 1.0).get<double>();
+        cp.start = nth("control_guidance_start", k, 0.0).get<double>();
+        cp.end = nth("control_guidance_end", k, 1.0).get<double>();
+        cp.guess_mode = pc.value("guess_mode", false);
+        control.push_back(cp);
+    }
 
     unet::Txt2ImgParams p;
     p.sampler = kind;
@@ -153,12 +165,12 @@ std::vector<Comparison> compare_pipeline(const fs::path& dir, const nlohmann::js
     p.prompt_embeds = rows;
     p.prompts.assign(size_t(batch), "");
     p.images_per_prompt = 1;
-    p.control.push_back(cp);
+    p.control = control;
 
     std::vector<Comparison> out;
     if (g.has("control_image_u8"))
-        out.push_back({"control_image_u8 (PNG decode)", unet::control_image_rgb(cp)[0], g.get("control_image_u8"), 0, 0,
-                       Comparison::Exact});
+        out.push_back({"control_image_u8 (PNG decode)", unet::control_image_rgb(control[0])[0],
+                       g.get("control_image_u8"), 0, 0, Comparison::Exact});
     unet::Txt2ImgPipeline pipe(m);
     const auto pr = pipe.resolved(p);
     pipe.validate(pr);
