@@ -193,6 +193,12 @@ TEST_CASE("anchor-sd --control-net: a folder and a single file run, --compare wi
         const auto a = read_image_rgb(dir + "/a.png"), b = read_image_rgb(dir + "/b.png");
         CHECK(a.size(0) == 16);
         CHECK(torch::equal(a, b));
+        // The sidecar says what steered the image.
+        const auto rec = nlohmann::json::parse(std::ifstream(dir + "/a.png.json"));
+        REQUIRE(rec.contains("controlnets"));
+        CHECK(rec["controlnets"][0]["model"] == folder);
+        CHECK(rec["controlnets"][0]["scale"].get<double>() == Approx(0.7));
+        CHECK(rec["controlnets"][0]["image_sha256"].get<std::string>().size() == 64);
     }
     SECTION("--compare off,deepcache:3,freq") {
         auto a = args(folder, image, dir + "/cmp.png");

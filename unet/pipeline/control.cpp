@@ -2,7 +2,10 @@
 #include "unet/pipeline/control.h"
 
 #include "cache/io/error.h"
+#include "cache/io/sha256.h"
 #include "unet/pipeline/img2img.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
@@ -163,6 +166,27 @@ std::vector<ControlParams> make_control_params(const std::vector<std::string>& n
             throw ParamError("control_net", e.what());
         }
         out.push_back(std::move(c));
+    }
+    return out;
+}
+
+nlohmann::json control_records_json(const std::vector<ControlParams>& control) {
+    auto out = nlohmann::json::array();
+    for (const auto& c : control) {
+        std::string sha;
+        if (c.pixels.defined()) {
+            const auto px = c.pixels.to(torch::kUInt8).contiguous();
+            sha = sha256_hex(std::string(reinterpret_cast<const char*>(px.data_ptr<uint8_t>()), size_t(px.numel())));
+        } else if (!c.image.empty()) {
+            sha = sha256_file(c.image);
+        }
+        out.push_back({{"model", c.source},
+                       {"image", c.image.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.image)},
+                       {"image_sha256", sha},
+                       {"scale", c.scale},
+                       {"start", c.start},
+                       {"end", c.end},
+                       {"guess_mode", c.guess_mode}});
     }
     return out;
 }

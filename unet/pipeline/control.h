@@ -13,6 +13,7 @@
 
 #include "unet/model/controlnet.h"
 
+#include <nlohmann/json_fwd.hpp>
 #include <torch/torch.h>
 
 #include <string>
@@ -59,6 +60,10 @@ std::vector<ControlParams> make_control_params(const std::vector<std::string>& n
                                                const std::vector<double>& scales, const std::vector<double>& starts,
                                                const std::vector<double>& ends, bool guess_mode,
                                                torch::ScalarType dtype = torch::kFloat);
+
+// What the image sidecar records of the ControlNets (one object each): the model as given, the control image's file
+// and SHA-256 (of the file, or of the pixels given), scale, start, end, guess mode.
+nlohmann::json control_records_json(const std::vector<ControlParams>& control);
 
 // The control of one sampling loop: the prepared images, per loop step the UNetCond with the ControlNets attached.
 class ControlRun {
