@@ -92,7 +92,8 @@ TEST_CASE("ControlNet residuals enter the UNet's skips; a shallow step's part eq
     (void)unet.forward(x, t, given, &f);
     UNetCond head(ctx);
     head.residuals.down = {full.down[0]};
-    CHECK(torch::equal(unet.forward_shallow(x, t, given, 0, f.feature), unet.forward_shallow(x, t, head, 0, f.feature)));
+    CHECK(
+        torch::equal(unet.forward_shallow(x, t, given, 0, f.feature), unet.forward_shallow(x, t, head, 0, f.feature)));
 }
 
 TEST_CASE("ControlNet guess mode leaves the unconditional rows of a CFG batch without residuals", "[controlnet][sd]") {
@@ -179,8 +180,22 @@ TEST_CASE("anchor-sd --control-net: a folder and a single file run, --compare wi
     const std::string image = dir + "/edges.png";
     write_png(image, random_pixels(16, 16, 9), true);
     auto args = [&](const std::string& cn, const std::string& img, const std::string& out) {
-        return std::vector<std::string>{"-m", model, "-p", "a cat", "--steps", "4", "--control-net", cn,
-                                        "--control-image", img, "--control-scale", "0.7", "-o", out, "--threads", "1"};
+        return std::vector<std::string>{"-m",
+                                        model,
+                                        "-p",
+                                        "a cat",
+                                        "--steps",
+                                        "4",
+                                        "--control-net",
+                                        cn,
+                                        "--control-image",
+                                        img,
+                                        "--control-scale",
+                                        "0.7",
+                                        "-o",
+                                        out,
+                                        "--threads",
+                                        "1"};
     };
     SECTION("folder and single file give the same image, at the control image's size") {
         auto r = test::run_program(test::sd_bin(), args(folder, image, dir + "/a.png"));

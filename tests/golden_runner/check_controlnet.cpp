@@ -21,7 +21,9 @@ namespace {
 using sdgolden::Comparison;
 using torch::Tensor;
 
-nlohmann::json read_config(const fs::path& dir) { return nlohmann::json::parse(read_text(dir / "config.json")); }
+nlohmann::json read_config(const fs::path& dir) {
+    return nlohmann::json::parse(read_text(dir / "config.json"));
+}
 
 bool is_controlnet_case(const fs::path& d) {
     if (!has_file(d, "config.json")) return false;
@@ -41,15 +43,15 @@ fs::path model_dir(const fs::path& dir, const nlohmann::json& cfg, const char* k
 
 void reject_unknown(const nlohmann::json& section, const std::set<std::string>& known, const std::string& where) {
     for (const auto& [k, v] : section.items())
-        if (!known.count(k)) throw Error(where + ": key '" + k + "' (" + v.dump().substr(0, 60) + ") is not understood");
+        if (!known.count(k))
+            throw Error(where + ": key '" + k + "' (" + v.dump().substr(0, 60) + ") is not understood");
 }
 
 std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::json& cfg) {
     const auto& c = cfg.at("component");
-    reject_unknown(c,
-                   {"timesteps", "conditioning_scale", "guess_mode", "sample", "encoder_hidden_states",
-                    "controlnet_cond"},
-                   "config.json component");
+    reject_unknown(
+        c, {"timesteps", "conditioning_scale", "guess_mode", "sample", "encoder_hidden_states", "controlnet_cond"},
+        "config.json component");
     const double scale = c.value("conditioning_scale", 1.0);
     const bool guess = c.value("guess_mode", false);
     auto g = WeightMap::load((dir / "golden_controlnet.safetensors").string());
@@ -68,7 +70,8 @@ std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::j
     int k = 0;
     for (; g.has("down_block_res_samples." + std::to_string(k)); ++k) {
         const std::string name = "down_block_res_samples." + std::to_string(k);
-        if (size_t(k) >= r.down.size()) throw Error(name + ": the ControlNet produced " + std::to_string(r.down.size()));
+        if (size_t(k) >= r.down.size())
+            throw Error(name + ": the ControlNet produced " + std::to_string(r.down.size()));
         out.push_back({name, r.down[size_t(k)], g.get(name), 1e-4, 1e-4});
     }
     out.push_back({"residual count", torch::tensor({double(r.down.size())}), torch::tensor({double(k)}), 0, 0,
@@ -118,7 +121,8 @@ std::vector<Comparison> compare_pipeline(const fs::path& dir, const nlohmann::js
     // One ControlNet, or several (diffusers' MultiControlNetModel): "controlnet_config" a list, and the images,
     // scales, starts and ends lists of the same length or one value for all.
     const auto& cc = cfg.at("controlnet_config");
-    const auto configs = cc.is_array() ? cc.get<std::vector<std::string>>() : std::vector<std::string>{cc.get<std::string>()};
+    const auto configs =
+        cc.is_array() ? cc.get<std::vector<std::string>>() : std::vector<std::string>{cc.get<std::string>()};
     auto nth = [&](const char* key, size_t k, const nlohmann::json& def) {
         if (!pc.contains(key)) return def;
         const auto& v = pc[key];
@@ -249,8 +253,8 @@ const bool registered_controlnet = register_checker(
              out.push_back(r);
          }
          for (const auto& [k, v] : cfg.items())
-             if (k != "diffusers" && k != "unet_config" && k != "controlnet_config" && k != "init" && k != "component" &&
-                 k != "pipeline") {
+             if (k != "diffusers" && k != "unet_config" && k != "controlnet_config" && k != "init" &&
+                 k != "component" && k != "pipeline") {
                  CaseResult r;
                  r.name = base + ":config";
                  r.stats.fail("config.json key '" + k + "' is not understood");
@@ -266,30 +270,30 @@ bool model_of_controlnet_case(const fs::path& d) {
            !has_file(d, "golden_outputs.safetensors") && is_controlnet_case(d.parent_path());
 }
 
-const bool registered_controlnet_models = register_checker(
-    {"controlnet-model", model_of_controlnet_case, [](const fs::path& dir, const Context& ctx) {
-         CaseResult r;
-         r.name = relative_name(dir, ctx) + ":load (forward checked by the case above)";
-         try {
-             const std::string cls = config_class(dir);
-             std::vector<Tensor> params;
-             if (cls == "ControlNetModel") {
-                 auto m = unet::load_controlnet(dir.string());
-                 r.stats.check_true("zero convs = skips", int(m->zero_convs.size()) == m->num_skips());
-                 params = m->parameters();
-             } else if (cls == "UNet2DConditionModel") {
-                 params = unet::load_unet_folder(dir.string())->parameters();
-             } else {
-                 params = unet::load_vae_folder(dir.string())->parameters();
-             }
-             bool finite = !params.empty();
-             for (const auto& p : params) finite = finite && torch::isfinite(p).all().item<bool>();
-             r.stats.check_true("weights present and finite", finite);
-         } catch (const std::exception& e) {
-             r.stats.fail(std::string("exception: ") + e.what());
-         }
-         return std::vector<CaseResult>{r};
-     }});
+const bool registered_controlnet_models =
+    register_checker({"controlnet-model", model_of_controlnet_case, [](const fs::path& dir, const Context& ctx) {
+                          CaseResult r;
+                          r.name = relative_name(dir, ctx) + ":load (forward checked by the case above)";
+                          try {
+                              const std::string cls = config_class(dir);
+                              std::vector<Tensor> params;
+                              if (cls == "ControlNetModel") {
+                                  auto m = unet::load_controlnet(dir.string());
+                                  r.stats.check_true("zero convs = skips", int(m->zero_convs.size()) == m->num_skips());
+                                  params = m->parameters();
+                              } else if (cls == "UNet2DConditionModel") {
+                                  params = unet::load_unet_folder(dir.string())->parameters();
+                              } else {
+                                  params = unet::load_vae_folder(dir.string())->parameters();
+                              }
+                              bool finite = !params.empty();
+                              for (const auto& p : params) finite = finite && torch::isfinite(p).all().item<bool>();
+                              r.stats.check_true("weights present and finite", finite);
+                          } catch (const std::exception& e) {
+                              r.stats.fail(std::string("exception: ") + e.what());
+                          }
+                          return std::vector<CaseResult>{r};
+                      }});
 
 } // namespace
 } // namespace anchor::golden

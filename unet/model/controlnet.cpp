@@ -38,7 +38,7 @@ nlohmann::json as_unet_json(nlohmann::json j) {
         auto ups = nlohmann::json::array();
         for (auto it = j["down_block_types"].rbegin(); it != j["down_block_types"].rend(); ++it)
             ups.push_back(it->is_string() && it->get<std::string>() == "CrossAttnDownBlock2D" ? "CrossAttnUpBlock2D"
-                                                                                             : "UpBlock2D");
+                                                                                              : "UpBlock2D");
         j["up_block_types"] = ups;
     }
     if (!j.contains("out_channels") && j.contains("in_channels")) j["out_channels"] = j["in_channels"];
@@ -52,13 +52,13 @@ ControlNetConfig ControlNetConfig::from_json(const nlohmann::json& j, const std:
     ControlNetConfig c;
     if (j.contains("_class_name") && j["_class_name"].is_string() &&
         j["_class_name"].get<std::string>() != "ControlNetModel")
-        throw Error(source + ": _class_name '" + j["_class_name"].get<std::string>() +
-                    "' is not a ControlNetModel");
+        throw Error(source + ": _class_name '" + j["_class_name"].get<std::string>() + "' is not a ControlNetModel");
     c.unet = UNetConfig::from_json(as_unet_json(j), source);
     const JsonConfig f(j, source);
     c.conditioning_channels = f.get_int("conditioning_channels", 3);
     c.embedding_channels = f.get_int_list("conditioning_embedding_out_channels", c.embedding_channels);
-    if (c.embedding_channels.empty()) f.fail("conditioning_embedding_out_channels", "must not be empty", j.at("conditioning_embedding_out_channels"));
+    if (c.embedding_channels.empty())
+        f.fail("conditioning_embedding_out_channels", "must not be empty", j.at("conditioning_embedding_out_channels"));
     const std::string order = f.get_string("controlnet_conditioning_channel_order", "rgb");
     if (order != "rgb" && order != "bgr")
         f.fail("controlnet_conditioning_channel_order", "must be 'rgb' or 'bgr'",
@@ -74,8 +74,7 @@ ControlNetConfig ControlNetConfig::from_json_file(const std::string& path) {
 
 ControlNetConfig ControlNetConfig::detect_from_weights(const WeightMap& w) {
     const std::string ci = "controlnet_cond_embedding.conv_in.weight";
-    if (!w.has(ci) || !w.has("conv_in.weight"))
-        throw Error("ControlNet weights lack " + ci + " / conv_in.weight");
+    if (!w.has(ci) || !w.has("conv_in.weight")) throw Error("ControlNet weights lack " + ci + " / conv_in.weight");
     // UNetConfig's detector reads conv_out for the output width, which an encoder does not have.
     WeightMap probe;
     for (const auto& [n, t] : w.all())
@@ -92,7 +91,8 @@ ControlNetConfig ControlNetConfig::detect_from_weights(const WeightMap& w) {
     c.conditioning_channels = int(w.shape(ci)[1]);
     c.embedding_channels = {int(w.shape(ci)[0])};
     for (int k = 1; w.has("controlnet_cond_embedding.blocks." + std::to_string(k) + ".weight"); k += 2)
-        c.embedding_channels.push_back(int(w.shape("controlnet_cond_embedding.blocks." + std::to_string(k) + ".weight")[0]));
+        c.embedding_channels.push_back(
+            int(w.shape("controlnet_cond_embedding.blocks." + std::to_string(k) + ".weight")[0]));
     return c;
 }
 
@@ -117,8 +117,9 @@ Tensor ControlNetConditioningEmbeddingImpl::forward(const Tensor& image) {
 ControlNetModelImpl::ControlNetModelImpl(const ControlNetConfig& c)
     : UNet2DConditionModelImpl(c.unet, /*decoder=*/false), ccfg_(c) {
     const int64_t ch0 = c.unet.block_out_channels[0];
-    controlnet_cond_embedding = register_module(
-        "controlnet_cond_embedding", ControlNetConditioningEmbedding(c.conditioning_channels, c.embedding_channels, ch0));
+    controlnet_cond_embedding =
+        register_module("controlnet_cond_embedding",
+                        ControlNetConditioningEmbedding(c.conditioning_channels, c.embedding_channels, ch0));
     controlnet_down_blocks = register_module("controlnet_down_blocks", torch::nn::ModuleList());
     // One zero convolution per skip, in the skips' order (conv_in's output, each down layer, each downsampler).
     int64_t ch = ch0;
@@ -133,8 +134,7 @@ ControlNetModelImpl::ControlNetModelImpl(const ControlNetConfig& c)
         if (i + 1 < c.unet.block_out_channels.size()) add(ch);
     }
     const int64_t mid = c.unet.block_out_channels.back();
-    controlnet_mid_block =
-        register_module("controlnet_mid_block", make_conv2d(torch::nn::Conv2dOptions(mid, mid, 1)));
+    controlnet_mid_block = register_module("controlnet_mid_block", make_conv2d(torch::nn::Conv2dOptions(mid, mid, 1)));
 }
 
 SkipResiduals ControlNetModelImpl::residuals(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
@@ -183,7 +183,8 @@ std::string controlnet_mismatch(const ControlNetModelImpl& net, const UNetConfig
     diff("layers_per_block", list_str(u.layers_per_block), list_str(c.layers_per_block));
     diff("cross_attention_dim", std::to_string(u.cross_attention_dim), std::to_string(c.cross_attention_dim));
     diff("in_channels", std::to_string(std::min(u.in_channels, 4)), std::to_string(c.in_channels));
-    diff("added conditioning", u.text_time() ? "text_time (SDXL)" : "none", c.text_time() ? "text_time (SDXL)" : "none");
+    diff("added conditioning", u.text_time() ? "text_time (SDXL)" : "none",
+         c.text_time() ? "text_time (SDXL)" : "none");
     diff("mid block", u.mid_block ? "yes" : "no", c.mid_block ? "yes" : "no");
     return os.str();
 }
@@ -242,8 +243,8 @@ ControlNetModel load_original(const WeightMap& file, const std::string& prefix, 
     ControlNetModel m(c);
     std::vector<std::string> missing;
     std::set<std::string> used;
-    WeightMap w = gather(ldm, *m, [&](const std::string& n) { return controlnet_ldm_name(n, c); }, "", "ControlNet",
-                         missing, used);
+    WeightMap w = gather(
+        ldm, *m, [&](const std::string& n) { return controlnet_ldm_name(n, c); }, "", "ControlNet", missing, used);
     if (!missing.empty()) {
         std::string list;
         for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
@@ -273,7 +274,8 @@ ControlNetModel load_controlnet(const std::string& path, torch::ScalarType dtype
         m = load_original(w, "", path);
     } else {
         if (!w.has("controlnet_cond_embedding.conv_in.weight"))
-            throw Error("'" + path + "' is not a ControlNet: it has neither controlnet_cond_embedding.conv_in.weight "
+            throw Error("'" + path +
+                        "' is not a ControlNet: it has neither controlnet_cond_embedding.conv_in.weight "
                         "(diffusers) nor input_hint_block.0.weight (original layout)");
         const std::string cfg_file = src.config_file;
         m = ControlNetModel(cfg_file.empty() ? ControlNetConfig::detect_from_weights(w)

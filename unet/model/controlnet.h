@@ -21,11 +21,11 @@ class WeightMap;
 namespace anchor::unet {
 
 struct ControlNetConfig {
-    UNetConfig unet;                                             // the encoder's blocks (up_block_types unused)
-    int conditioning_channels = 3;                               // channels of the control image
-    std::vector<int> embedding_channels{16, 32, 96, 256};        // conditioning_embedding_out_channels
-    bool bgr = false;                                            // controlnet_conditioning_channel_order "bgr"
-    bool global_pool_conditions = false;                         // residuals averaged over space (shuffle models)
+    UNetConfig unet;                                      // the encoder's blocks (up_block_types unused)
+    int conditioning_channels = 3;                        // channels of the control image
+    std::vector<int> embedding_channels{16, 32, 96, 256}; // conditioning_embedding_out_channels
+    bool bgr = false;                                     // controlnet_conditioning_channel_order "bgr"
+    bool global_pool_conditions = false;                  // residuals averaged over space (shuffle models)
 
     // diffusers' ControlNetModel config.json; anchor::Error naming `source` and the field.
     static ControlNetConfig from_json(const nlohmann::json& j, const std::string& source = "ControlNet config");

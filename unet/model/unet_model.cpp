@@ -667,8 +667,8 @@ Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Ten
 }
 
 UNet2DConditionModelImpl::Encoding UNet2DConditionModelImpl::encode(const Tensor& sample, const Tensor& timestep,
-                                                                     const UNetCond& cond, const Tensor& stem,
-                                                                     int skips, bool mid) {
+                                                                    const UNetCond& cond, const Tensor& stem, int skips,
+                                                                    bool mid) {
     Encoding e;
     e.skips.resize(size_t(std::clamp(skips, 1, num_skips())));
     if (mid) e.mid = torch::empty({0}); // defined: run() runs the mid block and puts its output here
@@ -844,7 +844,8 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     if (cond.control) {
         UNetCond plain = cond;
         plain.control.reset(), plain.residuals = SkipResiduals();
-        extra = extra.plus(cond.control->residuals(sample, timestep, plain, shallow >= 0 ? shallow + 1 : n, shallow < 0));
+        extra =
+            extra.plus(cond.control->residuals(sample, timestep, plain, shallow >= 0 ? shallow + 1 : n, shallow < 0));
     }
     if (!extra.down.empty() && int(extra.down.size()) != n && int(extra.down.size()) != shallow + 1)
         throw Error("UNet: " + std::to_string(extra.down.size()) + " skip residuals for " + std::to_string(n) +

@@ -21,7 +21,8 @@ public:
     struct Part {
         ControlNetModel net{nullptr};
         Tensor image; // [R, C, H, W]
-        Tensor rows;  // bool [R]: the rows the ControlNet runs on (guess mode with CFG: the conditional ones); undefined: all
+        Tensor rows;  // bool [R]: the rows the ControlNet runs on (guess mode with CFG: the conditional ones);
+                      // undefined: all
         double scale = 1.0;
         bool guess = false;
     };
@@ -44,7 +45,7 @@ public:
                                  ? timestep.index_select(0, idx.to(timestep.device()))
                                  : timestep;
             const auto r = p.net.ptr()->residuals(x.index_select(0, idx.to(x.device())), t, cond.index_select(idx),
-                                            p.image.index_select(0, idx), p.scale, p.guess, skips, mid);
+                                                  p.image.index_select(0, idx), p.scale, p.guess, skips, mid);
             // diffusers: cat([zeros_like(d), d]) for the unconditional rows.
             auto spread = [&](const Tensor& v) {
                 if (!v.defined()) return v;
@@ -116,8 +117,8 @@ void validate_control(const std::vector<ControlParams>& control, const UNetConfi
         const auto rgb_n = c.pixels.defined() ? (c.pixels.dim() == 4 ? c.pixels.size(0) : 1) : 1;
         (void)control_image_size(c); // readable (ParamError naming the file)
         if (rgb_n != 1 && rgb_n != prompts)
-            throw ParamError("control_image", std::to_string(rgb_n) + " control images for " +
-                                                  std::to_string(prompts) + " prompts (give one, or one per prompt)");
+            throw ParamError("control_image", std::to_string(rgb_n) + " control images for " + std::to_string(prompts) +
+                                                  " prompts (give one, or one per prompt)");
         if (!std::isfinite(c.scale))
             throw ParamError("control_scale", "must be a finite number, got " + std::to_string(c.scale));
         if (!(c.start >= 0.0 && c.start < c.end && c.end <= 1.0))

@@ -26,13 +26,13 @@ namespace anchor::unet {
 // "control_scale", "control_start", "control_end".
 struct ControlParams {
     ControlNetModel net{nullptr};
-    std::string source;         // the ControlNet's file or folder (messages)
-    std::string image;          // the control image file
-    torch::Tensor pixels;       // or its decoded pixels, uint8 [H, W, 3] or one per prompt [N, H, W, 3]
-    double scale = 1.0;         // controlnet_conditioning_scale
-    double start = 0.0;         // control_guidance_start: the share of the loop before the ControlNet acts
-    double end = 1.0;           // control_guidance_end: the share after which it stops
-    bool guess_mode = false;    // diffusers' guess_mode (forced by a global_pool_conditions model)
+    std::string source;      // the ControlNet's file or folder (messages)
+    std::string image;       // the control image file
+    torch::Tensor pixels;    // or its decoded pixels, uint8 [H, W, 3] or one per prompt [N, H, W, 3]
+    double scale = 1.0;      // controlnet_conditioning_scale
+    double start = 0.0;      // control_guidance_start: the share of the loop before the ControlNet acts
+    double end = 1.0;        // control_guidance_end: the share after which it stops
+    bool guess_mode = false; // diffusers' guess_mode (forced by a global_pool_conditions model)
 };
 
 // The control image(s) as uint8 [N, H, W, 3] RGB (read from the file when not given as pixels).
