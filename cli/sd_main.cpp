@@ -11,6 +11,7 @@
 #include "text/gpt2/gpt2_tokenizer.h" // UTF-8 validation
 #include "unet/cache/compare.h"
 #include "unet/cache/freq_cache.h"
+#include "unet/pipeline/control.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/txt2img_job.h"
 
@@ -45,6 +46,10 @@ struct Options {
     torch::ScalarType weights_dtype = torch::kFloat;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
     bool channels_last = false, cudnn_benchmark = false, fused_qkv = false;
+    // --control-net / --control-image (repeatable, paired in order) and their settings (make_control_params).
+    std::vector<std::string> control_nets, control_images;
+    std::vector<double> control_scales, control_starts, control_ends;
+    bool guess_mode = false;
     batch::Shard shard;         // this process's place under mpirun
 };
 
@@ -250,6 +255,17 @@ int run(Options& o) {
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     check_against_model(o, models);
+    job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
+                                             o.control_ends, o.guess_mode, load_options(o, {}).dtype);
+    validate_control(job.params.control, models.unet->config(), int64_t(job.prompts.size())); // before saying more
+    for (auto& c : job.params.control) { // the UNet's arithmetic and device
+        c.net->set_attention_kernel(models.attention);
+        perf::set_gemm_backend(*c.net, models.gemm);
+        c.net->to(models.unet->conv_in->weight.device());
+    }
+    for (const auto& c : job.params.control)
+        std::fprintf(stderr, "ControlNet %s x %g (steps %g..%g of the loop%s), image %s\n", c.source.c_str(), c.scale,
+                     c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
     Txt2ImgPipeline pipe(models);
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
@@ -342,6 +358,37 @@ void add_sdxl_options(CLI::App& app, Options& o) {
                          "where the sampler's timesteps lie (diffusers' timestep_spacing): trailing for few-step "
                          "models (SDXL-Turbo/Lightning-style: 4 steps, euler_a, --cfg-scale 1)",
                          "the model's scheduler_config.json, else leading");
+}
+
+// ControlNet (unet/pipeline/control.h): repeatable, the k-th --control-image goes with the k-th --control-net.
+void add_control_options(CLI::App& app, Options& o) {
+    const std::pair<const char*, const char*> fields[] = {{"control_net", "--control-net"},
+                                                          {"control_image", "--control-image"},
+                                                          {"control_scale", "--control-scale"},
+                                                          {"control_start", "--control-start"},
+                                                          {"control_end", "--control-end"}};
+    for (const auto& [field, opt] : fields) bind_field(field, opt);
+    app.add_option("--control-net", o.control_nets,
+                   "ControlNet: a diffusers folder, or a .safetensors / .pth file (diffusers or original "
+                   "control_model.* names); repeat it for several (their residuals add)")
+        ->check(CLI::ExistingPath)
+        ->allow_extra_args(false);
+    app.add_option("--control-image", o.control_images,
+                   "the control image (PNG) of the --control-net in the same position, resized to the output size; "
+                   "without -W/-H the output takes its size")
+        ->allow_extra_args(false);
+    app.add_option("--control-scale", o.control_scales,
+                   "ControlNet conditioning scale (default 1): one for all, or one per --control-net")
+        ->allow_extra_args(false);
+    app.add_option("--control-start", o.control_starts,
+                   "share of the steps before the ControlNet acts, in [0, 1) (default 0); one, or one per ControlNet")
+        ->allow_extra_args(false);
+    app.add_option("--control-end", o.control_ends,
+                   "share of the steps after which the ControlNet stops, in (0, 1] (default 1)")
+        ->allow_extra_args(false);
+    app.add_flag("--guess-mode", o.guess_mode,
+                 "ControlNet guess mode: residuals scaled 0.1..1 from the shallowest skip to the mid block, the "
+                 "ControlNet on the conditional rows only");
 }
 
 void add_txt2img_options(CLI::App& app, Options& o) {
@@ -577,6 +624,7 @@ int main(int argc, char** argv) {
         anchor::add_common_options(app, o.threads, "anchor-sd");
         add_txt2img_options(app, o);
         add_sdxl_options(app, o);
+        add_control_options(app, o);
         std::vector<std::pair<CLI::App*, std::function<int()>>> subcommands;
         cli::add_sd_bench_command(app, subcommands);
         cli::add_sd_bench_vae_command(app, subcommands);

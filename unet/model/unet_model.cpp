@@ -485,6 +485,8 @@ UNetCond UNetCond::to(const torch::Device& d) const {
     auto mv = [&](const Tensor& t) { return t.defined() ? t.to(d) : t; };
     UNetCond out{mv(context), mv(text_embeds), mv(time_ids)};
     out.timestep_cond = mv(timestep_cond);
+    out.residuals = residuals.to(d);
+    out.control = control; // computes where the rows it is given are
     return out;
 }
 
@@ -492,6 +494,33 @@ UNetCond UNetCond::index_select(const Tensor& idx) const {
     auto sel = [&](const Tensor& t) { return t.defined() ? t.index_select(0, idx.to(t.device())) : t; };
     UNetCond out{sel(context), sel(text_embeds), sel(time_ids)};
     out.timestep_cond = sel(timestep_cond);
+    out.residuals = residuals.index_select(idx);
+    if (control) out.control = control->index_select(idx);
+    return out;
+}
+
+SkipResiduals SkipResiduals::plus(const SkipResiduals& o) const {
+    auto add = [](const Tensor& a, const Tensor& b) { return !a.defined() ? b : !b.defined() ? a : a + b; };
+    SkipResiduals out;
+    for (size_t k = 0; k < std::max(down.size(), o.down.size()); ++k)
+        out.down.push_back(add(k < down.size() ? down[k] : Tensor(), k < o.down.size() ? o.down[k] : Tensor()));
+    out.mid = add(mid, o.mid);
+    return out;
+}
+
+SkipResiduals SkipResiduals::index_select(const Tensor& idx) const {
+    auto sel = [&](const Tensor& t) { return t.defined() ? t.index_select(0, idx.to(t.device())) : t; };
+    SkipResiduals out;
+    for (const auto& d : down) out.down.push_back(sel(d));
+    out.mid = sel(mid);
+    return out;
+}
+
+SkipResiduals SkipResiduals::to(const torch::Device& dev) const {
+    auto mv = [&](const Tensor& t) { return t.defined() ? t.to(dev) : t; };
+    SkipResiduals out;
+    for (const auto& d : down) out.down.push_back(mv(d));
+    out.mid = mv(mid);
     return out;
 }
 
@@ -540,7 +569,7 @@ Tensor TimestepEmbeddingImpl::forward(const Tensor& x, const Tensor& condition) 
     return kernels::linear(linear_2, torch::silu(kernels::linear(linear_1, sample)));
 }
 
-UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c) {
+UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c, bool decoder) : cfg_(c) {
     const size_t n = c.block_out_channels.size();
     if (n == 0 || c.down_block_types.size() != n || c.up_block_types.size() != n || c.layers_per_block.size() != n ||
         c.heads.size() != n || c.transformer_layers_per_block.size() != n)
@@ -592,6 +621,7 @@ UNet2DConditionModelImpl::UNet2DConditionModelImpl(const UNetConfig& c) : cfg_(c
                                      groups, c.use_linear_projection);
         mid_block->attentions->push_back(mid_block->attn.back());
     }
+    if (!decoder) return;
     up_blocks = register_module("up_blocks", torch::nn::ModuleList());
     std::vector<int> rev(c.block_out_channels.rbegin(), c.block_out_channels.rend());
     std::vector<int> rev_heads(c.heads.rbegin(), c.heads.rend());
@@ -679,6 +709,16 @@ Tensor UNet2DConditionModelImpl::forward_shallow(const Tensor& sample, const Ten
     return run(sample, timestep, cond, nullptr, branch, cached_feature, stem, attention);
 }
 
+UNet2DConditionModelImpl::Encoding UNet2DConditionModelImpl::encode(const Tensor& sample, const Tensor& timestep,
+                                                                    const UNetCond& cond, const Tensor& stem, int skips,
+                                                                    bool mid) {
+    Encoding e;
+    e.skips.resize(size_t(std::clamp(skips, 1, num_skips())));
+    if (mid) e.mid = torch::empty({0}); // defined: run() runs the mid block and puts its output here
+    run(sample, timestep, cond, nullptr, -1, Tensor(), stem, nullptr, &e);
+    return e;
+}
+
 void UNet2DConditionModelImpl::check_branch(int branch) const {
     if (branch < 0 || branch >= num_skips())
         throw Error("DeepCache branch " + std::to_string(branch) + " out of range [0, " + std::to_string(num_skips()) +
@@ -723,7 +763,7 @@ std::vector<UNet2DConditionModelImpl::UpLayer> UNet2DConditionModelImpl::up_laye
 
 Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timestep, const UNetCond& cond,
                                      FeatureObserver* obs, int shallow, const Tensor& cached, const Tensor& stem,
-                                     AttentionHook* hook) {
+                                     AttentionHook* hook, Encoding* encoding) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     util::HeapScope heap;                     // reuse the step's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/model/checkpoint.h weights_dtype).
@@ -798,7 +838,8 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
     emit(FeatureKind::ConvIn, -1, -1, h);
     std::vector<Tensor> skips{h};
     const auto downs_walk = down_layers();
-    const size_t n_down = shallow >= 0 ? size_t(shallow) : downs_walk.size(); // producing skips 1..n_down
+    // producing skips 1..n_down
+    const size_t n_down = encoding ? encoding->skips.size() - 1 : shallow >= 0 ? size_t(shallow) : downs_walk.size();
     for (size_t s = 0; s < n_down; ++s) {
         const DownLayer& l = downs_walk[s];
         auto& d = downs[size_t(l.block)];
@@ -819,7 +860,12 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
                 emit(FeatureKind::DownResSample, l.block, int(k) - l.block_first_skip, skips[k]);
         }
     }
-    if (shallow < 0 && mid_block) {
+    const bool run_mid = shallow < 0 && (!encoding || encoding->mid.defined());
+    if (encoding && !run_mid) {
+        std::copy(skips.begin(), skips.end(), encoding->skips.begin());
+        return h;
+    }
+    if (run_mid && mid_block) {
         h = mid_block->res[0]->forward(h, temb_act);
         emit(FeatureKind::MidResnet, -1, 0, h);
         for (size_t j = 0; j < mid_block->attn.size(); ++j) {
@@ -829,7 +875,39 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
         }
         emit(FeatureKind::Mid, -1, -1, h);
     }
+    if (encoding) {
+        std::copy(skips.begin(), skips.end(), encoding->skips.begin());
+        encoding->mid = h;
+        return h;
+    }
     const int n = num_skips();
+    // The ControlNet residuals (diffusers: added to every skip after the down pass and to the mid block's output):
+    // those of the skips this walk consumes; a shallow step's reused feature carries the deeper ones already.
+    SkipResiduals extra = cond.residuals;
+    if (cond.control) {
+        UNetCond plain = cond;
+        plain.control.reset(), plain.residuals = SkipResiduals();
+        extra =
+            extra.plus(cond.control->residuals(sample, timestep, plain, shallow >= 0 ? shallow + 1 : n, shallow < 0));
+    }
+    if (!extra.down.empty() && int(extra.down.size()) != n && int(extra.down.size()) != shallow + 1)
+        throw Error("UNet: " + std::to_string(extra.down.size()) + " skip residuals for " + std::to_string(n) +
+                    " skip connections");
+    auto skip_of = [&](int k) -> Tensor {
+        const Tensor& s = skips[size_t(k)];
+        if (size_t(k) >= extra.down.size() || !extra.down[size_t(k)].defined()) return s;
+        const Tensor& r = extra.down[size_t(k)];
+        if (r.sizes() != s.sizes())
+            throw Error("UNet: the residual for skip " + std::to_string(k) + " has shape " +
+                        shape_str(r.sizes().vec()) + ", the skip " + shape_str(s.sizes().vec()));
+        return s + r.to(s.device(), s.scalar_type());
+    };
+    if (shallow < 0 && extra.mid.defined()) {
+        if (extra.mid.sizes() != h.sizes())
+            throw Error("UNet: the mid-block residual has shape " + shape_str(extra.mid.sizes().vec()) +
+                        ", the mid block's output " + shape_str(h.sizes().vec()));
+        h = h + extra.mid.to(h.device(), h.scalar_type());
+    }
     const auto ups_walk = up_layers();
     if (shallow >= 0) h = cached.to(dtype); // the cached input of the layer consuming skip `shallow`
     for (size_t q = shallow >= 0 ? size_t(n - 1 - shallow) : 0; q < ups_walk.size(); ++q) {
@@ -837,7 +915,7 @@ Tensor UNet2DConditionModelImpl::run(const Tensor& sample, const Tensor& timeste
         auto& u = ups[size_t(l.block)];
         const int k = n - 1 - int(q); // the skip this layer consumes
         emit(FeatureKind::UpSkipInput, l.block, k, h);
-        h = torch::cat({h, skips[size_t(k)]}, 1);
+        h = torch::cat({h, skip_of(k)}, 1);
         h = u->res[size_t(l.index)]->forward(h, temb_act);
         emit(FeatureKind::UpResnet, l.block, l.index, h);
         if (!u->attn.empty()) {

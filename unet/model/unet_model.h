@@ -16,6 +16,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,34 @@ kernels::AttentionKernel default_attention_kernel(const UNetConfig& c);
 // 3x3 convolutions in Winograd form (kernels/winograd.h) for the fast attention kernels, where this build has them.
 kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel attention);
 
+struct UNetCond;
+
+// Residuals added to the UNet's skip connections and to its mid block's output: diffusers'
+// down_block_additional_residuals / mid_block_additional_residual, what a ControlNet (Zhang et al. 2023, "Adding
+// Conditional Control to Text-to-Image Diffusion Models", sec. 3.2) produces. down[k] is added to skip k (k = 0 is
+// conv_in's output) where an up layer consumes it, mid to the mid block's output; undefined entries add nothing.
+struct SkipResiduals {
+    std::vector<torch::Tensor> down;
+    torch::Tensor mid;
+    bool empty() const { return down.empty() && !mid.defined(); }
+    // this + other, entry by entry (several ControlNets add, as diffusers' MultiControlNetModel).
+    SkipResiduals plus(const SkipResiduals& other) const;
+    SkipResiduals index_select(const torch::Tensor& idx) const;
+    SkipResiduals to(const torch::Device& d) const;
+};
+
+// Residuals computed for the rows and timestep of the call that needs them (a ControlNet): the UNet asks for the
+// first `skips` down residuals (a DeepCache shallow step consumes only skips 0..B) and the mid one when it runs its
+// mid block, so a model that does not run (a reused step) computes nothing.
+class ResidualSource {
+public:
+    virtual ~ResidualSource() = default;
+    virtual SkipResiduals residuals(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
+                                    int skips, bool mid) const = 0;
+    // The same source for rows `idx` of the batch (UNetCond::index_select).
+    virtual std::shared_ptr<const ResidualSource> index_select(const torch::Tensor& idx) const = 0;
+};
+
 // What the UNet is conditioned on besides the timestep. SD 1.x / 2.x: the text context [B, T, D] of the
 // cross-attentions (a Tensor converts to it). SDXL (UNetConfig::text_time): also the pooled text embedding
 // text_embeds [B, P] and the micro-conditioning time_ids [B, k] (original size, crop top-left, target size; k = 6).
@@ -219,6 +248,9 @@ struct UNetCond {
     // LCM UNets (UNetConfig::time_cond_proj_dim): the guidance embedding [B, time_cond_proj_dim]; undefined: none
     // added (as diffusers with timestep_cond None).
     torch::Tensor timestep_cond;
+    // Added to the skip connections (SkipResiduals), given as tensors and/or computed per call by `control`.
+    SkipResiduals residuals;
+    std::shared_ptr<const ResidualSource> control;
     UNetCond to(const torch::Device& d) const;
     // Rows `idx` of every tensor (a per-image slice of a CFG batch).
     UNetCond index_select(const torch::Tensor& idx) const;
@@ -342,7 +374,8 @@ torch::Tensor guidance_scale_embedding(const torch::Tensor& w, int64_t dim);
 
 class UNet2DConditionModelImpl : public torch::nn::Module, public perf::FastPaths {
 public:
-    explicit UNet2DConditionModelImpl(const UNetConfig& cfg);
+    // decoder false: the time embedding, conv_in, the down blocks and the mid block only (a ControlNet's encoder).
+    explicit UNet2DConditionModelImpl(const UNetConfig& cfg, bool decoder = true);
 
     // sample [B, C, H, W]; timestep: 0-dim (broadcast) or [B], integer or floating; context [B, T, D].
     // `stem`, when given, is conv_in(sample) as stem() computes it: a cache probe that has looked at it already hands
@@ -395,10 +428,20 @@ public:
     torch::nn::GroupNorm conv_norm_out{nullptr};
     std::vector<UNetBlock> downs, ups;
 
+protected:
+    // The encoder half of a forward: `stem` (or conv_in(sample)), the down layers producing skips 1..skips-1 and, with
+    // `mid`, the mid block. What a ControlNet runs (diffusers' ControlNetModel shares these blocks' code).
+    struct Encoding {
+        std::vector<torch::Tensor> skips;
+        torch::Tensor mid;
+    };
+    Encoding encode(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
+                    const torch::Tensor& stem, int skips, bool mid);
+
 private:
     torch::Tensor run(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond,
                       FeatureObserver* obs, int shallow_branch, const torch::Tensor& cached, const torch::Tensor& stem,
-                      AttentionHook* hook);
+                      AttentionHook* hook, Encoding* encoding = nullptr);
     // The forward as a walk over layers: each down layer produces one skip (skip 0 is conv_in's output), each up
     // layer consumes one, last skip first. A DeepCache shallow step walks the down layers producing skips 1..B and
     // the up layers consuming skips B..0.

@@ -106,6 +106,13 @@ Txt2ImgParams Txt2ImgPipeline::resolved(Txt2ImgParams p) const {
         if (p.width == 0) p.width = w - w % f;
         if (p.height == 0) p.height = h - h % f;
     }
+    if (!p.control.empty() && (p.width == 0 || p.height == 0)) {
+        // diffusers' ControlNet pipeline: the control image's size, rounded down to a multiple of the VAE factor.
+        const int f = m_.vae_scale_factor();
+        const auto [w, h] = control_image_size(p.control.front());
+        if (p.width == 0) p.width = w - w % f;
+        if (p.height == 0) p.height = h - h % f;
+    }
     if (p.width == 0) p.width = size;
     if (p.height == 0) p.height = size;
     return p;
@@ -271,6 +278,7 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
         throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
     if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
     validate_sdxl(p, m_);
+    validate_control(p.control, m_.unet->config(), int64_t(p.prompts.size()));
     if (!m_.text_encoder) return;
     if (!p.prompt_embeds.defined())
         check_prompt_syntax(p.prompt_syntax, {&p.prompts, &p.negative_prompts, &p.prompts_2, &p.negative_prompts_2});
@@ -639,6 +647,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const int begin = r.init.begin, n = sched->num_loop_steps() - begin;
     ctl.set_noise_levels(loop_noise_levels(*sched, sc, begin));
     ctl.set_sampler_history(sched->earlier_outputs());
+    const ControlRun control(p.control, p.width, p.height, B, p.images_per_prompt, cfg, n);
     ctl.begin(n, int(B));                                         // the caches see the steps that run, numbered from 0
     UNet2DConditionModelImpl::ContextKvScope prompt_kv(*m_.unet); // the prompt's cross-attention K/V, once per loop
     util::HeapScope heap; // freed blocks reused from one step to the next and by the decode (cache/util/heap.h)
@@ -646,8 +655,8 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     StepRecord rec;
     for (int k = 0; k < n; ++k) {
         const int i = begin + k;
-        latents =
-            step(*sched, i, latents, context, p.guidance_scale, cfg, ctl, gen, on_step ? &rec : nullptr, extra, k);
+        latents = step(*sched, i, latents, control.at(context, k), p.guidance_scale, cfg, ctl, gen,
+                       on_step ? &rec : nullptr, extra, k);
         if (blend) latents = blend_inpaint(r.init, *sched, i, latents, on_step ? &rec : nullptr);
         // A NaN/Inf (broken weights, fp overflow) never becomes an image: stop at the step where it appears. One
         // reduction over the latents per step, negligible next to a UNet call.

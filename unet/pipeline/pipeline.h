@@ -10,6 +10,7 @@
 #include "unet/model/checkpoint.h"
 #include "unet/model/unet_graph.h"
 #include "unet/model/vae_tiling.h"
+#include "unet/pipeline/control.h"
 #include "unet/pipeline/img2img.h"
 #include "unet/pipeline/prompt_syntax.h"
 #include "unet/samplers/scheduler.h"
@@ -89,6 +90,9 @@ struct Txt2ImgParams {
     // diffusers' vae.enable_tiling(): the decode (and img2img's encode) in overlapping tiles when the latents (image)
     // are larger than one tile, so memory follows the tile size (unet/model/vae_tiling.h).
     VaeTiling vae_tiling;
+    // ControlNets (unet/pipeline/control.h, diffusers' StableDiffusionControlNetPipeline), their residuals added;
+    // width/height 0 (txt2img) = the first control image's size rounded down to the VAE factor, as diffusers.
+    std::vector<ControlParams> control;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.

@@ -122,6 +122,7 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
                      {"time_ids", row(cfg ? n + i : i)},
                      {"negative_time_ids", cfg ? nlohmann::json(row(i)) : nlohmann::json(nullptr)}};
     }
+    if (!p.control.empty()) j["controlnets"] = control_records_json(p.control); // unet/pipeline/control.h
     if (p.init.enabled()) {
         // What the image was made from: the init image (and mask) by content, the strength and the first loop step.
         // Image i of the batch starts from init image i mod N (Img2ImgParams' tiling).
