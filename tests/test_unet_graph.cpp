@@ -35,7 +35,7 @@ StepInputs random_step(const UNet2DConditionModelImpl& unet, int64_t batch, int6
 TEST_CASE("UNet CUDA graph: refused off a CUDA device, naming the setting", "[sd][device]") {
     auto m = test::deepcache_models();
     const auto s = random_step(*m.unet, 2, 8, 8, 500.0, torch::kCPU, 1);
-    CHECK_FALSE(UNetStepGraph::applies(*m.unet, s.x));
+    CHECK_FALSE(UNetStepGraph::applies(*m.unet, s.x, s.cond));
     UNetStepGraph g(*m.unet);
     CHECK(test::error_of([&] { g.forward(s.x, s.t, s.cond); }).find("needs the UNet and its input on a CUDA device") !=
           std::string::npos);

@@ -26,8 +26,9 @@ void fill(Tensor& buf, const Tensor& t) {
 
 UNetStepGraph::UNetStepGraph(UNet2DConditionModelImpl& unet) : unet_(&unet) {}
 
-bool UNetStepGraph::applies(const UNet2DConditionModelImpl& unet, const Tensor& sample) {
-    return kernels::CudaGraph::available() && sample.is_cuda() && unet.conv_in->weight.is_cuda();
+bool UNetStepGraph::applies(const UNet2DConditionModelImpl& unet, const Tensor& sample, const UNetCond& cond) {
+    return kernels::CudaGraph::available() && sample.is_cuda() && unet.conv_in->weight.is_cuda() &&
+           cond.residuals.empty() && !cond.control;
 }
 
 std::string UNetStepGraph::signature(const Tensor& sample, const Tensor& timestep, const UNetCond& cond) {
@@ -51,9 +52,10 @@ void UNetStepGraph::capture(const Tensor& sample, const Tensor& timestep, const 
 }
 
 Tensor UNetStepGraph::forward(const Tensor& sample, const Tensor& timestep, const UNetCond& cond) {
-    if (!applies(*unet_, sample))
+    if (!applies(*unet_, sample, cond))
         throw Error("UNet CUDA graph: needs the UNet and its input on a CUDA device in a build with CUDA graphs "
-                    "(LibTorch >= 2 with CUDA), got the input on " + sample.device().str());
+                    "(LibTorch >= 2 with CUDA) and no skip residuals (ControlNet), got the input on " +
+                    sample.device().str());
     const std::string sig = signature(sample, timestep, cond);
     if (!graph_ || sig != signature_) {
         capture(sample, timestep, cond);

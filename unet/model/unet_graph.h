@@ -4,8 +4,8 @@
 // call. The graph reads its inputs from fixed buffers, so a call copies the step's latents, timestep and
 // conditioning into them, replays, and returns a copy of the output buffer. A call with other shapes, dtypes or
 // conditioning parts than the captured one captures again (one graph is kept: a pipeline's steps all share one).
-// Only the plain forward is captured: the caches' calls observe features and take other paths per step, so they run
-// eagerly.
+// Only the plain forward is captured: the caches' calls observe features and take other paths per step, and a
+// ControlNet's residuals come from another model with its own per-step schedule, so those run eagerly.
 #pragma once
 
 #include "kernels/cuda_graph.h"
@@ -20,8 +20,9 @@ namespace anchor::unet {
 class UNetStepGraph {
 public:
     explicit UNetStepGraph(UNet2DConditionModelImpl& unet);
-    // Whether a call on `sample` can be captured: a CUDA sample and UNet in a build with CUDA graphs.
-    static bool applies(const UNet2DConditionModelImpl& unet, const torch::Tensor& sample);
+    // Whether a call can be captured: a CUDA sample and UNet in a build with CUDA graphs, and no skip residuals
+    // (a ControlNet's change per step and run their own model: those calls stay eager).
+    static bool applies(const UNet2DConditionModelImpl& unet, const torch::Tensor& sample, const UNetCond& cond);
     // Same result as unet.forward(sample, timestep, cond) (the same kernels, replayed).
     torch::Tensor forward(const torch::Tensor& sample, const torch::Tensor& timestep, const UNetCond& cond);
     const UNet2DConditionModelImpl* model() const { return unet_; }

@@ -65,7 +65,7 @@ double InjectedNoise::gain(PredictionType prediction, double sigma) {
 
 Tensor FullDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor& x, const Tensor& t, const UNetCond& ctx, int,
                              const Tensor& stem) {
-    if (cuda_graphs_ && !stem.defined() && UNetStepGraph::applies(unet, x)) {
+    if (cuda_graphs_ && !stem.defined() && UNetStepGraph::applies(unet, x, ctx)) {
         if (!graph_ || graph_->model() != &unet) graph_ = std::make_unique<UNetStepGraph>(unet);
         return graph_->forward(x, t, ctx);
     }
