@@ -81,6 +81,8 @@ struct Txt2ImgParams {
     // encoding of the init image. width/height 0 = the init image's size rounded down to a multiple of the VAE factor
     // (diffusers' get_default_height_width); another size resizes the image (and the mask) to it with PIL's Lanczos.
     Img2ImgParams init;
+    // The final image's decoder: the model's VAE, or SDModels::taesd (diffusers' AutoencoderTiny in the pipeline).
+    VaeDecoder vae_decoder = VaeDecoder::Full;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
@@ -174,6 +176,7 @@ struct ProgressInfo {
     double elapsed_s = 0;
     bool full = true; // the cache decision of the step just done: the full UNet ran (false: a cached feature)
     ProgressPhase phase = ProgressPhase::Step;
+    torch::Tensor latents; // Step: the latents after the step (previews, unet/pipeline/preview.h); else undefined
 };
 
 struct Txt2ImgResult {
@@ -253,7 +256,8 @@ public:
     torch::Tensor blend_inpaint(const InitLatents& in, const Scheduler& sched, int i, const torch::Tensor& latents,
                                 StepRecord* rec) const;
     // VAE decode of final latents: returns {decoded, image in [0,1], uint8 NHWC}.
-    std::vector<torch::Tensor> decode(const torch::Tensor& latents);
+    // `with` Taesd: the TAESD decoder (SDModels::taesd) on latents / its scaling_factor, as diffusers' pipelines.
+    std::vector<torch::Tensor> decode(const torch::Tensor& latents, VaeDecoder with = VaeDecoder::Full);
 
     using ProgressFn = std::function<void(const ProgressInfo&)>;
     using StepFn = std::function<void(const StepRecord&)>;
