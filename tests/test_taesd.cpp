@@ -3,6 +3,7 @@
 // ../shared/golden/sd/taesd_tiny).
 #include "cache/io/safetensors.h"
 #include "cache/io/weight_map.h"
+#include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "tests/tiny_sd_run.h"
 #include "unet/model/taesd.h"
@@ -216,4 +217,46 @@ TEST_CASE("TAESD decodes the pipeline's final image and its previews; the projec
     CHECK(std::abs(rgb[0][0][0][0].item<double>() - (0.3512 + 1) / 2) < 1e-6);
     CHECK(preview_path("out/a.png") == "out/a_preview.png");
     CHECK(preview_path("out/") == "out/preview.png");
+}
+
+TEST_CASE("anchor-sd --vae-decoder taesd:FILE and --preview N; --compare with TAESD", "[cli][sd][taesd]") {
+    torch::manual_seed(8);
+    const std::string dir = test::scratch_dir("cli_taesd");
+    AutoencoderTiny t(taesd_small_config(2)); // the tiny model's VAE factor 2
+    save_taesd_single_files(*t, dir + "/taesd");
+    const std::vector<std::string> base{"-m", "assets/models/sd15-tiny-random", "-p", "a cat", "--steps", "3",
+                                        "--threads", "1"};
+    auto args = base;
+    args.insert(args.end(), {"-o", dir + "/a.png", "--vae-decoder", "taesd:" + dir + "/taesd/taesd_decoder.safetensors",
+                             "--preview", "1"});
+    auto r = test::run_program(test::sd_bin(), args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("preview: " + dir + "/a_preview.png every 1 steps (taesd)") != std::string::npos);
+    CHECK(test::read_bytes(dir + "/a_preview.png").compare(0, 4, "\x89PNG") == 0);
+    CHECK(test::read_bytes(dir + "/a.png.json").find("\"vae_decoder\": \"taesd\"") != std::string::npos);
+    // The preview file is an output like the image: not replaced without --overwrite.
+    r = test::run_program(test::sd_bin(), args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("--preview: '" + dir + "/a_preview.png' exists") != std::string::npos);
+
+    // --compare decodes every mode with it.
+    args = base;
+    args.insert(args.end(), {"-o", dir + "/cmp.png", "--vae-decoder", "taesd:" + dir + "/taesd", "--compare",
+                             "off,deepcache:2"});
+    r = test::run_program(test::sd_bin(), args);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(fs::exists(dir + "/cmp.png"));
+
+    // Bad values: a usage error naming the option; a TAESD that is not there, a runtime error naming the file.
+    args = base;
+    args.insert(args.end(), {"-o", dir + "/b.png", "--vae-decoder", "tiny"});
+    r = test::run_program(test::sd_bin(), args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("--vae-decoder: expected full, taesd or taesd:FILE, got 'tiny'") != std::string::npos);
+    args.back() = "taesd:" + dir + "/nothing";
+    r = test::run_program(test::sd_bin(), args);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find(dir + "/nothing") != std::string::npos);
 }
