@@ -335,7 +335,8 @@ nlohmann::json SdServer::openapi() const {
                   {"scheduler", str},
                   {"seed", integer(-1, (int64_t(1) << 47) - 1)},
                   {"width", integer(0, 1 << 14)},
-                  {"height", integer(0, 1 << 14)}};
+                  {"height", integer(0, 1 << 14)},
+                  {"vae_decoder", {{"type", "string"}, {"enum", {"full", "taesd"}}}}};
     json txt = image;
     txt["eta"] = number(0, 10);
     txt["batch_size"] = integer(1, p_.max_images);
