@@ -260,3 +260,22 @@ TEST_CASE("anchor-sd --vae-decoder taesd:FILE and --preview N; --compare with TA
     CHECK(r.exit_code == 1);
     CHECK(r.output.find(dir + "/nothing") != std::string::npos);
 }
+
+TEST_CASE("TAESD on the fast paths agrees with the reference modules", "[sd][taesd][perf]") {
+    torch::manual_seed(9);
+    AutoencoderTiny m(taesd_small_config(4));
+    torch::NoGradGuard ng;
+    const auto z = torch::randn({2, 4, 12, 10});
+    const auto x = torch::rand({1, 3, 40, 24}) * 2 - 1;
+    const auto ref_dec = m->decode(z), ref_enc = m->encode(x);
+    for (auto gemm : {kernels::GemmBackend::Torch, kernels::GemmBackend::OneDnn, kernels::GemmBackend::Winograd}) {
+        INFO(int(gemm));
+        m->set_fast_paths(true, gemm);
+        const auto dec = m->decode(z), enc = m->encode(x);
+        CHECK(dec.is_contiguous());
+        CHECK(test::rel_err(dec, ref_dec) < 1e-5);
+        CHECK(test::rel_err(enc, ref_enc) < 1e-5);
+    }
+    m->set_fast_paths(false);
+    CHECK(torch::equal(m->decode(z), ref_dec));
+}

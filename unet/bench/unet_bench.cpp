@@ -313,7 +313,9 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         AutoencoderTiny taesd{nullptr};
         if (o.taesd) {
             taesd = AutoencoderTiny(TaesdConfig{}, false, true);
-            taesd->decode_latents(z); // warm-up
+            taesd->eval();
+            taesd->set_fast_paths(!o.baseline, backend); // the VAE's paths
+            taesd->decode_latents(z);                    // warm-up
         }
         std::vector<double> tv, tt;
         for (int i = 0; i < o.vae_repeat; ++i) {

@@ -91,6 +91,19 @@ LayerPlan plan_of(const WeightMap& w, const std::string& prefix) {
     return p;
 }
 
+// A TAESD Sequential on `how`'s paths: its convolutions through perf::conv2d, the rest (activations, upsampling, the
+// blocks, which follow their own paths) as they are.
+Tensor run_layers(torch::nn::Sequential& s, Tensor x, const perf::FastPaths& how) {
+    if (!how.fast) return s->forward(x);
+    for (auto& any : *s) {
+        if (auto c = std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(any.ptr()))
+            x = perf::conv2d(torch::nn::Conv2d(c), x, how);
+        else
+            x = any.forward(x);
+    }
+    return x;
+}
+
 } // namespace
 
 int TaesdConfig::encoder_factor() const {
@@ -186,15 +199,17 @@ TaesdConfig TaesdConfig::detect_from_weights(const WeightMap& w) {
 AutoencoderTinyBlockImpl::AutoencoderTinyBlockImpl(int64_t in, int64_t out, TinyActivation act) {
     conv = register_module("conv", torch::nn::Sequential(conv3(in, out), activation(act), conv3(out, out),
                                                          activation(act), conv3(out, out)));
+    fast = false;
     if (in != out)
         skip = register_module("skip", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).bias(false)));
 }
 
 Tensor AutoencoderTinyBlockImpl::forward(const Tensor& x) {
-    return torch::relu(conv->forward(x) + (skip ? skip->forward(x) : x));
+    return torch::relu(run_layers(conv, x, *this) + (skip ? perf::conv2d(skip, x, *this) : x));
 }
 
 TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_) : decoder(decoder_) {
+    fast = false;
     torch::nn::Sequential s;
     if (!decoder) {
         const auto& ch = c.encoder_block_out_channels;
@@ -226,11 +241,12 @@ TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_) : decoder(deco
 
 Tensor TinyCoderImpl::forward(const Tensor& x) {
     // TAESD works on images in [0, 1]; diffusers' convention is [-1, 1] at both ends.
-    if (!decoder) return layers->forward(x.add(1).div(2));
-    return layers->forward(torch::tanh(x / 3) * 3).mul(2).sub(1); // the decoder's soft clamp of its input
+    if (!decoder) return run_layers(layers, x.add(1).div(2), *this);
+    return run_layers(layers, torch::tanh(x / 3) * 3, *this).mul(2).sub(1); // the decoder's soft clamp of its input
 }
 
 AutoencoderTinyImpl::AutoencoderTinyImpl(const TaesdConfig& c, bool with_encoder, bool with_decoder) : cfg_(c) {
+    fast = false;
     check_levels(c.encoder_block_out_channels, c.num_encoder_blocks, "encoder", "TAESD config");
     check_levels(c.decoder_block_out_channels, c.num_decoder_blocks, "decoder", "TAESD config");
     if (with_encoder) encoder = register_module("encoder", TinyCoder(c, false));
@@ -243,7 +259,9 @@ Tensor AutoencoderTinyImpl::encode(const Tensor& image) {
     if (image.dim() != 4 || image.size(1) != cfg_.in_channels)
         throw Error("TAESD encode: expected an image [B, " + std::to_string(cfg_.in_channels) + ", H, W], got " +
                     c10::str(image.sizes()));
-    return encoder->forward(image);
+    // On oneDNN the coder runs channels-last, as the VAE's (AutoencoderKLImpl::in_layout).
+    return encoder->forward(perf::use_onednn(*this) ? image.contiguous(torch::MemoryFormat::ChannelsLast) : image)
+        .contiguous();
 }
 
 Tensor AutoencoderTinyImpl::decode(const Tensor& z) {
@@ -252,7 +270,7 @@ Tensor AutoencoderTinyImpl::decode(const Tensor& z) {
     if (z.dim() != 4 || z.size(1) != cfg_.latent_channels)
         throw Error("TAESD '" + source + "': expected latents [B, " + std::to_string(cfg_.latent_channels) +
                     ", h, w], got " + c10::str(z.sizes()));
-    return decoder->forward(z);
+    return decoder->forward(perf::use_onednn(*this) ? z.contiguous(torch::MemoryFormat::ChannelsLast) : z).contiguous();
 }
 
 Tensor AutoencoderTinyImpl::decode_latents(const Tensor& latents) {
@@ -269,6 +287,11 @@ Tensor AutoencoderTinyImpl::unscale_latents(const Tensor& x) const {
 
 void AutoencoderTinyImpl::load(const WeightMap& w) {
     w.load_into(*this);
+}
+
+void AutoencoderTinyImpl::set_fast_paths(bool on, kernels::GemmBackend gemm) {
+    for (const auto& m : modules(true))
+        if (auto* f = dynamic_cast<perf::FastPaths*>(m.get())) f->fast = on, f->gemm = gemm;
 }
 
 VaeDecoderChoice VaeDecoderChoice::parse(const std::string& text, const std::string& field) {
@@ -432,6 +455,7 @@ void attach_taesd(SDModels& models, const std::string& file, const std::string& 
     if (models.vae && t->config().decoder_factor() != models.vae->config().spatial_factor())
         throw Error("TAESD '" + t->source + "': upscales latents by " + std::to_string(t->config().decoder_factor()) +
                     ", the model's VAE by " + std::to_string(models.vae->config().spatial_factor()));
+    t->set_fast_paths(true, models.gemm);
     models.taesd = t;
 }
 

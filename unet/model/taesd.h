@@ -12,6 +12,8 @@
 // layer i is diffusers' i - 1 (taesd_single_file_name).
 #pragma once
 
+#include "unet/model/unet_perf.h"
+
 #include <torch/torch.h>
 
 #include <nlohmann/json_fwd.hpp>
@@ -66,7 +68,9 @@ struct TaesdConfig {
     int decoder_factor() const;
 };
 
-struct AutoencoderTinyBlockImpl : torch::nn::Module {
+// Every TAESD module starts on the reference path (LibTorch's modules, diffusers' bits); set_fast_paths moves its
+// convolutions to perf::conv2d (oneDNN's kernels with the model's GEMM backend, unet/model/unet_perf.h).
+struct AutoencoderTinyBlockImpl : torch::nn::Module, perf::FastPaths {
     AutoencoderTinyBlockImpl(int64_t in, int64_t out, TinyActivation act);
     torch::Tensor forward(const torch::Tensor& x);
     torch::nn::Sequential conv{nullptr};
@@ -74,7 +78,7 @@ struct AutoencoderTinyBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(AutoencoderTinyBlock);
 
-struct TinyCoderImpl : torch::nn::Module { // EncoderTiny / DecoderTiny: `layers` as diffusers numbers them
+struct TinyCoderImpl : torch::nn::Module, perf::FastPaths { // EncoderTiny / DecoderTiny: `layers` as diffusers numbers them
     TinyCoderImpl(const TaesdConfig& c, bool decoder);
     torch::Tensor forward(const torch::Tensor& x);
     bool decoder;
@@ -82,7 +86,7 @@ struct TinyCoderImpl : torch::nn::Module { // EncoderTiny / DecoderTiny: `layers
 };
 TORCH_MODULE(TinyCoder);
 
-class AutoencoderTinyImpl : public torch::nn::Module {
+class AutoencoderTinyImpl : public torch::nn::Module, public perf::FastPaths {
 public:
     // A model of the coders asked for (madebyollin's files hold one each): the other stays absent.
     explicit AutoencoderTinyImpl(const TaesdConfig& c, bool with_encoder = true, bool with_decoder = true);
@@ -99,6 +103,8 @@ public:
     bool has_decoder() const { return !decoder.is_empty(); }
     // Every weight of the present coders from diffusers-named `w` (all missing / unexpected names in one error).
     void load(const WeightMap& w);
+    // Every module's paths: on = perf::conv2d with `gemm` (channels-last on oneDNN), off = the reference modules.
+    void set_fast_paths(bool on, kernels::GemmBackend gemm = kernels::GemmBackend::Torch);
     std::string source; // the folder or file(s) it was loaded from
 
     TinyCoder encoder{nullptr};
@@ -128,7 +134,7 @@ std::vector<std::string> taesd_candidates(const std::string& model_path, bool sd
 std::string find_taesd(const std::string& model_path, bool sdxl);
 
 // Loads the TAESD `file` (empty: find_taesd next to `model_path`, an error naming every place looked at when there is
-// none) and sets models.taesd; its latent channel count must be the UNet's (an error naming the file, expected and
+// none) and sets models.taesd on the model's fast paths and GEMM backend; its latent channel count must be the UNet's (an error naming the file, expected and
 // actual).
 void attach_taesd(SDModels& models, const std::string& file, const std::string& model_path);
 
