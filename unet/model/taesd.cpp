@@ -91,15 +91,32 @@ LayerPlan plan_of(const WeightMap& w, const std::string& prefix) {
     return p;
 }
 
-// A TAESD Sequential on `how`'s paths: its convolutions through perf::conv2d, the rest (activations, upsampling, the
-// blocks, which follow their own paths) as they are.
-Tensor run_layers(torch::nn::Sequential& s, Tensor x, const perf::FastPaths& how) {
+// A TAESD Sequential on `how`'s paths: its convolutions through perf::conv2d; on oneDNN a 2x nearest upsample and the
+// 3x3 convolution after it as one resize-convolution (perf::upsample2x_conv3x3, as the VAE's Upsample2D) and the ReLUs
+// in place on the convolutions' own outputs; the rest (other activations, the blocks, which follow their own paths) as
+// they are. `upsample`: the coder's upsampling factor (0: none).
+Tensor run_layers(torch::nn::Sequential& s, Tensor x, const perf::FastPaths& how, TinyActivation act, int upsample) {
     if (!how.fast) return s->forward(x);
-    for (auto& any : *s) {
-        if (auto c = std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(any.ptr()))
+    const bool onednn = perf::use_onednn(how);
+    const size_t n = s->size();
+    for (size_t i = 0; i < n; ++i) {
+        auto& any = *(s->begin() + long(i));
+        if (auto c = std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(any.ptr())) {
             x = perf::conv2d(torch::nn::Conv2d(c), x, how);
-        else
-            x = any.forward(x);
+            continue;
+        }
+        if (onednn && upsample == 2 && i + 1 < n && std::dynamic_pointer_cast<torch::nn::UpsampleImpl>(any.ptr()))
+            if (auto c = std::dynamic_pointer_cast<torch::nn::Conv2dImpl>((s->begin() + long(i + 1))->ptr()))
+                if (auto y = perf::upsample2x_conv3x3(torch::nn::Conv2d(c), x, how); y.defined()) {
+                    x = y, ++i;
+                    continue;
+                }
+        if (onednn && act == TinyActivation::Relu && std::dynamic_pointer_cast<torch::nn::FunctionalImpl>(any.ptr()) &&
+            perf::sole_owner(x)) {
+            x.relu_();
+            continue;
+        }
+        x = any.forward(x);
     }
     return x;
 }
@@ -196,7 +213,7 @@ TaesdConfig TaesdConfig::detect_from_weights(const WeightMap& w) {
     return c;
 }
 
-AutoencoderTinyBlockImpl::AutoencoderTinyBlockImpl(int64_t in, int64_t out, TinyActivation act) {
+AutoencoderTinyBlockImpl::AutoencoderTinyBlockImpl(int64_t in, int64_t out, TinyActivation act_) : act(act_) {
     conv = register_module("conv", torch::nn::Sequential(conv3(in, out), activation(act), conv3(out, out),
                                                          activation(act), conv3(out, out)));
     fast = false;
@@ -205,10 +222,14 @@ AutoencoderTinyBlockImpl::AutoencoderTinyBlockImpl(int64_t in, int64_t out, Tiny
 }
 
 Tensor AutoencoderTinyBlockImpl::forward(const Tensor& x) {
-    return torch::relu(run_layers(conv, x, *this) + (skip ? perf::conv2d(skip, x, *this) : x));
+    auto y = run_layers(conv, x, *this, act, 0);
+    const auto res = skip ? perf::conv2d(skip, x, *this) : x;
+    if (perf::use_onednn(*this) && perf::sole_owner(y) && y.sizes() == res.sizes()) return y.add_(res).relu_();
+    return torch::relu(y + res);
 }
 
-TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_) : decoder(decoder_) {
+TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_)
+    : decoder(decoder_), act(c.act_fn), upsample(c.upsampling_scaling_factor) {
     fast = false;
     torch::nn::Sequential s;
     if (!decoder) {
@@ -241,8 +262,9 @@ TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_) : decoder(deco
 
 Tensor TinyCoderImpl::forward(const Tensor& x) {
     // TAESD works on images in [0, 1]; diffusers' convention is [-1, 1] at both ends.
-    if (!decoder) return run_layers(layers, x.add(1).div(2), *this);
-    return run_layers(layers, torch::tanh(x / 3) * 3, *this).mul(2).sub(1); // the decoder's soft clamp of its input
+    if (!decoder) return run_layers(layers, x.add(1).div(2), *this, act, 0);
+    // The decoder's soft clamp of its input.
+    return run_layers(layers, torch::tanh(x / 3) * 3, *this, act, upsample).mul(2).sub(1);
 }
 
 AutoencoderTinyImpl::AutoencoderTinyImpl(const TaesdConfig& c, bool with_encoder, bool with_decoder) : cfg_(c) {

@@ -75,6 +75,7 @@ struct AutoencoderTinyBlockImpl : torch::nn::Module, perf::FastPaths {
     torch::Tensor forward(const torch::Tensor& x);
     torch::nn::Sequential conv{nullptr};
     torch::nn::Conv2d skip{nullptr}; // only when in != out (a 1x1 bias-free convolution)
+    TinyActivation act;
 };
 TORCH_MODULE(AutoencoderTinyBlock);
 
@@ -82,6 +83,8 @@ struct TinyCoderImpl : torch::nn::Module, perf::FastPaths { // EncoderTiny / Dec
     TinyCoderImpl(const TaesdConfig& c, bool decoder);
     torch::Tensor forward(const torch::Tensor& x);
     bool decoder;
+    TinyActivation act;
+    int upsample; // the decoder's upsampling factor
     torch::nn::Sequential layers{nullptr};
 };
 TORCH_MODULE(TinyCoder);
