@@ -80,6 +80,9 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
     cmd.add_option("--vae", o.vae_repeat, "also time this many VAE decodes of one latent (SD's VAE, random weights)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    cmd.add_flag("--taesd", o.taesd,
+                 "with --vae: also time TAESD's decoder (published shape, random weights) on the same latent, "
+                 "interleaved with the VAE's decodes");
     cmd.add_flag("--macs-only", opts.macs_only, "print only the analytic MAC count per sample (e.g. '338.6 GMACs')");
     cmd.add_option("--deepcache", o.deepcache, "DeepCache intervals N whose MACs (and cached-step times) are shown")
         ->capture_default_str();

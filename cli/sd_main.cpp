@@ -13,6 +13,7 @@
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/control.h"
 #include "unet/pipeline/infotext.h"
+#include "unet/pipeline/preview.h"
 #include "unet/pipeline/txt2img_job.h"
 
 #include <CLI/CLI.hpp>
@@ -43,6 +44,8 @@ struct Options {
     std::optional<kernels::GemmBackend> gemm;
     std::optional<PredictionType> prediction; // unset: auto
     std::string vae;
+    VaeDecoderChoice vae_decoder; // --vae-decoder; its kind goes to job.params.vae_decoder once the TAESD is loaded
+    int preview = 0;              // --preview N: every N steps (0 = off)
     torch::ScalarType weights_dtype = torch::kFloat;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
     bool channels_last = false, cudnn_benchmark = false, fused_qkv = false;
@@ -234,6 +237,18 @@ void check_against_model(const Options& o, const SDModels& m) {
                      p.width > native ? "-W" : "-H");
 }
 
+// --vae-decoder taesd[:FILE] loads the TAESD (an error when there is none); --preview uses one found next to the
+// model when there is one, else the latent projection.
+void attach_decoders(Options& o, SDModels& models) {
+    if (o.vae_decoder.kind == VaeDecoder::Taesd) {
+        attach_taesd(models, o.vae_decoder.file, o.model);
+        o.job.params.vae_decoder = VaeDecoder::Taesd;
+    } else if (o.preview > 0 && !find_taesd(o.model, models.family == SdFamily::SDXL).empty()) {
+        attach_taesd(models, "", o.model);
+    }
+    if (models.taesd) std::fprintf(stderr, "TAESD: %s\n", models.taesd->source.c_str());
+}
+
 int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
     const auto& job = o.job;
     auto p = pipe.resolved(job.params);
@@ -266,6 +281,7 @@ int run(Options& o) {
     for (const auto& c : job.params.control)
         std::fprintf(stderr, "ControlNet %s x %g (steps %g..%g of the loop%s), image %s\n", c.source.c_str(), c.scale,
                      c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
+    attach_decoders(o, models);
     Txt2ImgPipeline pipe(models);
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
@@ -278,7 +294,19 @@ int run(Options& o) {
                      pipe.resolved(job.params).device.str().c_str());
     if (job.output.back() == '/') fs::create_directories(job.output);
     Txt2ImgJobCallbacks cb;
-    cb.progress = progress_bar;
+    const std::string preview_file = preview_path(job.output);
+    if (o.preview > 0 && fs::exists(preview_file) && !job.overwrite)
+        throw UsageError("--preview: '" + preview_file + "' exists; add --overwrite to replace it");
+    PreviewHook preview(models, o.preview, [&preview_file](const std::string& png, int, int) {
+        write_file_atomic(preview_file, png, true);
+    });
+    if (o.preview > 0)
+        std::fprintf(stderr, "preview: %s every %d steps (%s)\n", preview_file.c_str(), o.preview,
+                     enum_name(preview_method_table(), preview.method()).c_str());
+    cb.progress = [&preview](const ProgressInfo& p, const std::string& label) {
+        progress_bar(p, label);
+        preview(p);
+    };
     cb.batch_done = [&](const std::vector<Txt2ImgJobImage>& imgs, double denoise_s, double decode_s, int64_t rss) {
         std::fprintf(stderr, "saved %s%s (seed %lld, denoise %s, decode %s, RSS %.1f MiB)\n", imgs.front().png.c_str(),
                      imgs.size() > 1 ? (" .. " + imgs.back().png).c_str() : "",
@@ -540,6 +568,20 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "replace the model's VAE: a single-file VAE (.safetensors/.ckpt, original or diffusers names), "
                         "a diffusers VAE folder or its weights file"),
          "vae_file");
+    bind(app.add_option_function<std::string>(
+                "--vae-decoder",
+                [&o](const std::string& s) { o.vae_decoder = VaeDecoderChoice::parse(s, "--vae-decoder"); },
+                "decoder of the final image: full (the model's VAE), taesd (the tiny TAESD/TAESDXL decoder found next "
+                "to the model: a taesd/ or taesdxl/ folder or taesd_decoder.safetensors) or taesd:FILE (a diffusers "
+                "AutoencoderTiny folder or madebyollin's taesd*_decoder.safetensors)")
+             ->type_name("full|taesd[:FILE]"),
+         "vae_decoder");
+    bind(app.add_option("--preview", o.preview,
+                        "every N steps write a preview PNG of the first image to <output stem>_preview.png (TAESD "
+                        "when one is loaded or next to the model, else a latent-to-RGB projection); 0 = off")
+             ->check(cli::in_range(0, 10000))
+             ->capture_default_str(),
+         "preview");
     app.add_flag("--overwrite", j.overwrite, "replace existing output files");
     app.add_flag("--skip-existing", j.skip_existing,
                  "do not run again the batches whose PNGs and sidecars exist (a failed --prompts-file job resumes)");

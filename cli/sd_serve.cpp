@@ -20,6 +20,7 @@ struct ServeOptions {
     unet::SdServerParams server;
     bool no_web = false;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
+    unet::VaeDecoderChoice vae_decoder; // --vae-decoder: the TAESD loaded and made the requests' default
 };
 
 int run_serve(ServeOptions& o) {
@@ -39,6 +40,13 @@ int run_serve(ServeOptions& o) {
     unet::SDModels models = unet::load_sd_models(s.model, lo);
     std::fprintf(stderr, "loaded %s in %.1fs\n", s.model.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (o.vae_decoder.kind == unet::VaeDecoder::Taesd) {
+        unet::attach_taesd(models, o.vae_decoder.file, s.model);
+        s.default_vae_decoder = unet::VaeDecoder::Taesd;
+    } else if (s.preview_every > 0 && !unet::find_taesd(s.model, models.family == unet::SdFamily::SDXL).empty()) {
+        unet::attach_taesd(models, "", s.model); // previews by TAESD; requests may ask for it with vae_decoder
+    }
+    if (models.taesd) std::fprintf(stderr, "TAESD: %s\n", models.taesd->source.c_str());
     unet::Txt2ImgPipeline pipe(models);
     s.facts = {{"program", "anchor-sd serve"}, {"model", s.model}, {"device", lo.device.str()}};
     unet::SdServer server(pipe, s);
@@ -85,6 +93,18 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
              ->capture_default_str(),
          "max_images");
     bind(cmd->add_option("--max-modes", s.max_modes, "most modes of one compare")->capture_default_str(), "max_modes");
+    bind(cmd->add_option("--preview", s.preview_every,
+                         "every N steps a preview of the running job (TAESD when one is loaded or next to the model, "
+                         "else a latent-to-RGB projection) for /sdapi/v1/progress's current_image; 0 = none")
+             ->capture_default_str(),
+         "preview_every");
+    bind(cmd->add_option_function<std::string>(
+                 "--vae-decoder",
+                 [o](const std::string& v) { o->vae_decoder = unet::VaeDecoderChoice::parse(v, "--vae-decoder"); },
+                 "decoder of requests without a vae_decoder field: full, taesd (found next to the model) or "
+                 "taesd:FILE; a TAESD loaded here also serves requests' \"vae_decoder\": \"taesd\"")
+             ->type_name("full|taesd[:FILE]"),
+         "vae_decoder");
     add_device_option(*cmd, o->device);
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");

@@ -439,3 +439,40 @@ TEST_CASE("sd serve: every cache key out of its range is a one-line 400 naming t
               "at least one cache mode");
     CHECK(c.Get("/health")->status == 200);
 }
+
+TEST_CASE("sd serve: /sdapi/v1/progress shows the running job's preview as current_image", "[serve][taesd]") {
+    ServeProcess s(sd_bin(), {"serve", "--port", "0", "--no-web", "--preview", "2"}, "sd_serve_preview");
+    auto c = s.client();
+    // Before any job: no image. A request for TAESD where the server has none: a 400 naming the field.
+    CHECK(json::parse(c.Get("/sdapi/v1/progress")->body)["current_image"].is_null());
+    int status = 0;
+    auto bad = txt2img(1, "off", 2);
+    bad["vae_decoder"] = "taesd";
+    json reply = post_json(c, "/sdapi/v1/txt2img", bad, &status);
+    check_400(reply, status, "vae_decoder", "no TAESD");
+    bad["vae_decoder"] = "tiny";
+    reply = post_json(c, "/sdapi/v1/txt2img", bad, &status);
+    check_400(reply, status, "vae_decoder", "expected full, taesd");
+
+    auto job = std::async(std::launch::async, [&] {
+        auto jc = s.client();
+        int st = 0;
+        json r = post_json(jc, "/sdapi/v1/txt2img", long_txt2img(9), &st);
+        return st;
+    });
+    std::string image;
+    for (int i = 0; i < 800 && image.empty(); ++i) {
+        auto r = c.Get("/sdapi/v1/progress");
+        if (r) {
+            const auto pj = json::parse(r->body);
+            if (pj["current_image"].is_string()) image = pj["current_image"].get<std::string>();
+        }
+        if (image.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    c.Post("/sdapi/v1/interrupt", "", "application/json");
+    CHECK(job.get() == 503);
+    REQUIRE(!image.empty());
+    CHECK(is_png(unbase64(image)));
+    // The job is over: its preview is gone with it (the next job starts without one).
+    CHECK(json::parse(c.Get("/sdapi/v1/progress")->body)["current_image"].is_null());
+}

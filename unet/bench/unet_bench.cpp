@@ -312,11 +312,23 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
         // with one head of 512 channels.
         const auto z = torch::randn({1, 4, lh, lw});
         torch::Tensor img = vae->decode(z); // warm-up
-        std::vector<double> tv;
+        AutoencoderTiny taesd{nullptr};
+        if (o.taesd) {
+            taesd = AutoencoderTiny(TaesdConfig{}, false, true);
+            taesd->eval();
+            taesd->set_fast_paths(!o.baseline, backend); // the VAE's paths
+            taesd->decode_latents(z);                    // warm-up
+        }
+        std::vector<double> tv, tt;
         for (int i = 0; i < o.vae_repeat; ++i) {
             t0 = util::now_s();
             img = vae->decode(z);
             tv.push_back(util::now_s() - t0);
+            if (!taesd) continue;
+            t0 = util::now_s();
+            const auto small = taesd->decode_latents(z);
+            tt.push_back(util::now_s() - t0);
+            if (small.sizes() != img.sizes()) throw Error("bench: TAESD's image has another size than the VAE's");
         }
         if (!torch::isfinite(img).all().item<bool>()) throw Error("bench: the VAE output is not finite");
 #ifdef ANCHOR_HAVE_RECORD_PROFILE
@@ -331,6 +343,14 @@ void run_unet_bench(const UNetBenchParams& o, const std::function<void(const std
              secs(sv.min) + " s, median " + secs(sv.median) + " s, max " + secs(sv.max) + " s over " +
              std::to_string(o.vae_repeat) + " runs after 1 warm-up");
         emit("  runs: " + join_seconds(tv));
+        if (!tt.empty()) {
+            const util::Stats st_t = util::stats_of(tt);
+            emit("TAESD decode (batch 1, " + std::to_string(o.width) + "x" + std::to_string(o.height) +
+                 ", interleaved with the VAE's): min " + secs(st_t.min) + " s, median " + secs(st_t.median) +
+                 " s, max " + secs(st_t.max) + " s; VAE / TAESD median " +
+                 util::fmt("%.1fx", sv.median / st_t.median) + ", min " + util::fmt("%.1fx", sv.min / st_t.min));
+            emit("  runs: " + join_seconds(tt));
+        }
     }
 
     if (!o.profile.empty()) {

@@ -36,6 +36,9 @@ struct UNetBenchParams {
     torch::ScalarType weights_dtype = torch::kFloat;
     bool fused_qkv = false; // LoadOptions::fused_qkv: the self-attention projections as one GEMM
     int vae_repeat = 0; // > 0: also time this many decodes of one latent by SD's VAE (random weights) at the size
+    // With vae_repeat: also time TAESD's decoder (the published shape, random weights) on the same latent, its decodes
+    // interleaved with the VAE's.
+    bool taesd = false;
     int64_t seed = 0;
     std::string profile, profile_shallow; // chrome traces of one more full / shallow step ("" = none)
     // `repeat` more full steps with every fast-kernel call timed (kernels/op_timing.h): a table of one step's calls

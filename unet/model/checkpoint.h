@@ -11,6 +11,7 @@
 #include "unet/samplers/scheduler.h"
 #include "unet/model/sd_family.h"
 #include "unet/model/unet_model.h"
+#include "unet/model/taesd.h"
 #include "unet/model/vae.h"
 
 #include <torch/torch.h>
@@ -157,6 +158,8 @@ struct SDModels {
     // What Txt2ImgParams::free_params released ("text encoders", "UNet"); empty while every model can run.
     std::vector<std::string> released;
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
+    // A tiny decoder (unet/model/taesd.h) for Txt2ImgParams::vae_decoder taesd and the previews; null when none.
+    AutoencoderTiny taesd{nullptr};
 };
 
 // The parts Txt2ImgParams::free_params releases: the text encoders, the VAE encoder (txt2img never encodes an image),

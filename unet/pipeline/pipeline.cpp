@@ -276,7 +276,9 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
                          "the UNet is on " + m_.unet->conv_in->weight.device().str() + ", not " + p.device.str());
     if (!p.prompt_embeds.defined() && !m_.text_encoder)
         throw ParamError("prompt_embeds", "the models have no text encoder: give the text conditioning");
-    if (p.decode && !m_.vae) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
+    if (p.vae_decoder == VaeDecoder::Taesd && p.decode && !m_.taesd)
+        throw ParamError("vae_decoder", "taesd: no TAESD is loaded with the model (attach_taesd)");
+    if (p.decode && !m_.vae && p.vae_decoder == VaeDecoder::Full) throw ParamError("decode", "the models have no VAE: decode = false returns latents");
     validate_sdxl(p, m_);
     validate_control(p.control, m_.unet->config(), int64_t(p.prompts.size()));
     if (!m_.text_encoder) return;
@@ -539,18 +541,21 @@ Tensor Txt2ImgPipeline::blend_inpaint(const InitLatents& in, const Scheduler& sc
     return out;
 }
 
-std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents, const VaeTiling& tiling) {
+std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents, VaeDecoder with, const VaeTiling& tiling) {
     c10::InferenceMode guard;
-    const auto& vc = m_.vae->config();
     Tensor decoded;
-    const auto vae_dtype = m_.vae->post_quant_conv->bias.scalar_type();
-    if (vc.force_upcast && vae_dtype != torch::kFloat) {
+    if (with == VaeDecoder::Taesd) {
+        if (!m_.taesd) throw ParamError("vae_decoder", "taesd: no TAESD is loaded with the model");
+        const auto w = m_.taesd->decoder->layers->parameters().front();
+        decoded = m_.taesd->decode_latents(latents.to(w.device(), w.scalar_type()));
+    } else if (m_.vae->config().force_upcast && m_.vae->post_quant_conv->bias.scalar_type() != torch::kFloat) {
         // diffusers' upcast_vae: decode in float32, then back to the VAE's dtype for the next call.
+        const auto vae_dtype = m_.vae->post_quant_conv->bias.scalar_type();
         m_.vae->to(torch::kFloat);
-        decoded = vae_decode(*m_.vae, vc.unscale_latents(latents.to(torch::kFloat)), tiling);
+        decoded = vae_decode(*m_.vae, m_.vae->config().unscale_latents(latents.to(torch::kFloat)), tiling);
         m_.vae->to(vae_dtype);
     } else {
-        decoded = vae_decode(*m_.vae, vc.unscale_latents(latents), tiling);
+        decoded = vae_decode(*m_.vae, m_.vae->config().unscale_latents(latents), tiling);
     }
     decoded = decoded.to(torch::kCPU, torch::kFloat); // the VAE may be on a GPU (--device cuda)
     auto image = (decoded / 2 + 0.5).clamp(0, 1);
@@ -665,7 +670,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
                         std::to_string(n) + "; no image is written. Check the model weights and the guidance scale");
         r.full_steps += ctl.last_step_was_full() ? 1 : 0;
         if (on_step) on_step(rec);
-        if (progress) progress({k + 1, n, seconds_since(t0), ctl.last_step_was_full()});
+        if (progress) progress({k + 1, n, seconds_since(t0), ctl.last_step_was_full(), ProgressPhase::Step, latents});
     }
     r.total_steps = n;
     r.denoise_s = seconds_since(t0);
@@ -674,7 +679,7 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     if (!p.decode) return r;
     if (progress) progress({n, n, r.denoise_s, true, ProgressPhase::Decode});
     t0 = std::chrono::steady_clock::now();
-    auto d = decode(latents, p.vae_tiling);
+    auto d = decode(latents, p.vae_decoder, p.vae_tiling);
     if (!torch::isfinite(d[0]).all().item<bool>())
         throw Error("NaN/Inf in the VAE decoder output; no image is written. Check the VAE weights");
     r.decoded = d[0];

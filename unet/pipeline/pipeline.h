@@ -93,6 +93,8 @@ struct Txt2ImgParams {
     // ControlNets (unet/pipeline/control.h, diffusers' StableDiffusionControlNetPipeline), their residuals added;
     // width/height 0 (txt2img) = the first control image's size rounded down to the VAE factor, as diffusers.
     std::vector<ControlParams> control;
+    // The final image's decoder: the model's VAE, or SDModels::taesd (diffusers' AutoencoderTiny in the pipeline).
+    VaeDecoder vae_decoder = VaeDecoder::Full;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
@@ -193,6 +195,7 @@ struct ProgressInfo {
     double elapsed_s = 0;
     bool full = true; // the cache decision of the step just done: the full UNet ran (false: a cached feature)
     ProgressPhase phase = ProgressPhase::Step;
+    torch::Tensor latents; // Step: the latents after the step (previews, unet/pipeline/preview.h); else undefined
 };
 
 struct Txt2ImgResult {
@@ -272,7 +275,10 @@ public:
     torch::Tensor blend_inpaint(const InitLatents& in, const Scheduler& sched, int i, const torch::Tensor& latents,
                                 StepRecord* rec) const;
     // VAE decode of final latents: returns {decoded, image in [0,1], uint8 NHWC}.
-    std::vector<torch::Tensor> decode(const torch::Tensor& latents, const VaeTiling& tiling = {});
+    // `with` Taesd: the TAESD decoder (SDModels::taesd) on latents / its scaling_factor, as diffusers' pipelines;
+    // `tiling` applies to the full VAE (diffusers' enable_tiling).
+    std::vector<torch::Tensor> decode(const torch::Tensor& latents, VaeDecoder with = VaeDecoder::Full,
+                                      const VaeTiling& tiling = {});
 
     using ProgressFn = std::function<void(const ProgressInfo&)>;
     using StepFn = std::function<void(const StepRecord&)>;

@@ -104,6 +104,7 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
     j["width"] = p.width;
     j["height"] = p.height;
     j["mode"] = !p.init.enabled() ? "txt2img" : p.init.inpaint() ? "inpaint" : "img2img";
+    if (p.vae_decoder == VaeDecoder::Taesd) j["vae_decoder"] = "taesd";
     if (r.time_ids.defined()) {
         // SDXL: the second encoder's prompts and the micro-conditioning the UNet rows of this image got (diffusers'
         // order: original height, width, crop top, left, target height, width; Txt2ImgPipeline::sdxl_time_ids).

@@ -100,7 +100,8 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
                   {"state", {{"job_count", 0}, {"sampling_step", 0}, {"sampling_steps", 0}, {"interrupted", false}}}};
         pj["state"]["queue"] = s.http_.jobs().pending();
         if (t) pj["state"]["interrupted"] = t->control.cancelled();
-        pj["current_image"] = nullptr;
+        // The running job's latest preview (SdServerParams::preview_every), A1111's current_image; null before one.
+        if (!pj.contains("current_image")) pj["current_image"] = nullptr;
         return HttpReply::json(pj);
     });
     http.post("/sdapi/v1/interrupt", [&s](const HttpRequest&) {

@@ -2,6 +2,7 @@
 
 #include "cache/io/png_text.h"
 #include "unet/pipeline/infotext.h"
+#include "unet/pipeline/preview.h"
 #include "unet/serve/sd_server_routes.h"
 #include "unet/pipeline/txt2img_job.h"
 
@@ -26,6 +27,7 @@ void SdServerParams::validate() const {
     if (max_pixels < 64) throw ParamError("max_pixels", "must be >= 64, got " + std::to_string(max_pixels));
     if (max_images < 1) throw ParamError("max_images", "must be >= 1, got " + std::to_string(max_images));
     if (max_modes < 1) throw ParamError("max_modes", "must be >= 1, got " + std::to_string(max_modes));
+    if (preview_every < 0) throw ParamError("preview_every", "must be >= 0, got " + std::to_string(preview_every));
 }
 
 namespace {
@@ -200,6 +202,14 @@ void SdServer::read_image_fields(const RequestFields& f, Txt2ImgParams& p) const
     if (p.seed < 0) p.seed = random_seed();
     p.width = int(f.integer("width", 0, 0, 1 << 14));
     p.height = int(f.integer("height", 0, 0, 1 << 14));
+    p.vae_decoder = p_.default_vae_decoder;
+    if (f.has("vae_decoder")) {
+        VaeDecoderChoice c;
+        as_request([&] { c = VaeDecoderChoice::parse(f.string("vae_decoder", ""), "vae_decoder"); });
+        if (!c.file.empty())
+            throw HttpError(400, "vae_decoder", "vae_decoder: full or taesd (the server's own TAESD), got a file");
+        p.vae_decoder = c.kind;
+    }
 }
 
 // Our own request fields (A1111 has no standard one): "vae_tiling": true, and optionally "vae_tile_size" (image
@@ -279,12 +289,20 @@ nlohmann::json SdServer::run_images(const HttpRequest& req, const Txt2ImgJob& jo
         c.check();
         const int units = job.batch_count; // one pipeline run per batch
         int unit = 0, full = 0;
+        std::string current_image; // this job's latest preview (base64 PNG): its own state, never another job's
+        PreviewHook preview(pipe_.models(), p_.preview_every,
+                            [&current_image](const std::string& png, int, int) {
+                                current_image = serve::base64_encode(png);
+                            });
         Txt2ImgJobCallbacks cb;
         cb.progress = [&](const ProgressInfo& pi, const std::string&) {
             c.check(); // an interrupt or a client gone stops the job here: before encoding, each step, the decode
             if (pi.phase != ProgressPhase::Step) return;
             full = pi.step == 1 ? int(pi.full) : full + int(pi.full);
-            c.set_progress(progress_json(pi, unit, units, job.cache.label, full));
+            preview(pi);
+            auto pj = progress_json(pi, unit, units, job.cache.label, full);
+            if (!current_image.empty()) pj["current_image"] = current_image;
+            c.set_progress(std::move(pj));
         };
         cb.batch_done = [&](const std::vector<Txt2ImgJobImage>&, double, double, int64_t) { ++unit; };
         const auto r = run_txt2img_job(pipe_, job, cb);
@@ -328,7 +346,8 @@ nlohmann::json SdServer::openapi() const {
                   {"scheduler", str},
                   {"seed", integer(-1, (int64_t(1) << 47) - 1)},
                   {"width", integer(0, 1 << 14)},
-                  {"height", integer(0, 1 << 14)}};
+                  {"height", integer(0, 1 << 14)},
+                  {"vae_decoder", {{"type", "string"}, {"enum", {"full", "taesd"}}}}};
     json txt = image;
     txt["eta"] = number(0, 10);
     txt["batch_size"] = integer(1, p_.max_images);

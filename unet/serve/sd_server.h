@@ -32,6 +32,11 @@ struct SdServerParams {
     int max_images = 8;                              // batch_size x n_iter of one request
     int max_modes = 6;                               // modes of one compare
     nlohmann::json facts = nlohmann::json::object(); // copied into every image record (program, threads, ...)
+    // Live previews (unet/pipeline/preview.h): every N steps the job's latest preview becomes /sdapi/v1/progress's
+    // current_image (0 = none).
+    int preview_every = 5;
+    // The decoder of requests without a `vae_decoder` field ("full" or "taesd"; taesd needs SDModels::taesd).
+    VaeDecoder default_vae_decoder = VaeDecoder::Full;
     void validate() const;                           // ParamError naming the field
 };
 
