@@ -1,5 +1,6 @@
 // ControlNetModel with diffusers 0.27.2 semantics (models/controlnet.py; see docs/controlnet.md).
 #include "unet/model/controlnet.h"
+#include "unet/model/layers.h"
 
 #include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
@@ -20,10 +21,6 @@ namespace anchor::unet {
 using torch::Tensor;
 
 namespace {
-
-torch::nn::Conv2d conv3(int64_t in, int64_t out, int64_t stride = 1) {
-    return make_conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1));
-}
 
 std::string list_str(const std::vector<int>& v) {
     std::string s = "[";
@@ -98,14 +95,14 @@ ControlNetConfig ControlNetConfig::detect_from_weights(const WeightMap& w) {
 
 ControlNetConditioningEmbeddingImpl::ControlNetConditioningEmbeddingImpl(int64_t cond_ch, const std::vector<int>& ch,
                                                                          int64_t out_ch) {
-    conv_in = register_module("conv_in", conv3(cond_ch, ch[0]));
+    conv_in = register_module("conv_in", conv3x3(cond_ch, ch[0]));
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (size_t i = 0; i + 1 < ch.size(); ++i) {
-        convs.push_back(conv3(ch[i], ch[i]));
-        convs.push_back(conv3(ch[i], ch[i + 1], 2));
+        convs.push_back(conv3x3(ch[i], ch[i]));
+        convs.push_back(conv3x3(ch[i], ch[i + 1], 2));
     }
     for (auto& c : convs) blocks->push_back(c);
-    conv_out = register_module("conv_out", conv3(ch.back(), out_ch));
+    conv_out = register_module("conv_out", conv3x3(ch.back(), out_ch));
 }
 
 Tensor ControlNetConditioningEmbeddingImpl::forward(const Tensor& image) {

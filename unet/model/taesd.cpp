@@ -1,6 +1,7 @@
 // AutoencoderTiny (TAESD) with diffusers 0.27 semantics (../shared/golden/sd/taesd_tiny, tests/golden_runner/
 // check_taesd.cpp).
 #include "unet/model/taesd.h"
+#include "unet/model/layers.h"
 
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
@@ -39,10 +40,6 @@ torch::nn::Functional activation(TinyActivation a) {
     case TinyActivation::Relu: break;
     }
     return torch::nn::Functional([](const Tensor& x) { return torch::relu(x); });
-}
-
-torch::nn::Conv2d conv3(int64_t in, int64_t out, int64_t stride = 1, bool bias = true) {
-    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1).stride(stride).bias(bias));
 }
 
 void check_levels(const std::vector<int>& channels, const std::vector<int>& blocks, const char* what,
@@ -214,8 +211,8 @@ TaesdConfig TaesdConfig::detect_from_weights(const WeightMap& w) {
 }
 
 AutoencoderTinyBlockImpl::AutoencoderTinyBlockImpl(int64_t in, int64_t out, TinyActivation act_) : act(act_) {
-    conv = register_module("conv", torch::nn::Sequential(conv3(in, out), activation(act), conv3(out, out),
-                                                         activation(act), conv3(out, out)));
+    conv = register_module("conv", torch::nn::Sequential(conv3x3(in, out), activation(act), conv3x3(out, out),
+                                                         activation(act), conv3x3(out, out)));
     fast = false;
     if (in != out)
         skip = register_module("skip", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).bias(false)));
@@ -236,15 +233,15 @@ TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_)
         const auto& ch = c.encoder_block_out_channels;
         for (size_t i = 0; i < ch.size(); ++i) {
             if (i == 0)
-                s->push_back(conv3(c.in_channels, ch[0]));
+                s->push_back(conv3x3(c.in_channels, ch[0]));
             else
-                s->push_back(conv3(ch[i], ch[i], 2, false)); // diffusers: the level's own width in and out
+                s->push_back(conv3x3(ch[i], ch[i], 2, false)); // diffusers: the level's own width in and out
             for (int b = 0; b < c.num_encoder_blocks[i]; ++b) s->push_back(AutoencoderTinyBlock(ch[i], ch[i], c.act_fn));
         }
-        s->push_back(conv3(ch.back(), c.latent_channels));
+        s->push_back(conv3x3(ch.back(), c.latent_channels));
     } else {
         const auto& ch = c.decoder_block_out_channels;
-        s->push_back(conv3(c.latent_channels, ch[0]));
+        s->push_back(conv3x3(c.latent_channels, ch[0]));
         s->push_back(activation(c.act_fn));
         for (size_t i = 0; i < ch.size(); ++i) {
             const bool last = i + 1 == ch.size();
@@ -254,7 +251,7 @@ TinyCoderImpl::TinyCoderImpl(const TaesdConfig& c, bool decoder_)
                 s->push_back(torch::nn::Upsample(
                     torch::nn::UpsampleOptions().scale_factor(std::vector<double>{f, f}).mode(torch::kNearest)));
             }
-            s->push_back(conv3(ch[i], last ? c.out_channels : ch[i], 1, last));
+            s->push_back(conv3x3(ch[i], last ? c.out_channels : ch[i], 1, last));
         }
     }
     layers = register_module("layers", s);

@@ -1,5 +1,6 @@
 // AutoencoderKL encoder/decoder with diffusers 0.27 semantics (tests/golden/sd/vae_tiny/README.md).
 #include "unet/model/vae.h"
+#include "unet/model/layers.h"
 
 #include "cache/io/deferred_weights.h"
 
@@ -23,9 +24,6 @@ namespace {
 
 constexpr double kEps = 1e-6; // every VAE norm (resnets, attention, conv_norm_out)
 
-torch::nn::Conv2d conv3(int64_t in, int64_t out) {
-    return make_conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
-}
 torch::nn::Conv2d conv1(int64_t in, int64_t out) {
     return make_conv2d(torch::nn::Conv2dOptions(in, out, 1));
 }
@@ -186,7 +184,7 @@ VaeCoderImpl::VaeCoderImpl(const VaeConfig& c, bool decoder_) : decoder(decoder_
     std::vector<int> ch = c.block_out_channels;
     if (decoder) std::reverse(ch.begin(), ch.end());
     const int64_t g = c.norm_num_groups;
-    conv_in = register_module("conv_in", conv3(decoder ? c.latent_channels : c.in_channels, ch[0]));
+    conv_in = register_module("conv_in", conv3x3(decoder ? c.latent_channels : c.in_channels, ch[0]));
     if (decoder) mid_block = register_module("mid_block", VaeMidBlock(ch[0], g));
     block_list = register_module(decoder ? "up_blocks" : "down_blocks", torch::nn::ModuleList());
     const auto sampler = decoder ? VaeBlockImpl::Sampler::Up : VaeBlockImpl::Sampler::Down;
@@ -198,7 +196,7 @@ VaeCoderImpl::VaeCoderImpl(const VaeConfig& c, bool decoder_) : decoder(decoder_
     if (!decoder) mid_block = register_module("mid_block", VaeMidBlock(ch.back(), g));
     conv_norm_out =
         register_module("conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(g, ch.back()).eps(kEps)));
-    conv_out = register_module("conv_out", conv3(ch.back(), decoder ? c.out_channels : 2 * c.latent_channels));
+    conv_out = register_module("conv_out", conv3x3(ch.back(), decoder ? c.out_channels : 2 * c.latent_channels));
 }
 
 Tensor VaeCoderImpl::forward(const Tensor& x, FeatureMap* f, const std::string& p) {
