@@ -1,0 +1,236 @@
+// Golden checker for Stable Diffusion 3 / 3.5 cases (tests/golden/sd/sd3_tiny): a folder whose config.json names
+// SD3Transformer2DModel sub-folders ("variants", "pipeline.transformer"), with golden_transformer_<variant>,
+// golden_vae and golden_pipeline safetensors. Lines: each transformer variant (output and every block's outputs), the
+// VAE decode / encode, the scheduler's timesteps and sigmas, the pipeline teacher-forced (each step from the stored
+// latents before it) and free-running (the whole loop from the initial latents). Every parameter comes from the case:
+// folders, steps, guidance, batch, the scheduler config (shift, dynamic shifting); a key this checker does not
+// understand is a FAIL naming it. The model sub-folders are claimed as components that must load, every tensor used.
+#include "cache/io/error.h"
+#include "cache/io/read_file.h"
+#include "cache/io/weight_map.h"
+#include "tests/golden_runner/runner.h"
+#include "unet/model/checkpoint.h"
+#include "unet/model/mmdit.h"
+#include "unet/pipeline/sd3_pipeline.h"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+namespace anchor::golden::sd3 { // a namespace of its own: the runner's sources build as one unity file
+namespace {
+
+using namespace anchor::unet;
+
+constexpr double kAtol = 1e-4, kRtol = 1e-4;    // single forwards, teacher-forced steps (tolerances.json / README)
+constexpr double kFreeLatents = 5e-2;           // free-running final latents: max |a - g| <= this * max |g|
+constexpr double kFreeImage = 5e-2;             // free-running image in [0, 1]
+constexpr const char* kTransformerClass = "SD3Transformer2DModel";
+
+nlohmann::json case_json(const fs::path& dir) {
+    return nlohmann::json::parse(read_text(dir / "config.json"));
+}
+
+// "scheduler/ (FlowMatchEulerDiscreteScheduler, shift 3.00)" -> "scheduler"; "vae/config.json (...)" -> "vae".
+std::string leading_folder(const std::string& s) {
+    return s.substr(0, s.find_first_of(" /"));
+}
+
+bool is_sd3_case(const fs::path& dir) {
+    if (!has_file(dir, "config.json") || !config_class(dir).empty()) return false;
+    const auto j = case_json(dir);
+    if (!j.is_object()) return false;
+    if (j.contains("variants") && j["variants"].is_object())
+        for (const auto& [name, v] : j["variants"].items())
+            if (v.is_object() && v.contains("folder") && config_class(dir / v["folder"].get<std::string>()) == kTransformerClass)
+                return true;
+    if (j.contains("pipeline") && j["pipeline"].is_object() && j["pipeline"].contains("transformer"))
+        return config_class(dir / leading_folder(j["pipeline"]["transformer"].get<std::string>())) == kTransformerClass;
+    return false;
+}
+
+void check_unknown_keys(Stats& st, const nlohmann::json& j, const std::set<std::string>& known, const std::string& where) {
+    for (const auto& [k, v] : j.items())
+        if (!known.count(k)) st.fail(where + " key '" + k + "' is not understood by this checker");
+}
+
+void check_transformer(const fs::path& dir, const std::string& variant, const nlohmann::json& vj, Stats& st) {
+    const fs::path golden = dir / ("golden_transformer_" + variant + ".safetensors");
+    if (!fs::exists(golden)) throw Error("variant '" + variant + "': no " + golden.filename().string());
+    check_unknown_keys(st, vj, {"folder", "config_extra", "output_std"}, "variants." + variant);
+    auto model = load_sd3_transformer_folder((dir / vj.at("folder").get<std::string>()).string());
+    const auto g = WeightMap::load(golden.string());
+    FeatureMap f;
+    torch::NoGradGuard ng;
+    const auto out = model->forward(g.get("hidden_states"), g.get("encoder_hidden_states"), g.get("pooled_projections"),
+                                    g.get("timestep"), &f);
+    static const std::set<std::string> inputs = {"hidden_states", "encoder_hidden_states", "pooled_projections",
+                                                 "timestep"};
+    for (const auto& name : g.names()) {
+        if (inputs.count(name)) continue;
+        if (name == "out") {
+            st.check(name, out, g.get(name), kAtol, kRtol);
+        } else if (f.count(name)) {
+            st.check(name, f.at(name), g.get(name), kAtol, kRtol);
+        } else {
+            st.fail("golden tensor '" + name + "' is not produced by the forward");
+        }
+    }
+}
+
+void check_vae(const fs::path& dir, const nlohmann::json& vj, Stats& st) {
+    check_unknown_keys(st, vj, {"config", "decoded", "encoded_mean"}, "vae");
+    auto vae = load_vae_folder((dir / leading_folder(vj.value("config", std::string("vae/")))).string());
+    const auto g = WeightMap::load((dir / "golden_vae.safetensors").string());
+    torch::NoGradGuard ng;
+    if (vj.contains("decoded")) st.check("decoded", vae->decode(g.get("latents")), g.get("decoded"), kAtol, kRtol);
+    if (vj.contains("encoded_mean"))
+        st.check("encoded_mean", vae->encode(g.get("image")).mean, g.get("encoded_mean"), kAtol, kRtol);
+}
+
+struct PipelineCase {
+    nlohmann::json pj;
+    SchedulerConfig scfg;
+    int steps = 0;
+    double guidance = 0;
+};
+
+PipelineCase read_pipeline(const fs::path& dir, const nlohmann::json& j) {
+    PipelineCase pc;
+    pc.pj = j.at("pipeline");
+    const fs::path sdir = dir / leading_folder(pc.pj.at("scheduler").get<std::string>());
+    const std::string text = read_file((sdir / "scheduler_config.json").string(), "scheduler config");
+    pc.scfg = SchedulerConfig::from_json_text(text, (sdir / "scheduler_config.json").string());
+    if (sampler_from_class_name(pc.scfg.class_name) != SamplerKind::FlowMatchEuler)
+        throw Error("the pipeline's scheduler is " + pc.scfg.class_name + ", not FlowMatchEulerDiscreteScheduler");
+    const auto bad = unsupported_scheduler_settings(text, SamplerKind::FlowMatchEuler);
+    if (!bad.empty()) {
+        std::string all;
+        for (const auto& b : bad) all += (all.empty() ? "" : "; ") + b;
+        throw Error("scheduler_config.json: " + all);
+    }
+    pc.steps = pc.pj.at("num_inference_steps").get<int>();
+    pc.guidance = pc.pj.at("guidance_scale").get<double>();
+    return pc;
+}
+
+std::unique_ptr<Scheduler> make_flow_scheduler(const PipelineCase& pc, const torch::Tensor& latents, int64_t patch) {
+    SchedulerConfig c = pc.scfg;
+    // Dynamic shifting: mu from the image's token count (diffusers' calculate_shift).
+    if (c.use_dynamic_shifting) c.mu = flow_match_mu(c, (latents.size(2) / patch) * (latents.size(3) / patch));
+    auto s = make_scheduler(SamplerKind::FlowMatchEuler, c);
+    s->set_timesteps(pc.steps);
+    return s;
+}
+
+void check_scheduler(const PipelineCase& pc, const torch::Tensor& latents, int64_t patch, Stats& st) {
+    auto s = make_flow_scheduler(pc, latents, patch);
+    auto vec = [](const std::vector<double>& v) { return torch::tensor(v, torch::kDouble); };
+    if (pc.pj.contains("timesteps"))
+        st.check("timesteps", vec(s->timesteps()), vec(pc.pj["timesteps"].get<std::vector<double>>()), 0.0, 0.0);
+    if (pc.pj.contains("sigmas"))
+        st.check("sigmas", vec(s->sigmas()), vec(pc.pj["sigmas"].get<std::vector<double>>()), 0.0, 1e-6);
+}
+
+std::vector<CaseResult> check_pipeline(const fs::path& dir, const nlohmann::json& j, const std::string& base) {
+    CaseResult sched, tf, fr;
+    sched.name = base + ":scheduler";
+    tf.name = base + ":pipeline:teacher-forced";
+    fr.name = base + ":pipeline:free-running";
+    try {
+        const auto pc = read_pipeline(dir, j);
+        check_unknown_keys(tf.stats, pc.pj,
+                           {"replicates", "transformer", "scheduler", "num_inference_steps", "guidance_scale", "batch",
+                            "generator_seed", "initial_latents", "timesteps", "sigmas", "decode", "recorded"},
+                           "pipeline");
+        auto transformer =
+            load_sd3_transformer_folder((dir / leading_folder(pc.pj.at("transformer").get<std::string>())).string());
+        auto vae = load_vae_folder((dir / leading_folder(j.at("vae").value("config", std::string("vae/")))).string());
+        const auto g = WeightMap::load((dir / "golden_pipeline.safetensors").string());
+        const auto init = g.get("initial_latents");
+        const int64_t patch = transformer->config().patch_size;
+        const int batch = pc.pj.value("batch", int(init.size(0)));
+        if (init.size(0) != batch)
+            throw Error("initial_latents has batch " + std::to_string(init.size(0)) + ", the case says " +
+                        std::to_string(batch));
+        check_scheduler(pc, init, patch, sched.stats);
+        SD3Conditioning cond{g.get("prompt_embeds"), g.get("pooled_prompt_embeds"),
+                             g.has("negative_prompt_embeds") ? g.get("negative_prompt_embeds") : torch::Tensor(),
+                             g.has("negative_pooled_prompt_embeds") ? g.get("negative_pooled_prompt_embeds")
+                                                                    : torch::Tensor()};
+        if (pc.guidance > 1.0 && !cond.negative_prompt_embeds.defined())
+            throw Error("guidance_scale > 1 but the golden file has no negative_prompt_embeds");
+        torch::NoGradGuard ng;
+        // Teacher-forced: each step from the stored latents before it.
+        auto s = make_flow_scheduler(pc, init, patch);
+        if (s->num_loop_steps() != pc.steps) throw Error("scheduler loop steps != num_inference_steps");
+        torch::Tensor prev = init;
+        for (int i = 0; i < pc.steps; ++i) {
+            const std::string si = std::to_string(i);
+            if (!g.has("noise_pred." + si) || !g.has("latents." + si))
+                throw Error("golden_pipeline lacks noise_pred." + si + " / latents." + si);
+            const auto v = sd3_guided_velocity(*transformer, prev, s->timestep(i), cond, pc.guidance);
+            tf.stats.check("noise_pred." + si, v, g.get("noise_pred." + si), kAtol, kRtol);
+            tf.stats.check("latents." + si, s->step(g.get("noise_pred." + si), i, prev, nullptr), g.get("latents." + si),
+                           kAtol, kRtol);
+            prev = g.get("latents." + si);
+        }
+        if (g.has("image")) tf.stats.check("image", sd3_decode(*vae, prev), g.get("image"), kAtol, kRtol);
+        // Free-running: the whole loop from the initial latents.
+        auto s2 = make_flow_scheduler(pc, init, patch);
+        torch::Tensor last;
+        const auto final_latents = sd3_denoise(*transformer, *s2, init, cond, pc.guidance);
+        const auto gl = g.get("latents." + std::to_string(pc.steps - 1));
+        fr.stats.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
+        if (g.has("image")) fr.stats.check("image", sd3_decode(*vae, final_latents), g.get("image"), kFreeImage, 0.0);
+    } catch (const std::exception& e) {
+        for (auto* r : {&sched, &tf, &fr}) r->stats.fail(std::string("exception: ") + e.what());
+    }
+    return {sched, tf, fr};
+}
+
+const bool registered_sd3 = register_checker({"sd3", is_sd3_case, [](const fs::path& dir, const Context& ctx) {
+    const std::string base = relative_name(dir, ctx);
+    const auto j = case_json(dir);
+    std::vector<CaseResult> out;
+    // Keys of the case this checker does not read: a FAIL naming them (a newer generator's addition).
+    static const std::set<std::string> known = {"diffusers", "variants",  "init", "sdpa",
+                                                "transformer_inputs", "vae", "pipeline"};
+    std::string unknown;
+    for (const auto& [k, v] : j.items())
+        if (!known.count(k)) unknown += (unknown.empty() ? "" : ", ") + k;
+    if (!unknown.empty()) {
+        CaseResult r;
+        r.name = base + ":case";
+        r.stats.fail("config.json keys not understood by this checker: " + unknown);
+        out.push_back(r);
+    }
+    if (j.contains("variants"))
+        for (const auto& [name, v] : j["variants"].items())
+            out.push_back(guarded(base + ":transformer_" + name, [&](Stats& st) { check_transformer(dir, name, v, st); }));
+    if (j.contains("vae"))
+        out.push_back(guarded(base + ":vae", [&](Stats& st) { check_vae(dir, j["vae"], st); }));
+    if (j.contains("pipeline"))
+        for (auto& r : check_pipeline(dir, j, base)) out.push_back(r);
+    return out;
+}});
+
+// A model folder of an SD3 case: it must load, every tensor used.
+const bool registered_sd3_component = register_checker(
+    {"sd3-component",
+     [](const fs::path& d) {
+         const std::string cls = config_class(d);
+         return (cls == kTransformerClass || cls == "AutoencoderKL") && has_file(d, "config.json") &&
+                !has_file(d, "golden_outputs.safetensors") && is_sd3_case(d.parent_path());
+     },
+     [](const fs::path& dir, const Context& ctx) {
+         return std::vector<CaseResult>{guarded(relative_name(dir, ctx) + ":loads", [&](Stats&) {
+             if (config_class(dir) == kTransformerClass)
+                 (void)load_sd3_transformer_folder(dir.string());
+             else
+                 (void)load_vae_folder(dir.string());
+         })};
+     }});
+
+} // namespace
+} // namespace anchor::golden::sd3
