@@ -54,15 +54,12 @@ void check_unknown_keys(Stats& st, const nlohmann::json& j, const std::set<std::
         if (!known.count(k)) st.fail(where + " key '" + k + "' is not understood by this checker");
 }
 
-void check_transformer(const fs::path& dir, const std::string& variant, const nlohmann::json& vj, Stats& st) {
-    const fs::path golden = dir / ("golden_transformer_" + variant + ".safetensors");
-    if (!fs::exists(golden)) throw Error("variant '" + variant + "': no " + golden.filename().string());
-    check_unknown_keys(st, vj, {"folder", "config_extra", "output_std"}, "variants." + variant);
-    auto model = load_sd3_transformer_folder((dir / vj.at("folder").get<std::string>()).string());
+// The forward on the golden file's inputs: `out` and every block feature it holds.
+void compare_transformer(SD3Transformer2DModelImpl& model, const fs::path& golden, Stats& st) {
     const auto g = WeightMap::load(golden.string());
     FeatureMap f;
     torch::NoGradGuard ng;
-    const auto out = model->forward(g.get("hidden_states"), g.get("encoder_hidden_states"), g.get("pooled_projections"),
+    const auto out = model.forward(g.get("hidden_states"), g.get("encoder_hidden_states"), g.get("pooled_projections"),
                                     g.get("timestep"), &f);
     static const std::set<std::string> inputs = {"hidden_states", "encoder_hidden_states", "pooled_projections",
                                                  "timestep"};
@@ -76,6 +73,14 @@ void check_transformer(const fs::path& dir, const std::string& variant, const nl
             st.fail("golden tensor '" + name + "' is not produced by the forward");
         }
     }
+}
+
+void check_transformer(const fs::path& dir, const std::string& variant, const nlohmann::json& vj, Stats& st) {
+    const fs::path golden = dir / ("golden_transformer_" + variant + ".safetensors");
+    if (!fs::exists(golden)) throw Error("variant '" + variant + "': no " + golden.filename().string());
+    check_unknown_keys(st, vj, {"folder", "config_extra", "output_std"}, "variants." + variant);
+    auto model = load_sd3_transformer_folder((dir / vj.at("folder").get<std::string>()).string());
+    compare_transformer(*model, golden, st);
 }
 
 void check_vae(const fs::path& dir, const nlohmann::json& vj, Stats& st) {
@@ -178,7 +183,6 @@ std::vector<CaseResult> check_pipeline(const fs::path& dir, const nlohmann::json
         if (g.has("image")) tf.stats.check("image", sd3_decode(*vae, prev), g.get("image"), kAtol, kRtol);
         // Free-running: the whole loop from the initial latents.
         auto s2 = make_flow_scheduler(pc, init, patch);
-        torch::Tensor last;
         const auto final_latents = sd3_denoise(*transformer, *s2, init, cond, pc.guidance);
         const auto gl = g.get("latents." + std::to_string(pc.steps - 1));
         fr.stats.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
@@ -214,6 +218,35 @@ const bool registered_sd3 = register_checker({"sd3", is_sd3_case, [](const fs::p
         for (auto& r : check_pipeline(dir, j, base)) out.push_back(r);
     return out;
 }});
+
+// An original SD 3 single file (model.diffusion_model.joint_blocks...) next to golden_transformer.safetensors: loads
+// through load_sd3_models (family sd3, every tensor converted and used), then the golden forward.
+std::string sd3_single_file(const fs::path& dir) {
+    if (!has_file(dir, "golden_transformer.safetensors")) return "";
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().extension() != ".safetensors" || e.path().filename() == "golden_transformer.safetensors") continue;
+        if (WeightMap::load(e.path().string()).has("model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight"))
+            return e.path().string();
+    }
+    return "";
+}
+
+const bool registered_sd3_single = register_checker(
+    {"sd3-single-file", [](const fs::path& d) { return !sd3_single_file(d).empty(); },
+     [](const fs::path& dir, const Context& ctx) {
+         const std::string base = relative_name(dir, ctx);
+         SD3Models m;
+         std::vector<CaseResult> out;
+         out.push_back(guarded(base + ":load", [&](Stats& st) {
+             m = load_sd3_models(sd3_single_file(dir));
+             st.check_true("family sd3", m.family == SdFamily::SD3);
+         }));
+         if (m.transformer)
+             out.push_back(guarded(base + ":transformer", [&](Stats& st) {
+                 compare_transformer(*m.transformer, dir / "golden_transformer.safetensors", st);
+             }));
+         return out;
+     }});
 
 // A model folder of an SD3 case: it must load, every tensor used.
 const bool registered_sd3_component = register_checker(

@@ -92,7 +92,7 @@ SD3TransformerConfig SD3TransformerConfig::from_json(const nlohmann::json& j, co
     if (c.caption_projection_dim != c.inner_dim())
         f.fail("caption_projection_dim",
                "must equal num_attention_heads * attention_head_dim = " + std::to_string(c.inner_dim()),
-               j.at("caption_projection_dim"));
+               nlohmann::json(c.caption_projection_dim));
     for (int b : c.dual_attention_layers)
         if (b < 0 || b >= c.num_layers)
             f.fail("dual_attention_layers", "must list blocks in [0, " + std::to_string(c.num_layers) + ")",
@@ -132,6 +132,9 @@ SD3TransformerConfig SD3TransformerConfig::detect_from_weights(const WeightMap& 
     // Head width: the per-head RMSNorm shows it; without one, SD 3's 64.
     const std::string nq = "transformer_blocks.0.attn.norm_q.weight";
     c.attention_head_dim = w.has(nq) ? int(w.shape(nq)[0]) : 64;
+    if (dim % c.attention_head_dim != 0)
+        throw Error("SD3 transformer weights: the head width is not visible in the shapes (no qk norm) and the width " +
+                    std::to_string(dim) + " is not a multiple of SD 3's 64; give a config.json");
     c.qk_norm = w.has(nq) ? QkNorm::RmsNorm : QkNorm::None;
     c.num_attention_heads = dim / c.attention_head_dim;
     for (int b = 0; b < c.num_layers; ++b)
@@ -367,6 +370,85 @@ void SD3Transformer2DModelImpl::load(const WeightMap& w) {
 void SD3Transformer2DModelImpl::set_attention_kernel(kernels::AttentionKernel k) {
     for (const auto& m : modules(false))
         if (auto* a = dynamic_cast<JointAttentionImpl*>(m.get())) a->kernel = k;
+}
+
+WeightMap sd3_transformer_weights_from_single_file(const WeightMap& file, const std::string& prefix) {
+    WeightMap out;
+    out.keep_files_of(file);
+    std::set<std::string> used;
+    auto has = [&](const std::string& n) { return file.has(prefix + n); };
+    auto take = [&](const std::string& n) {
+        used.insert(prefix + n);
+        return file.get(prefix + n);
+    };
+    auto put = [&](const std::string& name, const torch::Tensor& t, const std::string& from) {
+        out.insert(name, t, file.source(prefix + from));
+    };
+    // weight and bias (or only the tensor when `suffixes` is false) of one layer
+    auto same = [&](const std::string& from, const std::string& to) {
+        for (const char* sfx : {".weight", ".bias"})
+            if (has(from + sfx)) put(to + sfx, take(from + sfx), from + sfx);
+    };
+    // (shift, scale) rows -> (scale, shift): AdaLayerNormContinuous reads the scale first.
+    auto swapped = [&](const std::string& from, const std::string& to) {
+        for (const char* sfx : {".weight", ".bias"}) {
+            const auto halves = take(from + sfx).chunk(2, 0);
+            put(to + sfx, torch::cat({halves[1], halves[0]}, 0), from + sfx);
+        }
+    };
+    auto qkv = [&](const std::string& from, const std::string& to, const char* q, const char* k, const char* v) {
+        for (const char* sfx : {".weight", ".bias"}) {
+            const auto parts = take(from + ".qkv" + sfx).chunk(3, 0);
+            put(to + q + sfx, parts[0], from + ".qkv" + sfx);
+            put(to + k + sfx, parts[1], from + ".qkv" + sfx);
+            put(to + v + sfx, parts[2], from + ".qkv" + sfx);
+        }
+    };
+    if (!has("pos_embed") || !has("x_embedder.proj.weight"))
+        throw Error("not an SD 3 checkpoint: no " + prefix + "pos_embed / " + prefix + "x_embedder.proj.weight");
+    put("pos_embed.pos_embed", take("pos_embed"), "pos_embed");
+    same("x_embedder.proj", "pos_embed.proj");
+    same("t_embedder.mlp.0", "time_text_embed.timestep_embedder.linear_1");
+    same("t_embedder.mlp.2", "time_text_embed.timestep_embedder.linear_2");
+    same("y_embedder.mlp.0", "time_text_embed.text_embedder.linear_1");
+    same("y_embedder.mlp.2", "time_text_embed.text_embedder.linear_2");
+    same("context_embedder", "context_embedder");
+    same("final_layer.linear", "proj_out");
+    swapped("final_layer.adaLN_modulation.1", "norm_out.linear");
+    int layers = 0;
+    while (has("joint_blocks." + std::to_string(layers) + ".x_block.attn.qkv.weight")) ++layers;
+    for (int i = 0; i < layers; ++i) {
+        const std::string o = "joint_blocks." + std::to_string(i) + ".", d = "transformer_blocks." + std::to_string(i) + ".";
+        const std::string x = o + "x_block.", c = o + "context_block.";
+        qkv(x + "attn", d + "attn.", "to_q", "to_k", "to_v");
+        qkv(c + "attn", d + "attn.", "add_q_proj", "add_k_proj", "add_v_proj");
+        same(x + "attn.ln_q", d + "attn.norm_q");
+        same(x + "attn.ln_k", d + "attn.norm_k");
+        same(c + "attn.ln_q", d + "attn.norm_added_q");
+        same(c + "attn.ln_k", d + "attn.norm_added_k");
+        same(x + "attn.proj", d + "attn.to_out.0");
+        same(c + "attn.proj", d + "attn.to_add_out");
+        if (has(x + "attn2.qkv.weight")) {
+            qkv(x + "attn2", d + "attn2.", "to_q", "to_k", "to_v");
+            same(x + "attn2.ln_q", d + "attn2.norm_q");
+            same(x + "attn2.ln_k", d + "attn2.norm_k");
+            same(x + "attn2.proj", d + "attn2.to_out.0");
+        }
+        same(x + "adaLN_modulation.1", d + "norm1.linear");
+        if (i == layers - 1)
+            swapped(c + "adaLN_modulation.1", d + "norm1_context.linear");
+        else
+            same(c + "adaLN_modulation.1", d + "norm1_context.linear");
+        same(x + "mlp.fc1", d + "ff.net.0.proj");
+        same(x + "mlp.fc2", d + "ff.net.2");
+        same(c + "mlp.fc1", d + "ff_context.net.0.proj");
+        same(c + "mlp.fc2", d + "ff_context.net.2");
+    }
+    std::string unknown;
+    for (const auto& [n, t] : file.all())
+        if (n.rfind(prefix, 0) == 0 && !used.count(n)) unknown += (unknown.empty() ? "" : ", ") + n;
+    if (!unknown.empty()) throw Error("SD 3 checkpoint: tensors no conversion rule takes: " + unknown);
+    return out;
 }
 
 SD3Transformer2DModel load_sd3_transformer_folder(const std::string& dir, torch::ScalarType dtype) {

@@ -157,6 +157,15 @@ private:
 };
 TORCH_MODULE(SD3Transformer2DModel);
 
+// The transformer of an original SD 3 / 3.5 single file (Stability's MMDiT names under `prefix`:
+// x_embedder, pos_embed, t_embedder, y_embedder, context_embedder, joint_blocks.N.{x_block, context_block}.{attn
+// (fused qkv, proj, ln_q/ln_k), attn2, adaLN_modulation.1, mlp.fc1/fc2}, final_layer) under diffusers' names: q, k, v
+// split from qkv, and the (shift, scale) rows of the modulations diffusers keeps as (scale, shift) (the last block's
+// context norm and final_layer) swapped. Tensors outside `prefix` are ignored; one under it that no rule takes is an
+// anchor::Error listing them all.
+WeightMap sd3_transformer_weights_from_single_file(const WeightMap& file,
+                                                   const std::string& prefix = "model.diffusion_model.");
+
 // A diffusers SD3Transformer2DModel folder (config.json + diffusion_pytorch_model weights), through the one resolver.
 SD3Transformer2DModel load_sd3_transformer_folder(const std::string& dir, torch::ScalarType dtype = torch::kFloat);
 

@@ -3,7 +3,9 @@
 
 #include "cache/io/error.h"
 #include "cache/io/model_source.h"
+#include "cache/io/weight_map.h"
 #include "unet/model/checkpoint.h"
+#include "unet/model/name_conversion.h"
 
 #include <filesystem>
 
@@ -15,7 +17,29 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
     SD3Models m;
     m.source = path;
     const fs::path p(path);
-    if (!fs::is_directory(p)) throw Error("SD3 model '" + path + "' is not a folder (single-file SD3 checkpoints are not supported yet)");
+    if (!fs::is_directory(p)) {
+        // An original single file: the transformer under model.diffusion_model., the VAE under first_stage_model.
+        // (LDM names); text encoders it may hold are not loaded.
+        const ModelSource src = resolve_model(path, {nullptr, "SD3 checkpoint"});
+        const WeightMap file = src.load_weights();
+        if (sd_family(sd_shapes_of_single_file(file)) != SdFamily::SD3)
+            throw Error("'" + path + "' is not an SD 3 / 3.5 checkpoint (no model.diffusion_model.joint_blocks.0)");
+        const WeightMap w = sd3_transformer_weights_from_single_file(file);
+        m.transformer = SD3Transformer2DModel(SD3TransformerConfig::detect_from_weights(w));
+        m.transformer->load(w);
+        m.transformer->eval();
+        if (dtype != torch::kFloat) m.transformer->to(dtype);
+        bool has_vae = false;
+        for (const auto& [n, t] : file.all()) has_vae = has_vae || n.rfind("first_stage_model.", 0) == 0;
+        if (has_vae) {
+            VaeConfig base = detect_ldm_vae_config(file.with_prefix_stripped("first_stage_model."));
+            // Not visible in shapes: the SD 3 / 3.5 VAE's latent statistics (its diffusers config.json).
+            base.scaling_factor = 1.5305;
+            base.shift_factor = 0.0609;
+            m.vae = load_vae_file(path, base, dtype);
+        }
+        return m;
+    }
     if (fs::exists(p / "config.json")) { // a transformer folder on its own
         m.transformer = load_sd3_transformer_folder(path, dtype);
         return m;

@@ -17,8 +17,9 @@
 
 namespace anchor::unet {
 
-// An SD 3 diffusers pipeline folder (model_index.json, transformer/, vae/, scheduler/) or, for the transformer alone,
-// a transformer folder; through the one resolver. family is SdFamily::SD3.
+// An SD 3 diffusers pipeline folder (model_index.json, transformer/, vae/, scheduler/), a transformer folder alone, or
+// an original single file (sd3.5_medium.safetensors: model.diffusion_model.joint_blocks.N..., first_stage_model.*;
+// its text encoders are not loaded); through the one resolver. family is SdFamily::SD3.
 struct SD3Models {
     std::string source;
     SdFamily family = SdFamily::SD3;
