@@ -248,6 +248,117 @@ const bool registered_sd3_single = register_checker(
          return out;
      }});
 
+// A StableDiffusion3Pipeline folder (model_index.json) with golden_sd3_text.safetensors + golden.json: the real
+// __call__ from prompt strings without T5 (make_sd3_tiny_text.py).
+bool is_sd3_text_case(const fs::path& dir) {
+    if (!has_file(dir, "model_index.json") || !has_file(dir, "golden_sd3_text.safetensors")) return false;
+    return nlohmann::json::parse(read_text(dir / "model_index.json")).value("_class_name", std::string()) ==
+           "StableDiffusion3Pipeline";
+}
+
+std::vector<std::string> string_list(const nlohmann::json& j, const char* key, size_t n) {
+    if (!j.contains(key) || j[key].is_null()) return {};
+    if (j[key].is_string()) return std::vector<std::string>(n, j[key].get<std::string>());
+    return j[key].get<std::vector<std::string>>();
+}
+
+const bool registered_sd3_text = register_checker({"sd3-text", is_sd3_text_case, [](const fs::path& dir,
+                                                                                     const Context& ctx) {
+    const std::string base = relative_name(dir, ctx);
+    std::vector<CaseResult> out;
+    SD3Models m;
+    out.push_back(guarded(base + ":load", [&](Stats& st) {
+        m = load_sd3_models(dir.string());
+        st.check_true("family sd3", m.family == SdFamily::SD3);
+        st.check_true("text encoders", m.text_encoder && m.text_encoder_2);
+        st.check_true("tokenizer_2 pads with '!' (0)", m.tokenizer_2.pad_id() == 0);
+    }));
+    if (!m.transformer || !m.text_encoder || !m.vae) return out;
+    const auto j = nlohmann::json::parse(read_text(dir / "golden.json"));
+    const auto g = WeightMap::load((dir / "golden_sd3_text.safetensors").string());
+    CaseResult keys;
+    keys.name = base + ":case";
+    check_unknown_keys(keys.stats, j,
+                       {"prompts", "negative_prompt", "num_inference_steps", "guidance_scale", "height", "width",
+                        "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded"},
+                       "golden.json");
+    if (j.contains("text_encoder_3") && !j["text_encoder_3"].is_null())
+        keys.stats.fail("golden.json: text_encoder_3 is set: T5 is not implemented");
+    out.push_back(keys);
+    const auto prompts = j.at("prompts").get<std::vector<std::string>>();
+    const auto negative = string_list(j, "negative_prompt", prompts.size());
+    const double guidance = j.at("guidance_scale").get<double>();
+    const int steps = j.at("num_inference_steps").get<int>();
+    out.push_back(guarded(base + ":tokenizers", [&](Stats& st) {
+        auto ids = [](const ClipTokenizer& t, const std::vector<std::string>& ps) {
+            std::vector<torch::Tensor> r;
+            for (const auto& p : ps) r.push_back(torch::tensor(t.tokenize(p, 77).ids, torch::kLong));
+            return torch::stack(r);
+        };
+        const auto neg = negative.empty() ? std::vector<std::string>(prompts.size(), "") : negative;
+        st.check_equal("input_ids", ids(m.tokenizer, prompts), g.get("input_ids"));
+        st.check_equal("input_ids_2", ids(m.tokenizer_2, prompts), g.get("input_ids_2"));
+        if (g.has("negative_input_ids")) st.check_equal("negative_input_ids", ids(m.tokenizer, neg), g.get("negative_input_ids"));
+        if (g.has("negative_input_ids_2"))
+            st.check_equal("negative_input_ids_2", ids(m.tokenizer_2, neg), g.get("negative_input_ids_2"));
+    }));
+    SD3Conditioning cond;
+    out.push_back(guarded(base + ":text-encoders", [&](Stats& st) {
+        cond = sd3_encode_prompts(m, prompts, negative, guidance);
+        st.check("prompt_embeds", cond.prompt_embeds, g.get("prompt_embeds"), kAtol, kRtol);
+        st.check("pooled_prompt_embeds", cond.pooled, g.get("pooled_prompt_embeds"), kAtol, kRtol);
+        if (guidance > 1.0) {
+            st.check("negative_prompt_embeds", cond.negative_prompt_embeds, g.get("negative_prompt_embeds"), kAtol,
+                     kRtol);
+            st.check("negative_pooled_prompt_embeds", cond.negative_pooled, g.get("negative_pooled_prompt_embeds"),
+                     kAtol, kRtol);
+        }
+    }));
+    auto scheduler = [&](const torch::Tensor& latents) {
+        const std::string text = read_file(m.scheduler_config, "scheduler config");
+        const auto bad = unsupported_scheduler_settings(text, SamplerKind::FlowMatchEuler);
+        if (!bad.empty()) throw Error("scheduler_config.json: " + bad.front());
+        PipelineCase pc;
+        pc.scfg = SchedulerConfig::from_json_text(text, m.scheduler_config);
+        pc.steps = steps;
+        return make_flow_scheduler(pc, latents, m.transformer->config().patch_size);
+    };
+    const auto init = g.get("initial_latents");
+    const int64_t h = j.value("height", int64_t(init.size(2) * m.vae_scale_factor()));
+    CaseResult tf;
+    tf.name = base + ":pipeline:teacher-forced";
+    try {
+        if (init.size(2) * m.vae_scale_factor() != h)
+            throw Error("initial_latents size does not match height " + std::to_string(h));
+        SD3Conditioning gc{g.get("prompt_embeds"), g.get("pooled_prompt_embeds"),
+                           guidance > 1 ? g.get("negative_prompt_embeds") : torch::Tensor(),
+                           guidance > 1 ? g.get("negative_pooled_prompt_embeds") : torch::Tensor()};
+        auto s = scheduler(init);
+        torch::NoGradGuard ng;
+        torch::Tensor prev = init;
+        for (int i = 0; i < steps; ++i) {
+            const std::string n = "latents." + std::to_string(i);
+            const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), gc, guidance);
+            tf.stats.check(n, s->step(v, i, prev, nullptr), g.get(n), kAtol, kRtol);
+            prev = g.get(n);
+        }
+        tf.stats.check("image", sd3_decode(*m.vae, prev), g.get("image"), kAtol, kRtol);
+    } catch (const std::exception& e) {
+        tf.stats.fail(std::string("exception: ") + e.what());
+    }
+    out.push_back(tf);
+    out.push_back(guarded(base + ":pipeline:free-running", [&](Stats& st) {
+        if (!cond.prompt_embeds.defined()) throw Error("no text conditioning (see the text-encoders line)");
+        auto s = scheduler(init);
+        torch::NoGradGuard ng;
+        const auto final_latents = sd3_denoise(*m.transformer, *s, init, cond, guidance);
+        const auto gl = g.get("latents." + std::to_string(steps - 1));
+        st.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
+        st.check("image", sd3_decode(*m.vae, final_latents), g.get("image"), kFreeImage, 0.0);
+    }));
+    return out;
+}});
+
 // A model folder of an SD3 case: it must load, every tensor used.
 const bool registered_sd3_component = register_checker(
     {"sd3-component",

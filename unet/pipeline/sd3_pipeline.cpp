@@ -8,6 +8,7 @@
 #include "unet/model/name_conversion.h"
 
 #include <filesystem>
+#include <tuple>
 
 namespace anchor::unet {
 
@@ -48,9 +49,64 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
         throw Error("SD3 model folder '" + path + "' has no transformer/ (an SD3Transformer2DModel folder)");
     m.transformer = load_sd3_transformer_folder((p / "transformer").string(), dtype);
     if (fs::is_directory(p / "vae")) m.vae = load_vae_folder((p / "vae").string(), dtype);
+    if (fs::is_directory(p / "text_encoder_3"))
+        throw Error("'" + (p / "text_encoder_3").string() +
+                    "': T5 text encoders are not supported yet (remove the folder to run with diffusers' zeros in "
+                    "its place)");
+    for (auto [te, tok, name, pad] : {std::tuple{&m.text_encoder, &m.tokenizer, "text_encoder", ClipTokenizer::kEos},
+                                      std::tuple{&m.text_encoder_2, &m.tokenizer_2, "text_encoder_2", int64_t(0)}}) {
+        if (!fs::is_directory(p / name)) continue;
+        *te = load_text_encoder_folder((p / name).string(), dtype);
+        if ((*te)->config().projection_dim <= 0)
+            throw Error("'" + (p / name).string() + "': SD 3 needs a CLIPTextModelWithProjection (projection_dim)");
+        const fs::path tdir = p / (std::string("tokenizer") + (name == std::string("text_encoder") ? "" : "_2"));
+        *tok = fs::exists(tdir / "vocab.json") ? ClipTokenizer::from_folder(tdir.string()) : ClipTokenizer::bundled();
+        if (!fs::exists(tdir / "vocab.json")) {
+            tok->set_pad_id(pad);
+            if (fs::is_directory(tdir)) tok->read_special_tokens(tdir.string());
+        }
+    }
     if (fs::exists(p / "scheduler" / "scheduler_config.json"))
         m.scheduler_config = (p / "scheduler" / "scheduler_config.json").string();
     return m;
+}
+
+namespace {
+// One CLIP encoder's (hidden [B, 77, width], pooled [B, projection]) of `prompts`.
+ClipConditioning clip_encode(ClipTextModelImpl& te, const ClipTokenizer& tok, const std::vector<std::string>& prompts) {
+    std::vector<torch::Tensor> ids;
+    for (const auto& p : prompts) ids.push_back(torch::tensor(tok.tokenize(p, 77).ids, torch::kLong));
+    torch::NoGradGuard ng;
+    return te.encode_penultimate(torch::stack(ids));
+}
+} // namespace
+
+SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>& prompts,
+                                   const std::vector<std::string>& negative_prompts, double guidance_scale) {
+    if (!m.text_encoder || !m.text_encoder_2)
+        throw ParamError("model", "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
+    if (!negative_prompts.empty() && negative_prompts.size() != prompts.size())
+        throw ParamError("negative_prompt", std::to_string(negative_prompts.size()) + " negative prompts for " +
+                                                std::to_string(prompts.size()) + " prompts");
+    const int64_t joint = m.transformer->config().joint_attention_dim;
+    auto encode = [&](const std::vector<std::string>& ps, torch::Tensor& embeds, torch::Tensor& pooled) {
+        const auto a = clip_encode(*m.text_encoder, m.tokenizer, ps);
+        const auto b = clip_encode(*m.text_encoder_2, m.tokenizer_2, ps);
+        auto clip = torch::cat({a.hidden, b.hidden}, -1);
+        if (clip.size(-1) > joint)
+            throw Error("SD 3 text encoders: hidden widths " + std::to_string(a.hidden.size(-1)) + " + " +
+                        std::to_string(b.hidden.size(-1)) + " exceed joint_attention_dim " + std::to_string(joint));
+        clip = torch::constant_pad_nd(clip, {0, joint - clip.size(-1)});
+        const auto t5 = torch::zeros({clip.size(0), clip.size(1), joint}, clip.options()); // no text_encoder_3
+        embeds = torch::cat({clip, t5}, 1);
+        pooled = torch::cat({a.pooled, b.pooled}, -1);
+    };
+    SD3Conditioning c;
+    encode(prompts, c.prompt_embeds, c.pooled);
+    if (guidance_scale > 1.0)
+        encode(negative_prompts.empty() ? std::vector<std::string>(prompts.size(), "") : negative_prompts,
+               c.negative_prompt_embeds, c.negative_pooled);
+    return c;
 }
 
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,

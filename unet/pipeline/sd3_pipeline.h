@@ -1,10 +1,12 @@
-// Stable Diffusion 3 / 3.5 text-to-image denoising from given text embeddings: the loop of diffusers'
-// StableDiffusion3Pipeline.__call__ (0.31) with prompt_embeds / pooled_prompt_embeds supplied. Classifier-free
+// Stable Diffusion 3 / 3.5 text-to-image: the loop of diffusers' StableDiffusion3Pipeline.__call__ (0.31), from text
+// embeddings or from prompts through the two CLIP encoders (sd3_encode_prompts; no T5). Classifier-free
 // guidance (Ho & Salimans 2022) runs one transformer call on the batch [negative rows; positive rows] and combines
 // v = v_uncond + w (v_text - v_uncond); the scheduler is the flow-matching Euler (unet/samplers/flow_match_euler.cpp);
-// the VAE decodes z / scaling_factor + shift_factor. The text encoders (CLIP-L, OpenCLIP bigG, T5) are not here.
+// the VAE decodes z / scaling_factor + shift_factor.
 #pragma once
 
+#include "unet/model/clip_text.h"
+#include "unet/model/clip_tokenizer.h"
 #include "unet/model/mmdit.h"
 #include "unet/model/sd_family.h"
 #include "unet/model/vae.h"
@@ -14,6 +16,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace anchor::unet {
 
@@ -26,6 +29,12 @@ struct SD3Models {
     SD3Transformer2DModel transformer{nullptr};
     AutoencoderKL vae{nullptr};   // null when the folder has none
     std::string scheduler_config; // scheduler/scheduler_config.json, empty when there is none
+    // The CLIP text encoders with projections of a pipeline folder (CLIP-L's and OpenCLIP bigG's roles) and their
+    // tokenizers (tokenizer pads with <|endoftext|>, tokenizer_2 with "!" unless their configs say otherwise); null
+    // when the folder has none. T5 (text_encoder_3) is not implemented: diffusers' zeros stand in for it.
+    ClipTokenizer tokenizer, tokenizer_2;
+    ClipTextModel text_encoder{nullptr}, text_encoder_2{nullptr};
+    int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 // Throws anchor::Error naming the path and the missing part.
 SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype = torch::kFloat);
@@ -36,6 +45,14 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype = tor
 struct SD3Conditioning {
     torch::Tensor prompt_embeds, pooled, negative_prompt_embeds, negative_pooled;
 };
+
+// diffusers' StableDiffusion3Pipeline.encode_prompt without T5 (0.31): per CLIP encoder the 77-token ids, the
+// penultimate hidden state (no final LayerNorm) and the projected EOS embedding; the two hidden states concatenated
+// on channels and zero-padded to joint_attention_dim, then as many zero tokens as the CLIP window (77) where T5's
+// tokens would be; pooled = the two projections concatenated. The negative prompts ("" when empty) likewise when
+// guidance_scale > 1. ParamError("model") when the models have no text encoders.
+SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>& prompts,
+                                   const std::vector<std::string>& negative_prompts, double guidance_scale);
 
 // The guided velocity at latents [B, C, h, w] and timestep t.
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,

@@ -240,7 +240,7 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         // Other values that run the same (diffusers maps them to the implemented one): an array, or null.
         nlohmann::json same_as = nullptr;
     };
-    const std::vector<Rule> rules = {
+    std::vector<Rule> rules = {
         {"thresholding", false, true},
         {"rescale_betas_zero_snr", false, true},
         {"skip_prk_steps", true, kind == SamplerKind::PNDM},
@@ -264,15 +264,17 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         {"variance_type", nullptr, dpm || sde || dpm_2s},
         {"solver_p", nullptr, unipc},
         {"variance_type", "fixed_small", kind == SamplerKind::DDPM},
-        // FlowMatchEulerDiscreteScheduler's later switches: only the plain shifted schedule and Euler step exist here.
-        {"use_karras_sigmas", false, flow},
-        {"use_exponential_sigmas", false, flow},
-        {"use_beta_sigmas", false, flow},
-        {"invert_sigmas", false, flow},
-        {"stochastic_sampling", false, flow},
-        {"shift_terminal", nullptr, flow},
-        {"time_shift_type", "exponential", flow},
     };
+    // FlowMatchEulerDiscreteScheduler's later switches: only the plain shifted schedule and Euler step exist here.
+    // Listed for that class only (Euler's use_exponential_sigmas stays an unknown key there).
+    if (flow)
+        rules.insert(rules.end(), {{"use_karras_sigmas", false, true},
+                                   {"use_exponential_sigmas", false, true},
+                                   {"use_beta_sigmas", false, true},
+                                   {"invert_sigmas", false, true},
+                                   {"stochastic_sampling", false, true},
+                                   {"shift_terminal", nullptr, true},
+                                   {"time_shift_type", "exponential", true}});
     std::vector<std::string> out;
     auto same = [](const nlohmann::json& v, const nlohmann::json& want) {
         if (v == want) return true;
