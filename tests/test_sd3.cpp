@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/io/weight_map.h"
 #include "tests/test_util.h"
+#include "tests/tiny_sd_run.h"
 #include "unet/model/mmdit.h"
 #include "unet/model/sd_family.h"
 #include "unet/model/vae.h"
@@ -209,7 +210,7 @@ TEST_CASE("SD3 transformer: shapes, block features, the last block's pre-only co
     }
 }
 
-TEST_CASE("SD3 family and VAE: joint blocks decide the family; shift factor, no quant convs", "[sd3]") {
+TEST_CASE("SD3 family and VAE: joint blocks decide the family, shift factor, no quant convs", "[sd3]") {
     SdShapes s;
     s.joint_blocks = true;
     s.text_width = 768;
@@ -254,4 +255,16 @@ TEST_CASE("SD3 single file: Stability names converted, the golden forward reprod
     WeightMap extra = file;
     extra.insert("model.diffusion_model.joint_blocks.0.x_block.attn.extra.weight", torch::zeros({2}));
     CHECK_THROWS_WITH(sd3_transformer_weights_from_single_file(extra), Catch::Contains("attn.extra.weight"));
+}
+
+TEST_CASE("flow_match_euler is refused on a UNet pipeline, naming the sampler", "[sd3][schedulers]") {
+    auto models = test::deepcache_models();
+    unet::Txt2ImgPipeline pipe(models);
+    try {
+        pipe.validate(test::tiny_params(4, SamplerKind::FlowMatchEuler));
+        FAIL("flow_match_euler ran on a UNet");
+    } catch (const ParamError& e) {
+        CHECK(e.field() == "sampler");
+        CHECK(std::string(e.what()).find("epsilon") != std::string::npos);
+    }
 }
