@@ -165,8 +165,10 @@ TEST_CASE("SD3 joint attention: softmax over the image tokens then the text toke
                 auto n = [](const torch::Tensor& t, const torch::Tensor& w) {
                     return t / torch::sqrt(t.pow(2).mean(-1, true) + 1e-6) * w;
                 };
-                qh = torch::cat({n(qh.narrow(1, 0, 5), a->norm_q->weight), n(qh.narrow(1, 5, 3), a->norm_added_q->weight)}, 1);
-                kh = torch::cat({n(kh.narrow(1, 0, 5), a->norm_k->weight), n(kh.narrow(1, 5, 3), a->norm_added_k->weight)}, 1);
+                qh = torch::cat(
+                    {n(qh.narrow(1, 0, 5), a->norm_q->weight), n(qh.narrow(1, 5, 3), a->norm_added_q->weight)}, 1);
+                kh = torch::cat(
+                    {n(kh.narrow(1, 0, 5), a->norm_k->weight), n(kh.narrow(1, 5, 3), a->norm_added_k->weight)}, 1);
             }
             heads.push_back(torch::softmax(torch::matmul(qh, kh.transpose(1, 2)) / std::sqrt(8.0), -1).matmul(vh));
         }
@@ -200,12 +202,12 @@ TEST_CASE("SD3 transformer: shapes, block features, the last block's pre-only co
         auto x = torch::randn({2, 16, 4, 4}), ctx = torch::randn({2, 3, 32}), pooled = torch::randn({2, 24});
         CHECK(torch::allclose(m->forward(x, ctx, pooled, torch::tensor(500.0f)),
                               m->forward(x, ctx, pooled, torch::tensor({500.0f, 500.0f})), 0, 0));
-        CHECK_THROWS_AS(m->forward(torch::randn({1, 16, 7, 8}), ctx.narrow(0, 0, 1), pooled.narrow(0, 0, 1),
-                                   torch::tensor(1.0f)),
-                        Error);
-        CHECK_THROWS_AS(m->forward(torch::randn({1, 16, 34, 8}), ctx.narrow(0, 0, 1), pooled.narrow(0, 0, 1),
-                                   torch::tensor(1.0f)),
-                        Error);
+        CHECK_THROWS_AS(
+            m->forward(torch::randn({1, 16, 7, 8}), ctx.narrow(0, 0, 1), pooled.narrow(0, 0, 1), torch::tensor(1.0f)),
+            Error);
+        CHECK_THROWS_AS(
+            m->forward(torch::randn({1, 16, 34, 8}), ctx.narrow(0, 0, 1), pooled.narrow(0, 0, 1), torch::tensor(1.0f)),
+            Error);
         CHECK_THROWS_AS(m->forward(x, torch::randn({2, 3, 31}), pooled, torch::tensor(1.0f)), Error);
     }
 }
@@ -216,10 +218,14 @@ TEST_CASE("SD3 family and VAE: joint blocks decide the family, shift factor, no 
     s.text_width = 768;
     CHECK(sd_family(s) == SdFamily::SD3);
     CHECK(enum_name(sd_family_table(), SdFamily::SD3) == "sd3");
-    nlohmann::json j = {{"_class_name", "AutoencoderKL"},   {"block_out_channels", {32, 64}},
-                        {"latent_channels", 16},             {"layers_per_block", 1},
-                        {"scaling_factor", 1.5305},          {"shift_factor", 0.0609},
-                        {"use_quant_conv", false},           {"use_post_quant_conv", false},
+    nlohmann::json j = {{"_class_name", "AutoencoderKL"},
+                        {"block_out_channels", {32, 64}},
+                        {"latent_channels", 16},
+                        {"layers_per_block", 1},
+                        {"scaling_factor", 1.5305},
+                        {"shift_factor", 0.0609},
+                        {"use_quant_conv", false},
+                        {"use_post_quant_conv", false},
                         {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
                         {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}};
     const auto c = VaeConfig::from_json(j);

@@ -64,28 +64,38 @@ SD3TransformerConfig SD3TransformerConfig::from_json(const nlohmann::json& j, co
     if (!f.has("out_channels")) c.out_channels = c.in_channels; // diffusers: out_channels None = in_channels
     if (f.has("qk_norm")) {
         const std::string q = f.get_string("qk_norm", "");
-        if (q != "rms_norm") f.fail("qk_norm", "must be null or \"rms_norm\" (the SD 3.5 models' choice)", j.at("qk_norm"));
+        if (q != "rms_norm")
+            f.fail("qk_norm", "must be null or \"rms_norm\" (the SD 3.5 models' choice)", j.at("qk_norm"));
         c.qk_norm = QkNorm::RmsNorm;
     }
-    static const std::set<std::string> known = {"sample_size",         "patch_size",          "in_channels",
-                                                "out_channels",        "num_layers",          "attention_head_dim",
-                                                "num_attention_heads", "joint_attention_dim", "caption_projection_dim",
-                                                "pooled_projection_dim", "pos_embed_max_size", "dual_attention_layers",
+    static const std::set<std::string> known = {"sample_size",
+                                                "patch_size",
+                                                "in_channels",
+                                                "out_channels",
+                                                "num_layers",
+                                                "attention_head_dim",
+                                                "num_attention_heads",
+                                                "joint_attention_dim",
+                                                "caption_projection_dim",
+                                                "pooled_projection_dim",
+                                                "pos_embed_max_size",
+                                                "dual_attention_layers",
                                                 "qk_norm"};
     for (const auto& [k, v] : j.items()) {
         if (k.rfind('_', 0) == 0 || known.count(k)) continue;
         const bool inert = v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_array() && v.empty());
         if (!inert) f.fail(k, "is a key this engine does not implement (SD3Transformer2DModel of diffusers 0.31)", v);
     }
-    for (const auto& [k, v] : std::vector<std::pair<const char*, int>>{{"patch_size", c.patch_size},
-                                                                        {"in_channels", c.in_channels},
-                                                                        {"out_channels", c.out_channels},
-                                                                        {"num_layers", c.num_layers},
-                                                                        {"attention_head_dim", c.attention_head_dim},
-                                                                        {"num_attention_heads", c.num_attention_heads},
-                                                                        {"joint_attention_dim", c.joint_attention_dim},
-                                                                        {"pooled_projection_dim", c.pooled_projection_dim},
-                                                                        {"pos_embed_max_size", c.pos_embed_max_size}})
+    for (const auto& [k, v] :
+         std::vector<std::pair<const char*, int>>{{"patch_size", c.patch_size},
+                                                  {"in_channels", c.in_channels},
+                                                  {"out_channels", c.out_channels},
+                                                  {"num_layers", c.num_layers},
+                                                  {"attention_head_dim", c.attention_head_dim},
+                                                  {"num_attention_heads", c.num_attention_heads},
+                                                  {"joint_attention_dim", c.joint_attention_dim},
+                                                  {"pooled_projection_dim", c.pooled_projection_dim},
+                                                  {"pos_embed_max_size", c.pos_embed_max_size}})
         if (v <= 0) f.fail(k, "must be a positive integer", nlohmann::json(v));
     // The joint blocks run the text stream at the model width: diffusers builds them with dim = heads * head_dim and
     // feeds them context_embedder's output, so any other width fails there.
@@ -138,7 +148,8 @@ SD3TransformerConfig SD3TransformerConfig::detect_from_weights(const WeightMap& 
     c.qk_norm = w.has(nq) ? QkNorm::RmsNorm : QkNorm::None;
     c.num_attention_heads = dim / c.attention_head_dim;
     for (int b = 0; b < c.num_layers; ++b)
-        if (w.has("transformer_blocks." + std::to_string(b) + ".attn2.to_q.weight")) c.dual_attention_layers.push_back(b);
+        if (w.has("transformer_blocks." + std::to_string(b) + ".attn2.to_q.weight"))
+            c.dual_attention_layers.push_back(b);
     return c;
 }
 
@@ -210,7 +221,8 @@ std::pair<Tensor, Tensor> JointAttentionImpl::forward(const Tensor& x, const Ten
     if (norm_q) q = norm_q(q), k = norm_k(k);
     const bool joint = context.defined() && add_q_proj;
     if (joint) {
-        auto cq = mmdit_split_heads(add_q_proj(context), heads, head_dim), ck = mmdit_split_heads(add_k_proj(context), heads, head_dim),
+        auto cq = mmdit_split_heads(add_q_proj(context), heads, head_dim),
+             ck = mmdit_split_heads(add_k_proj(context), heads, head_dim),
              cv = mmdit_split_heads(add_v_proj(context), heads, head_dim);
         if (norm_added_q) cq = norm_added_q(cq), ck = norm_added_k(ck);
         q = torch::cat({q, cq}, 2), k = torch::cat({k, ck}, 2), v = torch::cat({v, cv}, 2);
@@ -302,7 +314,8 @@ SD3Transformer2DModelImpl::SD3Transformer2DModelImpl(const SD3TransformerConfig&
     t_linear_2 = timestep_embedder->register_module("linear_2", mmdit_linear(dim, dim));
     p_linear_1 = text_embedder->register_module("linear_1", mmdit_linear(c.pooled_projection_dim, dim));
     p_linear_2 = text_embedder->register_module("linear_2", mmdit_linear(dim, dim));
-    context_embedder = register_module("context_embedder", mmdit_linear(c.joint_attention_dim, c.caption_projection_dim));
+    context_embedder =
+        register_module("context_embedder", mmdit_linear(c.joint_attention_dim, c.caption_projection_dim));
     for (int i = 0; i < c.num_layers; ++i) {
         blocks.push_back(JointTransformerBlock(dim, c.num_attention_heads, c.attention_head_dim, i == c.num_layers - 1,
                                                c.qk_norm, c.dual_attention(i)));
@@ -341,8 +354,8 @@ Tensor SD3Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context
     // Conditioning: sinusoidal timestep embedding (256 channels, cos first) and the pooled text, each through an MLP.
     auto t = timestep.to(torch::kFloat).reshape({-1});
     if (t.numel() == 1) t = t.expand({B});
-    if (t.numel() != B) throw Error("SD3 transformer: " + std::to_string(t.numel()) + " timesteps for a batch of " +
-                                    std::to_string(B));
+    if (t.numel() != B)
+        throw Error("SD3 transformer: " + std::to_string(t.numel()) + " timesteps for a batch of " + std::to_string(B));
     const auto tproj = timestep_embedding(t.to(x.device()), 256, true, 0.0).to(pooled.scalar_type());
     const auto temb = t_linear_2(torch::silu(t_linear_1(tproj))) + p_linear_2(torch::silu(p_linear_1(pooled)));
     auto ctx = context_embedder(context);
@@ -418,7 +431,8 @@ WeightMap sd3_transformer_weights_from_single_file(const WeightMap& file, const 
     int layers = 0;
     while (has("joint_blocks." + std::to_string(layers) + ".x_block.attn.qkv.weight")) ++layers;
     for (int i = 0; i < layers; ++i) {
-        const std::string o = "joint_blocks." + std::to_string(i) + ".", d = "transformer_blocks." + std::to_string(i) + ".";
+        const std::string o = "joint_blocks." + std::to_string(i) + ".",
+                          d = "transformer_blocks." + std::to_string(i) + ".";
         const std::string x = o + "x_block.", c = o + "context_block.";
         qkv(x + "attn", d + "attn.", "to_q", "to_k", "to_v");
         qkv(c + "attn", d + "attn.", "add_q_proj", "add_k_proj", "add_v_proj");

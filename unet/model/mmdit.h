@@ -44,10 +44,10 @@ struct SD3TransformerConfig {
     int num_layers = 18;
     int attention_head_dim = 64;
     int num_attention_heads = 18;
-    int joint_attention_dim = 4096;     // width of the text encoders' tokens
-    int caption_projection_dim = 1152;  // context_embedder's output: the model width (heads x head_dim)
-    int pooled_projection_dim = 2048;   // width of the pooled text embedding
-    int pos_embed_max_size = 96;        // side of the stored position grid, cropped to the latent's patch grid
+    int joint_attention_dim = 4096;         // width of the text encoders' tokens
+    int caption_projection_dim = 1152;      // context_embedder's output: the model width (heads x head_dim)
+    int pooled_projection_dim = 2048;       // width of the pooled text embedding
+    int pos_embed_max_size = 96;            // side of the stored position grid, cropped to the latent's patch grid
     std::vector<int> dual_attention_layers; // blocks with the MMDiT-X second self-attention (SD 3.5 Medium)
     QkNorm qk_norm = QkNorm::None;
 
@@ -56,7 +56,8 @@ struct SD3TransformerConfig {
 
     // diffusers config.json of SD3Transformer2DModel; an anchor::Error naming the file and key for values this engine
     // does not run (another qk_norm, a caption_projection_dim other than the model width, ...).
-    static SD3TransformerConfig from_json(const nlohmann::json& j, const std::string& source = "SD3 transformer config");
+    static SD3TransformerConfig from_json(const nlohmann::json& j,
+                                          const std::string& source = "SD3 transformer config");
     static SD3TransformerConfig from_json_file(const std::string& path);
     nlohmann::json to_json() const;
     // From diffusers-named tensor shapes (sample_size, which shapes cannot show, stays the default).
@@ -114,8 +115,8 @@ TORCH_MODULE(AdaLinear);
 struct JointTransformerBlockImpl : torch::nn::Module {
     JointTransformerBlockImpl(int64_t dim, int64_t heads, int64_t head_dim, bool context_pre_only, QkNorm qk_norm,
                               bool dual_attention);
-    // x [B, N, dim] image tokens, context [B, T, dim], temb [B, dim] -> (image tokens, text tokens; the latter undefined
-    // when context_pre_only).
+    // x [B, N, dim] image tokens, context [B, T, dim], temb [B, dim] -> (image tokens, text tokens; the latter
+    // undefined when context_pre_only).
     std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& context,
                                                     const torch::Tensor& temb);
     AdaLinear norm1{nullptr}, norm1_context{nullptr};

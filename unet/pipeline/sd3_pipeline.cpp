@@ -84,7 +84,8 @@ ClipConditioning clip_encode(ClipTextModelImpl& te, const ClipTokenizer& tok, co
 SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>& prompts,
                                    const std::vector<std::string>& negative_prompts, double guidance_scale) {
     if (!m.text_encoder || !m.text_encoder_2)
-        throw ParamError("model", "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
+        throw ParamError("model",
+                         "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
     if (!negative_prompts.empty() && negative_prompts.size() != prompts.size())
         throw ParamError("negative_prompt", std::to_string(negative_prompts.size()) + " negative prompts for " +
                                                 std::to_string(prompts.size()) + " prompts");
