@@ -154,7 +154,7 @@ TEST_CASE("schedule matches diffusers' float32 betas and alphas_cumprod exactly"
 }
 
 TEST_CASE("sampler names drive parsing and errors list the valid names", "[schedulers]") {
-    CHECK(sampler_table().size() == 17);
+    CHECK(sampler_table().size() == 18);
     for (const auto& [name, kind] : sampler_table()) {
         CHECK(sampler_from_string(name) == kind);
         CHECK(sampler_name(kind) == name);
@@ -594,8 +594,9 @@ TEST_CASE("every sampler runs a whole loop on every schedule, also from a begin 
         for (const auto& [kname, kind] : sampler_table()) {
             if (kind == SamplerKind::DPMPP2MKarras && s != NoiseSchedule::Karras) continue;
             INFO(kname << " on " << sname);
-            // LCM and TCD run on their distillation timesteps only.
-            if ((kind == SamplerKind::LCM || kind == SamplerKind::TCD) && s != NoiseSchedule::Default) {
+            // LCM and TCD run on their distillation timesteps only, flow-matching Euler on its shifted sigmas.
+            if ((kind == SamplerKind::LCM || kind == SamplerKind::TCD || kind == SamplerKind::FlowMatchEuler) &&
+                s != NoiseSchedule::Default) {
                 CHECK_THROWS_AS(make_scheduler(kind, with_schedule(s))->set_timesteps(10), ParamError);
                 continue;
             }

@@ -5,6 +5,7 @@
 #include "tests/golden_runner/sd_comparisons.h"
 #include "tests/sdxl_golden.h"
 #include "unet/model/checkpoint.h"
+#include "unet/model/mmdit.h"
 
 namespace anchor::golden {
 
@@ -60,6 +61,8 @@ const bool registered_sdxl_component =
                                   (void)unet::load_unet_folder(dir.string());
                               else if (cls == "AutoencoderKL")
                                   (void)unet::load_vae_folder(dir.string());
+                              else if (cls == "SD3Transformer2DModel")
+                                  (void)unet::load_sd3_transformer_folder(dir.string());
                               else if (sdgolden::read_json_file(dir / "config.json").contains("architectures"))
                                   (void)unet::load_text_encoder_folder(dir.string());
                               else

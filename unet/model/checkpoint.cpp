@@ -371,6 +371,9 @@ SDModels load_single_file(const ModelSource& src, const LoadOptions& o) {
         throw Error("'" + path + "' is not a Stable Diffusion checkpoint: no '" + up + "*' / '" + vp + "*' tensors");
     const SdShapes shapes = sd_shapes_of_single_file(file);
     m.family = sd_family(shapes);
+    if (m.family == SdFamily::SD3)
+        throw Error("'" + path + "' is an SD 3 / 3.5 checkpoint (model.diffusion_model.joint_blocks: an MMDiT); its "
+                    "single-file layout is not supported yet: use its diffusers folder (transformer/, vae/)");
     const bool sdxl = m.family == SdFamily::SDXL;
     if (m.family == SdFamily::SDXLRefiner)
         throw Error("'" + path + "' is an SDXL refiner (tensor '" + shapes.added_conditioning_tensor +
@@ -534,6 +537,9 @@ SDModels load_sd_models(const std::string& path, const LoadOptions& opts) {
                         "text_encoder/) nor a folder with exactly one single-file checkpoint");
         target = files[0].string();
     }
+    if (fs::is_directory(p / "transformer") && !fs::is_directory(p / "unet"))
+        throw Error("'" + path + "' is a transformer pipeline (transformer/, no unet/): SD 3 / 3.5 folders load with "
+                    "load_sd3_models (unet/pipeline/sd3_pipeline.h)");
     const ModelSource src = resolve_model(target, {nullptr, "Stable Diffusion model"});
     SDModels m;
     {

@@ -10,11 +10,13 @@ const EnumTable<SdFamily>& sd_family_table() {
     static const EnumTable<SdFamily> t = {{"sd1", SdFamily::SD1},
                                           {"sd2", SdFamily::SD2},
                                           {"sdxl", SdFamily::SDXL},
-                                          {"sdxl-refiner", SdFamily::SDXLRefiner}};
+                                          {"sdxl-refiner", SdFamily::SDXLRefiner},
+                                          {"sd3", SdFamily::SD3}};
     return t;
 }
 
 SdFamily sd_family(const SdShapes& s) {
+    if (s.joint_blocks) return SdFamily::SD3;
     if (s.added_conditioning) return s.text_width > 0 ? SdFamily::SDXL : SdFamily::SDXLRefiner;
     if (s.open_clip_text || s.text_width == 1024 || s.cross_attention_dim == 1024 || s.linear_projection)
         return SdFamily::SD2;
@@ -26,6 +28,7 @@ SdShapes sd_shapes_of_single_file(const WeightMap& w) {
     const std::string u = "model.diffusion_model.";
     for (const char* n : {"label_emb.0.0.weight", "add_embedding.linear_1.weight"})
         if (w.has(u + n)) s.added_conditioning = true, s.added_conditioning_tensor = u + n;
+    if (w.has(u + "joint_blocks.0.x_block.attn.qkv.weight")) s.joint_blocks = true;
     for (const auto& [n, t] : w.all()) {
         if (n.rfind(u, 0) != 0) continue;
         const auto pos = n.find("attn2.to_k.weight");

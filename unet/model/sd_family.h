@@ -14,8 +14,9 @@ class WeightMap;
 
 namespace anchor::unet {
 
-enum class SdFamily { SD1, SD2, SDXL, SDXLRefiner };
-const EnumTable<SdFamily>& sd_family_table(); // "sd1", "sd2", "sdxl", "sdxl-refiner"
+enum class SdFamily { SD1, SD2, SDXL, SDXLRefiner, SD3 };
+// "sd1", "sd2", "sdxl", "sdxl-refiner", "sd3" (SD 3 / 3.5: an MMDiT transformer, unet/model/mmdit.h)
+const EnumTable<SdFamily>& sd_family_table();
 
 // What the family is decided from.
 struct SdShapes {
@@ -26,11 +27,15 @@ struct SdShapes {
     bool linear_projection = false;        // Transformer2D proj_in/proj_out are Linear (SD 2.x, SDXL)
     bool added_conditioning = false;       // the UNet has text/time added conditioning (SDXL: add_embedding, label_emb)
     std::string added_conditioning_tensor; // the tensor that showed it (for messages)
+    // The denoiser is an MMDiT with joint text/image blocks (SD 3 / 3.5): diffusers' transformer_blocks.N.attn.add_q_proj
+    // or the original single file's model.diffusion_model.joint_blocks.N.
+    bool joint_blocks = false;
 };
 
 // SD1: CLIP ViT-L text (768) and 1x1-conv projections; SD2: OpenCLIP ViT-H text (1024, or the OpenCLIP layout) or
 // linear projections with a 1024-wide context; SDXL: added conditioning with two text encoders; the SDXL refiner:
-// added conditioning with the second (OpenCLIP bigG) encoder only.
+// added conditioning with the second (OpenCLIP bigG) encoder only; SD3: joint transformer blocks, whatever the text
+// encoders.
 SdFamily sd_family(const SdShapes& s);
 
 // The shapes of an original single-file checkpoint (model.diffusion_model.*, cond_stage_model.* / conditioner.*).

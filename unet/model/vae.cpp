@@ -70,6 +70,9 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& j, const std::string& sourc
     }
     if (c.latents_mean.empty() != c.latents_std.empty())
         f.fail("latents_mean and latents_std must be given together (diffusers uses them only as a pair)");
+    if (f.has("shift_factor")) c.shift_factor = f.get_double("shift_factor", 0.0);
+    c.use_quant_conv = f.get_bool("use_quant_conv", true);
+    c.use_post_quant_conv = f.get_bool("use_post_quant_conv", true);
     return c;
 }
 
@@ -83,10 +86,14 @@ nlohmann::json VaeConfig::to_json(int sample_size) const {
     j["sample_size"] = sample_size;
     if (force_upcast) j["force_upcast"] = true;
     if (!latents_mean.empty()) j["latents_mean"] = latents_mean, j["latents_std"] = latents_std;
+    if (shift_factor != 0.0) j["shift_factor"] = shift_factor;
+    if (!use_quant_conv) j["use_quant_conv"] = false;
+    if (!use_post_quant_conv) j["use_post_quant_conv"] = false;
     return j;
 }
 
 torch::Tensor VaeConfig::unscale_latents(const torch::Tensor& z) const {
+    if (shift_factor != 0.0) return z / scaling_factor + shift_factor;
     if (latents_mean.empty()) return z / scaling_factor;
     const auto o = torch::TensorOptions().dtype(z.scalar_type()).device(z.device());
     auto mean = torch::tensor(latents_mean, torch::kDouble).to(o).view({1, -1, 1, 1});
@@ -100,10 +107,12 @@ VaeConfig VaeConfig::from_json_file(const std::string& path) {
 
 VaeConfig detect_vae_config(const WeightMap& w, const std::string& down, const std::string& resnets) {
     VaeConfig c;
-    if (!w.has("encoder.conv_in.weight") || !w.has("post_quant_conv.weight"))
-        throw Error("VAE weights lack encoder.conv_in.weight / post_quant_conv.weight");
+    if (!w.has("encoder.conv_in.weight") || !w.has("decoder.conv_in.weight"))
+        throw Error("VAE weights lack encoder.conv_in.weight / decoder.conv_in.weight");
     c.in_channels = int(w.shape("encoder.conv_in.weight")[1]);
-    c.latent_channels = int(w.shape("post_quant_conv.weight")[0]);
+    c.latent_channels = int(w.shape("decoder.conv_in.weight")[1]);
+    c.use_quant_conv = w.has("quant_conv.weight");
+    c.use_post_quant_conv = w.has("post_quant_conv.weight");
     if (w.has("decoder.conv_out.weight")) c.out_channels = int(w.shape("decoder.conv_out.weight")[0]);
     auto conv1 = [&](int level, int block) {
         return down + std::to_string(level) + resnets + std::to_string(block) + ".conv1.weight";
@@ -232,16 +241,22 @@ Tensor LatentDistribution::sample(torch::Generator* gen) const {
 AutoencoderKLImpl::AutoencoderKLImpl(const VaeConfig& c) : cfg_(c) {
     encoder = register_module("encoder", VaeCoder(c, false));
     decoder = register_module("decoder", VaeCoder(c, true));
-    quant_conv = register_module("quant_conv", conv1(2 * c.latent_channels, 2 * c.latent_channels));
-    post_quant_conv = register_module("post_quant_conv", conv1(c.latent_channels, c.latent_channels));
+    if (c.use_quant_conv)
+        quant_conv = register_module("quant_conv", conv1(2 * c.latent_channels, 2 * c.latent_channels));
+    if (c.use_post_quant_conv)
+        post_quant_conv = register_module("post_quant_conv", conv1(c.latent_channels, c.latent_channels));
 }
 
 Tensor AutoencoderKLImpl::decode(const Tensor& z, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training()); // train() mode keeps autograd (unet/train/)
     util::HeapScope heap;                     // reuse the decode's freed blocks (cache/util/heap.h)
     // The compute dtype is the biases' (weights may be stored in reduced precision, unet/model/checkpoint.h weights_dtype).
-    auto h = outer_conv(post_quant_conv, in_layout(z.to(post_quant_conv->bias.device(), post_quant_conv->bias.scalar_type())), gemm);
-    if (f) (*f)[prefix + "post_quant_conv"] = h;
+    const auto& b = decoder->conv_in->bias;
+    auto h = in_layout(z.to(b.device(), b.scalar_type()));
+    if (post_quant_conv) {
+        h = outer_conv(post_quant_conv, h, gemm);
+        if (f) (*f)[prefix + "post_quant_conv"] = h;
+    }
     return decoder->forward(h, f, prefix + "decoder.").contiguous();
 }
 
@@ -255,10 +270,15 @@ Tensor AutoencoderKLImpl::in_layout(const Tensor& x) const {
 LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f, const std::string& prefix) {
     c10::InferenceMode guard(!is_training());
     util::HeapScope heap;
-    auto h = encoder->forward(in_layout(image.to(quant_conv->bias.device(), quant_conv->bias.scalar_type())), f, prefix + "encoder.");
+    const auto& b = encoder->conv_in->bias;
+    auto h = encoder->forward(in_layout(image.to(b.device(), b.scalar_type())), f, prefix + "encoder.");
     LatentDistribution d;
-    d.moments = outer_conv(quant_conv, h, gemm).contiguous();
-    if (f) (*f)[prefix + "quant_conv"] = d.moments;
+    if (quant_conv) {
+        d.moments = outer_conv(quant_conv, h, gemm).contiguous();
+        if (f) (*f)[prefix + "quant_conv"] = d.moments;
+    } else {
+        d.moments = h.contiguous();
+    }
     auto mv = d.moments.chunk(2, 1);
     d.mean = mv[0];
     d.logvar = mv[1].clamp(-30.0, 20.0);

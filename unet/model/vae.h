@@ -33,8 +33,14 @@ struct VaeConfig {
     // Per-channel latent statistics (diffusers latents_mean / latents_std, e.g. SDXL-derived VAEs that have them):
     // latents are denormalised as z * std / scaling_factor + mean before decoding. Empty: none.
     std::vector<double> latents_mean, latents_std;
+    // SD 3's VAE (diffusers shift_factor): the sampler's latents are (z_vae - shift_factor) * scaling_factor, so the
+    // decode input is z / scaling_factor + shift_factor. 0: none (SD 1.x / 2.x / XL).
+    double shift_factor = 0.0;
+    // diffusers use_quant_conv / use_post_quant_conv: the 1x1 convolutions around the latent (SD 3's VAE has neither).
+    bool use_quant_conv = true;
+    bool use_post_quant_conv = true;
     // The VAE-space latents of the sampler's latents (decode input): z / scaling_factor, or with the statistics
-    // z * std / scaling_factor + mean.
+    // z * std / scaling_factor + mean; plus shift_factor.
     torch::Tensor unscale_latents(const torch::Tensor& z) const;
 
     static VaeConfig from_json(const nlohmann::json& j, const std::string& source = "VAE config");

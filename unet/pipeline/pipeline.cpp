@@ -239,6 +239,9 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (p_in.steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(p_in.steps));
     (void)effective_eta(p_in.sampler, p_in.eta);                    // ParamError("eta")
     (void)effective_schedule(p_in.sampler, scheduler_config(p_in)); // ParamError("schedule")
+    if (p_in.sampler == SamplerKind::FlowMatchEuler) // a rectified-flow step needs a velocity model (SD 3)
+        throw ParamError("sampler", "flow_match_euler is SD 3's flow-matching sampler; this UNet predicts " +
+                                        enum_name(prediction_type_table(), scheduler_config(p_in).prediction_type));
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
     validate_init(p, m_);
@@ -548,9 +551,9 @@ std::vector<Tensor> Txt2ImgPipeline::decode(const Tensor& latents, VaeDecoder wi
         if (!m_.taesd) throw ParamError("vae_decoder", "taesd: no TAESD is loaded with the model");
         const auto w = m_.taesd->decoder->layers->parameters().front();
         decoded = m_.taesd->decode_latents(latents.to(w.device(), w.scalar_type()));
-    } else if (m_.vae->config().force_upcast && m_.vae->post_quant_conv->bias.scalar_type() != torch::kFloat) {
+    } else if (m_.vae->config().force_upcast && m_.vae->decoder->conv_in->bias.scalar_type() != torch::kFloat) {
         // diffusers' upcast_vae: decode in float32, then back to the VAE's dtype for the next call.
-        const auto vae_dtype = m_.vae->post_quant_conv->bias.scalar_type();
+        const auto vae_dtype = m_.vae->decoder->conv_in->bias.scalar_type(); // SD 3 VAEs have no post_quant_conv
         m_.vae->to(torch::kFloat);
         decoded = vae_decode(*m_.vae, m_.vae->config().unscale_latents(latents.to(torch::kFloat)), tiling);
         m_.vae->to(vae_dtype);

@@ -422,5 +422,6 @@ std::unique_ptr<Scheduler> make_kdpm2(const SchedulerConfig& cfg, std::optional<
 std::unique_ptr<Scheduler> make_kdpm2_ancestral(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_lcm(const SchedulerConfig& cfg, std::optional<double> eta);
 std::unique_ptr<Scheduler> make_tcd(const SchedulerConfig& cfg, std::optional<double> eta);
+std::unique_ptr<Scheduler> make_flow_match_euler(const SchedulerConfig& cfg, std::optional<double> eta);
 
 } // namespace anchor::unet::samplers

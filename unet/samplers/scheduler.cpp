@@ -49,6 +49,7 @@ const std::vector<std::pair<std::string, SamplerKind>>& sampler_table() {
         {"dpm2_a", SamplerKind::KDPM2Ancestral},
         {"lcm", SamplerKind::LCM},
         {"tcd", SamplerKind::TCD},
+        {"flow_match_euler", SamplerKind::FlowMatchEuler},
     };
     // clang-format on
     return table;
@@ -184,6 +185,7 @@ const std::vector<SamplerRow>& sampler_rows() {
         {SamplerKind::KDPM2Ancestral, "KDPM2AncestralDiscreteScheduler", false, std::nullopt, true,  samplers::make_kdpm2_ancestral},
         {SamplerKind::LCM,            "LCMScheduler",                    false, std::nullopt, false, samplers::make_lcm},
         {SamplerKind::TCD,            "TCDScheduler",                    false, 0.3,          false, samplers::make_tcd},
+        {SamplerKind::FlowMatchEuler, "FlowMatchEulerDiscreteScheduler", false, std::nullopt, false, samplers::make_flow_match_euler},
     };
     // clang-format on
     return rows;
@@ -218,6 +220,7 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
     const bool dpm = kind == SamplerKind::DPMPP2M || kind == SamplerKind::DPMPP2MKarras;
     const bool sde = kind == SamplerKind::DPMPP2MSDE, dpm_2s = kind == SamplerKind::DPMPP2S;
     const bool unipc = kind == SamplerKind::UniPC, deis = kind == SamplerKind::DEIS;
+    const bool flow = kind == SamplerKind::FlowMatchEuler;
     // Read by SchedulerConfig, or inert unless a switch below enables them (thresholding's ratio and range, the
     // clipping range of clip_sample, which DDIM implements).
     static const std::set<std::string> known = {
@@ -226,7 +229,8 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         "prediction_type",  "timestep_spacing",   "use_karras_sigmas",   "sigma_min",           "sigma_max",
         "skip_prk_steps",   "clip_sample_range",  "sample_max_value",    "dynamic_thresholding_ratio",
         "lower_order_final", "euler_at_final",    "predict_x0",          "disable_corrector",
-        "original_inference_steps", "timestep_scaling"};
+        "original_inference_steps", "timestep_scaling", "shift", "use_dynamic_shifting", "base_shift", "max_shift",
+        "base_image_seq_len", "max_image_seq_len"};
     // Behaviour-changing keys: the value implemented (and those that run the same), for the samplers whose diffusers
     // class has the key.
     struct Rule {
@@ -236,7 +240,7 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         // Other values that run the same (diffusers maps them to the implemented one): an array, or null.
         nlohmann::json same_as = nullptr;
     };
-    const std::vector<Rule> rules = {
+    std::vector<Rule> rules = {
         {"thresholding", false, true},
         {"rescale_betas_zero_snr", false, true},
         {"skip_prk_steps", true, kind == SamplerKind::PNDM},
@@ -261,6 +265,16 @@ std::vector<std::string> unsupported_scheduler_settings(const std::string& json_
         {"solver_p", nullptr, unipc},
         {"variance_type", "fixed_small", kind == SamplerKind::DDPM},
     };
+    // FlowMatchEulerDiscreteScheduler's later switches: only the plain shifted schedule and Euler step exist here.
+    // Listed for that class only (Euler's use_exponential_sigmas stays an unknown key there).
+    if (flow)
+        rules.insert(rules.end(), {{"use_karras_sigmas", false, true},
+                                   {"use_exponential_sigmas", false, true},
+                                   {"use_beta_sigmas", false, true},
+                                   {"invert_sigmas", false, true},
+                                   {"stochastic_sampling", false, true},
+                                   {"shift_terminal", nullptr, true},
+                                   {"time_shift_type", "exponential", true}});
     std::vector<std::string> out;
     auto same = [](const nlohmann::json& v, const nlohmann::json& want) {
         if (v == want) return true;
@@ -344,6 +358,15 @@ SchedulerConfig SchedulerConfig::from_json_text(const std::string& text, const s
         (c.original_inference_steps < 1 || c.original_inference_steps > c.num_train_timesteps))
         j.fail("original_inference_steps", "must be in [1, num_train_timesteps]",
                j.json().at("original_inference_steps"));
+    c.shift = j.get_double("shift", c.shift);
+    c.use_dynamic_shifting = j.get_bool("use_dynamic_shifting", c.use_dynamic_shifting);
+    c.base_shift = j.get_double("base_shift", c.base_shift);
+    c.max_shift = j.get_double("max_shift", c.max_shift);
+    c.base_image_seq_len = j.get_int("base_image_seq_len", c.base_image_seq_len);
+    c.max_image_seq_len = j.get_int("max_image_seq_len", c.max_image_seq_len);
+    if (!(c.shift > 0)) j.fail("shift", "must be > 0", j.json().at("shift"));
+    if (c.use_dynamic_shifting && c.max_image_seq_len == c.base_image_seq_len)
+        j.fail("max_image_seq_len", "must differ from base_image_seq_len", j.json().at("max_image_seq_len"));
     j.reject("trained_betas", "the betas come from beta_schedule");
     if (c.num_train_timesteps < 2) j.fail("num_train_timesteps", "must be >= 2", j.json().at("num_train_timesteps"));
     return c;

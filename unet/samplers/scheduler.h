@@ -63,11 +63,12 @@ enum class SamplerKind {
     KDPM2Ancestral,
     LCM,
     TCD,
+    FlowMatchEuler, // SD 3's FlowMatchEulerDiscreteScheduler (rectified flow; unet/samplers/flow_match_euler.cpp)
 };
 
 // Enum <-> string table that drives CLI parsing and --help: "ddim", "pndm", "euler", "euler_a", "dpmpp_2m",
 // "dpmpp_2m_karras", "lms", "dpmpp_2m_sde", "dpmpp_2s", "unipc", "deis", "ddpm", "heun", "dpm2", "dpm2_a", "lcm",
-// "tcd".
+// "tcd", "flow_match_euler".
 const EnumTable<SamplerKind>& sampler_table();
 // Other spellings of the same samplers: stable-diffusion.cpp's --sampling-method names ("dpm++2m", "euler_a",
 // "dpm2", "lcm", ...) and ComfyUI's KSampler names ("dpm_2", "dpm_2_ancestral", ...), each naming one sampler of
@@ -160,6 +161,14 @@ struct SchedulerConfig {
     // consistency-model boundary condition c_skip / c_out (Song et al. 2023, appendix C; LCM's sigma_data 0.5).
     int original_inference_steps = 50;
     double timestep_scaling = 10.0;
+    // FlowMatchEulerDiscreteScheduler (SD 3; Esser et al. 2024, sec. 5.3.2): the timestep shift
+    // sigma' = shift sigma / (1 + (shift - 1) sigma), or with use_dynamic_shifting the resolution-dependent
+    // exp(mu) / (exp(mu) + 1 / sigma - 1), mu from the image's token count (flow_match_mu) set by the caller.
+    double shift = 1.0;
+    bool use_dynamic_shifting = false;
+    double base_shift = 0.5, max_shift = 1.15;
+    int base_image_seq_len = 256, max_image_seq_len = 4096;
+    std::optional<double> mu; // required with use_dynamic_shifting (ParamError("mu") at set_timesteps without it)
 
     // Reads a diffusers scheduler/scheduler_config.json (missing fields keep their defaults; a value this engine does
     // not know is an anchor::Error naming the file, the field and the choices).
@@ -265,6 +274,10 @@ struct ScheduleLevels {
     std::vector<double> sigmas, timesteps;
 };
 ScheduleLevels schedule_levels(NoiseSchedule s, const SchedulerConfig& cfg, int n);
+
+// The dynamic shift of a flow-matching schedule for an image of `image_seq_len` transformer tokens: linear in the
+// token count through (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift) (diffusers' calculate_shift).
+double flow_match_mu(const SchedulerConfig& cfg, int64_t image_seq_len);
 
 // ---- additions: schedule and class-name helpers ----
 // The training noise schedule exactly as diffusers computes it (float32 [num_train_timesteps]): "scaled_linear" =
