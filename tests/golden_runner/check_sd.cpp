@@ -17,7 +17,6 @@ namespace {
 
 using namespace anchor::unet;
 
-constexpr double kAtol = 1e-4, kRtol = 1e-4;
 
 nlohmann::json read_json(const fs::path& p) {
     std::ifstream f(p);

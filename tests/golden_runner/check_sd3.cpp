@@ -22,7 +22,6 @@ namespace {
 
 using namespace anchor::unet;
 
-constexpr double kAtol = 1e-4, kRtol = 1e-4; // single forwards, teacher-forced steps (tolerances.json / README)
 constexpr double kFreeLatents = 5e-2;        // free-running final latents: max |a - g| <= this * max |g|
 constexpr double kFreeImage = 5e-2;          // free-running image in [0, 1]
 constexpr const char* kTransformerClass = "SD3Transformer2DModel";

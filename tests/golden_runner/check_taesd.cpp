@@ -25,7 +25,6 @@ namespace {
 
 using namespace anchor::unet;
 
-constexpr double kAtol = 1e-4, kRtol = 1e-4;
 
 bool claims_taesd(const fs::path& d) {
     if (!has_file(d, "config.json") || !has_file(d, "golden.safetensors")) return false;

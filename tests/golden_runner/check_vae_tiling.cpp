@@ -19,7 +19,6 @@ namespace {
 
 using namespace anchor::unet;
 
-constexpr double kAtol = 1e-4, kRtol = 1e-4;
 
 bool claims_vae_tiling(const fs::path& d) {
     if (!has_file(d, "golden.safetensors") || !has_file(d, "config.json")) return false;

@@ -21,6 +21,9 @@ struct SDModels;
 
 namespace anchor::golden {
 
+// The golden READMEs' tolerance of a single forward pass and of a teacher-forced step: |a - g| <= atol + rtol |g|.
+constexpr double kAtol = 1e-4, kRtol = 1e-4;
+
 namespace fs = std::filesystem;
 
 // Running error statistics of one case; `check` compares elementwise |a - g| <= atol + rtol * |g|.
