@@ -167,7 +167,7 @@ TEST_CASE("VAE tiling: an input that fits one tile takes the plain path, and one
     CHECK(torch::equal(vae_decode(*vae, big, VaeTiling{}), vae->decode(big)));
 }
 
-TEST_CASE("VAE tiling options: size a multiple of the VAE factor, overlap in [0, 1) that tiles evenly",
+TEST_CASE("VAE tiling options: size a multiple of the VAE factor, overlap at least 0 and under 1 that tiles evenly",
           "[sd][vae][vae_tiling]") {
     auto field_of = [](const VaeTiling& t, int f) -> std::string {
         try {
