@@ -288,7 +288,7 @@ if [ "$GPU_OK" != 1 ] || [ -f "$CK" ]; then
 else
     row "SD 1.5 UNet 512² CFG steps/s f32/f16/bf16, SDPA or not" "n/a: no random SD 1.5 file" "-"
 fi
-if [ -f "$CK" ]; then
+if [ "$GPU_OK" != 1 ] || [ -f "$CK" ]; then
     # 2c. The same steps with SDPA replayed as a CUDA graph (--cuda-graphs: captured at the first step, so the
     #     per-step time of 8 steps includes one capture).
     for dt in f32 f16 bf16; do
