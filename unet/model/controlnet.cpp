@@ -22,12 +22,6 @@ using torch::Tensor;
 
 namespace {
 
-std::string list_str(const std::vector<int>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    return s + "]";
-}
-
 // The UNet config of a ControlNet config.json: its blocks are a UNet's down half, so the up block types (which a
 // ControlNet config lacks and nothing builds) are the mirror of the down ones, for UNetConfig's checks.
 nlohmann::json as_unet_json(nlohmann::json j) {
@@ -176,8 +170,9 @@ std::string controlnet_mismatch(const ControlNetModelImpl& net, const UNetConfig
     auto diff = [&](const char* what, const std::string& unet, const std::string& cn) {
         if (unet != cn) os << (os.tellp() > 0 ? "; " : "") << what << " " << unet << " (the UNet's) vs " << cn;
     };
-    diff("block_out_channels", list_str(u.block_out_channels), list_str(c.block_out_channels));
-    diff("layers_per_block", list_str(u.layers_per_block), list_str(c.layers_per_block));
+    auto list = [](const std::vector<int>& v) { return shape_str({v.begin(), v.end()}); };
+    diff("block_out_channels", list(u.block_out_channels), list(c.block_out_channels));
+    diff("layers_per_block", list(u.layers_per_block), list(c.layers_per_block));
     diff("cross_attention_dim", std::to_string(u.cross_attention_dim), std::to_string(c.cross_attention_dim));
     diff("in_channels", std::to_string(std::min(u.in_channels, 4)), std::to_string(c.in_channels));
     diff("added conditioning", u.text_time() ? "text_time (SDXL)" : "none",

@@ -184,8 +184,7 @@ std::array<Tensor, 3> CrossAttentionImpl::fused_projection(const Tensor& x) {
         torch::NoGradGuard no_grad;
         const int64_t in = w[0]->size(1), out = w[0]->size(0) + w[1]->size(0) + w[2]->size(0);
         qkv_ = make_linear(torch::nn::LinearOptions(in, out).bias(false));
-        qkv_->weight.set_data(torch::cat({*w[0], *w[1], *w[2]}, 0));
-        qkv_->to(w[0]->device());
+        qkv_->weight.set_data(torch::cat({*w[0], *w[1], *w[2]}, 0)); // the weights' dtype and device
         for (size_t i = 0; i < 3; ++i) qkv_src_[i] = w[i]->data_ptr(), qkv_version_[i] = version(*w[i]);
     }
     auto y = perf::linear(qkv_, x, *this);

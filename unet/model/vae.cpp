@@ -272,14 +272,16 @@ LatentDistribution AutoencoderKLImpl::encode(const Tensor& image, FeatureMap* f,
     util::HeapScope heap;
     const auto& b = encoder->conv_in->bias;
     auto h = encoder->forward(in_layout(image.to(b.device(), b.scalar_type())), f, prefix + "encoder.");
+    if (!quant_conv) return latent_distribution(h.contiguous());
+    auto moments = outer_conv(quant_conv, h, gemm).contiguous();
+    if (f) (*f)[prefix + "quant_conv"] = moments;
+    return latent_distribution(moments);
+}
+
+LatentDistribution latent_distribution(const Tensor& moments) {
     LatentDistribution d;
-    if (quant_conv) {
-        d.moments = outer_conv(quant_conv, h, gemm).contiguous();
-        if (f) (*f)[prefix + "quant_conv"] = d.moments;
-    } else {
-        d.moments = h.contiguous();
-    }
-    auto mv = d.moments.chunk(2, 1);
+    d.moments = moments;
+    auto mv = moments.chunk(2, 1);
     d.mean = mv[0];
     d.logvar = mv[1].clamp(-30.0, 20.0);
     d.std = torch::exp(0.5 * d.logvar);

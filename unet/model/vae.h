@@ -113,6 +113,9 @@ struct LatentDistribution {
     torch::Tensor sample(torch::Generator* gen) const;
 };
 
+// DiagonalGaussianDistribution(moments): mean, logvar clamped to [-30, 20], std (the plain and the tiled encode).
+LatentDistribution latent_distribution(const torch::Tensor& moments);
+
 class AutoencoderKLImpl : public torch::nn::Module, public perf::FastPaths {
 public:
     explicit AutoencoderKLImpl(const VaeConfig& c);

@@ -194,14 +194,4 @@ LatentDistribution vae_encode(AutoencoderKLImpl& vae, const Tensor& image, const
     return vae_encode(vae, image, TileSizes::of(t, vae.config().spatial_factor()));
 }
 
-LatentDistribution latent_distribution(const Tensor& moments) {
-    LatentDistribution d;
-    d.moments = moments;
-    auto mv = moments.chunk(2, 1);
-    d.mean = mv[0];
-    d.logvar = mv[1].clamp(-30.0, 20.0);
-    d.std = torch::exp(0.5 * d.logvar);
-    return d;
-}
-
 } // namespace anchor::unet

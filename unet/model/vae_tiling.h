@@ -69,7 +69,4 @@ LatentDistribution vae_encode(AutoencoderKLImpl& vae, const torch::Tensor& image
 torch::Tensor vae_decode(AutoencoderKLImpl& vae, const torch::Tensor& z, const TileSizes& t);
 LatentDistribution vae_encode(AutoencoderKLImpl& vae, const torch::Tensor& image, const TileSizes& t);
 
-// DiagonalGaussianDistribution(moments): mean, logvar clamped to [-30, 20], std.
-LatentDistribution latent_distribution(const torch::Tensor& moments);
-
 } // namespace anchor::unet
