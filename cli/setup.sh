@@ -63,6 +63,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Where another OpenBLAS build (pthreads, serial) is installed too, Debian's alternatives may resolve libblas.so.3 to
+# it; LibTorch is packaged for the OpenMP build (one thread pool, and the thread count LibTorch sets holds for BLAS).
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+for lib in libblas.so.3 liblapack.so.3; do
+  want=/usr/lib/$multiarch/openblas-openmp/$lib
+  now=$(readlink -f "/usr/lib/$multiarch/$lib" 2>/dev/null || true)
+  if [ -e "$want" ] && [ "$now" != "$(readlink -f "$want")" ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+      echo "setup: $lib -> the OpenMP OpenBLAS build (was $now)"
+      update-alternatives --quiet --set "$lib-$multiarch" "$want"
+    else
+      echo "setup: warning: $lib resolves to $now, not the OpenMP OpenBLAS build; as root: update-alternatives --set $lib-$multiarch $want" >&2
+    fi
+  fi
+done
+
 if [ "$torch" = pip ]; then
   # PyPI's torch in a virtual environment outside the checkout (several GB with its CUDA libraries): made once.
   venv="${ANCHOR_TORCH_VENV:-}"

@@ -18,6 +18,11 @@
 
 namespace anchor::util {
 
+namespace {
+// openblas_get_parallel(): 0 single-threaded build, 1 pthreads, 2 OpenMP.
+constexpr int kOpenBlasPthreads = 1;
+} // namespace
+
 std::string blas_in_use() {
     // Which libblas the dynamic loader resolved (Debian's alternatives decide this at install time).
     std::ifstream maps("/proc/self/maps");
@@ -33,6 +38,13 @@ std::string blas_in_use() {
     using cfg_fn = char* (*)();
     if (auto f = reinterpret_cast<cfg_fn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
         out = std::string("OpenBLAS (") + f() + ")";
+        using parallel_fn = int (*)();
+        if (auto p = reinterpret_cast<parallel_fn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"))) {
+            const int mode = p();
+            out += mode == kOpenBlasPthreads ? ", pthreads build (libopenblas0-openmp is the one to use)"
+                   : mode == 2              ? ", OpenMP build"
+                                            : ", single-threaded build";
+        }
         using cores_fn = char* (*)();
         if (auto c = reinterpret_cast<cores_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
             out += std::string(", core ") + c();
@@ -81,6 +93,16 @@ int configure_threads(int n) {
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     if (n <= 0) n = 1;
     at::set_num_threads(n);
+    // OpenBLAS built on pthreads (libopenblas0-pthread, which Debian's alternatives prefer where it is installed
+    // beside the OpenMP build) keeps its own pool sized by OPENBLAS_NUM_THREADS or the core count, which the OpenMP
+    // count set above does not reach: its large GEMMs would run on every core, beside LibTorch's threads. Its own
+    // setter makes n hold there too. (The OpenMP build follows omp_get_max_threads() by itself; its setter called with
+    // 1 would pin it to one thread for good, so it is left alone.)
+    using parallel_fn = int (*)();
+    using set_threads_fn = void (*)(int);
+    auto parallel = reinterpret_cast<parallel_fn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+    auto set_threads = reinterpret_cast<set_threads_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    if (parallel != nullptr && set_threads != nullptr && parallel() == kOpenBlasPthreads) set_threads(n);
     return at::get_num_threads();
 }
 

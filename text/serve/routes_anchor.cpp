@@ -1,5 +1,6 @@
 // AnchorCache's own routes on `anchor-text serve`: POST /anchor/v1/diffusion (text diffusion with a cache mode,
 // text/diffusion/mdlm_run.h).
+#include "cache/util/threads.h"
 #include "text/serve/text_server_routes.h"
 
 #include "text/diffusion/mdlm_model.h"
@@ -53,7 +54,7 @@ void register_anchor_routes(TextServer& srv, serve::HttpServer& http) {
                                 std::to_string(s.length));
         auto out = srv.http_.run_job(req, [&srv, d, P](JobControl& c) {
             torch::NoGradGuard no_grad;
-            at::set_num_threads(srv.threads_);
+            anchor::util::configure_threads(srv.threads_);
             auto rep = generate_diffusion(srv.mdlm_, d, [&](const StepInfo&) { c.check(); });
             auto j = rep.to_json();
             j["text"] = generated_text(rep.runs[0].result.tokens, P, *srv.tok_);

@@ -1,5 +1,6 @@
 // OpenAI's completions API on `anchor-text serve`: GET /v1/models and POST /v1/completions (streamed as server-sent
 // events in OpenAI's chunk format ending with [DONE]), with our `kv` and `positions` fields.
+#include "cache/util/threads.h"
 #include "text/serve/text_server_routes.h"
 
 #include "text/gpt2/gpt2_generate.h"
@@ -142,7 +143,7 @@ void register_openai_routes(TextServer& srv, serve::HttpServer& http) {
             HttpReply r = srv.http_.stream_job(req, [runner, stops, chunk, threads = srv.threads_](
                                                         JobControl& c, const std::function<void(std::string)>& emit) {
                 torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread
-                at::set_num_threads(threads);
+                anchor::util::configure_threads(threads);
                 GenerateReport rep;
                 (void)run_completion(
                     *runner, stops, c, [&](const std::string& piece) { emit(serve::sse_event(chunk(piece, nullptr))); },
@@ -154,7 +155,7 @@ void register_openai_routes(TextServer& srv, serve::HttpServer& http) {
         }
         auto out = srv.http_.run_job(req, [&srv, runner, stops, chunk](JobControl& c) {
             torch::NoGradGuard no_grad;
-            at::set_num_threads(srv.threads_);
+            anchor::util::configure_threads(srv.threads_);
             GenerateReport rep;
             const std::string text = run_completion(*runner, stops, c, {}, rep);
             auto j = chunk(text, runner->finish_reason() == "length" ? "length" : "stop");

@@ -1,5 +1,6 @@
 // AnchorCache's own routes on `anchor-sd serve`: POST /anchor/v1/compare (several cache modes of one image side by
 // side, unet/cache/compare.h).
+#include "cache/util/threads.h"
 #include "unet/serve/sd_server_routes.h"
 
 #include "cache/io/png_text.h"
@@ -54,7 +55,7 @@ void register_anchor_routes(SdServer& s, serve::HttpServer& http) {
         as_request([&] { s.pipe_.validate(p); });
         auto out = s.http_.run_job(req, [&s, p, list, modes](JobControl& c) {
             torch::NoGradGuard no_grad;
-            at::set_num_threads(s.threads_);
+            anchor::util::configure_threads(s.threads_);
             c.check();
             int full = 0;
             auto run = run_compare_modes(

@@ -1,6 +1,7 @@
 #include "unet/serve/sd_server.h"
 
 #include "cache/io/png_text.h"
+#include "cache/util/threads.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
 #include "unet/serve/sd_server_routes.h"
@@ -285,7 +286,7 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
 nlohmann::json SdServer::run_images(const HttpRequest& req, const Txt2ImgJob& job) {
     return http_.run_job(req, [this, job](JobControl& c) {
         torch::NoGradGuard no_grad; // grad mode and the OpenMP thread count are per thread: the worker's own
-        at::set_num_threads(threads_);
+        anchor::util::configure_threads(threads_);
         c.check();
         const int units = job.batch_count; // one pipeline run per batch
         int unit = 0, full = 0;
