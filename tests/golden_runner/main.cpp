@@ -113,7 +113,10 @@ void print_line(const std::string& name, const Stats& s) {
 } // namespace
 
 int main(int argc, char** argv) {
-    anchor::util::select_blas_core(argv);
+    // No select_blas_core here (anchor-sd and anchor-text call it): the references were made by Python processes
+    // that ran with the OpenBLAS kernels OpenBLAS picked for their CPU, its SSE3 ones where it does not know the CPU.
+    // Other kernels round GEMMs differently, and the tiny models' 1x1 levels amplify a last-bit difference ~1000x
+    // (ill-conditioned inputs such as t = 0 move by 1e-3), so the check keeps the kernels the reference's process had.
     anchor::util::configure_heap();
     if (argc < 2 || std::string(argv[1]) == "--help") {
         std::fprintf(stderr, "usage: golden_runner DIR [--verbose] [--filter SUBSTRING] [--threads N]\n");
