@@ -76,7 +76,8 @@ void add_model_options(CLI::App* sub, text::Gpt2ModelParams& m) {
     sub->add_option("--n-head", m.n_head, "Head count when the model has no config.json (default n_embd/64)");
     add_enum_option(*sub, "--decode-weights", m.decode_weights, text::decode_weight_table(),
                     "Weights one-token steps read: f16 keeps a half-size copy and halves the bytes per token (logits "
-                    "move by ~1e-3); q8_0 keeps llama.cpp's int8 block format, 0.27x the bytes (logits move by ~1e-2)");
+                    "move by ~1e-3); q8_0 keeps llama.cpp's int8 block format, 0.27x the bytes (logits move by ~1e-2); "
+                    "q4_0 its 4-bit block format, 0.14x the bytes (logits move by ~1e-1)");
 }
 
 void add_stream_options(CLI::App* sub, std::string& kv, text::PositionMode& positions) {
@@ -255,7 +256,7 @@ struct BenchArgs {
 void print_decode(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
     if (stage == text::Gpt2BenchStage::DecodeSection) {
         if (r.copies_skipped)
-            std::cout << "decode latency, f16 and q8_0 weights: skipped (the "
+            std::cout << "decode latency, f16, q8_0 and q4_0 weights: skipped (the "
                       << (r.placement == "cpu f32" ? "--reference-kernel path" : r.placement + " model")
                       << " reads its own weights, no decode copies)\n";
         else

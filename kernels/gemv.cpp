@@ -343,6 +343,60 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 dot_block_avx2(const Bloc
 ANCHOR_Q8_ROWS("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", rows_q8_vnni, dot_block_vnni)
 ANCHOR_Q8_ROWS("avx2,fma,f16c", rows_q8_avx2, dot_block_avx2)
 #undef ANCHOR_Q8_ROWS
+
+// ---- q4_0 ---------------------------------------------------------------------------------------------------------
+// The 4-bit codes c in [0, 15] widened to one byte each (low nibbles: values 0-15, high nibbles: 16-31, the block's
+// order), multiplied unsigned by the signed activation quants and summed in int32; the offset is applied per block
+// as sum((c - 8) x) = sum(c x) - 8 sum(x), with sum(x) of each activation block computed once per product.
+__attribute__((target("avx2"))) inline __m256i q4_codes(const BlockQ4_0& blk) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+    const __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+    return _mm256_set_m128i(hi, lo);
+}
+
+#define ANCHOR_Q4_ROWS(TARGET, NAME, DOT)                                                                              \
+    __attribute__((target(TARGET))) void NAME(const BlockQ4_0* w, const float* xd, const int8_t* xq,                   \
+                                              const int32_t* xs, const float* b, float* y, int64_t r0, int64_t r1,     \
+                                              int64_t nb) {                                                            \
+        for (int64_t r = r0; r < r1; ++r) {                                                                            \
+            const BlockQ4_0* wr = w + r * nb;                                                                          \
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                                 \
+            int64_t i = 0;                                                                                             \
+            for (; i + 2 <= nb; i += 2) {                                                                              \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ4Block)), xs[i], xd[i], \
+                         a0);                                                                                          \
+                a1 = DOT(wr[i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (i + 1) * kQ4Block)),     \
+                         xs[i + 1], xd[i + 1], a1);                                                                    \
+            }                                                                                                          \
+            if (i < nb)                                                                                                \
+                a0 = DOT(wr[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * kQ4Block)), xs[i], xd[i], \
+                         a0);                                                                                          \
+            y[r] = hsum(_mm256_add_ps(a0, a1)) + (b ? b[r] : 0.f);                                                     \
+        }                                                                                                              \
+    }
+
+// One block's contribution, all in the first lane: the int32 lanes' sum minus 8 * sum(x) is added to lane 0 before
+// the conversion, so the block's integer dot stays exact.
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) inline __m256
+dot_q4_block_vnni(const BlockQ4_0& blk, __m256i xv, int32_t xsum, float dx, __m256 acc) {
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_codes(blk), xv);
+    s = _mm256_sub_epi32(s, _mm256_setr_epi32(8 * xsum, 0, 0, 0, 0, 0, 0, 0));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(_cvtsh_ss(blk.d) * dx), acc);
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 dot_q4_block_avx2(const BlockQ4_0& blk, __m256i xv,
+                                                                         int32_t xsum, float dx, __m256 acc) {
+    // codes <= 15 and |x| <= 127: each pair of products stays below 2^15 (no saturation in maddubs)
+    const __m256i p16 = _mm256_maddubs_epi16(q4_codes(blk), xv);
+    __m256i s = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    s = _mm256_sub_epi32(s, _mm256_setr_epi32(8 * xsum, 0, 0, 0, 0, 0, 0, 0));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(_cvtsh_ss(blk.d) * dx), acc);
+}
+
+ANCHOR_Q4_ROWS("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", rows_q4_vnni, dot_q4_block_vnni)
+ANCHOR_Q4_ROWS("avx2,fma,f16c", rows_q4_avx2, dot_q4_block_avx2)
+#undef ANCHOR_Q4_ROWS
 #endif
 
 float dot_f32_plain(const float* w, const float* x, int64_t n) {
@@ -370,6 +424,29 @@ void rows_q8_plain(const BlockQ8_0* w, const float* xd, const int8_t* xq, const 
         float s = 0.f;
         for (int64_t i = 0; i < nb; ++i)
             s += float(dot_block_int(wr[i].q, xq + i * kQ8Block)) * (half_to_float(wr[i].d) * xd[i]);
+        y[r] = s + (b ? b[r] : 0.f);
+    }
+}
+
+// Value j of a q4_0 block, in [-8, 7].
+inline int32_t q4_value(const BlockQ4_0& blk, int64_t j) {
+    const uint8_t byte = blk.qs[j % (kQ4Block / 2)];
+    return int32_t(j < kQ4Block / 2 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+inline int32_t dot_q4_block_int(const BlockQ4_0& blk, const int8_t* x) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < kQ4Block; ++j) s += q4_value(blk, j) * int32_t(x[j]);
+    return s;
+}
+
+void rows_q4_plain(const BlockQ4_0* w, const float* xd, const int8_t* xq, const float* b, float* y, int64_t r0,
+                   int64_t r1, int64_t nb) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const BlockQ4_0* wr = w + r * nb;
+        float s = 0.f;
+        for (int64_t i = 0; i < nb; ++i)
+            s += float(dot_q4_block_int(wr[i], xq + i * kQ4Block)) * (half_to_float(wr[i].d) * xd[i]);
         y[r] = s + (b ? b[r] : 0.f);
     }
 }
@@ -584,6 +661,99 @@ torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, cons
     const torch::Tensor b = float_bias(bias, rows, "gemv_q8_0");
     auto y = torch::empty({rows}, torch::kFloat32);
     gemv_q8_0(reinterpret_cast<const BlockQ8_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
+              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
+    return y;
+}
+
+// ---- q4_0 -----------------------------------------------------------------------------------------------------------
+
+void quantize_row_q4_0(const float* v, BlockQ4_0* out, int64_t n) {
+    for (int64_t i = 0; i < q4_0_blocks(n); ++i) {
+        const int64_t c0 = i * kQ4Block, m = std::min(kQ4Block, n - c0);
+        // The value of largest magnitude keeps its sign: it maps to code 0 (-8 d), the others into [0, 15].
+        float amax = 0.f, vmax = 0.f;
+        for (int64_t j = 0; j < m; ++j)
+            if (amax < std::fabs(v[c0 + j])) amax = std::fabs(v[c0 + j]), vmax = v[c0 + j];
+        const float d = vmax / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+        out[i].d = float_to_half(d);
+        for (int64_t j = 0; j < kQ4Block / 2; ++j) {
+            const float x0 = j < m ? v[c0 + j] * id : 0.f, x1 = j + kQ4Block / 2 < m ? v[c0 + j + 16] * id : 0.f;
+            const auto code = [](float x) { return uint8_t(std::min(15, int(int8_t(x + 8.5f)))); };
+            out[i].qs[j] = uint8_t(code(x0) | (code(x1) << 4));
+        }
+    }
+}
+
+void dequantize_row_q4_0(const BlockQ4_0* in, float* v, int64_t n) {
+    for (int64_t c = 0; c < n; ++c) {
+        const BlockQ4_0& blk = in[c / kQ4Block];
+        v[c] = float(q4_value(blk, c % kQ4Block)) * half_to_float(blk.d);
+    }
+}
+
+void gemv_ref_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
+    const int64_t nb = q4_0_blocks(cols);
+    std::vector<float> xd(static_cast<size_t>(nb));
+    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ4Block));
+    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
+    for (int64_t r = 0; r < rows; ++r) {
+        double s = b ? b[r] : 0.0;
+        for (int64_t i = 0; i < nb; ++i)
+            s += double(dot_q4_block_int(w[r * nb + i], xq.data() + i * kQ4Block)) * half_to_float(w[r * nb + i].d) *
+                 xd[i];
+        y[r] = static_cast<float>(s);
+    }
+}
+
+void gemv_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
+    static_assert(kQ4Block == kQ8Block, "q4_0 weights pair with q8_0 activation blocks");
+    const int64_t nb = q4_0_blocks(cols);
+    std::vector<float> xd(static_cast<size_t>(nb));
+    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ4Block));
+    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
+#if defined(__x86_64__)
+    const auto& f = cpu_features();
+    if (gemv_uses_avx2()) {
+        std::vector<int32_t> xs(static_cast<size_t>(nb), 0);
+        for (int64_t i = 0; i < nb; ++i)
+            for (int64_t j = 0; j < kQ4Block; ++j) xs[size_t(i)] += xq[size_t(i * kQ4Block + j)];
+        if (f.avx512f && f.avx512vl && f.avx512vnni)
+            return run_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+                rows_q4_vnni(w, xd.data(), xq.data(), xs.data(), b, y, r0, r1, nb);
+            });
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+            rows_q4_avx2(w, xd.data(), xq.data(), xs.data(), b, y, r0, r1, nb);
+        });
+    }
+#endif
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q4_plain(w, xd.data(), xq.data(), b, y, r0, r1, nb); });
+}
+
+torch::Tensor quantize_q4_0(const torch::Tensor& w_in) {
+    if (w_in.dim() != 2) throw Error("quantize_q4_0: weight must be 2-D, got " + std::to_string(w_in.dim()) + "-D");
+    auto w = w_in.detach().to(torch::kCPU).to(torch::kFloat32).contiguous();
+    const int64_t rows = w.size(0), cols = w.size(1), nb = q4_0_blocks(cols);
+    auto out = torch::empty({rows, nb * int64_t(sizeof(BlockQ4_0))}, torch::kUInt8);
+    const float* src = w.data_ptr<float>();
+    auto* dst = reinterpret_cast<BlockQ4_0*>(out.data_ptr<uint8_t>());
+    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) quantize_row_q4_0(src + r * cols, dst + r * nb, cols);
+    });
+    return out;
+}
+
+torch::Tensor gemv_q4_0(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias) {
+    const int64_t cols = x_in.numel();
+    if (wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.is_contiguous() || !wq.device().is_cpu() ||
+        wq.size(1) != q4_0_blocks(cols) * int64_t(sizeof(BlockQ4_0)))
+        throw Error("gemv_q4_0: weight must be contiguous CPU uint8 [rows, " +
+                    std::to_string(q4_0_blocks(cols) * int64_t(sizeof(BlockQ4_0))) + "] q4_0 blocks for " +
+                    std::to_string(cols) + " inputs");
+    const int64_t rows = wq.size(0);
+    auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
+    const torch::Tensor b = float_bias(bias, rows, "gemv_q4_0");
+    auto y = torch::empty({rows}, torch::kFloat32);
+    gemv_q4_0(reinterpret_cast<const BlockQ4_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
               b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
     return y;
 }

@@ -1,5 +1,5 @@
 // Bandwidth-bound matrix-vector product for batch-1 decoding: y = W x + b with W row-major [rows, cols] in float32,
-// float16 or q8_0. At batch 1 every weight byte is read once per token, so decode speed is memory bandwidth / weight
+// float16, q8_0 or q4_0. At batch 1 every weight byte is read once per token, so decode speed is memory bandwidth / weight
 // bytes; the kernels read the rows front to back (one sequential stream the hardware prefetcher follows) with AVX-512
 // (AVX2/FMA where the CPU has no AVX-512; F16C widening for f16 weights) and split rows over OpenMP threads.
 // The SIMD path is chosen at run time (kernels/cpu_features.h); the portable reference path is always available.
@@ -57,6 +57,36 @@ void gemv_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int
 torch::Tensor quantize_q8_0(const torch::Tensor& w);
 // The rows of quantize_q8_0 times x [cols] (cols = x.numel()), plus bias [rows] or undefined. Returns y [rows].
 torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x, const torch::Tensor& bias = {});
+
+// ---- q4_0 ----------------------------------------------------------------------------------------------------------
+// llama.cpp's q4_0 (ggml-common.h block_q4_0): blocks of 32 consecutive values sharing one float16 scale d = m / -8,
+// m the block's value of largest magnitude (sign kept), and 4-bit codes c = min(15, trunc(v / d + 8.5)), value
+// d * (c - 8). Byte j of a block holds value j in its low nibble and value j + 16 in its high one. 18 bytes per 32
+// weights (0.14 of float32). As in llama.cpp's vec_dot_q4_0_q8_0 the activations are quantised to q8_0 blocks, so
+// each block's dot is an exact int32 sum scaled by d_w * d_x.
+constexpr int64_t kQ4Block = 32;
+struct BlockQ4_0 {
+    uint16_t d; // float16 bits
+    uint8_t qs[kQ4Block / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18, "block_q4_0 is 2 + 16 bytes, packed as in ggml");
+inline int64_t q4_0_blocks(int64_t cols) {
+    return (cols + kQ4Block - 1) / kQ4Block;
+}
+// Quantises one row of n values into q4_0_blocks(n) blocks (ggml's quantize_row_q4_0_ref rounding; a partial last
+// block is zero-padded, zeros encode as code 8).
+void quantize_row_q4_0(const float* v, BlockQ4_0* out, int64_t n);
+// The n values the blocks encode.
+void dequantize_row_q4_0(const BlockQ4_0* in, float* v, int64_t n);
+// Reference: quantises x (quantize_activation_q8_0), then per block the int32 dot of (c - 8) and the activation
+// quants times d_w * d_x, summed in double.
+void gemv_ref_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+// Fast path: AVX-512 VNNI (vpdpbusd) or AVX2 (maddubs) on the unsigned codes, minus 8 times the block's activation
+// sum; else the reference arithmetic in float.
+void gemv_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+// Tensor forms. w [rows, cols] float32 -> uint8 [rows, q4_0_blocks(cols) * 18].
+torch::Tensor quantize_q4_0(const torch::Tensor& w);
+torch::Tensor gemv_q4_0(const torch::Tensor& wq, const torch::Tensor& x, const torch::Tensor& bias = {});
 
 // A contiguous copy of `t` (CPU) for weights that are streamed every token, in memory the kernel is asked to back with
 // 2 MiB transparent huge pages (madvise(MADV_HUGEPAGE); Linux's THP default is madvise-only). With 4 KiB pages the

@@ -522,6 +522,106 @@ TEST_CASE("q8_0 gemv matches quantise-then-reference on many shapes", "[gemv][ke
     CHECK_THROWS_AS(kernels::gemv_q8_0(torch::zeros({4, 34}, torch::kUInt8), torch::zeros({33})), anchor::Error);
 }
 
+namespace {
+const kernels::BlockQ4_0* q4_blocks(const torch::Tensor& wq) {
+    return reinterpret_cast<const kernels::BlockQ4_0*>(wq.data_ptr<uint8_t>());
+}
+float q4_scale(const kernels::BlockQ4_0& b) {
+    return static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
+}
+} // namespace
+
+TEST_CASE("q4_0 quantisation follows the ggml block format, by hand", "[gemv][kernels][q4_0]") {
+    // v_j = j - 16: the largest magnitude is v_0 = -16, so d = -16 / -8 = 2 and code_j = min(15, trunc(v_j / 2 +
+    // 8.5)) = min(15, floor((j + 1) / 2)); byte j holds code_j | code_{j+16} << 4.
+    std::vector<float> v(32);
+    for (int j = 0; j < 32; ++j) v[size_t(j)] = float(j - 16);
+    kernels::BlockQ4_0 b{};
+    kernels::quantize_row_q4_0(v.data(), &b, 32);
+    CHECK(b.d == 0x4000); // float16 2.0
+    for (int j = 0; j < 16; ++j) {
+        const int lo = std::min(15, (j + 1) / 2), hi = std::min(15, (j + 17) / 2);
+        CHECK(int(b.qs[j]) == (lo | hi << 4));
+    }
+    std::vector<float> back(32);
+    kernels::dequantize_row_q4_0(&b, back.data(), 32);
+    CHECK(back[0] == -16.f);
+    CHECK(back[1] == -14.f); // -15: code 1
+    CHECK(back[31] == 14.f); // 15: code 16 clamps to 15 -> (15 - 8) * 2
+    // A positive extreme: d = 8 / -8 = -1, so 8 -> code 0 -> 8 and -8 -> code 16 -> 15 -> -7 (clamped by one step).
+    std::vector<float> p(32, 0.f);
+    p[0] = 8.f, p[1] = 1.f, p[2] = -8.f;
+    kernels::quantize_row_q4_0(p.data(), &b, 32);
+    CHECK(q4_scale(b) == -1.f);
+    kernels::dequantize_row_q4_0(&b, back.data(), 32);
+    CHECK(back[0] == 8.f);
+    CHECK(back[1] == 1.f);
+    CHECK(back[2] == -7.f);
+    CHECK(back[3] == 0.f); // zeros: code 8
+    // A partial block is zero-padded (code 8 in both nibbles) and an all-zero block has d = 0, no NaN.
+    kernels::BlockQ4_0 part[2]{};
+    std::vector<float> five = {1.f, -2.f, 3.f, -4.f, 0.5f};
+    kernels::quantize_row_q4_0(five.data(), part, 5);
+    for (int j = 5; j < 16; ++j) CHECK(int(part[0].qs[j]) == 0x88);
+    std::vector<float> zeros(40, 0.f);
+    kernels::quantize_row_q4_0(zeros.data(), part, 40);
+    CHECK(part[0].d == 0x8000); // d = 0 / -8 = -0, as ggml stores it
+    CHECK(part[1].d == 0x8000);
+    CHECK(int(part[1].qs[15]) == 0x88);
+}
+
+TEST_CASE("q4_0 round trip is within a step of each value", "[gemv][kernels][q4_0]") {
+    torch::manual_seed(14);
+    for (int64_t cols : {1, 5, 31, 32, 33, 64, 100, 768}) {
+        auto w = torch::randn({3, cols}) * 2.0;
+        auto wq = kernels::quantize_q4_0(w);
+        const int64_t nb = kernels::q4_0_blocks(cols);
+        REQUIRE(wq.size(1) == nb * 18);
+        std::vector<float> back(size_t(nb * 32));
+        auto wa = w.accessor<float, 2>();
+        for (int64_t r = 0; r < 3; ++r) {
+            kernels::dequantize_row_q4_0(q4_blocks(wq) + r * nb, back.data(), cols);
+            for (int64_t c = 0; c < cols; ++c) {
+                const float d = std::fabs(q4_scale(q4_blocks(wq)[r * nb + c / 32]));
+                // Half a step from rounding, one step where the opposite extreme clamps at code 15, plus the float16
+                // rounding of d times the code.
+                CHECK(std::fabs(back[size_t(c)] - wa[r][c]) <= d + 8 * d * 1e-3f + 1e-6f);
+            }
+        }
+    }
+}
+
+TEST_CASE("q4_0 gemv matches quantise-then-reference on many shapes", "[gemv][kernels][q4_0]") {
+    torch::manual_seed(15);
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 7}, {5, 32}, {7, 33}, {9, 95}, {64, 256}, {130, 768}, {768, 3072}, {2307, 768}, {33, 1031},
+             {50257, 64}}) {
+        auto w = torch::randn({rows, cols});
+        auto x = torch::randn({cols});
+        auto b = torch::randn({rows});
+        auto wq = kernels::quantize_q4_0(w);
+        std::vector<float> want(rows);
+        kernels::gemv_ref_q4_0(q4_blocks(wq), x.data_ptr<float>(), b.data_ptr<float>(), want.data(), rows, cols);
+        auto ref = torch::from_blob(want.data(), {rows}).to(torch::kDouble);
+        auto got = kernels::gemv_q4_0(wq, x, b).to(torch::kDouble);
+        const double scale = ref.abs().max().item<double>() + 1e-12;
+        const double e = (got - ref).abs().max().item<double>() / scale;
+        INFO(rows << "x" << cols << " q4_0 fast (" << kernels::gemv_isa() << ") vs reference rel err " << e);
+        CHECK(e < 1e-5); // the same int32 block sums; only the float accumulation order differs
+        // Against the dequantised weights times the unquantised input: only the activations' q8_0 rounding is left.
+        std::vector<float> deq(size_t(rows * cols));
+        const int64_t nb = kernels::q4_0_blocks(cols);
+        for (int64_t r = 0; r < rows; ++r)
+            kernels::dequantize_row_q4_0(q4_blocks(wq) + r * nb, deq.data() + r * cols, cols);
+        auto wd = torch::from_blob(deq.data(), {rows, cols}).to(torch::kDouble);
+        auto exact = torch::addmv(b.to(torch::kDouble), wd, x.to(torch::kDouble));
+        const double ea = ((got - exact).abs().max() / exact.abs().max().clamp_min(1e-12)).item<double>();
+        INFO("q4_0 vs its dequantised weights rel err " << ea);
+        CHECK(ea < 3e-2);
+    }
+    CHECK_THROWS_AS(kernels::gemv_q4_0(torch::zeros({4, 18}, torch::kUInt8), torch::zeros({33})), anchor::Error);
+}
+
 TEST_CASE("f32 / f16 gemv fast paths match the reference on ragged shapes", "[gemv][kernels]") {
     torch::manual_seed(13);
     for (int64_t rows : {1, 2, 3, 4, 5, 9, 17, 130}) {
@@ -579,6 +679,39 @@ TEST_CASE("GPT-2 decode with q8_0 decode weights stays within their rounding of 
     INFO("argmax agreement " << agree);
     CHECK(agree > 0.9);
     CHECK(enum_from_string(decode_weight_table(), "q8_0", "decode_weights") == DecodeWeights::Q8_0);
+}
+
+TEST_CASE("GPT-2 decode with q4_0 decode weights stays within their rounding of the f32 path", "[gemv][gpt2][q4_0]") {
+    // The random tiny model has rows of one or two blocks, where 16 levels are coarse: the logits move, within a
+    // bound, and more than with q8_0.
+    auto& m = tiny();
+    auto ids = to_vec(golden_tensor("text/gpt2_tiny/forward.safetensors", "input_ids"));
+    auto run = [](Gpt2Model& model, const std::vector<int64_t>& in, DecodeWeights dw) {
+        model->set_decode_weights(dw);
+        return stream_logits(model, in);
+    };
+    const int64_t f32_bytes = m.model->decode_weight_bytes();
+    auto ref = run(m.model, ids, DecodeWeights::F32);
+    auto q8 = run(m.model, ids, DecodeWeights::Q8_0);
+    auto q4 = run(m.model, ids, DecodeWeights::Q4_0);
+    const int64_t q4_bytes = m.model->decode_weight_bytes();
+    CHECK(torch::equal(run(m.model, ids, DecodeWeights::F32), ref));
+    CHECK(q4_bytes < f32_bytes * 0.16); // 18 bytes per 32 weights, rows padded to whole blocks
+    const double rel = test::max_abs_diff(q4, ref) / ref.abs().max().item<double>();
+    const double rel8 = test::max_abs_diff(q8, ref) / ref.abs().max().item<double>();
+    INFO("tiny: max |logit diff| / max |logit|: q4_0 " << rel << ", q8_0 " << rel8);
+    CHECK(rel > rel8);
+    CHECK(rel < 1.0);
+    CHECK(enum_from_string(decode_weight_table(), "q4_0", "decode_weights") == DecodeWeights::Q4_0);
+    // The trained kjv-gpt2 (rows of 4 blocks and more): the next token is the f32 path's on most steps of a verse.
+    LoadedGpt2 kjv = load_gpt2(test::golden("../../assets/models/kjv-gpt2"));
+    const auto verse = tokenizer().encode("In the beginning God created the heaven and the earth. And the earth was "
+                                          "without form, and void; and darkness was upon the face of the deep.");
+    auto kref = run(kjv.model, verse, DecodeWeights::F32);
+    auto k4 = run(kjv.model, verse, DecodeWeights::Q4_0);
+    const double agree = kref.argmax(-1).eq(k4.argmax(-1)).to(torch::kDouble).mean().item<double>();
+    INFO("kjv-gpt2: argmax agreement q4_0 vs f32 " << agree << " over " << verse.size() << " tokens");
+    CHECK(agree > 0.8);
 }
 
 TEST_CASE("encode_first equals the start of encode", "[gpt2][tokenizer]") {

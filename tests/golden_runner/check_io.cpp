@@ -95,7 +95,15 @@ void check_readme_tables(const fs::path& dir, Stats& st, int& listed) {
         std::string d;
         while (std::getline(sh, d, ','))
             if (d.find_first_not_of(' ') != std::string::npos) shape.push_back(std::stoll(d));
-        const std::string dt = dtype_from_cell(rest);
+        // A cell that is just a dtype decides; otherwise the first dtype word of the row's other cells.
+        std::string dt;
+        for (size_t i = 2; i < cells.size() && dt.empty(); ++i) {
+            const auto b = cells[i].find_first_not_of(' '), e = cells[i].find_last_not_of(' ');
+            if (b != std::string::npos && dtype_from_cell(cells[i]) != "" &&
+                cells[i].substr(b, e - b + 1).find(' ') == std::string::npos)
+                dt = dtype_from_cell(cells[i]);
+        }
+        if (dt.empty()) dt = dtype_from_cell(rest);
         auto matches_one = [&](const TensorInfo& ti) {
             return ti.shape == shape && (dt.empty() || dt == dtype_name(ti.dtype));
         };

@@ -178,10 +178,10 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
     }
     tell(r, Gpt2BenchStage::Prompt);
 
-    // Decode latency at several contexts (full KV cache), with float32 weights and with the float16 and q8_0 copies
-    // (--decode-weights f16 / q8_0), measured in the same run.
+    // Decode latency at several contexts (full KV cache), with float32 weights and with the float16, q8_0 and q4_0
+    // copies (--decode-weights f16 / q8_0 / q4_0), measured in the same run.
     std::vector<double> f32_median;
-    for (auto dw : {DecodeWeights::F32, DecodeWeights::F16, DecodeWeights::Q8_0}) {
+    for (auto dw : {DecodeWeights::F32, DecodeWeights::F16, DecodeWeights::Q8_0, DecodeWeights::Q4_0}) {
         if (dw != DecodeWeights::F32 && (!fast_decode_kernel() || !p.placement.reference())) {
             if (!r.copies_skipped) {
                 r.copies_skipped = true;

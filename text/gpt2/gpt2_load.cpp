@@ -10,7 +10,7 @@ namespace anchor::text {
 
 const EnumTable<DecodeWeights>& decode_weight_table() {
     static const EnumTable<DecodeWeights> t = {
-        {"f32", DecodeWeights::F32}, {"f16", DecodeWeights::F16}, {"q8_0", DecodeWeights::Q8_0}};
+        {"f32", DecodeWeights::F32}, {"f16", DecodeWeights::F16}, {"q8_0", DecodeWeights::Q8_0}, {"q4_0", DecodeWeights::Q4_0}};
     return t;
 }
 

@@ -9,7 +9,7 @@
 
 namespace anchor::text {
 
-// The weights one-token steps read (Gpt2ModelImpl::set_decode_weights): "f32", "f16", "q8_0".
+// The weights one-token steps read (Gpt2ModelImpl::set_decode_weights): "f32", "f16", "q8_0", "q4_0".
 const EnumTable<DecodeWeights>& decode_weight_table();
 
 struct Gpt2ModelParams {

@@ -169,6 +169,7 @@ void DecodeRows::set_copies(DecodeWeights dw) {
     const bool rows = f32.defined();
     f16 = dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(f32.to(torch::kFloat16)) : torch::Tensor();
     q8 = dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(f32)) : torch::Tensor();
+    q4 = dw == DecodeWeights::Q4_0 && rows ? kernels::huge_page_copy(kernels::quantize_q4_0(f32)) : torch::Tensor();
 }
 
 bool DecodeRows::on_cpu_f32() const {
@@ -176,6 +177,7 @@ bool DecodeRows::on_cpu_f32() const {
 }
 
 int64_t DecodeRows::bytes() const {
+    if (q4.defined()) return q4.nbytes();
     if (q8.defined()) return q8.nbytes();
     if (f16.defined()) return f16.nbytes();
     return f32.numel() * int64_t(f32.element_size());
@@ -183,7 +185,9 @@ int64_t DecodeRows::bytes() const {
 
 void DecodeRows::gemv(const float* x, const float* b, float* y) const {
     const int64_t in = f32.size(1), out = f32.size(0);
-    if (q8.defined())
+    if (q4.defined())
+        kernels::gemv_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(q4.data_ptr<uint8_t>()), x, b, y, out, in);
+    else if (q8.defined())
         kernels::gemv_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(q8.data_ptr<uint8_t>()), x, b, y, out, in);
     else if (f16.defined())
         kernels::gemv_f16(reinterpret_cast<const uint16_t*>(f16.data_ptr<at::Half>()), x, b, y, out, in);
@@ -192,6 +196,7 @@ void DecodeRows::gemv(const float* x, const float* b, float* y) const {
 }
 
 torch::Tensor DecodeRows::gemv(const torch::Tensor& x, const torch::Tensor& bias) const {
+    if (q4.defined()) return kernels::gemv_q4_0(q4, x, bias);
     if (q8.defined()) return kernels::gemv_q8_0(q8, x, bias);
     return kernels::gemv(f16.defined() ? f16 : f32, x, bias);
 }
@@ -327,7 +332,7 @@ void Gpt2ModelImpl::place(const Placement& p) {
     torch::NoGradGuard ng;
     if (p.device == placement_.device && p.dtype == placement_.dtype) return;
     if (decode_dtype_ != DecodeWeights::F32 && !p.reference())
-        throw ParamError("decode_weights", "the " + std::string(decode_dtype_ == DecodeWeights::F16 ? "f16" : "q8_0") +
+        throw ParamError("decode_weights", "the " + std::string(decode_dtype_ == DecodeWeights::F16 ? "f16" : decode_dtype_ == DecodeWeights::Q8_0 ? "q8_0" : "q4_0") +
                                                " decode copies are for CPU float32 decoding, not " + p.str());
     // Module::to would convert every tensor; each parameter is moved instead, then the [out, in] rows every Conv1D
     // and the LM head read are laid out again from the moved weights (one copy of each on the device).
@@ -346,7 +351,7 @@ void Conv1DImpl::relayout() {
 
 void Gpt2ModelImpl::set_decode_weights(DecodeWeights dw) {
     if (dw != DecodeWeights::F32 && !placement_.reference())
-        throw ParamError("decode_weights", "the f16 and q8_0 decode copies are for CPU float32 decoding, not " +
+        throw ParamError("decode_weights", "the f16, q8_0 and q4_0 decode copies are for CPU float32 decoding, not " +
                                                placement_.str());
     for (auto& b : blocks_)
         for (auto* c : b->conv1ds()) c->set_decode_weights(dw);

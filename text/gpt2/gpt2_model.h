@@ -43,9 +43,9 @@ std::string decode_kernel();
 void set_decode_cuda_graphs(bool on);
 bool decode_cuda_graphs();
 
-// The weights batch-1 steps read (`--decode-weights`): float32, a float16 copy, or a q8_0 copy (llama.cpp's block
-// format: 32 int8 values and one float16 scale per block, kernels/gemv.h).
-enum class DecodeWeights { F32, F16, Q8_0 };
+// The weights batch-1 steps read (`--decode-weights`): float32, a float16 copy, a q8_0 or a q4_0 copy (llama.cpp's
+// block formats: 32 int8 values, or 32 4-bit codes, and one float16 scale per block, kernels/gemv.h).
+enum class DecodeWeights { F32, F16, Q8_0, Q4_0 };
 
 struct Gpt2Config {
     int64_t n_layer = 12;
@@ -75,9 +75,9 @@ struct Gpt2Config {
 };
 
 // The [out, in] float32 rows batch-1 steps multiply by one vector, with the reduced copy `--decode-weights` asks for
-// (at most one of f16, q8 is defined): every Conv1D's and the LM head's.
+// (at most one of f16, q8, q4 is defined): every Conv1D's and the LM head's.
 struct DecodeRows {
-    torch::Tensor f32, f16, q8;
+    torch::Tensor f32, f16, q8, q4;
     void set_copies(DecodeWeights dw); // copies of f32 on huge pages (kernels::huge_page_copy); F32 drops them
     int64_t bytes() const;             // of the rows a step reads
     bool on_cpu_f32() const;           // the rows the gemv kernels read (elsewhere: torch::addmv / mv)
@@ -171,17 +171,17 @@ public:
     void finalize(const torch::Tensor& explicit_lm_head = {});
     const torch::Tensor& lm_head() const { return lm_.f32; }
     bool lm_head_tied() const { return tied_; }
-    // Decode weights (`--decode-weights f16|q8_0`): batch-1 steps are bound by the bytes of weights read per token,
+    // Decode weights (`--decode-weights f16|q8_0|q4_0`): batch-1 steps are bound by the bytes of weights read per token,
     // so a float16 copy of every Conv1D and the LM head (F16C-widened in kernels::gemv) halves that traffic, as
-    // llama.cpp's f16 models do, and a q8_0 copy (34 bytes per 32 weights; the activations quantised per block as
-    // llama.cpp does) brings it to 0.27. Costs a second copy of those weights; prompts and batched forwards stay
-    // float32. Logits move by the rounding of the weights (f16: relative ~1e-3; q8_0: ~1e-2). Only with the fast
-    // decode kernel.
+    // llama.cpp's f16 models do, a q8_0 copy (34 bytes per 32 weights; the activations quantised per block as
+    // llama.cpp does) brings it to 0.27 and a q4_0 copy (18 bytes per 32) to 0.14. Costs a second copy of those
+    // weights; prompts and batched forwards stay float32. Logits move by the rounding of the weights (f16: relative
+    // ~1e-3; q8_0: ~1e-2; q4_0: its 16 levels per block, ~1e-1). Only with the fast decode kernel.
     void set_decode_weights(DecodeWeights dw); // F32 (default) drops the copies; others only on CPU float32
     // Moves the weights to `p.device` in `p.dtype` (after finalize); caches made afterwards live there too, and
     // step()/forward() take ids from the CPU and give float32 logits on the device. Off CPU float32 every product is
     // LibTorch's (the gemv kernels read CPU float32 rows). ParamError "dtype" (Placement::validate) or
-    // "decode_weights" (f16/q8_0 copies are CPU float32 only).
+    // "decode_weights" (f16/q8_0/q4_0 copies are CPU float32 only).
     void place(const Placement& p);
     const Placement& placement() const { return placement_; }
     DecodeWeights decode_weights() const { return decode_dtype_; }

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""OpenVINO (optimum-intel) beside us: a random-weight SD 1.5 pipeline, static shapes, timed per part.
+
+usage: openvino_sd15.py --peers PEERS --vocab BPE.txt.gz --workdir DIR [--size 512] [--reps 3] [--threads 2]
+                        [--precision f32|bf16] [--steps 20] [--parts unet,vae,pipeline]
+
+The pipeline folder (diffusers layout: SD 1.5's UNet and VAE configs from PEERS/make_random_sd15.py, a CLIP ViT-L/14
+text encoder, the CLIP tokenizer written from the BPE merges file, PNDM as SD 1.5 ships) is made once with random
+weights under DIR/sd15-random, exported once to OpenVINO IR under DIR/sd15-openvino, then loaded, reshaped to one
+image of SIZE x SIZE (static shapes, as Intel's published pipeline runs) and compiled for the CPU with
+INFERENCE_NUM_THREADS and INFERENCE_PRECISION_HINT. Prints one line per timing, in seconds:
+  ov_unet_step_s SIZE T      one UNet request on the CFG batch (2 latents)
+  ov_vae_decode_s SIZE T     one VAE decoder request
+  ov_pipeline_s SIZE T       the whole STEPS-step txt2img call (text encoder, STEPS CFG steps, decode)
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def write_clip_tokenizer(bpe_gz: Path, out: Path) -> None:
+    """vocab.json / merges.txt of the CLIP tokenizer, derived from OpenAI's merges file the way its tokenizer builds
+    its vocabulary: the 256 byte symbols, the same with the end-of-word mark, one symbol per merge, then the two
+    special tokens."""
+    lines = gzip.open(bpe_gz, "rt", encoding="utf-8").read().split("\n")
+    merges = [tuple(l.split()) for l in lines[1 : 49152 - 256 - 2 + 1]]
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    symbols = [chr(c) for c in cs]
+    vocab = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}, ensure_ascii=False))
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 77, "pad_token": "<|endoftext|>",
+                                                           "bos_token": "<|startoftext|>",
+                                                           "eos_token": "<|endoftext|>",
+                                                           "unk_token": "<|endoftext|>"}))
+
+
+def make_pipeline_folder(peers: Path, bpe_gz: Path, out: Path) -> None:
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    sys.path.insert(0, str(peers))
+    import make_random_sd15 as m
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(**m.UNET_CONFIG).eval()
+    vae = AutoencoderKL(**m.VAE_CONFIG).eval()
+    c = m.CLIP_CONFIG
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=c["vocab_size"], hidden_size=c["hidden"],
+                                        num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                                        intermediate_size=c["intermediate"], max_position_embeddings=c["positions"],
+                                        hidden_act="quick_gelu", projection_dim=768)).eval()
+    tok_dir = out.parent / (out.name + "-tokenizer")
+    write_clip_tokenizer(bpe_gz, tok_dir)
+    tokenizer = CLIPTokenizer.from_pretrained(str(tok_dir))
+    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              num_train_timesteps=1000, skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    tmp = out.parent / (out.name + ".tmp")
+    pipe.save_pretrained(str(tmp))
+    os.replace(tmp, out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--peers", required=True, type=Path)
+    ap.add_argument("--vocab", required=True, type=Path)
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--parts", default="unet,vae,pipeline")
+    a = ap.parse_args()
+    parts = set(a.parts.split(","))
+
+    import numpy as np
+    import openvino
+    import optimum.intel
+    import torch
+    from optimum.intel import OVStableDiffusionPipeline
+
+    torch.set_num_threads(a.threads)
+    src = a.workdir / "sd15-random"
+    ir = a.workdir / "sd15-openvino"
+    if not src.exists():
+        make_pipeline_folder(a.peers, a.vocab, src)
+    ov_config = {"INFERENCE_NUM_THREADS": str(a.threads),
+                 "INFERENCE_PRECISION_HINT": "f32" if a.precision == "f32" else "bf16"}
+    if not ir.exists():
+        pipe = OVStableDiffusionPipeline.from_pretrained(str(src), export=True, compile=False)
+        tmp = a.workdir / "sd15-openvino.tmp"
+        pipe.save_pretrained(str(tmp))
+        os.replace(tmp, ir)
+        del pipe
+    pipe = OVStableDiffusionPipeline.from_pretrained(str(ir), compile=False, ov_config=ov_config)
+    pipe.reshape(batch_size=1, height=a.size, width=a.size, num_images_per_prompt=1)
+    pipe.compile()
+    print(f"# openvino {openvino.__version__}, optimum-intel {optimum.intel.__version__ if hasattr(optimum.intel, '__version__') else '?'}, "
+          f"torch {torch.__version__}, {ov_config}", flush=True)
+    s = a.size // 8
+    rng = np.random.default_rng(0)
+    if "unet" in parts:
+        x = rng.standard_normal((2, 4, s, s), dtype=np.float32)
+        t = np.array([999], dtype=np.int64)
+        ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
+        pipe.unet(sample=x, timestep=t, encoder_hidden_states=ctx)  # warm-up
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            pipe.unet(sample=x, timestep=t, encoder_hidden_states=ctx)
+            print(f"ov_unet_step_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+    if "vae" in parts:
+        z = rng.standard_normal((1, 4, s, s), dtype=np.float32)
+        pipe.vae_decoder(latent_sample=z)
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            pipe.vae_decoder(latent_sample=z)
+            print(f"ov_vae_decode_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+    if "pipeline" in parts:
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            pipe("a red dress on a wooden table", num_inference_steps=a.steps, guidance_scale=7.5, height=a.size,
+                 width=a.size, output_type="np")
+            print(f"ov_pipeline_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
