@@ -194,7 +194,7 @@ sd_case(OUT + '/taesd_pipeline', {'unet': '../unet_sd15_tiny', 'vae': '../vae_ti
         pipe, prompts, 'blurry', 99, 32, 32, {
             'euler_a_trailing1': (0.0, 'EulerAncestralDiscreteScheduler', 1, TRAIL),
             'euler6_cfg': (5.0, 'EulerDiscreteScheduler', 6, {}),
-        }, config_name='fewstep.json', extra={'vae_decoder': 'taesd/', 'pipeline_class': 'StableDiffusionPipeline'})
+        }, config_name='fewstep.json', extra={'vae_decoder': 'taesd', 'pipeline_class': 'StableDiffusionPipeline'})
 
 # LCM-LoRA: a kohya-format file with diffusers' module paths (lora_unet_down_blocks_0_..., .lora_down / .lora_up /
 # .alpha), the naming of the published latent-consistency/lcm-lora-sdv1-5, on the LCM-LoRA training script's target
