@@ -18,18 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The image chunks of a PNG file (everything but its text chunks): two runs with the same pixels agree here.
-std::string fewstep_png_pixels(const std::string& path) {
-    const std::string png = test::read_bytes(path);
-    std::string out;
-    for (size_t at = 8; at + 12 <= png.size();) {
-        const uint32_t len = uint32_t(uint8_t(png[at])) << 24 | uint32_t(uint8_t(png[at + 1])) << 16 |
-                             uint32_t(uint8_t(png[at + 2])) << 8 | uint32_t(uint8_t(png[at + 3]));
-        const std::string type = png.substr(at + 4, 4);
-        if (type != "tEXt" && type != "iTXt" && type != "zTXt") out += png.substr(at, 12 + size_t(len));
-        at += 12 + size_t(len);
-    }
-    return out;
-}
+std::string fewstep_png_pixels(const std::string& path) { return test::png_image_chunks(test::read_bytes(path)); }
 
 nlohmann::json fewstep_sidecar(const std::string& png) {
     std::ifstream f(png + ".json");
@@ -93,9 +82,9 @@ TEST_CASE("--prompt-from remakes a few-step TAESD image and a VAE-tiled one from
     // The tiny model with a TAESD beside it (found by --vae-decoder taesd): links to the stored folders.
     const fs::path model = fs::path(dir) / "model";
     fs::create_directories(model);
-    const fs::path src = fs::absolute("assets/models/sd15-tiny-random");
+    const fs::path src = fs::path(ANCHOR_SOURCE_DIR) / "assets/models/sd15-tiny-random";
     for (const auto& e : fs::directory_iterator(src)) fs::create_symlink(e.path(), model / e.path().filename());
-    fs::create_directory_symlink(fs::absolute("tests/golden/sd/anchorcache_cases/taesd_pipeline/taesd"),
+    fs::create_directory_symlink(fs::path(ANCHOR_SOURCE_DIR) / "tests/golden/sd/anchorcache_cases/taesd_pipeline/taesd",
                                  model / "taesd");
     const std::vector<std::string> common{"-m", model.string(), "--threads", "1"};
     auto with = [&](std::vector<std::string> a) {
