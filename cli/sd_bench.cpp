@@ -108,6 +108,9 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
 
 } // namespace
 
+static void add_sd_random_taesd_command(CLI::App& app,
+                                        std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
+
 void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
     auto* cmd = app.add_subcommand("random-model", "write a single-file checkpoint of random weights with a family's "
                                                    "real shapes (memory and speed benchmarks of models not here)");
@@ -122,6 +125,31 @@ void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*,
         const int64_t bytes =
             unet::write_random_checkpoint(*p, [](const std::string& l) { std::cout << l << std::endl; });
         std::cout << "wrote " << p->output << ": " << (bytes >> 20) << " MiB of tensors" << std::endl;
+        return 0;
+    });
+    add_sd_random_taesd_command(app, runners);
+}
+
+// `random-taesd`: the TAESD of the speed goals (tests/bench/results/), random weights at the published shapes.
+static void add_sd_random_taesd_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    auto* cmd = app.add_subcommand("random-taesd", "write a TAESD (AutoencoderTiny, encoder and decoder) of random "
+                                                   "weights with the published shapes, for --vae-decoder taesd:FILE "
+                                                   "benchmarks");
+    cmd->fallthrough();
+    struct Opts {
+        std::string output;
+        int64_t seed = 0;
+        torch::ScalarType dtype = torch::kFloat;
+        bool overwrite = false;
+    };
+    auto o = std::make_shared<Opts>();
+    add_enum_option(*cmd, "--dtype", o->dtype, unet::weights_dtype_table(), "tensor dtype in the file");
+    cmd->add_option("-s,--seed", o->seed, "seed of the weights")->capture_default_str();
+    cmd->add_option("-o,--output", o->output, "the .safetensors file to write")->required();
+    cmd->add_flag("--overwrite", o->overwrite, "replace an existing file");
+    runners.emplace_back(cmd, [o]() {
+        const int64_t bytes = unet::write_random_taesd(o->output, o->seed, o->dtype, o->overwrite);
+        std::cout << "wrote " << o->output << ": " << (bytes >> 10) << " KiB of tensors" << std::endl;
         return 0;
     });
 }
@@ -162,6 +190,13 @@ void add_sd_bench_vae_command(CLI::App& app, std::vector<std::pair<CLI::App*, st
     add_enum_option(*cmd, "--gemm", p.gemm, kernels::gemm_backend_table(), "convolution / linear library",
                     "the default of the attention");
     cmd->add_option("-s,--seed", p.seed, "seed of the weights and the latents")->capture_default_str();
+    cmd->add_flag("--taesd", p.taesd,
+                  "also time a TAESD decode of the same latent after each VAE decode (published shapes, random "
+                  "weights) and report the VAE / TAESD ratio");
+    cmd->add_option("--taesd-file", p.taesd_file, "the TAESD to time instead (a diffusers folder or a taesd file; "
+                                                  "implies --taesd)")
+        ->each([&p](const std::string&) { p.taesd = true; });
+    cmd->add_flag("--taesd-only", p.taesd_only, "time the TAESD decodes alone (no VAE decode; for profiling)");
     cmd->add_option("-o,--output", o->output, "also write the report to this file");
     cmd->add_flag("--overwrite", o->overwrite, "replace an existing --output file");
     runners.emplace_back(cmd, [o]() {

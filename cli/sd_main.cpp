@@ -136,6 +136,10 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
+    if (ip.timestep_spacing && !given("--timestep-spacing")) p.timestep_spacing = *ip.timestep_spacing;
+    if (ip.vae_decoder && !given("--vae-decoder")) o.vae_decoder = VaeDecoderChoice{*ip.vae_decoder, ""};
+    if (ip.vae_tiling && !given("--vae-tiling") && !given("--vae-tile-size") && !given("--vae-tile-overlap"))
+        p.vae_tiling = *ip.vae_tiling;
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
                  ip.source.c_str());
     for (const auto& n : ip.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
@@ -438,7 +442,8 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                              ->excludes(prompt);
     app.add_option("--prompt-from", o.prompt_from,
                    "run an image's parameters again: prompt, negative prompt, steps, sampler, CFG scale, seed, size, "
-                   "clip skip, strength (and init image, cache mode) from a PNG's anchorcache JSON chunk, else its "
+                   "clip skip, strength (and init image, cache mode, timestep spacing, TAESD decoder, VAE tiling) from a "
+                   "PNG's anchorcache JSON chunk, else its "
                    "A1111 'parameters' text; options given on the command line win")
         ->type_name("PNG")
         ->excludes(prompts_file);

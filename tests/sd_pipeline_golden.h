@@ -23,6 +23,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <string>
@@ -45,6 +46,7 @@ inline unet::SamplerKind sampler_from_class(const std::string& cls) {
     if (cls == "EulerAncestralDiscreteScheduler") return SamplerKind::EulerAncestral;
     if (cls == "LMSDiscreteScheduler") return SamplerKind::LMS;
     if (cls == "DPMSolverMultistepScheduler") return SamplerKind::DPMPP2M;
+    if (cls == "LCMScheduler") return SamplerKind::LCM;
     throw Error("unknown scheduler class '" + cls + "'");
 }
 
@@ -274,9 +276,12 @@ inline void compare_prompts(unet::Txt2ImgPipeline& pipe, const unet::Txt2ImgPara
 }
 
 // All comparisons of run `run` (a `<run>.safetensors` in `dir`).
+// `adjust` (may be empty) changes the parameters of the free-running run where the case describes more than a
+// diffusers call (tests/golden_runner/check_fewstep.cpp: the TAESD decoder).
 inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::filesystem::path& dir,
                                            const nlohmann::json& cfg, const std::string& run,
-                                           const std::string& scratch) {
+                                           const std::string& scratch,
+                                           const std::function<void(unet::Txt2ImgParams&)>& adjust = {}) {
     (void)scratch;
     using torch::Tensor;
     std::vector<Comparison> out;
@@ -351,6 +356,7 @@ inline std::vector<Comparison> compare_run(unet::SDModels& models, const std::fi
     }
 
     // Free-running, through the pipeline a user runs.
+    if (adjust) adjust(params);
     std::unique_ptr<unet::DenoiseController> ctl;
     if (interval > 0) ctl = std::make_unique<unet::DeepCacheDenoiser>(interval, branch);
     std::vector<double> modes;

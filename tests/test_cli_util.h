@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -48,6 +49,20 @@ inline ProgramResult run_program(const std::string& program, const std::vector<s
         r.signal = WTERMSIG(status);
     }
     return r;
+}
+
+// The chunks of PNG bytes other than its text chunks (tEXt, iTXt, zTXt): two runs that made the same pixels agree
+// here whatever their metadata says.
+inline std::string png_image_chunks(const std::string& png) {
+    std::string out;
+    for (size_t at = 8; at + 12 <= png.size();) {
+        const uint32_t len = uint32_t(uint8_t(png[at])) << 24 | uint32_t(uint8_t(png[at + 1])) << 16 |
+                             uint32_t(uint8_t(png[at + 2])) << 8 | uint32_t(uint8_t(png[at + 3]));
+        const std::string type = png.substr(at + 4, 4);
+        if (type != "tEXt" && type != "iTXt" && type != "zTXt") out += png.substr(at, 12 + size_t(len));
+        at += 12 + size_t(len);
+    }
+    return out;
 }
 
 } // namespace anchor::test

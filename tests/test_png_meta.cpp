@@ -43,17 +43,6 @@ std::string with_raw_chunk(const std::string& png, const std::string& type, cons
 }
 
 // The image of a PNG without its text chunks: every other chunk's bytes, in order.
-std::string non_text_chunks(const std::string& png) {
-    std::string out;
-    for (size_t at = 8; at + 12 <= png.size();) {
-        const uint32_t len = uint32_t(uint8_t(png[at])) << 24 | uint32_t(uint8_t(png[at + 1])) << 16 |
-                             uint32_t(uint8_t(png[at + 2])) << 8 | uint32_t(uint8_t(png[at + 3]));
-        const std::string type = png.substr(at + 4, 4);
-        if (type != "tEXt" && type != "iTXt" && type != "zTXt") out += png.substr(at, 12 + size_t(len));
-        at += 12 + size_t(len);
-    }
-    return out;
-}
 
 Txt2ImgParams known_params() {
     Txt2ImgParams p;
@@ -122,7 +111,7 @@ TEST_CASE("text chunks written after IHDR read back, tEXt as Latin-1, iTXt as UT
     // The image itself is untouched by the chunks.
     const auto plain = dir + "/plain.png";
     write_png(plain, small_image(), true);
-    CHECK(non_text_chunks(read_bytes(plain)) == non_text_chunks(read_bytes(path)));
+    CHECK(test::png_image_chunks(read_bytes(plain)) == test::png_image_chunks(read_bytes(path)));
     CHECK(read_png_text_chunks(plain).empty());
 }
 
@@ -320,7 +309,7 @@ TEST_CASE("anchor-sd writes the metadata, `info` shows it and --prompt-from runs
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("from its 'anchorcache' chunk") != std::string::npos);
-    CHECK(non_text_chunks(read_bytes(again)) == non_text_chunks(read_bytes(png)));
+    CHECK(test::png_image_chunks(read_bytes(again)) == test::png_image_chunks(read_bytes(png)));
     r = test::run_program(test::sd_bin(),
                           {"-m", model, "--prompt-from", png, "--steps", "4", "-o", steps4, "--threads", "1"});
     REQUIRE(r.exit_code == 0);
@@ -341,7 +330,7 @@ TEST_CASE("anchor-sd writes the metadata, `info` shows it and --prompt-from runs
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("note: fields not applied: Model hash, Model, Version") != std::string::npos);
-    CHECK(non_text_chunks(read_bytes(from_a1111)) == non_text_chunks(read_bytes(png)));
+    CHECK(test::png_image_chunks(read_bytes(from_a1111)) == test::png_image_chunks(read_bytes(png)));
 }
 
 TEST_CASE("anchor-sd info refuses what is not a readable PNG, naming the file", "[png][cli]") {

@@ -6,6 +6,7 @@
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/weight_map.h"
+#include "cache/util/heap.h"
 #include "unet/model/checkpoint.h"
 
 #include <nlohmann/json.hpp>
@@ -278,6 +279,7 @@ Tensor AutoencoderTinyImpl::encode(const Tensor& image) {
     if (image.dim() != 4 || image.size(1) != cfg_.in_channels)
         throw Error("TAESD encode: expected an image [B, " + std::to_string(cfg_.in_channels) + ", H, W], got " +
                     c10::str(image.sizes()));
+    util::HeapScope heap; // reuse freed blocks instead of faulting each layer's output in again (cache/util/heap.h)
     // On oneDNN the coder runs channels-last, as the VAE's (AutoencoderKLImpl::in_layout).
     return encoder->forward(perf::use_onednn(*this) ? image.contiguous(torch::MemoryFormat::ChannelsLast) : image)
         .contiguous();
@@ -289,6 +291,7 @@ Tensor AutoencoderTinyImpl::decode(const Tensor& z) {
     if (z.dim() != 4 || z.size(1) != cfg_.latent_channels)
         throw Error("TAESD '" + source + "': expected latents [B, " + std::to_string(cfg_.latent_channels) +
                     ", h, w], got " + c10::str(z.sizes()));
+    util::HeapScope heap; // as the VAE's decode: its 64-channel maps at full size are 64 MiB per image
     return decoder->forward(perf::use_onednn(*this) ? z.contiguous(torch::MemoryFormat::ChannelsLast) : z).contiguous();
 }
 

@@ -295,6 +295,26 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
             for (const auto& [name, s] : noise_schedule_table())
                 if (name == r["schedule"].get<std::string>()) ip.schedule = s;
         if (r.contains("seed")) ip.seed = r["seed"].get<int64_t>();
+        if (r.contains("timestep_spacing") && r["timestep_spacing"].is_string()) {
+            const auto s = r["timestep_spacing"].get<std::string>();
+            for (const auto& [name, v] : timestep_spacing_table())
+                if (name == s) ip.timestep_spacing = v;
+            if (!ip.timestep_spacing) ip.notes.push_back("timestep_spacing '" + s + "' is unknown here; not applied");
+        }
+        if (r.contains("vae_decoder")) {
+            const auto s = r["vae_decoder"].get<std::string>();
+            if (s == "taesd" || s == "full")
+                ip.vae_decoder = s == "taesd" ? VaeDecoder::Taesd : VaeDecoder::Full;
+            else
+                ip.notes.push_back("vae_decoder '" + s + "' is unknown here; not applied");
+        }
+        if (r.contains("vae_tiling") && r["vae_tiling"].is_object()) {
+            VaeTiling t;
+            t.enabled = true;
+            t.tile_sample_size = r["vae_tiling"].value("tile_size", t.tile_sample_size);
+            t.overlap = r["vae_tiling"].value("overlap", t.overlap);
+            ip.vae_tiling = t;
+        }
         if (r.contains("sampler")) {
             const auto s = r["sampler"].get<std::string>();
             ip.sampler = sampler_from_any_name(s, std::string());

@@ -86,6 +86,12 @@ struct ImageParameters {
     std::optional<PromptSyntax> prompt_syntax; // our record's; an A1111 infotext's prompt is A1111 syntax
     std::optional<double> cfg_scale, strength, eta;
     std::optional<int64_t> seed;
+    // Our record's decoding and spacing choices (A1111's infotext has none of them): --timestep-spacing,
+    // --vae-decoder (taesd: the TAESD found next to the model; the record does not name the file) and --vae-tiling
+    // with its tile size and overlap.
+    std::optional<TimestepSpacing> timestep_spacing;
+    std::optional<VaeDecoder> vae_decoder;
+    std::optional<VaeTiling> vae_tiling;
     std::vector<std::string> notes; // fields read but not applied (unknown ones, LoRAs, the model, batches)
 };
 // From our JSON record (the sidecar or the `anchorcache` chunk); `what` names the source in errors.

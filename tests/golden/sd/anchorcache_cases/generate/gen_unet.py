@@ -55,37 +55,38 @@ def run_case(out, unet, B, H, W, ctx_len, seeds, ta, tb):
     save_file(feats, out + '/golden_features.safetensors')
     json.dump({'sample': f"torch.randn(({B},{unet.config.in_channels},{H},{W}), generator=torch.Generator('cpu').manual_seed({seeds[0]}))"}, open(out + '/golden.json', 'w'))
 
-golden = sys.argv[1]
-OUT = sys.argv[3]
-which = sys.argv[2]
-if which == 'sd1':
-    src = golden + '/unet_sd15_tiny'
-    unet = UNet2DConditionModel.from_pretrained(src).eval()
-    for k, (B, H, W, s, ta, tb) in enumerate([(2, 8, 8, (31, 32), [999, 500], 1), (3, 16, 16, (41, 42), [700, 300, 20], 950), (2, 8, 12, (51, 52), [13, 880], 400), (1, 8, 8, (61, 62), [640], 980)]):
-        out = f'{OUT}/unet_sd1_{k}'
-        os.makedirs(out, exist_ok=True)
-        os.system(f'cp {src}/config.json {src}/diffusion_pytorch_model.safetensors {out}/')
-        run_case(out, unet, B, H, W, 77, s, ta, tb)
-elif which == 'sd2':
-    cfg = dict(sample_size=8, in_channels=4, out_channels=4,
-               down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
-               up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
-               block_out_channels=[32, 64, 64, 64], layers_per_block=2, cross_attention_dim=48,
-               attention_head_dim=[2, 4, 4, 4], norm_num_groups=32, use_linear_projection=True)
-    unet = UNet2DConditionModel(**cfg).eval()
-    init_random(unet, 2001)
-    for k, (B, H, W, s, ta, tb) in enumerate([(2, 8, 8, (71, 72), [999, 500], 1), (2, 16, 8, (81, 82), [250, 760], 60)]):
-        out = f'{OUT}/unet_sd2_{k}'
-        unet.save_pretrained(out)
-        run_case(out, unet, B, H, W, 77, s, ta, tb)
-elif which == 'sd2t0':
-    # The SD 2.x-style UNet above (its stored weights) at timestep 0: a 0-dim 0 and a per-element batch holding 0,
-    # on the 16x8 latents of unet_sd2_style and on larger 32x16 ones (argv[4]: the unet_sd2_style folder).
-    src = sys.argv[4]
-    unet = UNet2DConditionModel.from_pretrained(src, torch_dtype=torch.float32).eval()
-    for name, (B, H, W, s, ta, tb) in {'unet_sd2_t0': (2, 16, 8, (81, 82), [0, 760], 0),
-                                       'unet_sd2_t0_32x16': (3, 32, 16, (91, 92), [0, 0, 999], 0)}.items():
-        out = f'{OUT}/{name}'
-        os.makedirs(out, exist_ok=True)
-        os.system(f'cp {src}/config.json {src}/diffusion_pytorch_model.safetensors {out}/')
-        run_case(out, unet, B, H, W, 77, s, ta, tb)
+if __name__ == '__main__':  # gen_fewstep.py imports init_random / run_case
+    golden = sys.argv[1]
+    OUT = sys.argv[3]
+    which = sys.argv[2]
+    if which == 'sd1':
+        src = golden + '/unet_sd15_tiny'
+        unet = UNet2DConditionModel.from_pretrained(src).eval()
+        for k, (B, H, W, s, ta, tb) in enumerate([(2, 8, 8, (31, 32), [999, 500], 1), (3, 16, 16, (41, 42), [700, 300, 20], 950), (2, 8, 12, (51, 52), [13, 880], 400), (1, 8, 8, (61, 62), [640], 980)]):
+            out = f'{OUT}/unet_sd1_{k}'
+            os.makedirs(out, exist_ok=True)
+            os.system(f'cp {src}/config.json {src}/diffusion_pytorch_model.safetensors {out}/')
+            run_case(out, unet, B, H, W, 77, s, ta, tb)
+    elif which == 'sd2':
+        cfg = dict(sample_size=8, in_channels=4, out_channels=4,
+                   down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+                   up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+                   block_out_channels=[32, 64, 64, 64], layers_per_block=2, cross_attention_dim=48,
+                   attention_head_dim=[2, 4, 4, 4], norm_num_groups=32, use_linear_projection=True)
+        unet = UNet2DConditionModel(**cfg).eval()
+        init_random(unet, 2001)
+        for k, (B, H, W, s, ta, tb) in enumerate([(2, 8, 8, (71, 72), [999, 500], 1), (2, 16, 8, (81, 82), [250, 760], 60)]):
+            out = f'{OUT}/unet_sd2_{k}'
+            unet.save_pretrained(out)
+            run_case(out, unet, B, H, W, 77, s, ta, tb)
+    elif which == 'sd2t0':
+        # The SD 2.x-style UNet above (its stored weights) at timestep 0: a 0-dim 0 and a per-element batch holding 0,
+        # on the 16x8 latents of unet_sd2_style and on larger 32x16 ones (argv[4]: the unet_sd2_style folder).
+        src = sys.argv[4]
+        unet = UNet2DConditionModel.from_pretrained(src, torch_dtype=torch.float32).eval()
+        for name, (B, H, W, s, ta, tb) in {'unet_sd2_t0': (2, 16, 8, (81, 82), [0, 760], 0),
+                                           'unet_sd2_t0_32x16': (3, 32, 16, (91, 92), [0, 0, 999], 0)}.items():
+            out = f'{OUT}/{name}'
+            os.makedirs(out, exist_ok=True)
+            os.system(f'cp {src}/config.json {src}/diffusion_pytorch_model.safetensors {out}/')
+            run_case(out, unet, B, H, W, 77, s, ta, tb)
