@@ -14,7 +14,7 @@ namespace anchor::unet {
 
 namespace fs = std::filesystem;
 
-SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
+SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool load_t5) {
     SD3Models m;
     m.source = path;
     const fs::path p(path);
@@ -49,10 +49,17 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
         throw Error("SD3 model folder '" + path + "' has no transformer/ (an SD3Transformer2DModel folder)");
     m.transformer = load_sd3_transformer_folder((p / "transformer").string(), dtype);
     if (fs::is_directory(p / "vae")) m.vae = load_vae_folder((p / "vae").string(), dtype);
-    if (fs::is_directory(p / "text_encoder_3"))
-        throw Error("'" + (p / "text_encoder_3").string() +
-                    "': T5 text encoders are not supported yet (remove the folder to run with diffusers' zeros in "
-                    "its place)");
+    if (load_t5 && fs::is_directory(p / "text_encoder_3")) {
+        if (!fs::is_directory(p / "tokenizer_3"))
+            throw Error("SD3 model folder '" + path + "' has text_encoder_3/ but no tokenizer_3/");
+        m.tokenizer_3 = T5Tokenizer::from_folder((p / "tokenizer_3").string());
+        m.text_encoder_3 = load_t5_encoder_folder((p / "text_encoder_3").string(), dtype);
+        const int64_t joint = m.transformer->config().joint_attention_dim;
+        if (m.text_encoder_3->config().d_model != joint)
+            throw Error("'" + (p / "text_encoder_3").string() + "': T5 width d_model " +
+                        std::to_string(m.text_encoder_3->config().d_model) +
+                        " is not the transformer's joint_attention_dim " + std::to_string(joint));
+    }
     for (auto [te, tok, name, pad] : {std::tuple{&m.text_encoder, &m.tokenizer, "text_encoder", ClipTokenizer::kEos},
                                       std::tuple{&m.text_encoder_2, &m.tokenizer_2, "text_encoder_2", int64_t(0)}}) {
         if (!fs::is_directory(p / name)) continue;
@@ -82,7 +89,8 @@ ClipConditioning clip_encode(ClipTextModelImpl& te, const ClipTokenizer& tok, co
 } // namespace
 
 SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>& prompts,
-                                   const std::vector<std::string>& negative_prompts, double guidance_scale) {
+                                   const std::vector<std::string>& negative_prompts, double guidance_scale,
+                                   int max_sequence_length) {
     if (!m.text_encoder || !m.text_encoder_2)
         throw ParamError("model",
                          "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
@@ -98,7 +106,16 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
             throw Error("SD 3 text encoders: hidden widths " + std::to_string(a.hidden.size(-1)) + " + " +
                         std::to_string(b.hidden.size(-1)) + " exceed joint_attention_dim " + std::to_string(joint));
         clip = torch::constant_pad_nd(clip, {0, joint - clip.size(-1)});
-        const auto t5 = torch::zeros({clip.size(0), clip.size(1), joint}, clip.options()); // no text_encoder_3
+        torch::Tensor t5;
+        if (m.text_encoder_3) {
+            std::vector<torch::Tensor> ids;
+            for (const auto& p : ps)
+                ids.push_back(torch::tensor(m.tokenizer_3.tokenize(p, max_sequence_length), torch::kLong));
+            torch::NoGradGuard ng;
+            t5 = m.text_encoder_3->forward(torch::stack(ids)).to(clip.device(), clip.scalar_type());
+        } else {
+            t5 = torch::zeros({clip.size(0), clip.size(1), joint}, clip.options()); // diffusers: the CLIP window
+        }
         embeds = torch::cat({clip, t5}, 1);
         pooled = torch::cat({a.pooled, b.pooled}, -1);
     };
