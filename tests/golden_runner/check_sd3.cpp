@@ -392,7 +392,9 @@ const bool registered_t5 = register_checker(
          std::vector<CaseResult> out;
          CaseResult keys;
          keys.name = base + ":case";
-         check_unknown_keys(keys.stats, j, {"prompts", "max_lengths", "features_of", "tokenizer", "recorded"},
+         check_unknown_keys(keys.stats, j,
+                            {"prompts", "max_lengths", "features_of", "fuzz_prompts", "fuzz_max_length", "tokenizer",
+                             "recorded"},
                             "golden_t5.json");
          out.push_back(keys);
          const auto prompts = j.at("prompts").get<std::vector<std::string>>();
@@ -404,6 +406,21 @@ const bool registered_t5 = register_checker(
                  for (const auto& p : prompts) r.push_back(torch::tensor(tok.tokenize(p, len), torch::kLong));
                  st.check_equal("input_ids." + std::to_string(len), torch::stack(r),
                                 g.get("input_ids." + std::to_string(len)));
+             }
+             if (j.contains("fuzz_prompts")) {
+                 const int len = j.at("fuzz_max_length").get<int>();
+                 const auto got = g.get("fuzz_input_ids");
+                 const auto fuzz = j.at("fuzz_prompts").get<std::vector<std::string>>();
+                 int64_t wrong = 0;
+                 std::string first;
+                 for (size_t i = 0; i < fuzz.size(); ++i) {
+                     const auto ids = torch::tensor(tok.tokenize(fuzz[i], len), torch::kLong);
+                     if (i < size_t(got.size(0)) && torch::equal(ids, got[int64_t(i)])) continue;
+                     if (wrong++ == 0) first = "fuzz prompt " + std::to_string(i);
+                 }
+                 st.check_true("fuzz_input_ids (" + std::to_string(fuzz.size()) + " prompts)", wrong == 0,
+                               std::to_string(wrong) + " differ, the first: " + first);
+                 st.check_true("fuzz rows", int64_t(fuzz.size()) == got.size(0));
              }
          }));
          out.push_back(guarded(base + ":encoder", [&](Stats& st) {

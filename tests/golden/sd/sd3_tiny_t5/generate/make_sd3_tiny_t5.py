@@ -44,6 +44,23 @@ EXTRA_IDS = 4  # T5's <extra_id_N> sentinels after the SentencePiece pieces (T5-
 T5 = dict(d_model=32, d_kv=8, num_heads=3, d_ff=37, num_layers=3, relative_attention_num_buckets=8,
           relative_attention_max_distance=20, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
           dropout_rate=0.0)
+FUZZ_COUNT, FUZZ_MAX_LENGTH = 400, 40
+
+
+def fuzz_prompts():
+    """Random strings over what the normaliser, the unigram search and the special-token split must agree on
+    (whitespace kinds, NFKC folds, combining marks, zero-width characters, characters outside the vocabulary, special
+    tokens, a literal U+2581). Ids are T5TokenizerFast's (SD 3's tokenizer_3): the slow T5Tokenizer differs only where
+    the text ends with </s> (it adds no second one)."""
+    import random
+    rng = random.Random(7)
+    pool = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?;:'\"-()") + \
+        [" ", " ", " ", "  ", "\t", "\n", "\u3000", "\u00a0", "ｆ", "Ａ", "１", "ﬁ", "é", "e\u0301", "ß", "日", "本", "😀",
+         "№", "—", "…", "▁", "</s>", "<pad>", "<unk>", "<extra_id_0>", "<extra_id_3>", "<extra_id_9>", "cat", "the ",
+         " sofa", "Ⅻ", "㎏", "½", "\u200b", "\ufeff"]
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(0, 20))) for _ in range(FUZZ_COUNT)]
+
+
 # The encoder case: prompts with what the normaliser and the unigram search must handle (case, digits, fullwidth
 # letters NFKC folds, ligatures, runs of spaces, leading/trailing spaces, characters outside the vocabulary -> unk,
 # the empty prompt, special tokens written in the text, which HF matches before SentencePiece sees the rest) and
@@ -95,11 +112,14 @@ def make_t5(out):
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp()
     open(os.path.join(tmp, "corpus.txt"), "w").write(corpus())
-    spm.SentencePieceTrainer.train(input=os.path.join(tmp, "corpus.txt"), model_prefix=os.path.join(tmp, "spiece"),
+    cwd = os.getcwd()
+    os.chdir(tmp)  # relative paths: the trainer records them in the model (the same bytes on every run)
+    spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="spiece",
                                    vocab_size=VOCAB, model_type="unigram", character_coverage=1.0, pad_id=0,
                                    eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
                                    unk_piece="<unk>", normalization_rule_name="nmt_nfkc", num_threads=1,
                                    seed_sentencepiece_size=5000, shuffle_input_sentence=False)
+    os.chdir(cwd)
     shutil.copy(os.path.join(tmp, "spiece.model"), os.path.join(out, "spiece.model"))
     slow = T5Tokenizer(os.path.join(out, "spiece.model"), extra_ids=EXTRA_IDS, legacy=True)
     fast = T5TokenizerFast(vocab_file=os.path.join(out, "spiece.model"), extra_ids=EXTRA_IDS, from_slow=True)
@@ -114,6 +134,8 @@ def make_t5(out):
         ids = t5_ids(fast, T5_PROMPTS, length)
         assert torch.equal(ids, t5_ids(slow, T5_PROMPTS, length)), "T5TokenizerFast and T5Tokenizer disagree"
         g[f"input_ids.{length}"] = ids
+    fuzz = fuzz_prompts()
+    g["fuzz_input_ids"] = t5_ids(fast, fuzz, FUZZ_MAX_LENGTH)
     feats = {}
     hooks = [b.register_forward_hook(lambda mod, i, o, k=k: feats.__setitem__(f"block.{k}", o[0].clone()))
              for k, b in enumerate(model.encoder.block)]
@@ -126,9 +148,10 @@ def make_t5(out):
     g["last_hidden_state"] = out_h.last_hidden_state
     save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(out, "golden_t5.safetensors"))
     json.dump({"prompts": T5_PROMPTS, "max_lengths": T5_LENGTHS, "features_of": f"input_ids.{T5_LENGTHS[0]}[:{FEATURE_ROWS}]",
+               "fuzz_prompts": fuzz, "fuzz_max_length": FUZZ_MAX_LENGTH,
                "tokenizer": "T5TokenizerFast(spiece.model, extra_ids=%d) == T5Tokenizer(legacy=True): "
                             "padding max_length, truncation, add_special_tokens (EOS)" % EXTRA_IDS,
-               "recorded": "input_ids.<max_length>, embeddings, block.<i> (each T5Block's output), "
+               "recorded": "input_ids.<max_length>, fuzz_input_ids (T5TokenizerFast), embeddings, block.<i> (each T5Block's output), "
                            "last_hidden_state (final_layer_norm)"},
               open(os.path.join(out, "golden_t5.json"), "w"), indent=1, ensure_ascii=False)
     shutil.rmtree(tmp)
