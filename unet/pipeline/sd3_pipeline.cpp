@@ -2,11 +2,14 @@
 #include "unet/pipeline/sd3_pipeline.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
+#include "cache/io/read_file.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/name_conversion.h"
 
+#include <chrono>
 #include <filesystem>
 #include <tuple>
 
@@ -153,6 +156,103 @@ torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& sch
 
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents) {
     return (vae.decode(vae.config().unscale_latents(latents)) / 2 + 0.5).clamp(0, 1);
+}
+
+bool is_sd3_model(const std::string& path) {
+    const fs::path p(path);
+    auto class_of = [](const fs::path& config) {
+        if (!fs::exists(config)) return std::string();
+        try {
+            return JsonConfig::load(config.string(), "config").get_string("_class_name", "");
+        } catch (const std::exception&) {
+            return std::string();
+        }
+    };
+    if (fs::is_directory(p))
+        return class_of(p / "model_index.json") == "StableDiffusion3Pipeline" ||
+               class_of(p / "transformer" / "config.json") == "SD3Transformer2DModel" ||
+               class_of(p / "config.json") == "SD3Transformer2DModel";
+    if (!fs::is_regular_file(p) || p.extension() != ".safetensors") return false;
+    try {
+        return WeightMap::load(path).has("model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight");
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+std::unique_ptr<Scheduler> sd3_make_scheduler(const SD3Models& m, int steps, int64_t latent_h, int64_t latent_w,
+                                              double shift, double* shift_used) {
+    // SD 3 / 3.5's scheduler_config.json, for a single file that brings none.
+    const std::string text =
+        m.scheduler_config.empty()
+            ? std::string(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0})")
+            : read_file(m.scheduler_config, "scheduler config");
+    const std::string label = m.scheduler_config.empty() ? "SD 3 default scheduler" : m.scheduler_config;
+    SchedulerConfig c = SchedulerConfig::from_json_text(text, label);
+    if (sampler_from_class_name(c.class_name) != SamplerKind::FlowMatchEuler)
+        throw Error("'" + label + "': the scheduler is " + c.class_name + ", not FlowMatchEulerDiscreteScheduler");
+    const auto bad = unsupported_scheduler_settings(text, SamplerKind::FlowMatchEuler);
+    if (!bad.empty()) throw Error("'" + label + "': " + bad.front());
+    if (shift > 0) c.shift = shift;
+    if (shift_used) *shift_used = c.shift;
+    const int64_t patch = m.transformer->config().patch_size;
+    if (c.use_dynamic_shifting) c.mu = flow_match_mu(c, (latent_h / patch) * (latent_w / patch));
+    auto s = make_scheduler(SamplerKind::FlowMatchEuler, c);
+    s->set_timesteps(steps);
+    return s;
+}
+
+SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std::function<void(int, int)>& on_step) {
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+    if (p.prompts.empty()) throw ParamError("prompts", "no prompt");
+    if (p.steps < 1 || p.steps > 10000) throw ParamError("steps", "must be in [1, 10000], got " + std::to_string(p.steps));
+    if (!m.vae) throw ParamError("model", "'" + m.source + "' has no VAE (vae/ or first_stage_model.*)");
+    const auto& tc = m.transformer->config();
+    const int f = m.vae_scale_factor(), unit = f * tc.patch_size;
+    SD3Txt2ImgResult r;
+    r.width = p.width > 0 ? p.width : tc.sample_size * f;
+    r.height = p.height > 0 ? p.height : tc.sample_size * f;
+    for (auto [v, field] : {std::pair{r.width, "width"}, std::pair{r.height, "height"}}) {
+        if (v % unit != 0)
+            throw ParamError(field, "must be a multiple of " + std::to_string(unit) + " (VAE factor " +
+                                        std::to_string(f) + " x patch size " + std::to_string(tc.patch_size) +
+                                        "), got " + std::to_string(v));
+        if (v / unit > tc.pos_embed_max_size)
+            throw ParamError(field, std::to_string(v) + " exceeds the transformer's position grid (" +
+                                        std::to_string(tc.pos_embed_max_size) + " patches = " +
+                                        std::to_string(tc.pos_embed_max_size * unit) + " pixels)");
+    }
+    auto t0 = clock::now();
+    const auto cond = sd3_encode_prompts(m, p.prompts, p.negative_prompts, p.guidance_scale, p.max_sequence_length);
+    r.t5 = bool(m.text_encoder_3);
+    r.encode_s = since(t0);
+    // diffusers' prepare_latents: randn_tensor on the CPU generator, float32.
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
+    auto latents = torch::randn({int64_t(p.prompts.size()), int64_t(tc.in_channels), r.height / f, r.width / f}, gen,
+                                torch::TensorOptions().dtype(torch::kFloat));
+    auto scheduler = sd3_make_scheduler(m, p.steps, latents.size(2), latents.size(3), p.shift, &r.shift);
+    t0 = clock::now();
+    {
+        torch::NoGradGuard ng;
+        const auto dev = m.transformer->parameters().front().device();
+        SD3Conditioning c = cond;
+        for (auto* t : {&c.prompt_embeds, &c.pooled, &c.negative_prompt_embeds, &c.negative_pooled})
+            if (t->defined()) *t = t->to(dev);
+        latents = sd3_denoise(*m.transformer, *scheduler, latents.to(dev), c, p.guidance_scale,
+                              [&](int i, const torch::Tensor&, const torch::Tensor&) {
+                                  if (on_step) on_step(i, p.steps);
+                              });
+    }
+    r.denoise_s = since(t0);
+    t0 = clock::now();
+    {
+        torch::NoGradGuard ng;
+        r.image = sd3_decode(*m.vae, latents).to(torch::kCPU, torch::kFloat);
+    }
+    r.image_uint8 = (r.image * 255).round().to(torch::kUInt8).permute({0, 2, 3, 1}).contiguous();
+    r.decode_s = since(t0);
+    return r;
 }
 
 } // namespace anchor::unet

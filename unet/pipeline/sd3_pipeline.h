@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,5 +75,44 @@ torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& sch
 
 // The image in [0, 1] of final latents: (vae.decode(z / scaling_factor + shift_factor) / 2 + 0.5).clamp(0, 1).
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents);
+
+// Whether `path` is an SD 3 / 3.5 model load_sd3_models reads: a StableDiffusion3Pipeline folder (model_index.json
+// or transformer/config.json naming SD3Transformer2DModel), an SD3Transformer2DModel folder, or a single
+// .safetensors file with model.diffusion_model.joint_blocks.0 (only its header is read).
+bool is_sd3_model(const std::string& path);
+
+// The scheduler of a run: the folder's scheduler config (FlowMatchEulerDiscreteScheduler; SD 3's own, shift 3, when
+// the model has none), `shift` > 0 replacing its shift, dynamic shifting's mu from the latents' token count
+// (diffusers' calculate_shift), set_timesteps(steps).
+// `shift_used`, when given, receives the shift in effect.
+std::unique_ptr<Scheduler> sd3_make_scheduler(const SD3Models& m, int steps, int64_t latent_h, int64_t latent_w,
+                                              double shift = -1, double* shift_used = nullptr);
+
+// A text-to-image run as diffusers' StableDiffusion3Pipeline.__call__ with output_type "pt": the prompts' conditioning,
+// initial latents randn([B, 16, H/8, W/8]) from a CPU generator seeded `seed` (torch.Generator().manual_seed), the
+// flow-matching loop, the VAE decode.
+struct SD3Txt2ImgParams {
+    std::vector<std::string> prompts;          // one image each
+    std::vector<std::string> negative_prompts; // empty: "" for each
+    int steps = 28;                            // diffusers' default
+    double guidance_scale = 7.0;               // <= 1: no classifier-free guidance
+    int64_t seed = 0;
+    int width = 0, height = 0;    // 0: the transformer's sample_size x the VAE factor (1024 for SD 3 / 3.5)
+    int max_sequence_length = 256; // T5's tokens
+    double shift = -1;             // > 0: replaces the scheduler config's shift
+};
+struct SD3Txt2ImgResult {
+    torch::Tensor image;       // [B, 3, H, W] in [0, 1]
+    torch::Tensor image_uint8; // round(image * 255) [B, H, W, 3]
+    int width = 0, height = 0;
+    double shift = 0;          // the scheduler's (after any override)
+    bool t5 = false;           // T5 encoded the prompts (else diffusers' zeros)
+    double encode_s = 0, denoise_s = 0, decode_s = 0;
+};
+// ParamError naming the field for a bad size (not a multiple of the VAE factor x patch size, or past the
+// transformer's position grid), steps < 1, no prompts, or a model without text encoders or VAE. `on_step(i, n)` after
+// step i of n when given.
+SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p,
+                             const std::function<void(int, int)>& on_step = {});
 
 } // namespace anchor::unet
