@@ -34,6 +34,16 @@ void add_sd3_options(CLI::App& app, Sd3Options& o) {
                    "SD 3 / 3.5: T5's token count (prompts are padded / truncated to it)")
         ->check(CLI::Range(1, 512))
         ->capture_default_str();
+    app.add_option("--slg-layers", o.slg_layers,
+                   "SD 3.5: skip-layer guidance over these transformer blocks (SD 3.5 Medium: 7,8,9); off by default")
+        ->delimiter(',');
+    app.add_option("--slg-scale", o.slg_scale, "SD 3.5: skip-layer guidance scale")->capture_default_str();
+    app.add_option("--slg-start", o.slg_start, "SD 3.5: skip-layer guidance from this fraction of the steps (exclusive)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    app.add_option("--slg-end", o.slg_end, "SD 3.5: skip-layer guidance until this fraction of the steps (exclusive)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
 }
 
 namespace {
@@ -43,7 +53,8 @@ const std::set<std::string>& sd3_allowed_options() {
     static const std::set<std::string> s = {"--model", "--prompt", "--negative-prompt", "--output", "--steps",
                                             "--cfg-scale", "--seed", "--width", "--height", "--overwrite",
                                             "--compare", "--threads", "--dtype", "--no-t5", "--shift",
-                                            "--max-sequence-length", "--help", "--version"};
+                                            "--max-sequence-length", "--slg-layers", "--slg-scale", "--slg-start",
+                                            "--slg-end", "--help", "--version"};
     return s;
 }
 
@@ -77,7 +88,7 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
         if (!long_name.empty() && !sd3_allowed_options().count(long_name))
             throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + a.model +
                              "'); SD 3 runs take -m, -p, -n, -o, --steps, --cfg-scale, --seed, -W, -H, --no-t5, "
-                             "--shift, --max-sequence-length, --dtype, --overwrite, --compare off");
+                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --compare off");
     }
     const auto modes = compare_mode_names(a.compare);
     for (const auto& m : modes)
@@ -119,6 +130,10 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
     p.height = a.height;
     p.shift = a.sd3.shift;
     p.max_sequence_length = a.sd3.max_sequence_length;
+    p.slg.layers = a.sd3.slg_layers;
+    p.slg.scale = a.sd3.slg_scale, p.slg.start = a.sd3.slg_start, p.slg.stop = a.sd3.slg_end;
+    if (!p.slg.layers.empty() && p.guidance_scale <= 1.0)
+        throw UsageError("--slg-layers needs classifier-free guidance (--cfg-scale > 1), as diffusers applies it");
     const auto r = sd3_txt2img(m, p, [](int i, int n) {
         std::fprintf(stderr, "\rstep %d/%d", i + 1, n);
         if (i + 1 == n) std::fprintf(stderr, "\n");
@@ -138,6 +153,11 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
                           {"shift", r.shift},
                           {"t5", r.t5},
                           {"max_sequence_length", p.max_sequence_length},
+                          {"slg", p.slg.layers.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json{{"layers", p.slg.layers},
+                                                                        {"scale", p.slg.scale},
+                                                                        {"start", p.slg.start},
+                                                                        {"end", p.slg.stop}}},
                           {"dtype", a.dtype},
                           {"threads", a.threads},
                           {"load_s", load_s},
@@ -160,6 +180,14 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
                                                              : fs::path(a.model).stem().string());
     info.set("Shift", infotext_number(r.shift));
     if (!r.t5) info.set("T5", "off");
+    if (!p.slg.layers.empty()) {
+        std::string layers;
+        for (int l : p.slg.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+        info.set("SLG layers", layers);
+        info.set("SLG scale", infotext_number(p.slg.scale));
+        info.set("SLG start", infotext_number(p.slg.start));
+        info.set("SLG end", infotext_number(p.slg.stop));
+    }
     info.set("Version", std::string("AnchorCache ") + ANCHOR_VERSION);
     write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
     if (a.compare.empty()) {

@@ -37,6 +37,8 @@ struct Sd3Options {
     bool no_t5 = false;
     double shift = -1; // <= 0: the scheduler config's
     int max_sequence_length = 256;
+    std::vector<int> slg_layers; // --slg-layers: skip-layer guidance (off when empty)
+    double slg_scale = 2.8, slg_start = 0.01, slg_end = 0.2;
 };
 void add_sd3_options(CLI::App& app, Sd3Options& o);
 struct Sd3RunArgs {

@@ -41,6 +41,28 @@ TEST_CASE("anchor-sd reproduces diffusers' SD 3 pipeline with T5 to the pixel", 
     CHECK(infotext);
 }
 
+TEST_CASE("anchor-sd --slg-layers reproduces diffusers' skip-layer guidance to the pixel", "[cli][sd3]") {
+    const std::string model = test::golden("sd/sd3_tiny_slg");
+    const auto j = nlohmann::json::parse(test::read_bytes(model + "/golden.json"));
+    const std::string dir = test::scratch_dir("cli_sd3_slg"), png = dir + "/a.png";
+    auto num = [](const nlohmann::json& v) { return v.dump(); };
+    std::string layers;
+    for (const auto& l : j["skip_guidance_layers"]) layers += (layers.empty() ? "" : ",") + l.dump();
+    const auto r = test::run_program(
+        test::sd_bin(),
+        {"-m", model, "-p", j["prompts"][0].get<std::string>(), "-n", j["negative_prompt"], "--steps",
+         num(j["num_inference_steps"]), "--cfg-scale", num(j["guidance_scale"]), "-s", num(j["generator_seed"]), "-W",
+         num(j["width"]), "-H", num(j["height"]), "--slg-layers", layers, "--slg-scale",
+         num(j["skip_layer_guidance_scale"]), "--slg-start", num(j["skip_layer_guidance_start"]), "--slg-end",
+         num(j["skip_layer_guidance_stop"]), "-o", png, "--threads", "1"});
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const auto g = WeightMap::load(model + "/golden_sd3_text.safetensors").get("image")[0];
+    CHECK(torch::equal(unet::read_image_rgb(png), (g * 255).round().to(torch::kUInt8).permute({1, 2, 0})));
+    const auto rec = nlohmann::json::parse(test::read_bytes(png + ".json"));
+    CHECK(rec["slg"]["layers"] == j["skip_guidance_layers"]);
+}
+
 TEST_CASE("anchor-sd on SD 3 refuses what it does not run, naming it", "[cli][sd3][errors]") {
     const std::string model = test::golden("sd/sd3_tiny_t5");
     const std::string dir = test::scratch_dir("cli_sd3_errors");

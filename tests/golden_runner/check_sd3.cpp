@@ -284,7 +284,9 @@ const bool registered_sd3_text = register_checker(
          keys.name = base + ":case";
          check_unknown_keys(keys.stats, j,
                             {"prompts", "negative_prompt", "num_inference_steps", "guidance_scale", "height", "width",
-                             "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded"},
+                             "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded",
+                             "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start",
+                             "skip_layer_guidance_stop"},
                             "golden.json");
          const bool with_t5 = j.contains("text_encoder_3") && !j["text_encoder_3"].is_null();
          const int max_seq = j.value("max_sequence_length", 256);
@@ -295,6 +297,13 @@ const bool registered_sd3_text = register_checker(
          const auto negative = string_list(j, "negative_prompt", prompts.size());
          const double guidance = j.at("guidance_scale").get<double>();
          const int steps = j.at("num_inference_steps").get<int>();
+         SD3SkipLayerGuidance slg; // diffusers >= 0.32's skip_guidance_layers and its defaults
+         if (j.contains("skip_guidance_layers") && !j["skip_guidance_layers"].is_null()) {
+             slg.layers = j["skip_guidance_layers"].get<std::vector<int>>();
+             slg.scale = j.value("skip_layer_guidance_scale", slg.scale);
+             slg.start = j.value("skip_layer_guidance_start", slg.start);
+             slg.stop = j.value("skip_layer_guidance_stop", slg.stop);
+         }
          out.push_back(guarded(base + ":tokenizers", [&](Stats& st) {
              auto ids = [](const ClipTokenizer& t, const std::vector<std::string>& ps) {
                  std::vector<torch::Tensor> r;
@@ -355,7 +364,7 @@ const bool registered_sd3_text = register_checker(
              torch::Tensor prev = init;
              for (int i = 0; i < steps; ++i) {
                  const std::string n = "latents." + std::to_string(i);
-                 const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), gc, guidance);
+                 const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), gc, guidance, slg, i, steps);
                  tf.stats.check(n, s->step(v, i, prev, nullptr), g.get(n), kAtol, kRtol);
                  prev = g.get(n);
              }
@@ -368,7 +377,7 @@ const bool registered_sd3_text = register_checker(
              if (!cond.prompt_embeds.defined()) throw Error("no text conditioning (see the text-encoders line)");
              auto s = scheduler(init);
              torch::NoGradGuard ng;
-             const auto final_latents = sd3_denoise(*m.transformer, *s, init, cond, guidance);
+             const auto final_latents = sd3_denoise(*m.transformer, *s, init, cond, guidance, {}, slg);
              const auto gl = g.get("latents." + std::to_string(steps - 1));
              st.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
              st.check("image", sd3_decode(*m.vae, final_latents), g.get("image"), kFreeImage, 0.0);

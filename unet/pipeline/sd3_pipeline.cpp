@@ -131,7 +131,8 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
 }
 
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,
-                                  const SD3Conditioning& cond, double guidance_scale) {
+                                  const SD3Conditioning& cond, double guidance_scale, const SD3SkipLayerGuidance& slg,
+                                  int step, int steps) {
     const bool cfg = guidance_scale > 1.0;
     const auto in = cfg ? torch::cat({latents, latents}, 0) : latents;
     const auto ctx = cfg ? torch::cat({cond.negative_prompt_embeds, cond.prompt_embeds}, 0) : cond.prompt_embeds;
@@ -140,14 +141,20 @@ torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const 
     auto v = transformer.forward(in, ctx, pooled, ts);
     if (!cfg) return v;
     auto parts = v.chunk(2, 0);
-    return parts[0] + guidance_scale * (parts[1] - parts[0]);
+    auto guided = parts[0] + guidance_scale * (parts[1] - parts[0]);
+    if (!slg.active(step, steps)) return guided;
+    const auto skip = transformer.forward(latents, cond.prompt_embeds, cond.pooled,
+                                          torch::full({latents.size(0)}, float(t), torch::kFloat), nullptr, slg.layers);
+    return guided + (parts[1] - skip) * slg.scale;
 }
 
 torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& scheduler, torch::Tensor latents,
-                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step) {
-    for (int i = scheduler.begin_index(); i < scheduler.num_loop_steps(); ++i) {
+                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step,
+                          const SD3SkipLayerGuidance& slg) {
+    const int n = scheduler.num_loop_steps();
+    for (int i = scheduler.begin_index(); i < n; ++i) {
         const auto v = sd3_guided_velocity(transformer, scheduler.scale_model_input(latents, i), scheduler.timestep(i),
-                                           cond, guidance_scale);
+                                           cond, guidance_scale, slg, i, n);
         latents = scheduler.step(v, i, latents, nullptr);
         if (on_step) on_step(i, v, latents);
     }
@@ -242,7 +249,8 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
         latents = sd3_denoise(*m.transformer, *scheduler, latents.to(dev), c, p.guidance_scale,
                               [&](int i, const torch::Tensor&, const torch::Tensor&) {
                                   if (on_step) on_step(i, p.steps);
-                              });
+                              },
+                              p.slg);
     }
     r.denoise_s = since(t0);
     t0 = clock::now();

@@ -63,15 +63,29 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
                                    const std::vector<std::string>& negative_prompts, double guidance_scale,
                                    int max_sequence_length = 256);
 
-// The guided velocity at latents [B, C, h, w] and timestep t.
+// Skip-layer guidance (SD 3.5 Medium's; diffusers >= 0.32 skip_guidance_layers): at step i of n, with classifier-free
+// guidance and start * n < i < stop * n, the transformer runs once more on the positive rows without the listed
+// blocks, and v = v_cfg + (v_text - v_skip) * scale. No layers: off.
+struct SD3SkipLayerGuidance {
+    std::vector<int> layers;
+    double scale = 2.8, start = 0.01, stop = 0.2;
+    bool active(int step, int steps) const {
+        return !layers.empty() && step > steps * start && step < steps * stop;
+    }
+};
+
+// The guided velocity at latents [B, C, h, w] and timestep t; with `slg` active at step `step` of `steps`, its
+// extra term.
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,
-                                  const SD3Conditioning& cond, double guidance_scale);
+                                  const SD3Conditioning& cond, double guidance_scale,
+                                  const SD3SkipLayerGuidance& slg = {}, int step = 0, int steps = 1);
 
 // Runs every step of `scheduler` (set_timesteps already called) from `latents`; `on_step(i, guided velocity, latents
 // after step i)` when given. Returns the final latents.
 using SD3StepCallback = std::function<void(int, const torch::Tensor&, const torch::Tensor&)>;
 torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& scheduler, torch::Tensor latents,
-                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step = {});
+                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step = {},
+                          const SD3SkipLayerGuidance& slg = {});
 
 // The image in [0, 1] of final latents: (vae.decode(z / scaling_factor + shift_factor) / 2 + 0.5).clamp(0, 1).
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents);
@@ -100,6 +114,7 @@ struct SD3Txt2ImgParams {
     int width = 0, height = 0;    // 0: the transformer's sample_size x the VAE factor (1024 for SD 3 / 3.5)
     int max_sequence_length = 256; // T5's tokens
     double shift = -1;             // > 0: replaces the scheduler config's shift
+    SD3SkipLayerGuidance slg;      // off unless layers are listed
 };
 struct SD3Txt2ImgResult {
     torch::Tensor image;       // [B, 3, H, W] in [0, 1]
