@@ -43,12 +43,10 @@ from transformers.image_processing_utils import BaseImageProcessor  # noqa: E402
 # which transformers 4.38 does not export yet.
 transformers.BaseImageProcessor = BaseImageProcessor
 import diffusers  # noqa: E402
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import CLIPTextModelWithProjection, CLIPTokenizer  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sd3_tiny_text"))
-from make_sd3_tiny_text import clip_vocab_files  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sd3_tiny_t5", "generate"))
+from sd3_tiny_run import link, record_run, tiny_pipeline  # noqa: E402
 
 PROMPTS = ["a photo of a cat on a red sofa", "two small dogs running on the beach at sunset"]
 NEGATIVE = "blurry, low quality"
@@ -61,45 +59,12 @@ def main(root):
     assert diffusers.__version__ >= "0.32", diffusers.__version__
     src, out = os.path.join(root, "sd3_tiny_text"), os.path.join(root, "sd3_tiny_slg")
     tmp = tempfile.mkdtemp()
-    clip_vocab_files(os.path.join(root, "vocab", "bpe_simple_vocab_16e6.txt.gz"), tmp)
-    tok = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"),
-                        pad_token="<|endoftext|>", model_max_length=77)
-    tok_2 = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"), pad_token="!",
-                          model_max_length=77)
-    pipe = StableDiffusion3Pipeline(
-        transformer=SD3Transformer2DModel.from_pretrained(os.path.join(src, "transformer")),
-        vae=AutoencoderKL.from_pretrained(os.path.join(src, "vae"), torch_dtype=torch.float32),
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(os.path.join(src, "scheduler")),
-        text_encoder=CLIPTextModelWithProjection.from_pretrained(os.path.join(src, "text_encoder"),
-                                                                 torch_dtype=torch.float32),
-        text_encoder_2=CLIPTextModelWithProjection.from_pretrained(os.path.join(src, "text_encoder_2"),
-                                                                   torch_dtype=torch.float32),
-        tokenizer=tok, tokenizer_2=tok_2, text_encoder_3=None, tokenizer_3=None)
-    g = {}
-    for name, t in (("input_ids", tok), ("input_ids_2", tok_2)):
-        g[name] = t(PROMPTS, padding="max_length", max_length=77, truncation=True, return_tensors="pt").input_ids
-        g["negative_" + name] = t([NEGATIVE] * len(PROMPTS), padding="max_length", max_length=77, truncation=True,
-                                  return_tensors="pt").input_ids
-    with torch.no_grad():
-        pe, npe, pp, npp = pipe.encode_prompt(PROMPTS, None, None, negative_prompt=NEGATIVE,
-                                              do_classifier_free_guidance=True)
-    g.update(prompt_embeds=pe, negative_prompt_embeds=npe, pooled_prompt_embeds=pp, negative_pooled_prompt_embeds=npp)
-
-    def on_step(p, i, t, kw):
-        g[f"latents.{i}"] = kw["latents"].clone()
-        return {}
-
-    g["initial_latents"] = torch.randn((len(PROMPTS), 16, SIZE // 2, SIZE // 2),
-                                       generator=torch.Generator().manual_seed(SEED))
-    with torch.no_grad():
-        g["image"] = pipe(PROMPTS, negative_prompt=NEGATIVE, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
-                          height=SIZE, width=SIZE, generator=torch.Generator().manual_seed(SEED), output_type="pt",
-                          callback_on_step_end=on_step, **SLG).images
+    pipe = tiny_pipeline(src, os.path.join(root, "vocab", "bpe_simple_vocab_16e6.txt.gz"), tmp)
+    g = record_run(pipe, PROMPTS, NEGATIVE, STEPS, GUIDANCE, SEED, SIZE, 256, **SLG)
     os.makedirs(out, exist_ok=True)
     shutil.copy(os.path.join(src, "model_index.json"), os.path.join(out, "model_index.json"))
-    for sub in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"):
-        if not os.path.lexists(os.path.join(out, sub)):
-            os.symlink(os.path.join("..", "sd3_tiny_text", sub), os.path.join(out, sub))
+    link(out, ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"),
+         os.path.join("..", "sd3_tiny_text"))
     save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(out, "golden_sd3_text.safetensors"))
     json.dump({"prompts": PROMPTS, "negative_prompt": NEGATIVE, "num_inference_steps": STEPS,
                "guidance_scale": GUIDANCE, "height": SIZE, "width": SIZE, "generator_seed": SEED,

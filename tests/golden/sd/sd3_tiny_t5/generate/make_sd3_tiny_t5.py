@@ -31,13 +31,11 @@ F.scaled_dot_product_attention = sdpa  # torch 1.13 has none: softmax(q k^T / sq
 torch.set_num_threads(1)
 
 import sentencepiece as spm
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 from safetensors.torch import save_file
-from transformers import (CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer,
-                          T5TokenizerFast)
+from transformers import T5Config, T5EncoderModel, T5Tokenizer, T5TokenizerFast
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sd3_tiny_text"))
-from make_sd3_tiny_text import clip_vocab_files  # noqa: E402  (the CLIP BPE files of the bundled vocabulary)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sd3_tiny_run import link, record_run, tiny_pipeline, token_ids  # noqa: E402
 
 VOCAB = 128
 EXTRA_IDS = 4  # T5's <extra_id_N> sentinels after the SentencePiece pieces (T5-XXL has 100)
@@ -103,9 +101,8 @@ def randomize(model, seed):
             p.copy_(p.half().float())  # float16-exact, so a float16 copy would be lossless
 
 
-def t5_ids(tok, prompts, length):  # also the CLIP tokenizers' call in SD 3's encode_prompt
-    return tok(prompts, padding="max_length", max_length=length, truncation=True, add_special_tokens=True,
-               return_tensors="pt").input_ids
+def t5_ids(tok, prompts, length):
+    return token_ids(tok, prompts, length)
 
 
 def make_t5(out):
@@ -161,47 +158,15 @@ def make_t5(out):
 def make_pipeline(src, out, t5, t5_tok):
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp()
-    clip_vocab_files(BPE, tmp)
-    tok = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"),
-                        pad_token="<|endoftext|>", model_max_length=77)
-    tok_2 = CLIPTokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"), pad_token="!",
-                          model_max_length=77)
-    pipe = StableDiffusion3Pipeline(
-        transformer=SD3Transformer2DModel.from_pretrained(os.path.join(src, "transformer")),
-        vae=AutoencoderKL.from_pretrained(os.path.join(src, "vae"), torch_dtype=torch.float32),
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(os.path.join(src, "scheduler")),
-        text_encoder=CLIPTextModelWithProjection.from_pretrained(os.path.join(src, "text_encoder"),
-                                                                 torch_dtype=torch.float32),
-        text_encoder_2=CLIPTextModelWithProjection.from_pretrained(os.path.join(src, "text_encoder_2"),
-                                                                   torch_dtype=torch.float32),
-        tokenizer=tok, tokenizer_2=tok_2, text_encoder_3=t5, tokenizer_3=t5_tok)
+    pipe = tiny_pipeline(src, BPE, tmp, t5, t5_tok)
     assert t5.config.d_model == pipe.transformer.config.joint_attention_dim
-    g = {}
-    for name, t, length in (("input_ids", tok, 77), ("input_ids_2", tok_2, 77), ("input_ids_3", t5_tok, MAX_SEQ)):
-        g[name] = t5_ids(t, PROMPTS, length)
-        g["negative_" + name] = t5_ids(t, [NEGATIVE] * len(PROMPTS), length)
-    with torch.no_grad():
-        pe, npe, pp, npp = pipe.encode_prompt(PROMPTS, None, None, negative_prompt=NEGATIVE,
-                                              do_classifier_free_guidance=True, max_sequence_length=MAX_SEQ)
-    g.update(prompt_embeds=pe, negative_prompt_embeds=npe, pooled_prompt_embeds=pp, negative_pooled_prompt_embeds=npp)
-
-    def on_step(p, i, t, kw):
-        g[f"latents.{i}"] = kw["latents"].clone()
-        return {}
-
-    g["initial_latents"] = torch.randn((len(PROMPTS), 16, SIZE // 2, SIZE // 2),
-                                       generator=torch.Generator().manual_seed(SEED))
-    with torch.no_grad():
-        g["image"] = pipe(PROMPTS, negative_prompt=NEGATIVE, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
-                          height=SIZE, width=SIZE, generator=torch.Generator().manual_seed(SEED), output_type="pt",
-                          max_sequence_length=MAX_SEQ, callback_on_step_end=on_step).images
+    g = record_run(pipe, PROMPTS, NEGATIVE, STEPS, GUIDANCE, SEED, SIZE, MAX_SEQ)
     index = json.load(open(os.path.join(src, "model_index.json")))
     index["text_encoder_3"] = ["transformers", "T5EncoderModel"]
     index["tokenizer_3"] = ["transformers", "T5TokenizerFast"]
     json.dump(index, open(os.path.join(out, "model_index.json"), "w"), indent=2)
-    for sub in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"):
-        if not os.path.lexists(os.path.join(out, sub)):
-            os.symlink(os.path.join("..", "sd3_tiny_text", sub), os.path.join(out, sub))
+    link(out, ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"),
+         os.path.join("..", "sd3_tiny_text"))
     for sub in ("text_encoder_3", "tokenizer_3"):
         if not os.path.lexists(os.path.join(out, sub)):
             os.symlink(os.path.join("..", "t5_tiny"), os.path.join(out, sub))
