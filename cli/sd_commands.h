@@ -2,7 +2,9 @@
 // runner) to `runners`; the caller runs the runner of the subcommand that was parsed (it returns the exit code).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,5 +30,28 @@ void add_sd_info_command(CLI::App& app, SdRunners& runners);
 void add_sd_serve_command(CLI::App& app, SdRunners& runners);
 // `train-vae | train-unet | train-classifier | eval-fashion | calibrate` (the Fashion-MNIST demo model).
 void add_sd_train_commands(CLI::App& app, SdRunners& runners);
+
+// SD 3 / 3.5 (cli/sd3_txt2img.cpp): the options only SD 3 has, and the txt2img run of an SD 3 model (is_sd3_model)
+// from the top-level options.
+struct Sd3Options {
+    bool no_t5 = false;
+    double shift = -1; // <= 0: the scheduler config's
+    int max_sequence_length = 256;
+    std::vector<int> slg_layers; // --slg-layers: skip-layer guidance (off when empty)
+    double slg_scale = 2.8, slg_start = 0.01, slg_end = 0.2;
+};
+void add_sd3_options(CLI::App& app, Sd3Options& o);
+struct Sd3RunArgs {
+    std::string model, prompt, negative, output, dtype = "auto";
+    bool negative_given = false, steps_given = false, cfg_given = false, overwrite = false;
+    int steps = 28, width = 0, height = 0, threads = 0;
+    double cfg_scale = 7.0;
+    int64_t seed = -1;
+    std::vector<std::string> compare;
+    Sd3Options sd3;
+};
+// Refuses (UsageError, exit 2) every option given on `app` that SD 3 runs do not take, and --compare modes other
+// than off.
+int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a);
 
 } // namespace anchor::cli

@@ -14,6 +14,7 @@
 #include "unet/pipeline/control.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
+#include "unet/pipeline/sd3_pipeline.h"
 #include "unet/pipeline/txt2img_job.h"
 
 #include <CLI/CLI.hpp>
@@ -54,6 +55,7 @@ struct Options {
     std::vector<double> control_scales, control_starts, control_ends;
     bool guess_mode = false;
     batch::Shard shard;         // this process's place under mpirun
+    cli::Sd3Options sd3;        // --no-t5, --shift, --max-sequence-length (SD 3 / 3.5 models)
 };
 
 std::string fmt_s(double s) {
@@ -672,6 +674,7 @@ int main(int argc, char** argv) {
         add_txt2img_options(app, o);
         add_sdxl_options(app, o);
         add_control_options(app, o);
+        cli::add_sd3_options(app, o.sd3);
         std::vector<std::pair<CLI::App*, std::function<int()>>> subcommands;
         cli::add_sd_bench_command(app, subcommands);
         cli::add_sd_bench_vae_command(app, subcommands);
@@ -696,6 +699,16 @@ int main(int argc, char** argv) {
             throw UsageError("--strength " + app.get_option("--strength")->as<std::string>() +
                              " needs an init image (-i/--init-img): without one the run is txt2img");
         if (o.model.empty()) o.model = anchor::cli::default_sd_model();
+        if (anchor::unet::is_sd3_model(o.model)) { // SD 3 / 3.5: cli/sd3_txt2img.cpp
+            anchor::cli::Sd3RunArgs a;
+            a.model = o.model, a.prompt = o.prompt, a.negative = o.negative, a.negative_given = o.negative_given;
+            a.output = o.job.output, a.dtype = o.dtype, a.overwrite = o.job.overwrite, a.compare = o.compare;
+            a.steps = o.job.params.steps, a.steps_given = app.get_option("--steps")->count() > 0;
+            a.cfg_scale = o.job.params.guidance_scale, a.cfg_given = app.get_option("--cfg-scale")->count() > 0;
+            a.seed = o.job.params.seed, a.width = o.job.params.width, a.height = o.job.params.height;
+            a.threads = o.threads, a.sd3 = o.sd3;
+            return anchor::cli::run_sd3_txt2img(app, a);
+        }
         return run(o);
     });
 }

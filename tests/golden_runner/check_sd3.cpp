@@ -284,15 +284,26 @@ const bool registered_sd3_text = register_checker(
          keys.name = base + ":case";
          check_unknown_keys(keys.stats, j,
                             {"prompts", "negative_prompt", "num_inference_steps", "guidance_scale", "height", "width",
-                             "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded"},
+                             "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded",
+                             "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start",
+                             "skip_layer_guidance_stop"},
                             "golden.json");
-         if (j.contains("text_encoder_3") && !j["text_encoder_3"].is_null())
-             keys.stats.fail("golden.json: text_encoder_3 is set: T5 is not implemented");
+         const bool with_t5 = j.contains("text_encoder_3") && !j["text_encoder_3"].is_null();
+         const int max_seq = j.value("max_sequence_length", 256);
+         keys.stats.check_true("text_encoder_3 loaded as the case says", bool(m.text_encoder_3) == with_t5,
+                               with_t5 ? "the case has T5, the loader did not load it" : "the case has no T5");
          out.push_back(keys);
          const auto prompts = j.at("prompts").get<std::vector<std::string>>();
          const auto negative = string_list(j, "negative_prompt", prompts.size());
          const double guidance = j.at("guidance_scale").get<double>();
          const int steps = j.at("num_inference_steps").get<int>();
+         SD3SkipLayerGuidance slg; // diffusers >= 0.32's skip_guidance_layers and its defaults
+         if (j.contains("skip_guidance_layers") && !j["skip_guidance_layers"].is_null()) {
+             slg.layers = j["skip_guidance_layers"].get<std::vector<int>>();
+             slg.scale = j.value("skip_layer_guidance_scale", slg.scale);
+             slg.start = j.value("skip_layer_guidance_start", slg.start);
+             slg.stop = j.value("skip_layer_guidance_stop", slg.stop);
+         }
          out.push_back(guarded(base + ":tokenizers", [&](Stats& st) {
              auto ids = [](const ClipTokenizer& t, const std::vector<std::string>& ps) {
                  std::vector<torch::Tensor> r;
@@ -306,10 +317,20 @@ const bool registered_sd3_text = register_checker(
                  st.check_equal("negative_input_ids", ids(m.tokenizer, neg), g.get("negative_input_ids"));
              if (g.has("negative_input_ids_2"))
                  st.check_equal("negative_input_ids_2", ids(m.tokenizer_2, neg), g.get("negative_input_ids_2"));
+             if (m.text_encoder_3) {
+                 auto ids3 = [&](const std::vector<std::string>& ps) {
+                     std::vector<torch::Tensor> r;
+                     for (const auto& p : ps) r.push_back(torch::tensor(m.tokenizer_3.tokenize(p, max_seq), torch::kLong));
+                     return torch::stack(r);
+                 };
+                 st.check_equal("input_ids_3", ids3(prompts), g.get("input_ids_3"));
+                 if (g.has("negative_input_ids_3"))
+                     st.check_equal("negative_input_ids_3", ids3(neg), g.get("negative_input_ids_3"));
+             }
          }));
          SD3Conditioning cond;
          out.push_back(guarded(base + ":text-encoders", [&](Stats& st) {
-             cond = sd3_encode_prompts(m, prompts, negative, guidance);
+             cond = sd3_encode_prompts(m, prompts, negative, guidance, max_seq);
              st.check("prompt_embeds", cond.prompt_embeds, g.get("prompt_embeds"), kAtol, kRtol);
              st.check("pooled_prompt_embeds", cond.pooled, g.get("pooled_prompt_embeds"), kAtol, kRtol);
              if (guidance > 1.0) {
@@ -343,7 +364,7 @@ const bool registered_sd3_text = register_checker(
              torch::Tensor prev = init;
              for (int i = 0; i < steps; ++i) {
                  const std::string n = "latents." + std::to_string(i);
-                 const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), gc, guidance);
+                 const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), gc, guidance, slg, i, steps);
                  tf.stats.check(n, s->step(v, i, prev, nullptr), g.get(n), kAtol, kRtol);
                  prev = g.get(n);
              }
@@ -356,10 +377,77 @@ const bool registered_sd3_text = register_checker(
              if (!cond.prompt_embeds.defined()) throw Error("no text conditioning (see the text-encoders line)");
              auto s = scheduler(init);
              torch::NoGradGuard ng;
-             const auto final_latents = sd3_denoise(*m.transformer, *s, init, cond, guidance);
+             const auto final_latents = sd3_denoise(*m.transformer, *s, init, cond, guidance, {}, slg);
              const auto gl = g.get("latents." + std::to_string(steps - 1));
              st.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
              st.check("image", sd3_decode(*m.vae, final_latents), g.get("image"), kFreeImage, 0.0);
+         }));
+         return out;
+     }});
+
+// A T5EncoderModel folder with its tokenizer (spiece.model) and golden_t5.safetensors + golden_t5.json
+// (tests/golden/sd/sd3_tiny_t5/generate/make_sd3_tiny_t5.py): the ids of each prompt at each max_length, and the
+// encoder's embeddings, every block's output and last_hidden_state on the first rows of the first length's ids.
+bool is_t5_case(const fs::path& dir) {
+    return has_file(dir, "golden_t5.safetensors") && has_file(dir, "golden_t5.json") &&
+           config_class(dir) == "T5EncoderModel";
+}
+
+const bool registered_t5 = register_checker(
+    {"t5-encoder", is_t5_case, [](const fs::path& dir, const Context& ctx) {
+         const std::string base = relative_name(dir, ctx);
+         const auto j = nlohmann::json::parse(read_text(dir / "golden_t5.json"));
+         const auto g = WeightMap::load((dir / "golden_t5.safetensors").string());
+         std::vector<CaseResult> out;
+         CaseResult keys;
+         keys.name = base + ":case";
+         check_unknown_keys(keys.stats, j,
+                            {"prompts", "max_lengths", "features_of", "fuzz_prompts", "fuzz_max_length", "tokenizer",
+                             "recorded"},
+                            "golden_t5.json");
+         out.push_back(keys);
+         const auto prompts = j.at("prompts").get<std::vector<std::string>>();
+         const auto lengths = j.at("max_lengths").get<std::vector<int>>();
+         out.push_back(guarded(base + ":tokenizer", [&](Stats& st) {
+             const auto tok = T5Tokenizer::from_folder(dir.string());
+             for (int len : lengths) {
+                 std::vector<torch::Tensor> r;
+                 for (const auto& p : prompts) r.push_back(torch::tensor(tok.tokenize(p, len), torch::kLong));
+                 st.check_equal("input_ids." + std::to_string(len), torch::stack(r),
+                                g.get("input_ids." + std::to_string(len)));
+             }
+             if (j.contains("fuzz_prompts")) {
+                 const int len = j.at("fuzz_max_length").get<int>();
+                 const auto got = g.get("fuzz_input_ids");
+                 const auto fuzz = j.at("fuzz_prompts").get<std::vector<std::string>>();
+                 int64_t wrong = 0;
+                 std::string first;
+                 for (size_t i = 0; i < fuzz.size(); ++i) {
+                     const auto ids = torch::tensor(tok.tokenize(fuzz[i], len), torch::kLong);
+                     if (i < size_t(got.size(0)) && torch::equal(ids, got[int64_t(i)])) continue;
+                     if (wrong++ == 0) first = "fuzz prompt " + std::to_string(i);
+                 }
+                 st.check_true("fuzz_input_ids (" + std::to_string(fuzz.size()) + " prompts)", wrong == 0,
+                               std::to_string(wrong) + " differ, the first: " + first);
+                 st.check_true("fuzz rows", int64_t(fuzz.size()) == got.size(0));
+             }
+         }));
+         out.push_back(guarded(base + ":encoder", [&](Stats& st) {
+             auto model = load_t5_encoder_folder(dir.string());
+             // "input_ids.<len>[:rows]": the ids the features were computed on.
+             const std::string of = j.at("features_of").get<std::string>();
+             const auto br = of.find("[:");
+             auto ids = g.get(of.substr(0, br));
+             if (br != std::string::npos) ids = ids.narrow(0, 0, std::stoll(of.substr(br + 2)));
+             std::vector<torch::Tensor> blocks;
+             torch::NoGradGuard ng;
+             const auto last = model->forward(ids, &blocks);
+             st.check("embeddings", blocks.front(), g.get("embeddings"), kAtol, kRtol);
+             for (size_t i = 1; i < blocks.size(); ++i) {
+                 const std::string n = "block." + std::to_string(i - 1);
+                 if (g.has(n)) st.check(n, blocks[i], g.get(n), kAtol, kRtol);
+             }
+             st.check("last_hidden_state", last, g.get("last_hidden_state"), kAtol, kRtol);
          }));
          return out;
      }});

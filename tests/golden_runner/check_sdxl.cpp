@@ -6,6 +6,7 @@
 #include "tests/sdxl_golden.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/mmdit.h"
+#include "unet/model/t5_encoder.h"
 
 namespace anchor::golden {
 
@@ -63,6 +64,8 @@ const bool registered_sdxl_component =
                                   (void)unet::load_vae_folder(dir.string());
                               else if (cls == "SD3Transformer2DModel")
                                   (void)unet::load_sd3_transformer_folder(dir.string());
+                              else if (cls == "T5EncoderModel")
+                                  (void)unet::load_t5_encoder_folder(dir.string());
                               else if (sdgolden::read_json_file(dir / "config.json").contains("architectures"))
                                   (void)unet::load_text_encoder_folder(dir.string());
                               else

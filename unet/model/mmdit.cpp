@@ -327,7 +327,11 @@ SD3Transformer2DModelImpl::SD3Transformer2DModelImpl(const SD3TransformerConfig&
 }
 
 Tensor SD3Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context, const Tensor& pooled,
-                                          const Tensor& timestep, FeatureMap* f) {
+                                          const Tensor& timestep, FeatureMap* f, const std::vector<int>& skip_layers) {
+    for (int s : skip_layers)
+        if (s < 0 || s >= int(blocks.size()))
+            throw ParamError("skip_layers", "block " + std::to_string(s) + " is outside [0, " +
+                                                std::to_string(blocks.size()) + ") of this transformer");
     c10::InferenceMode guard(!is_training());
     const int64_t p = cfg_.patch_size, B = x.size(0);
     if (x.dim() != 4 || x.size(1) != cfg_.in_channels)
@@ -360,6 +364,7 @@ Tensor SD3Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context
     const auto temb = t_linear_2(torch::silu(t_linear_1(tproj))) + p_linear_2(torch::silu(p_linear_1(pooled)));
     auto ctx = context_embedder(context);
     for (size_t i = 0; i < blocks.size(); ++i) {
+        if (std::find(skip_layers.begin(), skip_layers.end(), int(i)) != skip_layers.end()) continue;
         auto [nh, nc] = blocks[i]->forward(hs, ctx, temb);
         hs = nh, ctx = nc;
         if (f) {

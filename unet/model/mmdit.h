@@ -136,9 +136,12 @@ public:
     // [B, T, joint_attention_dim], pooled [B, pooled_projection_dim], timestep [B] or a single value (float, the
     // scheduler's sigma * 1000) -> [B, out_channels, H, W]. When `f` is given it receives every block's outputs as
     // the golden files name them: "transformer_blocks.<i>.hidden_states" and, except for the last block,
-    // "transformer_blocks.<i>.encoder_hidden_states".
+    // "transformer_blocks.<i>.encoder_hidden_states". The blocks listed in `skip_layers` are left out (both streams
+    // pass through unchanged), diffusers' skip_layers for skip-layer guidance; ParamError("skip_layers") for an index
+    // outside [0, num_layers).
     torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context, const torch::Tensor& pooled,
-                          const torch::Tensor& timestep, FeatureMap* f = nullptr);
+                          const torch::Tensor& timestep, FeatureMap* f = nullptr,
+                          const std::vector<int>& skip_layers = {});
     const SD3TransformerConfig& config() const { return cfg_; }
     void load(const WeightMap& w);
     void set_attention_kernel(kernels::AttentionKernel k); // Exact by default (the reference's formula)

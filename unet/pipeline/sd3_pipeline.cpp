@@ -2,11 +2,14 @@
 #include "unet/pipeline/sd3_pipeline.h"
 
 #include "cache/io/error.h"
+#include "cache/io/json_config.h"
+#include "cache/io/read_file.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/name_conversion.h"
 
+#include <chrono>
 #include <filesystem>
 #include <tuple>
 
@@ -14,7 +17,7 @@ namespace anchor::unet {
 
 namespace fs = std::filesystem;
 
-SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
+SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool load_t5) {
     SD3Models m;
     m.source = path;
     const fs::path p(path);
@@ -49,10 +52,17 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype) {
         throw Error("SD3 model folder '" + path + "' has no transformer/ (an SD3Transformer2DModel folder)");
     m.transformer = load_sd3_transformer_folder((p / "transformer").string(), dtype);
     if (fs::is_directory(p / "vae")) m.vae = load_vae_folder((p / "vae").string(), dtype);
-    if (fs::is_directory(p / "text_encoder_3"))
-        throw Error("'" + (p / "text_encoder_3").string() +
-                    "': T5 text encoders are not supported yet (remove the folder to run with diffusers' zeros in "
-                    "its place)");
+    if (load_t5 && fs::is_directory(p / "text_encoder_3")) {
+        if (!fs::is_directory(p / "tokenizer_3"))
+            throw Error("SD3 model folder '" + path + "' has text_encoder_3/ but no tokenizer_3/");
+        m.tokenizer_3 = T5Tokenizer::from_folder((p / "tokenizer_3").string());
+        m.text_encoder_3 = load_t5_encoder_folder((p / "text_encoder_3").string(), dtype);
+        const int64_t joint = m.transformer->config().joint_attention_dim;
+        if (m.text_encoder_3->config().d_model != joint)
+            throw Error("'" + (p / "text_encoder_3").string() + "': T5 width d_model " +
+                        std::to_string(m.text_encoder_3->config().d_model) +
+                        " is not the transformer's joint_attention_dim " + std::to_string(joint));
+    }
     for (auto [te, tok, name, pad] : {std::tuple{&m.text_encoder, &m.tokenizer, "text_encoder", ClipTokenizer::kEos},
                                       std::tuple{&m.text_encoder_2, &m.tokenizer_2, "text_encoder_2", int64_t(0)}}) {
         if (!fs::is_directory(p / name)) continue;
@@ -82,7 +92,8 @@ ClipConditioning clip_encode(ClipTextModelImpl& te, const ClipTokenizer& tok, co
 } // namespace
 
 SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>& prompts,
-                                   const std::vector<std::string>& negative_prompts, double guidance_scale) {
+                                   const std::vector<std::string>& negative_prompts, double guidance_scale,
+                                   int max_sequence_length) {
     if (!m.text_encoder || !m.text_encoder_2)
         throw ParamError("model",
                          "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
@@ -98,7 +109,16 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
             throw Error("SD 3 text encoders: hidden widths " + std::to_string(a.hidden.size(-1)) + " + " +
                         std::to_string(b.hidden.size(-1)) + " exceed joint_attention_dim " + std::to_string(joint));
         clip = torch::constant_pad_nd(clip, {0, joint - clip.size(-1)});
-        const auto t5 = torch::zeros({clip.size(0), clip.size(1), joint}, clip.options()); // no text_encoder_3
+        torch::Tensor t5;
+        if (m.text_encoder_3) {
+            std::vector<torch::Tensor> ids;
+            for (const auto& p : ps)
+                ids.push_back(torch::tensor(m.tokenizer_3.tokenize(p, max_sequence_length), torch::kLong));
+            torch::NoGradGuard ng;
+            t5 = m.text_encoder_3->forward(torch::stack(ids)).to(clip.device(), clip.scalar_type());
+        } else {
+            t5 = torch::zeros({clip.size(0), clip.size(1), joint}, clip.options()); // diffusers: the CLIP window
+        }
         embeds = torch::cat({clip, t5}, 1);
         pooled = torch::cat({a.pooled, b.pooled}, -1);
     };
@@ -111,7 +131,8 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
 }
 
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,
-                                  const SD3Conditioning& cond, double guidance_scale) {
+                                  const SD3Conditioning& cond, double guidance_scale, const SD3SkipLayerGuidance& slg,
+                                  int step, int steps) {
     const bool cfg = guidance_scale > 1.0;
     const auto in = cfg ? torch::cat({latents, latents}, 0) : latents;
     const auto ctx = cfg ? torch::cat({cond.negative_prompt_embeds, cond.prompt_embeds}, 0) : cond.prompt_embeds;
@@ -120,14 +141,20 @@ torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const 
     auto v = transformer.forward(in, ctx, pooled, ts);
     if (!cfg) return v;
     auto parts = v.chunk(2, 0);
-    return parts[0] + guidance_scale * (parts[1] - parts[0]);
+    auto guided = parts[0] + guidance_scale * (parts[1] - parts[0]);
+    if (!slg.active(step, steps)) return guided;
+    const auto skip = transformer.forward(latents, cond.prompt_embeds, cond.pooled,
+                                          torch::full({latents.size(0)}, float(t), torch::kFloat), nullptr, slg.layers);
+    return guided + (parts[1] - skip) * slg.scale;
 }
 
 torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& scheduler, torch::Tensor latents,
-                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step) {
-    for (int i = scheduler.begin_index(); i < scheduler.num_loop_steps(); ++i) {
+                          const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step,
+                          const SD3SkipLayerGuidance& slg) {
+    const int n = scheduler.num_loop_steps();
+    for (int i = scheduler.begin_index(); i < n; ++i) {
         const auto v = sd3_guided_velocity(transformer, scheduler.scale_model_input(latents, i), scheduler.timestep(i),
-                                           cond, guidance_scale);
+                                           cond, guidance_scale, slg, i, n);
         latents = scheduler.step(v, i, latents, nullptr);
         if (on_step) on_step(i, v, latents);
     }
@@ -136,6 +163,104 @@ torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& sch
 
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents) {
     return (vae.decode(vae.config().unscale_latents(latents)) / 2 + 0.5).clamp(0, 1);
+}
+
+bool is_sd3_model(const std::string& path) {
+    const fs::path p(path);
+    auto class_of = [](const fs::path& config) {
+        if (!fs::exists(config)) return std::string();
+        try {
+            return JsonConfig::load(config.string(), "config").get_string("_class_name", "");
+        } catch (const std::exception&) {
+            return std::string();
+        }
+    };
+    if (fs::is_directory(p))
+        return class_of(p / "model_index.json") == "StableDiffusion3Pipeline" ||
+               class_of(p / "transformer" / "config.json") == "SD3Transformer2DModel" ||
+               class_of(p / "config.json") == "SD3Transformer2DModel";
+    if (!fs::is_regular_file(p) || p.extension() != ".safetensors") return false;
+    try {
+        return WeightMap::load(path).has("model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight");
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+std::unique_ptr<Scheduler> sd3_make_scheduler(const SD3Models& m, int steps, int64_t latent_h, int64_t latent_w,
+                                              double shift, double* shift_used) {
+    // SD 3 / 3.5's scheduler_config.json, for a single file that brings none.
+    const std::string text =
+        m.scheduler_config.empty()
+            ? std::string(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0})")
+            : read_file(m.scheduler_config, "scheduler config");
+    const std::string label = m.scheduler_config.empty() ? "SD 3 default scheduler" : m.scheduler_config;
+    SchedulerConfig c = SchedulerConfig::from_json_text(text, label);
+    if (sampler_from_class_name(c.class_name) != SamplerKind::FlowMatchEuler)
+        throw Error("'" + label + "': the scheduler is " + c.class_name + ", not FlowMatchEulerDiscreteScheduler");
+    const auto bad = unsupported_scheduler_settings(text, SamplerKind::FlowMatchEuler);
+    if (!bad.empty()) throw Error("'" + label + "': " + bad.front());
+    if (shift > 0) c.shift = shift;
+    if (shift_used) *shift_used = c.shift;
+    const int64_t patch = m.transformer->config().patch_size;
+    if (c.use_dynamic_shifting) c.mu = flow_match_mu(c, (latent_h / patch) * (latent_w / patch));
+    auto s = make_scheduler(SamplerKind::FlowMatchEuler, c);
+    s->set_timesteps(steps);
+    return s;
+}
+
+SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std::function<void(int, int)>& on_step) {
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+    if (p.prompts.empty()) throw ParamError("prompts", "no prompt");
+    if (p.steps < 1 || p.steps > 10000) throw ParamError("steps", "must be in [1, 10000], got " + std::to_string(p.steps));
+    if (!m.vae) throw ParamError("model", "'" + m.source + "' has no VAE (vae/ or first_stage_model.*)");
+    const auto& tc = m.transformer->config();
+    const int f = m.vae_scale_factor(), unit = f * tc.patch_size;
+    SD3Txt2ImgResult r;
+    r.width = p.width > 0 ? p.width : tc.sample_size * f;
+    r.height = p.height > 0 ? p.height : tc.sample_size * f;
+    for (auto [v, field] : {std::pair{r.width, "width"}, std::pair{r.height, "height"}}) {
+        if (v % unit != 0)
+            throw ParamError(field, "must be a multiple of " + std::to_string(unit) + " (VAE factor " +
+                                        std::to_string(f) + " x patch size " + std::to_string(tc.patch_size) +
+                                        "), got " + std::to_string(v));
+        if (v / unit > tc.pos_embed_max_size)
+            throw ParamError(field, std::to_string(v) + " exceeds the transformer's position grid (" +
+                                        std::to_string(tc.pos_embed_max_size) + " patches = " +
+                                        std::to_string(tc.pos_embed_max_size * unit) + " pixels)");
+    }
+    auto t0 = clock::now();
+    const auto cond = sd3_encode_prompts(m, p.prompts, p.negative_prompts, p.guidance_scale, p.max_sequence_length);
+    r.t5 = bool(m.text_encoder_3);
+    r.encode_s = since(t0);
+    // diffusers' prepare_latents: randn_tensor on the CPU generator, float32.
+    torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
+    auto latents = torch::randn({int64_t(p.prompts.size()), int64_t(tc.in_channels), r.height / f, r.width / f}, gen,
+                                torch::TensorOptions().dtype(torch::kFloat));
+    auto scheduler = sd3_make_scheduler(m, p.steps, latents.size(2), latents.size(3), p.shift, &r.shift);
+    t0 = clock::now();
+    {
+        torch::NoGradGuard ng;
+        const auto dev = m.transformer->parameters().front().device();
+        SD3Conditioning c = cond;
+        for (auto* t : {&c.prompt_embeds, &c.pooled, &c.negative_prompt_embeds, &c.negative_pooled})
+            if (t->defined()) *t = t->to(dev);
+        latents = sd3_denoise(*m.transformer, *scheduler, latents.to(dev), c, p.guidance_scale,
+                              [&](int i, const torch::Tensor&, const torch::Tensor&) {
+                                  if (on_step) on_step(i, p.steps);
+                              },
+                              p.slg);
+    }
+    r.denoise_s = since(t0);
+    t0 = clock::now();
+    {
+        torch::NoGradGuard ng;
+        r.image = sd3_decode(*m.vae, latents).to(torch::kCPU, torch::kFloat);
+    }
+    r.image_uint8 = (r.image * 255).round().to(torch::kUInt8).permute({0, 2, 3, 1}).contiguous();
+    r.decode_s = since(t0);
+    return r;
 }
 
 } // namespace anchor::unet

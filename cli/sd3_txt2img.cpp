@@ -1,0 +1,215 @@
+// anchor-sd on SD 3 / 3.5 models: txt2img through unet/pipeline/sd3_pipeline.h (sd3_txt2img), the PNG with its
+// infotext and JSON record, and --compare with the modes that apply to the MMDiT (off). What the SD 1.x / SDXL table
+// offers beyond that is refused by name (exit 2), never ignored.
+#include "cache/io/atomic_file.h"
+#include "cache/io/error.h"
+#include "cache/util/bench.h"
+#include "cli/common.h"
+#include "cli/sd_commands.h"
+#include "unet/pipeline/infotext.h"
+#include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/sd3_pipeline.h"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <set>
+
+namespace anchor::cli {
+
+namespace fs = std::filesystem;
+using namespace anchor::unet;
+
+void add_sd3_options(CLI::App& app, Sd3Options& o) {
+    app.add_flag("--no-t5", o.no_t5,
+                 "SD 3 / 3.5: leave text_encoder_3 (T5-XXL) unloaded; zeros stand in for its tokens, as diffusers "
+                 "does without it");
+    app.add_option("--shift", o.shift,
+                   "SD 3 / 3.5: the flow-matching timestep shift (default: the scheduler config's, 3.0 for SD 3)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--max-sequence-length", o.max_sequence_length,
+                   "SD 3 / 3.5: T5's token count (prompts are padded / truncated to it)")
+        ->check(CLI::Range(1, 512))
+        ->capture_default_str();
+    app.add_option("--slg-layers", o.slg_layers,
+                   "SD 3.5: skip-layer guidance over these transformer blocks (SD 3.5 Medium: 7,8,9); off by default")
+        ->delimiter(',');
+    app.add_option("--slg-scale", o.slg_scale, "SD 3.5: skip-layer guidance scale")->capture_default_str();
+    app.add_option("--slg-start", o.slg_start, "SD 3.5: skip-layer guidance from this fraction of the steps (exclusive)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    app.add_option("--slg-end", o.slg_end, "SD 3.5: skip-layer guidance until this fraction of the steps (exclusive)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+}
+
+namespace {
+
+// The options an SD 3 run understands; any other given on the command line is refused by name.
+const std::set<std::string>& sd3_allowed_options() {
+    static const std::set<std::string> s = {"--model", "--prompt", "--negative-prompt", "--output", "--steps",
+                                            "--cfg-scale", "--seed", "--width", "--height", "--overwrite",
+                                            "--compare", "--threads", "--dtype", "--no-t5", "--shift",
+                                            "--max-sequence-length", "--slg-layers", "--slg-scale", "--slg-start",
+                                            "--slg-end", "--help", "--version"};
+    return s;
+}
+
+// "off,freq" / "off;freq:fast" lists -> the mode names ("off", "freq").
+std::vector<std::string> compare_mode_names(const std::vector<std::string>& lists) {
+    std::vector<std::string> out;
+    for (const auto& l : lists) {
+        size_t a = 0;
+        while (a <= l.size()) {
+            size_t b = l.find_first_of(",;", a);
+            if (b == std::string::npos) b = l.size();
+            std::string m = l.substr(a, b - a);
+            m = m.substr(0, m.find(':'));
+            while (!m.empty() && m.front() == ' ') m.erase(0, 1);
+            while (!m.empty() && m.back() == ' ') m.pop_back();
+            if (!m.empty()) out.push_back(m);
+            a = b + 1;
+        }
+    }
+    return out;
+}
+
+} // namespace
+
+int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
+    for (const auto* opt : app.get_options()) {
+        if (opt->count() == 0) continue;
+        const std::string name = opt->get_name(false, true);
+        std::string long_name;
+        for (const auto& l : opt->get_lnames()) long_name = "--" + l;
+        if (!long_name.empty() && !sd3_allowed_options().count(long_name))
+            throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + a.model +
+                             "'); SD 3 runs take -m, -p, -n, -o, --steps, --cfg-scale, --seed, -W, -H, --no-t5, "
+                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --compare off");
+    }
+    const auto modes = compare_mode_names(a.compare);
+    for (const auto& m : modes)
+        if (m != "off")
+            throw UsageError("--compare: mode '" + m +
+                             "' is not available for SD 3 / 3.5 (MMDiT) models yet; their modes: off (the "
+                             "transformer caches freq, fbcache, teacache and taylorseer are not implemented)");
+    if (a.prompt.empty()) throw UsageError("a prompt is required (-p/--prompt TEXT)");
+    const std::string output = a.output.empty() ? "output.png" : a.output;
+    if (output.back() == '/' || fs::is_directory(output))
+        throw UsageError("-o/--output: SD 3 runs write one file; '" + output + "' is a folder");
+    const std::string sidecar = output + ".json";
+    const std::string report = (fs::path(output).parent_path() / fs::path(output).stem()).string() + "_report.json";
+    for (const auto& f : a.compare.empty() ? std::vector<std::string>{output, sidecar}
+                                           : std::vector<std::string>{output, report})
+        if (fs::exists(f) && !a.overwrite) throw UsageError("'" + f + "' exists; add --overwrite to replace it");
+    const torch::ScalarType dtype = parse_dtype(a.dtype, torch::Device(torch::kCPU));
+
+    int64_t seed = a.seed;
+    if (seed < 0) {
+        std::random_device rd;
+        seed = int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
+    }
+    std::fprintf(stderr, "seed: %lld\n", (long long)seed);
+    const auto t0 = std::chrono::steady_clock::now();
+    SD3Models m = load_sd3_models(a.model, dtype, !a.sd3.no_t5);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "loaded %s (SD 3 / 3.5, %zu joint blocks, text encoders: %s%s) in %.2f s\n", a.model.c_str(),
+                 size_t(m.transformer->config().num_layers), m.text_encoder ? "CLIP-L, CLIP-G" : "none",
+                 m.text_encoder_3 ? ", T5" : (a.sd3.no_t5 ? " (T5 off: --no-t5)" : " (no T5: zeros)"), load_s);
+
+    SD3Txt2ImgParams p;
+    p.prompts = {a.prompt};
+    if (a.negative_given) p.negative_prompts = {a.negative};
+    p.steps = a.steps_given ? a.steps : 28;           // diffusers' default for SD 3
+    p.guidance_scale = a.cfg_given ? a.cfg_scale : 7.0; // diffusers' default for SD 3
+    p.seed = seed;
+    p.width = a.width;
+    p.height = a.height;
+    p.shift = a.sd3.shift;
+    p.max_sequence_length = a.sd3.max_sequence_length;
+    p.slg.layers = a.sd3.slg_layers;
+    p.slg.scale = a.sd3.slg_scale, p.slg.start = a.sd3.slg_start, p.slg.stop = a.sd3.slg_end;
+    if (!p.slg.layers.empty() && p.guidance_scale <= 1.0)
+        throw UsageError("--slg-layers needs classifier-free guidance (--cfg-scale > 1), as diffusers applies it");
+    const auto r = sd3_txt2img(m, p, [](int i, int n) {
+        std::fprintf(stderr, "\rstep %d/%d", i + 1, n);
+        if (i + 1 == n) std::fprintf(stderr, "\n");
+    });
+
+    nlohmann::json rec = {{"program", "anchor-sd"},
+                          {"model", a.model},
+                          {"family", "sd3"},
+                          {"prompt", a.prompt},
+                          {"negative_prompt", a.negative_given ? nlohmann::json(a.negative) : nlohmann::json(nullptr)},
+                          {"seed", seed},
+                          {"steps", p.steps},
+                          {"guidance_scale", p.guidance_scale},
+                          {"width", r.width},
+                          {"height", r.height},
+                          {"sampler", "flow_match_euler"},
+                          {"shift", r.shift},
+                          {"t5", r.t5},
+                          {"max_sequence_length", p.max_sequence_length},
+                          {"slg", p.slg.layers.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json{{"layers", p.slg.layers},
+                                                                        {"scale", p.slg.scale},
+                                                                        {"start", p.slg.start},
+                                                                        {"end", p.slg.stop}}},
+                          {"dtype", a.dtype},
+                          {"threads", a.threads},
+                          {"load_s", load_s},
+                          {"encode_s", r.encode_s},
+                          {"denoise_s", r.denoise_s},
+                          {"decode_s", r.decode_s},
+                          {"peak_rss_bytes", util::peak_rss_bytes()},
+                          {"cache_mode", "off"},
+                          {"output", output}};
+    Infotext info;
+    info.prompt = a.prompt;
+    info.negative_prompt = a.negative_given ? a.negative : "";
+    info.set("Steps", std::to_string(p.steps));
+    info.set("Sampler", "Euler");
+    info.set("Schedule type", "Simple");
+    info.set("CFG scale", infotext_number(p.guidance_scale));
+    info.set("Seed", std::to_string(seed));
+    info.set("Size", std::to_string(r.width) + "x" + std::to_string(r.height));
+    info.set("Model", fs::path(a.model).filename().empty() ? fs::path(a.model).parent_path().filename().string()
+                                                             : fs::path(a.model).stem().string());
+    info.set("Shift", infotext_number(r.shift));
+    if (!r.t5) info.set("T5", "off");
+    if (!p.slg.layers.empty()) {
+        std::string layers;
+        for (int l : p.slg.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+        info.set("SLG layers", layers);
+        info.set("SLG scale", infotext_number(p.slg.scale));
+        info.set("SLG start", infotext_number(p.slg.start));
+        info.set("SLG end", infotext_number(p.slg.stop));
+    }
+    info.set("Version", std::string("AnchorCache ") + ANCHOR_VERSION);
+    write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
+    if (a.compare.empty()) {
+        write_file_atomic(sidecar, rec.dump(2) + "\n", a.overwrite);
+        std::fprintf(stderr, "saved %s (seed %lld, encode %.2f s, denoise %.2f s, decode %.2f s)\n", output.c_str(),
+                     (long long)seed, r.encode_s, r.denoise_s, r.decode_s);
+        return 0;
+    }
+    // --compare with the SD 3 modes (off only): the grid is that image, the report its record.
+    nlohmann::json rep = {{"program", "anchor-sd"}, {"family", "sd3"}, {"grid", output}, {"modes", nlohmann::json::array()}};
+    for (const auto& mode : modes) {
+        (void)mode;
+        rep["modes"].push_back({{"mode", "off"},
+                                {"denoise_s", r.denoise_s},
+                                {"speedup", 1.0},
+                                {"psnr_db", nullptr},
+                                {"record", rec}});
+    }
+    write_file_atomic(report, rep.dump(2) + "\n", a.overwrite);
+    std::printf("mode  denoise_s  speed-up  PSNR\noff   %.3f      1.00x     (reference)\n", r.denoise_s);
+    std::fprintf(stderr, "compare: grid %s, report %s\n", output.c_str(), report.c_str());
+    return 0;
+}
+
+} // namespace anchor::cli
