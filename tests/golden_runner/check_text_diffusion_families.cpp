@@ -1,0 +1,119 @@
+// Golden checks of the published masked-diffusion LM families (tests/golden/text/dlm/generate/generate_dlm.py):
+// a folder with dlm_case.json + dlm_case.safetensors next to the model. Every parameter comes from the case: the
+// family, the [MASK] id, the tolerances, each forward's ids, each generation's sampler settings and the reference's
+// random draws (replayed in order; a sampler asking for more or fewer draws than recorded fails the case).
+#include "cache/io/error.h"
+#include "cache/io/weight_map.h"
+#include "tests/golden_runner/runner.h"
+#include "text/diffusion/families/dlm_model.h"
+#include "text/diffusion/families/dlm_sampler.h"
+
+#include <nlohmann/json.hpp>
+
+namespace anchor::golden {
+namespace {
+
+using namespace anchor::text;
+
+std::map<std::string, torch::Tensor> dlm_case_tensors(const fs::path& f) {
+    std::map<std::string, torch::Tensor> out;
+    const WeightMap w = WeightMap::load_files({f.string()}); // alive while its file-backed tensors are copied
+    for (const auto& [n, t] : w.all()) out[n] = t.clone();
+    return out;
+}
+
+torch::Tensor dlm_need(const std::map<std::string, torch::Tensor>& t, const std::string& n) {
+    auto it = t.find(n);
+    if (it == t.end()) throw Error("dlm_case.safetensors has no tensor '" + n + "'");
+    return it->second;
+}
+
+std::vector<CaseResult> run_dlm_case(const fs::path& dir, const Context& ctx) {
+    const std::string base = relative_name(dir, ctx);
+    const auto j = nlohmann::json::parse(read_text(dir / "dlm_case.json"));
+    const auto tensors = dlm_case_tensors(dir / "dlm_case.safetensors");
+    const std::string fam_name = j.at("family").get<std::string>();
+    const DlmFamily fam = enum_from_string(dlm_family_table(), fam_name, "family");
+    LoadedDlm loaded = load_dlm(dir.string(), fam, j.at("mask_token_id").get<int64_t>());
+    auto& model = *loaded.model;
+    const double atol = j.value("logits_atol", kAtol), rtol = j.value("logits_rtol", kRtol);
+    std::vector<CaseResult> out;
+    out.push_back(guarded(base + " [dlm-config]", [&](Stats& s) {
+        const auto& c = model.config();
+        s.check_true("shift", c.shift == j.at("shift").get<bool>(),
+                     "the case says shift=" + std::to_string(j.at("shift").get<bool>()));
+        s.check_true("mask id", c.mask_token_id == j.at("mask_token_id").get<int64_t>());
+    }));
+    for (const auto& f : j.value("forward", nlohmann::json::array())) {
+        const std::string n = f.at("name").get<std::string>();
+        out.push_back(guarded(base + " [" + n + "]", [&](Stats& s) {
+            auto ids = dlm_need(tensors, n + ".input_ids").to(torch::kLong);
+            s.check("logits", model.logits(ids), dlm_need(tensors, n + ".logits"), atol, rtol);
+            // The cached range forward (Fast-dLLM's prefix/dual steps) over the same ids equals the full one.
+            const int64_t L = ids.size(1);
+            if (L >= 4) {
+                DlmKvCache kv;
+                model.forward(ids, 0, L, &kv);
+                auto part = model.forward(ids, L / 2, L - 1, &kv);
+                s.check("logits rows from the K/V cache", part,
+                        dlm_need(tensors, n + ".logits").narrow(1, L / 2, L - 1 - L / 2), atol, rtol);
+            }
+        }));
+    }
+    for (const auto& g : j.value("generate", nlohmann::json::array())) {
+        const std::string n = g.at("name").get<std::string>();
+        out.push_back(guarded(base + " [" + n + "]", [&](Stats& s) {
+            const int64_t recorded = g.at("draws").get<int64_t>();
+            int64_t used = 0;
+            DlmDraws replay = [&](const std::vector<int64_t>& shape, torch::ScalarType dt) {
+                if (used >= recorded) throw Error("the sampler asks for more random draws than the reference made");
+                auto u = dlm_need(tensors, n + ".draw" + std::to_string(used++));
+                if (u.sizes().vec() != shape || u.scalar_type() != dt)
+                    throw Error("draw " + std::to_string(used - 1) + ": the sampler asks for another shape/dtype " +
+                                "than the reference drew");
+                return u;
+            };
+            const std::string sampler = g.at("sampler").get<std::string>();
+            const int64_t steps = g.at("steps").get<int64_t>();
+            torch::Tensor got;
+            if (sampler == "diffugpt") {
+                got = diffugpt_sample(model, dlm_need(tensors, n + ".input_ids"), dlm_need(tensors, n + ".src_mask"),
+                                      steps, g.at("logits_temp").get<double>(), g.at("top_p").get<double>(), replay);
+            } else if (sampler == "llada") {
+                got = llada_sample(model, dlm_need(tensors, n + ".prompt_ids").to(torch::kLong), steps,
+                                   g.at("gen_length").get<int64_t>(), g.at("block_length").get<int64_t>(),
+                                   g.at("temperature").get<double>(),
+                                   enum_from_string(dlm_remask_table(), g.at("remasking").get<std::string>(), "remasking"),
+                                   replay);
+            } else if (sampler == "dream") {
+                if (g.value("alg_temp", 0.0) != 0.0) throw Error("alg_temp > 0 is not implemented");
+                std::optional<double> top_p;
+                std::optional<int64_t> top_k;
+                if (g.contains("top_p")) top_p = g["top_p"].get<double>();
+                if (g.contains("top_k")) top_k = g["top_k"].get<int64_t>();
+                got = dream_sample(model, dlm_need(tensors, n + ".prompt_ids").to(torch::kLong),
+                                   g.at("gen_length").get<int64_t>(), steps, g.at("eps").get<double>(),
+                                   g.at("temperature").get<double>(), top_p, top_k,
+                                   enum_from_string(dlm_remask_table(), g.at("alg").get<std::string>(), "alg"), replay);
+            } else {
+                throw Error("unknown sampler '" + sampler + "'");
+            }
+            s.check_equal("output_ids", got, dlm_need(tensors, n + ".output_ids").to(torch::kLong));
+            s.check_true("draws", used == recorded,
+                         "the sampler used " + std::to_string(used) + " of " + std::to_string(recorded) + " draws");
+        }));
+    }
+    return out;
+}
+
+const bool registered_dlm = [] {
+    register_checker({"text-diffusion-family",
+                      [](const fs::path& d) {
+                          return has_file(d, "dlm_case.json") && has_file(d, "dlm_case.safetensors");
+                      },
+                      run_dlm_case});
+    return true;
+}();
+
+} // namespace
+} // namespace anchor::golden
