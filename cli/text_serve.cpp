@@ -1,6 +1,7 @@
 // `anchor-text serve`: the option table of the HTTP server (text/serve/text_server.h); the server itself is library code.
 #include "cache/io/assets.h"
 #include "cli/common.h"
+#include "cli/enum_option.h"
 #include "cli/text_commands.h"
 #include "text/gpt2/gpt2_model.h"
 #include "text/serve/text_server.h"

@@ -1,0 +1,159 @@
+// `anchor-text diffusion generate` on DiffuGPT / LLaDA / Dream folders: options, prompt and chat template, printing.
+// The work is the library's (text/diffusion/families/dlm_sampler.h, dlm_chat.h).
+#include "cli/text_diffusion_family.h"
+
+#include "cache/io/error.h"
+#include "cli/text_commands.h"
+#include "text/diffusion/families/dlm_chat.h"
+#include "text/diffusion/families/dlm_model.h"
+#include "text/diffusion/families/dlm_sampler.h"
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+
+namespace anchor::cli {
+
+using namespace anchor::text;
+
+namespace {
+
+std::vector<int64_t> dlm_parse_ids(const std::string& s, int64_t vocab) {
+    std::vector<int64_t> out;
+    std::string tok;
+    std::stringstream ss(s);
+    while (ss >> tok) {
+        std::stringstream parts(tok);
+        std::string p;
+        while (std::getline(parts, p, ',')) {
+            if (p.empty()) continue;
+            size_t used = 0;
+            long long v = -1;
+            try {
+                v = std::stoll(p, &used);
+            } catch (...) {
+                used = 0;
+            }
+            if (used != p.size() || v < 0 || v >= vocab)
+                throw UsageError("--prompt-ids: '" + p + "' is not a token id of this model (0.." +
+                                 std::to_string(vocab - 1) + ")");
+            out.push_back(v);
+        }
+    }
+    return out;
+}
+
+const FlagNames& dlm_flags() {
+    static const FlagNames f = {{"gen_length", "--gen-length"}, {"block_length", "--block-length"},
+                                {"steps", "--steps"},           {"temperature", "--temperature"},
+                                {"top_p", "--top-p"},           {"top_k", "--top-k"},
+                                {"remask", "--remask"},         {"cache", "--cache"},
+                                {"eps", "--eps"},               {"prompt", "--prompt"},
+                                {"family", "--family"},         {"chat", "--no-chat"}};
+    return f;
+}
+
+} // namespace
+
+void add_dlm_options(CLI::App* sub, DlmCliArgs& a) {
+    a.app = sub;
+    sub->add_option("--family", a.family,
+                    "Published diffusion LM family of -m: " + enum_choices(dlm_family_table()) +
+                        " (default: from its config.json / tensor names)");
+    sub->add_option("--gen-length", a.gen_length, "DiffuGPT/LLaDA/Dream: answer length in tokens (default 128)");
+    sub->add_option("--remask", a.remask,
+                    "DiffuGPT/LLaDA/Dream commit rule: " + enum_choices(dlm_remask_table()) +
+                        " (default LLaDA low_confidence, Dream entropy)");
+    sub->add_option("--mask-id", a.mask_id, "[MASK] id when the folder does not name it");
+    sub->add_option("--eps", a.eps, "Dream: last point of the time grid")->capture_default_str();
+    sub->add_flag("--no-chat", a.no_chat, "Use the prompt as is, not wrapped in the folder's chat template");
+    sub->add_flag("--no-eos-stop", a.no_eos_stop, "Keep decoding past the end-of-sequence token");
+    sub->add_flag("--stream", a.stream, "Print each committed block as it completes");
+}
+
+bool dlm_requested(const DlmCliArgs& a, const std::string& model) {
+    if (!a.family.empty() || a.gen_length > 0) return true;
+    return !model.empty() && detect_dlm_family(model).has_value();
+}
+
+int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
+    auto given = [&](const char* flag) { return a.app && a.app->count(flag) > 0; };
+    if (s.model.empty()) throw UsageError("--family / --gen-length need -m <DiffuGPT, LLaDA or Dream folder>");
+    std::optional<DlmFamily> fam;
+    if (!a.family.empty()) fam = with_flag_errors(dlm_flags(), [&] {
+        return enum_from_string(dlm_family_table(), a.family, "family");
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    LoadedDlm loaded = load_dlm(s.model, fam, a.mask_id);
+    auto& model = *loaded.model;
+    const auto& c = model.config();
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    DlmSampleOptions o;
+    o.gen_length = a.gen_length > 0 ? a.gen_length : 128;
+    o.steps = given("--steps") ? s.steps : o.gen_length;
+    o.block_length = s.block_length;
+    if (given("--temperature")) o.temperature = s.temperature;
+    if (given("--top-p")) o.top_p = s.top_p;
+    if (given("--top-k") && s.top_k > 0) o.top_k = s.top_k;
+    o.eps = a.eps;
+    o.stop_at_eos = !a.no_eos_stop;
+    with_flag_errors(dlm_flags(), [&] {
+        if (!a.remask.empty()) o.remask = enum_from_string(dlm_remask_table(), a.remask, "remask");
+        o.cache = enum_from_string(dlm_cache_table(), s.cache, "cache");
+        o.validate(c);
+        return 0;
+    });
+
+    // Text in and out: the folder's tokenizer (GPT-2's for DiffuGPT, tokenizer.json for LLaDA / Dream).
+    std::shared_ptr<DlmTokenizer> tok;
+    if (!s.prompt.empty() || !s.print_ids) tok = load_dlm_tokenizer(loaded, s.vocab);
+    std::vector<int64_t> prompt;
+    if (!s.prompt.empty() && !s.prompt_ids.empty()) throw UsageError("give either --prompt or --prompt-ids, not both");
+    if (!s.prompt.empty()) {
+        const auto tmpl = a.no_chat ? ChatTemplate::None : detect_chat_template(loaded.folder);
+        prompt = tok->encode_with_specials(apply_chat_template(tmpl, s.prompt));
+    } else if (!s.prompt_ids.empty()) {
+        prompt = dlm_parse_ids(s.prompt_ids, c.vocab_size);
+    } else if (c.family == DlmFamily::DiffuGpt) {
+        throw UsageError("DiffuGPT needs a --prompt or --prompt-ids (its first position is kept)");
+    }
+
+    std::vector<int64_t> streamed;
+    DlmBlockCallback on_block;
+    if (a.stream)
+        on_block = [&](const std::vector<int64_t>& committed) {
+            std::vector<int64_t> fresh(committed.begin() + std::min(streamed.size(), committed.size()), committed.end());
+            streamed = committed;
+            std::vector<int64_t> text;
+            for (auto t : fresh)
+                if (t != c.mask_token_id) text.push_back(t);
+            if (s.print_ids) {
+                for (auto t : text) std::cout << t << " ";
+            } else {
+                std::cout << tok->decode(text);
+            }
+            std::cout.flush();
+        };
+    const auto t1 = std::chrono::steady_clock::now();
+    const auto r = with_flag_errors(dlm_flags(), [&] {
+        return dlm_generate(model, prompt, o, dlm_seeded_draws(static_cast<uint64_t>(s.seed)), on_block);
+    });
+    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    if (a.stream) std::cout << "\n";
+    if (!a.stream) {
+        if (s.print_ids) {
+            for (size_t i = 0; i < r.generated.size(); ++i) std::cout << (i ? " " : "") << r.generated[i];
+            std::cout << "\n";
+        } else {
+            std::cout << tok->decode(r.generated) << "\n";
+        }
+    }
+    std::cerr << enum_name(dlm_family_table(), c.family) << " (" << c.describe() << "): " << r.prompt_tokens
+              << " prompt + " << r.generated.size() << " tokens, " << r.steps_run << " steps, cache "
+              << enum_name(dlm_cache_table(), o.cache) << ", " << r.positions_computed
+              << " positions computed; load " << load_s << " s, generate " << gen_s << " s\n";
+    return 0;
+}
+
+} // namespace anchor::cli
