@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cache/io/weight_map.h"
 #include "tests/golden_runner/runner.h"
+#include "text/diffusion/families/dlm_chat.h"
 #include "text/diffusion/families/dlm_model.h"
 #include "text/diffusion/families/dlm_sampler.h"
 
@@ -106,7 +107,28 @@ std::vector<CaseResult> run_dlm_case(const fs::path& dir, const Context& ctx) {
     return out;
 }
 
+// tokenizer.json byte-level BPE (LLaDA's / Dream's layout) against the `tokenizers` library's encodings.
+std::vector<CaseResult> run_dlm_tokenizer(const fs::path& dir, const Context& ctx) {
+    const std::string base = relative_name(dir, ctx);
+    const auto j = nlohmann::json::parse(read_text(dir / "dlm_tokenizer_cases.json"));
+    const auto tok = load_hf_bpe_tokenizer((dir / j.at("tokenizer").get<std::string>()).string());
+    std::vector<CaseResult> out;
+    int k = 0;
+    for (const auto& c : j.at("cases")) {
+        out.push_back(guarded(base + " [tokenizer " + std::to_string(k++) + "]", [&](Stats& s) {
+            const auto want = c.at("ids").get<std::vector<int64_t>>();
+            const auto got = tok->encode_with_specials(c.at("text").get<std::string>());
+            s.check_equal("ids", torch::tensor(got, torch::kLong), torch::tensor(want, torch::kLong));
+            s.check_true("decode", tok->decode(want) == c.at("decoded_skip_special").get<std::string>(),
+                         "decoded '" + tok->decode(want) + "'");
+        }));
+    }
+    return out;
+}
+
 const bool registered_dlm = [] {
+    register_checker({"text-diffusion-tokenizer", [](const fs::path& d) { return has_file(d, "dlm_tokenizer_cases.json"); },
+                      run_dlm_tokenizer});
     register_checker({"text-diffusion-family",
                       [](const fs::path& d) {
                           return has_file(d, "dlm_case.json") && has_file(d, "dlm_case.safetensors");

@@ -226,6 +226,14 @@ private:
     int64_t mask_id_;
 };
 
+// Jinja's `trim`: Python str.strip() of ASCII / Unicode whitespace; the ASCII set here.
+std::string dlm_jinja_trim(const std::string& s) {
+    const char* ws = " \t\n\r\f\v";
+    const auto b = s.find_first_not_of(ws);
+    if (b == std::string::npos) return "";
+    return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 } // namespace
 
 std::shared_ptr<DlmTokenizer> load_hf_bpe_tokenizer(const std::string& tokenizer_json) {
@@ -274,8 +282,9 @@ std::string apply_chat_template(ChatTemplate t, const std::string& user) {
     case ChatTemplate::None:
         return user;
     case ChatTemplate::Llada:
-        // LLaDA-8B-Instruct: BOS, one user turn, the assistant header (add_generation_prompt).
-        return "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + user +
+        // LLaDA-8B-Instruct: BOS, one user turn with its content trimmed (the template's `| trim`), the assistant
+        // header (always rendered).
+        return "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + dlm_jinja_trim(user) +
                "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
     case ChatTemplate::ChatMl:
         // Dream-v0-Instruct (Qwen2's template): the default system turn when the messages have none.

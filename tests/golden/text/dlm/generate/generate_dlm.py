@@ -465,8 +465,43 @@ def gen_dream():
     write_case(os.path.join(OUT, "dream_tiny"), config, w, case, tensors)
 
 
+def gen_tokenizer():
+    """A tiny byte-level BPE in the LLaMA-3 / Qwen2 tokenizer.json layout (Split regex + ByteLevel, added special
+    tokens), trained here; the cases are the `tokenizers` library's own encodings and decodings."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+           r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pat), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    corpus = ["In the beginning God created the heaven and the earth.",
+              "And the earth was without form, and void; and darkness was upon the face of the deep.",
+              "It's 2025: we'll test 12345 numbers, don't we? Yes -- we DO!",
+              "Caf\u00e9 na\u00efve \u4e2d\u6587 \u00fcber  spaces\n\nnew lines\ttabs"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder = os.path.join(OUT, "tokenizer_bpe")
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    texts = ["In the beginning God created the heaven and the earth.",
+             "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nWhat's 1234567 + 89?<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n",
+             "  leading spaces, trailing spaces   ", "Caf\u00e9 \u4e2d\u6587!!\n\n\nX", "I'LL SHOUT 'Re'",
+             "unseen words: zyxwv qq", "tabs\tand\r\nCRLF"]
+    cases = []
+    for t in texts:
+        ids = tok.encode(t).ids
+        cases.append({"text": t, "ids": ids, "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
+    with open(os.path.join(folder, "dlm_tokenizer_cases.json"), "w") as f:
+        json.dump({"tokenizer": "tokenizer.json", "reference": "tokenizers " + __import__("tokenizers").__version__,
+                   "cases": cases}, f, indent=1, ensure_ascii=False)
+    print("wrote", folder)
+
+
 if __name__ == "__main__":
     print("transformers", transformers.__version__, "torch", torch.__version__)
-    which = sys.argv[1:] or ["diffugpt", "llada", "dream"]
+    which = sys.argv[1:] or ["diffugpt", "llada", "dream", "tokenizer"]
     for name in which:
         globals()["gen_" + name]()
