@@ -8,6 +8,7 @@
 #include "text/diffusion/families/dlm_chat.h"
 #include "text/diffusion/families/dlm_model.h"
 #include "text/diffusion/families/dlm_sampler.h"
+#include "text/io/gguf.h"
 
 #include <nlohmann/json.hpp>
 
@@ -126,7 +127,45 @@ std::vector<CaseResult> run_dlm_tokenizer(const fs::path& dir, const Context& ct
     return out;
 }
 
+// GGUF container and dequantisation (text/io/gguf.h) against llama.cpp's gguf-py: header, metadata of every value
+// type, tensor shapes/types, and each tensor's dequantised values; the quantisation error against the originals.
+std::vector<CaseResult> run_gguf_case(const fs::path& dir, const Context& ctx) {
+    const std::string base = relative_name(dir, ctx);
+    const auto j = nlohmann::json::parse(read_text(dir / "gguf_case.json"));
+    const auto tensors = dlm_case_tensors(dir / "gguf_case.safetensors");
+    const auto g = GgufFile::open((dir / j.at("file").get<std::string>()).string());
+    std::vector<CaseResult> out;
+    out.push_back(guarded(base + " [gguf header]", [&](Stats& s) {
+        s.check_true("version", g->version() == j.at("version").get<uint32_t>());
+        s.check_true("alignment", g->alignment() == j.at("alignment").get<uint64_t>());
+        s.check_true("tensor count", g->tensors().size() == j.at("tensors").size());
+        for (const auto& [k, v] : j.at("metadata").items()) {
+            const bool ok = g->metadata().contains(k) &&
+                            (v.is_number_float() ? std::abs(g->metadata()[k].get<double>() - v.get<double>()) <= 0
+                                                 : g->metadata()[k] == v);
+            s.check_true("metadata " + k, ok, g->metadata().contains(k) ? g->metadata()[k].dump() : "absent");
+        }
+    }));
+    for (const auto& [name, spec] : j.at("tensors").items()) {
+        out.push_back(guarded(base + " [gguf " + name + "]", [&](Stats& s) {
+            const auto& info = g->info(name);
+            const std::string type = spec.at("type").get<std::string>();
+            s.check_true("type", ggml_type_name(info.type) == type, ggml_type_name(info.type));
+            s.check_true("shape", info.shape == spec.at("shape").get<std::vector<int64_t>>());
+            auto got = g->dequantize(name);
+            s.check("dequantized", got, dlm_need(tensors, "dequantized." + name), 0.0, 0.0);
+            auto orig = dlm_need(tensors, "original." + name);
+            const double rel = j.at("quantization_rel_error").at(type).get<double>();
+            const double err = (got - orig).abs().max().item<double>(), scale = orig.abs().max().item<double>();
+            s.check_true("quantization error", err <= rel * scale,
+                         std::to_string(err) + " > " + std::to_string(rel) + " x " + std::to_string(scale));
+        }));
+    }
+    return out;
+}
+
 const bool registered_dlm = [] {
+    register_checker({"gguf-file", [](const fs::path& d) { return has_file(d, "gguf_case.json"); }, run_gguf_case});
     register_checker({"text-diffusion-tokenizer", [](const fs::path& d) { return has_file(d, "dlm_tokenizer_cases.json"); },
                       run_dlm_tokenizer});
     register_checker({"text-diffusion-family",
