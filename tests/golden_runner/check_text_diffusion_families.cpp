@@ -62,6 +62,22 @@ std::vector<CaseResult> run_dlm_case(const fs::path& dir, const Context& ctx) {
             }
         }));
     }
+    // The same weights from llama.cpp-layout GGUF files (f32, q8_0): logits against the reference decoder run on each
+    // file's (dequantised) weights.
+    for (const auto& gg : j.value("gguf", nlohmann::json::array())) {
+        const std::string file = gg.at("file").get<std::string>(), prefix = gg.at("logits_prefix").get<std::string>();
+        out.push_back(guarded(base + " [" + file + "]", [&](Stats& s) {
+            LoadedDlm lg = load_dlm((dir / file).string(), fam, -1);
+            s.check_true("mask id from the GGUF", lg.model->config().mask_token_id == j.at("mask_token_id").get<int64_t>());
+            s.check_true("shift from the GGUF", lg.model->config().shift == j.at("shift").get<bool>());
+            for (const auto& f : j.value("forward", nlohmann::json::array())) {
+                const std::string n = f.at("name").get<std::string>();
+                s.check(n + " logits", lg.model->logits(dlm_need(tensors, n + ".input_ids").to(torch::kLong)),
+                        dlm_need(tensors, prefix + n + ".logits"), gg.at("logits_atol").get<double>(),
+                        gg.at("logits_rtol").get<double>());
+            }
+        }));
+    }
     for (const auto& g : j.value("generate", nlohmann::json::array())) {
         const std::string n = g.at("name").get<std::string>();
         out.push_back(guarded(base + " [" + n + "]", [&](Stats& s) {

@@ -7,6 +7,7 @@
 #include "cache/io/weight_map.h"
 #include "cache/util/strings.h"
 #include "text/gpt2/gpt2_tokenizer.h"
+#include "text/io/gguf.h"
 
 #include <nlohmann/json.hpp>
 
@@ -466,6 +467,109 @@ LoadedDlm load_diffugpt(const std::string& path, const ModelSource& src, int64_t
     return out;
 }
 
+// A LLaDA / Dream GGUF as llama.cpp's convert_hf_to_gguf.py writes it: tensor names token_embd, blk.N.{attn_norm,
+// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}, output_norm, output; hyperparameters
+// under "<arch>.": embedding_length, block_count, feed_forward_length, attention.head_count(_kv),
+// rope.freq_base, attention.layer_norm_rms_epsilon, context_length; tokenizer.ggml.mask_token_id / eos_token_id;
+// diffusion.shift_logits. Every weight is dequantised to float32 (gguf.h).
+LoadedDlm load_dlm_gguf(const std::string& path, std::optional<DlmFamily> family, int64_t mask_id) {
+    const auto g = GgufFile::open(path);
+    const auto& kv = g->metadata();
+    const std::string arch = kv.value("general.architecture", std::string());
+    DlmFamily fam;
+    if (family)
+        fam = *family;
+    else if (arch == "llada")
+        fam = DlmFamily::Llada;
+    else if (arch == "dream")
+        fam = DlmFamily::Dream;
+    else
+        throw Error("GGUF file '" + path + "': general.architecture '" + arch +
+                    "' is not llada or dream (DiffuGPT GGUFs are not read yet)");
+    if (fam == DlmFamily::DiffuGpt) throw Error("GGUF file '" + path + "': DiffuGPT GGUFs are not read yet");
+    auto num = [&](const std::string& key, double def, bool required) -> double {
+        const std::string k = arch + "." + key;
+        if (kv.contains(k) && kv[k].is_number()) return kv[k].get<double>();
+        if (required) throw Error("GGUF file '" + path + "': metadata '" + k + "' is missing");
+        return def;
+    };
+    DlmConfig d;
+    d.family = fam;
+    d.hidden_size = int64_t(num("embedding_length", 0, true));
+    d.n_layers = int64_t(num("block_count", 0, true));
+    d.n_heads = int64_t(num("attention.head_count", 0, true));
+    d.n_kv_heads = int64_t(num("attention.head_count_kv", double(d.n_heads), false));
+    d.intermediate_size = int64_t(num("feed_forward_length", 0, true));
+    d.rope_theta = num("rope.freq_base", 10000.0, false);
+    d.norm_eps = num("attention.layer_norm_rms_epsilon", 1e-5, false);
+    d.max_positions = int64_t(num("context_length", 0, false));
+    d.vocab_size = g->info("token_embd.weight").shape.at(0);
+    d.shift = kv.contains("diffusion.shift_logits") ? kv["diffusion.shift_logits"].get<bool>() : fam == DlmFamily::Dream;
+    d.qkv_bias = g->has("blk.0.attn_q.bias");
+    d.tie_embeddings = !g->has("output.weight");
+    d.mask_token_id = mask_id >= 0 ? mask_id
+                      : kv.contains("tokenizer.ggml.mask_token_id")
+                          ? kv["tokenizer.ggml.mask_token_id"].get<int64_t>()
+                          : (fam == DlmFamily::Llada ? 126336 : -1);
+    for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"})
+        if (kv.contains(k)) d.eos_token_ids.push_back(kv[k].get<int64_t>());
+    d.validate();
+    const int64_t D = d.hidden_size, F = d.intermediate_size, hd = d.head_dim(), KVD = d.n_kv_heads * hd;
+    std::vector<std::string> problems;
+    auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> torch::Tensor {
+        if (!g->has(name)) {
+            problems.push_back("missing '" + name + "'");
+            return {};
+        }
+        if (g->info(name).shape != shape) {
+            problems.push_back("'" + name + "': expected shape " + dlm_shape_str(shape) + ", got " +
+                               dlm_shape_str(g->info(name).shape));
+            return {};
+        }
+        return g->dequantize(name);
+    };
+    // llama.cpp stores LLaDA's q/k rows for its adjacent-pair rotary (convert_hf_to_gguf.py permutes them): per head,
+    // row (i, half) goes back to (half, i) for the rotate-half arithmetic here.
+    auto rotate_half_rows = [&](torch::Tensor w, int64_t heads) {
+        if (!w.defined() || fam != DlmFamily::Llada) return w;
+        auto s = w.sizes().vec();
+        std::vector<int64_t> v = {heads, hd / 2, 2};
+        v.insert(v.end(), s.begin() + 1, s.end());
+        return w.reshape(v).transpose(1, 2).reshape(s).contiguous();
+    };
+    auto embed = take("token_embd.weight", {d.vocab_size, D});
+    auto norm = take("output_norm.weight", {D});
+    auto head = d.tie_embeddings ? embed : take("output.weight", {d.vocab_size, D});
+    std::vector<LlamaLayerWeights> layers(d.n_layers);
+    for (int64_t i = 0; i < d.n_layers; ++i) {
+        auto& l = layers[i];
+        const std::string b = "blk." + std::to_string(i) + ".";
+        l.attn_norm = take(b + "attn_norm.weight", {D});
+        l.ffn_norm = take(b + "ffn_norm.weight", {D});
+        l.q = rotate_half_rows(take(b + "attn_q.weight", {D, D}), d.n_heads);
+        l.k = rotate_half_rows(take(b + "attn_k.weight", {KVD, D}), d.n_kv_heads);
+        l.v = take(b + "attn_v.weight", {KVD, D});
+        l.o = take(b + "attn_output.weight", {D, D});
+        if (d.qkv_bias) {
+            l.qb = rotate_half_rows(take(b + "attn_q.bias", {D}), d.n_heads);
+            l.kb = rotate_half_rows(take(b + "attn_k.bias", {KVD}), d.n_kv_heads);
+            l.vb = take(b + "attn_v.bias", {KVD});
+        }
+        l.gate = take(b + "ffn_gate.weight", {F, D});
+        l.up = take(b + "ffn_up.weight", {F, D});
+        l.down = take(b + "ffn_down.weight", {D, F});
+    }
+    if (!problems.empty()) {
+        std::string m = "GGUF file '" + path + "': " + std::to_string(problems.size()) + " tensor problem(s):";
+        for (size_t i = 0; i < problems.size() && i < 12; ++i) m += " " + problems[i] + ";";
+        throw Error(m);
+    }
+    LoadedDlm out;
+    out.folder = dlm_folder_of(path).string();
+    out.model = std::make_shared<LlamaLikeModel>(d, embed, std::move(layers), norm, head);
+    return out;
+}
+
 std::optional<DlmFamily> family_of_config(const nlohmann::json& j) {
     if (!j.is_object()) return std::nullopt;
     const std::string type = j.value("model_type", std::string());
@@ -486,6 +590,15 @@ std::optional<DlmFamily> family_of_config(const nlohmann::json& j) {
 } // namespace
 
 std::optional<DlmFamily> detect_dlm_family(const std::string& path) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+        try {
+            const std::string arch = GgufFile::open(path)->metadata().value("general.architecture", std::string());
+            if (arch == "llada") return DlmFamily::Llada;
+            if (arch == "dream") return DlmFamily::Dream;
+        } catch (const Error&) {
+        }
+        return std::nullopt;
+    }
     const fs::path dir = dlm_folder_of(path);
     const auto cj = dlm_read_json(dir / "config.json");
     if (auto f = family_of_config(cj)) return f;
@@ -502,6 +615,7 @@ std::optional<DlmFamily> detect_dlm_family(const std::string& path) {
 }
 
 LoadedDlm load_dlm(const std::string& path, std::optional<DlmFamily> family, int64_t mask_token_id) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return load_dlm_gguf(path, family, mask_token_id);
     if (!family) family = detect_dlm_family(path);
     if (!family)
         throw Error("'" + path + "' is not a DiffuGPT, LLaDA or Dream model (config.json model_type/architectures, " +

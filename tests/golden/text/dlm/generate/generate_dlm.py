@@ -9,7 +9,12 @@ References (float32, one thread):
 - samplers: written from the published samplers (DiffuGPT generate_samples, LLaDA generate.py, Dream's
   diffusion_generate), with every random draw recorded in the case so the C++ side replays the same draws.
 
-Run: OMP_NUM_THREADS=1 /tmp/d63/bin/python tests/golden/text/dlm/generate/generate_dlm.py  (transformers 4.38, torch 1.13)
+- GGUF: each LLaDA / Dream case also as model-f32.gguf and model-q8_0.gguf under llama.cpp's tensor and metadata names
+  (gguf-py's tables; LLaDA's q/k rows interleaved as llama.cpp's converter stores them), with the logits of each
+  file's weights through the same reference decoder.
+
+Run: OMP_NUM_THREADS=1 PYTHONPATH=<dir holding only gguf-py's `gguf` package> /tmp/d63/bin/python \
+       tests/golden/text/dlm/generate/generate_dlm.py          (transformers 4.38, torch 1.13, gguf-py 0.19)
 """
 import json
 import math
@@ -263,6 +268,90 @@ def dream_sample(logits_fn, prompt, mask_id, gen_length, steps, eps, temperature
     return x
 
 
+# ---- GGUF (llama.cpp's names, as its convert_hf_to_gguf.py writes LLaDA / Dream) ------------------------------------
+
+GGUF_NAMES = [("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
+              ("lm_head.weight", "output.weight")]
+GGUF_LAYER = [("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+              ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+              ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+              ("mlp.down_proj", "ffn_down")]
+
+
+def gguf_name(n):
+    for hf, g in GGUF_NAMES:
+        if n == hf:
+            return g
+    parts = n.split(".")  # model.layers.I.<module...>.weight|bias
+    i, rest, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    for hf, g in GGUF_LAYER:
+        if rest == hf:
+            return f"blk.{i}.{g}.{kind}"
+    raise KeyError(n)
+
+
+def interleave_rows(w, n_head):
+    """LLaDA's GGUF stores q/k rows for ggml's adjacent-pair rotary: per head, row (half, i) moves to (i, half)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_variants(folder, arch, m, meta, ids_rows, tensors):
+    """Writes model-f32.gguf and model-q8_0.gguf (2-D weights whose rows are multiples of 32 as q8_0, the rest f32)
+    and the logits of each file's weights through the same reference decoder (the q8_0 file's dequantised by
+    gguf-py); returns the case entries."""
+    import copy
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+    entries = []
+    for variant in ["f32", "q8_0"]:
+        fname = f"model-{variant}.gguf"
+        w = gguf.GGUFWriter(os.path.join(folder, fname), arch)
+        w.add_context_length(meta["ctx"])
+        w.add_embedding_length(meta["hidden"])
+        w.add_block_count(meta["layers"])
+        w.add_feed_forward_length(meta["ffn"])
+        w.add_head_count(meta["heads"])
+        w.add_head_count_kv(meta["kv_heads"])
+        w.add_rope_freq_base(meta["theta"])
+        w.add_layer_norm_rms_eps(meta["eps"])
+        w.add_vocab_size(meta["vocab"])
+        w.add_mask_token_id(meta["mask"])
+        w.add_eos_token_id(meta["eos"])
+        w.add_causal_attention(False)
+        if arch == "llada":
+            w.add_diffusion_shift_logits(False)
+        mq = copy.deepcopy(m)
+        sd = mq.state_dict()
+        with torch.no_grad():
+            for n, t in sd.items():
+                if "rotary_emb" in n:
+                    continue
+                x = t.detach().numpy().astype(np.float32)
+                quant = variant == "q8_0" and x.ndim == 2 and x.shape[1] % 32 == 0
+                if quant:
+                    deq = quants.dequantize(quants.quantize(x, Q.Q8_0), Q.Q8_0).reshape(x.shape)
+                    t.copy_(torch.from_numpy(np.ascontiguousarray(deq)))
+                stored = x
+                if arch == "llada" and (".q_proj." in n or ".k_proj." in n):
+                    stored = interleave_rows(x, meta["heads"] if ".q_proj." in n else meta["kv_heads"])
+                if quant:
+                    q = quants.quantize(np.ascontiguousarray(stored), Q.Q8_0)
+                    w.add_tensor(gguf_name(n), q, raw_shape=q.shape, raw_dtype=Q.Q8_0)
+                else:
+                    w.add_tensor(gguf_name(n), np.ascontiguousarray(stored))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        mq.eval()
+        for k, ids in enumerate(ids_rows):
+            tensors[f"gguf_{variant}.forward{k}.logits"] = mq(torch.tensor([ids])).logits.detach()
+        entries.append({"file": fname, "logits_prefix": f"gguf_{variant}.", "logits_atol": 1e-4, "logits_rtol": 1e-4})
+    return entries
+
+
 # ---- cases -----------------------------------------------------------------------------------------------------------
 
 def write_case(folder, config, weights, case, tensors):
@@ -397,6 +486,9 @@ def gen_llada():
                              ("self_attn.v_proj", "v_proj"), ("self_attn.o_proj", "attn_out"),
                              ("mlp.gate_proj", "ff_proj"), ("mlp.up_proj", "up_proj"), ("mlp.down_proj", "ff_out")]:
             w[q + ours + ".weight"] = sd[p + theirs + ".weight"]
+    gguf_entries = gguf_variants(os.path.join(OUT, "llada_tiny"), "llada", m,
+                                 {"ctx": 64, "hidden": D, "layers": L_, "ffn": FF, "heads": H, "kv_heads": KV,
+                                  "theta": theta, "eps": eps, "vocab": V, "mask": MASK, "eos": EOS}, ids, tensors)
     config = {"architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": D, "n_heads": H, "n_kv_heads": KV,
               "n_layers": L_, "mlp_hidden_size": FF, "mlp_ratio": 4, "vocab_size": V, "embedding_size": V,
               "rope_theta": theta, "rms_norm_eps": eps, "max_sequence_length": 64, "weight_tying": False,
@@ -405,6 +497,7 @@ def gen_llada():
               "input_emb_norm": False, "scale_logits": False, "rope": True, "alibi": False, "block_group_size": 1}
     case = {"family": "llada", "mask_token_id": MASK, "shift": False, "logits_atol": 1e-4, "logits_rtol": 1e-4,
             "forward": [{"name": f"forward{n}"} for n in range(2)], "generate": gens,
+            "gguf": gguf_entries,
             "reference": "transformers LlamaForCausalLM without the causal mask, renamed to LLaDA's checkpoint names; "
                          "sampler after ML-GSAI/LLaDA generate.py",
             "min_decision_gap": min(gg["min_decision_gap"] for gg in gens)}
@@ -451,6 +544,9 @@ def gen_dream():
             if top_k is not None:
                 e["top_k"] = top_k
             gens.append(e)
+    gguf_entries = gguf_variants(os.path.join(OUT, "dream_tiny"), "dream", m,
+                                 {"ctx": 64, "hidden": D, "layers": L_, "ffn": FF, "heads": H, "kv_heads": KV,
+                                  "theta": theta, "eps": eps, "vocab": V, "mask": MASK, "eos": EOS}, ids, tensors)
     w = {k: v for k, v in m.state_dict().items() if "rotary_emb" not in k}
     config = {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": D, "intermediate_size": FF,
               "num_hidden_layers": L_, "num_attention_heads": H, "num_key_value_heads": KV, "rms_norm_eps": eps,
@@ -459,6 +555,7 @@ def gen_dream():
               "hidden_act": "silu"}
     case = {"family": "dream", "mask_token_id": MASK, "shift": True, "logits_atol": 1e-4, "logits_rtol": 1e-4,
             "forward": [{"name": f"forward{n}"} for n in range(2)], "generate": gens,
+            "gguf": gguf_entries,
             "reference": "transformers Qwen2ForCausalLM without the causal mask (Dream's names); sampler after "
                          "Dream's diffusion_generate",
             "min_decision_gap": min(gg["min_decision_gap"] for gg in gens)}
