@@ -79,28 +79,7 @@ private:
 };
 
 std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
-    std::vector<int64_t> out;
-    std::string tok;
-    std::stringstream ss(s);
-    while (ss >> tok) {
-        std::stringstream parts(tok);
-        std::string p;
-        while (std::getline(parts, p, ',')) {
-            if (p.empty()) continue;
-            size_t used = 0;
-            long long v = -1;
-            try {
-                v = std::stoll(p, &used);
-            } catch (...) {
-                used = 0;
-            }
-            if (used != p.size() || v < 0 || v >= kGpt2VocabSize)
-                throw UsageError(what + ": '" + p + "' is not a GPT-2 token id (0.." +
-                                 std::to_string(kGpt2VocabSize - 1) + ")");
-            out.push_back(v);
-        }
-    }
-    return out;
+    return parse_token_ids(s, what, kGpt2VocabSize, "a GPT-2 token id");
 }
 
 std::string cache_help() {

@@ -18,7 +18,20 @@ using namespace anchor::text;
 
 namespace {
 
-std::vector<int64_t> dlm_parse_ids(const std::string& s, int64_t vocab) {
+const FlagNames& dlm_flags() {
+    static const FlagNames f = {{"gen_length", "--gen-length"}, {"block_length", "--block-length"},
+                                {"steps", "--steps"},           {"temperature", "--temperature"},
+                                {"top_p", "--top-p"},           {"top_k", "--top-k"},
+                                {"remask", "--remask"},         {"cache", "--cache"},
+                                {"eps", "--eps"},               {"prompt", "--prompt"},
+                                {"family", "--family"},         {"chat", "--no-chat"}};
+    return f;
+}
+
+} // namespace
+
+std::vector<int64_t> parse_token_ids(const std::string& s, const std::string& what, int64_t vocab,
+                                     const std::string& noun) {
     std::vector<int64_t> out;
     std::string tok;
     std::stringstream ss(s);
@@ -35,25 +48,12 @@ std::vector<int64_t> dlm_parse_ids(const std::string& s, int64_t vocab) {
                 used = 0;
             }
             if (used != p.size() || v < 0 || v >= vocab)
-                throw UsageError("--prompt-ids: '" + p + "' is not a token id of this model (0.." +
-                                 std::to_string(vocab - 1) + ")");
+                throw UsageError(what + ": '" + p + "' is not " + noun + " (0.." + std::to_string(vocab - 1) + ")");
             out.push_back(v);
         }
     }
     return out;
 }
-
-const FlagNames& dlm_flags() {
-    static const FlagNames f = {{"gen_length", "--gen-length"}, {"block_length", "--block-length"},
-                                {"steps", "--steps"},           {"temperature", "--temperature"},
-                                {"top_p", "--top-p"},           {"top_k", "--top-k"},
-                                {"remask", "--remask"},         {"cache", "--cache"},
-                                {"eps", "--eps"},               {"prompt", "--prompt"},
-                                {"family", "--family"},         {"chat", "--no-chat"}};
-    return f;
-}
-
-} // namespace
 
 void add_dlm_options(CLI::App* sub, DlmCliArgs& a) {
     a.app = sub;
@@ -114,7 +114,7 @@ int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
         const auto tmpl = a.no_chat ? ChatTemplate::None : detect_chat_template(loaded.folder);
         prompt = tok->encode_with_specials(apply_chat_template(tmpl, s.prompt));
     } else if (!s.prompt_ids.empty()) {
-        prompt = dlm_parse_ids(s.prompt_ids, c.vocab_size);
+        prompt = parse_token_ids(s.prompt_ids, "--prompt-ids", c.vocab_size, "a token id of this model");
     } else if (c.family == DlmFamily::DiffuGpt) {
         throw UsageError("DiffuGPT needs a --prompt or --prompt-ids (its first position is kept)");
     }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace anchor::cli {
 
@@ -26,6 +27,10 @@ struct DlmCliArgs {
     bool no_chat = false, no_eos_stop = false, stream = false;
     CLI::App* app = nullptr; // to tell set options from defaults
 };
+
+// Ids separated by commas or spaces, each in [0, vocab); UsageError "<what>: 'x' is not <noun> (0..vocab-1)".
+std::vector<int64_t> parse_token_ids(const std::string& s, const std::string& what, int64_t vocab,
+                                     const std::string& noun);
 
 void add_dlm_options(CLI::App* sub, DlmCliArgs& a);
 // True when this run is for a published family: --family or --gen-length given, or -m names such a folder.
