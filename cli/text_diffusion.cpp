@@ -537,6 +537,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     gen->add_flag("--overwrite", g->overwrite, "Replace existing output files (--json, --prompts-file outputs)");
     add_dlm_options(gen, g->dlm);
     runners.emplace_back(gen, [g] { return run_generate(*g); });
+    add_dlm_chat_command(diff, runners);
 
     auto c = std::make_shared<CalibrateArgs>();
     auto* cal =

@@ -8,6 +8,7 @@
 #include "text/diffusion/families/dlm_model.h"
 #include "text/diffusion/families/dlm_sampler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <sstream>
@@ -76,19 +77,18 @@ bool dlm_requested(const DlmCliArgs& a, const std::string& model) {
     return !model.empty() && detect_dlm_family(model).has_value();
 }
 
-int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
-    auto given = [&](const char* flag) { return a.app && a.app->count(flag) > 0; };
-    if (s.model.empty()) throw UsageError("--family / --gen-length need -m <DiffuGPT, LLaDA or Dream folder>");
-    std::optional<DlmFamily> fam;
-    if (!a.family.empty()) fam = with_flag_errors(dlm_flags(), [&] {
-        return enum_from_string(dlm_family_table(), a.family, "family");
-    });
-    const auto t0 = std::chrono::steady_clock::now();
-    LoadedDlm loaded = load_dlm(s.model, fam, a.mask_id);
-    auto& model = *loaded.model;
-    const auto& c = model.config();
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+namespace {
 
+LoadedDlm dlm_load(const DlmCliArgs& a, const DlmSharedArgs& s) {
+    if (s.model.empty()) throw UsageError("--family / --gen-length need -m <DiffuGPT, LLaDA or Dream folder or GGUF>");
+    std::optional<DlmFamily> fam;
+    if (!a.family.empty())
+        fam = with_flag_errors(dlm_flags(), [&] { return enum_from_string(dlm_family_table(), a.family, "family"); });
+    return load_dlm(s.model, fam, a.mask_id);
+}
+
+DlmSampleOptions dlm_options(const DlmCliArgs& a, const DlmSharedArgs& s, const DlmConfig& c) {
+    auto given = [&](const char* flag) { return a.app && a.app->count(flag) > 0; };
     DlmSampleOptions o;
     o.gen_length = a.gen_length > 0 ? a.gen_length : 128;
     o.steps = given("--steps") ? s.steps : o.gen_length;
@@ -104,7 +104,55 @@ int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
         o.validate(c);
         return 0;
     });
+    return o;
+}
 
+// One generation, its answer printed (block by block with --stream, cut at the first EOS) and its figures on stderr.
+DlmSampleResult dlm_run_printed(DlmModel& model, const DlmTokenizer* tok, const std::vector<int64_t>& prompt,
+                                const DlmSampleOptions& o, const DlmCliArgs& a, const DlmSharedArgs& s) {
+    const auto& c = model.config();
+    auto print = [&](const std::vector<int64_t>& ids) {
+        if (s.print_ids || !tok)
+            for (auto t : ids) std::cout << t << " ";
+        else
+            std::cout << tok->decode(ids);
+        std::cout.flush();
+    };
+    size_t shown = 0;
+    bool ended = false;
+    DlmBlockCallback on_block;
+    if (a.stream)
+        on_block = [&](const std::vector<int64_t>& committed) {
+            std::vector<int64_t> fresh;
+            for (size_t i = shown; i < committed.size() && !ended; ++i) {
+                const int64_t t = committed[i];
+                if (o.stop_at_eos && std::count(c.eos_token_ids.begin(), c.eos_token_ids.end(), t)) ended = true;
+                else if (t != c.mask_token_id) fresh.push_back(t);
+            }
+            shown = committed.size();
+            print(fresh);
+        };
+    const auto t1 = std::chrono::steady_clock::now();
+    const auto r = with_flag_errors(dlm_flags(), [&] {
+        return dlm_generate(model, prompt, o, dlm_seeded_draws(static_cast<uint64_t>(s.seed)), on_block);
+    });
+    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    if (!a.stream) print(r.generated);
+    std::cout << "\n";
+    std::cerr << enum_name(dlm_family_table(), c.family) << " (" << c.describe() << "): " << r.prompt_tokens
+              << " prompt + " << r.generated.size() << " tokens, " << r.steps_run << " steps, cache "
+              << enum_name(dlm_cache_table(), o.cache) << ", " << r.positions_computed << " positions computed, "
+              << gen_s << " s\n";
+    return r;
+}
+
+} // namespace
+
+int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
+    LoadedDlm loaded = dlm_load(a, s);
+    auto& model = *loaded.model;
+    const auto& c = model.config();
+    const DlmSampleOptions o = dlm_options(a, s, c);
     // Text in and out: the folder's tokenizer (GPT-2's for DiffuGPT, tokenizer.json for LLaDA / Dream).
     std::shared_ptr<DlmTokenizer> tok;
     if (!s.prompt.empty() || !s.print_ids) tok = load_dlm_tokenizer(loaded, s.vocab);
@@ -118,42 +166,54 @@ int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
     } else if (c.family == DlmFamily::DiffuGpt) {
         throw UsageError("DiffuGPT needs a --prompt or --prompt-ids (its first position is kept)");
     }
-
-    std::vector<int64_t> streamed;
-    DlmBlockCallback on_block;
-    if (a.stream)
-        on_block = [&](const std::vector<int64_t>& committed) {
-            std::vector<int64_t> fresh(committed.begin() + std::min(streamed.size(), committed.size()), committed.end());
-            streamed = committed;
-            std::vector<int64_t> text;
-            for (auto t : fresh)
-                if (t != c.mask_token_id) text.push_back(t);
-            if (s.print_ids) {
-                for (auto t : text) std::cout << t << " ";
-            } else {
-                std::cout << tok->decode(text);
-            }
-            std::cout.flush();
-        };
-    const auto t1 = std::chrono::steady_clock::now();
-    const auto r = with_flag_errors(dlm_flags(), [&] {
-        return dlm_generate(model, prompt, o, dlm_seeded_draws(static_cast<uint64_t>(s.seed)), on_block);
-    });
-    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-    if (a.stream) std::cout << "\n";
-    if (!a.stream) {
-        if (s.print_ids) {
-            for (size_t i = 0; i < r.generated.size(); ++i) std::cout << (i ? " " : "") << r.generated[i];
-            std::cout << "\n";
-        } else {
-            std::cout << tok->decode(r.generated) << "\n";
-        }
-    }
-    std::cerr << enum_name(dlm_family_table(), c.family) << " (" << c.describe() << "): " << r.prompt_tokens
-              << " prompt + " << r.generated.size() << " tokens, " << r.steps_run << " steps, cache "
-              << enum_name(dlm_cache_table(), o.cache) << ", " << r.positions_computed
-              << " positions computed; load " << load_s << " s, generate " << gen_s << " s\n";
+    dlm_run_printed(model, tok.get(), prompt, o, a, s);
     return 0;
+}
+
+namespace {
+
+// `diffusion chat`: one user turn per line of standard input; the conversation is rendered through the folder's chat
+// template every turn, the answer (cut at EOS) becoming the assistant's turn.
+int run_dlm_chat(const DlmCliArgs& a, const DlmSharedArgs& s) {
+    LoadedDlm loaded = dlm_load(a, s);
+    auto& model = *loaded.model;
+    const DlmSampleOptions o = dlm_options(a, s, model.config());
+    const auto tok = load_dlm_tokenizer(loaded, s.vocab);
+    const auto tmpl = detect_chat_template(loaded.folder);
+    if (tmpl == ChatTemplate::None)
+        throw UsageError("'" + loaded.folder + "' has no chat_template in tokenizer_config.json (an instruct model's " +
+                         "folder has one); use diffusion generate for a base model");
+    std::vector<ChatMessage> history;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        if (line.empty()) break;
+        history.push_back({"user", line});
+        const auto r = dlm_run_printed(model, tok.get(), tok->encode_with_specials(render_chat(tmpl, history)), o, a, s);
+        history.push_back({"assistant", tok->decode(r.generated)});
+    }
+    return 0;
+}
+
+} // namespace
+
+void add_dlm_chat_command(CLI::App* diffusion, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    auto args = std::make_shared<std::pair<DlmCliArgs, DlmSharedArgs>>();
+    auto& [a, s] = *args;
+    auto* chat = diffusion->add_subcommand(
+        "chat", "Chat with a LLaDA / Dream instruct folder (or GGUF next to its tokenizer): one user turn per stdin line");
+    chat->add_option("-m,--model", s.model, "Model folder or .gguf (tokenizer.json and tokenizer_config.json next to it)")
+        ->required();
+    chat->add_option("--vocab", s.vocab, "Tokenizer folder or tokenizer.json (default: the model's folder)");
+    chat->add_option("--steps", s.steps, "Denoising steps (default: --gen-length)");
+    chat->add_option("--block-length", s.block_length, "LLaDA's semi-autoregressive block length (0 = one block)");
+    chat->add_option("--temperature", s.temperature, "Sampling temperature (default: the family's)");
+    chat->add_option("--top-p", s.top_p, "Nucleus cut (default: the family's)");
+    chat->add_option("--top-k", s.top_k, "Dream: keep the k most likely tokens");
+    chat->add_option("-s,--seed", s.seed, "Random seed")->capture_default_str();
+    chat->add_option("--cache", s.cache, "off, prefix or dual (LLaDA)")->capture_default_str();
+    chat->add_flag("--ids", s.print_ids, "Print token ids instead of text");
+    add_dlm_options(chat, a);
+    runners.emplace_back(chat, [args] { return run_dlm_chat(args->first, args->second); });
 }
 
 } // namespace anchor::cli

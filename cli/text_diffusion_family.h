@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,7 @@ void add_dlm_options(CLI::App* sub, DlmCliArgs& a);
 // True when this run is for a published family: --family or --gen-length given, or -m names such a folder.
 bool dlm_requested(const DlmCliArgs& a, const std::string& model);
 int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s);
+// Adds `diffusion chat` (its own options and runner).
+void add_dlm_chat_command(CLI::App* diffusion, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
 
 } // namespace anchor::cli

@@ -26,6 +26,14 @@ TEST_CASE("dlm chat templates render one user turn and the assistant header", "[
           "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
           "<|im_start|>assistant\n");
     CHECK(apply_chat_template(ChatTemplate::None, " raw ") == " raw ");
+    // Two turns: BOS only before the first (LLaDA); Dream's default system turn only when none is given.
+    const std::vector<ChatMessage> conv = {{"user", "a"}, {"assistant", "b "}, {"user", "c"}};
+    CHECK(render_chat(ChatTemplate::Llada, conv) ==
+          "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\na<|eot_id|><|start_header_id|>assistant"
+          "<|end_header_id|>\n\nb<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nc<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    CHECK(render_chat(ChatTemplate::ChatMl, {{"system", "S"}, {"user", "u"}}) ==
+          "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
     CHECK(detect_chat_template(dlm_case_dir("llada_tiny")) == ChatTemplate::None);
 }
 

@@ -277,21 +277,31 @@ ChatTemplate detect_chat_template(const std::string& folder) {
                      "engine renders only those two (use --no-chat and write the prompt's turns yourself)");
 }
 
-std::string apply_chat_template(ChatTemplate t, const std::string& user) {
+std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages) {
+    std::string out;
     switch (t) {
     case ChatTemplate::None:
-        return user;
+        for (const auto& m : messages) out += m.content;
+        return out;
     case ChatTemplate::Llada:
-        // LLaDA-8B-Instruct: BOS, one user turn with its content trimmed (the template's `| trim`), the assistant
-        // header (always rendered).
-        return "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + dlm_jinja_trim(user) +
-               "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        // LLaDA-8B-Instruct: BOS before the first turn; each turn's content trimmed (the template's `| trim`); the
+        // assistant header always follows.
+        for (size_t i = 0; i < messages.size(); ++i)
+            out += std::string(i == 0 ? "<|startoftext|>" : "") + "<|start_header_id|>" + messages[i].role +
+                   "<|end_header_id|>\n\n" + dlm_jinja_trim(messages[i].content) + "<|eot_id|>";
+        return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
     case ChatTemplate::ChatMl:
-        // Dream-v0-Instruct (Qwen2's template): the default system turn when the messages have none.
-        return "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + user +
-               "<|im_end|>\n<|im_start|>assistant\n";
+        // Dream-v0-Instruct (Qwen2's template): a default system turn when the conversation has none.
+        if (messages.empty() || messages.front().role != "system")
+            out += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
+        for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        return out + "<|im_start|>assistant\n";
     }
-    return user;
+    return out;
+}
+
+std::string apply_chat_template(ChatTemplate t, const std::string& user) {
+    return render_chat(t, {{"user", user}});
 }
 
 } // namespace anchor::text

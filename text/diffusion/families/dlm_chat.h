@@ -37,7 +37,14 @@ std::shared_ptr<DlmTokenizer> load_dlm_tokenizer(const LoadedDlm& m, const std::
 enum class ChatTemplate { None, Llada, ChatMl };
 // From <folder>/tokenizer_config.json `chat_template`: None when there is none; anchor::Error for an unknown one.
 ChatTemplate detect_chat_template(const std::string& folder);
-// One user turn and the assistant's header, as the template's add_generation_prompt renders it.
+struct ChatMessage {
+    std::string role; // "system", "user", "assistant"
+    std::string content;
+};
+// The conversation and the assistant's header, as the template renders it with add_generation_prompt; None joins
+// the contents.
+std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages);
+// One user turn (render_chat of {user}).
 std::string apply_chat_template(ChatTemplate t, const std::string& user);
 
 } // namespace anchor::text
