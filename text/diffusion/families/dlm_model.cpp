@@ -296,6 +296,15 @@ private:
 DlmConfig llama_like_config(const JsonConfig& c, DlmFamily fam) {
     DlmConfig d;
     d.family = fam;
+    const std::vector<std::string> required =
+        fam == DlmFamily::Llada
+            ? std::vector<std::string>{"d_model", "n_heads", "n_layers", "vocab_size"}
+            : std::vector<std::string>{"hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                                       "vocab_size"};
+    for (const auto& k : required)
+        if (!c.has(k))
+            c.fail(std::string(fam == DlmFamily::Llada ? "LLaDA" : "Dream") + " config: '" + k +
+                   "' is missing (the decoder's sizes come from config.json)");
     if (fam == DlmFamily::Llada) {
         // LLaDAConfig (OLMo's ModelConfig keys).
         for (const char* k : {"input_emb_norm", "scale_logits", "alibi", "include_bias"})
