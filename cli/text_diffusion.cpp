@@ -13,6 +13,7 @@
 #include "cli/enum_option.h"
 #include "cli/loss_plot.h"
 #include "cli/text_commands.h"
+#include "cli/text_diffusion_family.h"
 #include "text/gpt2/gpt2_tokenizer.h"
 #include "text/bench/mdlm_bench.h"
 #include "text/diffusion/mdlm_calibrate.h"
@@ -78,28 +79,7 @@ private:
 };
 
 std::vector<int64_t> parse_ids(const std::string& s, const std::string& what) {
-    std::vector<int64_t> out;
-    std::string tok;
-    std::stringstream ss(s);
-    while (ss >> tok) {
-        std::stringstream parts(tok);
-        std::string p;
-        while (std::getline(parts, p, ',')) {
-            if (p.empty()) continue;
-            size_t used = 0;
-            long long v = -1;
-            try {
-                v = std::stoll(p, &used);
-            } catch (...) {
-                used = 0;
-            }
-            if (used != p.size() || v < 0 || v >= kGpt2VocabSize)
-                throw UsageError(what + ": '" + p + "' is not a GPT-2 token id (0.." +
-                                 std::to_string(kGpt2VocabSize - 1) + ")");
-            out.push_back(v);
-        }
-    }
-    return out;
+    return parse_token_ids(s, what, kGpt2VocabSize, "a GPT-2 token id");
 }
 
 std::string cache_help() {
@@ -220,6 +200,7 @@ struct GenerateArgs {
     std::vector<std::string> compare; // --compare lists (repeatable), as anchor-sd splits them
     bool show_steps = false, overwrite = false;
     BatchArgs batch; // --prompts-file
+    DlmCliArgs dlm;  // DiffuGPT / LLaDA / Dream (cli/text_diffusion_family.h)
 
     // The run's parameters but the caches; the prompt from --prompt/--prompt-ids when `with_prompt`.
     DiffusionGenerateParams params(bool with_prompt) const {
@@ -300,6 +281,12 @@ int run_generate_prompts(const GenerateArgs& a, const FlagNames& flags) {
 }
 
 int run_generate(const GenerateArgs& a) {
+    if (dlm_requested(a.dlm, a.s.model)) {
+        DlmSharedArgs d{a.s.model, a.s.prompt, a.s.prompt_ids, a.s.io.vocab, a.cache, a.s.o.steps,
+                        a.s.o.block_length, a.s.o.top_k, static_cast<int64_t>(a.s.o.seed), a.s.o.temperature,
+                        a.s.o.top_p, a.s.io.print_ids};
+        return run_dlm_generate(a.dlm, d);
+    }
     const auto flags = with(sampler_flags(), {{"cache", a.compare.empty() ? "--cache" : "--compare"},
                                               {"caches", a.compare.empty() ? "--cache" : "--compare"}});
     if (a.cache == "help" || (a.compare.size() == 1 && a.compare[0] == "help")) return print_cache_help();
@@ -548,7 +535,9 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     gen->add_option("--json", g->json_out, "Also write every run (tokens, timings, cache and store statistics) here");
     add_batch_options(gen, g->batch, "text file");
     gen->add_flag("--overwrite", g->overwrite, "Replace existing output files (--json, --prompts-file outputs)");
+    add_dlm_options(gen, g->dlm);
     runners.emplace_back(gen, [g] { return run_generate(*g); });
+    add_dlm_chat_command(diff, runners);
 
     auto c = std::make_shared<CalibrateArgs>();
     auto* cal =

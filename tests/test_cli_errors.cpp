@@ -317,7 +317,7 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
     const auto work = test::scratch_dir("errors_text_inputs");
     const std::string g = "tests/golden/text/gpt2_tiny", txt = "tests/golden/text/eval/kjv_text.txt";
     write_bytes(work + "/bad.safetensors", "garbage");
-    // A LLaDA checkpoint (its config and one of its tensor names).
+    // A LLaDA checkpoint whose config.json has no sizes (its model_type and one of its tensor names).
     fs::create_directories(work + "/llada");
     save_safetensors(work + "/llada/model.safetensors",
                      NamedTensors{{"model.transformer.blocks.0.q_proj.weight", torch::zeros({2, 2})}});
@@ -415,7 +415,7 @@ TEST_CASE("anchor-text usage and file errors", "[cli][errors]") {
          "text",
          {"diffusion", "generate", "-m", work + "/llada", "-p", "a"},
          1,
-         {"LLaDA", "RMSNorm"}},
+         {"LLaDA", "'d_model' is missing"}},
     };
     run_cases(cases, out);
 }

@@ -1,0 +1,43 @@
+// `anchor-text diffusion generate|chat` on the published families (DiffuGPT, LLaDA, Dream; text/diffusion/families).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anchor::cli {
+
+// The options `generate` shares with the MDLM path (filled by its own option table).
+struct DlmSharedArgs {
+    std::string model, prompt, prompt_ids, vocab, cache = "off";
+    int64_t steps = 0, block_length = 0, top_k = 0, seed = 0;
+    double temperature = 0, top_p = 1;
+    bool print_ids = false;
+};
+
+// The families' own options.
+struct DlmCliArgs {
+    std::string family;     // --family (empty: detected from the folder)
+    int64_t gen_length = 0; // --gen-length
+    std::string remask;     // --remask (empty: the family's)
+    int64_t mask_id = -1;   // --mask-id
+    double eps = 1e-3;      // --eps (Dream)
+    bool no_chat = false, no_eos_stop = false, stream = false;
+    CLI::App* app = nullptr; // to tell set options from defaults
+};
+
+// Ids separated by commas or spaces, each in [0, vocab); UsageError "<what>: 'x' is not <noun> (0..vocab-1)".
+std::vector<int64_t> parse_token_ids(const std::string& s, const std::string& what, int64_t vocab,
+                                     const std::string& noun);
+
+void add_dlm_options(CLI::App* sub, DlmCliArgs& a);
+// True when this run is for a published family: --family or --gen-length given, or -m names such a folder.
+bool dlm_requested(const DlmCliArgs& a, const std::string& model);
+int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s);
+// Adds `diffusion chat` (its own options and runner).
+void add_dlm_chat_command(CLI::App* diffusion, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
+
+} // namespace anchor::cli
