@@ -10,7 +10,9 @@
 
 #include <string>
 
-using namespace anchor::text;
+// The tests live in the namespace instead of importing it: a using-directive at file scope would reach the other
+// sources of the same unity batch (anchor::text and anchor::unet both have cache_mode_table).
+namespace anchor::text {
 
 namespace {
 std::string dlm_case_dir(const std::string& name) {
@@ -121,3 +123,5 @@ TEST_CASE("dlm streaming sees every committed block", "[dlm]") {
     CHECK(sizes == std::vector<size_t>{4, 8, 12, 16});
     CHECK(r.generated.size() == 16);
 }
+
+} // namespace anchor::text

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
-using namespace anchor::text;
+// The tests live in the namespace instead of importing it: a using-directive at file scope would reach the other
+// sources of the same unity batch (anchor::text and anchor::unet both have cache_mode_table).
+namespace anchor::text {
 
 namespace {
 
@@ -131,3 +133,5 @@ TEST_CASE("gguf header errors name the file and the problem", "[gguf]") {
     CHECK_THROWS_WITH(g->dequantize("t"), Catch::Contains("q4_K"));
     std::filesystem::remove(path);
 }
+
+} // namespace anchor::text
