@@ -39,6 +39,8 @@ struct Options {
     std::vector<CacheConfig> compare_modes;
     bool negative_given = false;    // -n given (even empty): SDXL's zero negative conditioning is for none at all
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
+    std::string embedding_dir;      // --embedding-dir: textual-inversion embeddings
+    std::vector<std::pair<std::string, std::string>> ti_from_image; // --prompt-from: the image's TI hashes
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
     std::optional<kernels::GemmBackend> gemm;
@@ -135,10 +137,33 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.init_image && !given("--init-img")) p.init.init_images = {*ip.init_image};
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
+    if (ip.prompt && !given("--prompt")) o.ti_from_image = ip.ti_hashes;
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
                  ip.source.c_str());
     for (const auto& n : ip.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+}
+
+// --embedding-dir: the folder read once (a file that does not read stops here, before any model is loaded); the
+// embeddings an image given to --prompt-from names, compared with it.
+void load_embeddings(Options& o) {
+    if (!o.embedding_dir.empty()) {
+        o.job.params.embeddings =
+            std::make_shared<const EmbeddingDatabase>(EmbeddingDatabase::load_dir(o.embedding_dir));
+        std::fprintf(stderr, "embeddings: %zu from %s\n", o.job.params.embeddings->items().size(),
+                     o.embedding_dir.c_str());
+    }
+    for (const auto& [name, hash] : o.ti_from_image) {
+        const auto* e = o.job.params.embeddings ? o.job.params.embeddings->find(name) : nullptr;
+        if (!e)
+            std::fprintf(stderr, "note: the image was made with the embedding '%s' (%s), which %s: its name is read "
+                                 "as words\n",
+                         name.c_str(), hash.c_str(),
+                         o.embedding_dir.empty() ? "needs --embedding-dir" : "is not in --embedding-dir");
+        else if (e->short_hash() != hash)
+            std::fprintf(stderr, "note: the embedding '%s' here (%s) is another file than the image's (%s)\n",
+                         name.c_str(), e->short_hash().c_str(), hash.c_str());
+    }
 }
 
 // The job from the options: --deepcache sugar, prompts (and their <lora:...> tags), checks before loading anything.
@@ -267,6 +292,7 @@ int run(Options& o) {
     // --dtype / --weights-dtype / --device before loading anything; the sidecars record the dtype in effect.
     o.dtype = enum_name(weights_dtype_table(), load_options(o, {}).dtype);
     const auto loras = prepare_job(o);
+    load_embeddings(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     check_against_model(o, models);
@@ -283,6 +309,11 @@ int run(Options& o) {
                      c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
     attach_decoders(o, models);
     Txt2ImgPipeline pipe(models);
+    if (job.params.embeddings) { // every prompt of the job, before the first image is written
+        auto all = job.params;
+        all.prompts = job.prompts;
+        pipe.check_embeddings(all);
+    }
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
@@ -543,6 +574,11 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                        "folder of the prompt's A1111 tags <lora:NAME> / <lora:NAME:MULTIPLIER> (DIR/NAME.safetensors); "
                        "the tags are removed from the prompt"),
         "lora_model_dir");
+    bind(app.add_option("--embedding-dir", o.embedding_dir,
+                        "folder of textual-inversion embeddings (A1111 .pt, .safetensors, diffusers .bin; SDXL "
+                        "clip_l/clip_g): the file name without its extension, in a prompt, stands for its vectors")
+             ->type_name("DIR"),
+         "embeddings");
     app.add_option("--dtype", o.dtype,
                    "compute dtype: f32, f16 or bf16; auto: f16 on CUDA, f32 on the CPU (f16 is rejected on the CPU)")
         ->capture_default_str();

@@ -259,6 +259,11 @@ Infotext infotext_of(const Txt2ImgParams& p, int image, const InfotextFacts& fac
         for (const auto& [name, hash] : facts.lora_hashes) s += (s.empty() ? "" : ", ") + name + ": " + hash;
         t.set("Lora hashes", s);
     }
+    if (!facts.ti_hashes.empty()) {
+        std::string s;
+        for (const auto& [name, hash] : facts.ti_hashes) s += (s.empty() ? "" : ", ") + name + ": " + hash;
+        t.set("TI hashes", s);
+    }
     // A1111 writes the eta of DDIM ("Eta DDIM") and of the ancestral samplers ("Eta") when it is not their default.
     if (p.sampler == SamplerKind::DDIM && p.eta.value_or(0.0) != 0) t.set("Eta DDIM", infotext_number(*p.eta));
     if (p.sampler == SamplerKind::EulerAncestral && p.eta.value_or(1.0) != 1) t.set("Eta", infotext_number(*p.eta));
@@ -309,6 +314,8 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
             ip.notes.push_back("the image was image " + std::to_string(r.value("index_in_batch", 0)) +
                                " of a batch of " + std::to_string(r["batch_size"].get<int>()) +
                                " drawn from one generator; run alone it is the batch's first image");
+        for (const auto& t : r.value("textual_inversion", nlohmann::json::array()))
+            ip.ti_hashes.emplace_back(t.value("name", std::string()), t.value("hash", std::string()));
         for (const auto& l : r.value("loras", nlohmann::json::array()))
             ip.notes.push_back("made with LoRA '" + l.value("file", std::string("?")) + "' x " +
                                infotext_number(l.value("multiplier", 1.0)) + ": not applied (give --lora)");
@@ -355,6 +362,8 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
             if (!(ip.eta = parse_number<double>(v))) throw bad("a number");
         } else if (k == "AnchorCache") {
             ip.cache_mode = v;
+        } else if (k == "TI hashes") {
+            ip.ti_hashes = parse_name_hashes(v);
         } else {
             ignored.push_back(k);
         }
@@ -377,6 +386,24 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
         ip.notes.push_back("fields not applied: " + s);
     }
     return ip;
+}
+
+std::vector<std::pair<std::string, std::string>> parse_name_hashes(const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t begin = 0;
+    auto trim = [](std::string x) {
+        const auto a = x.find_first_not_of(' '), b = x.find_last_not_of(' ');
+        return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
+    };
+    while (begin <= value.size()) {
+        const size_t end = std::min(value.find(',', begin), value.size());
+        const std::string item = value.substr(begin, end - begin);
+        const size_t colon = item.rfind(':');
+        if (colon != std::string::npos && !trim(item.substr(0, colon)).empty())
+            out.emplace_back(trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
+        begin = end + 1;
+    }
+    return out;
 }
 
 ImageParameters read_image_parameters(const std::string& png) {
