@@ -476,3 +476,38 @@ TEST_CASE("sd serve: /sdapi/v1/progress shows the running job's preview as curre
     // The job is over: its preview is gone with it (the next job starts without one).
     CHECK(json::parse(c.Get("/sdapi/v1/progress")->body)["current_image"].is_null());
 }
+
+TEST_CASE("sd serve --embedding-dir: /sdapi/v1/embeddings lists them, txt2img writes TI hashes, a misfit is 400",
+          "[serve][embeddings]") {
+    const std::string ti = "tests/golden/sd/anchorcache_cases/textual_inversion_sd15/embeddings";
+    ServeProcess s(sd_bin(), {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--embedding-dir", ti},
+                   "sd_serve_ti");
+    auto c = s.client();
+    auto listing = c.Get("/sdapi/v1/embeddings");
+    REQUIRE(listing);
+    REQUIRE(listing->status == 200);
+    const json l = json::parse(listing->body);
+    CHECK(l["loaded"]["EasyNegative"]["vectors"] == 2);
+    CHECK(l["loaded"]["EasyNegative"]["shape"] == 32);
+    CHECK(l["loaded"]["bad_hands"]["vectors"] == 3);
+    CHECK(l["skipped"].empty());
+    int status = 0;
+    json body = {{"prompt", "a (watercolor:1.2) house"}, {"negative_prompt", "EasyNegative"}, {"steps", 2},
+                 {"width", 16}, {"height", 16}, {"seed", 5}};
+    const json r = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    REQUIRE(status == 200);
+    const std::string infotext = json::parse(r["info"].get<std::string>())["infotexts"][0];
+    CHECK(infotext.find("TI hashes: \"watercolor: ") != std::string::npos);
+    CHECK(infotext.find(", EasyNegative: ") != std::string::npos);
+    // An SDXL embedding in a folder of its own is refused only when a prompt names it: not on an SD 1.x model.
+    const std::string xl = "tests/golden/sd/anchorcache_cases/textual_inversion_sdxl/embeddings";
+    ServeProcess sx(sd_bin(), {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--embedding-dir", xl},
+                    "sd_serve_ti_xl");
+    auto cx = sx.client();
+    body["negative_prompt"] = "xl_negative";
+    const json bad = post_json(cx, "/sdapi/v1/txt2img", body, &status);
+    check_400(bad, status, "negative_prompt", "expected [2, 32], the file has clip_l [2, 16], clip_g [2, 32]");
+    body["negative_prompt"] = "";
+    post_json(cx, "/sdapi/v1/txt2img", body, &status);
+    CHECK(status == 200);
+}

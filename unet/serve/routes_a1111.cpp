@@ -65,6 +65,19 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
         }
         return HttpReply::json(out);
     });
+    // A1111's listing of the textual-inversion embeddings: "shape" is the vectors' width (SDXL: both widths summed,
+    // as A1111 counts them), "step" and the checkpoint fields are what A1111 reads from its own .pt files (null here).
+    http.get("/sdapi/v1/embeddings", [&s](const HttpRequest&) {
+        nlohmann::json loaded = nlohmann::json::object();
+        if (s.p_.embeddings)
+            for (const auto& e : s.p_.embeddings->items())
+                loaded[e.name] = {{"step", nullptr},
+                                  {"sd_checkpoint", nullptr},
+                                  {"sd_checkpoint_name", nullptr},
+                                  {"shape", e.sdxl() ? e.clip_l.size(1) + e.clip_g.size(1) : e.vectors.size(1)},
+                                  {"vectors", e.count()}};
+        return HttpReply::json({{"loaded", loaded}, {"skipped", nlohmann::json::object()}});
+    });
     http.get("/sdapi/v1/sd-models", [&s, model_name](const HttpRequest&) {
         return HttpReply::json(nlohmann::json::array({{{"title", model_name},
                                                        {"model_name", model_name},

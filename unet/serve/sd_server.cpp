@@ -131,6 +131,18 @@ void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::str
         } catch (const ParamError& e) {
             throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field, field + ": " + e.detail());
         }
+        // The embeddings it names fit the model's text encoders (another model's: 400 naming file and shapes).
+        if (!p.embeddings) continue;
+        Txt2ImgParams q = p;
+        q.prompts = {*text};
+        q.negative_prompts.clear();
+        try {
+            pipe.check_embeddings(q);
+        } catch (const ParamError& e) {
+            throw HttpError(400, field, field + ": " + e.detail());
+        } catch (const Error& e) {
+            throw HttpError(400, field, field + ": " + e.what());
+        }
     }
 }
 
@@ -194,6 +206,7 @@ std::string SdServer::model_name() const {
 }
 
 void SdServer::read_image_fields(const RequestFields& f, Txt2ImgParams& p) const {
+    p.embeddings = p_.embeddings; // the server's, read at start
     p.negative_prompts = {f.string("negative_prompt", "")};
     p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
     p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
@@ -373,6 +386,7 @@ nlohmann::json SdServer::openapi() const {
         {"/anchor/v1/compare", openapi_post("several cache modes of one image", compare)},
         {"/sdapi/v1/samplers", openapi_get("the samplers")},
         {"/sdapi/v1/sd-models", openapi_get("the one model")},
+        {"/sdapi/v1/embeddings", openapi_get("the textual-inversion embeddings of --embedding-dir")},
         {"/sdapi/v1/options", openapi_get("the server's settings")},
         {"/sdapi/v1/progress", openapi_get("the running job's progress")},
         {"/sdapi/v1/interrupt", openapi_post("stop the running job (no body needed)", json::object())},

@@ -37,6 +37,8 @@ struct SdServerParams {
     int preview_every = 5;
     // The decoder of requests without a `vae_decoder` field ("full" or "taesd"; taesd needs SDModels::taesd).
     VaeDecoder default_vae_decoder = VaeDecoder::Full;
+    // Textual-inversion embeddings (--embedding-dir), read once at start and shared, unchanged, by every request.
+    std::shared_ptr<const EmbeddingDatabase> embeddings;
     void validate() const;                           // ParamError naming the field
 };
 
