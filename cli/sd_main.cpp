@@ -113,6 +113,35 @@ void print_compare_table(const nlohmann::json& rep) {
     }
 }
 
+// --prompt-from's ControlNet units: with --control-net given for each, their weights and guidance ranges (unless given
+// here); without, the record's own model and image files when they exist; else a note (an A1111 infotext has no
+// control image).
+void apply_control_from(const CLI::App& app, Options& o, const ImageParameters& ip) {
+    if (ip.control.empty()) return;
+    auto given = [&](const char* opt) { return app.get_option(opt)->count() > 0; };
+    const size_t n = ip.control.size();
+    bool files = true;
+    for (const auto& u : ip.control) files = files && fs::exists(u.model) && !u.image.empty() && fs::exists(u.image);
+    if (o.control_nets.empty() && files) {
+        for (const auto& u : ip.control) o.control_nets.push_back(u.model), o.control_images.push_back(u.image);
+    } else if (o.control_nets.size() != n) {
+        for (size_t i = 0; i < n; ++i)
+            std::fprintf(stderr,
+                         "note: the image was made with ControlNet %zu (%s, weight %s, guidance %s..%s): give "
+                         "--control-net and --control-image to run it again\n",
+                         i, ip.control[i].model.c_str(), infotext_number(ip.control[i].weight).c_str(),
+                         infotext_number(ip.control[i].start).c_str(), infotext_number(ip.control[i].end).c_str());
+        return;
+    }
+    if (!given("--control-scale"))
+        for (size_t i = 0; i < n; ++i) o.control_scales.push_back(ip.control[i].weight);
+    if (!given("--control-start"))
+        for (size_t i = 0; i < n; ++i) o.control_starts.push_back(ip.control[i].start);
+    if (!given("--control-end"))
+        for (size_t i = 0; i < n; ++i) o.control_ends.push_back(ip.control[i].end);
+    if (!given("--guess-mode")) o.guess_mode = ip.control[0].guess_mode;
+}
+
 // --prompt-from: the parameters an image was made with (its JSON record, else its A1111 infotext), each one unless its
 // option was given: the command line wins.
 void apply_prompt_from(const CLI::App& app, Options& o) {
@@ -138,6 +167,7 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
     if (ip.prompt && !given("--prompt")) o.ti_from_image = ip.ti_hashes;
+    apply_control_from(app, o, ip);
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
                  ip.source.c_str());

@@ -238,3 +238,43 @@ TEST_CASE("anchor-sd --embedding-dir: TI hashes in the PNG, --prompt-from reads 
     CHECK(r.exit_code == 2);
     CHECK(!fs::exists(out));
 }
+
+TEST_CASE("infotext ControlNet units: written as sd-webui-controlnet writes them, read back from it and our record",
+          "[png][controlnet]") {
+    Txt2ImgParams p;
+    p.prompts = {"a cat"};
+    p.width = p.height = 64;
+    ControlParams c;
+    c.source = "models/control_v11p_sd15_canny"; // not a file: no hash
+    c.scale = 0.8;
+    c.end = 0.5;
+    c.guess_mode = true;
+    p.control = {c};
+    const auto text = format_infotext(infotext_of(p, 0, {}));
+    CHECK(text.find("ControlNet 0: \"Module: none, Model: control_v11p_sd15_canny, Weight: 0.8, Resize Mode: Just "
+                    "Resize, Low Vram: False, Guidance Start: 0, Guidance End: 0.5, Pixel Perfect: False, Control "
+                    "Mode: ControlNet is more important\"") != std::string::npos);
+    const auto ip = image_parameters_from_infotext(
+        text + ", ControlNet 1: \"Module: canny, Model: other [0123abcd], Weight: 1.2, Guidance Start: 0.1\"", "t");
+    REQUIRE(ip.control.size() == 2);
+    CHECK(ip.control[0].model == "control_v11p_sd15_canny");
+    CHECK(ip.control[0].weight == 0.8);
+    CHECK(ip.control[0].end == 0.5);
+    CHECK(ip.control[0].guess_mode);
+    CHECK(ip.control[1].module == "canny");
+    CHECK(ip.control[1].model == "other [0123abcd]");
+    CHECK(ip.control[1].start == Approx(0.1));
+    CHECK(!ip.control[1].guess_mode);
+    CHECK_THROWS_WITH(image_parameters_from_infotext(text + ", ControlNet 0: \"Weight: heavy\"", "t"),
+                      Catch::Contains("ControlNet 0"));
+    const auto rec = image_parameters_from_record(
+        nlohmann::json::parse(R"({"controlnets": [{"model": "cn.safetensors", "image": "edges.png", "scale": 0.7,
+                                 "start": 0, "end": 0.9, "guess_mode": false}]})"),
+        "record");
+    REQUIRE(rec.control.size() == 1);
+    CHECK(rec.control[0].image == "edges.png");
+    CHECK(rec.control[0].weight == 0.7);
+    // A1111's model_hash: SHA-256 of the 64 KiB at 1 MiB (of nothing, for a smaller file), 8 digits.
+    CHECK(a1111_legacy_hash(kTiSd15 + "/EasyNegative.pt") == sha256_hex("").substr(0, 8));
+    CHECK(a1111_legacy_hash(kTiSd15).empty());
+}

@@ -1,4 +1,5 @@
 #include "unet/serve/sd_server.h"
+#include "unet/serve/a1111_controlnet.h"
 
 #include "cache/io/png_text.h"
 #include "unet/pipeline/infotext.h"
@@ -248,6 +249,18 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
     job.prompts = {f.string("prompt", "")};
     read_image_fields(f, p);
     check_prompts(pipe_, p, job.prompts[0]);
+    { // the sd-webui-controlnet extension's units (422 naming the unit's field)
+        static ControlNetLibrary none;
+        p.control = a1111_control_units(f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
+                                        [](const std::string& b64, const std::string& field) {
+                                            return request_image(b64, field, false);
+                                        });
+        try {
+            validate_control(p.control, pipe_.models().unet->config(), 1);
+        } catch (const ParamError& e) {
+            throw HttpError(422, "alwayson_scripts.controlnet.args", "alwayson_scripts.controlnet.args: " + e.detail());
+        }
+    }
     if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
     read_vae_tiling(f, p.vae_tiling);
     job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
@@ -387,6 +400,7 @@ nlohmann::json SdServer::openapi() const {
         {"/sdapi/v1/samplers", openapi_get("the samplers")},
         {"/sdapi/v1/sd-models", openapi_get("the one model")},
         {"/sdapi/v1/embeddings", openapi_get("the textual-inversion embeddings of --embedding-dir")},
+        {"/controlnet/model_list", openapi_get("the ControlNets of --control-net-dir (sd-webui-controlnet's list)")},
         {"/sdapi/v1/options", openapi_get("the server's settings")},
         {"/sdapi/v1/progress", openapi_get("the running job's progress")},
         {"/sdapi/v1/interrupt", openapi_post("stop the running job (no body needed)", json::object())},
