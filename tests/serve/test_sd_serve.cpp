@@ -585,7 +585,7 @@ TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and
     const std::string f = "alwayson_scripts.controlnet.args[0].";
     for (const auto& [key, value, field, words] :
          std::vector<std::tuple<std::string, json, std::string, std::string>>{
-             {"weight", 5, "weight", "must be in [0"},
+             {"weight", 5, "weight", "must be in [0, 2], got 5"},
              {"model", "nope [12345678]", "model", "'nope [12345678]' is not in --control-net-dir (controlnet)"},
              {"model", "vae", "model", "'vae' is not in --control-net-dir"},
              {"control_mode", 1, "control_mode", "is not run by this server"},

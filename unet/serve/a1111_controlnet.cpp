@@ -3,6 +3,7 @@
 
 #include "cache/io/error.h"
 #include "cache/serve/http_server.h"
+#include "unet/pipeline/infotext.h"
 #include "unet/model/unet_perf.h"
 
 #include <cmath>
@@ -63,8 +64,8 @@ double a1111_unit_number(const json& u, const char* key, double def, double lo, 
     if (!u[key].is_number()) throw a1111_unit_error(at + key, "expected a number, got " + u[key].dump());
     const double v = u[key].get<double>();
     if (!std::isfinite(v) || v < lo || v > hi)
-        throw a1111_unit_error(at + key, "must be in [" + std::to_string(lo).substr(0, 3) + ", " +
-                                             std::to_string(hi).substr(0, 3) + "], got " + u[key].dump());
+        throw a1111_unit_error(at + key, "must be in [" + infotext_number(lo) + ", " + infotext_number(hi) +
+                                             "], got " + u[key].dump());
     return v;
 }
 
