@@ -12,6 +12,7 @@
 #include "unet/cache/compare.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/control.h"
+#include "unet/pipeline/control_preprocess.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
 #include "unet/pipeline/txt2img_job.h"
@@ -55,6 +56,7 @@ struct Options {
     std::vector<std::string> control_nets, control_images;
     std::vector<double> control_scales, control_starts, control_ends;
     bool guess_mode = false;
+    std::string control_preprocess = "none"; // --control-preprocess: every control image through it
     batch::Shard shard;         // this process's place under mpirun
 };
 
@@ -328,6 +330,11 @@ int run(Options& o) {
     check_against_model(o, models);
     job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
                                              o.control_ends, o.guess_mode, load_options(o, {}).dtype);
+    if (!job.params.control.empty()) { // the preprocessor on each control image (their pixels from here on)
+        const auto spec = ControlPreprocessSpec::parse(o.control_preprocess, "control_preprocess");
+        if (spec.kind != ControlPreprocess::None)
+            for (auto& c : job.params.control) c.pixels = preprocess_control_image(control_image_rgb(c), spec);
+    }
     validate_control(job.params.control, models.unet->config(), int64_t(job.prompts.size())); // before saying more
     for (auto& c : job.params.control) { // the UNet's arithmetic and device
         c.net->set_attention_kernel(models.attention);
@@ -455,7 +462,8 @@ void add_control_options(CLI::App& app, Options& o) {
                                                           {"control_image", "--control-image"},
                                                           {"control_scale", "--control-scale"},
                                                           {"control_start", "--control-start"},
-                                                          {"control_end", "--control-end"}};
+                                                          {"control_end", "--control-end"},
+                                                          {"control_preprocess", "--control-preprocess"}};
     for (const auto& [field, opt] : fields) bind_field(field, opt);
     app.add_option("--control-net", o.control_nets,
                    "ControlNet: a diffusers folder, or a .safetensors / .pth file (diffusers or original "
@@ -475,6 +483,10 @@ void add_control_options(CLI::App& app, Options& o) {
     app.add_option("--control-end", o.control_ends,
                    "share of the steps after which the ControlNet stops, in (0, 1] (default 1)")
         ->allow_extra_args(false);
+    app.add_option("--control-preprocess", o.control_preprocess,
+                   "preprocessor of every --control-image: none, canny (OpenCV's, thresholds 100/200 as A1111) or "
+                   "canny:LOW:HIGH")
+        ->type_name("none|canny[:LOW:HIGH]");
     app.add_flag("--guess-mode", o.guess_mode,
                  "ControlNet guess mode: residuals scaled 0.1..1 from the shallowest skip to the mid block, the "
                  "ControlNet on the conditional rows only");

@@ -578,6 +578,10 @@ TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and
     auto nested = body;
     nested["alwayson_scripts"]["controlnet"]["args"][0]["image"] = {{"image", image}, {"mask", nullptr}};
     CHECK(pixels(post_json(c, "/sdapi/v1/txt2img", nested, &status)) == pixels(with));
+    auto canny = body; // the extension's canny annotator on the image (thresholds 100 / 200 by default)
+    canny["alwayson_scripts"]["controlnet"]["args"][0]["module"] = "canny";
+    CHECK(post_json(c, "/sdapi/v1/txt2img", canny, &status)["images"].size() == 1);
+    CHECK(status == 200);
     auto off = body;
     off["alwayson_scripts"]["controlnet"]["args"][0]["enabled"] = false;
     CHECK(pixels(post_json(c, "/sdapi/v1/txt2img", off, &status)) == pixels(plain));
@@ -589,11 +593,13 @@ TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and
              {"model", "nope [12345678]", "model", "'nope [12345678]' is not in --control-net-dir (controlnet)"},
              {"model", "vae", "model", "'vae' is not in --control-net-dir"},
              {"control_mode", 1, "control_mode", "is not run by this server"},
-             {"module", "canny", "module", "'canny' is not run by this server"},
+             {"module", "depth_midas", "module", "'depth_midas' is not run by this server (none or canny)"},
+             {"threshold_a", 300, "threshold_a", "must be <= threshold_b"},
              {"image", "", "image", "expected the control image"},
              {"guidance_start", 0.6, "guidance_start", "must be below guidance_end"}}) {
         auto bad = body;
         bad["alwayson_scripts"]["controlnet"]["args"][0][key] = value;
+        if (key == "threshold_a") bad["alwayson_scripts"]["controlnet"]["args"][0]["module"] = "canny";
         const json r = post_json(c, "/sdapi/v1/txt2img", bad, &status);
         INFO(r.dump());
         CHECK(status == 422);

@@ -3,6 +3,7 @@
 
 #include "cache/io/error.h"
 #include "cache/serve/http_server.h"
+#include "unet/pipeline/control_preprocess.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/model/unet_perf.h"
 
@@ -95,10 +96,18 @@ std::vector<ControlParams> a1111_control_units(
         if (!u.value("enabled", true)) continue;
         const std::string module = u.contains("module") && u["module"].is_string() ? u["module"].get<std::string>()
                                                                                   : std::string("none");
-        if (module != "none")
+        ControlPreprocessSpec pre;
+        if (module == "canny") { // sd-webui-controlnet's thresholds: threshold_a low, threshold_b high
+            pre.kind = ControlPreprocess::Canny;
+            pre.low = a1111_unit_number(u, "threshold_a", 100.0, 0.0, 1000.0, at);
+            pre.high = a1111_unit_number(u, "threshold_b", 200.0, 0.0, 1000.0, at);
+            if (pre.low > pre.high)
+                throw a1111_unit_error(at + "threshold_a", "must be <= threshold_b, got " + u["threshold_a"].dump());
+        } else if (module != "none") {
             throw a1111_unit_error(at + "module", "'" + module +
-                                                      "' is not run by this server; send the preprocessed control "
-                                                      "image with module \"none\"");
+                                                      "' is not run by this server (none or canny); send the "
+                                                      "preprocessed control image with module \"none\"");
+        }
         // control_mode: 0 / "Balanced" as diffusers; 2 / "ControlNet is more important" is diffusers' guess mode
         // (the conditional rows only); 1 / "My prompt is more important" (the extension's per-level scaling) is not.
         bool guess = u.value("guessmode", false) == true;
@@ -132,6 +141,11 @@ std::vector<ControlParams> a1111_control_units(
         if (!img || !img->is_string() || img->get<std::string>().empty())
             throw a1111_unit_error(at + "image", "expected the control image (base64)");
         c.pixels = decode(img->get<std::string>(), img_field);
+        try {
+            c.pixels = preprocess_control_image(c.pixels, pre, at + "module");
+        } catch (const ParamError& e) {
+            throw a1111_unit_error(at + "module", e.detail());
+        }
         c.image = "request " + img_field;
         if (!u.contains("model") || !u["model"].is_string())
             throw a1111_unit_error(at + "model", "expected a model name of GET /controlnet/model_list");
