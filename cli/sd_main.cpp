@@ -12,6 +12,7 @@
 #include "unet/cache/compare.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/control.h"
+#include "unet/pipeline/control_preprocess.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
 #include "unet/pipeline/sd3_pipeline.h"
@@ -40,6 +41,8 @@ struct Options {
     std::vector<CacheConfig> compare_modes;
     bool negative_given = false;    // -n given (even empty): SDXL's zero negative conditioning is for none at all
     std::vector<std::string> loras; // FILE[:MULTIPLIER]
+    std::string embedding_dir;      // --embedding-dir: textual-inversion embeddings
+    std::vector<std::pair<std::string, std::string>> ti_from_image; // --prompt-from: the image's TI hashes
     int clip_skip = -1, threads = 0, deepcache = 0, deepcache_branch = 0;
     std::optional<kernels::AttentionKernel> attention;
     std::optional<kernels::GemmBackend> gemm;
@@ -54,6 +57,7 @@ struct Options {
     std::vector<std::string> control_nets, control_images;
     std::vector<double> control_scales, control_starts, control_ends;
     bool guess_mode = false;
+    std::string control_preprocess = "none"; // --control-preprocess: every control image through it
     batch::Shard shard;         // this process's place under mpirun
     cli::Sd3Options sd3;        // --no-t5, --shift, --max-sequence-length (SD 3 / 3.5 models)
 };
@@ -113,6 +117,35 @@ void print_compare_table(const nlohmann::json& rep) {
     }
 }
 
+// --prompt-from's ControlNet units: with --control-net given for each, their weights and guidance ranges (unless given
+// here); without, the record's own model and image files when they exist; else a note (an A1111 infotext has no
+// control image).
+void apply_control_from(const CLI::App& app, Options& o, const ImageParameters& ip) {
+    if (ip.control.empty()) return;
+    auto given = [&](const char* opt) { return app.get_option(opt)->count() > 0; };
+    const size_t n = ip.control.size();
+    bool files = true;
+    for (const auto& u : ip.control) files = files && fs::exists(u.model) && !u.image.empty() && fs::exists(u.image);
+    if (o.control_nets.empty() && files) {
+        for (const auto& u : ip.control) o.control_nets.push_back(u.model), o.control_images.push_back(u.image);
+    } else if (o.control_nets.size() != n) {
+        for (size_t i = 0; i < n; ++i)
+            std::fprintf(stderr,
+                         "note: the image was made with ControlNet %zu (%s, weight %s, guidance %s..%s): give "
+                         "--control-net and --control-image to run it again\n",
+                         i, ip.control[i].model.c_str(), infotext_number(ip.control[i].weight).c_str(),
+                         infotext_number(ip.control[i].start).c_str(), infotext_number(ip.control[i].end).c_str());
+        return;
+    }
+    if (!given("--control-scale"))
+        for (size_t i = 0; i < n; ++i) o.control_scales.push_back(ip.control[i].weight);
+    if (!given("--control-start"))
+        for (size_t i = 0; i < n; ++i) o.control_starts.push_back(ip.control[i].start);
+    if (!given("--control-end"))
+        for (size_t i = 0; i < n; ++i) o.control_ends.push_back(ip.control[i].end);
+    if (!given("--guess-mode")) o.guess_mode = ip.control[0].guess_mode;
+}
+
 // --prompt-from: the parameters an image was made with (its JSON record, else its A1111 infotext), each one unless its
 // option was given: the command line wins.
 void apply_prompt_from(const CLI::App& app, Options& o) {
@@ -137,6 +170,8 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.init_image && !given("--init-img")) p.init.init_images = {*ip.init_image};
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
+    if (ip.prompt && !given("--prompt")) o.ti_from_image = ip.ti_hashes;
+    apply_control_from(app, o, ip);
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
     if (ip.timestep_spacing && !given("--timestep-spacing")) p.timestep_spacing = *ip.timestep_spacing;
     if (ip.vae_decoder && !given("--vae-decoder")) o.vae_decoder = VaeDecoderChoice{*ip.vae_decoder, ""};
@@ -145,6 +180,28 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     std::fprintf(stderr, "parameters of %s from its '%s' chunk (options given here win)\n", o.prompt_from.c_str(),
                  ip.source.c_str());
     for (const auto& n : ip.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+}
+
+// --embedding-dir: the folder read once (a file that does not read stops here, before any model is loaded); the
+// embeddings an image given to --prompt-from names, compared with it.
+void load_embeddings(Options& o) {
+    if (!o.embedding_dir.empty()) {
+        o.job.params.embeddings =
+            std::make_shared<const EmbeddingDatabase>(EmbeddingDatabase::load_dir(o.embedding_dir));
+        std::fprintf(stderr, "embeddings: %zu from %s\n", o.job.params.embeddings->items().size(),
+                     o.embedding_dir.c_str());
+    }
+    for (const auto& [name, hash] : o.ti_from_image) {
+        const auto* e = o.job.params.embeddings ? o.job.params.embeddings->find(name) : nullptr;
+        if (!e)
+            std::fprintf(stderr, "note: the image was made with the embedding '%s' (%s), which %s: its name is read "
+                                 "as words\n",
+                         name.c_str(), hash.c_str(),
+                         o.embedding_dir.empty() ? "needs --embedding-dir" : "is not in --embedding-dir");
+        else if (e->short_hash() != hash)
+            std::fprintf(stderr, "note: the embedding '%s' here (%s) is another file than the image's (%s)\n",
+                         name.c_str(), e->short_hash().c_str(), hash.c_str());
+    }
 }
 
 // The job from the options: --deepcache sugar, prompts (and their <lora:...> tags), checks before loading anything.
@@ -273,11 +330,17 @@ int run(Options& o) {
     // --dtype / --weights-dtype / --device before loading anything; the sidecars record the dtype in effect.
     o.dtype = enum_name(weights_dtype_table(), load_options(o, {}).dtype);
     const auto loras = prepare_job(o);
+    load_embeddings(o);
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     check_against_model(o, models);
     job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
                                              o.control_ends, o.guess_mode, load_options(o, {}).dtype);
+    if (!job.params.control.empty()) { // the preprocessor on each control image (their pixels from here on)
+        const auto spec = ControlPreprocessSpec::parse(o.control_preprocess, "control_preprocess");
+        if (spec.kind != ControlPreprocess::None)
+            for (auto& c : job.params.control) c.pixels = preprocess_control_image(control_image_rgb(c), spec);
+    }
     validate_control(job.params.control, models.unet->config(), int64_t(job.prompts.size())); // before saying more
     for (auto& c : job.params.control) { // the UNet's arithmetic and device
         c.net->set_attention_kernel(models.attention);
@@ -289,6 +352,11 @@ int run(Options& o) {
                      c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
     attach_decoders(o, models);
     Txt2ImgPipeline pipe(models);
+    if (job.params.embeddings) { // every prompt of the job, before the first image is written
+        auto all = job.params;
+        all.prompts = job.prompts;
+        pipe.check_embeddings(all);
+    }
     job.facts = {{"program", "anchor-sd"}, {"model", o.model},     {"clip_skip", o.clip_skip},
                  {"dtype", o.dtype},       {"threads", o.threads}, {"load_s", load_s}};
     if (!o.compare.empty()) return run_compare_modes(pipe, o);
@@ -400,7 +468,8 @@ void add_control_options(CLI::App& app, Options& o) {
                                                           {"control_image", "--control-image"},
                                                           {"control_scale", "--control-scale"},
                                                           {"control_start", "--control-start"},
-                                                          {"control_end", "--control-end"}};
+                                                          {"control_end", "--control-end"},
+                                                          {"control_preprocess", "--control-preprocess"}};
     for (const auto& [field, opt] : fields) bind_field(field, opt);
     app.add_option("--control-net", o.control_nets,
                    "ControlNet: a diffusers folder, or a .safetensors / .pth file (diffusers or original "
@@ -420,6 +489,10 @@ void add_control_options(CLI::App& app, Options& o) {
     app.add_option("--control-end", o.control_ends,
                    "share of the steps after which the ControlNet stops, in (0, 1] (default 1)")
         ->allow_extra_args(false);
+    app.add_option("--control-preprocess", o.control_preprocess,
+                   "preprocessor of every --control-image: none, canny (OpenCV's, thresholds 100/200 as A1111) or "
+                   "canny:LOW:HIGH")
+        ->type_name("none|canny[:LOW:HIGH]");
     app.add_flag("--guess-mode", o.guess_mode,
                  "ControlNet guess mode: residuals scaled 0.1..1 from the shallowest skip to the mid block, the "
                  "ControlNet on the conditional rows only");
@@ -550,6 +623,11 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                        "folder of the prompt's A1111 tags <lora:NAME> / <lora:NAME:MULTIPLIER> (DIR/NAME.safetensors); "
                        "the tags are removed from the prompt"),
         "lora_model_dir");
+    bind(app.add_option("--embedding-dir", o.embedding_dir,
+                        "folder of textual-inversion embeddings (A1111 .pt, .safetensors, diffusers .bin; SDXL "
+                        "clip_l/clip_g): the file name without its extension, in a prompt, stands for its vectors")
+             ->type_name("DIR"),
+         "embeddings");
     app.add_option("--dtype", o.dtype,
                    "compute dtype: f32, f16 or bf16; auto: f16 on CUDA, f32 on the CPU (f16 is rejected on the CPU)")
         ->capture_default_str();

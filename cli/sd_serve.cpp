@@ -4,6 +4,7 @@
 #include "cli/sd_commands.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/serve/sd_server.h"
+#include "unet/serve/a1111_controlnet.h"
 
 #include <CLI/CLI.hpp>
 
@@ -21,6 +22,8 @@ struct ServeOptions {
     bool no_web = false;
     std::string device = "cpu"; // --device (batch::DeviceSpec)
     unet::VaeDecoderChoice vae_decoder; // --vae-decoder: the TAESD loaded and made the requests' default
+    std::string embedding_dir;          // --embedding-dir: SdServerParams::embeddings
+    std::string control_net_dir;        // --control-net-dir: SdServerParams::controlnets
 };
 
 int run_serve(ServeOptions& o) {
@@ -37,6 +40,16 @@ int run_serve(ServeOptions& o) {
     lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), batch::shard_from_env().local_rank);
     lo.validate();
     const auto t0 = std::chrono::steady_clock::now();
+    if (!o.embedding_dir.empty()) { // a file that does not read stops the start, before the model loads
+        s.embeddings = std::make_shared<const unet::EmbeddingDatabase>(
+            unet::EmbeddingDatabase::load_dir(o.embedding_dir));
+        std::fprintf(stderr, "embeddings: %zu from %s\n", s.embeddings->items().size(), o.embedding_dir.c_str());
+    }
+    if (!o.control_net_dir.empty()) {
+        if (!std::filesystem::is_directory(o.control_net_dir))
+            throw UsageError("--control-net-dir: '" + o.control_net_dir + "' is not a folder");
+        s.controlnets = std::make_shared<unet::ControlNetLibrary>(o.control_net_dir);
+    }
     unet::SDModels models = unet::load_sd_models(s.model, lo);
     std::fprintf(stderr, "loaded %s in %.1fs\n", s.model.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -106,6 +119,15 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
              ->type_name("full|taesd[:FILE]"),
          "vae_decoder");
     add_device_option(*cmd, o->device);
+    bind(cmd->add_option("--embedding-dir", o->embedding_dir,
+                         "folder of textual-inversion embeddings, read at start (/sdapi/v1/embeddings lists them)")
+             ->type_name("DIR"),
+         "embeddings");
+    bind(cmd->add_option("--control-net-dir", o->control_net_dir,
+                         "folder of ControlNets (files by stem, diffusers folders by name) for A1111 requests' "
+                         "alwayson_scripts.controlnet units; GET /controlnet/model_list lists them")
+             ->type_name("DIR"),
+         "control_net_dir");
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");
     runners.emplace_back(cmd, [o]() { return run_serve(*o); });

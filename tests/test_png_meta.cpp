@@ -214,8 +214,9 @@ TEST_CASE("A1111 infotext parse: multi-line prompts, negative prompt, quoted val
     CHECK(ip.clip_skip == 2);
     CHECK(ip.strength == 0.7);
     REQUIRE(ip.notes.size() == 1);
-    CHECK(ip.notes[0] == "fields not applied: Model hash, Model, Hires upscaler, Lora hashes, TI hashes, Wildcard, "
-                         "Version");
+    CHECK(ip.notes[0] == "fields not applied: Model hash, Model, Hires upscaler, Lora hashes, Wildcard, Version");
+    // TI hashes are read: anchor-sd compares them with --embedding-dir (tests/test_embeddings.cpp).
+    CHECK(ip.ti_hashes == std::vector<std::pair<std::string, std::string>>{{"EasyNegative", "c74b4e810b03"}});
 
     // Before A1111 1.9: the schedule in the sampler name; no schedule type means the model's own sigmas.
     CHECK((sampler_from_a1111("DPM++ 2M Karras") == SamplerKind::DPMPP2MKarras));

@@ -180,6 +180,18 @@ void TorchCheckpoint::parse() {
         if (!m.tensors.count(k->text)) order.push_back(k->text);
         m.tensors[k->text] = v; // a repeated key: the last value wins, as in Python
     }
+    // No tensor at the top: one level of nested dicts, named "outer.inner" (A1111's textual-inversion .pt keeps its
+    // vectors as {"string_to_param": {"*": tensor}}). A state dict with tensors at the top is never read this way.
+    if (m.tensors.empty())
+        for (const auto& [k, v] : sd->entries) {
+            if (!k->is(PickleValue::Kind::String) || !v->is(PickleValue::Kind::Dict)) continue;
+            for (const auto& [k2, v2] : v->entries) {
+                if (!k2->is(PickleValue::Kind::String) || !v2->is(PickleValue::Kind::Tensor)) continue;
+                const std::string name = k->text + "." + k2->text;
+                if (!m.tensors.count(name)) order.push_back(name);
+                m.tensors[name] = v2;
+            }
+        }
     if (m.tensors.empty()) {
         std::string keys;
         size_t shown = 0;

@@ -9,7 +9,8 @@
 //
 // The state dict is the top-level dict, or its "state_dict" entry when that is a dict (Lightning / original SD
 // checkpoints); its tensor entries are the checkpoint's tensors, everything else (epoch, global_step, callbacks,
-// optimizer states, ...) is ignored, except an entry torch rebuilds some other way (a placeholder of a torch.* global:
+// optimizer states, ...) is ignored (when no tensor is at the top, the tensors of its nested dicts are read as
+// "outer.inner"), except an entry torch rebuilds some other way (a placeholder of a torch.* global:
 // quantized, sparse, ...), which is an error naming it rather than a tensor gone missing. The pre-1.6 format (a bare
 // pickle led by a magic number, or a tar file) is refused with advice.
 #pragma once

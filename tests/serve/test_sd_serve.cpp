@@ -6,7 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <tuple>
 
 using anchor::test::post_json;
 using anchor::test::ServeProcess;
@@ -475,4 +478,133 @@ TEST_CASE("sd serve: /sdapi/v1/progress shows the running job's preview as curre
     CHECK(is_png(unbase64(image)));
     // The job is over: its preview is gone with it (the next job starts without one).
     CHECK(json::parse(c.Get("/sdapi/v1/progress")->body)["current_image"].is_null());
+}
+
+TEST_CASE("sd serve --embedding-dir: /sdapi/v1/embeddings lists them, txt2img writes TI hashes, a misfit is 400",
+          "[serve][embeddings]") {
+    const std::string ti = "tests/golden/sd/anchorcache_cases/textual_inversion_sd15/embeddings";
+    ServeProcess s(sd_bin(), {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--embedding-dir", ti},
+                   "sd_serve_ti");
+    auto c = s.client();
+    auto listing = c.Get("/sdapi/v1/embeddings");
+    REQUIRE(listing);
+    REQUIRE(listing->status == 200);
+    const json l = json::parse(listing->body);
+    CHECK(l["loaded"]["EasyNegative"]["vectors"] == 2);
+    CHECK(l["loaded"]["EasyNegative"]["shape"] == 32);
+    CHECK(l["loaded"]["bad_hands"]["vectors"] == 3);
+    CHECK(l["skipped"].empty());
+    int status = 0;
+    json body = {{"prompt", "a (watercolor:1.2) house"}, {"negative_prompt", "EasyNegative"}, {"steps", 2},
+                 {"width", 16}, {"height", 16}, {"seed", 5}};
+    const json r = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    REQUIRE(status == 200);
+    const std::string infotext = json::parse(r["info"].get<std::string>())["infotexts"][0];
+    CHECK(infotext.find("TI hashes: \"watercolor: ") != std::string::npos);
+    CHECK(infotext.find(", EasyNegative: ") != std::string::npos);
+    // An SDXL embedding in a folder of its own is refused only when a prompt names it: not on an SD 1.x model.
+    const std::string xl = "tests/golden/sd/anchorcache_cases/textual_inversion_sdxl/embeddings";
+    ServeProcess sx(sd_bin(), {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--embedding-dir", xl},
+                    "sd_serve_ti_xl");
+    auto cx = sx.client();
+    body["negative_prompt"] = "xl_negative";
+    const json bad = post_json(cx, "/sdapi/v1/txt2img", body, &status);
+    check_400(bad, status, "negative_prompt", "expected [2, 32], the file has clip_l [2, 16], clip_g [2, 32]");
+    body["negative_prompt"] = "";
+    post_json(cx, "/sdapi/v1/txt2img", body, &status);
+    CHECK(status == 200);
+}
+
+namespace {
+std::string cn_base64(const std::string& bytes) {
+    static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    size_t i = 0;
+    for (; i + 2 < bytes.size(); i += 3) {
+        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
+        for (int k = 3; k >= 0; --k) out += tbl[(v >> (6 * k)) & 63];
+    }
+    if (i < bytes.size()) {
+        uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+        if (i + 1 < bytes.size()) v |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+        out += tbl[(v >> 18) & 63];
+        out += tbl[(v >> 12) & 63];
+        out += i + 1 < bytes.size() ? tbl[(v >> 6) & 63] : '=';
+        out += '=';
+    }
+    return out;
+}
+} // namespace
+
+TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and are written as the extension "
+          "writes them; a bad unit is 422 naming its field",
+          "[serve][controlnet]") {
+    const std::string dir = "../shared/golden/sd/controlnet_tiny"; // its ControlNet fits the tiny SD 1.x UNet
+    if (!std::filesystem::exists(dir + "/controlnet/config.json")) {
+        WARN("no " << dir << ": skipped");
+        return;
+    }
+    std::ifstream png(dir + "/control_image.png", std::ios::binary);
+    const std::string image = cn_base64({std::istreambuf_iterator<char>(png), std::istreambuf_iterator<char>()});
+    // A folder of ControlNets: the golden one, linked under the name a client sends.
+    const auto nets = std::filesystem::temp_directory_path() / ("anchor_cn_dir_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(nets);
+    std::filesystem::create_directories(nets);
+    std::filesystem::create_directory_symlink(std::filesystem::absolute(dir + "/controlnet"), nets / "controlnet");
+    ServeProcess s(sd_bin(),
+                   {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--control-net-dir", nets.string()},
+                   "sd_serve_controlnet");
+    auto c = s.client();
+    auto list = c.Get("/controlnet/model_list");
+    REQUIRE(list);
+    CHECK(json::parse(list->body)["model_list"] == json::array({"controlnet"}));
+    json unit = {{"enabled", true},        {"module", "none"},     {"model", "controlnet"}, {"weight", 0.8},
+                 {"image", image},         {"guidance_start", 0.0}, {"guidance_end", 0.5}, {"control_mode", 0},
+                 {"processor_res", 512}};
+    json body = {{"prompt", "a cat"}, {"steps", 2}, {"width", 16}, {"height", 16}, {"seed", 3}, {"cfg_scale", 5}};
+    int status = 0;
+    const json plain = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    REQUIRE(status == 200);
+    body["alwayson_scripts"] = {{"controlnet", {{"args", json::array({unit})}}}};
+    const json with = post_json(c, "/sdapi/v1/txt2img", body, &status);
+    INFO(with.dump().substr(0, 400));
+    REQUIRE(status == 200);
+    CHECK(pixels(with) != pixels(plain));
+    const std::string infotext = json::parse(with["info"].get<std::string>())["infotexts"][0];
+    CHECK(infotext.find("ControlNet 0: \"Module: none, Model: controlnet, Weight: 0.8, Resize Mode: Just Resize, "
+                        "Low Vram: False, Guidance Start: 0, Guidance End: 0.5, Pixel Perfect: False, Control Mode: "
+                        "Balanced\"") != std::string::npos);
+    // {"image": ..., "mask": null} reads the same; a disabled unit is no unit.
+    auto nested = body;
+    nested["alwayson_scripts"]["controlnet"]["args"][0]["image"] = {{"image", image}, {"mask", nullptr}};
+    CHECK(pixels(post_json(c, "/sdapi/v1/txt2img", nested, &status)) == pixels(with));
+    auto canny = body; // the extension's canny annotator on the image (thresholds 100 / 200 by default)
+    canny["alwayson_scripts"]["controlnet"]["args"][0]["module"] = "canny";
+    CHECK(post_json(c, "/sdapi/v1/txt2img", canny, &status)["images"].size() == 1);
+    CHECK(status == 200);
+    auto off = body;
+    off["alwayson_scripts"]["controlnet"]["args"][0]["enabled"] = false;
+    CHECK(pixels(post_json(c, "/sdapi/v1/txt2img", off, &status)) == pixels(plain));
+
+    const std::string f = "alwayson_scripts.controlnet.args[0].";
+    for (const auto& [key, value, field, words] :
+         std::vector<std::tuple<std::string, json, std::string, std::string>>{
+             {"weight", 5, "weight", "must be in [0, 2], got 5"},
+             {"model", "nope [12345678]", "model", "'nope [12345678]' is not in --control-net-dir (controlnet)"},
+             {"model", "vae", "model", "'vae' is not in --control-net-dir"},
+             {"control_mode", 1, "control_mode", "is not run by this server"},
+             {"module", "depth_midas", "module", "'depth_midas' is not run by this server (none or canny)"},
+             {"threshold_a", 300, "threshold_a", "must be <= threshold_b"},
+             {"image", "", "image", "expected the control image"},
+             {"guidance_start", 0.6, "guidance_start", "must be below guidance_end"}}) {
+        auto bad = body;
+        bad["alwayson_scripts"]["controlnet"]["args"][0][key] = value;
+        if (key == "threshold_a") bad["alwayson_scripts"]["controlnet"]["args"][0]["module"] = "canny";
+        const json r = post_json(c, "/sdapi/v1/txt2img", bad, &status);
+        INFO(r.dump());
+        CHECK(status == 422);
+        CHECK(r["error"]["param"] == f + field);
+        CHECK(r["error"]["message"].get<std::string>().find(words) != std::string::npos);
+    }
+    std::filesystem::remove_all(nets);
 }

@@ -177,8 +177,8 @@ TEST_CASE("sd serve: /openapi.json describes every endpoint", "[serve][bounds]")
     const json spec = json::parse(r->body);
     CHECK(spec["openapi"].get<std::string>().rfind("3.", 0) == 0);
     for (const char* p : {"/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations", "/anchor/v1/compare",
-                          "/sdapi/v1/samplers", "/sdapi/v1/sd-models", "/sdapi/v1/options", "/sdapi/v1/progress",
-                          "/sdapi/v1/interrupt", "/sdapi/v1/skip", "/health", "/openapi.json"}) {
+                          "/sdapi/v1/samplers", "/sdapi/v1/sd-models", "/sdapi/v1/embeddings", "/sdapi/v1/options",
+                          "/sdapi/v1/progress", "/sdapi/v1/interrupt", "/sdapi/v1/skip", "/health", "/openapi.json"}) {
         INFO(p);
         CHECK(spec["paths"].contains(p));
     }

@@ -168,7 +168,7 @@ ClipTextModelImpl::ClipTextModelImpl(const ClipTextConfig& c) : cfg_(c) {
             "text_projection", make_linear(torch::nn::LinearOptions(c.hidden_size, c.projection_dim).bias(false)));
 }
 
-ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
+ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const std::vector<TokenSplice>& splices) {
     TORCH_CHECK(input_ids.dim() == 2, "CLIP input_ids must be [batch, tokens]");
     const auto T = input_ids.size(1);
     if (T > cfg_.max_position_embeddings)
@@ -177,7 +177,15 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
     auto& emb = text_model->embeddings;
     // The encoder runs where its weights are (a GPU with --device cuda); the ids come from the CPU tokenizer.
     auto ids = input_ids.to(emb->token_embedding->weight.device(), torch::kLong);
-    auto x = emb->token_embedding->forward(ids) + emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
+    auto x = emb->token_embedding->forward(ids);
+    for (const auto& s : splices) {
+        TORCH_CHECK(s.row >= 0 && s.row < x.size(0) && s.position >= 0 && s.vectors.dim() == 2 &&
+                        s.position + s.vectors.size(0) <= T && s.vectors.size(1) == x.size(2),
+                    "CLIP token splice out of range: row ", s.row, " position ", s.position, " vectors ",
+                    s.vectors.sizes(), " into ", x.sizes());
+        x[s.row].narrow(0, s.position, s.vectors.size(0)).copy_(s.vectors);
+    }
+    x = x + emb->position_embedding->weight.narrow(0, 0, T).unsqueeze(0);
     auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu(1);
     ClipTextOutput out;
     out.hidden_states.reserve(text_model->encoder->items.size() + 1);
@@ -190,12 +198,13 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids) {
     return out;
 }
 
-torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip_skip) {
+torch::Tensor ClipTextModelImpl::encode(const torch::Tensor& input_ids, int clip_skip,
+                                        const std::vector<TokenSplice>& splices) {
     if (clip_skip < 0 || clip_skip >= cfg_.num_hidden_layers)
         throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) +
                                           " layers is out of range for a text encoder with " +
                                           std::to_string(cfg_.num_hidden_layers) + " layers");
-    auto out = forward(input_ids);
+    auto out = forward(input_ids, splices);
     // The embeddings go back to the ids' device: the pipeline weights and concatenates them there (prompt_syntax).
     if (clip_skip == 0) return out.last_hidden_state.to(input_ids.device());
     const auto n = out.hidden_states.size();
@@ -209,12 +218,13 @@ torch::Tensor ClipTextModelImpl::pooled(const ClipTextOutput& out, const torch::
     return text_projection ? kernels::linear(text_projection, p) : p;
 }
 
-ClipConditioning ClipTextModelImpl::encode_penultimate(const torch::Tensor& input_ids, int clip_skip) {
+ClipConditioning ClipTextModelImpl::encode_penultimate(const torch::Tensor& input_ids, int clip_skip,
+                                                        const std::vector<TokenSplice>& splices) {
     if (clip_skip < 0 || clip_skip + 2 > cfg_.num_hidden_layers + 1)
         throw ParamError("clip_skip", "skipping " + std::to_string(clip_skip) +
                                           " layers after the penultimate is out of range for a text encoder with " +
                                           std::to_string(cfg_.num_hidden_layers) + " layers");
-    auto out = forward(input_ids);
+    auto out = forward(input_ids, splices);
     const auto n = out.hidden_states.size();
     return {out.hidden_states[n - 2 - size_t(clip_skip)].to(input_ids.device()),
             pooled(out, input_ids).to(input_ids.device())};

@@ -100,6 +100,13 @@ struct ClipConditioning {
     torch::Tensor pooled; // [B, projection_dim or hidden]
 };
 
+// Input embeddings replaced before the position embeddings are added (textual inversion, unet/model/embeddings.h):
+// rows [position, position + n) of batch row `row` of the token-embedding output become `vectors` [n, hidden].
+struct TokenSplice {
+    int64_t row = 0, position = 0;
+    torch::Tensor vectors;
+};
+
 struct ClipTextOutput {
     torch::Tensor last_hidden_state;          // final_layer_norm(hidden_states.back())
     std::vector<torch::Tensor> hidden_states; // [0] embeddings, [i] output of layer i (before final_layer_norm)
@@ -109,12 +116,13 @@ class ClipTextModelImpl : public torch::nn::Module {
 public:
     explicit ClipTextModelImpl(const ClipTextConfig& c);
     // input_ids [B, T] int64 -> all hidden states. No padding mask (SD pipelines pass none); causal mask always.
-    ClipTextOutput forward(const torch::Tensor& input_ids);
+    ClipTextOutput forward(const torch::Tensor& input_ids, const std::vector<TokenSplice>& splices = {});
     // The conditioning an SD pipeline uses. clip_skip (diffusers semantics): 0 -> last_hidden_state;
     // k >= 1 -> final_layer_norm(hidden_states[-(k+1)]).
-    torch::Tensor encode(const torch::Tensor& input_ids, int clip_skip = 0);
+    torch::Tensor encode(const torch::Tensor& input_ids, int clip_skip = 0, const std::vector<TokenSplice>& splices = {});
     // SDXL's conditioning (ClipConditioning); clip_skip in [0, layers - 2].
-    ClipConditioning encode_penultimate(const torch::Tensor& input_ids, int clip_skip = 0);
+    ClipConditioning encode_penultimate(const torch::Tensor& input_ids, int clip_skip = 0,
+                                        const std::vector<TokenSplice>& splices = {});
     // final_layer_norm(last layer) at each row's EOS, through text_projection when there is one.
     torch::Tensor pooled(const ClipTextOutput& out, const torch::Tensor& input_ids);
     const ClipTextConfig& config() const { return cfg_; }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 namespace anchor::unet {
@@ -259,6 +260,22 @@ Infotext infotext_of(const Txt2ImgParams& p, int image, const InfotextFacts& fac
         for (const auto& [name, hash] : facts.lora_hashes) s += (s.empty() ? "" : ", ") + name + ": " + hash;
         t.set("Lora hashes", s);
     }
+    // sd-webui-controlnet's per-unit field (its Script.infotext fields), our resize being its "Just Resize".
+    for (size_t i = 0; i < p.control.size(); ++i) {
+        const auto& c = p.control[i];
+        const std::string hash = a1111_legacy_hash(c.source);
+        t.set("ControlNet " + std::to_string(i),
+              "Module: none, Model: " + model_name_of(c.source) + (hash.empty() ? "" : " [" + hash + "]") +
+                  ", Weight: " + infotext_number(c.scale) + ", Resize Mode: Just Resize, Low Vram: False, Guidance "
+                  "Start: " + infotext_number(c.start) + ", Guidance End: " + infotext_number(c.end) +
+                  ", Pixel Perfect: False, Control Mode: " +
+                  (c.guess_mode ? "ControlNet is more important" : "Balanced"));
+    }
+    if (!facts.ti_hashes.empty()) {
+        std::string s;
+        for (const auto& [name, hash] : facts.ti_hashes) s += (s.empty() ? "" : ", ") + name + ": " + hash;
+        t.set("TI hashes", s);
+    }
     // A1111 writes the eta of DDIM ("Eta DDIM") and of the ancestral samplers ("Eta") when it is not their default.
     if (p.sampler == SamplerKind::DDIM && p.eta.value_or(0.0) != 0) t.set("Eta DDIM", infotext_number(*p.eta));
     if (p.sampler == SamplerKind::EulerAncestral && p.eta.value_or(1.0) != 1) t.set("Eta", infotext_number(*p.eta));
@@ -329,6 +346,19 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
             ip.notes.push_back("the image was image " + std::to_string(r.value("index_in_batch", 0)) +
                                " of a batch of " + std::to_string(r["batch_size"].get<int>()) +
                                " drawn from one generator; run alone it is the batch's first image");
+        for (const auto& c : r.value("controlnets", nlohmann::json::array())) {
+            ImageParameters::ControlUnit u;
+            u.module = "none";
+            u.model = c.value("model", std::string());
+            if (c.contains("image") && c["image"].is_string()) u.image = c["image"].get<std::string>();
+            u.weight = c.value("scale", 1.0);
+            u.start = c.value("start", 0.0);
+            u.end = c.value("end", 1.0);
+            u.guess_mode = c.value("guess_mode", false);
+            ip.control.push_back(u);
+        }
+        for (const auto& t : r.value("textual_inversion", nlohmann::json::array()))
+            ip.ti_hashes.emplace_back(t.value("name", std::string()), t.value("hash", std::string()));
         for (const auto& l : r.value("loras", nlohmann::json::array()))
             ip.notes.push_back("made with LoRA '" + l.value("file", std::string("?")) + "' x " +
                                infotext_number(l.value("multiplier", 1.0)) + ": not applied (give --lora)");
@@ -337,6 +367,23 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
     }
     return ip;
 }
+
+namespace {
+// "Key: value, Key: value" (a ControlNet unit's fields), split at each ", " and each entry's first ": ".
+std::vector<std::pair<std::string, std::string>> parse_name_values(const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t begin = 0;
+    while (begin < value.size()) {
+        size_t end = value.find(", ", begin);
+        if (end == std::string::npos) end = value.size();
+        const std::string item = value.substr(begin, end - begin);
+        const size_t colon = item.find(": ");
+        if (colon != std::string::npos) out.emplace_back(item.substr(0, colon), item.substr(colon + 2));
+        begin = end + 2;
+    }
+    return out;
+}
+} // namespace
 
 ImageParameters image_parameters_from_infotext(const std::string& text, const std::string& what) {
     const Infotext t = parse_infotext(text);
@@ -375,6 +422,25 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
             if (!(ip.eta = parse_number<double>(v))) throw bad("a number");
         } else if (k == "AnchorCache") {
             ip.cache_mode = v;
+        } else if (k == "TI hashes") {
+            ip.ti_hashes = parse_name_hashes(v);
+        } else if (k.rfind("ControlNet ", 0) == 0 && parse_number<int>(k.substr(11)) &&
+                   *parse_number<int>(k.substr(11)) >= 0 && *parse_number<int>(k.substr(11)) < 64) {
+            ImageParameters::ControlUnit u;
+            for (const auto& [key, val] : parse_name_values(v)) {
+                const auto num = parse_number<double>(val);
+                if (key == "Module") u.module = val;
+                else if (key == "Model") u.model = val;
+                else if (key == "Control Mode") u.guess_mode = val == "ControlNet is more important";
+                else if ((key == "Weight" || key == "Guidance Start" || key == "Guidance End") && !num)
+                    throw bad("numbers for Weight, Guidance Start and Guidance End");
+                else if (key == "Weight") u.weight = *num;
+                else if (key == "Guidance Start") u.start = *num;
+                else if (key == "Guidance End") u.end = *num;
+            }
+            const size_t n = size_t(*parse_number<int>(k.substr(11)));
+            if (ip.control.size() <= n) ip.control.resize(n + 1);
+            ip.control[n] = u;
         } else {
             ignored.push_back(k);
         }
@@ -397,6 +463,35 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
         ip.notes.push_back("fields not applied: " + s);
     }
     return ip;
+}
+
+std::string a1111_legacy_hash(const std::string& path) {
+    std::error_code ec;
+    if (path.empty() || !fs::is_regular_file(path, ec)) return "";
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(0x100000);
+    std::string block(0x10000, '\0');
+    in.read(&block[0], std::streamsize(block.size()));
+    block.resize(size_t(std::max<std::streamsize>(in.gcount(), 0)));
+    return sha256_hex(block).substr(0, 8);
+}
+
+std::vector<std::pair<std::string, std::string>> parse_name_hashes(const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t begin = 0;
+    auto trim = [](std::string x) {
+        const auto a = x.find_first_not_of(' '), b = x.find_last_not_of(' ');
+        return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
+    };
+    while (begin <= value.size()) {
+        const size_t end = std::min(value.find(',', begin), value.size());
+        const std::string item = value.substr(begin, end - begin);
+        const size_t colon = item.rfind(':');
+        if (colon != std::string::npos && !trim(item.substr(0, colon)).empty())
+            out.emplace_back(trim(item.substr(0, colon)), trim(item.substr(colon + 1)));
+        begin = end + 1;
+    }
+    return out;
 }
 
 ImageParameters read_image_parameters(const std::string& png) {

@@ -62,6 +62,9 @@ struct InfotextFacts {
     // A1111's "Lora hashes": name and first 12 hex digits of the file's SHA-256. A1111 itself hashes a .safetensors
     // LoRA without its header (the "addnet" hash of modules/hashes.py), so its own hash of the same file differs.
     std::vector<std::pair<std::string, std::string>> lora_hashes;
+    // A1111's "TI hashes": the textual-inversion embeddings the batch's prompts named (Txt2ImgResult::ti_hashes),
+    // name and first 10 hex digits of the file's SHA-256; set per batch.
+    std::vector<std::pair<std::string, std::string>> ti_hashes;
     std::string cache_mode = "off"; // written as the extra field "AnchorCache" unless off
     std::string version;            // "AnchorCache <version>"
 };
@@ -93,6 +96,17 @@ struct ImageParameters {
     std::optional<VaeDecoder> vae_decoder;
     std::optional<VaeTiling> vae_tiling;
     std::vector<std::string> notes; // fields read but not applied (unknown ones, LoRAs, the model, batches)
+    // The textual-inversion embeddings the image was made with (A1111's "TI hashes" / our record's
+    // "textual_inversion"): name and short hash, to compare with the embeddings loaded now.
+    std::vector<std::pair<std::string, std::string>> ti_hashes;
+    // sd-webui-controlnet's "ControlNet N" fields, in N order (the control image is not in an infotext).
+    struct ControlUnit {
+        std::string module, model;
+        std::string image; // our record's control image file ("" in an infotext, or an image a request sent)
+        double weight = 1.0, start = 0.0, end = 1.0;
+        bool guess_mode = false; // Control Mode: ControlNet is more important
+    };
+    std::vector<ControlUnit> control;
 };
 // From our JSON record (the sidecar or the `anchorcache` chunk); `what` names the source in errors.
 ImageParameters image_parameters_from_record(const nlohmann::json& record, const std::string& what);
@@ -101,5 +115,11 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
 // From a PNG file: the `anchorcache` chunk when present, else the `parameters` chunk. Throws anchor::Error naming the
 // file when it is not a readable PNG or has neither chunk.
 ImageParameters read_image_parameters(const std::string& png);
+// A1111's short model hash of a file (modules/hashes.py model_hash: SHA-256 of the 64 KiB at offset 1 MiB, first 8
+// hex digits), which sd-webui-controlnet writes after a ControlNet's name; "" for a folder or an unreadable file.
+std::string a1111_legacy_hash(const std::string& path);
+
+// "name: hash, name: hash" (A1111's TI hashes / Lora hashes value) -> pairs; entries without ':' are skipped.
+std::vector<std::pair<std::string, std::string>> parse_name_hashes(const std::string& value);
 
 } // namespace anchor::unet

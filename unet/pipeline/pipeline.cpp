@@ -287,6 +287,7 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     if (!m_.text_encoder) return;
     if (!p.prompt_embeds.defined())
         check_prompt_syntax(p.prompt_syntax, {&p.prompts, &p.negative_prompts, &p.prompts_2, &p.negative_prompts_2});
+    if (!p.prompt_embeds.defined()) check_embeddings(p);
     if (!m_.unet->config().text_time() &&
         (p.clip_skip < 0 || p.clip_skip >= m_.text_encoder->config().num_hidden_layers))
         throw ParamError("clip_skip", "must be in [0, " +
@@ -294,10 +295,42 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
                                           std::to_string(p.clip_skip));
 }
 
+std::vector<int> Txt2ImgPipeline::embeddings_used(const Txt2ImgParams& p) const {
+    std::vector<int> used;
+    if (!p.embeddings || p.embeddings->empty() || !m_.text_encoder) return used;
+    const auto names = p.embeddings->lookup(m_.tokenizer);
+    PromptChunkOptions o;
+    o.embeddings = &names;
+    o.chunk_length = m_.text_encoder->config().max_position_embeddings - 2;
+    const auto negatives = negatives_of(p);
+    for (const auto* list : {&p.prompts, &negatives, &p.prompts_2, &p.negative_prompts_2})
+        for (const auto& text : *list) {
+            const auto parsed = p.prompt_syntax == PromptSyntax::A1111 ? parse_prompt_attention(text)
+                                                                       : std::vector<PromptFragment>{{text, 1.0}};
+            for (int i : chunk_prompt(m_.tokenizer, parsed, o).embeddings_used)
+                if (std::find(used.begin(), used.end(), i) == used.end()) used.push_back(i);
+        }
+    return used;
+}
+
 std::vector<std::string> Txt2ImgPipeline::negatives_of(const Txt2ImgParams& p) {
     if (p.negative_prompts.empty()) return std::vector<std::string>(p.prompts.size(), "");
     if (p.negative_prompts.size() == 1) return std::vector<std::string>(p.prompts.size(), p.negative_prompts[0]);
     return p.negative_prompts;
+}
+
+void Txt2ImgPipeline::check_embeddings(const Txt2ImgParams& p) const {
+    const auto used = embeddings_used(p);
+    if (used.empty()) return;
+    const auto& e = p.embeddings->items().at(size_t(used[0]));
+    if (p.prompt_syntax == PromptSyntax::Plain)
+        throw ParamError("prompt_syntax", "the prompt names the textual-inversion embedding '" + e.name +
+                                              "': embeddings are read under a1111 syntax only (plain is diffusers' "
+                                              "text as is)");
+    std::vector<int64_t> widths{m_.text_encoder->config().hidden_size};
+    if (m_.text_encoder_2) widths.push_back(m_.text_encoder_2->config().hidden_size);
+    for (int i : used)
+        for (size_t k = 0; k < widths.size(); ++k) (void)p.embeddings->items().at(size_t(i)).for_encoder(k, widths);
 }
 
 Tensor Txt2ImgPipeline::prompt_ids(const std::vector<std::string>& prompts, std::vector<std::string>* warnings) const {
@@ -323,13 +356,41 @@ std::vector<ChunkedPrompt> Txt2ImgPipeline::prompt_chunks(const std::vector<std:
 }
 
 std::vector<ChunkedPrompt> Txt2ImgPipeline::prompt_chunks(const ClipTokenizer& tok, int max_len,
-                                                          const std::vector<std::string>& prompts) {
+                                                          const std::vector<std::string>& prompts,
+                                                          const std::vector<TokenEmbedding>* embeddings) {
     PromptChunkOptions o;
     o.chunk_length = max_len - 2;
+    o.embeddings = embeddings;
     std::vector<ChunkedPrompt> out;
     for (const auto& text : prompts) out.push_back(chunk_prompt(tok, parse_prompt_attention(text), o));
     return out;
 }
+
+namespace {
+// The textual-inversion side of one encoding: p's embeddings, the widths of the model's text encoders (one entry, or
+// SDXL's two), the names as a tokenizer reads them and the splices of a chunk's fixes.
+class PipelineEmbeddings {
+public:
+    PipelineEmbeddings(const Txt2ImgParams& p, std::vector<int64_t> widths)
+        : db_(p.embeddings.get()), widths_(std::move(widths)) {}
+    std::vector<TokenEmbedding> lookup(const ClipTokenizer& tok) const {
+        return db_ ? db_->lookup(tok) : std::vector<TokenEmbedding>{};
+    }
+    // Row b's fixes -> the vectors at positions offset + 1 (after the bos); Error when an embedding does not fit.
+    std::vector<TokenSplice> splices(const std::vector<std::vector<ChunkFix>>& fixes, size_t encoder) const {
+        std::vector<TokenSplice> out;
+        for (size_t b = 0; b < fixes.size(); ++b)
+            for (const auto& f : fixes[b])
+                out.push_back({int64_t(b), int64_t(f.offset) + 1,
+                               db_->items().at(size_t(f.index)).for_encoder(encoder, widths_)});
+        return out;
+    }
+
+private:
+    const EmbeddingDatabase* db_;
+    std::vector<int64_t> widths_;
+};
+} // namespace
 
 namespace {
 // `v` broadcast to as many entries as `fallback` the way negative_prompts is (empty: `fallback`; one entry: for
@@ -345,18 +406,20 @@ std::vector<std::string> broadcast(const std::vector<std::string>& v, const std:
 // embedding of the first chunk (A1111's zs[0].pooled).
 ClipConditioning encode_sdxl_side(ClipTextModelImpl& te, const ClipTokenizer& tok,
                                   const std::vector<std::string>& prompts, PromptSyntax syntax, int clip_skip,
-                                  size_t chunks, std::vector<std::string>* warnings) {
+                                  size_t chunks, std::vector<std::string>* warnings, const PipelineEmbeddings& ti,
+                                  size_t encoder) {
     const int max_len = te.config().max_position_embeddings;
     if (syntax == PromptSyntax::Plain)
         return te.encode_penultimate(Txt2ImgPipeline::prompt_ids(tok, max_len, prompts, warnings), clip_skip);
     Tensor pooled;
-    const ChunkEncoder enc = [&](const Tensor& ids) {
-        auto c = te.encode_penultimate(ids, clip_skip);
+    const SplicingChunkEncoder enc = [&](const Tensor& ids, const std::vector<std::vector<ChunkFix>>& fixes) {
+        auto c = te.encode_penultimate(ids, clip_skip, ti.splices(fixes, encoder));
         if (!pooled.defined()) pooled = c.pooled;
         return c.hidden;
     };
-    auto hidden = encode_chunked(Txt2ImgPipeline::prompt_chunks(tok, max_len, prompts), empty_chunk(tok, max_len - 2),
-                                 enc, chunks);
+    const auto names = ti.lookup(tok);
+    auto hidden = encode_chunked(Txt2ImgPipeline::prompt_chunks(tok, max_len, prompts, &names),
+                                 empty_chunk(tok, max_len - 2), enc, chunks);
     return {hidden, pooled};
 }
 } // namespace
@@ -391,18 +454,22 @@ UNetCond Txt2ImgPipeline::encode_conditioning(const Txt2ImgParams& p, bool cfg, 
     const bool zeros = p.negative_prompts.empty() && m_.force_zeros_for_empty_prompt;
     const auto neg = negatives_of(p), neg_2 = broadcast(p.negative_prompts_2, neg);
     // A1111: every row of both batches padded to the same number of chunks, on both encoders.
+    const PipelineEmbeddings ti(p, {te1.config().hidden_size, te2.config().hidden_size});
     size_t k = 1;
     if (p.prompt_syntax == PromptSyntax::A1111) {
         std::vector<const std::vector<std::string>*> lists{&p.prompts, &prompts_2};
         if (cfg && !zeros) lists.insert(lists.end(), {&neg, &neg_2});
+        const auto names = ti.lookup(m_.tokenizer);
         for (const auto* l : lists)
-            for (const auto& c : prompt_chunks(m_.tokenizer, te1.config().max_position_embeddings, *l))
+            for (const auto& c : prompt_chunks(m_.tokenizer, te1.config().max_position_embeddings, *l, &names))
                 k = std::max(k, c.chunks.size());
     }
-    auto side = [&](ClipTextModelImpl& te, const ClipTokenizer& tok, const std::vector<std::string>& v, int skip) {
-        return encode_sdxl_side(te, tok, v, p.prompt_syntax, skip, k, warnings);
+    auto side = [&](ClipTextModelImpl& te, const ClipTokenizer& tok, const std::vector<std::string>& v, int skip,
+                    size_t encoder) {
+        return encode_sdxl_side(te, tok, v, p.prompt_syntax, skip, k, warnings, ti, encoder);
     };
-    auto c1 = side(te1, m_.tokenizer, p.prompts, p.clip_skip), c2 = side(te2, m_.tokenizer_2, prompts_2, p.clip_skip);
+    auto c1 = side(te1, m_.tokenizer, p.prompts, p.clip_skip, 0),
+         c2 = side(te2, m_.tokenizer_2, prompts_2, p.clip_skip, 1);
     auto context = torch::cat({c1.hidden, c2.hidden}, -1), pooled = c2.pooled;
     const int64_t n = p.images_per_prompt;
     if (n > 1) context = context.repeat_interleave(n, 0), pooled = pooled.repeat_interleave(n, 0);
@@ -414,7 +481,7 @@ UNetCond Txt2ImgPipeline::encode_conditioning(const Txt2ImgParams& p, bool cfg, 
         // diffusers 0.27 encodes the negative prompt with hidden_states[-2] whatever clip_skip is; A1111 skips on
         // both sides.
         const int skip = p.prompt_syntax == PromptSyntax::Plain ? 0 : p.clip_skip;
-        auto u1 = side(te1, m_.tokenizer, neg, skip), u2 = side(te2, m_.tokenizer_2, neg_2, skip);
+        auto u1 = side(te1, m_.tokenizer, neg, skip, 0), u2 = side(te2, m_.tokenizer_2, neg_2, skip, 1);
         ucontext = torch::cat({u1.hidden, u2.hidden}, -1), upooled = u2.pooled;
         if (n > 1) ucontext = ucontext.repeat_interleave(n, 0), upooled = upooled.repeat_interleave(n, 0);
     }
@@ -430,13 +497,19 @@ Tensor Txt2ImgPipeline::encode_prompts(const Txt2ImgParams& p, bool cfg, std::ve
         if (cfg) uncond = m_.text_encoder->encode(prompt_ids(negatives_of(p), warnings), p.clip_skip);
     } else {
         // A1111: the prompts and the negative prompts are two batches padded to the same number of chunks.
-        const auto pc = prompt_chunks(p.prompts);
-        const auto nc = cfg ? prompt_chunks(negatives_of(p)) : std::vector<ChunkedPrompt>{};
+        const int max_len = m_.text_encoder->config().max_position_embeddings;
+        const PipelineEmbeddings ti(p, {m_.text_encoder->config().hidden_size});
+        const auto names = ti.lookup(m_.tokenizer);
+        const auto pc = prompt_chunks(m_.tokenizer, max_len, p.prompts, &names);
+        const auto nc = cfg ? prompt_chunks(m_.tokenizer, max_len, negatives_of(p), &names)
+                            : std::vector<ChunkedPrompt>{};
         size_t k = 1;
         for (const auto* v : {&pc, &nc})
             for (const auto& c : *v) k = std::max(k, c.chunks.size());
-        const auto empty = empty_chunk(m_.tokenizer, m_.text_encoder->config().max_position_embeddings - 2);
-        const ChunkEncoder enc = [&](const Tensor& ids) { return m_.text_encoder->encode(ids, p.clip_skip); };
+        const auto empty = empty_chunk(m_.tokenizer, max_len - 2);
+        const SplicingChunkEncoder enc = [&](const Tensor& ids, const std::vector<std::vector<ChunkFix>>& fixes) {
+            return m_.text_encoder->encode(ids, p.clip_skip, ti.splices(fixes, 0));
+        };
         cond = encode_chunked(pc, empty, enc, k);
         if (cfg) uncond = encode_chunked(nc, empty, enc, k);
     }
@@ -610,6 +683,15 @@ Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController*
     const bool cfg = p.guidance_scale > 1.0 && w_dim == 0;
     auto t0 = std::chrono::steady_clock::now();
     if (progress) progress({0, p.steps, 0.0, true, ProgressPhase::Encode});
+    if (!p.prompt_embeds.defined())
+        for (int i : embeddings_used(p)) {
+            const auto& e = p.embeddings->items().at(size_t(i));
+            // A1111 strips ':' and ',' from the name so that "name: hash, ..." stays parseable.
+            std::string name;
+            for (char c : e.name)
+                if (c != ':' && c != ',') name += c;
+            r.ti_hashes.emplace_back(name, e.short_hash());
+        }
     const UNetCond cond = encode_conditioning(p, cfg, &r.warnings);
     if (p.free_params) {
         if (p.init.enabled())

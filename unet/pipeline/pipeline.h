@@ -95,6 +95,9 @@ struct Txt2ImgParams {
     std::vector<ControlParams> control;
     // The final image's decoder: the model's VAE, or SDModels::taesd (diffusers' AutoencoderTiny in the pipeline).
     VaeDecoder vae_decoder = VaeDecoder::Full;
+    // Textual-inversion embeddings (unet/model/embeddings.h): a name of one in a prompt stands for its vectors
+    // (A1111 syntax; a prompt under plain syntax that names one is a ParamError). Shared, never changed by a run.
+    std::shared_ptr<const EmbeddingDatabase> embeddings;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.
@@ -212,6 +215,8 @@ struct Txt2ImgResult {
     std::optional<double> eta;
     int full_steps = 0, total_steps = 0;
     double text_s = 0, denoise_s = 0, decode_s = 0;
+    // A1111's "TI hashes": name (':' and ',' removed) and short hash of every embedding the prompts named.
+    std::vector<std::pair<std::string, std::string>> ti_hashes;
 };
 
 class Txt2ImgPipeline {
@@ -260,7 +265,14 @@ public:
     // The A1111 chunks of every prompt (parse_prompt_attention + chunk_prompt with this model's tokenizer).
     std::vector<ChunkedPrompt> prompt_chunks(const std::vector<std::string>& prompts) const;
     static std::vector<ChunkedPrompt> prompt_chunks(const ClipTokenizer& tok, int max_len,
-                                                    const std::vector<std::string>& prompts);
+                                                    const std::vector<std::string>& prompts,
+                                                    const std::vector<TokenEmbedding>* embeddings = nullptr);
+    // The textual-inversion embeddings p's prompts and negative prompts name (indices into p.embeddings, in order of
+    // first use; empty without p.embeddings). Read as A1111 syntax, or as plain text under plain syntax.
+    std::vector<int> embeddings_used(const Txt2ImgParams& p) const;
+    // validate()'s check of them: ParamError("prompt_syntax") under plain syntax, anchor::Error naming the file and
+    // the expected and actual shapes for one made for another text encoder.
+    void check_embeddings(const Txt2ImgParams& p) const;
     // One loop step from `latents` (the state before step i): fills `rec` when given and returns the new latents.
     // `extra`: channels appended to the scaled model input (a 9-channel UNet's [mask, masked image latents], CFG
     // rows); `ctl_step`: the step number the controller sees (the loop's own count, from 0; -1 = i).

@@ -186,6 +186,17 @@ PromptChunk empty_chunk(const ClipTokenizer& tok, int chunk_length) {
     return framed(tok, {}, {}, chunk_length);
 }
 
+namespace {
+// A1111's find_embedding_at_position: the first (longest) name whose tokens start at tokens[pos].
+const TokenEmbedding* embedding_at(const std::vector<TokenEmbedding>& names, const std::vector<int64_t>& tokens,
+                                   size_t pos) {
+    for (const auto& e : names)
+        if (pos + e.ids.size() <= tokens.size() && std::equal(e.ids.begin(), e.ids.end(), tokens.begin() + long(pos)))
+            return &e;
+    return nullptr;
+}
+} // namespace
+
 ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFragment>& parsed,
                            const PromptChunkOptions& o) {
     const size_t L = size_t(o.chunk_length);
@@ -193,15 +204,25 @@ ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFra
     ChunkedPrompt out;
     std::vector<int64_t> ids;
     std::vector<float> weights;
+    std::vector<ChunkFix> fixes;
     long last_comma = -1; // index in the current chunk of its last comma
     auto next_chunk = [&](bool is_last) {
         out.token_count += is_last ? int(ids.size()) : o.chunk_length;
         out.chunks.push_back(framed(tok, ids, weights, o.chunk_length));
+        out.chunks.back().fixes = std::move(fixes);
         ids.clear();
         weights.clear();
+        fixes.clear();
         last_comma = -1;
     };
-    size_t seen = 0; // tokens so far
+    size_t seen = 0; // tokens so far (an embedding's vectors in place of its name's tokens)
+    auto count = [&](size_t n) {
+        if (seen + n > size_t(o.max_tokens))
+            throw ParamError("prompts", "a prompt of more than " + std::to_string(o.max_tokens) + " CLIP tokens (" +
+                                            std::to_string(o.max_tokens / std::max(1, o.chunk_length)) + " chunks of " +
+                                            std::to_string(o.chunk_length) + ")");
+        seen += n;
+    };
     for (const auto& f : parsed) {
         if (o.check) o.check();
         if (is_chunk_break(f)) {
@@ -209,12 +230,10 @@ ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFra
             continue;
         }
         const auto tokens = tok.encode(f.text);
-        if (seen + tokens.size() > size_t(o.max_tokens))
-            throw ParamError("prompts", "a prompt of more than " + std::to_string(o.max_tokens) + " CLIP tokens (" +
-                                            std::to_string(o.max_tokens / std::max(1, o.chunk_length)) + " chunks of " +
-                                            std::to_string(o.chunk_length) + ")");
-        seen += tokens.size();
-        for (int64_t token : tokens) {
+        count(tokens.size());
+        size_t pos = 0;
+        while (pos < tokens.size()) {
+            const int64_t token = tokens[pos];
             if (token == comma) {
                 last_comma = long(ids.size());
             } else if (o.comma_backtrack > 0 && ids.size() == L && last_comma >= 0 &&
@@ -223,15 +242,39 @@ ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFra
                 const size_t at = size_t(last_comma) + 1;
                 std::vector<int64_t> moved_ids(ids.begin() + long(at), ids.end());
                 std::vector<float> moved_w(weights.begin() + long(at), weights.end());
+                std::vector<ChunkFix> kept, moved;
+                for (const auto& fx : fixes)
+                    (size_t(fx.offset) >= at ? moved : kept).push_back({fx.offset - int(at), fx.index});
+                for (auto& fx : kept) fx.offset += int(at);
                 ids.resize(at);
                 weights.resize(at);
+                fixes = std::move(kept);
                 next_chunk(false);
                 ids = std::move(moved_ids);
                 weights = std::move(moved_w);
+                fixes = std::move(moved);
             }
             if (ids.size() == L) next_chunk(false);
-            ids.push_back(token);
-            weights.push_back(float(f.weight));
+            const TokenEmbedding* e = o.embeddings ? embedding_at(*o.embeddings, tokens, pos) : nullptr;
+            if (!e) {
+                ids.push_back(token);
+                weights.push_back(float(f.weight));
+                ++pos;
+                continue;
+            }
+            const size_t n = size_t(e->vectors);
+            if (n > L)
+                throw ParamError("prompts", "a textual-inversion embedding of " + std::to_string(n) +
+                                                " vectors does not fit in a chunk of " + std::to_string(L) + " tokens");
+            if (n > e->ids.size()) count(n - e->ids.size());
+            if (ids.size() + n > L) next_chunk(false);
+            fixes.push_back({int(ids.size()), e->index});
+            ids.insert(ids.end(), n, 0);
+            weights.insert(weights.end(), n, float(f.weight));
+            if (std::find(out.embeddings_used.begin(), out.embeddings_used.end(), e->index) ==
+                out.embeddings_used.end())
+                out.embeddings_used.push_back(e->index);
+            pos += e->ids.size();
         }
     }
     if (!ids.empty() || out.chunks.empty()) next_chunk(true);
@@ -260,6 +303,16 @@ Tensor apply_emphasis(const Tensor& z, const Tensor& weights) {
 
 Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChunk& empty, const ChunkEncoder& encode,
                       size_t min_chunks) {
+    const SplicingChunkEncoder plain = [&encode](const Tensor& ids, const std::vector<std::vector<ChunkFix>>& fixes) {
+        for (const auto& row : fixes)
+            TORCH_CHECK(row.empty(), "encode_chunked: a prompt names an embedding and the encoder splices none");
+        return encode(ids);
+    };
+    return encode_chunked(prompts, empty, plain, min_chunks);
+}
+
+Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChunk& empty,
+                      const SplicingChunkEncoder& encode, size_t min_chunks) {
     size_t k = std::max<size_t>(min_chunks, 1);
     for (const auto& p : prompts) k = std::max(k, p.chunks.size());
     const int64_t B = int64_t(prompts.size()), T = int64_t(empty.ids.size());
@@ -267,14 +320,16 @@ Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChu
     for (size_t c = 0; c < k; ++c) {
         auto ids = torch::empty({B, T}, torch::kLong);
         auto w = torch::empty({B, T}, torch::kFloat);
+        std::vector<std::vector<ChunkFix>> fixes(static_cast<size_t>(B));
         for (int64_t b = 0; b < B; ++b) {
             const auto& chunks = prompts[size_t(b)].chunks;
             const PromptChunk& ch = c < chunks.size() ? chunks[c] : empty;
             TORCH_CHECK(int64_t(ch.ids.size()) == T, "encode_chunked: chunks of ", ch.ids.size(), " and ", T, " ids");
             std::copy(ch.ids.begin(), ch.ids.end(), ids[b].data_ptr<int64_t>());
             std::copy(ch.weights.begin(), ch.weights.end(), w[b].data_ptr<float>());
+            fixes[size_t(b)] = ch.fixes;
         }
-        parts.push_back(apply_emphasis(encode(ids), w));
+        parts.push_back(apply_emphasis(encode(ids, fixes), w));
     }
     return parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
 }

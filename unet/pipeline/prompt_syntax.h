@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cache/io/enum_table.h"
+#include "unet/model/embeddings.h"
 
 #include <torch/torch.h>
 
@@ -51,16 +52,25 @@ std::vector<PromptFragment> parse_prompt_attention(const std::string& text);
 // weight that is not a number; plain text always reads).
 void check_prompt_syntax(PromptSyntax syntax, std::initializer_list<const std::vector<std::string>*> lists);
 
+// A textual-inversion embedding in a chunk (A1111's PromptChunkFix): its vectors replace the input embeddings of
+// positions offset + 1 .. offset + n of the chunk's ids (the + 1 is the bos), whose ids are placeholders (0, as A1111).
+struct ChunkFix {
+    int offset = 0;
+    int index = 0; // the embedding's index in its EmbeddingDatabase (TokenEmbedding::index)
+};
+
 // One CLIP window: [bos] + up to chunk_length tokens + [eos] + padding, and the multiplier of every position (1.0 on
 // the framing and the padding).
 struct PromptChunk {
     std::vector<int64_t> ids;
     std::vector<float> weights;
+    std::vector<ChunkFix> fixes;
 };
 
 struct ChunkedPrompt {
     std::vector<PromptChunk> chunks;
     int token_count = 0; // A1111's count: chunk_length per full chunk, the tokens of the last one
+    std::vector<int> embeddings_used; // indices of the textual-inversion embeddings it names, in order of first use
 };
 
 struct PromptChunkOptions {
@@ -69,11 +79,17 @@ struct PromptChunkOptions {
     int max_tokens = kMaxPromptTokens; // more: ParamError("prompts"), raised as soon as the count passes it
     // Called before each fragment is tokenized: a cancellation point (it throws to stop).
     std::function<void()> check;
+    // Textual-inversion names (EmbeddingDatabase::lookup, longest first); null: none.
+    const std::vector<TokenEmbedding>* embeddings = nullptr;
 };
 
 // A1111 tokenize_line: every fragment tokenized on its own, the tokens collected into chunks of chunk_length; a chunk
 // break starts a new chunk; when a chunk is full and its last comma is at most comma_backtrack tokens back, the
-// tokens after that comma move to the next chunk. Always at least one chunk.
+// tokens after that comma move to the next chunk. Always at least one chunk. With o.embeddings, a name found in a
+// fragment's tokens becomes n placeholder positions of the fragment's weight and a ChunkFix (A1111's tokenize_line):
+// the n vectors count against the chunk length, and a name whose vectors do not fit in the rest of the chunk starts
+// the next one. Unlike A1111, the comma backtrack moves a fix with its positions (A1111 leaves it behind, writing the
+// vectors over the old chunk's padding). ParamError("prompts") for an embedding of more vectors than a chunk holds.
 ChunkedPrompt chunk_prompt(const ClipTokenizer& tok, const std::vector<PromptFragment>& parsed,
                            const PromptChunkOptions& o = {});
 // The chunk of an empty prompt: [bos][eos] + padding, weights 1.
@@ -88,11 +104,17 @@ torch::Tensor apply_emphasis(const torch::Tensor& z, const torch::Tensor& weight
 
 // [B, T] int64 ids -> [B, T, D] (the text encoder with its clip_skip).
 using ChunkEncoder = std::function<torch::Tensor(const torch::Tensor& ids)>;
+// The same with the textual-inversion fixes of every row (fixes[b] for row b) to splice into the input embeddings.
+using SplicingChunkEncoder =
+    std::function<torch::Tensor(const torch::Tensor& ids, const std::vector<std::vector<ChunkFix>>& fixes)>;
 
 // The A1111 conditioning of a batch of prompts: every prompt chunked, every row padded with empty chunks to
 // max(min_chunks, the longest prompt's chunk count), chunk i of every row encoded as one batch, emphasis applied,
 // the chunks concatenated: [B, 77 * k, D].
 torch::Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChunk& empty,
                              const ChunkEncoder& encode, size_t min_chunks = 0);
+// The same, each chunk's fixes handed to the encoder with its ids.
+torch::Tensor encode_chunked(const std::vector<ChunkedPrompt>& prompts, const PromptChunk& empty,
+                             const SplicingChunkEncoder& encode, size_t min_chunks = 0);
 
 } // namespace anchor::unet

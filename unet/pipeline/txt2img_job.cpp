@@ -245,6 +245,7 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
                           cb.progress ? [&](const ProgressInfo& pi) { cb.progress(pi, label); }
                                       : Txt2ImgPipeline::ProgressFn{});
         if (first) out.warnings = r.warnings;
+        info.ti_hashes = r.ti_hashes; // the embeddings this batch's prompts named
         std::vector<Txt2ImgJobImage> done;
         for (int i = 0; i < nb; ++i) {
             const int k = k0 + i;
@@ -258,6 +259,11 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             rec["image_index"] = k;
             if (job.write_files) rec["output"] = pngs[size_t(k)];
             rec["cache_mode"] = job.cache.label;
+            if (!r.ti_hashes.empty()) {
+                rec["textual_inversion"] = nlohmann::json::array();
+                for (const auto& [name, hash] : r.ti_hashes)
+                    rec["textual_inversion"].push_back({{"name", name}, {"hash", hash}});
+            }
             if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
             // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
             const auto chunks = image_text_chunks(infotext_of(p, i, info), rec);

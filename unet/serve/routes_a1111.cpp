@@ -2,6 +2,7 @@
 // parameters, `info` as a JSON string), and the samplers, models, options, progress, interrupt and skip that its
 // clients poll. The jobs are the core's (unet/serve/sd_server.cpp).
 #include "unet/serve/sd_server_routes.h"
+#include "unet/serve/a1111_controlnet.h"
 
 namespace anchor::unet {
 
@@ -64,6 +65,29 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
                            {"options", {{"scheduler", a.schedule_type}}}});
         }
         return HttpReply::json(out);
+    });
+    // A1111's listing of the textual-inversion embeddings: "shape" is the vectors' width (SDXL: both widths summed,
+    // as A1111 counts them), "step" and the checkpoint fields are what A1111 reads from its own .pt files (null here).
+    http.get("/sdapi/v1/embeddings", [&s](const HttpRequest&) {
+        nlohmann::json loaded = nlohmann::json::object();
+        if (s.p_.embeddings)
+            for (const auto& e : s.p_.embeddings->items())
+                loaded[e.name] = {{"step", nullptr},
+                                  {"sd_checkpoint", nullptr},
+                                  {"sd_checkpoint_name", nullptr},
+                                  {"shape", e.sdxl() ? e.clip_l.size(1) + e.clip_g.size(1) : e.vectors.size(1)},
+                                  {"vectors", e.count()}};
+        return HttpReply::json({{"loaded", loaded}, {"skipped", nlohmann::json::object()}});
+    });
+    // sd-webui-controlnet's model list: "NAME [hash]" as its clients send the name back in a unit's "model".
+    http.get("/controlnet/model_list", [&s](const HttpRequest&) {
+        nlohmann::json list = nlohmann::json::array();
+        if (s.p_.controlnets)
+            for (const auto& [name, path] : s.p_.controlnets->models()) {
+                const auto h = a1111_legacy_hash(path);
+                list.push_back(h.empty() ? name : name + " [" + h + "]");
+            }
+        return HttpReply::json({{"model_list", list}});
     });
     http.get("/sdapi/v1/sd-models", [&s, model_name](const HttpRequest&) {
         return HttpReply::json(nlohmann::json::array({{{"title", model_name},

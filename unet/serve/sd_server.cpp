@@ -1,4 +1,5 @@
 #include "unet/serve/sd_server.h"
+#include "unet/serve/a1111_controlnet.h"
 
 #include "cache/io/png_text.h"
 #include "cache/util/threads.h"
@@ -132,6 +133,18 @@ void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::str
         } catch (const ParamError& e) {
             throw HttpError(text->size() > kMaxPromptBytes ? 413 : 400, field, field + ": " + e.detail());
         }
+        // The embeddings it names fit the model's text encoders (another model's: 400 naming file and shapes).
+        if (!p.embeddings) continue;
+        Txt2ImgParams q = p;
+        q.prompts = {*text};
+        q.negative_prompts.clear();
+        try {
+            pipe.check_embeddings(q);
+        } catch (const ParamError& e) {
+            throw HttpError(400, field, field + ": " + e.detail());
+        } catch (const Error& e) {
+            throw HttpError(400, field, field + ": " + e.what());
+        }
     }
 }
 
@@ -195,6 +208,7 @@ std::string SdServer::model_name() const {
 }
 
 void SdServer::read_image_fields(const RequestFields& f, Txt2ImgParams& p) const {
+    p.embeddings = p_.embeddings; // the server's, read at start
     p.negative_prompts = {f.string("negative_prompt", "")};
     p.steps = int(f.integer("steps", 20, 1, p_.max_steps));
     p.guidance_scale = f.number("cfg_scale", 7.0, 0.0, 100.0);
@@ -236,6 +250,18 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
     job.prompts = {f.string("prompt", "")};
     read_image_fields(f, p);
     check_prompts(pipe_, p, job.prompts[0]);
+    { // the sd-webui-controlnet extension's units (422 naming the unit's field)
+        static ControlNetLibrary none;
+        p.control = a1111_control_units(f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
+                                        [](const std::string& b64, const std::string& field) {
+                                            return request_image(b64, field, false);
+                                        });
+        try {
+            validate_control(p.control, pipe_.models().unet->config(), 1);
+        } catch (const ParamError& e) {
+            throw HttpError(422, "alwayson_scripts.controlnet.args", "alwayson_scripts.controlnet.args: " + e.detail());
+        }
+    }
     if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
     read_vae_tiling(f, p.vae_tiling);
     job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
@@ -374,6 +400,8 @@ nlohmann::json SdServer::openapi() const {
         {"/anchor/v1/compare", openapi_post("several cache modes of one image", compare)},
         {"/sdapi/v1/samplers", openapi_get("the samplers")},
         {"/sdapi/v1/sd-models", openapi_get("the one model")},
+        {"/sdapi/v1/embeddings", openapi_get("the textual-inversion embeddings of --embedding-dir")},
+        {"/controlnet/model_list", openapi_get("the ControlNets of --control-net-dir (sd-webui-controlnet's list)")},
         {"/sdapi/v1/options", openapi_get("the server's settings")},
         {"/sdapi/v1/progress", openapi_get("the running job's progress")},
         {"/sdapi/v1/interrupt", openapi_post("stop the running job (no body needed)", json::object())},

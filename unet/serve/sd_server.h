@@ -21,6 +21,8 @@
 
 namespace anchor::unet {
 
+class ControlNetLibrary;
+
 struct SdServerParams {
     serve::ServerOptions http;
     std::string model;         // what the clients see as the checkpoint (the -m path)
@@ -37,6 +39,10 @@ struct SdServerParams {
     int preview_every = 5;
     // The decoder of requests without a `vae_decoder` field ("full" or "taesd"; taesd needs SDModels::taesd).
     VaeDecoder default_vae_decoder = VaeDecoder::Full;
+    // Textual-inversion embeddings (--embedding-dir), read once at start and shared, unchanged, by every request.
+    std::shared_ptr<const EmbeddingDatabase> embeddings;
+    // ControlNets of A1111 requests' alwayson_scripts.controlnet (--control-net-dir), loaded at first use and kept.
+    std::shared_ptr<ControlNetLibrary> controlnets;
     void validate() const;                           // ParamError naming the field
 };
 
