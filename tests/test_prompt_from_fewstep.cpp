@@ -77,7 +77,7 @@ TEST_CASE("a record's timestep spacing, TAESD decoder and VAE tiling are read ba
     CHECK(odd.notes.size() == 2);
 }
 
-TEST_CASE("--prompt-from remakes a few-step TAESD image and a VAE-tiled one from the PNG alone", "[png][cli]") {
+TEST_CASE("anchor-sd --prompt-from remakes a few-step TAESD image and a VAE-tiled one from the PNG alone", "[png][cli]") {
     const auto dir = test::scratch_dir("cli_prompt_from_fewstep");
     // The tiny model with a TAESD beside it (found by --vae-decoder taesd): links to the stored folders.
     const fs::path model = fs::path(dir) / "model";
