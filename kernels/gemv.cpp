@@ -624,18 +624,6 @@ void gemv_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int
     run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_plain(w, xd, xq, b, y, r0, r1, nb); });
 }
 
-torch::Tensor quantize_q8_0(const torch::Tensor& w_in) {
-    if (w_in.dim() != 2) throw Error("quantize_q8_0: weight must be 2-D, got " + std::to_string(w_in.dim()) + "-D");
-    auto w = w_in.detach().to(torch::kCPU).to(torch::kFloat32).contiguous();
-    const int64_t rows = w.size(0), cols = w.size(1), nb = q8_0_blocks(cols);
-    auto out = torch::empty({rows, nb * int64_t(sizeof(BlockQ8_0))}, torch::kUInt8);
-    const float* src = w.data_ptr<float>();
-    auto* dst = reinterpret_cast<BlockQ8_0*>(out.data_ptr<uint8_t>());
-    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) quantize_row_q8_0(src + r * cols, dst + r * nb, cols);
-    });
-    return out;
-}
 
 namespace {
 // The bias of a tensor-form gemv as contiguous float32 [rows] (undefined when there is none); anchor::Error naming
@@ -649,21 +637,60 @@ torch::Tensor float_bias(const torch::Tensor& bias, int64_t rows, const char* wh
 }
 } // namespace
 
-torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias) {
-    const int64_t cols = x_in.numel();
+namespace {
+// The tensor forms of a block format (q8_0, q4_0): rows of w quantised into `Block`s by `row`, and the product of such
+// rows with x through `gemv`; `who` names the function in errors.
+template <class Block>
+torch::Tensor quantize_block_rows(const torch::Tensor& w_in, const char* who, int64_t block_values,
+                                  void (*row)(const float*, Block*, int64_t)) {
+    if (w_in.dim() != 2)
+        throw Error(std::string(who) + ": weight must be 2-D, got " + std::to_string(w_in.dim()) + "-D");
+    auto w = w_in.detach().to(torch::kCPU).to(torch::kFloat32).contiguous();
+    const int64_t rows = w.size(0), cols = w.size(1), nb = (cols + block_values - 1) / block_values;
+    auto out = torch::empty({rows, nb * int64_t(sizeof(Block))}, torch::kUInt8);
+    const float* src = w.data_ptr<float>();
+    auto* dst = reinterpret_cast<Block*>(out.data_ptr<uint8_t>());
+    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) row(src + r * cols, dst + r * nb, cols);
+    });
+    return out;
+}
+
+template <class Block>
+torch::Tensor gemv_block_rows(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias,
+                              const char* who, const char* format, int64_t block_values,
+                              void (*gemv)(const Block*, const float*, const float*, float*, int64_t, int64_t)) {
+    const int64_t cols = x_in.numel(), row_bytes = (cols + block_values - 1) / block_values * int64_t(sizeof(Block));
     if (wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.is_contiguous() || !wq.device().is_cpu() ||
-        wq.size(1) != q8_0_blocks(cols) * int64_t(sizeof(BlockQ8_0)))
-        throw Error("gemv_q8_0: weight must be contiguous CPU uint8 [rows, " +
-                    std::to_string(q8_0_blocks(cols) * int64_t(sizeof(BlockQ8_0))) + "] q8_0 blocks for " +
-                    std::to_string(cols) + " inputs");
+        wq.size(1) != row_bytes)
+        throw Error(std::string(who) + ": weight must be contiguous CPU uint8 [rows, " + std::to_string(row_bytes) +
+                    "] " + format + " blocks for " + std::to_string(cols) + " inputs");
     const int64_t rows = wq.size(0);
     auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
-    const torch::Tensor b = float_bias(bias, rows, "gemv_q8_0");
+    const torch::Tensor b = float_bias(bias, rows, who);
     auto y = torch::empty({rows}, torch::kFloat32);
-    gemv_q8_0(reinterpret_cast<const BlockQ8_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
-              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
+    gemv(reinterpret_cast<const Block*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
+         b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
     return y;
 }
+} // namespace
+
+torch::Tensor quantize_q8_0(const torch::Tensor& w) {
+    return quantize_block_rows<BlockQ8_0>(w, "quantize_q8_0", kQ8Block, quantize_row_q8_0);
+}
+
+torch::Tensor gemv_q8_0(const torch::Tensor& wq, const torch::Tensor& x, const torch::Tensor& bias) {
+    return gemv_block_rows<BlockQ8_0>(wq, x, bias, "gemv_q8_0", "q8_0", kQ8Block, gemv_q8_0);
+}
+
+torch::Tensor quantize_q4_0(const torch::Tensor& w) {
+    return quantize_block_rows<BlockQ4_0>(w, "quantize_q4_0", kQ4Block, quantize_row_q4_0);
+}
+
+torch::Tensor gemv_q4_0(const torch::Tensor& wq, const torch::Tensor& x, const torch::Tensor& bias) {
+    return gemv_block_rows<BlockQ4_0>(wq, x, bias, "gemv_q4_0", "q4_0", kQ4Block, gemv_q4_0);
+}
+
 
 // ---- q4_0 -----------------------------------------------------------------------------------------------------------
 
@@ -729,34 +756,7 @@ void gemv_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int
     run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q4_plain(w, xd.data(), xq.data(), b, y, r0, r1, nb); });
 }
 
-torch::Tensor quantize_q4_0(const torch::Tensor& w_in) {
-    if (w_in.dim() != 2) throw Error("quantize_q4_0: weight must be 2-D, got " + std::to_string(w_in.dim()) + "-D");
-    auto w = w_in.detach().to(torch::kCPU).to(torch::kFloat32).contiguous();
-    const int64_t rows = w.size(0), cols = w.size(1), nb = q4_0_blocks(cols);
-    auto out = torch::empty({rows, nb * int64_t(sizeof(BlockQ4_0))}, torch::kUInt8);
-    const float* src = w.data_ptr<float>();
-    auto* dst = reinterpret_cast<BlockQ4_0*>(out.data_ptr<uint8_t>());
-    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) quantize_row_q4_0(src + r * cols, dst + r * nb, cols);
-    });
-    return out;
-}
 
-torch::Tensor gemv_q4_0(const torch::Tensor& wq, const torch::Tensor& x_in, const torch::Tensor& bias) {
-    const int64_t cols = x_in.numel();
-    if (wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.is_contiguous() || !wq.device().is_cpu() ||
-        wq.size(1) != q4_0_blocks(cols) * int64_t(sizeof(BlockQ4_0)))
-        throw Error("gemv_q4_0: weight must be contiguous CPU uint8 [rows, " +
-                    std::to_string(q4_0_blocks(cols) * int64_t(sizeof(BlockQ4_0))) + "] q4_0 blocks for " +
-                    std::to_string(cols) + " inputs");
-    const int64_t rows = wq.size(0);
-    auto x = x_in.reshape({cols}).to(torch::kFloat32).contiguous();
-    const torch::Tensor b = float_bias(bias, rows, "gemv_q4_0");
-    auto y = torch::empty({rows}, torch::kFloat32);
-    gemv_q4_0(reinterpret_cast<const BlockQ4_0*>(wq.data_ptr<uint8_t>()), x.data_ptr<float>(),
-              b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, cols);
-    return y;
-}
 
 torch::Tensor huge_page_copy(const torch::Tensor& t_in) {
     auto t = t_in.detach().to(torch::kCPU).contiguous();
