@@ -25,7 +25,8 @@ const FlagNames& dlm_flags() {
                                 {"top_p", "--top-p"},           {"top_k", "--top-k"},
                                 {"remask", "--remask"},         {"cache", "--cache"},
                                 {"eps", "--eps"},               {"prompt", "--prompt"},
-                                {"family", "--family"},         {"chat", "--no-chat"}};
+                                {"family", "--family"},         {"chat", "--no-chat"},
+                                {"alg_temp", "--alg-temp"}};
     return f;
 }
 
@@ -67,6 +68,9 @@ void add_dlm_options(CLI::App* sub, DlmCliArgs& a) {
                         " (default LLaDA low_confidence, Dream entropy)");
     sub->add_option("--mask-id", a.mask_id, "[MASK] id when the folder does not name it");
     sub->add_option("--eps", a.eps, "Dream: last point of the time grid")->capture_default_str();
+    sub->add_option("--alg-temp", a.alg_temp,
+                    "Dream: > 0 draws the positions each step commits from softmax(confidence / alg-temp) "
+                    "(default 0: the most confident)");
     sub->add_flag("--no-chat", a.no_chat, "Use the prompt as is, not wrapped in the folder's chat template");
     sub->add_flag("--no-eos-stop", a.no_eos_stop, "Keep decoding past the end-of-sequence token");
     sub->add_flag("--stream", a.stream, "Print each committed block as it completes");
@@ -97,6 +101,7 @@ DlmSampleOptions dlm_options(const DlmCliArgs& a, const DlmSharedArgs& s, const 
     if (given("--top-p")) o.top_p = s.top_p;
     if (given("--top-k") && s.top_k > 0) o.top_k = s.top_k;
     o.eps = a.eps;
+    if (given("--alg-temp")) o.alg_temp = a.alg_temp;
     o.stop_at_eos = !a.no_eos_stop;
     with_flag_errors(dlm_flags(), [&] {
         if (!a.remask.empty()) o.remask = enum_from_string(dlm_remask_table(), a.remask, "remask");

@@ -25,6 +25,7 @@ struct DlmCliArgs {
     std::string remask;     // --remask (empty: the family's)
     int64_t mask_id = -1;   // --mask-id
     double eps = 1e-3;      // --eps (Dream)
+    double alg_temp = 0;    // --alg-temp (Dream)
     bool no_chat = false, no_eos_stop = false, stream = false;
     CLI::App* app = nullptr; // to tell set options from defaults
 };

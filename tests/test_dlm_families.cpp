@@ -92,6 +92,15 @@ TEST_CASE("dlm options each family refuses name their field", "[dlm]") {
     o.remask = DlmRemask::LowConfidence;
     CHECK(field(o, dream->config()) == "remask");
     CHECK(field(o, llada->config()).empty());
+    // alg_temp draws the committed positions of Dream's confidence rules only.
+    o.alg_temp = 0.5;
+    CHECK(field(o, llada->config()) == "alg_temp");
+    o.remask.reset();
+    CHECK(field(o, dream->config()).empty());
+    o.remask = DlmRemask::Origin;
+    CHECK(field(o, dream->config()) == "alg_temp");
+    o.remask = DlmRemask::TopkMargin, o.alg_temp = -1.0;
+    CHECK(field(o, dream->config()) == "alg_temp");
 }
 
 TEST_CASE("dlm LLaDA cached decoding: one step per block is the uncached run; dual computes only the block", "[dlm]") {

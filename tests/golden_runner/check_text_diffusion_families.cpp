@@ -104,7 +104,6 @@ std::vector<CaseResult> run_dlm_case(const fs::path& dir, const Context& ctx) {
                                    enum_from_string(dlm_remask_table(), g.at("remasking").get<std::string>(), "remasking"),
                                    replay);
             } else if (sampler == "dream") {
-                if (g.value("alg_temp", 0.0) != 0.0) throw Error("alg_temp > 0 is not implemented");
                 std::optional<double> top_p;
                 std::optional<int64_t> top_k;
                 if (g.contains("top_p")) top_p = g["top_p"].get<double>();
@@ -112,7 +111,8 @@ std::vector<CaseResult> run_dlm_case(const fs::path& dir, const Context& ctx) {
                 got = dream_sample(model, dlm_need(tensors, n + ".prompt_ids").to(torch::kLong),
                                    g.at("gen_length").get<int64_t>(), steps, g.at("eps").get<double>(),
                                    g.at("temperature").get<double>(), top_p, top_k,
-                                   enum_from_string(dlm_remask_table(), g.at("alg").get<std::string>(), "alg"), replay);
+                                   enum_from_string(dlm_remask_table(), g.at("alg").get<std::string>(), "alg"), replay,
+                                   g.at("alg_temp").get<double>());
             } else {
                 throw Error("unknown sampler '" + sampler + "'");
             }

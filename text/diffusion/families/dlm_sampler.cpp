@@ -31,7 +31,11 @@ DlmDraws dlm_seeded_draws(uint64_t seed) {
         auto u = at::rand(shape, *gen, torch::kFloat64).to(dtype);
         const double tiny = dtype == torch::kFloat64 ? std::numeric_limits<double>::min()
                                                      : double(std::numeric_limits<float>::min());
-        return u.clamp_min(tiny);
+        // A float64 uniform within 2^-25 of 1 rounds to 1.0f: -log u = 0 would turn a zero probability's p / q (or
+        // Gumbel score) into NaN, which argmax picks; the largest float below 1 keeps such a token unreachable.
+        const double below_one =
+            dtype == torch::kFloat64 ? std::nextafter(1.0, 0.0) : double(std::nextafter(1.0f, 0.0f));
+        return u.clamp(tiny, below_one);
     };
 }
 
@@ -85,6 +89,13 @@ void DlmSampleOptions::validate(const DlmConfig& c) const {
     if (auto p = top_p_for(c.family); p && !(*p > 0 && *p <= 1)) throw ParamError("top_p", "must be in (0, 1]");
     if (top_k && *top_k < 1) throw ParamError("top_k", "must be >= 1");
     if (!(eps > 0 && eps < 1)) throw ParamError("eps", "must be in (0, 1)");
+    if (alg_temp) {
+        if (!(*alg_temp >= 0)) throw ParamError("alg_temp", "must be >= 0");
+        if (c.family != DlmFamily::Dream || r == DlmRemask::Origin)
+            throw ParamError("alg_temp", "draws the committed positions of Dream's maskgit_plus, topk_margin and " +
+                                             std::string("entropy; ") + fam + " with '" +
+                                             enum_name(dlm_remask_table(), r) + "' has no such choice");
+    }
 }
 
 torch::Tensor dlm_top_p(const torch::Tensor& logits, double p) {
@@ -226,7 +237,7 @@ torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
 
 torch::Tensor dream_sample(DlmModel& model, const torch::Tensor& prompt, int64_t gen_length, int64_t steps, double eps,
                            double temperature, std::optional<double> top_p, std::optional<int64_t> top_k,
-                           DlmRemask alg, const DlmDraws& draws) {
+                           DlmRemask alg, const DlmDraws& draws, std::optional<double> alg_temp) {
     torch::NoGradGuard ng;
     const int64_t mask_id = model.config().mask_token_id, P = prompt.size(1), L = P + gen_length;
     auto x = torch::full({1, L}, mask_id, torch::kLong);
@@ -240,7 +251,10 @@ torch::Tensor dream_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
         auto probs = torch::softmax(ml, -1);
         torch::Tensor conf, x0;
         if (temperature > 0) {
-            x0 = dlm_gumbel_argmax(torch::log(probs), dlm_draw(draws, probs.sizes().vec(), torch::kFloat32));
+            // dists.Categorical(probs).sample(): torch.multinomial(probs / sum, 1), which torch computes as
+            // argmax(p / q) with q ~ Exp(1) (its Gumbel-max), q = -log u.
+            auto q = torch::log(dlm_draw(draws, probs.sizes().vec(), torch::kFloat32)).neg();
+            x0 = (probs / probs.sum(-1, true) / q).argmax(-1);
             conf = probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1);
         } else {
             auto mx = probs.max(-1);
@@ -277,7 +291,16 @@ torch::Tensor dream_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
             if (n > 0) {
                 auto full = torch::full({L}, -std::numeric_limits<float>::infinity());
                 full.index_put_({mask_index[0]}, conf);
-                auto sel = std::get<1>(full.topk(n));
+                torch::Tensor sel;
+                if (!alg_temp || *alg_temp == 0) {
+                    sel = std::get<1>(full.topk(n));
+                } else {
+                    // torch.multinomial(softmax(conf / alg_temp), n) without replacement: topk(p / q, n), q ~ Exp(1)
+                    // (Gumbel-top-k); positions already committed have p = 0.
+                    auto w = torch::softmax(full / *alg_temp, -1);
+                    auto q = torch::log(dlm_draw(draws, {1, L}, torch::kFloat32)).neg()[0];
+                    sel = std::get<1>((w / q).topk(n));
+                }
                 auto x_ = torch::full({L}, mask_id, torch::kLong);
                 x_.index_put_({mask_index[0]}, x0);
                 x[0].index_copy_(0, sel, x_.index_select(0, sel));
@@ -326,7 +349,7 @@ DlmSampleResult dlm_generate(DlmModel& model, const std::vector<int64_t>& prompt
     }
     case DlmFamily::Dream:
         out = dream_sample(model, p, o.gen_length, o.steps, o.eps, temp, o.top_p_for(c.family), o.top_k,
-                           o.remask_for(c.family), draws);
+                           o.remask_for(c.family), draws, o.alg_temp);
         r.steps_run = o.steps;
         r.positions_computed = o.steps * (P + o.gen_length);
         if (on_block) on_block(std::vector<int64_t>(out.data_ptr<int64_t>() + P, out.data_ptr<int64_t>() + out.numel()));

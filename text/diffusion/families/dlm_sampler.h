@@ -7,13 +7,15 @@
 // - LLaDA (ML-GSAI/LLaDA generate.py, Nie et al. 2025 sec. 2.4 and app. B.3): semi-autoregressive blocks of
 //   block_length; steps / blocks steps per block, each committing the precomputed count of the block's masks with
 //   the highest confidence (the probability of the Gumbel-max token: low-confidence remasking; or a uniform draw).
-// - Dream (Ye et al. 2025, diffusion_generate): the whole answer masked at once, logits shifted right by one; step i
-//   of a linspace(1, eps) grid commits int(masks * (1 - s/t)) positions by confidence (maskgit_plus: probability of
-//   the sampled token; topk_margin: top1 - top2; entropy: sum p log p), or each mask with probability 1 - s/t
-//   (origin).
+// - Dream (Ye et al. 2025; DreamGenerationMixin._sample in Dream-org/Dream-v0-Instruct-7B generation_utils.py): the
+//   whole answer masked at once, logits shifted right by one; step i of a linspace(1, eps) grid commits
+//   int(masks * (1 - s/t)) positions by confidence (maskgit_plus: probability of the sampled token; topk_margin:
+//   top1 - top2; entropy: sum p log p), the top ones or, with alg_temp > 0, drawn without replacement from
+//   softmax(confidence / alg_temp); or each mask with probability 1 - s/t (origin).
 //
-// Categorical draws are Gumbel-max over uniforms (the same distribution as torch.distributions.Categorical); every
-// uniform comes from a DlmDraws source in a fixed order, so a golden case can replay the reference's draws.
+// Categorical draws are Gumbel-max over uniforms (the same distribution as torch.distributions.Categorical; Dream's
+// draws are torch.multinomial's argmax(p / q), q = -log u); every uniform comes from a DlmDraws source in a fixed
+// order, so a golden case can replay the reference's draws.
 #pragma once
 
 #include "cache/io/enum_table.h"
@@ -29,7 +31,8 @@ namespace anchor::text {
 
 // Uniforms in (0, 1) of a shape and dtype (float32 or float64), one call per draw of the reference sampler.
 using DlmDraws = std::function<torch::Tensor(const std::vector<int64_t>& shape, torch::ScalarType dtype)>;
-// From a CPU generator: float64 uniforms cast to the dtype, never below its smallest normal (no log(0)).
+// From a CPU generator: float64 uniforms cast to the dtype, kept within [its smallest normal, its largest value
+// below 1] (no log(0), no -log u = 0).
 DlmDraws dlm_seeded_draws(uint64_t seed);
 
 // Commit rules (the names of the reference samplers' options).
@@ -53,6 +56,7 @@ struct DlmSampleOptions {
     double eps = 1e-3;                      // Dream's last time point
     bool stop_at_eos = false;               // stop after the block that holds an EOS; cut the answer there
     DlmCache cache = DlmCache::Off;
+    std::optional<double> alg_temp; // Dream: > 0 draws the committed positions from softmax(confidence / alg_temp)
     // ParamError naming the field (what a family cannot do with these settings).
     void validate(const DlmConfig& c) const;
     double temperature_for(DlmFamily f) const;
@@ -87,7 +91,7 @@ torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
 // Dream: returns [1, P + gen_length].
 torch::Tensor dream_sample(DlmModel& model, const torch::Tensor& prompt, int64_t gen_length, int64_t steps, double eps,
                            double temperature, std::optional<double> top_p, std::optional<int64_t> top_k,
-                           DlmRemask alg, const DlmDraws& draws);
+                           DlmRemask alg, const DlmDraws& draws, std::optional<double> alg_temp = std::nullopt);
 
 // The nucleus filter of DiffuGPT's / Dream's top_p_logits: outside the smallest prefix of the sorted vocabulary whose
 // probability exceeds p (the first token always kept), logits become float32's lowest value.

@@ -7,7 +7,8 @@ References (float32, one thread):
   block (RMSNorm, SwiGLU, RoPE) with `is_causal=False`; Dream's is Qwen2's (q/k/v biases) with full attention. Each
   forward is checked here against an independent plain-torch forward written from the configs (assert below).
 - samplers: written from the published samplers (DiffuGPT generate_samples, LLaDA generate.py, Dream's
-  diffusion_generate), with every random draw recorded in the case so the C++ side replays the same draws.
+  diffusion_generate restated from its generation_utils.py: see dream_sample), with every random draw recorded in the
+  case so the C++ side replays the same draws.
 
 - GGUF: each LLaDA / Dream case also as model-f32.gguf and model-q8_0.gguf under llama.cpp's tensor and metadata names
   (gguf-py's tables; LLaDA's q/k rows interleaved as llama.cpp's converter stores them), with the logits of each
@@ -206,65 +207,102 @@ def llada_sample(logits_fn, prompt, mask_id, steps, gen_length, block_length, te
     return x
 
 
-def dream_sample(logits_fn, prompt, mask_id, gen_length, steps, eps, temperature, top_p, top_k, alg, draws, gaps):
-    """Dream's diffusion_generate (_sample, alg_temp 0): the whole answer starts masked; logits are shifted right by
-    one; step i of T unmasks int(masks * (1 - s/t)) positions (all at the last step) with the highest confidence
-    (maskgit_plus: probability of the sampled token; topk_margin: top1 - top2; entropy: sum p log p), or for 'origin'
-    each mask independently with probability 1 - s/t."""
-    x = torch.cat([prompt, torch.full((1, gen_length), mask_id, dtype=torch.long)], 1)
-    ts = torch.linspace(1, eps, steps + 1)
+def dream_sample(logits_fn, prompt, mask_id, gen_length, steps, eps, temperature, top_p, top_k, alg, alg_temp, draws,
+                 gaps):
+    """Dream's diffusion_generate, restated step for step from `DreamGenerationMixin._sample` and `sample_tokens` in
+    the Hub repository Dream-org/Dream-v0-Instruct-7B, generation_utils.py (read as vendored unchanged in
+    ZHZisZZ/dllm at 81c80162c35bc308ac46faae13d3af5731f29ad5, dllm/pipelines/dream/models/generation_utils.py), for
+    one unpadded prompt (its attention_mask has no zero: attention "full", tok_idx None, positions 0..L-1).
+
+    The answer is padded with [MASK] to max_length; each step reads the logits shifted right by one (the logits at
+    i - 1 predict token i) at every position equal to [MASK] (prompt positions included) and, on the time grid
+    linspace(1, eps, steps + 1) in float32:
+    - origin: each mask draws torch.rand < 1 - s/t (1 at the last step); the drawn ones take sample_tokens' token;
+    - maskgit_plus / topk_margin / entropy: confidence = probability of the sampled token / top1 - top2 /
+      sum p log(p + 1e-10); int(masks * (1 - s/t)) positions (all masks at the last step) are committed, the top-k
+      confidences (alg_temp None or 0) or torch.multinomial(softmax(confidence / alg_temp), n) without replacement.
+    Random draws are recorded as uniforms u, in the reference's call order:
+    - dists.Categorical(probs).sample() is torch.multinomial(probs / probs.sum(-1), 1, True), which torch computes
+      (since 2.1; Dream pins torch 2.5.1) as argmax(p / q) with q ~ Exp(1); here q = -log(u);
+    - torch.multinomial without replacement is topk(p / q, n), the same q;
+    - torch.rand is u itself (drawn here as float64 rounded to float32, never 0).
+    sample_tokens' fallback to the arg max when Categorical refuses its probs (validate_args: a row, after
+    Categorical's own normalisation, not summing to 1 within 1e-6) is not restated: float32 rows pass that check."""
+    x = F.pad(prompt, (0, gen_length), value=mask_id)
+    timesteps = torch.linspace(1, eps, steps + 1)
+
+    def sample_tokens(logits, margin_confidence=False, neg_entropy=False):
+        if temperature > 0:
+            logits = logits / temperature
+        if top_p is not None and top_p < 1:
+            logits = top_p_filter(logits, top_p)
+        if top_k is not None:
+            logits = top_k_filter(logits, top_k)
+        probs = torch.softmax(logits, dim=-1)
+        if temperature > 0:
+            q = -torch.log(draws.uniform(probs.shape))
+            ratio = (probs / probs.sum(-1, keepdim=True)) / q
+            x0 = ratio.argmax(-1)
+            confidence = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+            top2 = torch.log(ratio).topk(2, -1)[0]  # relative margin of the draw
+        else:
+            confidence, x0 = probs.max(dim=-1)
+            top2 = probs.topk(2, -1)[0]
+        gaps.append((top2[:, 0] - top2[:, 1]).min().item() if top2.shape[0] else 1.0)
+        if margin_confidence:
+            sorted_probs, _ = torch.sort(probs, dim=-1, descending=True)
+            confidence = sorted_probs[:, 0] - sorted_probs[:, 1]
+        if neg_entropy:
+            confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+        return confidence, x0
+
     for i in range(steps):
         mask_index = x == mask_id
         logits = logits_fn(x)
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
-        ml = logits[mask_index]
-        t, s = ts[i], ts[i + 1]
-
-        def sample_tokens(ml):
-            if temperature > 0:
-                ml = ml / temperature
-            if top_p is not None and top_p < 1:
-                ml = top_p_filter(ml, top_p)
-            if top_k is not None:
-                ml = top_k_filter(ml, top_k)
-            probs = torch.softmax(ml, -1)
-            if temperature > 0:
-                u = draws.uniform(probs.shape)
-                noisy = torch.log(probs) - torch.log(-torch.log(u))
-                x0 = noisy.argmax(-1)
-                conf = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
-                top2 = noisy.topk(2, -1)[0]
-            else:
-                conf, x0 = probs.max(-1)
-                top2 = probs.topk(2, -1)[0]
-            gaps.append((top2[:, 0] - top2[:, 1]).min().item() if top2.shape[0] else 1.0)
-            if alg == "topk_margin":
-                sp = torch.sort(probs, -1, descending=True)[0]
-                conf = sp[:, 0] - sp[:, 1]
-            if alg == "entropy":
-                conf = torch.sum(probs * torch.log(probs + 1e-10), -1)
-            return conf, x0
-
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        mask_logits = logits[mask_index]
+        t = timesteps[i]
+        s = timesteps[i + 1]
         if alg == "origin":
             p_transfer = 1 - s / t if i < steps - 1 else 1
-            x0 = torch.full_like(x[mask_index], mask_id)
+            x0 = torch.zeros_like(x[mask_index], dtype=torch.long) + mask_id
             u = draws.uniform(x0.shape)
-            tr = u < p_transfer
-            _, x0[tr] = sample_tokens(ml[tr])
-            x[mask_index] = x0
+            transfer_index_t_s = u < p_transfer
+            gaps.append((u - p_transfer).abs().min().item() if i < steps - 1 and u.numel() else 1.0)
+            _, x0[transfer_index_t_s] = sample_tokens(mask_logits[transfer_index_t_s])
+            x[mask_index] = x0.clone()
         else:
-            conf, x0 = sample_tokens(ml)
-            n_mask = mask_index.sum().item()
-            n = int(n_mask * (1 - s / t)) if i < steps - 1 else int(n_mask)
-            full = torch.full(x.shape, -math.inf)
-            full[mask_index] = conf
-            if n > 0:
-                vals, sel = torch.topk(full[0], min(n + 1, full.shape[1]))
-                if n < vals.shape[0] and vals[n] > -math.inf:
-                    gaps.append((vals[n - 1] - vals[n]).item())
-                x_ = torch.full_like(x, mask_id)
-                x_[mask_index] = x0
-                x[0, sel[:n]] = x_[0, sel[:n]]
+            if alg == "maskgit_plus":
+                confidence, x0 = sample_tokens(mask_logits)
+            elif alg == "topk_margin":
+                confidence, x0 = sample_tokens(mask_logits, margin_confidence=True)
+            elif alg == "entropy":
+                confidence, x0 = sample_tokens(mask_logits, neg_entropy=True)
+            else:
+                raise RuntimeError(f"Unknown alg: {alg}")
+            num_mask_token = mask_index.sum() / mask_index.shape[0]
+            number_transfer_tokens = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
+            full_confidence = torch.full_like(x, -torch.inf, dtype=logits.dtype)
+            full_confidence[mask_index] = confidence
+            if number_transfer_tokens > 0:
+                n = number_transfer_tokens
+                if alg_temp is None or alg_temp == 0:
+                    scores = full_confidence
+                else:
+                    full_confidence = F.softmax(full_confidence / alg_temp, dim=-1)
+                    scores = full_confidence / -torch.log(draws.uniform(full_confidence.shape))
+                _, transfer_index = torch.topk(scores, n)
+                # Margin between the last committed and the first left position (not part of the reference).
+                vals = torch.topk(scores[0], min(n + 1, scores.shape[1]))[0]
+                if alg_temp is None or alg_temp == 0:
+                    if n < vals.shape[0] and vals[n] > -math.inf:
+                        gaps.append((vals[n - 1] - vals[n]).item())
+                elif n < vals.shape[0] and vals[n] > 0:
+                    gaps.append((torch.log(vals[n - 1]) - torch.log(vals[n])).item())  # relative, as the draw
+                x_ = torch.zeros_like(x, dtype=torch.long) + mask_id
+                x_[mask_index] = x0.clone()
+                row_indices = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
+                x[row_indices, transfer_index] = x_[row_indices, transfer_index]
     return x
 
 
@@ -523,22 +561,25 @@ def gen_dream():
             alt = llama_like_forward(plain, pc, tensors[k.replace("logits", "input_ids")])
             assert torch.allclose(alt, tensors[k], atol=1e-4), "Qwen2 reference and plain forward disagree"
         gens = []
-        for gi, (prompt, gl, steps, temp, top_p, top_k, alg, seed) in enumerate(
-                [([4, 7, 8, 9], 12, 6, 0.0, None, None, "entropy", 1),
-                 ([4, 30], 10, 5, 0.0, 0.95, None, "maskgit_plus", 2),
-                 ([4, 31, 2], 8, 4, 0.0, None, 20, "topk_margin", 3),
-                 ([4, 11], 8, 4, 0.8, 0.9, None, "origin", 4),
-                 ([4, 12], 8, 4, 0.5, None, None, "entropy", 5)]):
+        for gi, (prompt, gl, steps, temp, top_p, top_k, alg, alg_temp, seed) in enumerate(
+                [([4, 7, 8, 9], 12, 6, 0.0, None, None, "entropy", 0.0, 1),
+                 ([4, 30], 10, 5, 0.0, 0.95, None, "maskgit_plus", 0.0, 2),
+                 ([4, 31, 2], 8, 4, 0.0, None, 20, "topk_margin", 0.0, 3),
+                 ([4, 11], 8, 4, 0.8, 0.9, None, "origin", 0.0, 4),
+                 ([4, 12], 8, 4, 0.5, None, None, "entropy", 0.0, 5),
+                 ([4, 13, 6], 10, 5, 0.0, None, None, "maskgit_plus", 0.5, 6),
+                 ([4, 14], 12, 4, 0.7, 0.95, None, "entropy", 0.2, 7),
+                 ([4, 15], 8, 4, 0.6, None, 30, "topk_margin", 1.0, 8)]):
             draws, gaps = Draws(seed), []
             p = torch.tensor([prompt])
-            out = dream_sample(fn, p, MASK, gl, steps, 1e-3, temp, top_p, top_k, alg, draws, gaps)
+            out = dream_sample(fn, p, MASK, gl, steps, 1e-3, temp, top_p, top_k, alg, alg_temp, draws, gaps)
             g = check_gap(gaps, f"dream gen {gi}", 1e-5)
             tensors[f"generate{gi}.prompt_ids"] = p
             tensors[f"generate{gi}.output_ids"] = out
             for j, u in enumerate(draws.tensors):
                 tensors[f"generate{gi}.draw{j}"] = u
             e = {"name": f"generate{gi}", "sampler": "dream", "steps": steps, "gen_length": gl, "eps": 1e-3,
-                 "temperature": temp, "alg": alg, "alg_temp": 0.0, "draws": len(draws.tensors), "min_decision_gap": g}
+                 "temperature": temp, "alg": alg, "alg_temp": alg_temp, "draws": len(draws.tensors), "min_decision_gap": g}
             if top_p is not None:
                 e["top_p"] = top_p
             if top_k is not None:
@@ -556,8 +597,8 @@ def gen_dream():
     case = {"family": "dream", "mask_token_id": MASK, "shift": True, "logits_atol": 1e-4, "logits_rtol": 1e-4,
             "forward": [{"name": f"forward{n}"} for n in range(2)], "generate": gens,
             "gguf": gguf_entries,
-            "reference": "transformers Qwen2ForCausalLM without the causal mask (Dream's names); sampler after "
-                         "Dream's diffusion_generate",
+            "reference": "transformers Qwen2ForCausalLM without the causal mask (Dream's names); sampler restating "
+                         "DreamGenerationMixin._sample (Dream-org/Dream-v0-Instruct-7B generation_utils.py)",
             "min_decision_gap": min(gg["min_decision_gap"] for gg in gens)}
     write_case(os.path.join(OUT, "dream_tiny"), config, w, case, tensors)
 
