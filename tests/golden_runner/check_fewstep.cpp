@@ -13,6 +13,8 @@
 #include "unet/model/lora.h"
 #include "unet/model/taesd.h"
 
+#include <torch/version.h>
+
 #include <unistd.h>
 
 namespace anchor::golden {
@@ -95,7 +97,15 @@ std::vector<CaseResult> run_fewstep_sd(const fs::path& dir, const nlohmann::json
                      auto g = WeightMap::load((dir / (run + ".safetensors")).string());
                      unet::Txt2ImgPipeline pipe(models);
                      const auto d = pipe.decode(g.get("final_latents"), unet::VaeDecoder::Taesd);
-                     cmp.push_back({"decoded (TAESD)", d[0], g.get("decoded")});
+                     const auto want = g.get("decoded");
+#if TORCH_VERSION_MAJOR >= 2
+                     // Bit for bit on the reference's LibTorch (1.x). LibTorch 2's convolutions round differently, and
+                     // the tiny random TAESD's outputs reach ~5e3, so an element near 0 can be 1e-2 off where the
+                     // tensor's relative error is ~1e-6: there the bound is relative to the tensor's largest value.
+                     cmp.push_back({"decoded (TAESD)", d[0], want, 1e-5, 0, sdgolden::Comparison::RelMax});
+#else
+                     cmp.push_back({"decoded (TAESD)", d[0], want});
+#endif
                      cmp.push_back({"image_uint8 (TAESD)", d[2].to(torch::kFloat), g.get("image_uint8").to(torch::kFloat),
                                     1.0, 0});
                  }
