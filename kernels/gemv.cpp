@@ -411,21 +411,11 @@ float dot_f16_plain(const uint16_t* w, const float* x, int64_t n) {
     return s;
 }
 
-inline int32_t dot_block_int(const int8_t* a, const int8_t* b) {
+// One block's exact int32 dot with the activation quants of the same 32 positions (q8_0: q * x; q4_0: (c - 8) * x).
+inline int32_t block_dot_int(const BlockQ8_0& blk, const int8_t* x) {
     int32_t s = 0;
-    for (int64_t i = 0; i < kQ8Block; ++i) s += int32_t(a[i]) * int32_t(b[i]);
+    for (int64_t i = 0; i < kQ8Block; ++i) s += int32_t(blk.q[i]) * int32_t(x[i]);
     return s;
-}
-
-void rows_q8_plain(const BlockQ8_0* w, const float* xd, const int8_t* xq, const float* b, float* y, int64_t r0,
-                   int64_t r1, int64_t nb) {
-    for (int64_t r = r0; r < r1; ++r) {
-        const BlockQ8_0* wr = w + r * nb;
-        float s = 0.f;
-        for (int64_t i = 0; i < nb; ++i)
-            s += float(dot_block_int(wr[i].q, xq + i * kQ8Block)) * (half_to_float(wr[i].d) * xd[i]);
-        y[r] = s + (b ? b[r] : 0.f);
-    }
 }
 
 // Value j of a q4_0 block, in [-8, 7].
@@ -434,20 +424,40 @@ inline int32_t q4_value(const BlockQ4_0& blk, int64_t j) {
     return int32_t(j < kQ4Block / 2 ? byte & 0x0F : byte >> 4) - 8;
 }
 
-inline int32_t dot_q4_block_int(const BlockQ4_0& blk, const int8_t* x) {
+inline int32_t block_dot_int(const BlockQ4_0& blk, const int8_t* x) {
     int32_t s = 0;
     for (int64_t j = 0; j < kQ4Block; ++j) s += q4_value(blk, j) * int32_t(x[j]);
     return s;
 }
 
-void rows_q4_plain(const BlockQ4_0* w, const float* xd, const int8_t* xq, const float* b, float* y, int64_t r0,
-                   int64_t r1, int64_t nb) {
+// The portable rows of a block-format product (q8_0, q4_0; both 32 values per block): per block the int32 dot
+// scaled by d_w * d_x, summed in float.
+template <class Block>
+void rows_blocks_plain(const Block* w, const float* xd, const int8_t* xq, const float* b, float* y, int64_t r0,
+                       int64_t r1, int64_t nb) {
     for (int64_t r = r0; r < r1; ++r) {
-        const BlockQ4_0* wr = w + r * nb;
+        const Block* wr = w + r * nb;
         float s = 0.f;
         for (int64_t i = 0; i < nb; ++i)
-            s += float(dot_q4_block_int(wr[i], xq + i * kQ4Block)) * (half_to_float(wr[i].d) * xd[i]);
+            s += float(block_dot_int(wr[i], xq + i * kQ8Block)) * (half_to_float(wr[i].d) * xd[i]);
         y[r] = s + (b ? b[r] : 0.f);
+    }
+}
+
+// The reference of a block-format product: x quantised to q8_0 blocks, each block's int32 dot times d_w * d_x,
+// summed in double.
+template <class Block>
+void gemv_ref_blocks(const Block* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
+    const int64_t nb = q8_0_blocks(cols);
+    std::vector<float> xd(static_cast<size_t>(nb));
+    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ8Block));
+    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
+    for (int64_t r = 0; r < rows; ++r) {
+        double s = b ? b[r] : 0.0;
+        for (int64_t i = 0; i < nb; ++i)
+            s += double(block_dot_int(w[r * nb + i], xq.data() + i * kQ8Block)) * half_to_float(w[r * nb + i].d) *
+                 xd[i];
+        y[r] = static_cast<float>(s);
     }
 }
 
@@ -585,17 +595,7 @@ void quantize_activation_q8_0(const float* x, float* d, int8_t* q, int64_t n) {
 }
 
 void gemv_ref_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
-    const int64_t nb = q8_0_blocks(cols);
-    std::vector<float> xd(static_cast<size_t>(nb));
-    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ8Block));
-    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
-    for (int64_t r = 0; r < rows; ++r) {
-        double s = b ? b[r] : 0.0;
-        for (int64_t i = 0; i < nb; ++i)
-            s += double(dot_block_int(w[r * nb + i].q, xq.data() + i * kQ8Block)) * half_to_float(w[r * nb + i].d) *
-                 xd[i];
-        y[r] = static_cast<float>(s);
-    }
+    gemv_ref_blocks(w, x, b, y, rows, cols);
 }
 
 void gemv_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
@@ -621,7 +621,7 @@ void gemv_q8_0(const BlockQ8_0* w, const float* x, const float* b, float* y, int
     if (gemv_uses_avx2())
         return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_avx2(w, xd, xq, b, y, r0, r1, nb); });
 #endif
-    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q8_plain(w, xd, xq, b, y, r0, r1, nb); });
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_blocks_plain(w, xd, xq, b, y, r0, r1, nb); });
 }
 
 
@@ -719,17 +719,7 @@ void dequantize_row_q4_0(const BlockQ4_0* in, float* v, int64_t n) {
 }
 
 void gemv_ref_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
-    const int64_t nb = q4_0_blocks(cols);
-    std::vector<float> xd(static_cast<size_t>(nb));
-    std::vector<int8_t> xq(static_cast<size_t>(nb * kQ4Block));
-    quantize_activation_q8_0(x, xd.data(), xq.data(), cols);
-    for (int64_t r = 0; r < rows; ++r) {
-        double s = b ? b[r] : 0.0;
-        for (int64_t i = 0; i < nb; ++i)
-            s += double(dot_q4_block_int(w[r * nb + i], xq.data() + i * kQ4Block)) * half_to_float(w[r * nb + i].d) *
-                 xd[i];
-        y[r] = static_cast<float>(s);
-    }
+    gemv_ref_blocks(w, x, b, y, rows, cols);
 }
 
 void gemv_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols) {
@@ -753,7 +743,7 @@ void gemv_q4_0(const BlockQ4_0* w, const float* x, const float* b, float* y, int
         });
     }
 #endif
-    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_q4_plain(w, xd.data(), xq.data(), b, y, r0, r1, nb); });
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { rows_blocks_plain(w, xd.data(), xq.data(), b, y, r0, r1, nb); });
 }
 
 
