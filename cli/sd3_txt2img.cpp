@@ -3,12 +3,12 @@
 // offers beyond that is refused by name (exit 2), never ignored.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
-#include "cache/util/bench.h"
 #include "cli/common.h"
 #include "cli/sd_commands.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/pipeline.h"
 #include "unet/pipeline/sd3_pipeline.h"
+#include "unet/pipeline/sd3_record.h"
 
 #include <CLI/CLI.hpp>
 
@@ -139,56 +139,8 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
         if (i + 1 == n) std::fprintf(stderr, "\n");
     });
 
-    nlohmann::json rec = {{"program", "anchor-sd"},
-                          {"model", a.model},
-                          {"family", "sd3"},
-                          {"prompt", a.prompt},
-                          {"negative_prompt", a.negative_given ? nlohmann::json(a.negative) : nlohmann::json(nullptr)},
-                          {"seed", seed},
-                          {"steps", p.steps},
-                          {"guidance_scale", p.guidance_scale},
-                          {"width", r.width},
-                          {"height", r.height},
-                          {"sampler", "flow_match_euler"},
-                          {"shift", r.shift},
-                          {"t5", r.t5},
-                          {"max_sequence_length", p.max_sequence_length},
-                          {"slg", p.slg.layers.empty() ? nlohmann::json(nullptr)
-                                                       : nlohmann::json{{"layers", p.slg.layers},
-                                                                        {"scale", p.slg.scale},
-                                                                        {"start", p.slg.start},
-                                                                        {"end", p.slg.stop}}},
-                          {"dtype", a.dtype},
-                          {"threads", a.threads},
-                          {"load_s", load_s},
-                          {"encode_s", r.encode_s},
-                          {"denoise_s", r.denoise_s},
-                          {"decode_s", r.decode_s},
-                          {"peak_rss_bytes", util::peak_rss_bytes()},
-                          {"cache_mode", "off"},
-                          {"output", output}};
-    Infotext info;
-    info.prompt = a.prompt;
-    info.negative_prompt = a.negative_given ? a.negative : "";
-    info.set("Steps", std::to_string(p.steps));
-    info.set("Sampler", "Euler");
-    info.set("Schedule type", "Simple");
-    info.set("CFG scale", infotext_number(p.guidance_scale));
-    info.set("Seed", std::to_string(seed));
-    info.set("Size", std::to_string(r.width) + "x" + std::to_string(r.height));
-    info.set("Model", fs::path(a.model).filename().empty() ? fs::path(a.model).parent_path().filename().string()
-                                                             : fs::path(a.model).stem().string());
-    info.set("Shift", infotext_number(r.shift));
-    if (!r.t5) info.set("T5", "off");
-    if (!p.slg.layers.empty()) {
-        std::string layers;
-        for (int l : p.slg.layers) layers += (layers.empty() ? "" : ",") + std::to_string(l);
-        info.set("SLG layers", layers);
-        info.set("SLG scale", infotext_number(p.slg.scale));
-        info.set("SLG start", infotext_number(p.slg.start));
-        info.set("SLG end", infotext_number(p.slg.stop));
-    }
-    info.set("Version", std::string("AnchorCache ") + ANCHOR_VERSION);
+    const nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s});
+    const Infotext info = sd3_infotext(p, r, a.model);
     write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
     if (a.compare.empty()) {
         write_file_atomic(sidecar, rec.dump(2) + "\n", a.overwrite);
