@@ -70,7 +70,8 @@ int run_bench_cache(Options& o) {
     const auto rep = unet::run_cache_bench(pipe, b);
     emit("  " + rep.setup + "\n");
     emit(rep.table());
-    emit("speed-up = median wall of the first mode / median wall of the mode over the interleaved runs; MACs = conv + "
+    emit("speed-up = median wall of the first mode / median wall of the mode over the interleaved runs (loop: the denoising "
+         "loop; image: the whole txt2img call with the text encoder and the VAE decode); MACs = conv + "
          "linear layers per sample (DeepCache's definition)");
     const auto b512 = unet::unet_mac_breakdown(unet::UNetConfig{}, 64, 64);
     emit("DeepCache reference (SD 1.5, 512x512): deepcache:5 analytic " + util::fmt("%.2f", b512.full().total() / 1e9) +

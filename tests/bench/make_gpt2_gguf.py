@@ -4,9 +4,9 @@
 GPT-2-small's shapes (12 layers x 768, 12 heads, 3072 MLP, 1024 positions, 50257 tokens) with N(0, 0.02) weights and
 the real GPT-2 BPE vocabulary (assets/vocab/gpt2), written with llama.cpp's own gguf-py (pass its folder) in the
 tensor names llama.cpp's gpt2 architecture loads. Decode speed does not depend on the values, only on the shapes and
-the weight type: f32, f16 or q8_0.
+the weight type: f32, f16, q8_0 or q4_0.
 
-usage: make_gpt2_gguf.py --gguf-py LLAMA_CPP/gguf-py --vocab assets/vocab/gpt2 --out F.gguf [--type f32|f16|q8_0]
+usage: make_gpt2_gguf.py --gguf-py LLAMA_CPP/gguf-py --vocab assets/vocab/gpt2 --out F.gguf [--type f32|f16|q8_0|q4_0]
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ def main():
     ap.add_argument("--gguf-py", required=True)
     ap.add_argument("--vocab", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
+    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0", "q4_0"])
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     if os.path.exists(a.out):
@@ -50,7 +50,7 @@ def main():
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_layer_norm_eps(1e-5)
-    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[a.type])
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[a.type])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
@@ -71,8 +71,9 @@ def main():
         elif a.type == "f16":
             w.add_tensor(name, arr.astype(np.float16))
         else:
-            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            qt = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[a.type]
+            q = gguf.quants.quantize(arr, qt)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
 
     put("token_embd.weight", mat(n_vocab, n_embd))
     put("position_embd.weight", mat(n_ctx, n_embd), quantize=False)

@@ -19,6 +19,18 @@
 #              (tests/bench/diffusers_sd15_dtype.py) - as rows unet256-bf16, unet512-bf16, vae512-bf16
 #   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
 #   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed); "sd": the SD rows alone
+#   The modern peers (issue: CPU speed against the engines CPU users pick today), each optional, rows named by peer:
+#   TORCH2_PY  python of a venv with PyPI torch 2.x and current diffusers: rows diffusers-torch2 (UNet step, VAE decode,
+#              the whole STEPS-step pipeline; f32 and, with PRECISIONS bf16, bf16) via tests/bench/sd15_pipeline_peer.py
+#   OV_PY      python of a venv with optimum-intel and openvino: rows openvino (the same three parts, static SIZE^2
+#              shapes, INFERENCE_PRECISION_HINT f32 / bf16); exported once under PEER_WORK (default BUILD_DIR/peers/sd15)
+#   SDCPP      a stable-diffusion.cpp build folder (bin/sd, GGML's CPU backend, -DGGML_NATIVE=ON): rows sdcpp-f32,
+#              sdcpp-f16, sdcpp-q8_0, each also with --diffusion-fa (-fa), on SD15_FILE converted by its own
+#              `-M convert`; its own per-run timings (sampling / SDCPP_STEPS, decode_first_stage) are read from its log
+#   SD15_FILE  a random-weight SD 1.5 single file (anchor-sd random-model --family sd1 --dtype f16 -o F): sd.cpp's
+#              input and our whole-image rows (anchor-sd bench-cache -m SD15_FILE --modes off,freq: text encoder,
+#              STEPS steps, VAE decode); default BUILD_DIR/peers/sd15_random_f16.safetensors, made when missing
+#   IMAGE      1 (default when TORCH2_PY or OV_PY is set): the whole-image rows image512; STEPS (20)
 #   PEER_GLIBC_TUNABLES  GLIBC_TUNABLES for the Python peers alone, e.g. glibc.malloc.mmap_max=0:glibc.malloc.
 #              trim_threshold=68719476736:glibc.malloc.hugetlb=1 (freed blocks kept for reuse, on huge pages): where a
 #              page fault is expensive, PyTorch on glibc's defaults pays one per 4 KiB of every large activation,
@@ -35,6 +47,15 @@ ref=${REF:-}
 threads=${THREADS:-2}
 reps=${REPS:-3}
 gguf_dir=${GGUF_DIR:-$build/peers}
+torch2_py=${TORCH2_PY:-}
+ov_py=${OV_PY:-}
+sdcpp=${SDCPP:-}
+steps=${STEPS:-20}
+peer_work=${PEER_WORK:-$build/peers/sd15}
+sd15_file=${SD15_FILE:-$build/peers/sd15_random_f16.safetensors}
+image=${IMAGE:-}
+[ -z "$image" ] && { [ -n "$torch2_py$ov_py" ] && image=1 || image=0; }
+sdcpp_steps=${SDCPP_STEPS:-2}
 sd=$build/anchor-sd
 text=$build/anchor-text
 [ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
@@ -58,10 +79,22 @@ llama_bench=
 if [ -n "${LLAMA_CPP:-}" ] && [ -x "$LLAMA_CPP/build/bin/llama-bench" ]; then
   llama_bench=$LLAMA_CPP/build/bin/llama-bench
   mkdir -p "$gguf_dir"
-  for t in f32 f16 q8_0; do
+  for t in f32 f16 q8_0 q4_0; do
     [ -f "$gguf_dir/gpt2-random-$t.gguf" ] ||
       $py "$root/tests/bench/make_gpt2_gguf.py" --gguf-py "$LLAMA_CPP/gguf-py" --vocab "$root/assets/vocab/gpt2" \
         --out "$gguf_dir/gpt2-random-$t.gguf" --type "$t" >/dev/null
+  done
+fi
+if [ "$only" != gpt2 ] && { [ -n "$sdcpp" ] || [ "$image" = 1 ]; } && [ ! -f "$sd15_file" ]; then
+  mkdir -p "$(dirname "$sd15_file")"
+  "$sd" random-model --family sd1 --dtype f16 -o "$sd15_file" >/dev/null
+fi
+if [ -n "$sdcpp" ] && [ "$only" != gpt2 ]; then
+  [ -x "$sdcpp/bin/sd" ] || { echo "error: SDCPP=$sdcpp has no bin/sd" >&2; exit 2; }
+  for t in f32 f16 q8_0; do
+    [ -f "$gguf_dir/sd15-random-$t.gguf" ] ||
+      "$sdcpp/bin/sd" -M convert -m "$sd15_file" -o "$gguf_dir/sd15-random-$t.gguf" --type "$t" >/dev/null 2>&1 ||
+      { echo "error: sd.cpp could not convert $sd15_file to $t" >&2; exit 1; }
   done
 fi
 raw=$(mktemp)
@@ -84,6 +117,18 @@ else
 log "# ours: $("$sd" bench --help >/dev/null 2>&1 && "$sd" -t "$threads" bench -W 8 -H 8 --repeat 1 --warmup 0 --deepcache 2 2>/dev/null | grep -E '^  (build|blas):' | tr '\n' ';')"
 fi
 log "# peers: ${only:+ONLY=$only; }diffusers $(cd "$ref/diffusers" 2>/dev/null && git describe --tags 2>/dev/null || echo 0.27.2) on Debian torch $($py -c 'import torch;print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_PEERS:-default}, GLIBC_TUNABLES=${PEER_GLIBC_TUNABLES:-default}; llama.cpp ${llama_bench:-not given (LLAMA_CPP)}"
+modern_py() { # modern_py PY ARGS...: a peer venv's python, without the 0.27.2 sources on the path
+  local py2=$1; shift
+  env -u PYTHONPATH ${PEER_GLIBC_TUNABLES:+GLIBC_TUNABLES=$PEER_GLIBC_TUNABLES} "$py2" "$@"
+}
+pipeline_peer() { # pipeline_peer BACKEND PY PRECISION SIZE PARTS: lines "<prefix>_<part>_s SIZE T"
+  modern_py "$2" "$root/tests/bench/sd15_pipeline_peer.py" --backend "$1" --peers "$peers" \
+    --vocab "$root/assets/vocab/clip/bpe_simple_vocab_16e6.txt.gz" --workdir "$peer_work" --size "$4" --reps "$reps" \
+    --threads "$threads" --precision "$3" --steps "$steps" --parts "$5" 2>&1
+}
+[ -n "$torch2_py" ] && log "# diffusers-torch2: $(modern_py "$torch2_py" -c 'import torch, diffusers; print("torch", torch.__version__, "diffusers", diffusers.__version__, "mkldnn", torch.backends.mkldnn.is_available(), "SDPA default")' 2>&1 | tail -1)"
+[ -n "$ov_py" ] && log "# openvino: $(modern_py "$ov_py" -c 'import openvino; from importlib.metadata import version; print("openvino", openvino.__version__, "optimum-intel", version("optimum-intel"), "diffusers", version("diffusers"), "INFERENCE_NUM_THREADS='"$threads"'")' 2>&1 | tail -1)"
+[ -n "$sdcpp" ] && log "# sdcpp: $("$sdcpp/bin/sd" --version 2>&1 | head -1 | xargs), $(grep -m1 '^GGML_NATIVE' "$sdcpp/CMakeCache.txt" 2>/dev/null), -t $threads, $sdcpp_steps steps per run (a UNet step = sampling time / steps)"
 for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
   sizes=${SIZES:-256 512}
@@ -118,6 +163,52 @@ for r in $(seq 1 "$rounds"); do
       log "  diffusers vae$sfx  $size: $pv s"
       sample "vae$size$sfx diffusers" $pv
     fi
+    if [ "$size" = 512 ]; then # the modern peers, at 512^2 (the issue's goals)
+      for peer in torch2 ov; do
+        pp=$torch2_py; name=diffusers-torch2; backend=torch; pre=torch
+        [ "$peer" = ov ] && { pp=$ov_py; name=openvino; backend=openvino; pre=ov; }
+        [ -n "$pp" ] || continue
+        parts=unet,vae; [ "$image" = 1 ] && parts=unet,vae,pipeline
+        p=$(pipeline_peer "$backend" "$pp" "$prec" "$size" "$parts")
+        for part in unet vae; do
+          key=unet_step_s; [ "$part" = vae ] && key=vae_decode_s
+          v=$(echo "$p" | awk -v k="${pre}_$key" '$1 == k {print $3}' | xargs)
+          [ -n "$v" ] || { log "  $name $part$sfx $size: failed: $(echo "$p" | grep -v Warning | tail -2 | xargs)"; continue; }
+          log "  $name $part$sfx $size: $v s"
+          sample "$part$size$sfx $name" $v
+        done
+        if [ "$image" = 1 ]; then
+          v=$(echo "$p" | awk -v k="${pre}_pipeline_s" '$1 == k {print $3}' | xargs)
+          [ -n "$v" ] && { log "  $name image$sfx $size ($steps steps, uncached): $v s"; sample "image$size$sfx $name" $v; }
+        fi
+      done
+      if [ "$image" = 1 ]; then # ours, the whole image: off and the default freq, interleaved by bench-cache
+        o=$("$sd" -t "$threads" "${ours_prec[@]}" bench-cache -m "$sd15_file" -W $size -H $size --steps "$steps" \
+              --modes off,freq --repeat 1 --max-prompts 1 2>&1)
+        for mode in off freq; do
+          v=$(echo "$o" | awk -v m="$mode" '$1 == m {split($7, a, "/"); print a[2]}')
+          who=ours; [ "$mode" = off ] && who=ours-off
+          log "  ours      image$sfx $size ($steps steps, $mode): $v s   ($(echo "$o" | awk -v m="$mode" '$1 == m {print $2 " full steps"}'))"
+          sample "image$size$sfx $who" $v
+        done
+      fi
+      if [ -n "$sdcpp" ] && [ "$prec" = f32 ]; then
+        for t in f32 f16 q8_0; do
+          for fa in "" --diffusion-fa; do
+            name=sdcpp-$t${fa:+-fa}
+            p=$("$sdcpp/bin/sd" -m "$gguf_dir/sd15-random-$t.gguf" -p "a red dress on a wooden table" -W $size -H $size \
+                  --steps "$sdcpp_steps" --cfg-scale 7.5 -t "$threads" $fa -o "$peer_work.sdcpp.png" 2>&1 || true)
+            st=$(echo "$p" | sed -n 's/.*sampling completed, taking \([0-9.]*\)s.*/\1/p' | tail -1)
+            dt=$(echo "$p" | sed -n 's/.*decode_first_stage completed, taking \([0-9.]*\)s.*/\1/p' | tail -1)
+            [ -n "$st" ] || { log "  $name: failed: $(echo "$p" | tail -2 | xargs)"; continue; }
+            u=$(awk -v s="$st" -v n="$sdcpp_steps" 'BEGIN {printf "%.3f", s / n}')
+            log "  $name unet $size: $u s per step ($st s for $sdcpp_steps steps), vae: ${dt:-?} s"
+            sample "unet$size $name" $u
+            [ -n "$dt" ] && sample "vae$size $name" $dt
+          done
+        done
+      fi
+    fi
   done
   done
   [ "$only" = sd ] && continue
@@ -125,12 +216,14 @@ for r in $(seq 1 "$rounds"); do
   f32=$(echo "$o" | grep -A1 'f32 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
   f16=$(echo "$o" | grep -A1 'f16 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
   q8=$(echo "$o" | grep -A1 'q8_0 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
-  log "  ours      gpt2 decode ctx16 ms/token: f32 $f32 (min/median/max), f16 $f16, q8_0 $q8   ($(echo "$o" | grep -o 'decode matrix-vector kernel: [^,]*'))"
+  q4=$(echo "$o" | grep -A1 'q4_0 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
+  log "  ours      gpt2 decode ctx16 ms/token: f32 $f32 (min/median/max), f16 $f16, q8_0 $q8, q4_0 $q4   ($(echo "$o" | grep -o 'decode matrix-vector kernel: [^,]*'))"
   sample "gpt2-f32 ours" $f32
   sample "gpt2-f16 ours" $f16
   sample "gpt2-q8_0 ours" $q8
+  sample "gpt2-q4_0 ours" $q4
   if [ -n "$llama_bench" ]; then
-    for t in f32 f16 q8_0; do
+    for t in f32 f16 q8_0 q4_0; do
       j=$("$llama_bench" -m "$gguf_dir/gpt2-random-$t.gguf" -t "$threads" -p 0 -n 64 -r "$reps" -o json 2>/dev/null)
       ms=$(echo "$j" | $py -c 'import json,sys; print(" ".join("%.2f" % (1e3 / v) for v in json.load(sys.stdin)[0]["samples_ts"]))')
       log "  llama.cpp gpt2 tg64 $t ms/token: $ms"
@@ -150,7 +243,7 @@ d = collections.OrderedDict()
 for line in open(sys.argv[1]):
     work, who, v = line.split()
     d.setdefault(work, collections.OrderedDict()).setdefault(who, []).append(float(v))
-units = {w: "s" for w in ("unet256", "unet512", "vae512")}
+units = {w: "s" for w in ("unet256", "unet512", "vae512", "image512")}
 units.update({w + "-bf16": "s" for w in list(units)})
 for work, sides in d.items():
     ours = sides.get("ours")

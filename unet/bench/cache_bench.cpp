@@ -5,6 +5,7 @@
 #include "cache/util/bench.h"
 #include "unet/cache/freq_cache.h"
 
+#include <chrono>
 #include <cmath>
 
 namespace anchor::unet {
@@ -99,9 +100,12 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
                 torch::Tensor ref;
                 for (size_t k = 0; k < p.modes.size(); ++k) { // interleaved: every mode sees the same machine state
                     auto c = make_cache_controller(p.modes[k]);
+                    const auto t0 = std::chrono::steady_clock::now();
                     auto res = pipe.run(run, c.get());
+                    const double image_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                     auto& m = rep.modes[k];
                     m.wall_s.push_back(res.denoise_s);
+                    m.image_s.push_back(image_s);
                     take_log(*c, m);
                     if (rep.images) {
                         const auto img = res.image[0].permute({1, 2, 0}).contiguous();
@@ -112,7 +116,7 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
                         if (k == 0) ref = res.final_latents;
                         m.psnr.push_back(latent_psnr(res.final_latents, ref));
                     }
-                    if (log) log(m.mode + ": " + util::fmt("%.3f s", res.denoise_s));
+                    if (log) log(m.mode + ": " + util::fmt("%.3f s loop, ", res.denoise_s) + util::fmt("%.3f s image", image_s));
                 }
             }
         }
@@ -122,8 +126,10 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
 nlohmann::json CacheBenchReport::to_json() const {
     nlohmann::json j = {{"benchmark", "anchor-sd bench-cache"}, {"setup", setup}, {"modes", nlohmann::json::array()}};
     const double base = util::stats_of(modes.at(0).wall_s).median;
+    const double image_base = util::stats_of(modes.at(0).image_s).median;
     for (const auto& m : modes) {
         const double psnr = mean_finite(m.psnr), med = util::stats_of(m.wall_s).median;
+        const double image_med = util::stats_of(m.image_s).median;
         j["modes"].push_back(
             {{"mode", m.mode},
              {"full_steps", m.full_steps},
@@ -133,6 +139,9 @@ nlohmann::json CacheBenchReport::to_json() const {
              {"wall_s", m.wall_s},
              {"wall_s_median", med},
              {"speedup_vs_first_median", base / med},
+             {"image_s", m.image_s},
+             {"image_s_median", image_med},
+             {"image_speedup_vs_first_median", image_base / image_med},
              {images ? "psnr_db" : "latent_psnr_db", std::isinf(psnr) ? nlohmann::json("inf") : nlohmann::json(psnr)},
              {"ssim", images ? nlohmann::json(mean_finite(m.ssim)) : nlohmann::json(nullptr)}});
     }
@@ -144,18 +153,21 @@ std::string CacheBenchReport::table() const {
     for (const auto& m : modes) w = std::max(w, m.mode.size());
     char line[512];
     std::string out;
-    std::snprintf(line, sizeof line, "%-*s %6s %10s %8s %24s %9s %10s %7s\n", int(w), "mode", "full", "GMACs/step",
-                  "MAC red.", "wall s min/median/max", "speed-up", images ? "PSNR" : "latentPSNR",
-                  images ? "SSIM" : "");
+    std::snprintf(line, sizeof line, "%-*s %6s %10s %8s %24s %9s %24s %9s %10s %7s\n", int(w), "mode", "full",
+                  "GMACs/step", "MAC red.", "loop s min/median/max", "speed-up", "image s min/median/max", "speed-up",
+                  images ? "PSNR" : "latentPSNR", images ? "SSIM" : "");
     out += line;
     const double base = util::stats_of(modes.at(0).wall_s).median, macs0 = modes.at(0).macs_per_step;
+    const double image_base = util::stats_of(modes.at(0).image_s).median;
+    const auto min_med_max = [](const util::Stats& s) {
+        return util::fmt("%.3f", s.min) + "/" + util::fmt("%.3f", s.median) + "/" + util::fmt("%.3f", s.max);
+    };
     for (const auto& m : modes) {
-        const auto s = util::stats_of(m.wall_s);
-        const std::string walls =
-            util::fmt("%.3f", s.min) + "/" + util::fmt("%.3f", s.median) + "/" + util::fmt("%.3f", s.max);
+        const auto s = util::stats_of(m.wall_s), si = util::stats_of(m.image_s);
         const std::string full = std::to_string(m.full_steps) + "/" + std::to_string(m.total_steps);
-        std::snprintf(line, sizeof line, "%-*s %6s %10.2f %7.2fx %24s %8.2fx %10s %7s\n", int(w), m.mode.c_str(),
-                      full.c_str(), m.macs_per_step / 1e9, macs0 / m.macs_per_step, walls.c_str(), base / s.median,
+        std::snprintf(line, sizeof line, "%-*s %6s %10.2f %7.2fx %24s %8.2fx %24s %8.2fx %10s %7s\n", int(w),
+                      m.mode.c_str(), full.c_str(), m.macs_per_step / 1e9, macs0 / m.macs_per_step,
+                      min_med_max(s).c_str(), base / s.median, min_med_max(si).c_str(), image_base / si.median,
                       fmt_db(mean_finite(m.psnr)).c_str(),
                       images ? util::fmt("%.4f", mean_finite(m.ssim)).c_str() : "");
         out += line;

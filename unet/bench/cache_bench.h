@@ -6,7 +6,8 @@
 //   stops at the final latents, on the CPU or a CUDA device; PSNR of the final latents vs the first mode (a
 //   consistency figure, not an image-quality one).
 // Per mode: full steps, analytic MACs per step (the controllers' per-step records), wall seconds min/median/max
-// over the interleaved runs and the speed-up of the medians.
+// over the interleaved runs of the denoising loop and of the whole image (text encoder, loop, decode), and the
+// speed-ups of the medians.
 #pragma once
 
 #include "unet/cache/cache_config.h"
@@ -32,7 +33,8 @@ struct CacheBenchParams {
 
 struct CacheBenchMode {
     std::string mode; // the mode as the user wrote it (CacheConfig::label)
-    std::vector<double> wall_s;
+    std::vector<double> wall_s;  // the denoising loop
+    std::vector<double> image_s; // the whole txt2img call: prompt encoding, the loop, the VAE decode
     int full_steps = 0, total_steps = 0;
     double macs_per_step = 0;       // per sample, mean over the loop
     int64_t d2h_scalars_per_step = 0; // the most device-to-host reads of one step's cache decision (host_read)

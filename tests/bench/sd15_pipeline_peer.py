@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""OpenVINO (optimum-intel) beside us: a random-weight SD 1.5 pipeline, static shapes, timed per part.
+"""A random-weight SD 1.5 pipeline in a peer engine, timed per part: OpenVINO (optimum-intel) or diffusers on PyTorch.
 
-usage: openvino_sd15.py --peers PEERS --vocab BPE.txt.gz --workdir DIR [--size 512] [--reps 3] [--threads 2]
-                        [--precision f32|bf16] [--steps 20] [--parts unet,vae,pipeline]
+usage: sd15_pipeline_peer.py --backend openvino|torch --peers PEERS --vocab BPE.txt.gz --workdir DIR [--size 512]
+                             [--reps 3] [--threads 2] [--precision f32|bf16] [--steps 20] [--parts unet,vae,pipeline]
 
 The pipeline folder (diffusers layout: SD 1.5's UNet and VAE configs from PEERS/make_random_sd15.py, a CLIP ViT-L/14
 text encoder, the CLIP tokenizer written from the BPE merges file, PNDM as SD 1.5 ships) is made once with random
-weights under DIR/sd15-random, exported once to OpenVINO IR under DIR/sd15-openvino, then loaded, reshaped to one
-image of SIZE x SIZE (static shapes, as Intel's published pipeline runs) and compiled for the CPU with
-INFERENCE_NUM_THREADS and INFERENCE_PRECISION_HINT. Prints one line per timing, in seconds:
+weights under DIR/sd15-random.
+- openvino: exported once to OpenVINO IR under DIR/sd15-openvino, then loaded, reshaped to one image of SIZE x SIZE
+  (static shapes, as Intel's published pipeline runs) and compiled for the CPU with INFERENCE_NUM_THREADS and
+  INFERENCE_PRECISION_HINT.
+- torch: diffusers' StableDiffusionPipeline on the installed PyTorch (SDPA attention on 2.x), the modules cast to
+  bfloat16 for --precision bf16.
+Prints one line per timing, in seconds (the prefix names the backend: ov_ or torch_):
   ov_unet_step_s SIZE T      one UNet request on the CFG batch (2 latents)
   ov_vae_decode_s SIZE T     one VAE decoder request
   ov_pipeline_s SIZE T       the whole STEPS-step txt2img call (text encoder, STEPS CFG steps, decode)
@@ -76,8 +80,22 @@ def make_pipeline_folder(peers: Path, bpe_gz: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def versions_line(backend: str, extra: str) -> str:
+    import diffusers
+    import torch
+    line = f"# {backend}: diffusers {diffusers.__version__}, torch {torch.__version__}"
+    if backend == "openvino":
+        import openvino
+        from importlib.metadata import version
+        line += f", openvino {openvino.__version__}, optimum-intel {version('optimum-intel')}"
+    else:
+        line += f", mkldnn {torch.backends.mkldnn.is_available()}, threads {torch.get_num_threads()}"
+    return line + ", " + extra
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", choices=["openvino", "torch"], default="openvino")
     ap.add_argument("--peers", required=True, type=Path)
     ap.add_argument("--vocab", required=True, type=Path)
     ap.add_argument("--workdir", required=True, type=Path)
@@ -89,55 +107,81 @@ def main() -> int:
     ap.add_argument("--parts", default="unet,vae,pipeline")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
+    if not a.vocab.is_file():
+        sys.exit(f"error: --vocab: no file {a.vocab} (the CLIP BPE merges, assets/vocab/clip/bpe_simple_vocab_16e6.txt.gz)")
+    unknown = parts - {"unet", "vae", "pipeline"}
+    if unknown:
+        sys.exit(f"error: --parts: unknown part(s) {sorted(unknown)}; expected unet, vae, pipeline")
 
     import numpy as np
-    import openvino
-    import optimum.intel
     import torch
-    from optimum.intel import OVStableDiffusionPipeline
 
     torch.set_num_threads(a.threads)
+    a.workdir.mkdir(parents=True, exist_ok=True)
     src = a.workdir / "sd15-random"
-    ir = a.workdir / "sd15-openvino"
     if not src.exists():
         make_pipeline_folder(a.peers, a.vocab, src)
-    ov_config = {"INFERENCE_NUM_THREADS": str(a.threads),
-                 "INFERENCE_PRECISION_HINT": "f32" if a.precision == "f32" else "bf16"}
-    if not ir.exists():
-        pipe = OVStableDiffusionPipeline.from_pretrained(str(src), export=True, compile=False)
-        tmp = a.workdir / "sd15-openvino.tmp"
-        pipe.save_pretrained(str(tmp))
-        os.replace(tmp, ir)
-        del pipe
-    pipe = OVStableDiffusionPipeline.from_pretrained(str(ir), compile=False, ov_config=ov_config)
-    pipe.reshape(batch_size=1, height=a.size, width=a.size, num_images_per_prompt=1)
-    pipe.compile()
-    print(f"# openvino {openvino.__version__}, optimum-intel {optimum.intel.__version__ if hasattr(optimum.intel, '__version__') else '?'}, "
-          f"torch {torch.__version__}, {ov_config}", flush=True)
     s = a.size // 8
     rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, s, s), dtype=np.float32)
+    ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
+    z = rng.standard_normal((1, 4, s, s), dtype=np.float32)
+
+    if a.backend == "openvino":
+        from optimum.intel import OVStableDiffusionPipeline
+
+        ir = a.workdir / "sd15-openvino"
+        ov_config = {"INFERENCE_NUM_THREADS": str(a.threads),
+                     "INFERENCE_PRECISION_HINT": "f32" if a.precision == "f32" else "bf16"}
+        if not ir.exists():
+            pipe = OVStableDiffusionPipeline.from_pretrained(str(src), export=True, compile=False)
+            tmp = a.workdir / "sd15-openvino.tmp"
+            pipe.save_pretrained(str(tmp))
+            os.replace(tmp, ir)
+            del pipe
+        pipe = OVStableDiffusionPipeline.from_pretrained(str(ir), compile=False, ov_config=ov_config)
+        pipe.reshape(batch_size=1, height=a.size, width=a.size, num_images_per_prompt=1)
+        pipe.compile()
+        print(versions_line("openvino", str(ov_config)), flush=True)
+        prefix = "ov"
+        unet = lambda: pipe.unet(sample=x, timestep=np.array([999], dtype=np.int64), encoder_hidden_states=ctx)
+        vae = lambda: pipe.vae_decoder(latent_sample=z)
+    else:
+        from diffusers import StableDiffusionPipeline
+
+        dtype = torch.float32 if a.precision == "f32" else torch.bfloat16
+        pipe = StableDiffusionPipeline.from_pretrained(str(src), torch_dtype=dtype, safety_checker=None)
+        pipe.set_progress_bar_config(disable=True)
+        print(versions_line("torch", f"dtype {dtype}"), flush=True)
+        prefix = "torch"
+        xt, ct, zt = (torch.from_numpy(v).to(dtype) for v in (x, ctx, z))
+        tt = torch.tensor([999, 999])
+
+        def unet():
+            with torch.no_grad():
+                pipe.unet(xt, tt, encoder_hidden_states=ct)
+
+        def vae():
+            with torch.no_grad():
+                pipe.vae.decode(zt)
+
+    def timed(label, fn, warm=True):
+        if warm:
+            fn()
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            fn()
+            print(f"{prefix}_{label} {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+
     if "unet" in parts:
-        x = rng.standard_normal((2, 4, s, s), dtype=np.float32)
-        t = np.array([999], dtype=np.int64)
-        ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
-        pipe.unet(sample=x, timestep=t, encoder_hidden_states=ctx)  # warm-up
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            pipe.unet(sample=x, timestep=t, encoder_hidden_states=ctx)
-            print(f"ov_unet_step_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+        timed("unet_step_s", unet)
     if "vae" in parts:
-        z = rng.standard_normal((1, 4, s, s), dtype=np.float32)
-        pipe.vae_decoder(latent_sample=z)
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            pipe.vae_decoder(latent_sample=z)
-            print(f"ov_vae_decode_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+        timed("vae_decode_s", vae)
     if "pipeline" in parts:
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            pipe("a red dress on a wooden table", num_inference_steps=a.steps, guidance_scale=7.5, height=a.size,
-                 width=a.size, output_type="np")
-            print(f"ov_pipeline_s {a.size} {time.perf_counter() - t0:.3f}", flush=True)
+        call = lambda: pipe("a red dress on a wooden table", num_inference_steps=a.steps, guidance_scale=7.5,
+                            height=a.size, width=a.size, output_type="np")
+        # no warm-up call: the UNet and VAE requests above warmed the same compiled models; alone, one short run
+        timed("pipeline_s", call, warm=not ({"unet", "vae"} & parts))
     return 0
 
 
