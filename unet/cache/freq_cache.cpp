@@ -44,6 +44,7 @@ FreqParams freq_target_applied(const FreqParams& p, double* scale) {
 
 FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
     : given_(p), p_(freq_target_applied(p, &target_scale_)), probe_(p.band) {
+    freq_target_applied(p, &target_scale_); // the member's own initialiser ran after p_'s
     if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + freq_fmt(p.tau));
     if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + freq_fmt(p.thr));
     if (p.max_reuse < -1)
