@@ -2,6 +2,7 @@
 
 #include "cache/io/error.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -24,6 +25,19 @@ std::string fmt(double v) {
 }
 
 } // namespace
+
+// ---- quality target ---------------------------------------------------------------------------------------------
+
+double target_threshold_scale(double target_db, const QualityTargetCalibration& cal) {
+    if (!(target_db > 0) || !std::isfinite(target_db))
+        throw UsageError("quality target must be a positive number of dB, got " + fmt(target_db));
+    if (!(cal.db_per_halving > 0) || !std::isfinite(cal.ref_db) || !(cal.min_scale > 0) ||
+        !(cal.max_scale >= cal.min_scale))
+        throw UsageError("quality target calibration: ref " + fmt(cal.ref_db) + " dB, " + fmt(cal.db_per_halving) +
+                         " dB per halving, scale range [" + fmt(cal.min_scale) + ", " + fmt(cal.max_scale) + "]");
+    const double s = std::exp2((cal.ref_db - target_db) / cal.db_per_halving);
+    return std::clamp(s, cal.min_scale, cal.max_scale);
+}
 
 // ---- fixed interval -------------------------------------------------------------------------------------------
 

@@ -139,6 +139,23 @@ private:
     LastStep last_ = LastStep::Full;
 };
 
+// A quality target in dB of PSNR against the uncached image, spent as one scale on a change rule's thresholds (the
+// accumulated change, the drift and skip bounds of DctChangePolicy's caller). Each threshold bounds a relative
+// residual the reuse steps may leave per image, so the error a run admits grows with the scale and its PSNR falls by
+// about a fixed number of dB each time the scale doubles; a calibration measures, for a family of samplers, the PSNR
+// the 5th-percentile image reaches at scale 1 (ref_db) and that slope (db_per_halving), and the scale for a target T is
+//   s = 2^((ref_db - T) / db_per_halving),
+// clamped to [min_scale, max_scale] (below the first every step is full anyway; above the last the reuse runs are
+// bounded by the rules that do not scale).
+struct QualityTargetCalibration {
+    double ref_db = 30.0;
+    double db_per_halving = 6.0;
+    double min_scale = 1.0 / 64;
+    double max_scale = 4.0;
+};
+// Throws UsageError for a target that is not positive and finite or a calibration whose slope is not positive.
+double target_threshold_scale(double target_db, const QualityTargetCalibration& cal);
+
 // "interval:3", "gate:0.5", "dct:0.15" or "dct:0.15:4" (max_reuse defaults to 4). Throws UsageError.
 std::unique_ptr<AnchorPolicy> make_policy(const std::string& spec);
 

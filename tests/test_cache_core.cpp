@@ -496,6 +496,21 @@ TEST_CASE("DCT change policy: the span bound is a fraction of the loop's log-sig
     CHECK_THROWS_AS(q.set_span_bound(0.2, {1.0, 0.0}), UsageError);
 }
 
+TEST_CASE("quality target: the threshold scale halves per db_per_halving above the reference", "[cache][policy]") {
+    QualityTargetCalibration c;
+    c.ref_db = 30.0, c.db_per_halving = 6.0, c.min_scale = 0.1, c.max_scale = 4.0;
+    CHECK(target_threshold_scale(30.0, c) == Approx(1.0));
+    CHECK(target_threshold_scale(36.0, c) == Approx(0.5));   // 2^(-6/6)
+    CHECK(target_threshold_scale(42.0, c) == Approx(0.25));  // 2^(-12/6)
+    CHECK(target_threshold_scale(27.0, c) == Approx(std::sqrt(2.0))); // 2^(3/6)
+    CHECK(target_threshold_scale(60.0, c) == Approx(0.1));   // 2^-5 clamped to min_scale
+    CHECK(target_threshold_scale(10.0, c) == Approx(4.0));   // 2^(20/6) = 10.08 clamped to max_scale
+    CHECK_THROWS_AS(target_threshold_scale(0.0, c), UsageError);
+    CHECK_THROWS_AS(target_threshold_scale(std::nan(""), c), UsageError);
+    c.db_per_halving = 0;
+    CHECK_THROWS_AS(target_threshold_scale(35.0, c), UsageError);
+}
+
 TEST_CASE("policy spec strings", "[cache][policy]") {
     CHECK(make_policy("interval:2")->describe() == "interval:2");
     CHECK(make_policy("gate:0.25")->describe() == "gate:0.25");

@@ -8,6 +8,7 @@
 #include "tests/tiny_sd_run.h"
 #include "text/diffusion/mdlm_cache.h"
 #include "unet/cache/freq_cache.h"
+#include "unet/cache/freq_calibration.h"
 #include "unet/model/unet_macs.h"
 #include "unet/train/fashion_eval.h"
 
@@ -49,6 +50,31 @@ TEST_CASE("cache mode parsing: valid forms", "[freq]") {
     CHECK(cache::modes::split_mode_list("off,deepcache:3,branch=1,freq,freq:tau=0.1,max=2") ==
           std::vector<std::string>{"off", "deepcache:3,branch=1", "freq", "freq:tau=0.1,max=2"});
     CHECK(cache::modes::split_mode_list("freq,max=2") == std::vector<std::string>{"freq:max=2"});
+}
+
+TEST_CASE("cache mode parsing: freq:target=DB scales thr, drift and skipdrift, the string keeps what was given",
+          "[freq]") {
+    auto plain = parse_cache_mode("freq");
+    const auto* fp = dynamic_cast<const FreqAnchorDenoiser*>(plain.get());
+    REQUIRE(fp);
+    CHECK(fp->target_scale() == 1.0);
+    CHECK(plain->spec().find("target") == std::string::npos);
+    const auto cal = freq_target_calibration();
+    for (double t : {30.0, 35.0, 40.0}) {
+        const std::string text = "freq:target=" + cache::modes::format_number(t);
+        auto m = parse_cache_mode(text);
+        const auto* f = dynamic_cast<const FreqAnchorDenoiser*>(m.get());
+        REQUIRE(f);
+        CHECK(f->target_scale() == Approx(cache::target_threshold_scale(t, cal)));
+        CHECK(m->spec() == plain->spec() + ",target=" + cache::modes::format_number(t));
+        CHECK(parse_cache_mode(m->spec())->spec() == m->spec()); // the canonical string parses to itself
+    }
+    // A higher target never allows more reuse.
+    CHECK(cache::target_threshold_scale(40.0, cal) < cache::target_threshold_scale(35.0, cal));
+    CHECK(parse_cache_mode("freq:fast,target=35")->spec().find(",drift=0.4,") != std::string::npos);
+    CHECK(parse_cache_mode("freq:forecast=denoised")->spec().find(",forecast=denoised") != std::string::npos);
+    for (const char* bad : {"freq:target=-1", "freq:target=x", "freq:target=nan", "freq:forecast=x"})
+        CHECK_THROWS_AS(parse_cache_config(bad), ParamError);
 }
 
 TEST_CASE("cache mode parsing: malformed forms are errors of the cache field listing the valid forms", "[freq]") {

@@ -143,6 +143,15 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
                               "batch: one decision per step for a batch of images; image: each image alone (it comes "
                               "out as it would alone)",
                               false),
+            mode_keys::choice_key("forecast", &P::forecast_denoised, "denoised", "output",
+                              "what a step that runs no UNet layer forecasts: denoised: the denoised estimate x0, "
+                              "turned into the output at the step's input; output: the model output (under injected "
+                              "noise: x0 held)",
+                              true),
+            mode_keys::number_key("target", &P::target, 0, 200,
+                              "a quality target in dB of PSNR against the uncached image (about 95 % of images reach "
+                              "it): thr, drift and skipdrift are scaled to it from their values (0: none)",
+                              false),
         };
         auto profile = mode_keys::make_key<P>("profile", "a file",
                                               "an anchor profile (anchor-sd calibrate) setting thr per range of steps",
@@ -162,6 +171,8 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
             if (key.name == "last") key.shown = [](const P& p) { return !p.last; };
             if (key.name == "attnmax") key.shown = [](const P& p) { return p.attn_reuse; };
             if (key.name == "decide") key.shown = [](const P& p) { return p.per_image; };
+            if (key.name == "target") key.shown = [](const P& p) { return p.target > 0; };
+            if (key.name == "forecast") key.shown = [](const P& p) { return p.forecast_denoised != P{}.forecast_denoised; };
         }
         return k;
     }();

@@ -1,5 +1,6 @@
 // The frequency-anchored deep-feature cache (see freq_cache.h for the rule and its equations).
 #include "unet/cache/freq_cache.h"
+#include "unet/cache/freq_calibration.h"
 
 #include "cache/dct.h"
 #include "cache/io/error.h"
@@ -28,7 +29,22 @@ std::string freq_fmt(double v) {
 }
 } // namespace
 
-FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p) : p_(p), probe_(p.band) {
+namespace {
+// target=T: the given thresholds scaled for the target (FreqParams::target).
+FreqParams freq_target_applied(const FreqParams& p, double* scale) {
+    FreqParams r = p;
+    *scale = 1.0;
+    if (p.target > 0) {
+        *scale = cache::target_threshold_scale(p.target, freq_target_calibration());
+        r.thr *= *scale, r.drift *= *scale, r.skip_drift *= *scale;
+    }
+    return r;
+}
+} // namespace
+
+FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
+    : given_(p), p_(freq_target_applied(p, &target_scale_)), probe_(p.band) {
+    freq_target_applied(p, &target_scale_); // the member's own initialiser ran after p_'s
     if (!(p.tau >= 0)) throw ParamError("cache", "freq: tau must be >= 0, got " + freq_fmt(p.tau));
     if (!(p.thr > 0)) throw ParamError("cache", "freq: thr must be > 0, got " + freq_fmt(p.thr));
     if (p.max_reuse < -1)
@@ -46,7 +62,7 @@ FreqAnchorDenoiser::Lane::Lane(const FreqParams& p, BatchFeatureStore store)
     : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), features(std::move(store)) {}
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
-    return cache::modes::keys_json(freq_keys(), p_);
+    return cache::modes::keys_json(freq_keys(), given_);
 }
 
 void FreqAnchorDenoiser::begin(int num_steps, int images) {
@@ -71,8 +87,11 @@ void FreqAnchorDenoiser::begin(int num_steps, int images) {
         Lane lane(p_, p_.per_image ? features_.image(b) : features_);
         lane.images = p_.per_image ? 1 : images_;
         lane.policy.set_last_step(last_step);
-        if (p_.profile_data.has_step_ranges())
-            lane.policy.set_step_thresholds(p_.profile_data.step_thresholds(num_steps, p_.thr));
+        if (p_.profile_data.has_step_ranges()) {
+            auto thresholds = p_.profile_data.step_thresholds(num_steps, given_.thr);
+            for (auto& v : thresholds) v *= target_scale_; // target=T scales a profile's thresholds too
+            lane.policy.set_step_thresholds(std::move(thresholds));
+        }
         lane.policy.set_span_bound(p_.span, levels);
         lanes_.push_back(std::move(lane));
     }
@@ -351,16 +370,27 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     // the last full step stays below W.
     const bool may_forecast = !full && p_.skip > 0 && lane.forecasts < p_.skip && sampler_history_ <= 1 &&
                               (p_.skip_drift <= 0 || pl.drift < p_.skip_drift);
+    // forecast=denoised: x0 of the last two computed steps forecast to this step (held when only one exists).
+    const bool two_denoised = lane.x0.defined() && lane.x0_prev.defined() && lane.uo1 != lane.uo0 &&
+                              lane.x0.size(0) == rows && lane.x0_prev.size(0) == rows;
+    auto denoised_forecast = [&]() {
+        return two_denoised ? linear_forecast(lane.x0, lane.x0_prev, (u - lane.uo1) / (lane.uo1 - lane.uo0)) : lane.x0;
+    };
     if (may_forecast && !injected_.present && lane.o0.defined() && lane.uo1 != lane.uo0 && lane.o1.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
-        pl.out = linear_forecast(lane.o1, lane.o0, (u - lane.uo1) / (lane.uo1 - lane.uo0));
+        if (p_.forecast_denoised && two_denoised && sigma > 0)
+            pl.out = output_for(lane_rows(x, lane.rows), denoised_forecast(), sigma, injected_.prediction,
+                                lane.o1.scalar_type());
+        else
+            pl.out = linear_forecast(lane.o1, lane.o0, (u - lane.uo1) / (lane.uo1 - lane.uo0));
         ++lane.forecasts;
         return pl;
     }
     if (may_forecast && noise_skip && pl.noise < p_.noise_skip && sigma > 0 && lane.x0.defined() &&
         lane.x0.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
-        pl.out = output_for(lane_rows(x, lane.rows), lane.x0, sigma, injected_.prediction, lane.o1.scalar_type());
+        const Tensor x0 = p_.forecast_denoised ? denoised_forecast() : lane.x0;
+        pl.out = output_for(lane_rows(x, lane.rows), x0, sigma, injected_.prediction, lane.o1.scalar_type());
         ++lane.forecasts;
         return pl;
     }
@@ -627,8 +657,10 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         }
         lane.o0 = lane.o1, lane.uo0 = lane.uo1;
         lane.o1 = n == 1 ? out : lane_rows(out, lane.rows), lane.uo1 = u;
-        if (holds_denoised() && noise_level(step) > 0)
+        if (keeps_denoised() && noise_level(step) > 0) {
+            lane.x0_prev = lane.x0;
             lane.x0 = denoised_estimate(lane_rows(x, lane.rows), lane.o1, noise_level(step), injected_.prediction);
+        }
         lane.forecasts = 0;
         if (pl.kind == LanePlan::Kind::Full) {
             ++full_n;

@@ -61,7 +61,9 @@ class FreqAnchorDenoiser : public CacheController {
 public:
     explicit FreqAnchorDenoiser(const FreqParams& p);
     std::string name() const override { return "freq"; }
-    std::string spec() const override { return p_.describe(); }
+    std::string spec() const override { return given_.describe(); }
+    // target=T: the scale on thr, drift and skipdrift (1 without a target).
+    double target_scale() const { return target_scale_; }
     nlohmann::json params_json() const override;
     void begin(int num_steps, int images) override;
     torch::Tensor predict(UNet2DConditionModelImpl& unet, const torch::Tensor& x, const torch::Tensor& t,
@@ -141,6 +143,7 @@ private:
         int forecasts = 0;              // output forecasts since the last computed step
         int attn_reuses = 0;            // attn=reuse: shallow steps on the cached residuals since they were recorded
         torch::Tensor x0;               // noiseskip=W: the denoised estimate of the last computed step (float)
+        torch::Tensor x0_prev;          // forecast=denoised: ... and of the computed step before it (at uo0)
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
     // change: the lane's probe change of this step; drift: its forecast residual (NaN when the drift rule does not
@@ -153,7 +156,9 @@ private:
     torch::Tensor lane_drift(const Lane& lane, const torch::Tensor& c) const;
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
 
-    FreqParams p_;
+    FreqParams given_; // as parsed (the canonical string, the record's params)
+    FreqParams p_;     // what the rules use: given_ with target=T's scale applied
+    double target_scale_ = 1.0;
     std::vector<Lane> lanes_;
     ShallowProbe probe_;
     int num_steps_ = 0;
@@ -164,6 +169,8 @@ private:
     int staleness() const;    // the store's bound for a reuse
     // noiseskip=W is in play at this step: on, with skip=N, and the sampler injected noise.
     bool holds_denoised() const { return p_.noise_skip > 0 && p_.skip > 0 && injected_.present; }
+    // The lane keeps the denoised estimates of its computed steps (noiseskip=W or forecast=denoised).
+    bool keeps_denoised() const { return holds_denoised() || (p_.forecast_denoised && p_.skip > 0); }
 };
 
 } // namespace anchor::unet

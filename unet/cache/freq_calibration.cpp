@@ -13,6 +13,13 @@ void FreqCalibrationParams::validate() const {
     if (!(target > 0)) throw ParamError("target", "must be > 0");
 }
 
+cache::QualityTargetCalibration freq_target_calibration() {
+    cache::QualityTargetCalibration c;
+    c.ref_db = 30.0;
+    c.db_per_halving = 6.0;
+    return c;
+}
+
 cache::AnchorProfile calibrate_freq_profile(Txt2ImgPipeline& pipe, const FreqCalibrationParams& p,
                                             const std::function<void(size_t, const std::string&)>& on_prompt) {
     p.validate();

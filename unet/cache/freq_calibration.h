@@ -5,6 +5,7 @@
 // threshold reuses little early and too much late; the profile evens that out.
 #pragma once
 
+#include "cache/anchor_policy.h"
 #include "cache/anchor_profile.h"
 #include "unet/pipeline/pipeline.h"
 
@@ -21,6 +22,11 @@ struct FreqCalibrationParams {
     double target = 3.0;              // steps of typical change per full step
     void validate() const;            // ParamError naming the field
 };
+
+// The calibration of freq:target=T (cache::target_threshold_scale): the 5th-percentile image's PSNR at the given
+// thresholds and its change per halving of them, measured on the tuning seeds (docs/caching.md, "freq: the quality
+// target", cites the results).
+cache::QualityTargetCalibration freq_target_calibration();
 
 // The profile (step ranges; its meta records the parameters and the measured mean change per step). `on_prompt`
 // hears each prompt when its run is done.

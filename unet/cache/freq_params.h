@@ -91,6 +91,20 @@ struct FreqParams {
     // the layers and records theirs. Each reused residual adds its own error to the step's output, so the bound is
     // on the steps that reuse it, not on a span of the schedule.
     int attn_max = 1;
+    // forecast=denoised|output: what an output forecast (skip=N) and a held step under injected noise (noiseskip=W)
+    // carry along the timestep. output: the model output itself, linearly from the last two computed outputs (and
+    // under injected noise the last denoised estimate held). denoised: the denoised estimate x0 of the last two
+    // computed outputs, forecast linearly, turned back into the output that gives it at this step's input
+    // (output_for). Late in the loop x0 settles while eps = (x - x0) / sigma carries the input's own noise, so the
+    // forecast follows the input exactly and errs only by the change of x0; and an ancestral sampler's fresh noise
+    // enters the input only (Karras et al. 2022, Algorithm 2: x0 is what the step carries), so its steps are forecast
+    // on the quantity the noise does not move, not held.
+    bool forecast_denoised = false;
+    // target=T (0: none): a quality target in dB of PSNR against the uncached image, for about 95 % of images. thr,
+    // drift and skipdrift (as given or defaulted) are scaled by cache::target_threshold_scale with the calibration of
+    // the sampler's family (freq_target_calibration, unet/cache/freq_calibration.h), so a user picks a figure instead
+    // of thresholds. The canonical string keeps the thresholds as given and the target; the record shows the scale.
+    double target = 0;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply. Read when the mode is parsed (at the edge).
     std::string profile;
