@@ -24,13 +24,14 @@
 #              the whole STEPS-step pipeline; f32 and, with PRECISIONS bf16, bf16) via tests/bench/sd15_pipeline_peer.py
 #   OV_PY      python of a venv with optimum-intel and openvino: rows openvino (the same three parts, static SIZE^2
 #              shapes, INFERENCE_PRECISION_HINT f32 / bf16); exported once under PEER_WORK (default BUILD_DIR/peers/sd15)
-#   SDCPP      a stable-diffusion.cpp build folder (bin/sd, GGML's CPU backend, -DGGML_NATIVE=ON): rows sdcpp-f32,
+#   SDCPP      a stable-diffusion.cpp build folder (bin/sd-cli, GGML's CPU backend, -DGGML_NATIVE=ON): rows sdcpp-f32,
 #              sdcpp-f16, sdcpp-q8_0, each also with --diffusion-fa (-fa), on SD15_FILE converted by its own
 #              `-M convert`; its own per-run timings (sampling / SDCPP_STEPS, decode_first_stage) are read from its log
 #   SD15_FILE  a random-weight SD 1.5 single file (anchor-sd random-model --family sd1 --dtype f16 -o F): sd.cpp's
 #              input and our whole-image rows (anchor-sd bench-cache -m SD15_FILE --modes off,freq: text encoder,
 #              STEPS steps, VAE decode); default BUILD_DIR/peers/sd15_random_f16.safetensors, made when missing
-#   IMAGE      1 (default when TORCH2_PY or OV_PY is set): the whole-image rows image512; STEPS (20)
+#   IMAGE      1 (default when TORCH2_PY or OV_PY is set): the whole-image rows image512; STEPS (20), IMAGE_REPS (1)
+#   CONTROL_PRECISIONS ("f32 bf16"): the precisions that also run the diffusers 0.27.2 same-backend control rows
 #   PEER_GLIBC_TUNABLES  GLIBC_TUNABLES for the Python peers alone, e.g. glibc.malloc.mmap_max=0:glibc.malloc.
 #              trim_threshold=68719476736:glibc.malloc.hugetlb=1 (freed blocks kept for reuse, on huge pages): where a
 #              page fault is expensive, PyTorch on glibc's defaults pays one per 4 KiB of every large activation,
@@ -56,6 +57,8 @@ sd15_file=${SD15_FILE:-$build/peers/sd15_random_f16.safetensors}
 image=${IMAGE:-}
 [ -z "$image" ] && { [ -n "$torch2_py$ov_py" ] && image=1 || image=0; }
 sdcpp_steps=${SDCPP_STEPS:-2}
+image_reps=${IMAGE_REPS:-1} # whole-image runs per round and side (a 20-step 512^2 image is minutes on 2 cores)
+control_precisions=${CONTROL_PRECISIONS:-f32 bf16} # which precisions run the diffusers 0.27.2 control rows
 sd=$build/anchor-sd
 text=$build/anchor-text
 [ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
@@ -90,15 +93,16 @@ if [ "$only" != gpt2 ] && { [ -n "$sdcpp" ] || [ "$image" = 1 ]; } && [ ! -f "$s
   "$sd" random-model --family sd1 --dtype f16 -o "$sd15_file" >/dev/null
 fi
 if [ -n "$sdcpp" ] && [ "$only" != gpt2 ]; then
-  [ -x "$sdcpp/bin/sd" ] || { echo "error: SDCPP=$sdcpp has no bin/sd" >&2; exit 2; }
+  sdbin=$sdcpp/bin/sd-cli; [ -x "$sdbin" ] || sdbin=$sdcpp/bin/sd # sd-cli since 2026; sd before
+  [ -x "$sdbin" ] || { echo "error: SDCPP=$sdcpp has neither bin/sd-cli nor bin/sd" >&2; exit 2; }
   for t in f32 f16 q8_0; do
     [ -f "$gguf_dir/sd15-random-$t.gguf" ] ||
-      "$sdcpp/bin/sd" -M convert -m "$sd15_file" -o "$gguf_dir/sd15-random-$t.gguf" --type "$t" >/dev/null 2>&1 ||
+      "$sdbin" -M convert -m "$sd15_file" -o "$gguf_dir/sd15-random-$t.gguf" --type "$t" >/dev/null 2>&1 ||
       { echo "error: sd.cpp could not convert $sd15_file to $t" >&2; exit 1; }
   done
 fi
 raw=$(mktemp)
-trap 'rm -f "$raw" "$out.tmp"' EXIT
+trap 'rm -f "$raw"; [ -f "$out.tmp" ] && mv "$out.tmp" "$out.partial"' EXIT # a cut run keeps what it measured
 log() { echo "$*" | tee -a "$out.tmp" >&2; }
 # sample LABEL VALUE... : one measurement line per value (seconds or ms) into the raw table
 sample() { local label=$1; shift; for v in "$@"; do echo "$label $v" >>"$raw"; done; }
@@ -124,11 +128,11 @@ modern_py() { # modern_py PY ARGS...: a peer venv's python, without the 0.27.2 s
 pipeline_peer() { # pipeline_peer BACKEND PY PRECISION SIZE PARTS: lines "<prefix>_<part>_s SIZE T"
   modern_py "$2" "$root/tests/bench/sd15_pipeline_peer.py" --backend "$1" --peers "$peers" \
     --vocab "$root/assets/vocab/clip/bpe_simple_vocab_16e6.txt.gz" --workdir "$peer_work" --size "$4" --reps "$reps" \
-    --threads "$threads" --precision "$3" --steps "$steps" --parts "$5" 2>&1
+    --threads "$threads" --precision "$3" --steps "$steps" --parts "$5" --pipeline-reps "$image_reps" 2>&1
 }
 [ -n "$torch2_py" ] && log "# diffusers-torch2: $(modern_py "$torch2_py" -c 'import torch, diffusers; print("torch", torch.__version__, "diffusers", diffusers.__version__, "mkldnn", torch.backends.mkldnn.is_available(), "SDPA default")' 2>&1 | tail -1)"
 [ -n "$ov_py" ] && log "# openvino: $(modern_py "$ov_py" -c 'import openvino; from importlib.metadata import version; print("openvino", openvino.__version__, "optimum-intel", version("optimum-intel"), "diffusers", version("diffusers"), "INFERENCE_NUM_THREADS='"$threads"'")' 2>&1 | tail -1)"
-[ -n "$sdcpp" ] && log "# sdcpp: $("$sdcpp/bin/sd" --version 2>&1 | head -1 | xargs), $(grep -m1 '^GGML_NATIVE' "$sdcpp/CMakeCache.txt" 2>/dev/null), -t $threads, $sdcpp_steps steps per run (a UNet step = sampling time / steps)"
+[ -n "$sdcpp" ] && log "# sdcpp: $("$sdbin" --help 2>&1 | grep -m1 -i 'version' | xargs), $(grep -m1 '^GGML_NATIVE' "$sdcpp/CMakeCache.txt" 2>/dev/null), -t $threads, $sdcpp_steps steps per run (a UNet step = sampling time / steps)"
 for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
   sizes=${SIZES:-256 512}
@@ -154,6 +158,7 @@ for r in $(seq 1 "$rounds"); do
       log "  ours      $(echo "$o" | grep -m1 '^peak RSS' | xargs)"
     fi
     pvae=(); [ "$size" = 512 ] && pvae=(--vae)
+    if [[ " $control_precisions " == *" $prec "* ]]; then
     p=$(peer_py "${peer_script[@]}" --size $size --reps "$reps" --threads "$threads" "${pvae[@]}" 2>&1)
     pu=$(echo "$p" | awk '$1 == "unet_step_s" {print $3}' | xargs)
     log "  diffusers unet$sfx $size: $pu s"
@@ -162,6 +167,7 @@ for r in $(seq 1 "$rounds"); do
       pv=$(echo "$p" | awk '$1 == "vae_decode_s" {print $3}' | xargs)
       log "  diffusers vae$sfx  $size: $pv s"
       sample "vae$size$sfx diffusers" $pv
+    fi
     fi
     if [ "$size" = 512 ]; then # the modern peers, at 512^2 (the issue's goals)
       for peer in torch2 ov; do
@@ -184,7 +190,7 @@ for r in $(seq 1 "$rounds"); do
       done
       if [ "$image" = 1 ]; then # ours, the whole image: off and the default freq, interleaved by bench-cache
         o=$("$sd" -t "$threads" "${ours_prec[@]}" bench-cache -m "$sd15_file" -W $size -H $size --steps "$steps" \
-              --modes off,freq --repeat 1 --max-prompts 1 2>&1)
+              --modes off,freq --repeat "$image_reps" --max-prompts 1 2>&1)
         for mode in off freq; do
           v=$(echo "$o" | awk -v m="$mode" '$1 == m {split($7, a, "/"); print a[2]}')
           who=ours; [ "$mode" = off ] && who=ours-off
@@ -196,7 +202,7 @@ for r in $(seq 1 "$rounds"); do
         for t in f32 f16 q8_0; do
           for fa in "" --diffusion-fa; do
             name=sdcpp-$t${fa:+-fa}
-            p=$("$sdcpp/bin/sd" -m "$gguf_dir/sd15-random-$t.gguf" -p "a red dress on a wooden table" -W $size -H $size \
+            p=$("$sdbin" -m "$gguf_dir/sd15-random-$t.gguf" -p "a red dress on a wooden table" -W $size -H $size \
                   --steps "$sdcpp_steps" --cfg-scale 7.5 -t "$threads" $fa -o "$peer_work.sdcpp.png" 2>&1 || true)
             st=$(echo "$p" | sed -n 's/.*sampling completed, taking \([0-9.]*\)s.*/\1/p' | tail -1)
             dt=$(echo "$p" | sed -n 's/.*decode_first_stage completed, taking \([0-9.]*\)s.*/\1/p' | tail -1)

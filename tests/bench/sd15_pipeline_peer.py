@@ -3,6 +3,7 @@
 
 usage: sd15_pipeline_peer.py --backend openvino|torch --peers PEERS --vocab BPE.txt.gz --workdir DIR [--size 512]
                              [--reps 3] [--threads 2] [--precision f32|bf16] [--steps 20] [--parts unet,vae,pipeline]
+                             [--pipeline-reps N]
 
 The pipeline folder (diffusers layout: SD 1.5's UNet and VAE configs from PEERS/make_random_sd15.py, a CLIP ViT-L/14
 text encoder, the CLIP tokenizer written from the BPE merges file, PNDM as SD 1.5 ships) is made once with random
@@ -105,6 +106,7 @@ def main() -> int:
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--parts", default="unet,vae,pipeline")
+    ap.add_argument("--pipeline-reps", type=int, default=0, help="timed whole-pipeline calls (default: --reps)")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
     if not a.vocab.is_file():
@@ -165,10 +167,10 @@ def main() -> int:
             with torch.no_grad():
                 pipe.vae.decode(zt)
 
-    def timed(label, fn, warm=True):
+    def timed(label, fn, warm=True, reps=a.reps):
         if warm:
             fn()
-        for _ in range(a.reps):
+        for _ in range(reps):
             t0 = time.perf_counter()
             fn()
             print(f"{prefix}_{label} {a.size} {time.perf_counter() - t0:.3f}", flush=True)
@@ -181,7 +183,7 @@ def main() -> int:
         call = lambda: pipe("a red dress on a wooden table", num_inference_steps=a.steps, guidance_scale=7.5,
                             height=a.size, width=a.size, output_type="np")
         # no warm-up call: the UNet and VAE requests above warmed the same compiled models; alone, one short run
-        timed("pipeline_s", call, warm=not ({"unet", "vae"} & parts))
+        timed("pipeline_s", call, warm=not ({"unet", "vae"} & parts), reps=a.pipeline_reps or a.reps)
     return 0
 
 
