@@ -81,4 +81,36 @@ std::vector<double> TaylorSeerRule::weights(double h, int terms) {
     return w;
 }
 
+std::vector<double> fit_polynomial(const std::vector<double>& x, const std::vector<double>& y, int degree) {
+    const int n = degree + 1;
+    if (degree < 0 || x.size() != y.size() || int(x.size()) < n)
+        throw UsageError("polynomial fit: " + std::to_string(x.size()) + " points for degree " +
+                         std::to_string(degree));
+    // A^T A c = A^T y with A's columns x^degree ... x^0; the augmented matrix m is n x (n + 1).
+    std::vector<std::vector<double>> m(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(n + 1), 0.0));
+    for (size_t k = 0; k < x.size(); ++k) {
+        std::vector<double> pw(static_cast<size_t>(n));
+        for (int j = n - 1, e = 0; j >= 0; --j, ++e) pw[size_t(j)] = std::pow(x[k], e);
+        for (int r = 0; r < n; ++r) {
+            for (int c = 0; c < n; ++c) m[size_t(r)][size_t(c)] += pw[size_t(r)] * pw[size_t(c)];
+            m[size_t(r)][size_t(n)] += pw[size_t(r)] * y[k];
+        }
+    }
+    for (int c = 0; c < n; ++c) {
+        int piv = c;
+        for (int r = c + 1; r < n; ++r)
+            if (std::abs(m[size_t(r)][size_t(c)]) > std::abs(m[size_t(piv)][size_t(c)])) piv = r;
+        if (!(std::abs(m[size_t(piv)][size_t(c)]) > 0)) throw UsageError("polynomial fit: the points fix no unique polynomial");
+        std::swap(m[size_t(c)], m[size_t(piv)]);
+        for (int r = 0; r < n; ++r) {
+            if (r == c) continue;
+            const double f = m[size_t(r)][size_t(c)] / m[size_t(c)][size_t(c)];
+            for (int k = c; k <= n; ++k) m[size_t(r)][size_t(k)] -= f * m[size_t(c)][size_t(k)];
+        }
+    }
+    std::vector<double> out(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) out[size_t(r)] = m[size_t(r)][size_t(n)] / m[size_t(r)][size_t(r)];
+    return out;
+}
+
 } // namespace anchor::cache

@@ -65,4 +65,10 @@ private:
     int interval_, warmup_;
 };
 
+// TeaCache's calibration: the least-squares polynomial of degree `degree` through the points (x_i, y_i) (x the
+// relative L1 change of the modulated input between consecutive steps, y that of the model output), coefficients
+// highest degree first as numpy.polyfit returns them; solved in float64 through the normal equations with partial
+// pivoting. UsageError for fewer points than coefficients or a singular system.
+std::vector<double> fit_polynomial(const std::vector<double>& x, const std::vector<double>& y, int degree);
+
 } // namespace anchor::cache

@@ -6,6 +6,7 @@
 #include "tests/test_util.h"
 #include "unet/cache/dit_cache.h"
 #include "unet/cache/dit_cache_config.h"
+#include "unet/pipeline/sd3_compare.h"
 #include "unet/pipeline/sd3_pipeline.h"
 
 #include <catch2/catch.hpp>
@@ -185,4 +186,38 @@ TEST_CASE("SD 3 img2img strength: diffusers' float rule, not SD 1.x's truncation
     CHECK(sd3_img2img_start(28, 0.6) == 11); // int(28 - 16.8) = int(11.2)
     CHECK_THROWS_AS(sd3_img2img_start(10, 0.0), ParamError);
     CHECK_THROWS_AS(sd3_img2img_start(10, 1.5), ParamError);
+}
+
+TEST_CASE("teacache calibration: the least-squares polynomial, by hand and on the tiny SD 3 model",
+          "[sd3][dit_cache]") {
+    // Points on y = 2 x^2 + 1: the fit is exact.
+    const auto c = cache::fit_polynomial({0, 1, 2, 3}, {1, 3, 9, 19}, 2);
+    REQUIRE(c.size() == 3);
+    CHECK(c[0] == Approx(2).margin(1e-12));
+    CHECK(c[1] == Approx(0).margin(1e-12));
+    CHECK(c[2] == Approx(1).margin(1e-12));
+    // A line through (0, 0), (1, 1), (2, 3): least squares y = 1.5 x - 1/6.
+    const auto l = cache::fit_polynomial({0, 1, 2}, {0, 1, 3}, 1);
+    CHECK(l[0] == Approx(1.5));
+    CHECK(l[1] == Approx(-1.0 / 6));
+    CHECK_THROWS_AS(cache::fit_polynomial({1, 2}, {1, 2}, 2), UsageError);
+    CHECK_THROWS_AS(cache::fit_polynomial({1, 1, 1}, {1, 2, 3}, 2), UsageError);
+
+    SD3Txt2ImgParams p;
+    p.prompts = {"a cat"};
+    p.steps = 8;
+    p.guidance_scale = 4.5;
+    p.width = p.height = 16;
+    std::vector<std::pair<double, double>> samples;
+    const auto coef = sd3_teacache_calibrate(sd3_cache_tiny_models(), {p}, 2, &samples);
+    CHECK(samples.size() == 7); // steps after the first
+    REQUIRE(coef.size() == 3);
+    for (double v : coef) CHECK(std::isfinite(v));
+    // The calibrated run is the uncached one.
+    p.record_teacache = true;
+    CHECK(torch::equal(sd3_txt2img(sd3_cache_tiny_models(), p).image, [&] {
+        auto q = p;
+        q.record_teacache = false;
+        return sd3_txt2img(sd3_cache_tiny_models(), q).image;
+    }()));
 }

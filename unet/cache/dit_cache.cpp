@@ -49,6 +49,8 @@ void DitCacheController::begin(int num_steps, std::vector<double> sigmas, int im
     prev_e_ = e1_ = e0_ = F1_ = X1_ = X0_ = X00_ = ref_r1_ = residual_ = prev_mod_ = Tensor();
     taylor_.clear();
     taylor_step_ = -1;
+    prev_out_ = Tensor();
+    samples_.clear();
     dct_.reset(), fb_.reset(), tea_.reset(), seer_.reset();
     if (const auto* f = std::get_if<FreqParams>(&cfg_.params)) {
         dct_ = std::make_unique<cache::DctChangePolicy>(f->thr, f->max_reuse < 0 ? INT_MAX : f->max_reuse);
@@ -81,7 +83,16 @@ Tensor DitCacheController::forward(SD3Transformer2DModelImpl& tr, const Tensor& 
     rec.noise_level = step >= 0 && size_t(step) < sigmas_.size() ? sigmas_[size_t(step)] : 0;
     const auto ts = torch::full({x.size(0)}, float(t), torch::kFloat);
     Tensor out;
-    if (cfg_.kind() == CacheKind::Off) {
+    if (cfg_.kind() == CacheKind::Off && record_teacache) {
+        SD3Tokens tok = tr.embed(x, context, pooled, ts);
+        const Tensor mod = tr.first_block_modulated_input(tok);
+        tr.run_blocks(tok, int(tr.blocks.size()));
+        out = tr.head(tok);
+        if (prev_mod_.defined() && prev_out_.defined())
+            samples_.emplace_back(relative_l1(mod, prev_mod_), relative_l1(out, prev_out_));
+        prev_mod_ = mod, prev_out_ = out;
+        rec.why = "off";
+    } else if (cfg_.kind() == CacheKind::Off) {
         out = tr.forward(x, context, pooled, ts);
         rec.why = "off";
     } else {

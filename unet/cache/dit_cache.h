@@ -49,6 +49,12 @@ public:
     torch::Tensor forward(SD3Transformer2DModelImpl& tr, const torch::Tensor& x, const torch::Tensor& context,
                           const torch::Tensor& pooled, double t, int step);
 
+    // TeaCache's calibration samples (mode off only): per step after the first, the relative L1 change of the first
+    // block's modulated input and of the model output against the previous step (cache::fit_polynomial fits the
+    // rescale polynomial to them).
+    bool record_teacache = false;
+    const std::vector<std::pair<double, double>>& teacache_samples() const { return samples_; }
+
     const CacheConfig& config() const { return cfg_; }
     const std::vector<CacheStepLog>& log() const { return log_; }
     int full_steps() const;
@@ -89,6 +95,9 @@ private:
     // taylorseer: the factors and the step they were made at.
     std::vector<torch::Tensor> taylor_;
     int taylor_step_ = -1;
+    // record_teacache: the previous step's model output and the samples.
+    torch::Tensor prev_out_;
+    std::vector<std::pair<double, double>> samples_;
 };
 
 } // namespace anchor::unet

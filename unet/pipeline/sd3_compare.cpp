@@ -1,6 +1,7 @@
 // SD 3 compare runs (see sd3_compare.h).
 #include "unet/pipeline/sd3_compare.h"
 
+#include "cache/dit_cache_rules.h"
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "unet/cache/dit_cache_config.h"
@@ -45,6 +46,20 @@ nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vect
         entries.push_back(std::move(e));
     }
     return write_compare(entries, base, meta, overwrite);
+}
+
+std::vector<double> sd3_teacache_calibrate(SD3Models& m, const std::vector<SD3Txt2ImgParams>& runs, int degree,
+                                           std::vector<std::pair<double, double>>* samples) {
+    if (runs.empty()) throw ParamError("runs", "TeaCache calibration needs at least one run");
+    std::vector<double> x, y;
+    for (auto p : runs) {
+        p.cache = CacheConfig{};
+        p.record_teacache = true;
+        const auto r = sd3_txt2img(m, p);
+        for (const auto& [a, b] : r.teacache_samples) x.push_back(a), y.push_back(b);
+        if (samples) samples->insert(samples->end(), r.teacache_samples.begin(), r.teacache_samples.end());
+    }
+    return cache::fit_polynomial(x, y, degree);
 }
 
 } // namespace anchor::unet

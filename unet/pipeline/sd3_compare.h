@@ -23,4 +23,11 @@ nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vect
                                const std::function<void(int, int)>& on_step = {},
                                const std::function<void(const std::string&)>& on_mode = {});
 
+// TeaCache's rescale polynomial for this model (its `coef=` key, highest degree first): every run of `runs` uncached
+// (mode off), the samples of every step (the relative L1 change of the first block's modulated input against that
+// of the model output, consecutive steps) fitted by least squares (cache::fit_polynomial). `samples`, when given,
+// receives the points. ParamError("runs") for no runs.
+std::vector<double> sd3_teacache_calibrate(SD3Models& m, const std::vector<SD3Txt2ImgParams>& runs, int degree = 4,
+                                           std::vector<std::pair<double, double>>* samples = nullptr);
+
 } // namespace anchor::unet

@@ -288,6 +288,7 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
                                         std::to_string(tc.pos_embed_max_size * unit) + " pixels)");
     }
     DitCacheController cache(p.cache); // the mode applies to the transformer, before any work
+    cache.record_teacache = p.record_teacache;
     auto t0 = clock::now();
     const auto cond = sd3_encode_prompts(m, p.prompts, p.negative_prompts, p.guidance_scale, p.max_sequence_length);
     r.t5 = bool(m.text_encoder_3);
@@ -322,6 +323,7 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
     r.denoise_s = since(t0);
     r.cache_steps = cache.log();
     r.cache_log = cache.log_json();
+    r.teacache_samples = cache.teacache_samples();
     t0 = clock::now();
     {
         torch::NoGradGuard ng;

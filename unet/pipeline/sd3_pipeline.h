@@ -126,6 +126,7 @@ struct SD3Txt2ImgParams {
     // img2img (diffusers' StableDiffusion3Img2ImgPipeline, 0.31) when init images are given: the size is the init
     // image's rounded down to the VAE factor (width / height, when given, must equal it); masks are refused.
     Img2ImgParams init;
+    bool record_teacache = false; // off only: TeaCache's calibration samples into the result
 };
 
 // StableDiffusion3Img2ImgPipeline.get_timesteps: t_start = int(max(steps - steps * strength, 0)) in float64 (SD 1.x's
@@ -150,6 +151,7 @@ struct SD3Txt2ImgResult {
     double encode_s = 0, denoise_s = 0, decode_s = 0;
     std::vector<CacheStepLog> cache_steps; // the cache mode's per-step log
     nlohmann::json cache_log;             // DitCacheController::log_json
+    std::vector<std::pair<double, double>> teacache_samples; // record_teacache: DitCacheController::teacache_samples
 };
 // ParamError naming the field for a bad size (not a multiple of the VAE factor x patch size, or past the
 // transformer's position grid), steps < 1, no prompts, or a model without text encoders or VAE. `on_step(i, n)` after
