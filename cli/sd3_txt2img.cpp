@@ -1,12 +1,16 @@
 // anchor-sd on SD 3 / 3.5 models: txt2img through unet/pipeline/sd3_pipeline.h (sd3_txt2img), the PNG with its
-// infotext and JSON record, and --compare with the modes that apply to the MMDiT (off). What the SD 1.x / SDXL table
+// infotext and JSON record, --cache and --compare with the modes that apply to the MMDiT (off, freq, fbcache, teacache,
+// taylorseer; unet/cache/dit_cache.h). What the SD 1.x / SDXL table
 // offers beyond that is refused by name (exit 2), never ignored.
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/sd_commands.h"
+#include "unet/cache/compare.h"
+#include "unet/cache/dit_cache_config.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/sd3_compare.h"
 #include "unet/pipeline/sd3_pipeline.h"
 #include "unet/pipeline/sd3_record.h"
 
@@ -52,29 +56,24 @@ namespace {
 const std::set<std::string>& sd3_allowed_options() {
     static const std::set<std::string> s = {"--model", "--prompt", "--negative-prompt", "--output", "--steps",
                                             "--cfg-scale", "--seed", "--width", "--height", "--overwrite",
-                                            "--compare", "--threads", "--dtype", "--no-t5", "--shift",
+                                            "--compare", "--cache", "--init-img", "--strength", "--threads", "--dtype", "--no-t5", "--shift",
                                             "--max-sequence-length", "--slg-layers", "--slg-scale", "--slg-start",
                                             "--slg-end", "--help", "--version"};
     return s;
 }
 
-// "off,freq" / "off;freq:fast" lists -> the mode names ("off", "freq").
-std::vector<std::string> compare_mode_names(const std::vector<std::string>& lists) {
-    std::vector<std::string> out;
-    for (const auto& l : lists) {
-        size_t a = 0;
-        while (a <= l.size()) {
-            size_t b = l.find_first_of(",;", a);
-            if (b == std::string::npos) b = l.size();
-            std::string m = l.substr(a, b - a);
-            m = m.substr(0, m.find(':'));
-            while (!m.empty() && m.front() == ' ') m.erase(0, 1);
-            while (!m.empty() && m.back() == ' ') m.pop_back();
-            if (!m.empty()) out.push_back(m);
-            a = b + 1;
-        }
+// The modes of --compare / --cache, each checked against the transformer (exit 2 naming a mode that does not apply).
+std::vector<CacheConfig> sd3_cache_modes(const std::vector<std::string>& compare, const std::string& cache) {
+    std::vector<CacheConfig> modes;
+    if (!compare.empty()) {
+        if (cache != "off") throw UsageError("--cache and --compare are exclusive (--compare lists the modes to run)");
+        modes = parse_cache_list(compare, "compare");
+        for (const auto& m : modes) check_dit_cache_config(m, "compare");
+    } else {
+        modes.push_back(parse_cache_config(cache, "cache"));
+        check_dit_cache_config(modes.back(), "cache");
     }
-    return out;
+    return modes;
 }
 
 } // namespace
@@ -88,23 +87,17 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
         if (!long_name.empty() && !sd3_allowed_options().count(long_name))
             throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + a.model +
                              "'); SD 3 runs take -m, -p, -n, -o, --steps, --cfg-scale, --seed, -W, -H, --no-t5, "
-                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --compare off");
+                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --cache, --compare, -i, --strength");
     }
-    const auto modes = compare_mode_names(a.compare);
-    for (const auto& m : modes)
-        if (m != "off")
-            throw UsageError("--compare: mode '" + m +
-                             "' is not available for SD 3 / 3.5 (MMDiT) models yet; their modes: off (the "
-                             "transformer caches freq, fbcache, teacache and taylorseer are not implemented)");
+    const auto modes = sd3_cache_modes(a.compare, a.cache);
     if (a.prompt.empty()) throw UsageError("a prompt is required (-p/--prompt TEXT)");
     const std::string output = a.output.empty() ? "output.png" : a.output;
     if (output.back() == '/' || fs::is_directory(output))
         throw UsageError("-o/--output: SD 3 runs write one file; '" + output + "' is a folder");
     const std::string sidecar = output + ".json";
-    const std::string report = (fs::path(output).parent_path() / fs::path(output).stem()).string() + "_report.json";
-    for (const auto& f : a.compare.empty() ? std::vector<std::string>{output, sidecar}
-                                           : std::vector<std::string>{output, report})
-        if (fs::exists(f) && !a.overwrite) throw UsageError("'" + f + "' exists; add --overwrite to replace it");
+    const std::string base = (fs::path(output).parent_path() / fs::path(output).stem()).string();
+    const auto outputs = a.compare.empty() ? std::vector<std::string>{output, sidecar} : compare_output_paths(base);
+    for (const auto& f : outputs) check_output_path(f, a.overwrite);
     const torch::ScalarType dtype = parse_dtype(a.dtype, torch::Device(torch::kCPU));
 
     int64_t seed = a.seed;
@@ -130,37 +123,44 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
     p.height = a.height;
     p.shift = a.sd3.shift;
     p.max_sequence_length = a.sd3.max_sequence_length;
+    p.init.init_images = a.init_images;
+    p.init.strength = a.strength;
     p.slg.layers = a.sd3.slg_layers;
     p.slg.scale = a.sd3.slg_scale, p.slg.start = a.sd3.slg_start, p.slg.stop = a.sd3.slg_end;
     if (!p.slg.layers.empty() && p.guidance_scale <= 1.0)
         throw UsageError("--slg-layers needs classifier-free guidance (--cfg-scale > 1), as diffusers applies it");
-    const auto r = sd3_txt2img(m, p, [](int i, int n) {
+    auto progress = [](int i, int n) {
         std::fprintf(stderr, "\rstep %d/%d", i + 1, n);
         if (i + 1 == n) std::fprintf(stderr, "\n");
-    });
-
-    const nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s});
-    const Infotext info = sd3_infotext(p, r, a.model);
-    write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
+    };
     if (a.compare.empty()) {
+        p.cache = modes.front();
+        const auto r = sd3_txt2img(m, p, progress);
+        nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s});
+        if (p.cache.kind() != CacheKind::Off) rec["cache"] = r.cache_log;
+        const Infotext info = sd3_infotext(p, r, a.model);
+        write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
         write_file_atomic(sidecar, rec.dump(2) + "\n", a.overwrite);
-        std::fprintf(stderr, "saved %s (seed %lld, encode %.2f s, denoise %.2f s, decode %.2f s)\n", output.c_str(),
-                     (long long)seed, r.encode_s, r.denoise_s, r.decode_s);
+        std::fprintf(stderr, "saved %s (seed %lld, cache %s: %d/%zu full steps, encode %.2f s, denoise %.2f s, decode "
+                     "%.2f s)\n",
+                     output.c_str(), (long long)seed, p.cache.label.c_str(), r.cache_log.value("full_steps", 0),
+                     r.cache_steps.size(), r.encode_s, r.denoise_s, r.decode_s);
         return 0;
     }
-    // --compare with the SD 3 modes (off only): the grid is that image, the report its record.
-    nlohmann::json rep = {{"program", "anchor-sd"}, {"family", "sd3"}, {"grid", output}, {"modes", nlohmann::json::array()}};
-    for (const auto& mode : modes) {
-        (void)mode;
-        rep["modes"].push_back({{"mode", "off"},
-                                {"denoise_s", r.denoise_s},
-                                {"speedup", 1.0},
-                                {"psnr_db", nullptr},
-                                {"record", rec}});
+    const auto rep = sd3_run_compare(m, p, modes, base, {a.model, a.dtype, output, a.threads, load_s}, a.overwrite,
+                                     progress, [](const std::string& mode) {
+                                         std::fprintf(stderr, "mode %s\n", mode.c_str());
+                                     });
+    std::printf("%-28s %9s %8s %6s %9s\n", "mode", "denoise_s", "speed-up", "full", "PSNR dB");
+    for (const auto& e : rep["modes"]) {
+        const std::string psnr = e["psnr_vs_first_db"].is_null() ? std::string("(same)")
+                                                                 : std::to_string(e["psnr_vs_first_db"].get<double>());
+        std::printf("%-28s %9.3f %7.2fx %3d/%-3d %9s\n", e["mode"].get<std::string>().c_str(), e["wall_s"].get<double>(),
+                    e["speedup_vs_first"].get<double>(), e["full_steps"].get<int>(), e["total_steps"].get<int>(),
+                    psnr.c_str());
     }
-    write_file_atomic(report, rep.dump(2) + "\n", a.overwrite);
-    std::printf("mode  denoise_s  speed-up  PSNR\noff   %.3f      1.00x     (reference)\n", r.denoise_s);
-    std::fprintf(stderr, "compare: grid %s, report %s\n", output.c_str(), report.c_str());
+    std::fprintf(stderr, "compare: grid %s, timeline %s, report %s\n", rep["grid_png"].get<std::string>().c_str(),
+                 rep["timeline_png"].get<std::string>().c_str(), compare_output_paths(base)[2].c_str());
     return 0;
 }
 

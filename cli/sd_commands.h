@@ -48,10 +48,13 @@ struct Sd3RunArgs {
     double cfg_scale = 7.0;
     int64_t seed = -1;
     std::vector<std::string> compare;
+    std::string cache = "off"; // --cache as typed
+    std::vector<std::string> init_images; // -i/--init-img: img2img
+    double strength = 0.6;                // --strength (diffusers' SD 3 img2img default when not given)
     Sd3Options sd3;
 };
-// Refuses (UsageError, exit 2) every option given on `app` that SD 3 runs do not take, and --compare modes other
-// than off.
+// Refuses (UsageError, exit 2) every option given on `app` that SD 3 runs do not take, and --cache / --compare
+// modes that do not apply to the transformer.
 int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a);
 
 } // namespace anchor::cli

@@ -784,7 +784,8 @@ int main(int argc, char** argv) {
             a.steps = o.job.params.steps, a.steps_given = app.get_option("--steps")->count() > 0;
             a.cfg_scale = o.job.params.guidance_scale, a.cfg_given = app.get_option("--cfg-scale")->count() > 0;
             a.seed = o.job.params.seed, a.width = o.job.params.width, a.height = o.job.params.height;
-            a.threads = o.threads, a.sd3 = o.sd3;
+            a.threads = o.threads, a.sd3 = o.sd3, a.cache = o.cache, a.init_images = o.job.params.init.init_images;
+            if (app.get_option("--strength")->count() > 0) a.strength = o.job.params.init.strength;
             return anchor::cli::run_sd3_txt2img(app, a);
         }
         return run(o);

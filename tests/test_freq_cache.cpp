@@ -118,7 +118,7 @@ TEST_CASE("cache mode parsing: malformed forms are errors of the cache field lis
             CHECK(m.find("freq[:tau=") != std::string::npos);
         }
     }
-    CHECK(cache_mode_table().size() == 3);
+    CHECK(cache_mode_table().size() == 6); // off, deepcache, freq and the transformer caches
 }
 
 TEST_CASE("anchored fraction on a scripted pair of spectra", "[freq]") {

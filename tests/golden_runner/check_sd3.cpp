@@ -481,5 +481,100 @@ const bool registered_sd3_component =
                           })};
                       }});
 
+// A StableDiffusion3Img2ImgPipeline folder with golden_sd3_img2img.safetensors + golden.json
+// (tests/golden/sd/sd3_tiny_img2img/generate/make_sd3_tiny_img2img.py): the strength rule, the init image's VAE
+// posterior draw, the noise and scale_noise, every loop step teacher-forced, the free-running run.
+bool is_sd3_img2img_case(const fs::path& dir) {
+    if (!has_file(dir, "model_index.json") || !has_file(dir, "golden_sd3_img2img.safetensors")) return false;
+    return nlohmann::json::parse(read_text(dir / "model_index.json")).value("_class_name", std::string()) ==
+           "StableDiffusion3Img2ImgPipeline";
+}
+
+const bool registered_sd3_img2img = register_checker(
+    {"sd3-img2img", is_sd3_img2img_case, [](const fs::path& dir, const Context& ctx) {
+         const std::string base = relative_name(dir, ctx);
+         std::vector<CaseResult> out;
+         SD3Models m;
+         out.push_back(guarded(base + ":load", [&](Stats& st) {
+             m = load_sd3_models(dir.string());
+             st.check_true("text encoders and VAE", m.text_encoder && m.text_encoder_2 && m.vae);
+         }));
+         if (!m.transformer || !m.text_encoder || !m.vae) return out;
+         const auto j = nlohmann::json::parse(read_text(dir / "golden.json"));
+         const auto g = WeightMap::load((dir / "golden_sd3_img2img.safetensors").string());
+         CaseResult keys;
+         keys.name = base + ":case";
+         check_unknown_keys(keys.stats, j,
+                            {"prompts", "negative_prompt", "num_inference_steps", "guidance_scale", "strength",
+                             "generator_seed", "init_image", "loop_steps", "text_encoder_3", "max_sequence_length",
+                             "recorded"},
+                            "golden.json");
+         keys.stats.check_true("no T5 in the case", !j.contains("text_encoder_3") || j["text_encoder_3"].is_null());
+         out.push_back(keys);
+         const auto prompts = j.at("prompts").get<std::vector<std::string>>();
+         const auto negative = string_list(j, "negative_prompt", prompts.size());
+         const double guidance = j.at("guidance_scale").get<double>(), strength = j.at("strength").get<double>();
+         const int steps = j.at("num_inference_steps").get<int>(), max_seq = j.value("max_sequence_length", 256);
+         const int64_t seed = j.at("generator_seed").get<int64_t>();
+         const auto pixels = g.get("init_pixels");
+         const int f = m.vae_scale_factor(), W = int(pixels.size(1)) - int(pixels.size(1)) % f,
+                   H = int(pixels.size(0)) - int(pixels.size(0)) % f;
+         int begin = 0;
+         out.push_back(guarded(base + ":strength", [&](Stats& st) {
+             st.check_equal("init.png", read_image_rgb((dir / j.at("init_image").get<std::string>()).string()), pixels);
+             begin = sd3_img2img_start(steps, strength);
+             st.check_true("loop steps", steps - begin == j.at("loop_steps").get<int>(),
+                           std::to_string(steps - begin) + " loop steps, the case ran " + j.at("loop_steps").dump());
+             const auto s = sd3_make_scheduler(m, steps, H / f, W / f);
+             st.check("timesteps", torch::tensor(s->timesteps(), torch::kDouble).to(torch::kFloat),
+                      g.get("timesteps").to(torch::kFloat), 1e-3, 0.0);
+         }));
+         out.push_back(guarded(base + ":prepare-latents", [&](Stats& st) {
+             auto s = sd3_make_scheduler(m, steps, H / f, W / f);
+             s->set_begin_index(begin);
+             torch::Generator gen = at::detail::createCPUGenerator(uint64_t(seed));
+             torch::Tensor il, noise;
+             const auto noised = sd3_img2img_latents(*m.vae, preprocess_image(pixels, W, H), int64_t(prompts.size()),
+                                                     *s, begin, gen, &il, &noise);
+             st.check("image_latents", il, g.get("image_latents"), kAtol, kRtol);
+             st.check_equal("noise", noise, g.get("noise"));
+             st.check("noised_latents", noised, g.get("noised_latents"), kAtol, kRtol);
+         }));
+         CaseResult tf;
+         tf.name = base + ":pipeline:teacher-forced";
+         try {
+             const auto cond = sd3_encode_prompts(m, prompts, negative, guidance, max_seq);
+             auto s = sd3_make_scheduler(m, steps, H / f, W / f);
+             s->set_begin_index(begin);
+             torch::NoGradGuard ng;
+             torch::Tensor prev = g.get("noised_latents");
+             for (int k = 0; k < steps - begin; ++k) {
+                 const int i = begin + k;
+                 const std::string n = "latents." + std::to_string(k);
+                 const auto v = sd3_guided_velocity(*m.transformer, prev, s->timestep(i), cond, guidance, {}, i, steps);
+                 tf.stats.check(n, s->step(v, i, prev, nullptr), g.get(n), kAtol, kRtol);
+                 prev = g.get(n);
+             }
+             tf.stats.check("image", sd3_decode(*m.vae, prev), g.get("image"), kAtol, kRtol);
+         } catch (const std::exception& e) {
+             tf.stats.fail(std::string("exception: ") + e.what());
+         }
+         out.push_back(tf);
+         out.push_back(guarded(base + ":pipeline:free-running", [&](Stats& st) {
+             SD3Txt2ImgParams p;
+             p.prompts = prompts;
+             p.negative_prompts = negative;
+             p.steps = steps;
+             p.guidance_scale = guidance;
+             p.seed = seed;
+             p.max_sequence_length = max_seq;
+             p.init.init_pixels = pixels;
+             p.init.strength = strength;
+             const auto r = sd3_txt2img(m, p);
+             st.check("image", r.image, g.get("image"), kFreeImage, 0.0);
+         }));
+         return out;
+     }});
+
 } // namespace
 } // namespace anchor::golden::sd3

@@ -4,6 +4,7 @@
 #include "cache/io/error.h"
 #include "cache/modes/mode_list.h"
 #include "unet/cache/deepcache.h"
+#include "unet/cache/dit_cache_config.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/model/unet_model.h"
 
@@ -58,6 +59,14 @@ const std::vector<CacheModeInfo>& cache_mode_table() {
          "frequency-anchored deep-feature cache: a full step when the shallow probe's low-band DCT energy change "
          "accumulates past thr or its forecast drifts; the cached feature's stable coefficients reused, the others "
          "forecast along the timestep"},
+        {CacheKind::FbCache, "fbcache", "fbcache[:thr=T,...]",
+         "SD 3 / 3.5: First-Block Cache, the remaining blocks reused while the first block's residual moves less than "
+         "thr"},
+        {CacheKind::TeaCache, "teacache", "teacache[:thr=T,...]",
+         "SD 3 / 3.5: TeaCache, every block reused while the accumulated rescaled change of the first block's "
+         "modulated input stays below thr"},
+        {CacheKind::TaylorSeer, "taylorseer", "taylorseer[:interval=N,...]",
+         "SD 3 / 3.5: TaylorSeer, the blocks every N steps, their residual forecast by a Taylor series in between"},
     };
     return t;
 }
@@ -203,6 +212,7 @@ std::string cache_help() {
     s += "freq keys (freq:key=value,...; after a preset: freq:fast,key=value):\n" +
          mode_keys::keys_help(freq_keys(), FreqParams{});
     s += "deepcache keys:\n" + mode_keys::keys_help(deepcache_keys(), DeepCacheParams{});
+    s += dit_cache_help();
     return s;
 }
 
@@ -218,6 +228,7 @@ nlohmann::json cache_keys_json() {
     };
     add("deepcache", deepcache_keys(), DeepCacheParams{});
     add("freq", freq_keys(), FreqParams{});
+    add_dit_cache_keys_json(out);
     return out;
 }
 
@@ -227,6 +238,7 @@ std::string cache_docs_tables() {
     s += "\n" + mode_keys::keys_markdown(freq_keys(), FreqParams{}, false);
     s += "\n" + mode_keys::keys_markdown(freq_keys(), FreqParams{}, true);
     s += "\n" + mode_keys::keys_markdown(deepcache_keys(), DeepCacheParams{}, false);
+    s += dit_cache_docs_tables();
     return s;
 }
 
@@ -240,12 +252,20 @@ std::string CacheConfig::canonical() const {
     if (const auto* d = std::get_if<DeepCacheParams>(&params))
         return "deepcache:" + std::to_string(d->interval) + (d->branch ? ",branch=" + std::to_string(d->branch) : "");
     if (const auto* f = std::get_if<FreqParams>(&params)) return f->describe();
+    if (const auto* b = std::get_if<FbCacheParams>(&params)) return "fbcache:" + mode_keys::keys_string(fbcache_keys(), *b);
+    if (const auto* t = std::get_if<TeaCacheParams>(&params))
+        return "teacache:" + mode_keys::keys_string(teacache_keys(), *t);
+    if (const auto* t = std::get_if<TaylorSeerParams>(&params))
+        return "taylorseer:" + mode_keys::keys_string(taylorseer_keys(), *t);
     return "off";
 }
 
 nlohmann::json CacheConfig::params_json() const {
     if (const auto* d = std::get_if<DeepCacheParams>(&params)) return mode_keys::keys_json(deepcache_keys(), *d);
     if (const auto* f = std::get_if<FreqParams>(&params)) return mode_keys::keys_json(freq_keys(), *f);
+    if (const auto* b = std::get_if<FbCacheParams>(&params)) return mode_keys::keys_json(fbcache_keys(), *b);
+    if (const auto* t = std::get_if<TeaCacheParams>(&params)) return mode_keys::keys_json(teacache_keys(), *t);
+    if (const auto* t = std::get_if<TaylorSeerParams>(&params)) return mode_keys::keys_json(taylorseer_keys(), *t);
     return nlohmann::json::object();
 }
 
@@ -303,6 +323,24 @@ CacheConfig parse_cache_config(const std::string& text, const std::string& field
         c.params = std::move(p);
         break;
     }
+    case CacheKind::FbCache: {
+        FbCacheParams p;
+        if (!rest.empty()) apply_mode_keys(fbcache_keys(), p, rest, "fbcache", field, text);
+        c.params = p;
+        break;
+    }
+    case CacheKind::TeaCache: {
+        TeaCacheParams p;
+        if (!rest.empty()) apply_mode_keys(teacache_keys(), p, rest, "teacache", field, text);
+        c.params = p;
+        break;
+    }
+    case CacheKind::TaylorSeer: {
+        TaylorSeerParams p;
+        if (!rest.empty()) apply_mode_keys(taylorseer_keys(), p, rest, "taylorseer", field, text);
+        c.params = p;
+        break;
+    }
     }
     return c;
 }
@@ -319,6 +357,8 @@ std::vector<CacheConfig> parse_cache_list(const std::vector<std::string>& lists,
 
 void check_cache_config(const CacheConfig& c, const UNet2DConditionModelImpl& unet, const std::string& field) {
     if (c.kind() == CacheKind::Off) return;
+    if (c.kind() != CacheKind::DeepCache && c.kind() != CacheKind::Freq)
+        throw ParamError(field, "cache mode '" + c.label + "' applies to SD 3 / 3.5 (MMDiT) models only, not to a UNet");
     const int n = unet.num_skips();
     if (c.branch() >= n)
         throw ParamError(field, "invalid cache mode '" + c.label + "': this UNet has " + std::to_string(n) +
@@ -332,6 +372,8 @@ std::unique_ptr<CacheController> make_cache_controller(const CacheConfig& c) {
         ctl = std::make_unique<DeepCacheDenoiser>(d->interval, d->branch);
     else if (const auto* f = std::get_if<FreqParams>(&c.params))
         ctl = std::make_unique<FreqAnchorDenoiser>(*f);
+    else if (c.kind() != CacheKind::Off)
+        throw ParamError("cache", "cache mode '" + c.label + "' applies to SD 3 / 3.5 (MMDiT) models only, not to a UNet");
     else
         ctl = std::make_unique<DeepCacheDenoiser>(0, 0);
     ctl->set_label(c.label);

@@ -7,9 +7,12 @@
 //   off                       every step runs the full UNet
 //   deepcache:N[,branch=B]    DeepCache's uniform schedule (unet/cache/deepcache.h)
 //   freq[:PRESET][,key=value,...] | freq:key=value,...   the frequency-anchored cache (unet/cache/freq_cache.h)
+//   fbcache, teacache, taylorseer[:key=value,...]   the diffusion-transformer caches (SD 3 / 3.5 only;
+//                                                   unet/cache/dit_cache.h, keys in unet/cache/dit_cache_config.h)
 #pragma once
 
 #include "cache/modes/key_table.h"
+#include "unet/cache/dit_cache_params.h"
 #include "unet/cache/freq_params.h"
 
 #include <nlohmann/json.hpp>
@@ -24,7 +27,7 @@ namespace anchor::unet {
 class CacheController;
 class UNet2DConditionModelImpl;
 
-enum class CacheKind { Off, DeepCache, Freq };
+enum class CacheKind { Off, DeepCache, Freq, FbCache, TeaCache, TaylorSeer };
 
 struct OffParams {};
 struct DeepCacheParams {
@@ -33,13 +36,13 @@ struct DeepCacheParams {
 };
 
 struct CacheConfig {
-    std::variant<OffParams, DeepCacheParams, FreqParams> params;
+    std::variant<OffParams, DeepCacheParams, FreqParams, FbCacheParams, TeaCacheParams, TaylorSeerParams> params;
     // The mode as the user wrote it ("freq", "freq:fast", "freq:thr=0.6"): what the grid, the timeline, the report
     // and the logs show. The resolved parameters are canonical() and params_json().
     std::string label = "off";
 
     CacheKind kind() const { return CacheKind(params.index()); }
-    const char* name() const; // "off", "deepcache", "freq"
+    const char* name() const; // "off", "deepcache", "freq", "fbcache", "teacache", "taylorseer"
     std::string canonical() const;
     nlohmann::json params_json() const;
     int branch() const; // the DeepCache branch the mode caches (0 for off)

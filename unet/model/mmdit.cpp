@@ -333,6 +333,14 @@ Tensor SD3Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context
             throw ParamError("skip_layers", "block " + std::to_string(s) + " is outside [0, " +
                                                 std::to_string(blocks.size()) + ") of this transformer");
     c10::InferenceMode guard(!is_training());
+    SD3Tokens tok = embed(x, context, pooled, timestep);
+    run_blocks(tok, int(blocks.size()), f, skip_layers);
+    return head(tok);
+}
+
+SD3Tokens SD3Transformer2DModelImpl::embed(const Tensor& x, const Tensor& context, const Tensor& pooled,
+                                           const Tensor& timestep) {
+    c10::InferenceMode guard(!is_training());
     const int64_t p = cfg_.patch_size, B = x.size(0);
     if (x.dim() != 4 || x.size(1) != cfg_.in_channels)
         throw Error("SD3 transformer: latents must be [B, " + std::to_string(cfg_.in_channels) + ", H, W], got " +
@@ -350,35 +358,56 @@ Tensor SD3Transformer2DModelImpl::forward(const Tensor& x, const Tensor& context
     if (pooled.dim() != 2 || pooled.size(0) != B || pooled.size(1) != cfg_.pooled_projection_dim)
         throw Error("SD3 transformer: pooled projections must be [" + std::to_string(B) + ", " +
                     std::to_string(cfg_.pooled_projection_dim) + "], got " + shape_str(pooled.sizes().vec()));
+    SD3Tokens tok;
+    tok.batch = B, tok.grid_h = h, tok.grid_w = w;
     // Patch embedding plus the position grid cropped around its centre (diffusers' PatchEmbed.cropped_pos_embed).
     auto hs = patch_proj(x).flatten(2).transpose(1, 2);
     const int64_t top = (M - h) / 2, left = (M - w) / 2;
     const auto pe = pos_embed.view({1, M, M, -1}).narrow(1, top, h).narrow(2, left, w).reshape({1, h * w, -1});
-    hs = hs + pe.to(hs.scalar_type());
+    tok.hs = hs + pe.to(hs.scalar_type());
     // Conditioning: sinusoidal timestep embedding (256 channels, cos first) and the pooled text, each through an MLP.
     auto t = timestep.to(torch::kFloat).reshape({-1});
     if (t.numel() == 1) t = t.expand({B});
     if (t.numel() != B)
         throw Error("SD3 transformer: " + std::to_string(t.numel()) + " timesteps for a batch of " + std::to_string(B));
     const auto tproj = timestep_embedding(t.to(x.device()), 256, true, 0.0).to(pooled.scalar_type());
-    const auto temb = t_linear_2(torch::silu(t_linear_1(tproj))) + p_linear_2(torch::silu(p_linear_1(pooled)));
-    auto ctx = context_embedder(context);
-    for (size_t i = 0; i < blocks.size(); ++i) {
-        if (std::find(skip_layers.begin(), skip_layers.end(), int(i)) != skip_layers.end()) continue;
-        auto [nh, nc] = blocks[i]->forward(hs, ctx, temb);
-        hs = nh, ctx = nc;
+    tok.temb = t_linear_2(torch::silu(t_linear_1(tproj))) + p_linear_2(torch::silu(p_linear_1(pooled)));
+    tok.ctx = context_embedder(context);
+    return tok;
+}
+
+void SD3Transformer2DModelImpl::run_blocks(SD3Tokens& tok, int end, FeatureMap* f,
+                                           const std::vector<int>& skip_layers) {
+    c10::InferenceMode guard(!is_training());
+    end = std::min(end, int(blocks.size()));
+    for (int i = tok.done; i < end; ++i) {
+        if (std::find(skip_layers.begin(), skip_layers.end(), i) != skip_layers.end()) continue;
+        auto [nh, nc] = blocks[size_t(i)]->forward(tok.hs, tok.ctx, tok.temb);
+        tok.hs = nh, tok.ctx = nc;
         if (f) {
             const std::string name = "transformer_blocks." + std::to_string(i);
-            (*f)[name + ".hidden_states"] = hs;
-            if (ctx.defined()) (*f)[name + ".encoder_hidden_states"] = ctx;
+            (*f)[name + ".hidden_states"] = tok.hs;
+            if (tok.ctx.defined()) (*f)[name + ".encoder_hidden_states"] = tok.ctx;
         }
     }
-    const auto so = norm_out(temb); // scale, shift
-    hs = mmdit_layer_norm(hs) * (1 + so[0].unsqueeze(1)) + so[1].unsqueeze(1);
+    tok.done = std::max(tok.done, end);
+}
+
+Tensor SD3Transformer2DModelImpl::head(const SD3Tokens& tok) {
+    c10::InferenceMode guard(!is_training());
+    const auto so = norm_out(tok.temb); // scale, shift
+    auto hs = mmdit_layer_norm(tok.hs) * (1 + so[0].unsqueeze(1)) + so[1].unsqueeze(1);
     hs = proj_out(hs);
     // Unpatchify: [B, h*w, p*p*C] -> [B, h, w, p, p, C] -> [B, C, h, p, w, p] -> [B, C, h*p, w*p].
-    const int64_t C = cfg_.out_channels;
+    const int64_t C = cfg_.out_channels, p = cfg_.patch_size, B = tok.batch, h = tok.grid_h, w = tok.grid_w;
     return hs.reshape({B, h, w, p, p, C}).permute({0, 5, 1, 3, 2, 4}).reshape({B, C, h * p, w * p});
+}
+
+Tensor SD3Transformer2DModelImpl::first_block_modulated_input(const SD3Tokens& tok) {
+    c10::InferenceMode guard(!is_training());
+    if (blocks.empty()) throw Error("SD3 transformer: no blocks");
+    const auto m = blocks[0]->norm1(tok.temb); // shift, scale, gate, ...
+    return mmdit_layer_norm(tok.hs) * (1 + m[1].unsqueeze(1)) + m[0].unsqueeze(1);
 }
 
 void SD3Transformer2DModelImpl::load(const WeightMap& w) {

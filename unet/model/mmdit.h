@@ -129,6 +129,16 @@ TORCH_MODULE(JointTransformerBlock);
 
 using FeatureMap = std::map<std::string, torch::Tensor>;
 
+// The transformer's state between its stages, for block-level caching (unet/cache/dit_cache.h): the image tokens
+// `hs` [B, h*w, dim] and text tokens `ctx` [B, T, dim] after `done` blocks, the conditioning vector `temb` [B, dim]
+// and the patch grid. forward() is embed, run_blocks over every block, head, so a caller composing the stages
+// computes the same bits.
+struct SD3Tokens {
+    torch::Tensor hs, ctx, temb;
+    int64_t batch = 0, grid_h = 0, grid_w = 0;
+    int done = 0; // blocks applied so far
+};
+
 class SD3Transformer2DModelImpl : public torch::nn::Module {
 public:
     explicit SD3Transformer2DModelImpl(const SD3TransformerConfig& c);
@@ -143,6 +153,16 @@ public:
                           const torch::Tensor& timestep, FeatureMap* f = nullptr,
                           const std::vector<int>& skip_layers = {});
     const SD3TransformerConfig& config() const { return cfg_; }
+    // The stages of forward() (same arguments and checks): patch and position embedding, conditioning and
+    // context_embedder; blocks [tok.done, end) (those in `skip_layers` left out, features into `f`); norm_out,
+    // proj_out and unpatchify of tok.hs.
+    SD3Tokens embed(const torch::Tensor& x, const torch::Tensor& context, const torch::Tensor& pooled,
+                    const torch::Tensor& timestep);
+    void run_blocks(SD3Tokens& tok, int end, FeatureMap* f = nullptr, const std::vector<int>& skip_layers = {});
+    torch::Tensor head(const SD3Tokens& tok);
+    // The first block's timestep-modulated image input LayerNorm(hs) * (1 + scale) + shift (adaLN-Zero's attention
+    // input; TeaCache's signal), for tokens before any block.
+    torch::Tensor first_block_modulated_input(const SD3Tokens& tok);
     void load(const WeightMap& w);
     void set_attention_kernel(kernels::AttentionKernel k); // Exact by default (the reference's formula)
 

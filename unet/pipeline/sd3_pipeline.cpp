@@ -6,6 +6,7 @@
 #include "cache/io/read_file.h"
 #include "cache/io/model_source.h"
 #include "cache/io/weight_map.h"
+#include "unet/cache/dit_cache.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/name_conversion.h"
 
@@ -132,13 +133,13 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
 
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,
                                   const SD3Conditioning& cond, double guidance_scale, const SD3SkipLayerGuidance& slg,
-                                  int step, int steps) {
+                                  int step, int steps, DitCacheController* cache) {
     const bool cfg = guidance_scale > 1.0;
     const auto in = cfg ? torch::cat({latents, latents}, 0) : latents;
     const auto ctx = cfg ? torch::cat({cond.negative_prompt_embeds, cond.prompt_embeds}, 0) : cond.prompt_embeds;
     const auto pooled = cfg ? torch::cat({cond.negative_pooled, cond.pooled}, 0) : cond.pooled;
     const auto ts = torch::full({in.size(0)}, float(t), torch::kFloat);
-    auto v = transformer.forward(in, ctx, pooled, ts);
+    auto v = cache ? cache->forward(transformer, in, ctx, pooled, t, step) : transformer.forward(in, ctx, pooled, ts);
     if (!cfg) return v;
     auto parts = v.chunk(2, 0);
     auto guided = parts[0] + guidance_scale * (parts[1] - parts[0]);
@@ -150,11 +151,20 @@ torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const 
 
 torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& scheduler, torch::Tensor latents,
                           const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step,
-                          const SD3SkipLayerGuidance& slg) {
+                          const SD3SkipLayerGuidance& slg, DitCacheController* cache) {
     const int n = scheduler.num_loop_steps();
+    if (cache) {
+        // The cache's steps are the loop's from its first (an img2img loop starts later): step k is loop step
+        // begin + k, with that step's noise level.
+        const auto sig = scheduler.sigmas();
+        const int b = scheduler.begin_index();
+        std::vector<double> levels;
+        for (int i = b; i < n && size_t(i) < sig.size(); ++i) levels.push_back(sig[size_t(i)]);
+        cache->begin(n - b, levels, int(latents.size(0)), b);
+    }
     for (int i = scheduler.begin_index(); i < n; ++i) {
         const auto v = sd3_guided_velocity(transformer, scheduler.scale_model_input(latents, i), scheduler.timestep(i),
-                                           cond, guidance_scale, slg, i, n);
+                                           cond, guidance_scale, slg, i, n, cache);
         latents = scheduler.step(v, i, latents, nullptr);
         if (on_step) on_step(i, v, latents);
     }
@@ -209,6 +219,37 @@ std::unique_ptr<Scheduler> sd3_make_scheduler(const SD3Models& m, int steps, int
     return s;
 }
 
+int sd3_img2img_start(int steps, double strength) {
+    if (!(strength > 0.0) || strength > 1.0)
+        throw ParamError("strength", "must be in (0, 1], got " + std::to_string(strength));
+    const double init_timestep = std::min(double(steps) * strength, double(steps));
+    const int t_start = int(std::max(double(steps) - init_timestep, 0.0));
+    if (steps - t_start < 1)
+        throw ParamError("strength", "strength " + std::to_string(strength) + " at " + std::to_string(steps) +
+                                         " steps leaves no step to run");
+    return t_start;
+}
+
+torch::Tensor sd3_img2img_latents(AutoencoderKLImpl& vae, const torch::Tensor& image, int64_t batch,
+                                  const Scheduler& scheduler, int begin, torch::Generator& gen,
+                                  torch::Tensor* image_latents, torch::Tensor* noise) {
+    torch::NoGradGuard ng;
+    const auto w = vae.parameters().front();
+    const auto d = vae.encode(image.to(w.device(), w.scalar_type()));
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+    const auto mean = d.mean.to(torch::kCPU, torch::kFloat), stdv = d.std.to(torch::kCPU, torch::kFloat);
+    const auto z = mean + stdv * torch::randn(mean.sizes(), gen, f32);
+    auto latents = (z - vae.config().shift_factor) * vae.config().scaling_factor;
+    if (batch % latents.size(0) != 0)
+        throw ParamError("init_image", std::to_string(latents.size(0)) + " init images for a batch of " +
+                                           std::to_string(batch));
+    if (latents.size(0) < batch) latents = torch::cat(std::vector<torch::Tensor>(size_t(batch / latents.size(0)), latents), 0);
+    const auto n = torch::randn(latents.sizes(), gen, f32);
+    if (image_latents) *image_latents = latents;
+    if (noise) *noise = n;
+    return scheduler.add_noise(latents, n, begin);
+}
+
 SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std::function<void(int, int)>& on_step) {
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
@@ -220,6 +261,22 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
     SD3Txt2ImgResult r;
     r.width = p.width > 0 ? p.width : tc.sample_size * f;
     r.height = p.height > 0 ? p.height : tc.sample_size * f;
+    const bool img2img = p.init.enabled();
+    int begin = 0;
+    if (img2img) {
+        if (p.init.inpaint()) throw ParamError("mask", "SD 3 inpainting is not implemented (img2img only)");
+        Img2ImgParams files = p.init;
+        files.strength = 1.0; // SD 3's own strength rule below
+        const auto [iw, ih] = files.validate(p.steps, int64_t(p.prompts.size()));
+        // VaeImageProcessor.get_default_height_width: the image's size rounded down to the VAE factor.
+        const int w = iw - iw % f, h = ih - ih % f;
+        for (auto [given, v, field] : {std::tuple{p.width, w, "width"}, std::tuple{p.height, h, "height"}})
+            if (given > 0 && given != v)
+                throw ParamError(field, "img2img runs at the init image's size (" + std::to_string(w) + "x" +
+                                            std::to_string(h) + "), got " + std::to_string(given));
+        r.width = w, r.height = h;
+        begin = sd3_img2img_start(p.steps, p.init.strength);
+    }
     for (auto [v, field] : {std::pair{r.width, "width"}, std::pair{r.height, "height"}}) {
         if (v % unit != 0)
             throw ParamError(field, "must be a multiple of " + std::to_string(unit) + " (VAE factor " +
@@ -230,15 +287,26 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
                                         std::to_string(tc.pos_embed_max_size) + " patches = " +
                                         std::to_string(tc.pos_embed_max_size * unit) + " pixels)");
     }
+    DitCacheController cache(p.cache); // the mode applies to the transformer, before any work
+    cache.record_teacache = p.record_teacache;
     auto t0 = clock::now();
     const auto cond = sd3_encode_prompts(m, p.prompts, p.negative_prompts, p.guidance_scale, p.max_sequence_length);
     r.t5 = bool(m.text_encoder_3);
     r.encode_s = since(t0);
-    // diffusers' prepare_latents: randn_tensor on the CPU generator, float32.
+    // diffusers' prepare_latents: randn_tensor on the CPU generator, float32 (img2img: the VAE posterior's draw, then
+    // the noise's).
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(p.seed));
-    auto latents = torch::randn({int64_t(p.prompts.size()), int64_t(tc.in_channels), r.height / f, r.width / f}, gen,
-                                torch::TensorOptions().dtype(torch::kFloat));
-    auto scheduler = sd3_make_scheduler(m, p.steps, latents.size(2), latents.size(3), p.shift, &r.shift);
+    const int64_t B = int64_t(p.prompts.size());
+    auto scheduler = sd3_make_scheduler(m, p.steps, r.height / f, r.width / f, p.shift, &r.shift);
+    torch::Tensor latents;
+    if (img2img) {
+        scheduler->set_begin_index(begin);
+        latents = sd3_img2img_latents(*m.vae, preprocess_image(p.init.rgb_batch(), r.width, r.height), B, *scheduler,
+                                      begin, gen);
+    } else {
+        latents = torch::randn({B, int64_t(tc.in_channels), r.height / f, r.width / f}, gen,
+                               torch::TensorOptions().dtype(torch::kFloat));
+    }
     t0 = clock::now();
     {
         torch::NoGradGuard ng;
@@ -250,9 +318,12 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
                               [&](int i, const torch::Tensor&, const torch::Tensor&) {
                                   if (on_step) on_step(i, p.steps);
                               },
-                              p.slg);
+                              p.slg, &cache);
     }
     r.denoise_s = since(t0);
+    r.cache_steps = cache.log();
+    r.cache_log = cache.log_json();
+    r.teacache_samples = cache.teacache_samples();
     t0 = clock::now();
     {
         torch::NoGradGuard ng;

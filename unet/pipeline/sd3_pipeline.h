@@ -5,6 +5,8 @@
 // the VAE decodes z / scaling_factor + shift_factor.
 #pragma once
 
+#include "unet/cache/cache_config.h"
+#include "unet/cache/cache_controller.h"
 #include "unet/model/clip_text.h"
 #include "unet/model/clip_tokenizer.h"
 #include "unet/model/mmdit.h"
@@ -12,6 +14,7 @@
 #include "unet/model/t5_encoder.h"
 #include "unet/model/t5_tokenizer.h"
 #include "unet/model/vae.h"
+#include "unet/pipeline/img2img.h"
 #include "unet/samplers/scheduler.h"
 
 #include <torch/torch.h>
@@ -22,6 +25,8 @@
 #include <vector>
 
 namespace anchor::unet {
+
+class DitCacheController;
 
 // An SD 3 diffusers pipeline folder (model_index.json, transformer/, vae/, scheduler/), a transformer folder alone, or
 // an original single file (sd3.5_medium.safetensors: model.diffusion_model.joint_blocks.N..., first_stage_model.*;
@@ -75,17 +80,19 @@ struct SD3SkipLayerGuidance {
 };
 
 // The guided velocity at latents [B, C, h, w] and timestep t; with `slg` active at step `step` of `steps`, its
-// extra term.
+// extra term. With `cache` the guided batch's transformer call is the cache mode's (unet/cache/dit_cache.h); the
+// skip-layer call always runs every block but the skipped ones.
 torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const torch::Tensor& latents, double t,
                                   const SD3Conditioning& cond, double guidance_scale,
-                                  const SD3SkipLayerGuidance& slg = {}, int step = 0, int steps = 1);
+                                  const SD3SkipLayerGuidance& slg = {}, int step = 0, int steps = 1,
+                                  DitCacheController* cache = nullptr);
 
 // Runs every step of `scheduler` (set_timesteps already called) from `latents`; `on_step(i, guided velocity, latents
 // after step i)` when given. Returns the final latents.
 using SD3StepCallback = std::function<void(int, const torch::Tensor&, const torch::Tensor&)>;
 torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& scheduler, torch::Tensor latents,
                           const SD3Conditioning& cond, double guidance_scale, const SD3StepCallback& on_step = {},
-                          const SD3SkipLayerGuidance& slg = {});
+                          const SD3SkipLayerGuidance& slg = {}, DitCacheController* cache = nullptr);
 
 // The image in [0, 1] of final latents: (vae.decode(z / scaling_factor + shift_factor) / 2 + 0.5).clamp(0, 1).
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents);
@@ -115,7 +122,26 @@ struct SD3Txt2ImgParams {
     int max_sequence_length = 256; // T5's tokens
     double shift = -1;             // > 0: replaces the scheduler config's shift
     SD3SkipLayerGuidance slg;      // off unless layers are listed
+    CacheConfig cache;             // off, freq, fbcache, teacache, taylorseer (unet/cache/dit_cache.h)
+    // img2img (diffusers' StableDiffusion3Img2ImgPipeline, 0.31) when init images are given: the size is the init
+    // image's rounded down to the VAE factor (width / height, when given, must equal it); masks are refused.
+    Img2ImgParams init;
+    bool record_teacache = false; // off only: TeaCache's calibration samples into the result
 };
+
+// StableDiffusion3Img2ImgPipeline.get_timesteps: t_start = int(max(steps - steps * strength, 0)) in float64 (SD 1.x's
+// pipeline truncates steps * strength first instead); the loop runs steps - t_start steps from loop step t_start.
+// ParamError("strength") outside (0, 1] or when no step would run.
+int sd3_img2img_start(int steps, double strength);
+
+// prepare_latents of the img2img pipeline: the init images [N, 3, H, W] in [-1, 1] through the VAE encoder, the
+// posterior sampled with one draw of `gen` (mean + std * randn), (z - shift_factor) * scaling_factor, tiled to
+// `batch` (image b from init image b mod N), then a second draw `noise` of that shape and the scheduler's
+// scale_noise at loop step `begin`: sigma * noise + (1 - sigma) * latents. Float32 on the CPU; `image_latents` and
+// `noise`, when given, receive the two tensors.
+torch::Tensor sd3_img2img_latents(AutoencoderKLImpl& vae, const torch::Tensor& image, int64_t batch,
+                                  const Scheduler& scheduler, int begin, torch::Generator& gen,
+                                  torch::Tensor* image_latents = nullptr, torch::Tensor* noise = nullptr);
 struct SD3Txt2ImgResult {
     torch::Tensor image;       // [B, 3, H, W] in [0, 1]
     torch::Tensor image_uint8; // round(image * 255) [B, H, W, 3]
@@ -123,6 +149,9 @@ struct SD3Txt2ImgResult {
     double shift = 0;          // the scheduler's (after any override)
     bool t5 = false;           // T5 encoded the prompts (else diffusers' zeros)
     double encode_s = 0, denoise_s = 0, decode_s = 0;
+    std::vector<CacheStepLog> cache_steps; // the cache mode's per-step log
+    nlohmann::json cache_log;             // DitCacheController::log_json
+    std::vector<std::pair<double, double>> teacache_samples; // record_teacache: DitCacheController::teacache_samples
 };
 // ParamError naming the field for a bad size (not a multiple of the VAE factor x patch size, or past the
 // transformer's position grid), steps < 1, no prompts, or a model without text encoders or VAE. `on_step(i, n)` after

@@ -34,7 +34,9 @@ nlohmann::json sd3_run_record(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult&
             {"denoise_s", r.denoise_s},
             {"decode_s", r.decode_s},
             {"peak_rss_bytes", util::peak_rss_bytes()},
-            {"cache_mode", "off"},
+            {"cache_mode", p.cache.label},
+            {"init_image", p.init.init_images.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.init.init_images)},
+            {"strength", p.init.enabled() ? nlohmann::json(p.init.strength) : nlohmann::json(nullptr)},
             {"output", run.output}};
 }
 
@@ -61,6 +63,8 @@ Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, cons
         info.set("SLG start", infotext_number(p.slg.start));
         info.set("SLG end", infotext_number(p.slg.stop));
     }
+    if (p.init.enabled()) info.set("Denoising strength", infotext_number(p.init.strength));
+    if (p.cache.kind() != CacheKind::Off) info.set("Cache", p.cache.label);
     info.set("Version", std::string("AnchorCache ") + ANCHOR_VERSION);
     return info;
 }
