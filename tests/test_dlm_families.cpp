@@ -2,6 +2,7 @@
 // templates, the options each family refuses, the loaders' errors and the cached decoding's bookkeeping.
 #include "cache/io/error.h"
 #include "text/diffusion/families/dlm_chat.h"
+#include "text/diffusion/families/dlm_bench.h"
 #include "text/diffusion/families/dlm_model.h"
 #include "text/diffusion/families/dlm_random.h"
 #include "text/diffusion/families/dlm_sampler.h"
@@ -224,6 +225,41 @@ TEST_CASE("dlm DiffuGPT refuses quantised weights naming the option", "[dlm]") {
     } catch (const Error& e) {
         CHECK(std::string(e.what()).find("--weights-dtype q8_0") != std::string::npos);
     }
+}
+
+TEST_CASE("dlm compare and bench: modes side by side, the MDLM caches refused with the reason", "[dlm]") {
+    const bool parsed = parse_dlm_cache_list({"off,prefix", "dual"}, "compare") ==
+                        std::vector<DlmCache>{DlmCache::Off, DlmCache::Prefix, DlmCache::Dual};
+    CHECK(parsed);
+    for (const char* bad : {"off,anchor", "dual:window=32", "off;drift=0.9"}) {
+        try {
+            parse_dlm_cache_list({bad}, "compare");
+            FAIL(std::string("accepted ") + bad);
+        } catch (const ParamError& e) {
+            CHECK(e.field() == "compare");
+            CHECK(std::string(e.what()).find("MDLM") != std::string::npos);
+        }
+    }
+    CHECK_THROWS_AS(parse_dlm_cache_list({"off,banana"}, "compare"), ParamError);
+    auto llada = load_dlm(dlm_case_dir("llada_tiny")).model;
+    DlmSampleOptions o;
+    o.gen_length = 16, o.block_length = 8, o.steps = 2; // one step per block: dual is the uncached result
+    const auto prompt = dlm_synthetic_prompt(llada->config(), 4);
+    REQUIRE(prompt.size() == 4);
+    for (auto id : prompt) CHECK(id != llada->config().mask_token_id);
+    const auto rep = dlm_bench(*llada, prompt, o, {DlmCache::Off, DlmCache::Dual}, 2, 3);
+    REQUIRE(rep.rows.size() == 2);
+    CHECK(rep.rows[1].agreement == 1.0);
+    CHECK(rep.rows[1].generated == rep.rows[0].generated);
+    CHECK(rep.rows[0].seconds.size() == 2);
+    CHECK(rep.peak_rss_bytes > 0);
+    CHECK(rep.weight_bytes == llada->weight_bytes());
+    CHECK(rep.to_json()["rows"][1]["cache"] == "dual");
+    // Dream decodes the whole answer at once: a cache mode is refused before anything runs.
+    auto dream = load_dlm(dlm_case_dir("dream_tiny")).model;
+    DlmSampleOptions od;
+    od.gen_length = 8, od.steps = 8;
+    CHECK_THROWS_AS(dlm_bench(*dream, {1, 2}, od, {DlmCache::Off, DlmCache::Prefix}, 1, 0), ParamError);
 }
 
 } // namespace anchor::text

@@ -20,7 +20,11 @@ std::vector<DlmCache> parse_dlm_cache_list(const std::vector<std::string>& lists
         std::stringstream ss(list);
         while (std::getline(ss, item, list.find(';') != std::string::npos ? ';' : ',')) {
             if (item.empty()) continue;
-            const std::string head = item.substr(0, item.find(':'));
+            const std::string head = item.substr(0, item.find_first_of(":="));
+            if (item.find(':') != std::string::npos && (head == "off" || head == "prefix" || head == "dual"))
+                throw ParamError(field, "'" + item + "': the keys after ':' (window=, drift=, decoded=, masked=, " +
+                                            "refresh=) are settings of the MDLM path's modes; the published " +
+                                            "families run off, prefix or dual as Fast-dLLM defines them");
             if (head == "anchor" || head == "window" || head == "drift" || head == "freq" || head == "sink")
                 throw ParamError(field, "'" + item + "' is one of the MDLM path's modes (time-anchor gates and " +
                                             "reuse windows built on the MDLM's own modules and schedule); " +
