@@ -285,6 +285,7 @@ int run_generate(const GenerateArgs& a) {
         DlmSharedArgs d{a.s.model, a.s.prompt, a.s.prompt_ids, a.s.io.vocab, a.cache, a.s.o.steps,
                         a.s.o.block_length, a.s.o.top_k, static_cast<int64_t>(a.s.o.seed), a.s.o.temperature,
                         a.s.o.top_p, a.s.io.print_ids};
+        d.compare = a.compare;
         return run_dlm_generate(a.dlm, d);
     }
     const auto flags = with(sampler_flags(), {{"cache", a.compare.empty() ? "--cache" : "--compare"},
@@ -429,6 +430,7 @@ struct BenchArgs {
     std::vector<std::string> caches = {"anchor"};
     std::string baseline = "off";
     bool overwrite = false;
+    DlmCliArgs dlm; // a published family's model (-m LLaDA / Dream / DiffuGPT, or --family)
 };
 
 void print_bench(const DiffusionBenchReport& rep, const DiffusionBenchRow* row) {
@@ -484,6 +486,15 @@ void write_bench_plot(const BenchArgs& a, const DiffusionBenchReport& rep) {
 }
 
 int run_bench(BenchArgs a) {
+    if (dlm_requested(a.dlm, a.p.model)) {
+        DlmBenchCliArgs d;
+        d.model = a.p.model, d.baseline = a.baseline, d.json_out = a.json_out, d.overwrite = a.overwrite;
+        if (a.dlm.app->count("--cache")) d.caches = a.caches;
+        if (a.dlm.app->count("--steps-list")) d.steps = parse_int_list(a.steps_list, "--steps-list");
+        d.prompt_len = a.p.prompt_len, d.block_length = a.p.block_length, d.repeats = int(a.p.repeats);
+        d.seed = a.p.seed, d.temperature = a.p.temperature;
+        return run_dlm_bench(a.dlm, d);
+    }
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
     if (!a.plot_out.empty()) check_output_path(a.plot_out, a.overwrite);
     a.p.steps = parse_int_list(a.steps_list, "--steps-list");
@@ -538,6 +549,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
     add_dlm_options(gen, g->dlm);
     runners.emplace_back(gen, [g] { return run_generate(*g); });
     add_dlm_chat_command(diff, runners);
+    add_dlm_random_model_command(diff, runners);
 
     auto c = std::make_shared<CalibrateArgs>();
     auto* cal =
@@ -635,6 +647,7 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                    "Write the speed-quality curve (gen-PPL change with --score-with, else agreement, vs speed-up) to "
                    "this PNG");
     be->add_flag("--overwrite", b->overwrite, "Replace existing --json / --plot files");
+    add_dlm_options(be, b->dlm);
     runners.emplace_back(be, [b] { return run_bench(*b); });
 }
 

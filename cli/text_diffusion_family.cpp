@@ -4,12 +4,17 @@
 
 #include "cache/io/error.h"
 #include "cli/text_commands.h"
+#include "cache/io/atomic_file.h"
+#include "text/diffusion/families/dlm_bench.h"
 #include "text/diffusion/families/dlm_chat.h"
 #include "text/diffusion/families/dlm_model.h"
+#include "text/diffusion/families/dlm_random.h"
 #include "text/diffusion/families/dlm_sampler.h"
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
@@ -26,7 +31,8 @@ const FlagNames& dlm_flags() {
                                 {"remask", "--remask"},         {"cache", "--cache"},
                                 {"eps", "--eps"},               {"prompt", "--prompt"},
                                 {"family", "--family"},         {"chat", "--no-chat"},
-                                {"alg_temp", "--alg-temp"}};
+                                {"alg_temp", "--alg-temp"},     {"weights_dtype", "--weights-dtype"},
+                                {"compare", "--compare"},       {"repeats", "--repeats"}};
     return f;
 }
 
@@ -71,6 +77,9 @@ void add_dlm_options(CLI::App* sub, DlmCliArgs& a) {
     sub->add_option("--alg-temp", a.alg_temp,
                     "Dream: > 0 draws the positions each step commits from softmax(confidence / alg-temp) "
                     "(default 0: the most confident)");
+    sub->add_option("--weights-dtype", a.weights_dtype,
+                    "LLaDA/Dream weights kept in memory as " + enum_choices(kernels::qweight_type_table()) +
+                        " (default: float32 for a folder, the file's own types for a GGUF)");
     sub->add_flag("--no-chat", a.no_chat, "Use the prompt as is, not wrapped in the folder's chat template");
     sub->add_flag("--no-eos-stop", a.no_eos_stop, "Keep decoding past the end-of-sequence token");
     sub->add_flag("--stream", a.stream, "Print each committed block as it completes");
@@ -88,11 +97,16 @@ LoadedDlm dlm_load(const DlmCliArgs& a, const DlmSharedArgs& s) {
     std::optional<DlmFamily> fam;
     if (!a.family.empty())
         fam = with_flag_errors(dlm_flags(), [&] { return enum_from_string(dlm_family_table(), a.family, "family"); });
-    return load_dlm(s.model, fam, a.mask_id);
+    std::optional<kernels::QWeightType> weights;
+    if (!a.weights_dtype.empty())
+        weights = with_flag_errors(dlm_flags(), [&] {
+            return enum_from_string(kernels::qweight_type_table(), a.weights_dtype, "weights_dtype");
+        });
+    return load_dlm(s.model, fam, a.mask_id, weights);
 }
 
 DlmSampleOptions dlm_options(const DlmCliArgs& a, const DlmSharedArgs& s, const DlmConfig& c) {
-    auto given = [&](const char* flag) { return a.app && a.app->count(flag) > 0; };
+    auto given = [&](const char* flag) { return a.app && a.app->get_option_no_throw(flag) && a.app->count(flag) > 0; };
     DlmSampleOptions o;
     o.gen_length = a.gen_length > 0 ? a.gen_length : 128;
     o.steps = given("--steps") ? s.steps : o.gen_length;
@@ -147,8 +161,21 @@ DlmSampleResult dlm_run_printed(DlmModel& model, const DlmTokenizer* tok, const 
     std::cerr << enum_name(dlm_family_table(), c.family) << " (" << c.describe() << "): " << r.prompt_tokens
               << " prompt + " << r.generated.size() << " tokens, " << r.steps_run << " steps, cache "
               << enum_name(dlm_cache_table(), o.cache) << ", " << r.positions_computed << " positions computed, "
-              << gen_s << " s\n";
+              << gen_s << " s, weights " << model.weight_bytes() / 1e6 << " MB\n";
     return r;
+}
+
+// One row of --compare / bench as it completes (the header before the first).
+void print_dlm_bench_row(const DlmBenchReport& rep, size_t i) {
+    const auto& r = rep.rows[i];
+    if (i == 0)
+        std::cout << "cache | steps | s/step | total s (min/med/max) | positions computed | speed-up | agreement | "
+                     "weights MB | peak RSS MB\n";
+    std::cout << std::fixed << std::setprecision(4) << enum_name(dlm_cache_table(), r.cache) << " | " << r.steps
+              << " | " << r.per_step_s() << " | " << std::setprecision(3) << r.min_s() << " / " << r.median_s()
+              << " / " << r.max_s() << " | " << r.positions << " | " << std::setprecision(2) << rep.speedup(i)
+              << "x | " << std::setprecision(1) << 100 * r.agreement << "% | " << rep.weight_bytes / 1e6 << " | "
+              << rep.peak_rss_bytes / 1e6 << std::defaultfloat << std::endl;
 }
 
 } // namespace
@@ -171,7 +198,66 @@ int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
     } else if (c.family == DlmFamily::DiffuGpt) {
         throw UsageError("DiffuGPT needs a --prompt or --prompt-ids (its first position is kept)");
     }
+    if (!s.compare.empty()) {
+        const auto modes = with_flag_errors(dlm_flags(), [&] { return parse_dlm_cache_list(s.compare, "compare"); });
+        const auto rep = with_flag_errors(dlm_flags(), [&] {
+            return dlm_bench(model, prompt, o, modes, 1, static_cast<uint64_t>(s.seed), print_dlm_bench_row);
+        });
+        for (const auto& r : rep.rows) {
+            std::cout << "--- " << enum_name(dlm_cache_table(), r.cache) << ": ";
+            if (s.print_ids || !tok)
+                for (auto t : r.generated) std::cout << t << " ";
+            else
+                std::cout << tok->decode(r.generated);
+            std::cout << "\n";
+        }
+        return 0;
+    }
     dlm_run_printed(model, tok.get(), prompt, o, a, s);
+    return 0;
+}
+
+int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b) {
+    if (!b.json_out.empty()) check_output_path(b.json_out, b.overwrite);
+    DlmSharedArgs s;
+    s.model = b.model, s.block_length = b.block_length, s.seed = int64_t(b.seed), s.temperature = b.temperature;
+    LoadedDlm loaded = dlm_load(a, s);
+    auto& model = *loaded.model;
+    const auto& c = model.config();
+    DlmSampleOptions o = dlm_options(a, s, c);
+    o.temperature = b.temperature;
+    o.stop_at_eos = false; // every run does the same work
+    const bool blocks = c.family == DlmFamily::Llada;
+    std::vector<std::string> lists = {b.baseline};
+    if (b.caches.empty())
+        lists.push_back(blocks ? "prefix,dual" : "");
+    else
+        lists.insert(lists.end(), b.caches.begin(), b.caches.end());
+    const auto modes = with_flag_errors(
+        {{"compare", "--cache or --baseline"}}, [&] { return parse_dlm_cache_list(lists, "compare"); });
+    const auto prompt = dlm_synthetic_prompt(c, b.prompt_len);
+    nlohmann::json all = nlohmann::json::array();
+    for (auto steps : b.steps.empty() ? std::vector<int64_t>{o.steps} : b.steps) {
+        o.steps = steps;
+        std::cout << c.describe() << " | gen " << o.gen_length << ", block " << o.block_length << ", steps " << steps
+                  << ", prompt " << prompt.size() << ", repeats " << b.repeats << "\n";
+        const auto rep = with_flag_errors(dlm_flags(), [&] {
+            return dlm_bench(model, prompt, o, modes, b.repeats, b.seed, print_dlm_bench_row);
+        });
+        auto j = rep.to_json();
+        j["steps"] = steps;
+        all.push_back(j);
+    }
+    if (!b.json_out.empty()) {
+        nlohmann::json doc = {{"model", b.model},
+                              {"config", c.describe()},
+                              {"weights", a.weights_dtype.empty() ? "default" : a.weights_dtype},
+                              {"gen_length", o.gen_length},
+                              {"block_length", o.block_length},
+                              {"runs", all}};
+        write_file_atomic(b.json_out, doc.dump(1) + "\n", b.overwrite);
+        std::cout << "wrote " << b.json_out << "\n";
+    }
     return 0;
 }
 
@@ -219,6 +305,49 @@ void add_dlm_chat_command(CLI::App* diffusion, std::vector<std::pair<CLI::App*, 
     chat->add_flag("--ids", s.print_ids, "Print token ids instead of text");
     add_dlm_options(chat, a);
     runners.emplace_back(chat, [args] { return run_dlm_chat(args->first, args->second); });
+}
+
+void add_dlm_random_model_command(CLI::App* diffusion,
+                                  std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    struct Args {
+        std::string preset, out, weights = "q4_0";
+        int64_t layers = 0;
+        uint64_t seed = 0;
+    };
+    auto a = std::make_shared<Args>();
+    std::string presets;
+    for (const auto& p : dlm_random_presets()) presets += (presets.empty() ? "" : ", ") + p;
+    auto* cmd = diffusion->add_subcommand(
+        "random-model", "Write a random-weight LLaDA / Dream GGUF of a published shape (streamed to disk)");
+    cmd->add_option("--preset", a->preset, "Shape: " + presets)->required();
+    cmd->add_option("-o,--output", a->out, "GGUF file to write (refused if it exists)")->required();
+    cmd->add_option("--weights-dtype", a->weights, "Matrix storage: " + enum_choices(kernels::qweight_type_table()))
+        ->capture_default_str();
+    cmd->add_option("--layers", a->layers, "Fewer layers than the preset's (a quick file of the same widths)");
+    cmd->add_option("-s,--seed", a->seed, "Random seed")->capture_default_str();
+    runners.emplace_back(cmd, [a] {
+        const auto wt = with_flag_errors(FlagNames{{"weights_dtype", "--weights-dtype"}}, [&] {
+            return enum_from_string(kernels::qweight_type_table(), a->weights, "weights_dtype");
+        });
+        DlmConfig c;
+        try {
+            c = dlm_random_preset(a->preset);
+        } catch (const Error& e) {
+            throw UsageError(std::string("--preset: ") + e.what());
+        }
+        if (a->layers < 0 || a->layers > c.n_layers)
+            throw UsageError("--layers: " + std::to_string(a->layers) + " is not in 1.." + std::to_string(c.n_layers));
+        if (a->layers > 0) c.n_layers = a->layers;
+        std::error_code ec;
+        if (std::filesystem::exists(a->out, ec))
+            throw UsageError("--output: '" + a->out + "' exists (not overwritten)");
+        const auto t0 = std::chrono::steady_clock::now();
+        write_random_dlm_gguf(a->out, c, wt, a->seed);
+        std::cerr << "wrote " << a->out << " (" << c.describe() << ", " << a->weights << ", "
+                  << std::filesystem::file_size(a->out) / 1e6 << " MB) in "
+                  << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s\n";
+        return 0;
+    });
 }
 
 } // namespace anchor::cli

@@ -16,6 +16,19 @@ struct DlmSharedArgs {
     int64_t steps = 0, block_length = 0, top_k = 0, seed = 0;
     double temperature = 0, top_p = 1;
     bool print_ids = false;
+    std::vector<std::string> compare; // --compare: cache modes run side by side (the first is the baseline)
+};
+
+// `diffusion bench` on a published family: its own figures (the MDLM bench's options it reads).
+struct DlmBenchCliArgs {
+    std::string model, baseline = "off", json_out;
+    std::vector<std::string> caches; // empty: prefix,dual where the family has them
+    std::vector<int64_t> steps;      // each a run of every mode
+    int64_t prompt_len = 64, block_length = 0;
+    int repeats = 3;
+    uint64_t seed = 0;
+    double temperature = 0;
+    bool overwrite = false;
 };
 
 // The families' own options.
@@ -26,6 +39,7 @@ struct DlmCliArgs {
     int64_t mask_id = -1;   // --mask-id
     double eps = 1e-3;      // --eps (Dream)
     double alg_temp = 0;    // --alg-temp (Dream)
+    std::string weights_dtype; // --weights-dtype (empty: float32 for a folder, as stored for a GGUF)
     bool no_chat = false, no_eos_stop = false, stream = false;
     CLI::App* app = nullptr; // to tell set options from defaults
 };
@@ -38,7 +52,11 @@ void add_dlm_options(CLI::App* sub, DlmCliArgs& a);
 // True when this run is for a published family: --family or --gen-length given, or -m names such a folder.
 bool dlm_requested(const DlmCliArgs& a, const std::string& model);
 int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s);
+int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b);
 // Adds `diffusion chat` (its own options and runner).
 void add_dlm_chat_command(CLI::App* diffusion, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
+// Adds `diffusion random-model` (LLaDA-8B / Dream-7B shapes as GGUF, text/diffusion/families/dlm_random.h).
+void add_dlm_random_model_command(CLI::App* diffusion,
+                                  std::vector<std::pair<CLI::App*, std::function<int()>>>& runners);
 
 } // namespace anchor::cli

@@ -53,6 +53,21 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                          "MDLM folder for /anchor/v1/diffusion (default: assets/models/kjv-mdlm)"),
          "diffusion_model");
     cmd->add_flag("--no-diffusion", *no_diffusion, "no /anchor/v1/diffusion");
+    bind(cmd->add_option("--dlm-model", p->dlm_model,
+                         "LLaDA / Dream / DiffuGPT folder or GGUF for POST /v1/chat/completions"),
+         "dlm_model");
+    bind(cmd->add_option("--dlm-vocab", p->dlm_vocab, "its tokenizer folder (default: next to --dlm-model)"),
+         "dlm_vocab");
+    auto dlm_weights = std::make_shared<std::string>();
+    bind(cmd->add_option("--dlm-weights-dtype", *dlm_weights,
+                         "its weights in memory: " + enum_choices(kernels::qweight_type_table()) +
+                             " (default: float32 for a folder, as stored for a GGUF)")
+             ->check([](const std::string& v) {
+                 for (const auto& [name, value] : kernels::qweight_type_table())
+                     if (name == v) return std::string();
+                 return "not one of " + enum_choices(kernels::qweight_type_table());
+             }),
+         "dlm_weights");
     add_placement_options(cmd, *place, "the GPT-2 (with every request's KV cache) and the MDLM");
     bind(add_enum_option(*cmd, "--diffusion-gemm", p->diffusion_gemm, kernels::gemm_backend_table(),
                          "the diffusion model's linear layers: torch (SEDD's bits), onednn (~1.5x faster) or bf16"),
@@ -83,7 +98,11 @@ void add_text_serve_command(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                          "largest prompt in bytes (checked before tokenizing)")
              ->capture_default_str(),
          "max_prompt_bytes");
-    runners.emplace_back(cmd, [p, place, no_diffusion]() { return run_text_serve(*p, *place, *no_diffusion); });
+    runners.emplace_back(cmd, [p, place, no_diffusion, dlm_weights]() {
+        if (!dlm_weights->empty())
+            p->dlm_weights = enum_from_string(kernels::qweight_type_table(), *dlm_weights, "dlm_weights");
+        return run_text_serve(*p, *place, *no_diffusion);
+    });
 }
 
 } // namespace anchor::cli

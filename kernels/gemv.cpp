@@ -584,6 +584,15 @@ void quantize_row_q8_0(const float* v, BlockQ8_0* out, int64_t n) {
     }
 }
 
+void dequantize_row_q8_0(const BlockQ8_0* in, float* v, int64_t n) {
+    for (int64_t c0 = 0; c0 < n; c0 += kQ8Block) {
+        const BlockQ8_0& blk = in[c0 / kQ8Block];
+        const float d = half_to_float(blk.d);
+        const int64_t m = std::min(kQ8Block, n - c0);
+        for (int64_t j = 0; j < m; ++j) v[c0 + j] = d * float(blk.q[j]);
+    }
+}
+
 void quantize_activation_q8_0(const float* x, float* d, int8_t* q, int64_t n) {
 #if defined(__x86_64__)
     if (gemv_uses_avx512()) return quantize_activation_avx512(x, d, q, n);

@@ -46,6 +46,8 @@ inline int64_t q8_0_blocks(int64_t cols) {
 
 // Quantises one row of n values into q8_0_blocks(n) blocks (ggml's quantize_row_q8_0_ref rounding).
 void quantize_row_q8_0(const float* v, BlockQ8_0* out, int64_t n);
+// The n values the blocks encode (d * q).
+void dequantize_row_q8_0(const BlockQ8_0* in, float* v, int64_t n);
 // The activation side: per-block float32 scales and int8 quants (zero-padded to whole blocks).
 void quantize_activation_q8_0(const float* x, float* d, int8_t* q, int64_t n);
 // Reference: quantises x (quantize_activation_q8_0), then per block the int32 dot times d_w * d_x, summed in double.

@@ -20,3 +20,11 @@ stop_server() {
   return $rc
 }
 fail() { echo "FAIL: $*"; exit 1; }
+# expect_400 BODY FIELD PATH: POST BODY to $base$PATH answers 400 whose one-line JSON names FIELD as its param.
+expect_400() {
+  local body="$1" field="$2" out code
+  out=$(curl -sS -w '\n%{http_code}' "$base$3" -H 'Content-Type: application/json' -d "$body")
+  code=$(echo "$out" | tail -1)
+  [ "$code" = 400 ] || fail "$body: HTTP $code: $out"
+  echo "$out" | head -1 | grep -q "\"param\":\"$field\"" || fail "$body: no param $field: $out"
+}

@@ -44,13 +44,6 @@ echo "$d" | grep -q '"text"' || fail "diffusion: $d"
 echo "$d" | grep -q '"cache":"anchor' || fail "diffusion cache: $d"
 
 # Bad input: 400 naming the field, one line.
-expect_400() {
-  local body="$1" field="$2" out code
-  out=$(curl -sS -w '\n%{http_code}' "$base$3" -H 'Content-Type: application/json' -d "$body")
-  code=$(echo "$out" | tail -1)
-  [ "$code" = 400 ] || fail "$body: HTTP $code: $out"
-  echo "$out" | head -1 | grep -q "\"param\":\"$field\"" || fail "$body: no param $field: $out"
-}
 expect_400 '{"prompt":"x","max_tokens":"many"}' max_tokens /v1/completions
 expect_400 '{"prompt":"x","max_tokens":100000}' max_tokens /v1/completions
 expect_400 '{"prompt":"x","kv":"sink:banana"}' kv /v1/completions

@@ -2,6 +2,12 @@
 #include "text/io/gguf.h"
 
 #include "cache/io/error.h"
+#include "kernels/gemv.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <filesystem>
 
 #include <cstring>
 
@@ -133,22 +139,11 @@ void ggml_dequantize(GgmlType t, const uint8_t* src, float* dst, int64_t n) {
             std::memcpy(dst + i, &bits, 4);
         }
         return;
-    case GgmlType::Q8_0:
-        for (int64_t b = 0; b < n / 32; ++b) {
-            const uint8_t* blk = src + b * 34;
-            const float d = gguf_half_to_float(gguf_u16(blk));
-            for (int j = 0; j < 32; ++j) dst[b * 32 + j] = d * float(static_cast<int8_t>(blk[2 + j]));
-        }
+    case GgmlType::Q8_0: // ggml's block layouts are kernels/gemv.h's BlockQ8_0 / BlockQ4_0
+        kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(src), dst, n);
         return;
     case GgmlType::Q4_0:
-        for (int64_t b = 0; b < n / 32; ++b) {
-            const uint8_t* blk = src + b * 18;
-            const float d = gguf_half_to_float(gguf_u16(blk));
-            for (int j = 0; j < 16; ++j) {
-                dst[b * 32 + j] = d * float(int(blk[2 + j] & 0x0F) - 8);
-                dst[b * 32 + j + 16] = d * float(int(blk[2 + j] >> 4) - 8);
-            }
-        }
+        kernels::dequantize_row_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(src), dst, n);
         return;
     }
 }
@@ -236,6 +231,176 @@ torch::Tensor GgufFile::dequantize(const std::string& name) const {
     auto out = torch::empty(t.shape, torch::kFloat32);
     ggml_dequantize(GgmlType(t.type), data(t), out.data_ptr<float>(), t.numel());
     return out;
+}
+
+torch::Tensor gguf_stored_view(const std::shared_ptr<const GgufFile>& file, const std::string& name) {
+    const auto& t = file->info(name);
+    if (!ggml_type_supported(t.type))
+        throw Error("GGUF file '" + file->path() + "', tensor '" + name + "': type " + ggml_type_name(t.type) +
+                    " is not supported (f32, f16, bf16, q8_0, q4_0 are)");
+    auto shape = t.shape;
+    torch::ScalarType dt = torch::kUInt8;
+    switch (GgmlType(t.type)) {
+    case GgmlType::F32: dt = torch::kFloat32; break;
+    case GgmlType::F16: dt = torch::kFloat16; break;
+    case GgmlType::BF16: dt = torch::kBFloat16; break;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0: shape.back() = ggml_type_bytes(GgmlType(t.type), t.ne[0]); break;
+    }
+    // The map is read-only and outlives the view through the deleter's reference; nothing writes through it.
+    auto* p = const_cast<uint8_t*>(file->data(t));
+    return torch::from_blob(p, shape, [keep = file](void*) {}, torch::TensorOptions().dtype(dt));
+}
+
+// ---- writing ------------------------------------------------------------------------------------------------------
+
+namespace {
+
+void gguf_put(std::FILE* f, const void* p, size_t n, const std::string& path) {
+    if (n && std::fwrite(p, 1, n, f) != n) throw Error("cannot write '" + path + "' (disk full?)");
+}
+template <class T> void gguf_put_pod(std::FILE* f, T v, const std::string& path) {
+    gguf_put(f, &v, sizeof(T), path);
+}
+void gguf_put_str(std::FILE* f, const std::string& s, const std::string& path) {
+    gguf_put_pod<uint64_t>(f, s.size(), path);
+    gguf_put(f, s.data(), s.size(), path);
+}
+
+void gguf_put_value(std::FILE* f, GgufValueType t, const nlohmann::json& v, const std::string& key,
+                    const std::string& path) {
+    switch (t) {
+    case GgufValueType::U32: return gguf_put_pod<uint32_t>(f, v.get<uint32_t>(), path);
+    case GgufValueType::I32: return gguf_put_pod<int32_t>(f, v.get<int32_t>(), path);
+    case GgufValueType::F32: return gguf_put_pod<float>(f, v.get<float>(), path);
+    case GgufValueType::Bool: return gguf_put_pod<uint8_t>(f, v.get<bool>() ? 1 : 0, path);
+    case GgufValueType::String: return gguf_put_str(f, v.get<std::string>(), path);
+    case GgufValueType::U64: return gguf_put_pod<uint64_t>(f, v.get<uint64_t>(), path);
+    case GgufValueType::Array: break;
+    }
+    throw Error("GGUF writer: metadata '" + key + "': nested arrays are not written");
+}
+
+} // namespace
+
+GgufWriter::GgufWriter(std::string path, const std::vector<GgufKv>& kv, std::vector<Tensor> tensors,
+                       uint64_t alignment)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), tensors_(std::move(tensors)), alignment_(alignment) {
+    if (alignment_ == 0 || (alignment_ & (alignment_ - 1))) throw Error("GGUF writer: alignment must be a power of two");
+    for (const auto& t : tensors_) {
+        if (t.shape.empty() || t.shape.size() > 4) throw Error("GGUF writer: tensor '" + t.name + "' needs 1 to 4 dims");
+        if ((t.type == GgmlType::Q8_0 || t.type == GgmlType::Q4_0) && t.shape.back() % 32 != 0)
+            throw Error("GGUF writer: tensor '" + t.name + "' (" + ggml_type_name(uint32_t(t.type)) + ") has rows of " +
+                        std::to_string(t.shape.back()) + " values, not a multiple of 32");
+    }
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) throw Error("cannot create '" + tmp_ + "'");
+    gguf_put(f_, "GGUF", 4, tmp_);
+    gguf_put_pod<uint32_t>(f_, 3, tmp_);
+    gguf_put_pod<uint64_t>(f_, tensors_.size(), tmp_);
+    const bool own_alignment = alignment_ != 32;
+    gguf_put_pod<uint64_t>(f_, kv.size() + (own_alignment ? 1 : 0), tmp_);
+    if (own_alignment) {
+        gguf_put_str(f_, "general.alignment", tmp_);
+        gguf_put_pod<uint32_t>(f_, uint32_t(GgufValueType::U32), tmp_);
+        gguf_put_pod<uint32_t>(f_, uint32_t(alignment_), tmp_);
+    }
+    for (const auto& e : kv) {
+        gguf_put_str(f_, e.key, tmp_);
+        gguf_put_pod<uint32_t>(f_, uint32_t(e.type), tmp_);
+        if (e.type != GgufValueType::Array) {
+            gguf_put_value(f_, e.type, e.value, e.key, tmp_);
+            continue;
+        }
+        gguf_put_pod<uint32_t>(f_, uint32_t(e.element), tmp_);
+        gguf_put_pod<uint64_t>(f_, e.value.size(), tmp_);
+        for (const auto& v : e.value) gguf_put_value(f_, e.element, v, e.key, tmp_);
+    }
+    uint64_t offset = 0;
+    for (const auto& t : tensors_) {
+        gguf_put_str(f_, t.name, tmp_);
+        gguf_put_pod<uint32_t>(f_, uint32_t(t.shape.size()), tmp_);
+        int64_t n = 1;
+        for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) gguf_put_pod<uint64_t>(f_, uint64_t(*it), tmp_), n *= *it;
+        gguf_put_pod<uint32_t>(f_, uint32_t(t.type), tmp_);
+        gguf_put_pod<uint64_t>(f_, offset, tmp_);
+        offset += (uint64_t(ggml_type_bytes(t.type, n)) + alignment_ - 1) / alignment_ * alignment_;
+    }
+    pad();
+}
+
+GgufWriter::~GgufWriter() {
+    if (f_) {
+        std::fclose(f_);
+        std::error_code ec;
+        std::filesystem::remove(tmp_, ec);
+    }
+}
+
+void GgufWriter::pad() {
+    const long pos = std::ftell(f_);
+    static const char zeros[64] = {};
+    uint64_t n = (alignment_ - uint64_t(pos) % alignment_) % alignment_;
+    while (n > 0) {
+        const uint64_t k = std::min<uint64_t>(n, sizeof(zeros));
+        gguf_put(f_, zeros, k, tmp_);
+        n -= k;
+    }
+}
+
+void GgufWriter::append(const float* v, int64_t n) {
+    const Tensor* t = current();
+    if (!t) throw Error("GGUF writer: more values than the declared tensors hold");
+    const int64_t row = t->shape.back();
+    int64_t total = 1;
+    for (auto d : t->shape) total *= d;
+    if (n % row != 0 || filled_ + n > total)
+        throw Error("GGUF writer: tensor '" + t->name + "': " + std::to_string(n) + " values are not whole rows of " +
+                    std::to_string(row) + " within its " + std::to_string(total));
+    std::vector<uint8_t> buf(size_t(ggml_type_bytes(t->type, n)));
+    switch (t->type) {
+    case GgmlType::F32: std::memcpy(buf.data(), v, size_t(n) * 4); break;
+    case GgmlType::F16:
+        for (int64_t i = 0; i < n; ++i) {
+            const uint16_t h = c10::Half(v[i]).x;
+            std::memcpy(buf.data() + 2 * i, &h, 2);
+        }
+        break;
+    case GgmlType::BF16:
+        for (int64_t i = 0; i < n; ++i) {
+            const uint16_t h = c10::BFloat16(v[i]).x; // round to nearest even, as ggml's fp32_to_bf16
+            std::memcpy(buf.data() + 2 * i, &h, 2);
+        }
+        break;
+    case GgmlType::Q8_0:
+        for (int64_t r = 0; r < n / row; ++r)
+            kernels::quantize_row_q8_0(v + r * row, reinterpret_cast<kernels::BlockQ8_0*>(buf.data()) + r * row / 32, row);
+        break;
+    case GgmlType::Q4_0:
+        for (int64_t r = 0; r < n / row; ++r)
+            kernels::quantize_row_q4_0(v + r * row, reinterpret_cast<kernels::BlockQ4_0*>(buf.data()) + r * row / 32, row);
+        break;
+    }
+    gguf_put(f_, buf.data(), buf.size(), tmp_);
+    filled_ += n;
+    if (filled_ == total) {
+        pad();
+        ++next_, filled_ = 0;
+    }
+}
+
+void GgufWriter::finish() {
+    if (const Tensor* t = current())
+        throw Error("GGUF writer: tensor '" + t->name + "' and " + std::to_string(tensors_.size() - next_ - 1) +
+                    " more were not written");
+    if (std::fclose(f_) != 0) {
+        f_ = nullptr;
+        throw Error("cannot write '" + tmp_ + "'");
+    }
+    f_ = nullptr;
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) throw Error("cannot rename '" + tmp_ + "' to '" + path_ + "': " + ec.message());
 }
 
 } // namespace anchor::text

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +73,55 @@ private:
     nlohmann::json kv_ = nlohmann::json::object();
     std::vector<GgufTensorInfo> tensors_;
     std::map<std::string, size_t> index_;
+};
+
+// A tensor's stored bytes as a torch tensor viewing the map (no copy; it keeps `file` open): f32 / f16 / bf16 as
+// that dtype in torch order, q8_0 / q4_0 as uint8 [rows..., blocks per row * block bytes]. anchor::Error naming the
+// tensor for an unsupported type.
+torch::Tensor gguf_stored_view(const std::shared_ptr<const GgufFile>& file, const std::string& name);
+
+// ---- writing ------------------------------------------------------------------------------------------------------
+
+// One metadata entry with its GGUF value type (llama.cpp reads keys with a fixed type: counts as u32, floats as f32,
+// token types as an i32 array).
+enum class GgufValueType : uint32_t { U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9, U64 = 10 };
+struct GgufKv {
+    std::string key;
+    GgufValueType type = GgufValueType::U32;
+    nlohmann::json value;                               // a scalar, or an array for Array
+    GgufValueType element = GgufValueType::U32;         // Array's element type
+};
+
+// Writes a GGUF v3 file tensor by tensor, so a model larger than memory is streamed to disk: the header (metadata and
+// every tensor's name, shape, type and offset) first, then each tensor's values in declaration order, appended a
+// few rows at a time as float32 and converted to the tensor's type (q8_0 / q4_0 with ggml's reference rounding, the
+// rows' length a multiple of 32). Written to `<path>.tmp` and renamed by finish(); an unfinished writer removes it.
+class GgufWriter {
+public:
+    struct Tensor {
+        std::string name;
+        std::vector<int64_t> shape; // torch order (ne reversed)
+        GgmlType type = GgmlType::F32;
+    };
+    GgufWriter(std::string path, const std::vector<GgufKv>& kv, std::vector<Tensor> tensors, uint64_t alignment = 32);
+    ~GgufWriter();
+    GgufWriter(const GgufWriter&) = delete;
+    GgufWriter& operator=(const GgufWriter&) = delete;
+    // Appends whole rows (n a multiple of the last dimension) of the current tensor; moves to the next once full.
+    void append(const float* values, int64_t n);
+    // The next tensor still to be filled (nullptr once all are).
+    const Tensor* current() const { return next_ < tensors_.size() ? &tensors_[next_] : nullptr; }
+    // Checks every tensor was filled, then renames the file into place.
+    void finish();
+
+private:
+    std::string path_, tmp_;
+    std::vector<Tensor> tensors_;
+    uint64_t alignment_;
+    size_t next_ = 0;
+    int64_t filled_ = 0; // values of the current tensor written
+    std::FILE* f_ = nullptr;
+    void pad();
 };
 
 // n weights of a supported type at `src` -> float32 `dst`.

@@ -44,6 +44,13 @@ TextServer::TextServer(TextServerParams p)
         configure_mdlm(mdlm_, kernels::AttentionKernel::Exact, p_.gpt2.placement, p_.diffusion_gemm);
     }
     if (model_id_.empty()) model_id_ = fs::path(p_.gpt2.model).parent_path().filename().string();
+    if (!p_.dlm_model.empty()) {
+        LoadedDlm l = load_dlm(p_.dlm_model, {}, -1, p_.dlm_weights);
+        dlm_ = l.model;
+        dlm_tok_ = load_dlm_tokenizer(l, p_.dlm_vocab);
+        dlm_template_ = detect_chat_template(p_.dlm_vocab.empty() ? l.folder : p_.dlm_vocab);
+        dlm_id_ = fs::path(p_.dlm_model).filename().string();
+    }
     add_routes();
 }
 
@@ -55,6 +62,7 @@ void TextServer::serve() {
 void TextServer::add_routes() {
     register_openai_routes(*this, http_);
     register_anchor_routes(*this, http_);
+    register_dlm_chat_routes(*this, http_);
     http_.add_health(model_id_);
     http_.add_openapi(openapi());
 }
@@ -91,6 +99,25 @@ nlohmann::json TextServer::openapi() const {
         {"/v1/models", serve::openapi_get("the models served")},
         {"/health", serve::openapi_get("status, model and queue (503 while draining)")},
         {"/openapi.json", serve::openapi_get("this description")}};
+    if (dlm_)
+        paths["/v1/chat/completions"] = openapi_post(
+            "OpenAI chat completions on a diffusion LM (stream: one event per committed block)",
+            {{"model", str},
+             {"messages", {{"type", "array"}, {"minItems", 1}}},
+             {"max_tokens", integer(1, p_.max_length)},
+             {"steps", integer(1, p_.max_steps)},
+             {"block_length", integer(0, p_.max_length)},
+             {"temperature", number(0, 2)},
+             {"top_p", number(1e-9, 1)},
+             {"top_k", integer(1, INT64_MAX)},
+             {"remask", str},
+             {"alg_temp", number(0, 1e6)},
+             {"eps", number(0, 1)},
+             {"cache", str},
+             {"seed", integer(0, INT64_MAX)},
+             {"stop_at_eos", {{"type", "boolean"}}},
+             {"stream", {{"type", "boolean"}}}},
+            {"messages"});
     if (!p_.diffusion_model.empty())
         paths["/anchor/v1/diffusion"] = openapi_post("text diffusion with a cache mode", diffusion);
     return serve::openapi_document("anchor-text serve", "OpenAI's completions API and text diffusion on AnchorCache",

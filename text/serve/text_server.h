@@ -10,8 +10,10 @@
 #include "cache/serve/http_server.h"
 #include "text/gpt2/gpt2_load.h"
 #include "text/diffusion/mdlm_model.h"
+#include "text/diffusion/families/dlm_chat.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace anchor::text {
@@ -30,6 +32,10 @@ struct TextServerParams {
     int64_t max_prompt_bytes = int64_t(1) << 18;
     int64_t max_length = 1024; // largest diffusion length
     int64_t max_steps = 1024;  // largest diffusion steps
+    // A published diffusion LM (LLaDA / Dream / DiffuGPT folder or GGUF) for /v1/chat/completions ("": 404), its
+    // weights' storage (kernels/qgemm.h; unset: load_dlm's default) and tokenizer folder ("": next to the model).
+    std::string dlm_model, dlm_vocab;
+    std::optional<kernels::QWeightType> dlm_weights;
     void validate() const;     // ParamError naming the field
 };
 
@@ -43,6 +49,7 @@ private:
     // Each dialect's routes (text/routes_*.cpp) read the model, the tokenizer and the limits below.
     friend void register_openai_routes(TextServer& srv, serve::HttpServer& http);
     friend void register_anchor_routes(TextServer& srv, serve::HttpServer& http);
+    friend void register_dlm_chat_routes(TextServer& srv, serve::HttpServer& http);
     void add_routes();
     nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
     TextServerParams p_;
@@ -50,6 +57,10 @@ private:
     MdlmModel mdlm_{nullptr}; // the diffusion model (null without --diffusion-model)
     std::shared_ptr<const Gpt2Tokenizer> tok_;
     std::string model_id_;
+    std::shared_ptr<DlmModel> dlm_; // the chat model (null without dlm_model), read-only: each request has its caches
+    std::shared_ptr<DlmTokenizer> dlm_tok_;
+    ChatTemplate dlm_template_ = ChatTemplate::None;
+    std::string dlm_id_;
     int threads_; // the program's intra-op threads, set again on the job thread
     serve::HttpServer http_;
 };

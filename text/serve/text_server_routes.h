@@ -21,6 +21,7 @@ using serve::RequestFields;
 
 void register_openai_routes(TextServer& srv, serve::HttpServer& http);
 void register_anchor_routes(TextServer& srv, serve::HttpServer& http);
+void register_dlm_chat_routes(TextServer& srv, serve::HttpServer& http); // text/serve/routes_dlm_chat.cpp
 
 namespace text_routes {
 

@@ -143,8 +143,10 @@ public:
         std::string bytes;
         for (auto id : ids) {
             if (special_ids_.count(id)) continue;
+            // An id past the tokenizer's (the padding rows of an embedding table larger than the vocabulary, which a
+            // model can still sample) has no text: left out like a special token, as GPT-2's decode does.
             auto it = id_to_token_.find(id);
-            if (it == id_to_token_.end()) throw Error("tokenizer '" + path_ + "': unknown id " + std::to_string(id));
+            if (it == id_to_token_.end()) continue;
             if (added_ids_.count(id)) {
                 bytes += it->second;
                 continue;

@@ -138,14 +138,18 @@ private:
 
 // ---- LLaDA / Dream: LLaMA-style blocks -----------------------------------------------------------------------------
 
+using kernels::QWeight;
+using kernels::QWeightType;
+
 struct LlamaLayerWeights {
-    torch::Tensor attn_norm, q, k, v, o, qb, kb, vb, ffn_norm, gate, up, down;
+    torch::Tensor attn_norm, qb, kb, vb, ffn_norm;
+    QWeight q, k, v, o, gate, up, down;
 };
 
 class LlamaLikeModel : public DlmModel {
 public:
-    LlamaLikeModel(DlmConfig c, torch::Tensor embed, std::vector<LlamaLayerWeights> layers, torch::Tensor norm,
-                   torch::Tensor head)
+    LlamaLikeModel(DlmConfig c, QWeight embed, std::vector<LlamaLayerWeights> layers, torch::Tensor norm,
+                   QWeight head)
         : DlmModel(std::move(c)), embed_(std::move(embed)), layers_(std::move(layers)), norm_(std::move(norm)),
           head_(std::move(head)) {
         // Rotary inverse frequencies in float32 as LLaMA / Qwen2 compute them: 1 / theta^(2i / d).
@@ -159,7 +163,7 @@ public:
         dlm_check_range(ids, lo, hi, kv, 0);
         const int64_t L = ids.size(1), n = hi - lo, C = cfg_.hidden_size, H = cfg_.n_heads, KV = cfg_.n_kv_heads,
                       D = cfg_.head_dim();
-        auto x = embed_.index_select(0, ids.narrow(1, lo, n).reshape({n}).to(torch::kLong)).reshape({1, n, C});
+        auto x = embed_.gather_rows(ids.narrow(1, lo, n).reshape({n})).reshape({1, n, C});
         auto freqs = torch::outer(torch::arange(lo, hi, torch::kLong).to(torch::kFloat32), inv_freq_);
         auto emb = torch::cat({freqs, freqs}, -1);
         auto cos = emb.cos(), sin = emb.sin();
@@ -167,9 +171,8 @@ public:
             auto t1 = t.narrow(-1, 0, D / 2), t2 = t.narrow(-1, D / 2, D / 2);
             return t * cos + torch::cat({-t2, t1}, -1) * sin;
         };
-        auto lin = [](const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) {
-            return b.defined() ? torch::addmm(b, h.reshape({-1, h.size(-1)}), w.t()).view({1, h.size(1), w.size(0)})
-                               : torch::matmul(h, w.t());
+        auto lin = [](const torch::Tensor& h, const QWeight& w, const torch::Tensor& b) {
+            return kernels::qlinear(h, w, b);
         };
         for (size_t l = 0; l < layers_.size(); ++l) {
             const auto& w = layers_[l];
@@ -179,20 +182,20 @@ public:
             auto v = lin(h, w.v, w.vb).view({1, n, KV, D}).transpose(1, 2);
             auto [K, V] = dlm_cache_rows(kv, l, L, lo, k, v);
             auto y = dlm_attend(q, K, V).transpose(1, 2).reshape({1, n, C});
-            x = x + torch::matmul(y, w.o.t());
+            x = x + lin(y, w.o, {});
             h = rms(x, w.ffn_norm);
             // SwiGLU (Shazeer 2020): down(silu(gate h) * up h).
-            x = x + torch::matmul(torch::silu(torch::matmul(h, w.gate.t())) * torch::matmul(h, w.up.t()), w.down.t());
+            x = x + lin(torch::silu(lin(h, w.gate, {})) * lin(h, w.up, {}), w.down, {});
         }
-        return torch::matmul(rms(x, norm_), head_.t()).to(torch::kFloat32);
+        return lin(rms(x, norm_), head_, {}).to(torch::kFloat32);
     }
     int64_t weight_bytes() const override {
         auto b = [](const torch::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; };
-        int64_t n = b(embed_) + b(norm_) + (cfg_.tie_embeddings ? 0 : b(head_));
-        for (const auto& w : layers_)
-            for (const auto* t : {&w.attn_norm, &w.q, &w.k, &w.v, &w.o, &w.qb, &w.kb, &w.vb, &w.ffn_norm, &w.gate,
-                                  &w.up, &w.down})
-                n += b(*t);
+        int64_t n = embed_.bytes() + b(norm_) + (cfg_.tie_embeddings ? 0 : head_.bytes());
+        for (const auto& w : layers_) {
+            for (const auto* t : {&w.attn_norm, &w.qb, &w.kb, &w.vb, &w.ffn_norm}) n += b(*t);
+            for (const auto* q : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) n += q->bytes();
+        }
         return n;
     }
 
@@ -200,9 +203,10 @@ private:
     torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) const {
         return x * torch::rsqrt(x.pow(2).mean(-1, true) + cfg_.norm_eps) * w;
     }
-    torch::Tensor embed_;
+    QWeight embed_;
     std::vector<LlamaLayerWeights> layers_;
-    torch::Tensor norm_, head_, inv_freq_;
+    torch::Tensor norm_, inv_freq_;
+    QWeight head_;
 };
 
 // ---- loading -------------------------------------------------------------------------------------------------------
@@ -347,7 +351,8 @@ DlmConfig llama_like_config(const JsonConfig& c, DlmFamily fam) {
     return d;
 }
 
-LoadedDlm load_llama_like(const std::string& path, const ModelSource& src, DlmFamily fam, int64_t mask_id) {
+LoadedDlm load_llama_like(const std::string& path, const ModelSource& src, DlmFamily fam, int64_t mask_id,
+                          std::optional<QWeightType> weights) {
     if (src.config_file.empty())
         throw Error(enum_name(dlm_family_table(), fam) + " model '" + path + "' has no config.json next to it");
     const JsonConfig c = JsonConfig::load(src.config_file, enum_name(dlm_family_table(), fam) + " config");
@@ -359,10 +364,16 @@ LoadedDlm load_llama_like(const std::string& path, const ModelSource& src, DlmFa
     const int64_t D = d.hidden_size, F = d.intermediate_size, KVD = d.n_kv_heads * d.head_dim(), V = d.vocab_size;
     const bool llada = fam == DlmFamily::Llada;
     const std::string pre = llada ? "model.transformer." : "model.";
-    auto embed = t.take(pre + (llada ? "wte.weight" : "embed_tokens.weight"), {V, D});
+    // Matrices one at a time: float32 for as long as it takes to convert each to the kept storage.
+    const QWeightType wt = weights.value_or(QWeightType::F32);
+    auto tq = [&](const std::string& name, const std::vector<int64_t>& shape) {
+        auto f = t.take(name, shape);
+        return f.defined() ? QWeight::from_float(f, wt) : QWeight();
+    };
+    auto embed = tq(pre + (llada ? "wte.weight" : "embed_tokens.weight"), {V, D});
     auto norm = t.take(pre + (llada ? "ln_f.weight" : "norm.weight"), {D});
-    torch::Tensor head;
-    if (!d.tie_embeddings) head = t.take(llada ? pre + "ff_out.weight" : "lm_head.weight", {V, D});
+    QWeight head;
+    if (!d.tie_embeddings) head = tq(llada ? pre + "ff_out.weight" : "lm_head.weight", {V, D});
     std::vector<LlamaLayerWeights> layers(d.n_layers);
     for (int64_t i = 0; i < d.n_layers; ++i) {
         auto& l = layers[i];
@@ -370,13 +381,13 @@ LoadedDlm load_llama_like(const std::string& path, const ModelSource& src, DlmFa
         if (llada) {
             l.attn_norm = t.take(b + "attn_norm.weight", {D});
             l.ffn_norm = t.take(b + "ff_norm.weight", {D});
-            l.q = t.take(b + "q_proj.weight", {D, D});
-            l.k = t.take(b + "k_proj.weight", {KVD, D});
-            l.v = t.take(b + "v_proj.weight", {KVD, D});
-            l.o = t.take(b + "attn_out.weight", {D, D});
-            l.gate = t.take(b + "ff_proj.weight", {F, D});
-            l.up = t.take(b + "up_proj.weight", {F, D});
-            l.down = t.take(b + "ff_out.weight", {D, F});
+            l.q = tq(b + "q_proj.weight", {D, D});
+            l.k = tq(b + "k_proj.weight", {KVD, D});
+            l.v = tq(b + "v_proj.weight", {KVD, D});
+            l.o = tq(b + "attn_out.weight", {D, D});
+            l.gate = tq(b + "ff_proj.weight", {F, D});
+            l.up = tq(b + "up_proj.weight", {F, D});
+            l.down = tq(b + "ff_out.weight", {D, F});
             if (d.qkv_bias) {
                 l.qb = t.take(b + "q_proj.bias", {D}), l.kb = t.take(b + "k_proj.bias", {KVD});
                 l.vb = t.take(b + "v_proj.bias", {KVD});
@@ -384,16 +395,16 @@ LoadedDlm load_llama_like(const std::string& path, const ModelSource& src, DlmFa
         } else {
             l.attn_norm = t.take(b + "input_layernorm.weight", {D});
             l.ffn_norm = t.take(b + "post_attention_layernorm.weight", {D});
-            l.q = t.take(b + "self_attn.q_proj.weight", {D, D});
-            l.k = t.take(b + "self_attn.k_proj.weight", {KVD, D});
-            l.v = t.take(b + "self_attn.v_proj.weight", {KVD, D});
-            l.o = t.take(b + "self_attn.o_proj.weight", {D, D});
+            l.q = tq(b + "self_attn.q_proj.weight", {D, D});
+            l.k = tq(b + "self_attn.k_proj.weight", {KVD, D});
+            l.v = tq(b + "self_attn.v_proj.weight", {KVD, D});
+            l.o = tq(b + "self_attn.o_proj.weight", {D, D});
             l.qb = t.take(b + "self_attn.q_proj.bias", {D});
             l.kb = t.take(b + "self_attn.k_proj.bias", {KVD});
             l.vb = t.take(b + "self_attn.v_proj.bias", {KVD});
-            l.gate = t.take(b + "mlp.gate_proj.weight", {F, D});
-            l.up = t.take(b + "mlp.up_proj.weight", {F, D});
-            l.down = t.take(b + "mlp.down_proj.weight", {D, F});
+            l.gate = tq(b + "mlp.gate_proj.weight", {F, D});
+            l.up = tq(b + "mlp.up_proj.weight", {F, D});
+            l.down = tq(b + "mlp.down_proj.weight", {D, F});
         }
     }
     // Tied checkpoints may still carry the head; rotary buffers carry no weights.
@@ -481,7 +492,8 @@ LoadedDlm load_diffugpt(const std::string& path, const ModelSource& src, int64_t
 // under "<arch>.": embedding_length, block_count, feed_forward_length, attention.head_count(_kv),
 // rope.freq_base, attention.layer_norm_rms_epsilon, context_length; tokenizer.ggml.mask_token_id / eos_token_id;
 // diffusion.shift_logits. Every weight is dequantised to float32 (gguf.h).
-LoadedDlm load_dlm_gguf(const std::string& path, std::optional<DlmFamily> family, int64_t mask_id) {
+LoadedDlm load_dlm_gguf(const std::string& path, std::optional<DlmFamily> family, int64_t mask_id,
+                        std::optional<QWeightType> weights) {
     const auto g = GgufFile::open(path);
     const auto& kv = g->metadata();
     const std::string arch = kv.value("general.architecture", std::string());
@@ -525,48 +537,73 @@ LoadedDlm load_dlm_gguf(const std::string& path, std::optional<DlmFamily> family
     d.validate();
     const int64_t D = d.hidden_size, F = d.intermediate_size, hd = d.head_dim(), KVD = d.n_kv_heads * hd;
     std::vector<std::string> problems;
-    auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> torch::Tensor {
+    auto present = [&](const std::string& name, const std::vector<int64_t>& shape) {
         if (!g->has(name)) {
             problems.push_back("missing '" + name + "'");
-            return {};
+            return false;
         }
         if (g->info(name).shape != shape) {
             problems.push_back("'" + name + "': expected shape " + dlm_shape_str(shape) + ", got " +
                                dlm_shape_str(g->info(name).shape));
-            return {};
+            return false;
         }
-        return g->dequantize(name);
+        return true;
+    };
+    auto take = [&](const std::string& name, const std::vector<int64_t>& shape) -> torch::Tensor {
+        return present(name, shape) ? g->dequantize(name) : torch::Tensor();
+    };
+    // Matrices stay in the file's storage, read from the map, unless `weights` asks for another.
+    auto takeq = [&](const std::string& name, const std::vector<int64_t>& shape) -> QWeight {
+        if (!present(name, shape)) return {};
+        const uint32_t type = g->info(name).type;
+        std::optional<QWeightType> stored;
+        switch (type) {
+        case uint32_t(GgmlType::F32): stored = QWeightType::F32; break;
+        case uint32_t(GgmlType::F16): stored = QWeightType::F16; break;
+        case uint32_t(GgmlType::BF16): stored = QWeightType::BF16; break;
+        case uint32_t(GgmlType::Q8_0): stored = QWeightType::Q8_0; break;
+        case uint32_t(GgmlType::Q4_0): stored = QWeightType::Q4_0; break;
+        default: break; // dequantize() names the unsupported type
+        }
+        if (stored && (!weights || *weights == *stored))
+            return QWeight::from_stored(gguf_stored_view(g, name), *stored, shape[0], shape[1],
+                                        "GGUF file '" + path + "', tensor '" + name + "'");
+        return QWeight::from_float(g->dequantize(name), weights.value_or(QWeightType::F32));
     };
     // llama.cpp stores LLaDA's q/k rows for its adjacent-pair rotary (convert_hf_to_gguf.py permutes them): per head,
     // row (i, half) goes back to (half, i) for the rotate-half arithmetic here.
+    auto rotate_perm = [&](int64_t heads) {
+        return torch::arange(heads * hd, torch::kLong).reshape({heads, hd / 2, 2}).transpose(1, 2).reshape({-1});
+    };
     auto rotate_half_rows = [&](torch::Tensor w, int64_t heads) {
         if (!w.defined() || fam != DlmFamily::Llada) return w;
-        auto s = w.sizes().vec();
-        std::vector<int64_t> v = {heads, hd / 2, 2};
-        v.insert(v.end(), s.begin() + 1, s.end());
-        return w.reshape(v).transpose(1, 2).reshape(s).contiguous();
+        return w.index_select(0, rotate_perm(heads)).contiguous();
     };
-    auto embed = take("token_embd.weight", {d.vocab_size, D});
+    auto rotate_half_qrows = [&](QWeight w, int64_t heads) {
+        if (!w.defined() || fam != DlmFamily::Llada) return w;
+        return w.permute_rows(rotate_perm(heads));
+    };
+    auto embed = takeq("token_embd.weight", {d.vocab_size, D});
     auto norm = take("output_norm.weight", {D});
-    auto head = d.tie_embeddings ? embed : take("output.weight", {d.vocab_size, D});
+    auto head = d.tie_embeddings ? embed : takeq("output.weight", {d.vocab_size, D});
     std::vector<LlamaLayerWeights> layers(d.n_layers);
     for (int64_t i = 0; i < d.n_layers; ++i) {
         auto& l = layers[i];
         const std::string b = "blk." + std::to_string(i) + ".";
         l.attn_norm = take(b + "attn_norm.weight", {D});
         l.ffn_norm = take(b + "ffn_norm.weight", {D});
-        l.q = rotate_half_rows(take(b + "attn_q.weight", {D, D}), d.n_heads);
-        l.k = rotate_half_rows(take(b + "attn_k.weight", {KVD, D}), d.n_kv_heads);
-        l.v = take(b + "attn_v.weight", {KVD, D});
-        l.o = take(b + "attn_output.weight", {D, D});
+        l.q = rotate_half_qrows(takeq(b + "attn_q.weight", {D, D}), d.n_heads);
+        l.k = rotate_half_qrows(takeq(b + "attn_k.weight", {KVD, D}), d.n_kv_heads);
+        l.v = takeq(b + "attn_v.weight", {KVD, D});
+        l.o = takeq(b + "attn_output.weight", {D, D});
         if (d.qkv_bias) {
             l.qb = rotate_half_rows(take(b + "attn_q.bias", {D}), d.n_heads);
             l.kb = rotate_half_rows(take(b + "attn_k.bias", {KVD}), d.n_kv_heads);
             l.vb = take(b + "attn_v.bias", {KVD});
         }
-        l.gate = take(b + "ffn_gate.weight", {F, D});
-        l.up = take(b + "ffn_up.weight", {F, D});
-        l.down = take(b + "ffn_down.weight", {D, F});
+        l.gate = takeq(b + "ffn_gate.weight", {F, D});
+        l.up = takeq(b + "ffn_up.weight", {F, D});
+        l.down = takeq(b + "ffn_down.weight", {D, F});
     }
     if (!problems.empty()) {
         std::string m = "GGUF file '" + path + "': " + std::to_string(problems.size()) + " tensor problem(s):";
@@ -623,27 +660,33 @@ std::optional<DlmFamily> detect_dlm_family(const std::string& path) {
     return std::nullopt;
 }
 
-LoadedDlm load_dlm(const std::string& path, std::optional<DlmFamily> family, int64_t mask_token_id) {
-    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return load_dlm_gguf(path, family, mask_token_id);
+LoadedDlm load_dlm(const std::string& path, std::optional<DlmFamily> family, int64_t mask_token_id,
+                   std::optional<QWeightType> weights) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0)
+        return load_dlm_gguf(path, family, mask_token_id, weights);
     if (!family) family = detect_dlm_family(path);
     if (!family)
         throw Error("'" + path + "' is not a DiffuGPT, LLaDA or Dream model (config.json model_type/architectures, " +
                     "DiffuGPT's embed_tokens/denoise_model tensor names); name the family with --family");
     switch (*family) {
     case DlmFamily::DiffuGpt:
+        if (weights && *weights != QWeightType::F32)
+            throw Error("DiffuGPT model '" + path + "': --weights-dtype " +
+                        enum_name(kernels::qweight_type_table(), *weights) +
+                        " is for LLaDA and Dream (DiffuGPT's 124M / 355M parameters run in float32)");
         return load_diffugpt(path, resolve_model(path, {dlm_is_diffugpt_name, "DiffuGPT model"}), mask_token_id);
     case DlmFamily::Llada:
         return load_llama_like(
             path, resolve_model(path, {[](const std::string& n) { return n.rfind("model.transformer.", 0) == 0; },
                                        "LLaDA model"}),
-            DlmFamily::Llada, mask_token_id);
+            DlmFamily::Llada, mask_token_id, weights);
     case DlmFamily::Dream:
         return load_llama_like(path,
                                resolve_model(path, {[](const std::string& n) {
                                                         return n.rfind("model.", 0) == 0 || n == "lm_head.weight";
                                                     },
                                                     "Dream model"}),
-                               DlmFamily::Dream, mask_token_id);
+                               DlmFamily::Dream, mask_token_id, weights);
     }
     throw Error("unknown diffusion LM family");
 }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "cache/io/enum_table.h"
+#include "kernels/qgemm.h"
 #include "text/gpt2/gpt2_model.h"
 
 #include <torch/torch.h>
@@ -86,9 +87,14 @@ struct LoadedDlm {
 // when it is none of the three.
 std::optional<DlmFamily> detect_dlm_family(const std::string& path);
 
-// Loads a Hugging Face folder (config.json + safetensors, sharded or not, any float dtype converted to float32).
-// `family` overrides detection; `mask_token_id` >= 0 overrides the config's / tokenizer files' [MASK] id. Every
-// missing, unexpected or wrong-shape tensor is reported in one anchor::Error.
-LoadedDlm load_dlm(const std::string& path, std::optional<DlmFamily> family = {}, int64_t mask_token_id = -1);
+// Loads a Hugging Face folder (config.json + safetensors, sharded or not) or a GGUF file. `family` overrides
+// detection; `mask_token_id` >= 0 overrides the config's / tokenizer files' [MASK] id. Every missing, unexpected or
+// wrong-shape tensor is reported in one anchor::Error.
+// `weights`: the storage of LLaDA's / Dream's linear layers and embedding (kernels/qgemm.h). Unset: a folder's
+// tensors become float32 and a GGUF's stay as stored (q8_0 / q4_0 / f16 / bf16 blocks read from the map, f32 as is);
+// set: every such weight is converted to it (a GGUF weight of another type is dequantised and requantised). Norms
+// and biases stay float32. DiffuGPT (124M / 355M parameters) keeps float32 and refuses any other type.
+LoadedDlm load_dlm(const std::string& path, std::optional<DlmFamily> family = {}, int64_t mask_token_id = -1,
+                   std::optional<kernels::QWeightType> weights = {});
 
 } // namespace anchor::text
