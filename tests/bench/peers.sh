@@ -26,7 +26,7 @@
 #              shapes, INFERENCE_PRECISION_HINT f32 / bf16); exported once under PEER_WORK (default BUILD_DIR/peers/sd15)
 #   SDCPP      a stable-diffusion.cpp build folder (bin/sd-cli, GGML's CPU backend, -DGGML_NATIVE=ON): rows sdcpp-f32,
 #              sdcpp-f16, sdcpp-q8_0, each also with --diffusion-fa (-fa), on SD15_FILE converted by its own
-#              `-M convert`; its own per-run timings (sampling / SDCPP_STEPS, decode_first_stage) are read from its log
+#              `-M convert` (SDCPP_CONFIGS picks the settings); its own per-run timings (sampling / SDCPP_STEPS, decode_first_stage) are read from its log
 #   SD15_FILE  a random-weight SD 1.5 single file (anchor-sd random-model --family sd1 --dtype f16 -o F): sd.cpp's
 #              input and our whole-image rows (anchor-sd bench-cache -m SD15_FILE --modes off,freq: text encoder,
 #              STEPS steps, VAE decode); default BUILD_DIR/peers/sd15_random_f16.safetensors, made when missing
@@ -57,6 +57,7 @@ sd15_file=${SD15_FILE:-$build/peers/sd15_random_f16.safetensors}
 image=${IMAGE:-}
 [ -z "$image" ] && { [ -n "$torch2_py$ov_py" ] && image=1 || image=0; }
 sdcpp_steps=${SDCPP_STEPS:-2}
+sdcpp_configs=${SDCPP_CONFIGS:-f32 f32-fa f16 f16-fa q8_0 q8_0-fa} # weight type, -fa: with --diffusion-fa
 image_reps=${IMAGE_REPS:-1} # whole-image runs per round and side (a 20-step 512^2 image is minutes on 2 cores)
 control_precisions=${CONTROL_PRECISIONS:-f32 bf16} # which precisions run the diffusers 0.27.2 control rows
 sd=$build/anchor-sd
@@ -199,8 +200,9 @@ for r in $(seq 1 "$rounds"); do
         done
       fi
       if [ -n "$sdcpp" ] && [ "$prec" = f32 ]; then
-        for t in f32 f16 q8_0; do
-          for fa in "" --diffusion-fa; do
+        for cfg in $sdcpp_configs; do
+          t=${cfg%-fa}; fa=; [ "$t" != "$cfg" ] && fa=--diffusion-fa
+          {
             name=sdcpp-$t${fa:+-fa}
             p=$("$sdbin" -m "$gguf_dir/sd15-random-$t.gguf" -p "a red dress on a wooden table" -W $size -H $size \
                   --steps "$sdcpp_steps" --cfg-scale 7.5 -t "$threads" $fa -o "$peer_work.sdcpp.png" 2>&1 || true)
@@ -211,7 +213,7 @@ for r in $(seq 1 "$rounds"); do
             log "  $name unet $size: $u s per step ($st s for $sdcpp_steps steps), vae: ${dt:-?} s"
             sample "unet$size $name" $u
             [ -n "$dt" ] && sample "vae$size $name" $dt
-          done
+          }
         done
       fi
     fi
