@@ -1,5 +1,6 @@
 #include "cache/anchor_policy.h"
 #include "cache/dct.h"
+#include "cache/divergence_guard.h"
 #include "cache/io/error.h"
 #include "cache/latent_cache.h"
 #include "cache/metrics.h"
@@ -509,6 +510,40 @@ TEST_CASE("quality target: the threshold scale halves per db_per_halving above t
     CHECK_THROWS_AS(target_threshold_scale(std::nan(""), c), UsageError);
     c.db_per_halving = 0;
     CHECK_THROWS_AS(target_threshold_scale(35.0, c), UsageError);
+}
+
+TEST_CASE("divergence guard: an image's reuse residuals summed against its budget, then every step full",
+          "[cache][policy][guard]") {
+    DivergenceGuard g(1.0);
+    // Residuals 0.3, 0.4 are spent (0.3, 0.7); 0.25 takes the sum to 0.95 <= 1: still a reuse.
+    CHECK_FALSE(g.must_compute(0.3));
+    CHECK_FALSE(g.must_compute(0.4));
+    CHECK_FALSE(g.must_compute(0.25));
+    CHECK(g.spent() == Approx(0.95));
+    CHECK_FALSE(g.tripped());
+    // A step without a measured residual (NaN) neither spends nor trips.
+    CHECK_FALSE(g.must_compute(std::nan("")));
+    CHECK(g.spent() == Approx(0.95));
+    // 0.95 + 0.1 = 1.05 > 1: this step is computed and not spent, and every later one is computed too, small
+    // residuals and unmeasured ones alike.
+    CHECK(g.must_compute(0.1));
+    CHECK(g.tripped());
+    CHECK(g.spent() == Approx(0.95));
+    CHECK(g.must_compute(0.0));
+    CHECK(g.must_compute(std::nan("")));
+    // A new image starts with its whole budget.
+    g.reset();
+    CHECK_FALSE(g.tripped());
+    CHECK(g.spent() == 0.0);
+    CHECK_FALSE(g.must_compute(1.0)); // exactly the budget: not past it
+    CHECK(g.must_compute(1e-9));
+    // Off (budget 0): never full, whatever the residuals.
+    DivergenceGuard off;
+    for (double r : {0.5, 10.0, 1e6}) CHECK_FALSE(off.must_compute(r));
+    CHECK(off.spent() == 0.0);
+    CHECK_THROWS_AS(DivergenceGuard(-1.0), UsageError);
+    CHECK_THROWS_AS(DivergenceGuard(std::numeric_limits<double>::infinity()), UsageError);
+    CHECK_THROWS_AS(DivergenceGuard(std::nan("")), UsageError);
 }
 
 TEST_CASE("policy spec strings", "[cache][policy]") {

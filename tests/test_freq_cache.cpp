@@ -77,6 +77,17 @@ TEST_CASE("cache mode parsing: freq:target=DB scales thr, drift and skipdrift, t
         CHECK_THROWS_AS(parse_cache_config(bad), ParamError);
 }
 
+TEST_CASE("cache mode parsing: freq:guard=B, off by default, in the canonical string only when set", "[freq][guard]") {
+    auto plain = parse_cache_mode("freq");
+    CHECK(plain->spec().find("guard") == std::string::npos);
+    auto m = parse_cache_mode("freq:guard=1.5");
+    CHECK(m->spec() == plain->spec() + ",guard=1.5");
+    CHECK(parse_cache_mode(m->spec())->spec() == m->spec());
+    CHECK(parse_cache_mode("freq:guard=0")->spec() == plain->spec());
+    for (const char* bad : {"freq:guard=-1", "freq:guard=x", "freq:guard=nan"})
+        CHECK_THROWS_AS(parse_cache_config(bad), ParamError);
+}
+
 TEST_CASE("cache mode parsing: malformed forms are errors of the cache field listing the valid forms", "[freq]") {
     for (const char* bad : {"",
                             "on",
@@ -333,6 +344,45 @@ TEST_CASE("freq on the tiny SD model: schedule rules and DeepCache equivalence",
         const double rel = (r2.latents - r.latents).abs().max().item<double>() / r.latents.abs().max().item<double>();
         CHECK(rel < 0.5);
     }
+}
+
+TEST_CASE("freq guard=B on the tiny SD model: the image's drift residuals spent, then every step full, by hand",
+          "[freq][sd][guard]") {
+    namespace fs = std::filesystem;
+    const fs::path dir = test::golden("sd/deepcache");
+    auto cfg = sdgolden::read_json_file(dir / "config.json");
+    auto models = sdgolden::load_run_models(dir, cfg);
+    // drift=1e30: the residual is measured at every reuse step but never makes one full by itself.
+    const std::string base = "freq:thr=1e30,span=0.25,drift=1e30,skip=0,lastsigma=0";
+    auto plain = parse_cache_mode(base);
+    auto r = run_tiny(models, *plain, 12);
+    const auto& log = plain->log();
+    REQUIRE(log.size() == 12);
+    std::vector<int> reuses;
+    for (int k = 0; k < 12; ++k)
+        if (!r.full[size_t(k)]) reuses.push_back(k);
+    REQUIRE(reuses.size() >= 2);
+    for (int k : reuses) CHECK(log[size_t(k)].drift > 0);
+    // A budget no image spends changes nothing.
+    auto loose = parse_cache_mode(base + ",guard=1e30");
+    CHECK(torch::equal(run_tiny(models, *loose, 12).latents, r.latents));
+    // The budget between the first reuse's residual and the first two's: the second reuse step would pass it, so it
+    // is full ("guard") and so is every later step; the steps before it are as without the guard.
+    const int a = reuses[0], b = reuses[1];
+    const double budget = log[size_t(a)].drift + 0.5 * log[size_t(b)].drift;
+    auto guarded = parse_cache_mode(base + ",guard=" + cache::modes::format_number(budget));
+    auto rg = run_tiny(models, *guarded, 12);
+    for (int k = 0; k < 12; ++k) {
+        INFO("step " << k);
+        CHECK(rg.full[size_t(k)] == (k < b ? bool(r.full[size_t(k)]) : true));
+    }
+    CHECK(guarded->log()[size_t(b)].why == "guard");
+    CHECK(guarded->log()[size_t(a)].drift == log[size_t(a)].drift);
+    // Every step computed after the trip: closer to the uncached run than the guard-less cache.
+    DeepCacheDenoiser every(1, 0);
+    auto exact = run_tiny(models, every, 12);
+    CHECK((rg.latents - exact.latents).abs().max().item<double>() <
+          (r.latents - exact.latents).abs().max().item<double>());
 }
 
 TEST_CASE("the feature caches keep their state in the shared LatentCache, with the mode's staleness", "[freq][sd]") {

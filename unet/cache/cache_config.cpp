@@ -161,6 +161,10 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
                               "a quality target in dB of PSNR against the uncached image (about 95 % of images reach "
                               "it): thr, drift and skipdrift are scaled to it from their values (0: none)",
                               false),
+            mode_keys::number_key("guard", &P::guard, 0, kCacheKeyInf,
+                              "the per-image safety net: once the drift residuals of an image's reuse steps sum past "
+                              "this, its remaining steps are full (0: off)",
+                              true),
         };
         auto profile = mode_keys::make_key<P>("profile", "a file",
                                               "an anchor profile (anchor-sd calibrate) setting thr per range of steps",
@@ -180,6 +184,7 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
             if (key.name == "last") key.shown = [](const P& p) { return !p.last; };
             if (key.name == "attnmax") key.shown = [](const P& p) { return p.attn_reuse; };
             if (key.name == "decide") key.shown = [](const P& p) { return p.per_image; };
+            if (key.name == "guard") key.shown = [](const P& p) { return p.guard > 0; };
             if (key.name == "target") key.shown = [](const P& p) { return p.target > 0; };
             if (key.name == "forecast") key.shown = [](const P& p) { return p.forecast_denoised != P{}.forecast_denoised; };
         }

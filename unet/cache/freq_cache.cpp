@@ -55,11 +55,13 @@ FreqAnchorDenoiser::FreqAnchorDenoiser(const FreqParams& p)
     if (!(p.drift >= 0)) throw ParamError("cache", "freq: drift must be >= 0, got " + freq_fmt(p.drift));
     if (!(p.noise >= 0)) throw ParamError("cache", "freq: noise must be >= 0, got " + freq_fmt(p.noise));
     if (p.band < 1) throw ParamError("cache", "freq: band must be >= 1, got " + std::to_string(p.band));
+    if (!(p.guard >= 0)) throw ParamError("cache", "freq: guard must be >= 0, got " + freq_fmt(p.guard));
     if (p.branch < 0) throw ParamError("cache", "freq: branch must be >= 0, got " + std::to_string(p.branch));
 }
 
 FreqAnchorDenoiser::Lane::Lane(const FreqParams& p, BatchFeatureStore store)
-    : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), features(std::move(store)) {}
+    : policy(p.thr, p.max_reuse < 0 ? std::numeric_limits<int>::max() : p.max_reuse), guard(p.guard),
+      features(std::move(store)) {}
 
 nlohmann::json FreqAnchorDenoiser::params_json() const {
     return cache::modes::keys_json(freq_keys(), given_);
@@ -364,6 +366,9 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     std::optional<Tensor> F1;
     if (!full) F1 = lane.features.get(p_.branch, kFeature, 0, step, staleness());
     if (!full && (!F1 || F1->size(0) != rows)) full = true, why = "store";
+    // guard=B: the step the rules would reuse spends its drift residual from the image's budget; once spent, the rest
+    // of the image's run is computed (cache::DivergenceGuard). The reused last step stays a reuse, as for drift.
+    if (!full && !reused_last && lane.guard.must_compute(drift)) full = true, why = "guard";
     if (full && decision.action != cache::Action::Full) lane.policy.mark_full(step);
     // skip=N: the output forecast from the last two computed steps, when there are two and no noise was injected;
     // under injected noise (noiseskip=W) the denoised estimate of the last computed step held, while the noise since

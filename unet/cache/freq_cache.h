@@ -42,6 +42,7 @@
 #pragma once
 
 #include "cache/anchor_policy.h"
+#include "cache/divergence_guard.h"
 #include "unet/cache/cache_config.h"
 #include "unet/cache/cache_controller.h"
 #include "unet/cache/deepcache.h"
@@ -129,6 +130,7 @@ private:
         torch::Tensor rows; // the UNet batch rows of this image (b, images + b, ...); undefined: every row
         int images = 1;     // images deciding together in this lane (decide=batch: the whole batch)
         cache::DctChangePolicy policy;
+        cache::DivergenceGuard guard; // guard=B: the image's residual budget (FreqParams::guard)
         BatchFeatureStore features; // this image's entries
         bool have_slope = false;    // the store holds an extrapolation slope of the last two full steps
         bool have_curv = false;     // ... and a curvature term of the last three (order 2)

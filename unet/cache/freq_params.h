@@ -105,6 +105,11 @@ struct FreqParams {
     // the sampler's family (freq_target_calibration, unet/cache/freq_calibration.h), so a user picks a figure instead
     // of thresholds. The canonical string keeps the thresholds as given and the target; the record shows the scale.
     double target = 0;
+    // guard=B (0: off): the per-image safety net (cache::DivergenceGuard, cache/divergence_guard.h). The drift
+    // residuals of an image's reuse steps are summed over the run as an estimate of the error its reuses left; once a
+    // reuse would take that sum past B, the step and every later one the rules would reuse are full ("guard"). Not
+    // scaled by target=T. Under injected noise no drift is measured, so the guard has nothing to sum.
+    double guard = 0;
     // profile=FILE (anchor-sd calibrate): an anchor profile (cache/anchor_profile.h) whose step ranges set the
     // threshold per range of the loop, replacing thr where they apply. Read when the mode is parsed (at the edge).
     std::string profile;
