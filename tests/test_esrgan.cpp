@@ -247,3 +247,18 @@ TEST_CASE("anchor-sd --upscale-model: the generated image upscaled before it is 
         CHECK(!fs::exists(dir + "/bad.png"));
     }
 }
+
+TEST_CASE("A1111's Scale by: the network until the size is reached, then Lanczos to floor(side x scale / 8) x 8",
+          "[esrgan]") {
+    CHECK(python_float_str(2.0) == "2.0");
+    CHECK(python_float_str(1.5) == "1.5");
+    CHECK(python_float_str(0.1) == "0.1");
+    const auto m = load_esrgan(esr_golden("new_x2_unshuffle.safetensors"));
+    const auto img = read_image_rgb(test::golden("sd/pil_lanczos/init_24x20.png"));
+    const auto once = esrgan_upscale_uint8(m, img);
+    CHECK(torch::equal(a1111_upscale_by(m, img, 1.5), resize_lanczos(once, 32, 24)));
+    CHECK(torch::equal(a1111_upscale_by(m, img, 2.0), once)); // 48x40: a multiple of 8 already
+    // 4x with a 2x model: the network twice (96x80), nothing to resize.
+    CHECK(torch::equal(a1111_upscale_by(m, img, 4.0), esrgan_upscale_uint8(m, once)));
+    CHECK_THROWS_WITH(a1111_upscale_by(m, img, 0.2), Catch::Contains("smaller than 8 pixels"));
+}

@@ -6,7 +6,11 @@
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/pipeline.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 namespace anchor::unet {
 
@@ -103,6 +107,77 @@ void apply_post_upscale(const PostUpscale& up, at::Tensor& rgb_hwc, nlohmann::js
 
 void add_postprocess_chunk(const PostUpscale& up, std::vector<PngTextChunk>& chunks) {
     if (up.model) chunks.push_back(png_text("postprocessing", postprocess_infotext(*up.model)));
+}
+
+at::Tensor a1111_upscale_by(const EsrganModel& model, const at::Tensor& rgb_hwc, double scale,
+                            const UpscaleTiling& tiling) {
+    if (!(scale > 0)) throw ParamError("upscaling_resize", "expected a scale > 0, got " + python_float_str(scale));
+    at::Tensor img = rgb_hwc;
+    const auto dest_w = int64_t(std::floor(double(img.size(1)) * scale / 8.0) * 8.0);
+    const auto dest_h = int64_t(std::floor(double(img.size(0)) * scale / 8.0) * 8.0);
+    if (dest_w < 1 || dest_h < 1)
+        throw ParamError("upscaling_resize", "an image of " + std::to_string(img.size(1)) + "x" +
+                                                 std::to_string(img.size(0)) + " scaled by " + python_float_str(scale) +
+                                                 " is smaller than 8 pixels (A1111 rounds the size down to 8)");
+    for (int i = 0; i < 3; ++i) {
+        if (img.size(1) >= dest_w && img.size(0) >= dest_h && (i > 0 || scale != 1.0)) break;
+        const auto before = img.sizes().vec();
+        img = esrgan_upscale_uint8(model, img, tiling);
+        if (img.sizes().vec() == before) break; // a 1x model: once
+    }
+    if (img.size(1) != dest_w || img.size(0) != dest_h) img = resize_lanczos(img, int(dest_w), int(dest_h));
+    return img;
+}
+
+std::string python_float_str(double v) {
+    char buf[64];
+    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e16) {
+        std::snprintf(buf, sizeof buf, "%.1f", v);
+        return buf;
+    }
+    for (int prec = 1; prec <= 17; ++prec) { // the shortest text that reads back as v (repr)
+        std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (std::strtod(buf, nullptr) == v) break;
+    }
+    return buf;
+}
+
+UpscalerLibrary::UpscalerLibrary(std::string dir) : dir_(std::move(dir)) {}
+
+std::vector<std::string> UpscalerLibrary::names() const {
+    namespace fs = std::filesystem;
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+        const auto ext = e.path().extension().string();
+        if (e.is_regular_file() && (ext == ".pth" || ext == ".pt" || ext == ".safetensors"))
+            out.push_back(e.path().stem().string());
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+std::shared_ptr<const EsrganModel> UpscalerLibrary::get(const std::string& name, const std::string& field) {
+    namespace fs = std::filesystem;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const auto it = loaded_.find(name); it != loaded_.end()) return it->second;
+    std::string file;
+    for (const char* ext : {".safetensors", ".pth", ".pt"}) // safetensors first: nothing to unpickle
+        if (name.find('/') == std::string::npos && name != "." && name != ".." &&
+            fs::is_regular_file(fs::path(dir_) / (name + ext))) {
+            file = (fs::path(dir_) / (name + ext)).string();
+            break;
+        }
+    if (file.empty()) {
+        std::string have;
+        for (const auto& n : names()) have += (have.empty() ? "" : ", ") + n;
+        throw ParamError(field, "'" + name + "' is not an upscaler of the upscaler folder (" +
+                                    (have.empty() ? std::string("it has none") : "it has: " + have) + ")");
+    }
+    auto m = std::make_shared<const EsrganModel>(load_esrgan(file));
+    loaded_[name] = m;
+    return m;
 }
 
 } // namespace anchor::unet

@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,5 +59,30 @@ void apply_post_upscale(const PostUpscale& up, at::Tensor& rgb_hwc, nlohmann::js
 // A1111's `postprocessing` text chunk after the others (`parameters` keeps the generation's own Size, as A1111's
 // Extras leaves it). Without a model: nothing changes.
 void add_postprocess_chunk(const PostUpscale& up, std::vector<PngTextChunk>& chunks);
+
+// A1111's Upscaler.upscale (the Extras tab's "Scale by"): the target is floor(side x scale / 8) x 8 pixels; the
+// network runs (up to three times) until the image reaches it, then PIL's Lanczos resize (resize_lanczos) to exactly
+// that size. uint8 [H, W, 3] in and out.
+at::Tensor a1111_upscale_by(const EsrganModel& model, const at::Tensor& rgb_hwc, double scale,
+                            const UpscaleTiling& tiling = {});
+// Python's str() of a float (2.0 -> "2.0", 1.5 -> "1.5"): how A1111 writes a request's upscaling_resize.
+std::string python_float_str(double v);
+
+// The upscalers of a folder (the server's --upscaler-dir), by file stem as A1111 lists them; each loaded at its first
+// use and kept, shared by requests (read-only once loaded).
+class UpscalerLibrary {
+public:
+    explicit UpscalerLibrary(std::string dir);
+    const std::string& dir() const { return dir_; }
+    std::vector<std::string> names() const; // the stems of the folder's .pth/.pt/.safetensors files, sorted
+    // ParamError(field) naming the name and the choices for a name the folder does not have; anchor::Error naming
+    // the file for a file that is not an RRDBNet.
+    std::shared_ptr<const EsrganModel> get(const std::string& name, const std::string& field);
+
+private:
+    std::string dir_;
+    std::mutex mu_;
+    std::map<std::string, std::shared_ptr<const EsrganModel>> loaded_;
+};
 
 } // namespace anchor::unet
