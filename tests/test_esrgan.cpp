@@ -50,11 +50,16 @@ EsrTensors esr_to_original(const EsrTensors& t, int64_t nb, int64_t ups) {
         const auto dot = k.rfind('.');
         const std::string base = k.substr(0, dot), wb = k.substr(dot + 1);
         std::string name;
-        if (base == "conv_first") name = "model.0." + wb;
-        else if (base == "conv_body") name = "model.1.sub." + std::to_string(nb) + "." + wb;
-        else if (base == "conv_hr") name = "model." + std::to_string(3 * ups + 2) + "." + wb;
-        else if (base == "conv_last") name = "model." + std::to_string(3 * ups + 4) + "." + wb;
-        else if (base.rfind("conv_up", 0) == 0) name = "model." + std::to_string(3 * std::stoi(base.substr(7))) + "." + wb;
+        if (base == "conv_first")
+            name = "model.0." + wb;
+        else if (base == "conv_body")
+            name = "model.1.sub." + std::to_string(nb) + "." + wb;
+        else if (base == "conv_hr")
+            name = "model." + std::to_string(3 * ups + 2) + "." + wb;
+        else if (base == "conv_last")
+            name = "model." + std::to_string(3 * ups + 4) + "." + wb;
+        else if (base.rfind("conv_up", 0) == 0)
+            name = "model." + std::to_string(3 * std::stoi(base.substr(7))) + "." + wb;
         else { // body.B.rdbR.convC
             const auto p1 = base.find('.', 5), p2 = base.find('.', p1 + 1);
             name = "model.1.sub." + base.substr(5, p1 - 5) + ".RDB" + base.substr(p1 + 4, p2 - p1 - 4) + "." +
@@ -71,8 +76,7 @@ std::string esr_golden(const std::string& f) {
 
 } // namespace
 
-TEST_CASE("ESRGAN layouts give one network, sizes read from the shapes (gc other than 32, x1 unshuffle)",
-          "[esrgan]") {
+TEST_CASE("ESRGAN layouts give one network, sizes read from the shapes (gc other than 32, x1 unshuffle)", "[esrgan]") {
     torch::NoGradGuard ng;
     const auto t = esr_random_basicsr(3, 8, 2, 12, 2, 7);
     const auto a = esrgan_from_tensors(t, "basicsr");
@@ -164,7 +168,8 @@ TEST_CASE("ESRGAN bad input: not an RRDBNet, missing and unexpected tensors, sha
     }
 }
 
-TEST_CASE("anchor-sd upscale: the library's pixels, A1111's postprocessing text, nothing overwritten", "[esrgan][cli]") {
+TEST_CASE("anchor-sd upscale: the library's pixels, A1111's postprocessing text, nothing overwritten",
+          "[esrgan][cli]") {
     const auto dir = test::scratch_dir("cli_upscale");
     const std::string in = test::golden("sd/pil_lanczos/init_24x20.png"), out = dir + "/up.png";
     const std::string model = esr_golden("new_x2_unshuffle.safetensors");
@@ -188,7 +193,8 @@ TEST_CASE("anchor-sd upscale: the library's pixels, A1111's postprocessing text,
         CHECK(test::read_bytes(out) == before);
     }
     SECTION("image missing: exit 2 naming it, nothing written") {
-        r = test::run_program(test::sd_bin(), {"upscale", "-i", dir + "/no.png", "--model", model, "-o", dir + "/a.png"});
+        r = test::run_program(test::sd_bin(),
+                              {"upscale", "-i", dir + "/no.png", "--model", model, "-o", dir + "/a.png"});
         CHECK(r.exit_code == 2);
         CHECK_THAT(r.output, Catch::Contains("no.png"));
         CHECK(!fs::exists(dir + "/a.png"));
@@ -200,8 +206,8 @@ TEST_CASE("anchor-sd upscale: the library's pixels, A1111's postprocessing text,
         CHECK_THAT(r.output, Catch::Contains("is not an RRDBNet"));
         const auto bytes = test::read_bytes(model);
         test::write_bytes(dir + "/cut.safetensors", bytes.substr(0, 1000));
-        r = test::run_program(test::sd_bin(), {"upscale", "-i", in, "--model", dir + "/cut.safetensors", "-o",
-                                               dir + "/b.png"});
+        r = test::run_program(test::sd_bin(),
+                              {"upscale", "-i", in, "--model", dir + "/cut.safetensors", "-o", dir + "/b.png"});
         CHECK(r.exit_code == 1);
         CHECK_THAT(r.output, Catch::Contains("cut.safetensors"));
         CHECK(!fs::exists(dir + "/b.png"));
@@ -213,8 +219,8 @@ TEST_CASE("anchor-sd --upscale-model: the generated image upscaled before it is 
     const auto dir = test::scratch_dir("cli_upscale_txt2img");
     const std::string ckpt = test::golden("sd/sd15_tiny_single_file/sd15_tiny_single_file.safetensors");
     const std::string model = esr_golden("old_x4.pth");
-    const std::vector<std::string> base = {"-m", ckpt, "-p", "a red fox", "--steps", "4", "-s", "42", "-W", "16",
-                                           "-H", "16", "--threads", "1"};
+    const std::vector<std::string> base = {"-m", ckpt, "-p", "a red fox", "--steps", "4",         "-s",
+                                           "42", "-W", "16", "-H",        "16",      "--threads", "1"};
     auto plain = base, up = base;
     plain.insert(plain.end(), {"-o", dir + "/plain.png"});
     up.insert(up.end(), {"-o", dir + "/up.png", "--upscale-model", model});

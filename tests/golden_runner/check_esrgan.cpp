@@ -37,9 +37,12 @@ void esrgan_only_known(const nlohmann::json& j, const std::string& what, const s
 void esrgan_check_file(const fs::path& dir, const nlohmann::json& c, const std::string& file, const SafeTensorsFile& g,
                        double atol, double rtol, Stats& st) {
     const auto m = load_esrgan((dir / file).string());
-    const std::pair<const char*, int64_t> sizes[] = {{"scale", m.scale},     {"in_channels", m.in_channels},
-                                                     {"out_channels", m.out_channels}, {"nf", m.nf},
-                                                     {"nb", m.nb},           {"gc", m.gc},
+    const std::pair<const char*, int64_t> sizes[] = {{"scale", m.scale},
+                                                     {"in_channels", m.in_channels},
+                                                     {"out_channels", m.out_channels},
+                                                     {"nf", m.nf},
+                                                     {"nb", m.nb},
+                                                     {"gc", m.gc},
                                                      {"shuffle_factor", m.shuffle}};
     for (const auto& [key, got] : sizes)
         st.check_true(std::string(key) + " read from the shapes", c.at(key).get<int64_t>() == got,
@@ -59,35 +62,35 @@ void esrgan_check_file(const fs::path& dir, const nlohmann::json& c, const std::
     }
 }
 
-const bool registered_esrgan = register_checker(
-    {"esrgan-upscaler", esrgan_claims, [](const fs::path& dir, const Context& ctx) {
-         std::vector<CaseResult> out;
-         const std::string base = relative_name(dir, ctx);
-         nlohmann::json cfg;
-         std::shared_ptr<SafeTensorsFile> g;
-         try {
-             cfg = test::read_json_file(dir / "cases.json");
-             esrgan_only_known(cfg, "cases.json", {"kind", "generated_with", "tolerance", "cases"});
-             g = SafeTensorsFile::open((dir / "golden.safetensors").string());
-         } catch (const std::exception& e) {
-             const std::string why = e.what();
-             out.push_back(guarded(base, [&](Stats&) { throw Error(why); }));
-             return out;
-         }
-         const double atol = cfg.at("tolerance").at("atol").get<double>();
-         const double rtol = cfg.at("tolerance").at("rtol").get<double>();
-         for (const auto& c : cfg.at("cases"))
-             for (const auto& f : c.at("files")) {
-                 const std::string file = f.get<std::string>();
-                 out.push_back(guarded(base + ":" + file, [&](Stats& st) {
-                     esrgan_only_known(c, "cases.json case",
-                                       {"name", "files", "layout", "scale", "in_channels", "out_channels", "nf", "nb",
-                                        "gc", "shuffle_factor", "images"});
-                     esrgan_check_file(dir, c, file, *g, atol, rtol, st);
-                 }));
-             }
-         return out;
-     }});
+const bool registered_esrgan =
+    register_checker({"esrgan-upscaler", esrgan_claims, [](const fs::path& dir, const Context& ctx) {
+                          std::vector<CaseResult> out;
+                          const std::string base = relative_name(dir, ctx);
+                          nlohmann::json cfg;
+                          std::shared_ptr<SafeTensorsFile> g;
+                          try {
+                              cfg = test::read_json_file(dir / "cases.json");
+                              esrgan_only_known(cfg, "cases.json", {"kind", "generated_with", "tolerance", "cases"});
+                              g = SafeTensorsFile::open((dir / "golden.safetensors").string());
+                          } catch (const std::exception& e) {
+                              const std::string why = e.what();
+                              out.push_back(guarded(base, [&](Stats&) { throw Error(why); }));
+                              return out;
+                          }
+                          const double atol = cfg.at("tolerance").at("atol").get<double>();
+                          const double rtol = cfg.at("tolerance").at("rtol").get<double>();
+                          for (const auto& c : cfg.at("cases"))
+                              for (const auto& f : c.at("files")) {
+                                  const std::string file = f.get<std::string>();
+                                  out.push_back(guarded(base + ":" + file, [&](Stats& st) {
+                                      esrgan_only_known(c, "cases.json case",
+                                                        {"name", "files", "layout", "scale", "in_channels",
+                                                         "out_channels", "nf", "nb", "gc", "shuffle_factor", "images"});
+                                      esrgan_check_file(dir, c, file, *g, atol, rtol, st);
+                                  }));
+                              }
+                          return out;
+                      }});
 
 } // namespace
 } // namespace anchor::golden

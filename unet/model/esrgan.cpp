@@ -128,7 +128,8 @@ EsrganModel esrgan_from_tensors(const std::map<std::string, at::Tensor>& tensors
     std::map<std::string, std::string> file_name; // basicsr name -> the file's own
     std::map<std::string, at::Tensor> t;
     EsrLayout layout;
-    if (in.count("conv_first.weight") && (in.count("trunk_conv.weight") || in.count("RRDB_trunk.0.RDB1.conv1.weight"))) {
+    if (in.count("conv_first.weight") &&
+        (in.count("trunk_conv.weight") || in.count("RRDB_trunk.0.RDB1.conv1.weight"))) {
         layout = EsrLayout::Bsrgan;
         t = esr_from_bsrgan(in, file_name);
     } else if (in.count("conv_first.weight")) {
@@ -147,8 +148,9 @@ EsrganModel esrgan_from_tensors(const std::map<std::string, at::Tensor>& tensors
                     std::to_string(names.size()) + " tensors: " + esr_listing(names, 6));
     }
     const auto cf = t.at("conv_first.weight");
-    if (cf.dim() != 4) throw Error("'" + label + "': conv_first.weight has shape " + shape_str(cf.sizes().vec()) +
-                                   ", expected a 3x3 convolution [nf, in, 3, 3]");
+    if (cf.dim() != 4)
+        throw Error("'" + label + "': conv_first.weight has shape " + shape_str(cf.sizes().vec()) +
+                    ", expected a 3x3 convolution [nf, in, 3, 3]");
     EsrganModel m;
     m.nf = cf.size(0);
     const int64_t net_in = cf.size(1);
@@ -195,10 +197,9 @@ EsrganModel esrgan_from_tensors(const std::map<std::string, at::Tensor>& tensors
         }
         const auto& v = t.at(name);
         if (v.sizes().vec() != shape)
-            throw Error("'" + label + "': tensor '" + file_name.at(name) + "' has shape " +
-                        shape_str(v.sizes().vec()) + ", expected " + shape_str(shape) + " for an RRDBNet with nf " +
-                        std::to_string(m.nf) + ", gc " + std::to_string(m.gc) + " (read from conv_first and " +
-                        "the first dense block)");
+            throw Error("'" + label + "': tensor '" + file_name.at(name) + "' has shape " + shape_str(v.sizes().vec()) +
+                        ", expected " + shape_str(shape) + " for an RRDBNet with nf " + std::to_string(m.nf) + ", gc " +
+                        std::to_string(m.gc) + " (read from conv_first and " + "the first dense block)");
         if (!v.is_floating_point())
             throw Error("'" + label + "': tensor '" + file_name.at(name) + "' is not floating point");
     }
@@ -210,18 +211,19 @@ EsrganModel esrgan_from_tensors(const std::map<std::string, at::Tensor>& tensors
                           : layout == EsrLayout::Bsrgan ? "BSRGAN"
                                                         : "basicsr / Real-ESRGAN";
         std::string msg = "'" + label + "' is not an RRDBNet (ESRGAN) upscaler of the " + lay + " layout that " +
-                          "its conv_first implies (nf " + std::to_string(m.nf) + ", nb " + std::to_string(m.nb) +
-                          ", " + std::to_string(m.upsamplings) + " upsamplings)";
+                          "its conv_first implies (nf " + std::to_string(m.nf) + ", nb " + std::to_string(m.nb) + ", " +
+                          std::to_string(m.upsamplings) + " upsamplings)";
         if (!missing.empty())
-            msg += ": missing " + std::to_string(missing.size()) + " tensor(s) (in basicsr names): " +
-                   esr_listing(missing, 1000);
+            msg += ": missing " + std::to_string(missing.size()) +
+                   " tensor(s) (in basicsr names): " + esr_listing(missing, 1000);
         if (!unexpected.empty())
             msg += std::string(missing.empty() ? ":" : ";") + " unexpected tensor(s): " + esr_listing(unexpected, 8);
         throw Error(msg);
     }
     if ((int64_t(1) << m.upsamplings) % m.shuffle != 0)
-        throw Error("'" + label + "': " + std::to_string(m.upsamplings) + " 2x upsampling(s) after a pixel-unshuffle by " +
-                    std::to_string(m.shuffle) + " is not an integer scale");
+        throw Error("'" + label + "': " + std::to_string(m.upsamplings) +
+                    " 2x upsampling(s) after a pixel-unshuffle by " + std::to_string(m.shuffle) +
+                    " is not an integer scale");
     m.scale = (int64_t(1) << m.upsamplings) / m.shuffle;
 
     auto take = [&](const std::string& base) {
@@ -288,7 +290,8 @@ at::Tensor EsrganModel::forward_aligned(const at::Tensor& x) const {
     at::Tensor out = feat + esr_conv(body, conv_body);
     for (const auto& up : conv_up)
         out = esr_lrelu(esr_conv(
-            F::interpolate(out, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest)),
+            F::interpolate(
+                out, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest)),
             up));
     return esr_conv(esr_lrelu(esr_conv(out, conv_hr)), conv_last);
 }

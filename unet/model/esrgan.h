@@ -33,7 +33,7 @@ struct EsrganModel {
     int64_t upsamplings = 0;                   // nearest 2x + conv + LeakyReLU stages
     int64_t scale = 0;                         // output pixels per input pixel: 2^upsamplings / shuffle
     EsrganConv conv_first, conv_body, conv_hr, conv_last;
-    std::vector<EsrganConv> conv_up;                       // one per upsampling
+    std::vector<EsrganConv> conv_up;                        // one per upsampling
     std::vector<std::vector<std::vector<EsrganConv>>> rrdb; // [nb][3 dense blocks][5 convs]
 
     // The network on x [N, in_channels, H, W] float32: [N, out_channels, H * scale, W * scale], not clamped. H and W

@@ -11,7 +11,8 @@ void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http) {
     http.post("/sdapi/v1/extra-single-image", [&s](const HttpRequest& req) {
         const auto f = RequestFields::parse(req.body);
         if (!s.p_.upscalers)
-            throw HttpError(400, "upscaler_1", "upscaler_1: this server has no upscalers (start it with --upscaler-dir)");
+            throw HttpError(400, "upscaler_1",
+                            "upscaler_1: this server has no upscalers (start it with --upscaler-dir)");
         // Only "Scale by" (resize_mode 0) and one upscaler: the fields of anything else are refused, not ignored.
         if (f.integer("resize_mode", 0, 0, 1) != 0)
             throw HttpError(400, "resize_mode", "resize_mode: only 0 (scale by upscaling_resize) is supported");
@@ -46,8 +47,8 @@ void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http) {
         } catch (const ParamError& e) {
             throw HttpError(400, e.field(), e.field() + ": " + e.detail());
         }
-        const std::string info =
-            "Postprocess upscale by: " + python_float_str(by) + ", Postprocess upscaler: " + infotext_quote(model->name);
+        const std::string info = "Postprocess upscale by: " + python_float_str(by) +
+                                 ", Postprocess upscaler: " + infotext_quote(model->name);
         const std::string png = encode_png(out, {png_text("postprocessing", info)}, "image");
         HttpReply r = HttpReply::json({{"image", serve::base64_encode(png)}, {"html_info", "<p>" + info + "</p>"}});
         r.note = "upscaler=" + model->name;
