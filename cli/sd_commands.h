@@ -30,6 +30,8 @@ void add_sd_info_command(CLI::App& app, SdRunners& runners);
 void add_sd_serve_command(CLI::App& app, SdRunners& runners);
 // `train-vae | train-unet | train-classifier | eval-fashion | calibrate` (the Fashion-MNIST demo model).
 void add_sd_train_commands(CLI::App& app, SdRunners& runners);
+// `upscale -i IN --model FILE -o OUT.png`: an ESRGAN upscale (cli/sd_upscale.cpp, unet/pipeline/upscale.h).
+void add_sd_upscale_command(CLI::App& app, SdRunners& runners);
 
 // SD 3 / 3.5 (cli/sd3_txt2img.cpp): the options only SD 3 has, and the txt2img run of an SD 3 model (is_sd3_model)
 // from the top-level options.

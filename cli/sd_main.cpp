@@ -60,6 +60,7 @@ struct Options {
     std::string control_preprocess = "none"; // --control-preprocess: every control image through it
     batch::Shard shard;         // this process's place under mpirun
     cli::Sd3Options sd3;        // --no-t5, --shift, --max-sequence-length (SD 3 / 3.5 models)
+    std::string upscale_model;  // --upscale-model: an ESRGAN upscale of every image before it is written
 };
 
 std::string fmt_s(double s) {
@@ -331,6 +332,7 @@ int run(Options& o) {
     o.dtype = enum_name(weights_dtype_table(), load_options(o, {}).dtype);
     const auto loras = prepare_job(o);
     load_embeddings(o);
+    if (!o.upscale_model.empty()) job.upscale.model = std::make_shared<const EsrganModel>(load_esrgan(o.upscale_model));
     double load_s = 0;
     SDModels models = load_models(o, loras, load_s);
     check_against_model(o, models);
@@ -692,6 +694,20 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                       "decode of the last batch: a lower peak memory for one-shot runs")
              ->excludes(compare),
          "free_params");
+    bind(app.add_option("--upscale-model", o.upscale_model,
+                        "upscale every generated image with this ESRGAN model (RRDBNet .pth/.safetensors: ESRGAN, "
+                        "Real-ESRGAN, 4x-UltraSharp) before it is written; the PNG records it as A1111's Extras do")
+             ->type_name("FILE")
+             ->excludes(compare),
+         "upscale_model");
+    app.add_option("--upscale-tile", j.upscale.tiling.tile,
+                   "--upscale-model: input pixels per tile side (0: the whole image at once)")
+        ->check(cli::in_range(0, 65536))
+        ->capture_default_str();
+    app.add_option("--upscale-tile-overlap", j.upscale.tiling.overlap,
+                   "--upscale-model: input pixels of context around each tile")
+        ->check(cli::in_range(0, 65536))
+        ->capture_default_str();
     bind(app.add_flag("--cuda-graphs", p.cuda_graphs,
                       "on a CUDA device the un-cached UNet steps replay a captured CUDA graph (LibTorch >= 2 with "
                       "CUDA); cached steps run eagerly"),
@@ -761,6 +777,7 @@ int main(int argc, char** argv) {
         cli::add_sd_train_commands(app, subcommands);
         cli::add_sd_info_command(app, subcommands);
         cli::add_sd_serve_command(app, subcommands);
+        cli::add_sd_upscale_command(app, subcommands);
         app.require_subcommand(0, 1);
         if (const int rc = anchor::parse_command_line(app, argc, argv); rc >= 0) return rc;
         anchor::util::configure_threads(o.threads);

@@ -3,6 +3,7 @@
 #include "cli/common.h"
 #include "cli/sd_commands.h"
 #include "unet/cache/freq_cache.h"
+#include "unet/pipeline/upscale.h"
 #include "unet/serve/sd_server.h"
 #include "unet/serve/a1111_controlnet.h"
 
@@ -24,6 +25,7 @@ struct ServeOptions {
     unet::VaeDecoderChoice vae_decoder; // --vae-decoder: the TAESD loaded and made the requests' default
     std::string embedding_dir;          // --embedding-dir: SdServerParams::embeddings
     std::string control_net_dir;        // --control-net-dir: SdServerParams::controlnets
+    std::string upscaler_dir;           // --upscaler-dir: SdServerParams::upscalers
 };
 
 int run_serve(ServeOptions& o) {
@@ -49,6 +51,11 @@ int run_serve(ServeOptions& o) {
         if (!std::filesystem::is_directory(o.control_net_dir))
             throw UsageError("--control-net-dir: '" + o.control_net_dir + "' is not a folder");
         s.controlnets = std::make_shared<unet::ControlNetLibrary>(o.control_net_dir);
+    }
+    if (!o.upscaler_dir.empty()) {
+        if (!std::filesystem::is_directory(o.upscaler_dir))
+            throw UsageError("--upscaler-dir: '" + o.upscaler_dir + "' is not a folder");
+        s.upscalers = std::make_shared<unet::UpscalerLibrary>(o.upscaler_dir);
     }
     unet::SDModels models = unet::load_sd_models(s.model, lo);
     std::fprintf(stderr, "loaded %s in %.1fs\n", s.model.c_str(),
@@ -128,6 +135,11 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
                          "alwayson_scripts.controlnet units; GET /controlnet/model_list lists them")
              ->type_name("DIR"),
          "control_net_dir");
+    bind(cmd->add_option("--upscaler-dir", o->upscaler_dir,
+                         "folder of ESRGAN upscalers (.pth/.safetensors, by file stem) for "
+                         "/sdapi/v1/extra-single-image's upscaler_1")
+             ->type_name("DIR"),
+         "upscaler_dir");
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");
     runners.emplace_back(cmd, [o]() { return run_serve(*o); });

@@ -1,6 +1,7 @@
 // `anchor-sd serve` on the embedded demo model (assets/models/fashion-sd, 32x32 images), through real HTTP on
 // loopback: the A1111 and OpenAI endpoints, bad input, the queue bound, interrupt, a client that goes away,
 // concurrent requests against the same requests one after another, and the SIGTERM drain.
+#include "cache/serve/http_server.h"
 #include "serve_process.h"
 
 #include <catch2/catch.hpp>
@@ -607,4 +608,64 @@ TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and
         CHECK(r["error"]["message"].get<std::string>().find(words) != std::string::npos);
     }
     std::filesystem::remove_all(nets);
+}
+
+namespace {
+// Width and height from a PNG's IHDR.
+std::pair<int, int> esr_png_size(const std::string& png) {
+    REQUIRE(png.size() > 24);
+    auto be32 = [&](size_t o) {
+        return int(uint8_t(png[o])) << 24 | int(uint8_t(png[o + 1])) << 16 | int(uint8_t(png[o + 2])) << 8 |
+               int(uint8_t(png[o + 3]));
+    };
+    return {be32(16), be32(20)};
+}
+} // namespace
+
+TEST_CASE("sd serve --upscaler-dir: /sdapi/v1/extra-single-image upscales as A1111's Extras, bad fields are 400",
+          "[serve][esrgan]") {
+    ServeProcess s(sd_bin(),
+                   {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--upscaler-dir",
+                    "tests/golden/sd/esrgan_tiny"},
+                   "sd_serve_esrgan");
+    auto c = s.client();
+    std::ifstream in("tests/golden/sd/pil_lanczos/init_24x20.png", std::ios::binary);
+    const std::string png((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    int status = 0;
+    // A 4x model asked for 4x: the network's own output size (24x20 -> 96x80, floor(side * 4 / 8) * 8).
+    json body = {{"image", cn_base64(png)}, {"upscaler_1", "old_x4"}, {"upscaling_resize", 4}};
+    json r = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    INFO(r.dump().substr(0, 400));
+    REQUIRE(status == 200);
+    CHECK(r["html_info"] == "<p>Postprocess upscale by: 4.0, Postprocess upscaler: old_x4</p>");
+    const std::string out = anchor::serve::base64_decode(r["image"].get<std::string>(), "image");
+    CHECK(esr_png_size(out) == std::pair<int, int>{96, 80});
+    CHECK(out.find("postprocessing") != std::string::npos);
+    // 1.5x with a 2x model: the network once (48x40), then Lanczos down to 32x24 (A1111 rounds down to 8).
+    body = {{"image", cn_base64(png)}, {"upscaler_1", "new_x2_unshuffle"}, {"upscaling_resize", 1.5}};
+    r = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    REQUIRE(status == 200);
+    CHECK(esr_png_size(anchor::serve::base64_decode(r["image"].get<std::string>(), "image")) ==
+          std::pair<int, int>{32, 24});
+    CHECK(r["html_info"] == "<p>Postprocess upscale by: 1.5, Postprocess upscaler: new_x2_unshuffle</p>");
+    json esr_refused;
+    body["upscaler_1"] = "nope";
+    esr_refused = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    check_400(esr_refused, status, "upscaler_1",
+              "'nope' is not an upscaler of the upscaler folder (it has: golden, new_x2_unshuffle, new_x4, old_x4)");
+    body["upscaler_1"] = "golden"; // golden.safetensors: a file of the folder that is not an RRDBNet
+    esr_refused = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    check_400(esr_refused, status, "upscaler_1", "is not an RRDBNet");
+    body["upscaler_1"] = "old_x4";
+    body["resize_mode"] = 1;
+    esr_refused = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    check_400(esr_refused, status, "resize_mode", "only 0");
+    body.erase("resize_mode");
+    body["image"] = "bm90IGFuIGltYWdl";
+    esr_refused = post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    check_400(esr_refused, status, "image", "not a PNG/JPEG");
+    // The server still answers after the refusals.
+    body["image"] = cn_base64(png);
+    post_json(c, "/sdapi/v1/extra-single-image", body, &status);
+    CHECK(status == 200);
 }

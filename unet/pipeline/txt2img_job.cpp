@@ -266,12 +266,15 @@ Txt2ImgJobResult run_txt2img_job(Txt2ImgPipeline& pipe, const Txt2ImgJob& job, c
             }
             if (!info.model_hash.empty()) rec["model_hash"] = info.model_hash;
             // The PNG carries the A1111 infotext and the record itself; the sidecar stays for tools that read JSON.
-            const auto chunks = image_text_chunks(infotext_of(p, i, info), rec);
+            auto pixels = r.image_uint8[i];
+            apply_post_upscale(job.upscale, pixels, rec);
+            auto chunks = image_text_chunks(infotext_of(p, i, info), rec);
+            add_postprocess_chunk(job.upscale, chunks);
             if (!job.write_files) {
-                done.push_back({"", rec, encode_png(r.image_uint8[i], chunks, "image " + std::to_string(k))});
+                done.push_back({"", rec, encode_png(pixels, chunks, "image " + std::to_string(k))});
                 continue;
             }
-            write_png(pngs[size_t(k)], r.image_uint8[i], job.overwrite, chunks);
+            write_png(pngs[size_t(k)], pixels, job.overwrite, chunks);
             write_file_atomic(pngs[size_t(k)] + ".json", rec.dump(2) + "\n", job.overwrite);
             done.push_back({pngs[size_t(k)], rec, ""});
         }

@@ -6,6 +6,7 @@
 #include "unet/cache/cache_config.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/upscale.h"
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,9 @@ struct Txt2ImgJob {
     // hashes the checkpoint once at load, not per request. Unset: computed at the job's start. Its cache mode is
     // the job's in any case.
     std::optional<InfotextFacts> infotext;
+    // An ESRGAN upscale of every image before it is written (--upscale-model): the record says it, the PNG gets
+    // A1111's `postprocessing` chunk as its Extras tab writes it.
+    PostUpscale upscale;
 
     // ParamError naming the field (the pipeline validates its own params when it runs).
     void validate() const;

@@ -67,9 +67,11 @@ int64_t random_seed() {
     return int64_t((uint64_t(rd()) << 31 ^ rd()) & 0x7fffffffffffLL);
 }
 
+} // namespace
+
 // A decoded image of the request as uint8 pixels: written to a private file and read by the pipeline's own reader
 // (PIL's convert("RGB") / convert("L")), so the server decodes exactly as `anchor-sd --init-img` does.
-torch::Tensor request_image(const std::string& b64, const std::string& field, bool grey) {
+torch::Tensor sd_routes::request_image(const std::string& b64, const std::string& field, bool grey) {
     const std::string bytes = serve::base64_decode(b64, field);
     char tmpl[] = "/tmp/anchor-serve-XXXXXX";
     const int fd = mkstemp(tmpl);
@@ -95,8 +97,6 @@ torch::Tensor request_image(const std::string& b64, const std::string& field, bo
                             " bytes)");
     }
 }
-
-} // namespace
 
 namespace sd_routes {
 
@@ -171,6 +171,7 @@ using sd_routes::as_request;
 using sd_routes::check_cache_for_model;
 using sd_routes::check_prompts;
 using sd_routes::progress_json;
+using sd_routes::request_image;
 
 SdServer::SdServer(Txt2ImgPipeline& pipe, SdServerParams p)
     : pipe_(pipe), p_((p.validate(), std::move(p))), threads_(at::get_num_threads()),
@@ -355,6 +356,7 @@ void SdServer::add_routes() {
     register_a1111_routes(*this, http_);
     register_openai_routes(*this, http_);
     register_anchor_routes(*this, http_);
+    register_a1111_extras_routes(*this, http_);
     http_.add_health(model_name());
     http_.add_openapi(openapi());
 }
@@ -393,7 +395,13 @@ nlohmann::json SdServer::openapi() const {
     gen["response_format"] = {{"type", "string"}, {"enum", {"b64_json"}}};
     json compare = image;
     compare["modes"] = {{"oneOf", {str, {{"type", "array"}, {"items", str}}}}};
+    const json extras = {{"image", str},
+                         {"upscaler_1", str},
+                         {"upscaling_resize", number(0.05, 8)},
+                         {"resize_mode", integer(0, 0)}};
     json paths = {
+        {"/sdapi/v1/extra-single-image", openapi_post("A1111 Extras: one image upscaled by an ESRGAN of --upscaler-dir",
+                                                      extras, {"image", "upscaler_1"})},
         {"/sdapi/v1/txt2img", openapi_post("A1111 text to image", txt)},
         {"/sdapi/v1/img2img", openapi_post("A1111 image to image", img, {"init_images"})},
         {"/v1/images/generations", openapi_post("OpenAI image generation", gen)},

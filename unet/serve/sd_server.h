@@ -22,6 +22,7 @@
 namespace anchor::unet {
 
 class ControlNetLibrary;
+class UpscalerLibrary;
 
 struct SdServerParams {
     serve::ServerOptions http;
@@ -43,6 +44,8 @@ struct SdServerParams {
     std::shared_ptr<const EmbeddingDatabase> embeddings;
     // ControlNets of A1111 requests' alwayson_scripts.controlnet (--control-net-dir), loaded at first use and kept.
     std::shared_ptr<ControlNetLibrary> controlnets;
+    // ESRGAN upscalers of /sdapi/v1/extra-single-image's upscaler_1 (--upscaler-dir), loaded at first use and kept.
+    std::shared_ptr<UpscalerLibrary> upscalers;
     void validate() const;                           // ParamError naming the field
 };
 
@@ -58,6 +61,7 @@ private:
     friend void register_a1111_routes(SdServer& s, serve::HttpServer& http);
     friend void register_openai_routes(SdServer& s, serve::HttpServer& http);
     friend void register_anchor_routes(SdServer& s, serve::HttpServer& http);
+    friend void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http);
     void add_routes();
     nlohmann::json openapi() const; // the OpenAPI description served at /openapi.json
     std::string model_name() const; // the checkpoint's file name, as the clients see it

@@ -24,6 +24,8 @@ using serve::RequestFields;
 void register_a1111_routes(SdServer& s, serve::HttpServer& http);
 void register_openai_routes(SdServer& s, serve::HttpServer& http);
 void register_anchor_routes(SdServer& s, serve::HttpServer& http);
+// A1111's Extras: POST /sdapi/v1/extra-single-image with the --upscaler-dir models (routes_a1111_extras.cpp).
+void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http);
 
 namespace sd_routes {
 
@@ -47,6 +49,8 @@ template <class F> void as_request(F&& f) {
 // here, then A1111 tokens on the connection thread (linear in the bytes, so bounded) before the job is queued.
 void check_prompts(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, const std::string& prompt);
 
+// A base64 image of a request as uint8 pixels, decoded as `anchor-sd --init-img` reads a file (400 naming `field`).
+torch::Tensor request_image(const std::string& b64, const std::string& field, bool grey);
 // Progress of a job for /sdapi/v1/progress (A1111's fields, and ours under "anchor").
 nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const std::string& mode, int full_steps);
 
