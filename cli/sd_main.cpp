@@ -13,6 +13,7 @@
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/control.h"
 #include "unet/pipeline/control_preprocess.h"
+#include "unet/pipeline/hires.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
 #include "unet/pipeline/sd3_pipeline.h"
@@ -171,6 +172,15 @@ void apply_prompt_from(const CLI::App& app, Options& o) {
     if (ip.init_image && !given("--init-img")) p.init.init_images = {*ip.init_image};
     if (ip.mask && !given("--mask")) p.init.masks = {*ip.mask};
     take("--strength", ip.strength, p.init.strength);
+    if (ip.hires) { // the image's hires fix, each setting unless given here
+        HiresParams h = *ip.hires;
+        if (given("--hires-scale") || given("--hires-width") || given("--hires-height"))
+            h.scale = p.hires.scale, h.width = p.hires.width, h.height = p.hires.height;
+        if (given("--hires-steps")) h.steps = p.hires.steps;
+        if (given("--hires-denoise")) h.denoise = p.hires.denoise;
+        if (given("--hires-upscaler")) h.upscaler = p.hires.upscaler, h.model = p.hires.model;
+        p.hires = h;
+    }
     if (ip.prompt && !given("--prompt")) o.ti_from_image = ip.ti_hashes;
     apply_control_from(app, o, ip);
     if (!given("--deepcache")) take("--cache", ip.cache_mode, o.cache);
@@ -519,7 +529,8 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                              ->excludes(prompt);
     app.add_option("--prompt-from", o.prompt_from,
                    "run an image's parameters again: prompt, negative prompt, steps, sampler, CFG scale, seed, size, "
-                   "clip skip, strength (and init image, cache mode, timestep spacing, TAESD decoder, VAE tiling) from a "
+                   "clip skip, strength, hires fix (and init image, cache mode, timestep spacing, TAESD decoder, VAE "
+                   "tiling) from a "
                    "PNG's anchorcache JSON chunk, else its "
                    "A1111 'parameters' text; options given on the command line win")
         ->type_name("PNG")
@@ -585,6 +596,36 @@ void add_txt2img_options(CLI::App& app, Options& o) {
                         "int(steps * strength) steps")
              ->capture_default_str(),
          "strength");
+    // A1111's hires fix (unet/pipeline/hires.h): any of these turns it on.
+    const auto hires_on = [&p](const std::string&) { p.hires.enabled = true; };
+    bind(app.add_option("--hires-scale", p.hires.scale,
+                        "hires fix: txt2img at -W x -H, then img2img at int(size * S) rounded down to the VAE factor "
+                        "(A1111's Hires upscale; default 2 when another --hires-* option is given)")
+             ->each(hires_on),
+         "hires_scale");
+    bind(app.add_option("--hires-width", p.hires.width,
+                        "hires fix target width instead of --hires-scale (A1111's hr_resize_x; 0 = from the height "
+                        "and the aspect), a multiple of the VAE factor")
+             ->each(hires_on),
+         "hires_width");
+    bind(app.add_option("--hires-height", p.hires.height,
+                        "hires fix target height (hr_resize_y); with both, the upscale covers the target and is cropped")
+             ->each(hires_on),
+         "hires_height");
+    bind(app.add_option("--hires-steps", p.hires.steps,
+                        "hires fix second pass steps (0 = --steps); it runs int(N * D) of them, D = --hires-denoise")
+             ->each(hires_on),
+         "hires_steps");
+    bind(app.add_option("--hires-denoise", p.hires.denoise,
+                        "hires fix denoising strength of the second pass, in (0, 1] (default 0.7)")
+             ->each(hires_on),
+         "hires_denoise");
+    bind(app.add_option_function<std::string>(
+                "--hires-upscaler", [&p](const std::string& s) { parse_hires_upscaler(s, p.hires), p.hires.enabled = true; },
+                "hires fix upscaler: " + enum_choices(hires_upscaler_table(), ", ") +
+                    " (A1111's Latent, Latent (nearest), Lanczos, ...), or an ESRGAN model FILE; default latent")
+             ->type_name("NAME|FILE"),
+         "hires_upscaler");
     bind(app.add_option("--mask", p.init.masks,
                         "inpaint: mask image of the init image's size, white = repaint, black = keep (needs -i); "
                         "repeat it as -i (one, or one per init image)")

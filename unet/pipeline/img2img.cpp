@@ -268,6 +268,7 @@ StrengthSchedule strength_schedule(int steps, double strength) {
 }
 
 int64_t Img2ImgParams::image_count() const {
+    if (init_latents.defined()) return init_latents.size(0);
     if (init_pixels.defined()) return init_pixels.dim() == 4 ? init_pixels.size(0) : 1;
     return int64_t(init_images.size());
 }

@@ -31,8 +31,11 @@ struct Img2ImgParams {
     // Decoded pixels instead of the files (a server, the golden checks): uint8 [H, W, 3] or [N, H, W, 3] RGB and
     // [H, W] or [N, H, W] grey.
     torch::Tensor init_pixels, mask_pixels;
+    // Or init latents [N, C, h, w] (diffusers' 4-channel `image`, the hires fix's latent upscale): used as the VAE
+    // encoding (no encode, no posterior draw); the output is h x w times the VAE factor. Not with a mask.
+    torch::Tensor init_latents;
 
-    bool enabled() const { return !init_images.empty() || init_pixels.defined(); }
+    bool enabled() const { return !init_images.empty() || init_pixels.defined() || init_latents.defined(); }
     bool inpaint() const { return !masks.empty() || mask_pixels.defined(); }
     // How many init images / masks are given (0 without).
     int64_t image_count() const;

@@ -1,4 +1,5 @@
 #include "unet/pipeline/infotext.h"
+#include "unet/pipeline/hires.h"
 
 #include "cache/io/error.h"
 #include "cache/io/sha256.h"
@@ -253,6 +254,7 @@ Infotext infotext_of(const Txt2ImgParams& p, int image, const InfotextFacts& fac
     if (!facts.model_hash.empty()) t.set("Model hash", facts.model_hash);
     if (!facts.model_name.empty()) t.set("Model", facts.model_name);
     if (p.init.enabled()) t.set("Denoising strength", infotext_number(p.init.strength));
+    if (p.hires.enabled) t.set("Denoising strength", infotext_number(p.hires.denoise)); // the second pass's
     // Ours counts from 0 = last layer (diffusers); A1111's CLIP_stop_at_last_layers from 1 = last.
     if (p.clip_skip + 1 > 1) t.set("Clip skip", std::to_string(p.clip_skip + 1));
     if (!facts.lora_hashes.empty()) {
@@ -271,6 +273,7 @@ Infotext infotext_of(const Txt2ImgParams& p, int image, const InfotextFacts& fac
                   ", Pixel Perfect: False, Control Mode: " +
                   (c.guess_mode ? "ControlNet is more important" : "Balanced"));
     }
+    add_hires_infotext(p.hires, t); // unet/pipeline/hires.h
     if (!facts.ti_hashes.empty()) {
         std::string s;
         for (const auto& [name, hash] : facts.ti_hashes) s += (s.empty() ? "" : ", ") + name + ": " + hash;
@@ -357,6 +360,7 @@ ImageParameters image_parameters_from_record(const nlohmann::json& r, const std:
             u.guess_mode = c.value("guess_mode", false);
             ip.control.push_back(u);
         }
+        if (r.contains("hires") && r["hires"].is_object()) ip.hires = hires_from_record(r["hires"]);
         for (const auto& t : r.value("textual_inversion", nlohmann::json::array()))
             ip.ti_hashes.emplace_back(t.value("name", std::string()), t.value("hash", std::string()));
         for (const auto& l : r.value("loras", nlohmann::json::array()))
@@ -394,6 +398,11 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
     ip.prompt_syntax = PromptSyntax::A1111;
     std::vector<std::string> ignored;
     std::string sampler, schedule;
+    try {
+        ip.hires = hires_from_infotext(t, ip.notes); // unet/pipeline/hires.h
+    } catch (const Error& e) {
+        throw Error(what + ": " + e.what());
+    }
     for (const auto& [k, v] : t.fields) {
         const auto bad = [&, k = k, v = v](const char* expected) {
             return Error(what + ": infotext field '" + k + "' is '" + v + "', expected " + expected);
@@ -420,6 +429,9 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
             if (!(ip.strength = parse_number<double>(v))) throw bad("a number");
         } else if (k == "Eta DDIM" || k == "Eta") {
             if (!(ip.eta = parse_number<double>(v))) throw bad("a number");
+        } else if (ip.hires && (k == "Hires upscale" || k == "Hires resize" || k == "Hires steps" ||
+                                k == "Hires upscaler")) {
+            // read by hires_from_infotext
         } else if (k == "AnchorCache") {
             ip.cache_mode = v;
         } else if (k == "TI hashes") {
@@ -445,6 +457,7 @@ ImageParameters image_parameters_from_infotext(const std::string& text, const st
             ignored.push_back(k);
         }
     }
+    if (ip.hires) ip.strength.reset(); // the Denoising strength is the hires pass's
     if (!sampler.empty()) {
         ip.sampler = sampler_from_any_name(sampler, schedule);
         // Any other sampler with a schedule type of ours: that sampler on that schedule.

@@ -107,6 +107,9 @@ struct ImageParameters {
         bool guess_mode = false; // Control Mode: ControlNet is more important
     };
     std::vector<ControlUnit> control;
+    // A1111's hires fix (Hires upscale / Hires resize, Hires steps, Hires upscaler and the Denoising strength; our
+    // record's "hires"); strength is then unset.
+    std::optional<HiresParams> hires;
 };
 // From our JSON record (the sidecar or the `anchorcache` chunk); `what` names the source in errors.
 ImageParameters image_parameters_from_record(const nlohmann::json& record, const std::string& what);

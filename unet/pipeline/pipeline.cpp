@@ -1,5 +1,6 @@
 // txt2img loop (diffusers 0.27 StableDiffusionPipeline.__call__ semantics).
 #include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/hires.h"
 
 #include "cache/io/atomic_file.h"
 #include "cache/io/error.h"
@@ -131,6 +132,21 @@ void validate_init(const Txt2ImgParams& p, const SDModels& m) {
                                            "and a mask");
         return;
     }
+    if (in.init_latents.defined()) { // given latents: shaped as the output's, no mask
+        const int f = m.vae_scale_factor();
+        const auto& z = in.init_latents;
+        (void)strength_schedule(p.steps, in.strength);
+        if (in.inpaint()) throw ParamError("mask", "a mask needs an init image, not init latents");
+        if (z.dim() != 4 || !m.vae || z.size(1) != m.vae->config().latent_channels || z.size(2) * f != p.height ||
+            z.size(3) * f != p.width || unet_channels != z.size(1))
+            throw ParamError("init_image", "init latents " + c10::str(z.sizes()) + " do not fit a " +
+                                               wxh(p.width, p.height) + " output of this model");
+        const int64_t batch = int64_t(p.prompts.size()) * p.images_per_prompt;
+        if (z.size(0) > batch || batch % z.size(0) != 0)
+            throw ParamError("init_image", std::to_string(z.size(0)) + " init latents for a batch of " +
+                                               std::to_string(batch) + " images");
+        return;
+    }
     // strength, readable files, pixel shapes, mask size, the counts against the batch
     const auto [iw, ih] = in.validate(p.steps, int64_t(p.prompts.size()) * p.images_per_prompt);
     const int f = m.vae_scale_factor();
@@ -245,6 +261,7 @@ void Txt2ImgPipeline::validate(const Txt2ImgParams& p_in) const {
     const Txt2ImgParams p = resolved(p_in);
     const int f = m_.vae_scale_factor();
     validate_init(p, m_);
+    validate_hires(p, f);
     if (p.vae_tiling.enabled) p.vae_tiling.validate(f);
     if (p.width <= 0 || p.height <= 0 || p.width % f != 0 || p.height % f != 0)
         throw ParamError(p.width <= 0 || p.width % f != 0 ? "width" : "height",
@@ -570,7 +587,8 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     const double sf = m_.vae->config().scaling_factor;
     const int64_t C = m_.vae->config().latent_channels;
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
-    in.init_image = preprocess_image(p.init.rgb_batch(), p.width, p.height); // [N, 3, H, W]
+    if (!p.init.init_latents.defined())
+        in.init_image = preprocess_image(p.init.rgb_batch(), p.width, p.height); // [N, 3, H, W]
     // The N given images (or masked images) to the batch of `images`: diffusers tiles, cat([x] * (images / N)) in
     // img2img's prepare_latents and x.repeat(images / N, 1, 1, 1) in the inpaint pipeline (the same order).
     auto tile = [&](const Tensor& x) { return x.size(0) < images ? x.repeat({images / x.size(0), 1, 1, 1}) : x; };
@@ -586,7 +604,9 @@ InitLatents Txt2ImgPipeline::prepare_init(const Txt2ImgParams& p, Scheduler& sch
     // img2img always encodes; inpaint skips it only for a 9-channel UNet at strength 1 (diffusers' prepare_latents:
     // return_image_latents for 4 channels, or an add_noise start).
     const bool strength_max = p.init.strength == 1.0;
-    if (!inpaint || !in.unet9 || !strength_max)
+    if (p.init.init_latents.defined()) // diffusers' prepare_latents for a 4-channel image: those, no encode
+        in.image_latents = tile(p.init.init_latents.to(torch::kCPU, torch::kFloat));
+    else if (!inpaint || !in.unet9 || !strength_max)
         in.image_latents = encode(in.init_image, in.image_encode_mean, in.image_encode_std, in.image_encode_noise);
     in.noise = torch::randn({images, C, p.height / f, p.width / f}, gen, f32);
     // img2img never starts from pure noise; inpaint does at strength 1 (times init_noise_sigma, as txt2img).
@@ -671,6 +691,7 @@ Tensor cfg_combine(const Tensor& noise_pred, double guidance) {
 
 Txt2ImgResult Txt2ImgPipeline::run(const Txt2ImgParams& p_in, DenoiseController* ctl_in, const ProgressFn& progress,
                                    const StepFn& on_step, const SchedulerConfig* sched_cfg) {
+    if (p_in.hires.enabled) return run_hires(*this, p_in, ctl_in, progress, on_step, sched_cfg); // both passes
     const Txt2ImgParams p = resolved(p_in);
     validate(p);
     c10::InferenceMode guard;

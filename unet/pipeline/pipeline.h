@@ -11,6 +11,7 @@
 #include "unet/model/unet_graph.h"
 #include "unet/model/vae_tiling.h"
 #include "unet/pipeline/control.h"
+#include "unet/pipeline/hires_params.h"
 #include "unet/pipeline/img2img.h"
 #include "unet/pipeline/prompt_syntax.h"
 #include "unet/samplers/scheduler.h"
@@ -98,6 +99,8 @@ struct Txt2ImgParams {
     // Textual-inversion embeddings (unet/model/embeddings.h): a name of one in a prompt stands for its vectors
     // (A1111 syntax; a prompt under plain syntax that names one is a ParamError). Shared, never changed by a run.
     std::shared_ptr<const EmbeddingDatabase> embeddings;
+    // A1111's hires fix (unet/pipeline/hires.h): this txt2img at width x height, then img2img at the hires target.
+    HiresParams hires;
 };
 
 // The sampler's injected noise carried forward (Scheduler::injected_noise) as part of one step's model input.

@@ -7,6 +7,7 @@
 #include "cache/util/bench.h"
 #include "kernels/attention.h"
 #include "unet/cache/freq_cache.h"
+#include "unet/pipeline/hires.h"
 #include "unet/pipeline/infotext.h"
 
 #include <algorithm>
@@ -134,6 +135,12 @@ nlohmann::json image_record(const Txt2ImgParams& p, const Txt2ImgResult& r, int 
             j["mask"] = {{"file", mask_file(p.init, i)}, {"sha256", mask_sha256(p.init, i)}};
             j["inpaint_unet_channels"] = r.init.unet9 ? 9 : 4;
         }
+    }
+    if (p.hires.enabled && r.image_uint8.defined()) { // unet/pipeline/hires.h: the settings and the output size
+        HiresPlan plan;
+        plan.width = int(r.image_uint8.size(2)), plan.height = int(r.image_uint8.size(1));
+        plan.steps = p.hires.steps > 0 ? p.hires.steps : p.steps;
+        j["hires"] = hires_record(p.hires, plan);
     }
     // Tiling changes the image (each tile decoded alone, then blended): the record says how it was decoded.
     if (p.vae_tiling.enabled)

@@ -3,6 +3,7 @@
 
 #include "cache/io/png_text.h"
 #include "cache/util/threads.h"
+#include "unet/pipeline/hires.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/preview.h"
 #include "unet/serve/sd_server_routes.h"
@@ -115,7 +116,10 @@ std::string request_field(const std::string& field) {
     static const std::vector<std::pair<std::string, std::string>> names = {
         {"prompts", "prompt"},         {"negative_prompts", "negative_prompt"}, {"guidance_scale", "cfg_scale"},
         {"sampler", "sampler_name"},   {"images_per_prompt", "batch_size"},     {"batch_count", "n_iter"},
-        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"}};
+        {"init_image", "init_images"}, {"strength", "denoising_strength"},      {"compare", "modes"},
+        {"hires_scale", "hr_scale"},   {"hires_width", "hr_resize_x"},          {"hires_height", "hr_resize_y"},
+        {"hires_steps", "hr_second_pass_steps"}, {"hires_denoise", "denoising_strength"},
+        {"hires_upscaler", "hr_upscaler"}};
     for (const auto& [lib, req] : names)
         if (lib == field) return req;
     return field;
@@ -293,9 +297,33 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
         if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
         p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
     }
+    if (!img2img && f.boolean("enable_hr", false)) { // A1111's hires fix (unet/pipeline/hires.h)
+        auto& h = p.hires;
+        h.enabled = true;
+        h.scale = f.number("hr_scale", 2.0, 0.0, 16.0);
+        h.width = int(f.integer("hr_resize_x", 0, 0, 1 << 14));
+        h.height = int(f.integer("hr_resize_y", 0, 0, 1 << 14));
+        h.steps = int(f.integer("hr_second_pass_steps", 0, 0, p_.max_steps));
+        h.denoise = f.number("denoising_strength", 0.75, 0.0, 1.0); // A1111's txt2img default
+        if (f.has("hr_upscaler") && !f.string("hr_upscaler", "").empty()) {
+            parse_hires_upscaler(f.string("hr_upscaler", ""), h);
+            if (h.upscaler == HiresUpscaler::Model) // a request never names a file to read
+                throw HttpError(400, "hr_upscaler",
+                                "hr_upscaler: '" + f.string("hr_upscaler", "") + "' is not one of " +
+                                    enum_choices(hires_upscaler_table()) + " (or A1111's Latent, Lanczos, ...)");
+        }
+    }
     Txt2ImgParams r;
     as_request([&] { r = pipe_.resolved(p); });
     check_pixels(r);
+    if (r.hires.enabled) { // the second pass's size, too
+        Txt2ImgParams t = r;
+        as_request([&] {
+            const auto plan = hires_plan(r.hires, r.width, r.height, r.steps, pipe_.models().vae_scale_factor());
+            t.width = plan.width, t.height = plan.height;
+        });
+        check_pixels(t);
+    }
     job.write_files = false;
     job.facts = p_.facts;
     job.infotext = infotext_;
@@ -393,6 +421,14 @@ nlohmann::json SdServer::openapi() const {
     gen["n"] = integer(1, p_.max_images);
     gen["size"] = str;
     gen["response_format"] = {{"type", "string"}, {"enum", {"b64_json"}}};
+    // A1111's hires fix fields (txt2img only)
+    txt["enable_hr"] = {{"type", "boolean"}};
+    txt["hr_scale"] = number(0, 16);
+    txt["hr_resize_x"] = integer(0, 1 << 14);
+    txt["hr_resize_y"] = integer(0, 1 << 14);
+    txt["hr_second_pass_steps"] = integer(0, p_.max_steps);
+    txt["hr_upscaler"] = str;
+    txt["denoising_strength"] = number(0, 1);
     json compare = image;
     compare["modes"] = {{"oneOf", {str, {{"type", "array"}, {"items", str}}}}};
     const json extras = {{"image", str},
