@@ -78,17 +78,59 @@ std::vector<CacheConfig> sd3_cache_modes(const std::vector<std::string>& compare
 
 } // namespace
 
-int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
+namespace {
+
+// Every option given on the command line must be one an SD 3 run reads (exit 2 naming the first other one).
+void check_sd3_options(const CLI::App& app, const std::string& model) {
     for (const auto* opt : app.get_options()) {
         if (opt->count() == 0) continue;
-        const std::string name = opt->get_name(false, true);
         std::string long_name;
         for (const auto& l : opt->get_lnames()) long_name = "--" + l;
         if (!long_name.empty() && !sd3_allowed_options().count(long_name))
-            throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + a.model +
+            throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + model +
                              "'); SD 3 runs take -m, -p, -n, -o, --steps, --cfg-scale, --seed, -W, -H, --no-t5, "
                              "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --cache, --compare, -i, --strength");
     }
+}
+
+// The library's parameters from the command line (diffusers' SD 3 defaults where an option is not given).
+SD3Txt2ImgParams sd3_params_from_args(const Sd3RunArgs& a, int64_t seed) {
+    SD3Txt2ImgParams p;
+    p.prompts = {a.prompt};
+    if (a.negative_given) p.negative_prompts = {a.negative};
+    p.steps = a.steps_given ? a.steps : 28;           // diffusers' default for SD 3
+    p.guidance_scale = a.cfg_given ? a.cfg_scale : 7.0; // diffusers' default for SD 3
+    p.seed = seed;
+    p.width = a.width;
+    p.height = a.height;
+    p.shift = a.sd3.shift;
+    p.max_sequence_length = a.sd3.max_sequence_length;
+    p.init.init_images = a.init_images;
+    p.init.strength = a.strength;
+    p.slg.layers = a.sd3.slg_layers;
+    p.slg.scale = a.sd3.slg_scale, p.slg.start = a.sd3.slg_start, p.slg.stop = a.sd3.slg_end;
+    if (!p.slg.layers.empty() && p.guidance_scale <= 1.0)
+        throw UsageError("--slg-layers needs classifier-free guidance (--cfg-scale > 1), as diffusers applies it");
+    return p;
+}
+
+void print_sd3_compare(const nlohmann::json& rep, const std::string& base) {
+    std::printf("%-28s %9s %8s %6s %9s\n", "mode", "denoise_s", "speed-up", "full", "PSNR dB");
+    for (const auto& e : rep["modes"]) {
+        const std::string psnr = e["psnr_vs_first_db"].is_null() ? std::string("(same)")
+                                                                 : std::to_string(e["psnr_vs_first_db"].get<double>());
+        std::printf("%-28s %9.3f %7.2fx %3d/%-3d %9s\n", e["mode"].get<std::string>().c_str(), e["wall_s"].get<double>(),
+                    e["speedup_vs_first"].get<double>(), e["full_steps"].get<int>(), e["total_steps"].get<int>(),
+                    psnr.c_str());
+    }
+    std::fprintf(stderr, "compare: grid %s, timeline %s, report %s\n", rep["grid_png"].get<std::string>().c_str(),
+                 rep["timeline_png"].get<std::string>().c_str(), compare_output_paths(base)[2].c_str());
+}
+
+} // namespace
+
+int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
+    check_sd3_options(app, a.model);
     const auto modes = sd3_cache_modes(a.compare, a.cache);
     if (a.prompt.empty()) throw UsageError("a prompt is required (-p/--prompt TEXT)");
     const std::string output = a.output.empty() ? "output.png" : a.output;
@@ -112,23 +154,7 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
     std::fprintf(stderr, "loaded %s (SD 3 / 3.5, %zu joint blocks, text encoders: %s%s) in %.2f s\n", a.model.c_str(),
                  size_t(m.transformer->config().num_layers), m.text_encoder ? "CLIP-L, CLIP-G" : "none",
                  m.text_encoder_3 ? ", T5" : (a.sd3.no_t5 ? " (T5 off: --no-t5)" : " (no T5: zeros)"), load_s);
-
-    SD3Txt2ImgParams p;
-    p.prompts = {a.prompt};
-    if (a.negative_given) p.negative_prompts = {a.negative};
-    p.steps = a.steps_given ? a.steps : 28;           // diffusers' default for SD 3
-    p.guidance_scale = a.cfg_given ? a.cfg_scale : 7.0; // diffusers' default for SD 3
-    p.seed = seed;
-    p.width = a.width;
-    p.height = a.height;
-    p.shift = a.sd3.shift;
-    p.max_sequence_length = a.sd3.max_sequence_length;
-    p.init.init_images = a.init_images;
-    p.init.strength = a.strength;
-    p.slg.layers = a.sd3.slg_layers;
-    p.slg.scale = a.sd3.slg_scale, p.slg.start = a.sd3.slg_start, p.slg.stop = a.sd3.slg_end;
-    if (!p.slg.layers.empty() && p.guidance_scale <= 1.0)
-        throw UsageError("--slg-layers needs classifier-free guidance (--cfg-scale > 1), as diffusers applies it");
+    SD3Txt2ImgParams p = sd3_params_from_args(a, seed);
     auto progress = [](int i, int n) {
         std::fprintf(stderr, "\rstep %d/%d", i + 1, n);
         if (i + 1 == n) std::fprintf(stderr, "\n");
@@ -138,8 +164,7 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
         const auto r = sd3_txt2img(m, p, progress);
         nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s});
         if (p.cache.kind() != CacheKind::Off) rec["cache"] = r.cache_log;
-        const Infotext info = sd3_infotext(p, r, a.model);
-        write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(info, rec));
+        write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(sd3_infotext(p, r, a.model), rec));
         write_file_atomic(sidecar, rec.dump(2) + "\n", a.overwrite);
         std::fprintf(stderr, "saved %s (seed %lld, cache %s: %d/%zu full steps, encode %.2f s, denoise %.2f s, decode "
                      "%.2f s)\n",
@@ -147,20 +172,11 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
                      r.cache_steps.size(), r.encode_s, r.denoise_s, r.decode_s);
         return 0;
     }
-    const auto rep = sd3_run_compare(m, p, modes, base, {a.model, a.dtype, output, a.threads, load_s}, a.overwrite,
-                                     progress, [](const std::string& mode) {
-                                         std::fprintf(stderr, "mode %s\n", mode.c_str());
-                                     });
-    std::printf("%-28s %9s %8s %6s %9s\n", "mode", "denoise_s", "speed-up", "full", "PSNR dB");
-    for (const auto& e : rep["modes"]) {
-        const std::string psnr = e["psnr_vs_first_db"].is_null() ? std::string("(same)")
-                                                                 : std::to_string(e["psnr_vs_first_db"].get<double>());
-        std::printf("%-28s %9.3f %7.2fx %3d/%-3d %9s\n", e["mode"].get<std::string>().c_str(), e["wall_s"].get<double>(),
-                    e["speedup_vs_first"].get<double>(), e["full_steps"].get<int>(), e["total_steps"].get<int>(),
-                    psnr.c_str());
-    }
-    std::fprintf(stderr, "compare: grid %s, timeline %s, report %s\n", rep["grid_png"].get<std::string>().c_str(),
-                 rep["timeline_png"].get<std::string>().c_str(), compare_output_paths(base)[2].c_str());
+    print_sd3_compare(sd3_run_compare(m, p, modes, base, {a.model, a.dtype, output, a.threads, load_s}, a.overwrite,
+                                      progress, [](const std::string& mode) {
+                                          std::fprintf(stderr, "mode %s\n", mode.c_str());
+                                      }),
+                      base);
     return 0;
 }
 

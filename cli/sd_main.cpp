@@ -335,6 +335,21 @@ int run_compare_modes(Txt2ImgPipeline& pipe, const Options& o) {
     return 0;
 }
 
+// What a finished job prints: its warnings, rank 0's manifest of every image, and the memory of back-to-back runs.
+void report_job(const Txt2ImgJobResult& r, const Txt2ImgJob& job) {
+    for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    // Rank 0 writes one manifest of every image (all shards') once their sidecars are there.
+    if (job.shard_rank == 0 && (job.shard_count > 1 || job.output.back() == '/')) {
+        write_file_atomic(manifest_path(job), job_manifest(job, 3600).dump(2) + "\n", true);
+        std::fprintf(stderr, "manifest: %s (%d images)\n", manifest_path(job).c_str(), job.image_count());
+    }
+    // Memory of back-to-back runs in one process (the soak check): RSS after every batch, growth from the first.
+    if (r.images.size() > 1 && r.rss_first > 0)
+        std::fprintf(stderr, "%zu images: RSS %.1f MiB after the first batch, max %.1f MiB (growth %.2f %%)\n",
+                     r.images.size(), double(r.rss_first) / 1048576.0, double(r.rss_max) / 1048576.0,
+                     100.0 * double(r.rss_max - r.rss_first) / double(r.rss_first));
+}
+
 int run(Options& o) {
     auto& job = o.job;
     o.shard = batch::shard_from_env();
@@ -348,17 +363,7 @@ int run(Options& o) {
     check_against_model(o, models);
     job.params.control = make_control_params(o.control_nets, o.control_images, o.control_scales, o.control_starts,
                                              o.control_ends, o.guess_mode, load_options(o, {}).dtype);
-    if (!job.params.control.empty()) { // the preprocessor on each control image (their pixels from here on)
-        const auto spec = ControlPreprocessSpec::parse(o.control_preprocess, "control_preprocess");
-        if (spec.kind != ControlPreprocess::None)
-            for (auto& c : job.params.control) c.pixels = preprocess_control_image(control_image_rgb(c), spec);
-    }
-    validate_control(job.params.control, models.unet->config(), int64_t(job.prompts.size())); // before saying more
-    for (auto& c : job.params.control) { // the UNet's arithmetic and device
-        c.net->set_attention_kernel(models.attention);
-        perf::set_gemm_backend(*c.net, models.gemm);
-        c.net->to(models.unet->conv_in->weight.device());
-    }
+    prepare_control(job.params.control, models, o.control_preprocess, int64_t(job.prompts.size()));
     for (const auto& c : job.params.control)
         std::fprintf(stderr, "ControlNet %s x %g (steps %g..%g of the loop%s), image %s\n", c.source.c_str(), c.scale,
                      c.start, c.end, c.guess_mode ? ", guess mode" : "", c.image.c_str());
@@ -399,18 +404,7 @@ int run(Options& o) {
                      (long long)imgs.front().record["seed"].get<int64_t>(), fmt_s(denoise_s).c_str(),
                      fmt_s(decode_s).c_str(), double(rss) / 1048576.0);
     };
-    const auto r = run_txt2img_job(pipe, job, cb);
-    for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-    // Rank 0 writes one manifest of every image (all shards') once their sidecars are there.
-    if (job.shard_rank == 0 && (job.shard_count > 1 || job.output.back() == '/')) {
-        write_file_atomic(manifest_path(job), job_manifest(job, 3600).dump(2) + "\n", true);
-        std::fprintf(stderr, "manifest: %s (%d images)\n", manifest_path(job).c_str(), job.image_count());
-    }
-    // Memory of back-to-back runs in one process (the soak check): RSS after every batch, growth from the first.
-    if (r.images.size() > 1 && r.rss_first > 0)
-        std::fprintf(stderr, "%zu images: RSS %.1f MiB after the first batch, max %.1f MiB (growth %.2f %%)\n",
-                     r.images.size(), double(r.rss_first) / 1048576.0, double(r.rss_max) / 1048576.0,
-                     100.0 * double(r.rss_max - r.rss_first) / double(r.rss_first));
+    report_job(run_txt2img_job(pipe, job, cb), job);
     return 0;
 }
 

@@ -230,6 +230,22 @@ TEST_CASE("anchor-sd --hires-*: the target size, A1111's infotext, --prompt-from
             CHECK(test::png_image_chunks(test::read_bytes(third)) == test::png_image_chunks(bytes));
         }
     }
+    SECTION("an ESRGAN model file as the upscaler: its x2 passes, then the target; named by its stem") {
+        const std::string png = dir + "/esrgan.png";
+        const std::string model = "tests/golden/sd/esrgan_tiny/new_x2_unshuffle.safetensors";
+        const auto r = test::run_program(test::sd_bin(), with({"--hires-scale", "1.5", "--hires-steps", "4",
+                                                               "--hires-denoise", "0.5", "--hires-upscaler", model,
+                                                               "-o", png}));
+        INFO(r.output);
+        REQUIRE(r.exit_code == 0);
+        const auto rgb = read_image_rgb(png);
+        CHECK(rgb.size(1) == 48); // int(32 * 1.5)
+        CHECK(rgb.size(0) == 36); // int(24 * 1.5), a multiple of this tiny VAE's factor (4)
+        const auto* t = find_png_text(read_png_text_chunks(png), kInfotextKeyword);
+        REQUIRE(t);
+        INFO(t->text);
+        CHECK(t->text.find("Hires upscaler: new_x2_unshuffle") != std::string::npos);
+    }
     SECTION("bad settings: exit 2 naming the option, nothing written") {
         const std::string png = dir + "/bad.png";
         const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {

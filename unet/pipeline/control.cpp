@@ -3,6 +3,8 @@
 
 #include "cache/io/error.h"
 #include "cache/io/sha256.h"
+#include "unet/model/unet_perf.h"
+#include "unet/pipeline/control_preprocess.h"
 #include "unet/pipeline/img2img.h"
 
 #include <nlohmann/json.hpp>
@@ -224,6 +226,23 @@ UNetCond ControlRun::at(const UNetCond& base, int k) const {
     UNetCond out = base;
     if (!src->parts.empty()) out.control = src;
     return out;
+}
+
+void match_controlnet_to_unet(ControlNetModel& net, const SDModels& models) {
+    net->set_attention_kernel(models.attention);
+    perf::set_gemm_backend(*net, models.gemm);
+    net->to(models.unet->conv_in->weight.device());
+    net->eval();
+}
+
+void prepare_control(std::vector<ControlParams>& control, const SDModels& models, const std::string& preprocess,
+                     int64_t prompts) {
+    if (control.empty()) return;
+    const auto spec = ControlPreprocessSpec::parse(preprocess, "control_preprocess");
+    if (spec.kind != ControlPreprocess::None)
+        for (auto& c : control) c.pixels = preprocess_control_image(control_image_rgb(c), spec);
+    validate_control(control, models.unet->config(), prompts);
+    for (auto& c : control) match_controlnet_to_unet(c.net, models);
 }
 
 } // namespace anchor::unet

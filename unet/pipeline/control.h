@@ -11,6 +11,7 @@
 // UNet does not evaluate runs no ControlNet either.
 #pragma once
 
+#include "unet/model/checkpoint.h"
 #include "unet/model/controlnet.h"
 
 #include <nlohmann/json_fwd.hpp>
@@ -60,6 +61,16 @@ std::vector<ControlParams> make_control_params(const std::vector<std::string>& n
                                                const std::vector<double>& scales, const std::vector<double>& starts,
                                                const std::vector<double>& ends, bool guess_mode,
                                                torch::ScalarType dtype = torch::kFloat);
+
+// A ControlNet given the arithmetic of the UNet it feeds: its attention kernel, GEMM backend and device (the same
+// kernels on both sides keep the residuals consistent with the UNet's own features), in eval mode.
+void match_controlnet_to_unet(ControlNetModel& net, const SDModels& models);
+
+// The ControlNets of a run made ready against the loaded models: `preprocess` applied to each control image (their
+// pixels from here on), everything checked (validate_control, with `prompts` prompts), then each ControlNet matched
+// to the UNet (match_controlnet_to_unet).
+void prepare_control(std::vector<ControlParams>& control, const SDModels& models, const std::string& preprocess,
+                     int64_t prompts);
 
 // What the image sidecar records of the ControlNets (one object each): the model as given, the control image's file
 // and SHA-256 (of the file, or of the pixels given), scale, start, end, guess mode.

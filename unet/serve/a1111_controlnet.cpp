@@ -46,10 +46,7 @@ ControlNetModel ControlNetLibrary::get(const std::string& path, const SDModels& 
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = loaded_.find(path); it != loaded_.end()) return it->second;
     auto net = load_controlnet(path, models.unet->conv_in->weight.scalar_type());
-    net->set_attention_kernel(models.attention); // the UNet's arithmetic and device, as anchor-sd's --control-net
-    perf::set_gemm_backend(*net, models.gemm);
-    net->to(models.unet->conv_in->weight.device());
-    net->eval();
+    match_controlnet_to_unet(net, models); // the UNet's arithmetic and device, as anchor-sd's --control-net
     loaded_.emplace(path, net);
     return net;
 }
