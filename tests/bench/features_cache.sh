@@ -37,7 +37,8 @@ from PIL import Image, ImageDraw
 m = Image.new("L", (32, 32), 0); ImageDraw.Draw(m).rectangle([8, 8, 23, 23], fill=255); m.save(sys.argv[1])
 PYEOF
 mapfile -t prompts < <(grep -v '^#' tests/bench/prompts/fashion_heldout.txt | grep -v '^$' | awk 'NR % 6 == 1')
-hires=(); "$sd" --help 2>&1 | grep -q -- '--hires-scale' && hires=(hires)
+help=$("$sd" --help 2>&1 || true) # (not piped into grep -q: under pipefail its early exit fails the pipe)
+hires=(); [[ "$help" == *--hires-scale* ]] && hires=(hires)
 features=(${FEATURES:-none controlnet lora0.5 lora1 lora1.5 img2img inpaint ${hires[*]}})
 raw=$work/raw.txt; : >"$raw"
 base=(-m "$model" --steps "$steps" --cfg-scale 5 -W 32 -H 32 --threads 1)

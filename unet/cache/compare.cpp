@@ -251,6 +251,7 @@ CompareRun run_compare_modes(Txt2ImgPipeline& pipe, const Txt2ImgParams& p, cons
         w.decode = false;
         w.free_params = false;
         if (w.init.enabled()) w.init.strength = 1.0; // one loop step whatever the strength
+        w.hires.enabled = false; // the first pass's shapes only: one step has no second pass to run
         (void)pipe.run(w);
     }
     CompareRun out;
