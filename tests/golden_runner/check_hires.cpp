@@ -92,13 +92,27 @@ std::vector<CaseResult> run_hires_case(const fs::path& dir, const Context& ctx) 
             if (g.has("upscaled_latents"))
                 st.check("upscaled_latents", stages.upscaled_latents, g.get("upscaled_latents"), kAtol, kRtol);
             if (g.has("base_image_uint8")) {
+#if TORCH_VERSION_MAJOR >= 2
+                // LibTorch 2.x's VAE decode rounds differently from the reference's 1.13 (~1e-6): A1111's
+                // truncation to uint8 then moves a value sitting on a level boundary by one level.
+                const double u8_tol = 1.0;
+#else
+                const double u8_tol = 0.0; // bit for bit on the reference's LibTorch
+#endif
                 st.check("base_image_uint8", stages.base_image_uint8.to(torch::kFloat),
-                         g.get("base_image_uint8").to(torch::kFloat), 0, 0);
+                         g.get("base_image_uint8").to(torch::kFloat), u8_tol, 0);
                 st.check("upscaled_image_uint8", stages.upscaled_image_uint8.to(torch::kFloat),
-                         g.get("upscaled_image_uint8").to(torch::kFloat), 0, 0);
+                         g.get("upscaled_image_uint8").to(torch::kFloat), u8_tol, 0);
             }
             st.check("hires_noise", res.init.noise, g.get("hires_noise"), 0, 0);
-            st.check("final_latents", res.final_latents, g.get("final_latents"), kAtol, kRtol);
+#if TORCH_VERSION_MAJOR >= 2
+            // A pixel upscaler's image moved by one uint8 level (above) is encoded into the second pass: its final
+            // latents move by a few 1e-4 on LibTorch 2.x; the latent upscalers stay within kAtol.
+            const double final_atol = g.has("base_image_uint8") ? 10 * kAtol : kAtol;
+#else
+            const double final_atol = kAtol;
+#endif
+            st.check("final_latents", res.final_latents, g.get("final_latents"), final_atol, kRtol);
             st.check("image", res.image, g.get("image"), kAtol, kRtol);
             st.check("image_uint8", res.image_uint8.to(torch::kFloat), g.get("image_uint8").to(torch::kFloat), 1.0, 0);
         }));
