@@ -5,7 +5,6 @@
 #include "cache/util/bench.h"
 #include "unet/cache/freq_cache.h"
 
-#include <chrono>
 #include <cmath>
 
 namespace anchor::unet {
@@ -100,9 +99,9 @@ CacheBenchReport run_cache_bench(Txt2ImgPipeline& pipe, const CacheBenchParams& 
                 torch::Tensor ref;
                 for (size_t k = 0; k < p.modes.size(); ++k) { // interleaved: every mode sees the same machine state
                     auto c = make_cache_controller(p.modes[k]);
-                    const auto t0 = std::chrono::steady_clock::now();
+                    const double t0 = util::now_s();
                     auto res = pipe.run(run, c.get());
-                    const double image_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                    const double image_s = util::now_s() - t0;
                     auto& m = rep.modes[k];
                     m.wall_s.push_back(res.denoise_s);
                     m.image_s.push_back(image_s);
