@@ -8,6 +8,8 @@
 #include "cache/util/bench.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
+#include "kernels/onednn.h"
+#include "unet/model/checkpoint.h"
 #include "unet/bench/cache_bench.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/model/unet_macs.h"
@@ -28,6 +30,9 @@ struct Options {
     std::string modes = "off,deepcache:2,deepcache:3,deepcache:5,freq:thr=0.5,freq,freq:thr=2";
     int max_prompts = 4, repeat = -1;
     bool overwrite = false;
+    // -m only: the load options `anchor-sd -m` and `bench` take, so that a bf16 row times bf16 arithmetic.
+    std::optional<kernels::GemmBackend> gemm;
+    torch::ScalarType weights_dtype = torch::kFloat;
 };
 
 torch::Device parse_device(const std::string& s) {
@@ -45,6 +50,8 @@ int run_bench_cache(Options& o) {
     b.repeat = o.repeat > 0 ? o.repeat : (o.model.empty() ? 3 : 1);
     b.base.device = parse_device(o.device);
     if (!o.model.empty() && !b.base.device.is_cpu()) throw UsageError("-m runs the pipeline on the CPU only");
+    if (o.model.empty() && (o.gemm || o.weights_dtype != torch::kFloat))
+        throw UsageError("--gemm and --weights-dtype apply to a model loaded with -m");
     b.validate();
     if (!o.output.empty()) check_output_path(o.output, o.overwrite);
     unet::SDModels models;
@@ -55,7 +62,10 @@ int run_bench_cache(Options& o) {
         models = unet::random_unet_models(cfg, uint64_t(b.base.seed), b.base.device);
         what = (o.unet_config.empty() ? std::string("SD 1.5 UNet") : o.unet_config) + " (random weights)";
     } else {
-        models = unet::load_sd_models(o.model);
+        unet::LoadOptions lo;
+        lo.gemm = o.gemm;
+        lo.weights_dtype = o.weights_dtype;
+        models = unet::load_sd_models(o.model, lo);
         b.prompts = read_prompts_file(o.prompts_file, o.max_prompts);
         what = o.model;
     }
@@ -65,7 +75,9 @@ int run_bench_cache(Options& o) {
         std::cout << line << std::endl;
         out << line << "\n";
     };
-    emit("anchor-sd bench-cache: " + what + ", " + std::to_string(torch::get_num_threads()) + " threads");
+    emit("anchor-sd bench-cache: " + what + ", " + std::to_string(torch::get_num_threads()) + " threads, " +
+         enum_name(kernels::gemm_backend_table(), models.gemm) + " gemm, " +
+         enum_name(unet::weights_dtype_table(), models.weights_dtype) + " weights");
     emit("  load average at start: " + util::load_average());
     const auto rep = unet::run_cache_bench(pipe, b);
     emit("  " + rep.setup + "\n");
@@ -115,6 +127,12 @@ void add_sd_bench_cache_command(CLI::App& app, std::vector<std::pair<CLI::App*, 
                     "interleaved runs of every mode per prompt and seed (default 3 with random weights, 1 with -m)");
     cmd->add_option("--unet-config", o->unet_config, "diffusers UNet config.json instead of SD 1.5's shapes");
     cmd->add_option("--device", o->device, "cpu or cuda[:N] (random weights only)")->capture_default_str();
+    add_enum_option(*cmd, "--gemm", o->gemm, kernels::gemm_backend_table(),
+                    "with -m: library of the linear layers and convolutions (kernels/onednn.h; bf16: bfloat16 operands "
+                    "summed in float32)",
+                    "unet::default_gemm_backend of the model's attention");
+    add_enum_option(*cmd, "--weights-dtype", o->weights_dtype, unet::weights_dtype_table(),
+                    "with -m: how the Linear/Conv weights are kept (f16/bf16 halve them)");
     cmd->add_option("-o,--output", o->output, "also write the table to this file and a JSON report to <file>.json");
     cmd->add_flag("--overwrite", o->overwrite, "replace existing --output files");
     runners.emplace_back(cmd, [o]() { return run_bench_cache(*o); });

@@ -18,7 +18,11 @@
 #              (bf16 operands, float32 sums and activations), diffusers with its model cast to torch.bfloat16
 #              (tests/bench/diffusers_sd15_dtype.py) - as rows unet256-bf16, unet512-bf16, vae512-bf16
 #   THREADS (2), REPS (3), SIZES ("256 512"), GGUF_DIR (where the random GPT-2 GGUFs are written; default BUILD_DIR/peers)
-#   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed); "sd": the SD rows alone
+#   ONLY       "gpt2": the GPT-2 rows alone (no SD runs; REF not needed); "sd": the SD rows alone; "sdxl": the SDXL
+#              rows alone (SDXL=1 implied)
+#   SDXL       1: also the SDXL base UNet, one CFG step at SDXL_SIZE^2 (default 1024): anchor-sd bench --family sdxl |
+#              diffusers-torch2 (tests/bench/sdxl_unet_peer.py, TORCH2_PY) for each of PRECISIONS, rows
+#              unet1024-sdxl[-bf16]; ~10 GB each side, one at a time
 #   The modern peers (issue: CPU speed against the engines CPU users pick today), each optional, rows named by peer:
 #   TORCH2_PY  python of a venv with PyPI torch 2.x and current diffusers: rows diffusers-torch2 (UNet step, VAE decode,
 #              the whole STEPS-step pipeline; f32 and, with PRECISIONS bf16, bf16) via tests/bench/sd15_pipeline_peer.py
@@ -64,7 +68,9 @@ sd=$build/anchor-sd
 text=$build/anchor-text
 [ -f "$peers/diffusers_sd15_step.py" ] || { echo "error: no peers folder at $peers (set PEERS)" >&2; exit 2; }
 only=${ONLY:-}
-case "$only" in "" | gpt2 | sd) ;; *) echo "error: ONLY must be empty, gpt2 or sd, got '$only'" >&2; exit 2 ;; esac
+case "$only" in "" | gpt2 | sd | sdxl) ;; *) echo "error: ONLY must be empty, gpt2, sd or sdxl, got '$only'" >&2; exit 2 ;; esac
+sdxl=${SDXL:-0}; [ "$only" = sdxl ] && sdxl=1
+sdxl_size=${SDXL_SIZE:-1024}
 if [ "$only" != gpt2 ]; then
   [ -n "$ref" ] && [ -d "$ref/diffusers/src" ] || { echo "error: set REF to the folder with diffusers/ and hfhub/" >&2; exit 2; }
 fi
@@ -137,7 +143,7 @@ pipeline_peer() { # pipeline_peer BACKEND PY PRECISION SIZE PARTS: lines "<prefi
 for r in $(seq 1 "$rounds"); do
   log "round $r, load $(cut -d' ' -f1-3 /proc/loadavg)"
   sizes=${SIZES:-256 512}
-  [ "$only" = gpt2 ] && sizes=
+  [ "$only" = gpt2 ] || [ "$only" = sdxl ] && sizes=
   for prec in ${PRECISIONS:-f32}; do
   ours_prec=(); sfx=; peer_script=("$peers/diffusers_sd15_step.py")
   if [ "$prec" = bf16 ]; then
@@ -190,7 +196,7 @@ for r in $(seq 1 "$rounds"); do
         fi
       done
       if [ "$image" = 1 ]; then # ours, the whole image: off and the default freq, interleaved by bench-cache
-        o=$("$sd" -t "$threads" "${ours_prec[@]}" bench-cache -m "$sd15_file" -W $size -H $size --steps "$steps" \
+        o=$("$sd" -t "$threads" bench-cache -m "$sd15_file" "${ours_prec[@]}" -W $size -H $size --steps "$steps" \
               --modes off,freq --repeat "$image_reps" --max-prompts 1 2>&1)
         for mode in off freq; do
           v=$(echo "$o" | awk -v m="$mode" '$1 == m {split($7, a, "/"); print a[2]}')
@@ -219,7 +225,25 @@ for r in $(seq 1 "$rounds"); do
     fi
   done
   done
-  [ "$only" = sd ] && continue
+  if [ "$sdxl" = 1 ] && [ "$only" != gpt2 ]; then # SDXL base UNet, one CFG step (issue 60's third goal)
+    for prec in ${PRECISIONS:-f32}; do
+      ours_prec=(); sfx=; [ "$prec" = bf16 ] && { ours_prec=(--gemm bf16 --weights-dtype bf16); sfx=-bf16; }
+      o=$("$sd" -t "$threads" bench --family sdxl -W "$sdxl_size" -H "$sdxl_size" --repeat "$reps" --warmup 1 \
+            "${ours_prec[@]}" 2>&1)
+      u=$(echo "$o" | grep -A1 '^UNet step' | sed -n 's/^  runs: \(.*\) s$/\1/p')
+      log "  ours      sdxl unet$sfx $sdxl_size: $u s   ($(echo "$o" | grep -m1 '^peak RSS' | xargs))"
+      sample "unet$sdxl_size-sdxl$sfx ours" $u
+      if [ -n "$torch2_py" ]; then
+        p=$(modern_py "$torch2_py" "$root/tests/bench/sdxl_unet_peer.py" --size "$sdxl_size" --reps "$reps" \
+              --threads "$threads" --precision "$prec" 2>&1 || true)
+        v=$(echo "$p" | awk '$1 == "torch_sdxl_unet_step_s" {print $3}' | xargs)
+        [ -n "$v" ] || { log "  diffusers-torch2 sdxl unet$sfx: failed: $(echo "$p" | tail -2 | xargs)"; continue; }
+        log "  diffusers-torch2 sdxl unet$sfx $sdxl_size: $v s"
+        sample "unet$sdxl_size-sdxl$sfx diffusers-torch2" $v
+      fi
+    done
+  fi
+  [ "$only" = sd ] || [ "$only" = sdxl ] && continue
   o=$("$text" -t "$threads" gpt2 bench --repeats "$reps" --stream-tokens 32 --recompute-repeats 1 2>&1)
   f32=$(echo "$o" | grep -A1 'f32 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
   f16=$(echo "$o" | grep -A1 'f16 weights' | sed -n 's/^  context   16: \([0-9.]*\) \/ \([0-9.]*\) \/ \([0-9.]*\) ms.*/\1 \2 \3/p')
@@ -251,7 +275,7 @@ d = collections.OrderedDict()
 for line in open(sys.argv[1]):
     work, who, v = line.split()
     d.setdefault(work, collections.OrderedDict()).setdefault(who, []).append(float(v))
-units = {w: "s" for w in ("unet256", "unet512", "vae512", "image512")}
+units = {w: "s" for w in ("unet256", "unet512", "vae512", "image512", "unet1024-sdxl", "unet512-sdxl")}
 units.update({w + "-bf16": "s" for w in list(units)})
 for work, sides in d.items():
     ours = sides.get("ours")
