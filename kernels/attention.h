@@ -86,6 +86,10 @@ struct AttentionOptions {
     bool causal = false;
     // Added to the scores when defined (broadcast to [B, H, N, M]; e.g. CLIP's 0 / -inf causal mask), before `causal`.
     torch::Tensor additive_mask;
+    // The tiled kernel (Flash, and Fused where it takes the tiled path) multiplies bfloat16 operands summed in float32
+    // - q, k, v and the probabilities rounded to bfloat16, scores and softmax in float32 - where flash_bf16_available;
+    // elsewhere ignored. For models run with bf16 linear layers (the UNet's and VAE's --gemm bf16).
+    bool bf16_products = false;
 };
 
 // softmax(scores) @ v for q, k, v in `opts.layout`, with the formulation, mask and kernel of `opts`.
@@ -118,6 +122,8 @@ enum class FlashIsa { Avx512, Avx2, Portable };
 const EnumTable<FlashIsa>& flash_isa_table();
 FlashIsa flash_best_isa(); // what flash_attention runs by default on this CPU
 bool flash_isa_available(FlashIsa isa);
+// Whether opts.bf16_products takes effect: the AVX-512 path on a CPU with AVX512-BF16.
+bool flash_bf16_available();
 // float32 CPU tensors outside autograd, >= kMinQueries queries, no additive mask, in opts.layout.
 bool flash_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const AttentionOptions& opts);

@@ -44,10 +44,17 @@ struct FlashHead {
     float scale;
     bool causal;
     int64_t causal_offset; // query i sees keys j <= i + causal_offset
+    // The bfloat16 path: K^T as pairs of head dimensions [Dh, Mp, 2] and V as pairs of keys [Mp / 2, Dp, 2]
+    // (bfloat16 bits; zero past M, D), Dh = ceil(D / 2); kt and vb are unused there.
+    const uint16_t* kt2 = nullptr;
+    const uint16_t* vb2 = nullptr;
+    int64_t Dh = 0;
 };
 
 struct FlashScratch {
     float *o, *m, *l, *s;
+    uint32_t* qb = nullptr; // bfloat16 path: the block's queries as pairs [rows, Dh]
+    uint16_t* pb = nullptr; // and a tile's probabilities [R, kBlockKeys]
 };
 
 // ---- portable -----------------------------------------------------------------------------------------------------
@@ -148,6 +155,114 @@ void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
 #else
 #pragma GCC pop_options
 #endif
+
+// ---- AVX-512 BF16 -------------------------------------------------------------------------------------------------
+// The same tiling with both products on bfloat16 operands summed in float32 (vdpbf16ps: each lane adds the products
+// of one pair of bfloat16 values, so q k^T runs over pairs of head dimensions and p v over pairs of keys). The
+// scores, the online softmax and the output stay float32; q, k, v are rounded to bfloat16 once when packed and the
+// probabilities once per block - the operands oneDNN's and PyTorch's bf16 attention multiply. Taken only when the
+// caller asks for bf16 products (AttentionOptions::bf16_products: the UNet under --gemm bf16).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512bf16"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16")
+#endif
+namespace avx512bf16 {
+using Vec = avx512::Vec;
+#include "kernels/flash_tile.inc"
+
+template <int R, int KC, int DC> void flash_block_bf16(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
+    constexpr int W = 16;
+    const int64_t Mp = h.Mp, Dp = h.Dp, Dh = h.Dh, nrows = i1 - i0;
+    const int64_t tiles = (nrows + R - 1) / R;
+    float* O = s.o;
+    float* m = s.m;
+    float* l = s.l;
+    float* S = s.s;
+    uint32_t* Qb = s.qb;
+    uint16_t* Pb = s.pb;
+    const float ninf = -__builtin_inff();
+    for (int64_t r = 0; r < tiles * R; ++r) {
+        m[r] = ninf, l[r] = 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[r * Dp + d] = 0.f;
+        const float* q = h.q + (i0 + r < i1 ? i0 + r : i1 - 1) * h.qs; // tail rows repeat the last one
+        for (int64_t p = 0; p < Dh; ++p)
+            Qb[r * Dh + p] = uint32_t(bf16_bits(q[2 * p])) |
+                             uint32_t(2 * p + 1 < h.D ? bf16_bits(q[2 * p + 1]) : 0) << 16;
+    }
+    int64_t key_end = Mp;
+    if (h.causal) {
+        const int64_t lim = i1 + h.causal_offset;
+        key_end = lim <= 0 ? 0 : (lim + KC * W - 1) / (KC * W) * (KC * W);
+        if (key_end > Mp) key_end = Mp;
+    }
+    const __m512 vscale = _mm512_set1_ps(h.scale);
+    const uint32_t* P32 = reinterpret_cast<const uint32_t*>(Pb);
+    for (int64_t kb = 0; kb < key_end; kb += kBlockKeys) {
+        const int64_t nb = key_end - kb < kBlockKeys ? key_end - kb : kBlockKeys; // a multiple of KC * W, even
+        for (int64_t t = 0; t < tiles; ++t) {
+            int64_t row[R];
+            for (int r = 0; r < R; ++r) row[r] = i0 + t * R + r < i1 ? i0 + t * R + r : i1 - 1;
+            const uint32_t* qt = Qb + t * R * Dh;
+            for (int64_t j = 0; j < nb; j += KC * W) {
+                __m512 acc[R][KC];
+                for (int r = 0; r < R; ++r)
+                    for (int c = 0; c < KC; ++c) acc[r][c] = _mm512_setzero_ps();
+                const uint16_t* kt = h.kt2 + (kb + j) * 2;
+                for (int64_t p = 0; p < Dh; ++p) {
+                    __m512bh kv[KC];
+                    for (int c = 0; c < KC; ++c)
+                        kv[c] = (__m512bh)_mm512_loadu_si512(kt + (p * Mp + c * W) * 2);
+                    for (int r = 0; r < R; ++r) {
+                        const __m512bh b = (__m512bh)_mm512_set1_epi32(int(qt[r * Dh + p]));
+                        for (int c = 0; c < KC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], b, kv[c]);
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int c = 0; c < KC; ++c)
+                        _mm512_storeu_ps(S + r * kBlockKeys + j + c * W, _mm512_mul_ps(acc[r][c], vscale));
+            }
+            online_softmax_tile<R>(h, S, nb, kb, row, m + t * R, l + t * R, O + t * R * Dp, Dp);
+            for (int r = 0; r < R; ++r) // the probabilities as bfloat16: consecutive keys form the pairs
+                for (int64_t j = 0; j < nb; j += W)
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(Pb + r * kBlockKeys + j),
+                                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(S + r * kBlockKeys + j)));
+            for (int64_t d0 = 0; d0 < Dp; d0 += DC * W) {
+                const int dc = int((Dp - d0) / W < DC ? (Dp - d0) / W : DC);
+                __m512 acc[R][DC];
+                for (int r = 0; r < R; ++r)
+                    for (int c = 0; c < dc; ++c) acc[r][c] = _mm512_loadu_ps(O + (t * R + r) * Dp + d0 + c * W);
+                const uint16_t* vb = h.vb2 + ((kb / 2) * Dp + d0) * 2;
+                for (int64_t jp = 0; jp < nb / 2; ++jp) {
+                    __m512bh vv[DC];
+                    for (int c = 0; c < dc; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vb + (jp * Dp + c * W) * 2);
+                    for (int r = 0; r < R; ++r) {
+                        const __m512bh p = (__m512bh)_mm512_set1_epi32(int(P32[r * (kBlockKeys / 2) + jp]));
+                        for (int c = 0; c < dc; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, vv[c]);
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int c = 0; c < dc; ++c) _mm512_storeu_ps(O + (t * R + r) * Dp + d0 + c * W, acc[r][c]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        float* out = h.o + (i0 + r) * h.os;
+        for (int64_t d = 0; d < h.D; ++d) out[d] = O[r * Dp + d] * inv;
+    }
+}
+
+void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
+    flash_block_bf16<8, 3, 3>(h, i0, i1, s);
+}
+} // namespace avx512bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 #endif
 
 using RunFn = void (*)(const FlashHead&, int64_t, int64_t, FlashScratch&);
@@ -179,6 +294,14 @@ FlashIsa flash_best_isa() {
     if (f.avx2 && f.fma) return FlashIsa::Avx2;
 #endif
     return FlashIsa::Portable;
+}
+
+bool flash_bf16_available() {
+#if defined(__x86_64__)
+    return flash_best_isa() == FlashIsa::Avx512 && cpu_features().avx512bf16;
+#else
+    return false;
+#endif
 }
 
 bool flash_isa_available(FlashIsa isa) {
@@ -247,12 +370,38 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
     // Both packed operands in one block from LibTorch's allocator, which serves a forward's large blocks from its
     // cache (cache/util/heap.h): glibc may hand a freed block of this size back to the system and fault it in again,
     // page by page, on the next call. Only the padding is zeroed; the packing writes everything else.
-    const torch::Tensor packed = torch::empty({BH * D * Mp + BH * Mp * Dp}, torch::kFloat);
-    float* const kt = packed.data_ptr<float>();
-    float* const vb = kt + BH * D * Mp;
+    const bool bf16 = o.bf16_products && flash_bf16_available() && isa == FlashIsa::Avx512;
+    const int64_t Dh = (D + 1) / 2;
     const bool parallel_pack = BH * M * D >= (int64_t(1) << 15);
+    // bf16: K^T as pairs of head dimensions [Dh, Mp, 2], V as pairs of keys [Mp / 2, Dp, 2], zero-filled first (the
+    // padding; a few MiB at most); the float32 operands are not made.
+    const torch::Tensor packed2 = bf16 ? torch::zeros({BH * Dh * Mp * 2 + BH * Mp * Dp}, torch::kShort) : torch::Tensor();
+    uint16_t* const kt2 = bf16 ? reinterpret_cast<uint16_t*>(packed2.data_ptr<int16_t>()) : nullptr;
+    uint16_t* const vb2 = bf16 ? kt2 + BH * Dh * Mp * 2 : nullptr;
+    if (bf16) {
 #pragma omp parallel for schedule(static) if (parallel_pack)
-    for (int64_t bh = 0; bh < BH; ++bh) {
+        for (int64_t bh = 0; bh < BH; ++bh) {
+            const int64_t b = bh / H, h = bh % H;
+            const float* kh = head_base(k, b, h);
+            const float* vh = head_base(v, b, h);
+            uint16_t* ktp = kt2 + bh * Dh * Mp * 2;
+            uint16_t* vbp = vb2 + bh * Mp * Dp;
+            const int64_t ks = k.stride(row_axis), vs = v.stride(row_axis);
+            for (int64_t j = 0; j < M; ++j) {
+                const float* kr = kh + j * ks;
+                const float* vr = vh + j * vs;
+                for (int64_t d = 0; d < D; ++d) {
+                    ktp[((d / 2) * Mp + j) * 2 + (d & 1)] = bf16_bits(kr[d]);
+                    vbp[((j / 2) * Dp + d) * 2 + (j & 1)] = bf16_bits(vr[d]);
+                }
+            }
+        }
+    }
+    const torch::Tensor packed = torch::empty({bf16 ? 0 : BH * D * Mp + BH * Mp * Dp}, torch::kFloat);
+    float* const kt = packed.data_ptr<float>();
+    float* const vb = kt + (bf16 ? 0 : BH * D * Mp);
+#pragma omp parallel for schedule(static) if (parallel_pack && !bf16)
+    for (int64_t bh = 0; bh < (bf16 ? 0 : BH); ++bh) {
         const int64_t b = bh / H, h = bh % H;
         const float* kh = head_base(k, b, h);
         const float* vh = head_base(v, b, h);
@@ -278,6 +427,9 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
         std::vector<float> scratch(size_t(rows * Dp + 2 * rows + path.rows * kBlockKeys));
         FlashScratch s{scratch.data(), scratch.data() + rows * Dp, scratch.data() + rows * Dp + rows,
                        scratch.data() + rows * Dp + 2 * rows};
+        std::vector<uint32_t> qb(bf16 ? size_t(rows * Dh) : 0);
+        std::vector<uint16_t> pb(bf16 ? size_t(path.rows * kBlockKeys) : 0);
+        s.qb = qb.data(), s.pb = pb.data();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t job = 0; job < jobs; ++job) {
             const int64_t bh = job / blocks, blk = job % blocks, b = bh / H, h = bh % H;
@@ -296,6 +448,13 @@ torch::Tensor flash_attention(const torch::Tensor& q_in, const torch::Tensor& k_
                          o.causal && N > 1,
                          M - N};
             const int64_t i0 = blk * kBlockRows, i1 = std::min(N, i0 + kBlockRows);
+#if defined(__x86_64__)
+            if (bf16) {
+                fh.kt2 = kt2 + bh * Dh * Mp * 2, fh.vb2 = vb2 + bh * Mp * Dp, fh.Dh = Dh;
+                avx512bf16::run(fh, i0, i1, s);
+                continue;
+            }
+#endif
             path.run(fh, i0, i1, s);
         }
     }

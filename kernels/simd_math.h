@@ -65,3 +65,19 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
 
 } // namespace anchor::kernels::simd
 #endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace anchor::kernels {
+
+// float32 -> bfloat16 bits, rounded to nearest even as LibTorch's and oneDNN's conversions round; a NaN stays a NaN
+// (quiet). For the kernels that write bfloat16 operands themselves (winograd.cpp, flash_attention.cpp).
+inline uint16_t bf16_bits(float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t(rounded);
+}
+
+} // namespace anchor::kernels

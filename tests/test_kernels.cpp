@@ -346,6 +346,66 @@ TEST_CASE("flash_attention matches float64 attention on random shapes, every ins
                       Catch::Contains("do not match"));
 }
 
+TEST_CASE("flash_attention with bf16 products: float64 attention of the bf16 operands within the probabilities' "
+          "rounding", "[kernels][attention]") {
+    if (!flash_bf16_available()) return; // elsewhere bf16_products is ignored (the float32 kernel runs)
+    // q, k, v are rounded to bfloat16 once and their products are exact in float32 sums, so the reference is
+    // float64 attention of the rounded operands; what is left is the probabilities' own rounding to bfloat16 (relative
+    // 2^-9 per term) before P V, bounded by 2^-8 of the output, and far below the rounding of the operands themselves.
+    torch::manual_seed(17);
+    std::mt19937 rng(5);
+    auto pick = [&](std::vector<int64_t> v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+    auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
+    double worst = 0;
+    for (int t = 0; t < 40; ++t) {
+        torch::set_num_threads(t % 2 ? 2 : 1);
+        const int64_t B = pick({1, 2}), N = pick({8, 17, 64, 65, 300}), H = pick({1, 3, 8}),
+                      D = pick({1, 5, 8, 40, 64, 80, 160});
+        const bool causal = t % 5 == 4, heads_layout = t % 3 == 1;
+        const int64_t M = causal ? N + pick({0, 5}) : pick({1, 8, 77, 193, 600});
+        AttentionOptions o;
+        o.heads = H;
+        o.causal = causal;
+        o.layout = heads_layout ? AttentionLayout::Heads : AttentionLayout::Projection;
+        o.formula = ScoreFormula::ScaleAfter;
+        auto shape = [&](int64_t n) {
+            return heads_layout ? std::vector<int64_t>{B, H, n, D} : std::vector<int64_t>{B, n, H * D};
+        };
+        auto q = torch::randn(shape(N)), k = torch::randn(shape(M)), v = torch::randn(shape(M));
+        CAPTURE(t, B, N, M, H, D, causal, heads_layout);
+        const auto truth_rounded = attention_matmul(rounded(q), rounded(k), rounded(v), o);
+        const auto truth = attention_matmul(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), o);
+        o.bf16_products = true;
+        const auto y = flash_attention(q, k, v, o);
+        const double e = rel_err(y, truth_rounded);
+        CHECK(e < std::ldexp(1.0, -8));
+        if (D >= 8) CHECK(e < rel_err(truth_rounded, truth)); // the operands' rounding dominates
+        worst = std::max(worst, e);
+    }
+    torch::set_num_threads(1);
+    WARN("bf16 flash attention vs float64 of the bf16 operands, worst relative error of 40 cases: " << worst);
+    // Through the entry point with the UNet's formulation (77 keys: CLIP's prompt, padded to the key step with masked
+    // keys), and a NaN reaching only its own row - on both paths (the vector maximum skips a NaN next to the masked
+    // keys' -inf; the softmax step looks for it there).
+    auto q = torch::randn({2, 300, 320}), k = torch::randn({2, 77, 320}), v = torch::randn({2, 77, 320});
+    AttentionOptions o;
+    o.heads = 8;
+    o.kernel = AttentionKernel::Flash;
+    o.bf16_products = true;
+    const double scale = 1.0 / std::sqrt(40.0);
+    const auto truth = attention_reference(rounded(q), rounded(k), rounded(v), 8, scale);
+    CHECK(rel_err(attention(q, k, v, o), truth) < std::ldexp(1.0, -8));
+    q[0][3][1] = std::numeric_limits<float>::quiet_NaN();
+    for (bool bf16 : {false, true}) {
+        o.bf16_products = bf16;
+        const auto out = attention(q, k, v, o);
+        CHECK(std::isnan(out[0][3][0].item<float>()));
+        CHECK(std::isnan(out[0][3][39].item<float>()));
+        CHECK_FALSE(std::isnan(out[0][3][40].item<float>())); // the next head
+        CHECK_FALSE(std::isnan(out[0][4][0].item<float>()));
+    }
+}
+
 namespace {
 // The attention the text models computed before kernels::attention served them, kept verbatim as references.
 // nanoGPT (GPT-2): full causal forward (M == N) and new tokens after a KV cache (M > N); SEDD/MDLM: no mask.

@@ -62,9 +62,10 @@ kernels::GemmBackend default_gemm_backend(kernels::AttentionKernel a) {
 // ---- attention core ------------------------------------------------------------------------------------------------
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                            kernels::AttentionKernel kernel, bool fast) {
+                            kernels::AttentionKernel kernel, bool fast, bool bf16_products) {
     kernels::AttentionOptions o;
     o.heads = heads;
+    o.bf16_products = fast && bf16_products;
     // The plain module forwards (fast paths off) are the reference; the fast paths chunk the queries so the score
     // buffer stays small (unet_perf.h).
     o.kernel = fast ? kernel : kernels::AttentionKernel::Reference;
@@ -154,11 +155,15 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context) {
         k = k_ctx_, v = v_ctx_;
     } else if (fused_ && !context.defined()) {
         auto qkv = fused_projection(x);
-        return perf::linear(out_linear, multi_head_attention(qkv[0], qkv[1], qkv[2], heads, kernel, fast), *this);
+        return perf::linear(
+            out_linear,
+            multi_head_attention(qkv[0], qkv[1], qkv[2], heads, kernel, fast, perf::bf16_operands(*this)), *this);
     } else {
         k = perf::linear(to_k, c, *this), v = perf::linear(to_v, c, *this);
     }
-    return perf::linear(out_linear, multi_head_attention(perf::linear(to_q, x, *this), k, v, heads, kernel, fast),
+    return perf::linear(out_linear,
+                        multi_head_attention(perf::linear(to_q, x, *this), k, v, heads, kernel, fast,
+                                             perf::bf16_operands(*this)),
                         *this);
 }
 

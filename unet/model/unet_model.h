@@ -29,9 +29,10 @@ namespace anchor::unet {
 // Multi-head scaled dot-product attention of the UNet and VAE (diffusers' AttnProcessor): q [B, N, C], k/v [B, M, C]
 // -> [B, N, C], scale head_dim^-0.5, through kernels::attention with `kernel` (the reference ops when the module fast
 // paths are off, unet_perf.h).
+// bf16_products: the tiled kernel's products on bfloat16 operands (AttentionOptions::bf16_products; --gemm bf16).
 torch::Tensor multi_head_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    int64_t heads, kernels::AttentionKernel kernel = kernels::AttentionKernel::Exact,
-                                   bool fast = true);
+                                   bool fast = true, bool bf16_products = false);
 
 // ---- building blocks shared with the VAE ----------------------------------------------------------------------------
 

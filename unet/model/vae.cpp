@@ -143,7 +143,7 @@ Tensor VaeAttentionImpl::forward(const Tensor& x) {
     const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
     auto h = group_norm->forward(x).view({B, C, H * W}).transpose(1, 2);
     auto o = multi_head_attention(perf::linear(to_q, h, *this), perf::linear(to_k, h, *this),
-                                  perf::linear(to_v, h, *this), 1, kernel, fast);
+                                  perf::linear(to_v, h, *this), 1, kernel, fast, perf::bf16_operands(*this));
     o = perf::linear(out_linear, o, *this).transpose(1, 2).reshape({B, C, H, W});
     return o + x;
 }
