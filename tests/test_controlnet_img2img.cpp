@@ -2,9 +2,9 @@
 // the pipeline against diffusers 0.27.2): anchor-sd -i INIT [--mask M] --control-net --control-image runs with the
 // 4- and 9-channel UNets, a control image of another size than the init image is resized to the output size as
 // diffusers' control_image_processor does, and a ControlNet of another family is refused before anything is written.
+#include "tests/controlnet_test_util.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
-#include "cache/io/safetensors.h"
 #include "unet/model/controlnet.h"
 #include "unet/pipeline/pipeline.h"
 
@@ -52,17 +52,7 @@ std::string cni_wide_controlnet(const std::string& dir) {
     c.embedding_channels = {8, 16};
     torch::manual_seed(3);
     ControlNetModel net(c);
-    const std::string folder = dir + "/wide_cn";
-    std::filesystem::create_directories(folder);
-    NamedTensors t;
-    for (const auto& kv : net->named_parameters()) t.emplace_back(kv.key(), kv.value().contiguous());
-    save_safetensors(folder + "/diffusion_pytorch_model.safetensors", t);
-    ucfg["_class_name"] = "ControlNetModel";
-    ucfg["conditioning_embedding_out_channels"] = {8, 16};
-    ucfg.erase("up_block_types");
-    ucfg.erase("out_channels");
-    std::ofstream(folder + "/config.json") << ucfg.dump(1);
-    return folder;
+    return test::save_controlnet_folder(net, ucfg, dir + "/wide_cn");
 }
 
 } // namespace
