@@ -24,8 +24,8 @@ const std::string kCniCase = "tests/golden/sd/controlnet_img2img_tiny";
 const std::string kCniModel = "assets/models/sd15-tiny-random";
 
 std::vector<std::string> cni_args(const std::string& out, std::vector<std::string> more) {
-    std::vector<std::string> a{"-m",      kCniModel, "-p", "a red house", "--steps", "4", "--seed", "7", "--threads",
-                               "1",       "-o",      out,  "--sampler",   "ddim"};
+    std::vector<std::string> a{"-m", kCniModel,   "-p", "a red house", "--steps", "4",         "--seed",
+                               "7",  "--threads", "1",  "-o",          out,       "--sampler", "ddim"};
     a.insert(a.end(), more.begin(), more.end());
     return a;
 }
@@ -57,15 +57,17 @@ std::string cni_wide_controlnet(const std::string& dir) {
 
 } // namespace
 
-TEST_CASE("anchor-sd img2img and inpaint with --control-net: run with 4- and 9-channel UNets, a control image of "
-          "another size is resized to the output, another family's ControlNet exits 2 with nothing written",
-          "[controlnet][img2img][cli][sd]") {
+TEST_CASE(
+    "anchor-sd img2img and inpaint with --control-net: run with 4- and 9-channel UNets, a control image of "
+    "another size is resized to the output, --prompt-from gives the same pixels, another family's ControlNet exits 2 "
+    "with nothing written",
+    "[controlnet][img2img][cli][sd]") {
     namespace fs = std::filesystem;
     const auto dir = test::scratch_dir("cli_controlnet_img2img");
     const std::string cn = kCniCase + "/controlnet", init = kCniCase + "/init_32x16.png",
                       mask = kCniCase + "/mask_32x16.png", control = kCniCase + "/control_20x20.png";
-    const std::vector<std::string> with_cn{"-i", init, "--strength", "0.75", "--control-net", cn,
-                                           "--control-image", control, "--control-scale", "1.5"};
+    const std::vector<std::string> with_cn{
+        "-i", init, "--strength", "0.75", "--control-net", cn, "--control-image", control, "--control-scale", "1.5"};
     auto run = [&](const std::vector<std::string>& args) {
         auto r = test::run_program(test::sd_bin(), args);
         INFO(r.output);
@@ -98,6 +100,10 @@ TEST_CASE("anchor-sd img2img and inpaint with --control-net: run with 4- and 9-c
         run(cni_args(dir + "/inp4.png", inp));
         const auto a = read_image_rgb(dir + "/inp4.png");
         CHECK(a.size(1) == 32);
+        // --prompt-from the image: its record names the init image, the mask, the ControlNet and its image, so the
+        // same pixels come back.
+        run({"-m", kCniModel, "--prompt-from", dir + "/inp4.png", "-o", dir + "/inp4_again.png", "--threads", "1"});
+        CHECK(torch::equal(read_image_rgb(dir + "/inp4_again.png"), a));
         auto args9 = cni_args(dir + "/inp9.png", inp);
         args9[1] = cni_inpaint_model(dir);
         run(args9);

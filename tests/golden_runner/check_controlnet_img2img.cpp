@@ -7,8 +7,8 @@
 // steps that run), the init stage (posterior, noise, initial latents, mask, masked-image latents), the first step's
 // summed residuals, then every step teacher-forced from the reference's latents before it (model input, UNet output,
 // latents after the step and the 4-channel inpaint blend), and the free-running final latents and images.
-#include "tests/golden_runner/sd_comparisons.h"
 #include "cache/util/strings.h"
+#include "tests/golden_runner/sd_comparisons.h"
 #include "unet/model/controlnet.h"
 #include "unet/pipeline/control.h"
 
@@ -18,7 +18,9 @@ namespace {
 using sdgolden::Comparison;
 using torch::Tensor;
 
-bool claims_cn_img2img(const fs::path& d) { return has_file(d, "controlnet_img2img.json"); }
+bool claims_cn_img2img(const fs::path& d) {
+    return has_file(d, "controlnet_img2img.json");
+}
 
 // The models of the case, relative to its folder: the UNets by key, the VAE, the ControlNet.
 struct CnI2iModels {
@@ -36,7 +38,8 @@ CnI2iModels load_cn_i2i_models(const fs::path& dir, const nlohmann::json& models
     m.base.family = unet::SdFamily::SD1;
     m.base.vae = unet::load_vae_folder((dir / models.at("vae").get<std::string>()).string());
     for (const char* k : {"unet", "unet_inpaint"})
-        if (models.contains(k)) m.unets.emplace(k, unet::load_unet_folder((dir / models[k].get<std::string>()).string()));
+        if (models.contains(k))
+            m.unets.emplace(k, unet::load_unet_folder((dir / models[k].get<std::string>()).string()));
     m.net = unet::load_controlnet((dir / models.at("controlnet").get<std::string>()).string());
     return m;
 }
@@ -45,11 +48,12 @@ CnI2iModels load_cn_i2i_models(const fs::path& dir, const nlohmann::json& models
 unet::Txt2ImgParams cn_i2i_params(const fs::path& dir, const nlohmann::json& r, const std::string& run,
                                   const CnI2iModels& mm, const WeightMap& g) {
     static const std::set<std::string> known = {
-        "pipeline", "unet",  "scheduler", "steps",      "strength", "guidance_scale", "seed",          "prompts",
-        "images_per_prompt", "batch",     "guess_mode", "init",     "mask",           "controlnets",   "width",
-        "height",   "timesteps_run",      "output_width", "output_height"};
+        "pipeline",          "unet",         "scheduler",    "steps", "strength", "guidance_scale", "seed",  "prompts",
+        "images_per_prompt", "batch",        "guess_mode",   "init",  "mask",     "controlnets",    "width", "height",
+        "timesteps_run",     "output_width", "output_height"};
     for (const auto& [k, v] : r.items())
-        if (!known.count(k)) throw Error("controlnet_img2img.json: runs." + run + ": key '" + k + "' is not understood");
+        if (!known.count(k))
+            throw Error("controlnet_img2img.json: runs." + run + ": key '" + k + "' is not understood");
     const std::string cls = r.at("pipeline").get<std::string>();
     const bool inpaint = cls == "StableDiffusionControlNetInpaintPipeline";
     if (!inpaint && cls != "StableDiffusionControlNetImg2ImgPipeline")
@@ -70,7 +74,8 @@ unet::Txt2ImgParams cn_i2i_params(const fs::path& dir, const nlohmann::json& r, 
     if (inpaint) p.init.masks = {(dir / r.at("mask").get<std::string>()).string()};
     // diffusers' encode_prompt with given embeddings: each prompt's row repeated num_images_per_prompt times.
     const int64_t P = r.at("prompts").get<int64_t>(), n = r.at("images_per_prompt").get<int64_t>();
-    if (r.at("batch").get<int64_t>() != P * n) throw Error("runs." + run + ": batch is not prompts x images_per_prompt");
+    if (r.at("batch").get<int64_t>() != P * n)
+        throw Error("runs." + run + ": batch is not prompts x images_per_prompt");
     const Tensor pos = g.get("prompt_embeds");
     if (pos.size(0) != P) throw Error("runs." + run + ": prompt_embeds rows differ from prompts");
     Tensor rows = pos.repeat_interleave(n, 0);
@@ -105,7 +110,8 @@ std::vector<Comparison> compare_cn_i2i_run(const fs::path& dir, const nlohmann::
     unet::SDModels models = mm.base;
     models.unet = mm.unets.at(unet_key);
     unet::match_controlnet_to_unet(mm.net, models);
-    const auto sc = unet::SchedulerConfig::from_json_text(cfg.at("scheduler_base_config").dump(), "scheduler_base_config");
+    const auto sc =
+        unet::SchedulerConfig::from_json_text(cfg.at("scheduler_base_config").dump(), "scheduler_base_config");
     auto params = cn_i2i_params(dir, r, run, mm, g);
     sdgolden::check_scheduler_settings(cfg["scheduler_base_config"], params.sampler, "controlnet_img2img.json");
     unet::Txt2ImgPipeline pipe(models);
@@ -114,13 +120,15 @@ std::vector<Comparison> compare_cn_i2i_run(const fs::path& dir, const nlohmann::
     c10::InferenceMode guard;
     std::vector<Comparison> out;
     auto scalar = [](double v) { return torch::tensor(std::vector<double>{v}, torch::kFloat64); };
-    out.push_back({"output size (runs." + run + ")", torch::tensor(std::vector<double>{double(params.width), double(params.height)}, torch::kFloat64),
-                   torch::tensor(std::vector<double>{r.at("output_width").get<double>(), r.at("output_height").get<double>()},
-                                 torch::kFloat64),
-                   0, 0, Comparison::Exact});
+    out.push_back(
+        {"output size (runs." + run + ")",
+         torch::tensor(std::vector<double>{double(params.width), double(params.height)}, torch::kFloat64),
+         torch::tensor(std::vector<double>{r.at("output_width").get<double>(), r.at("output_height").get<double>()},
+                       torch::kFloat64),
+         0, 0, Comparison::Exact});
     // The inputs as read from the PNGs.
-    out.push_back({"init_image_uint8 (PNG)", params.init.rgb_batch()[0], g.get("init_image_uint8"), 0, 0,
-                   Comparison::Exact});
+    out.push_back(
+        {"init_image_uint8 (PNG)", params.init.rgb_batch()[0], g.get("init_image_uint8"), 0, 0, Comparison::Exact});
     if (params.init.inpaint())
         out.push_back({"mask_image_uint8 (PNG)", params.init.grey_batch()[0], g.get("mask_image_uint8"), 0, 0,
                        Comparison::Exact});
@@ -198,7 +206,8 @@ std::vector<Comparison> compare_cn_i2i_run(const fs::path& dir, const nlohmann::
                 out.push_back({p + "down." + std::to_string(j),
                                size_t(j) < res.down.size() ? res.down[size_t(j)] : torch::zeros_like(gold), gold});
             }
-            out.push_back({p + "mid", res.mid.defined() ? res.mid : torch::zeros_like(g.get(p + "mid")), g.get(p + "mid")});
+            out.push_back(
+                {p + "mid", res.mid.defined() ? res.mid : torch::zeros_like(g.get(p + "mid")), g.get(p + "mid")});
         }
         unet::StepRecord rec;
         auto next = pipe.step(*sched, i, state, cond, params.guidance_scale, cfg_on, full, gen, &rec, extra, k);
@@ -216,12 +225,12 @@ std::vector<Comparison> compare_cn_i2i_run(const fs::path& dir, const nlohmann::
     // Free-running, through the pipeline a user runs.
     const auto res = pipe.run(params, nullptr, {}, {}, &sc);
     out.push_back({"free-running steps", scalar(res.total_steps), scalar(double(n)), 0, 0, Comparison::Exact});
-    out.push_back({"free-running final_latents", res.final_latents, g.get("final_latents"), 5e-2, 0,
-                   Comparison::RelMax});
+    out.push_back(
+        {"free-running final_latents", res.final_latents, g.get("final_latents"), 5e-2, 0, Comparison::RelMax});
     out.push_back({"free-running image", res.image, g.get("image"), 5e-2, 0});
     // The same bound in uint8 levels (5e-2 x 255): a smoke test, the teacher-forced steps are the precise check.
-    out.push_back({"free-running image_uint8", res.image_uint8.to(torch::kFloat), g.get("image_uint8").to(torch::kFloat),
-                   13, 0});
+    out.push_back(
+        {"free-running image_uint8", res.image_uint8.to(torch::kFloat), g.get("image_uint8").to(torch::kFloat), 13, 0});
     return out;
 }
 
@@ -240,14 +249,15 @@ std::vector<CaseResult> run_cn_i2i_case(const fs::path& dir, const Context& ctx)
             throw Error("controlnet_img2img.json: class is not ControlNetImg2ImgInpaint");
         mm = load_cn_i2i_models(dir, cfg.at("models"));
         if (cfg.at("vae_scale_factor").get<int>() != mm.base.vae_scale_factor())
-            throw Error("controlnet_img2img.json: vae_scale_factor " + cfg["vae_scale_factor"].dump() + ", the VAE has " +
-                        std::to_string(mm.base.vae_scale_factor()));
+            throw Error("controlnet_img2img.json: vae_scale_factor " + cfg["vae_scale_factor"].dump() +
+                        ", the VAE has " + std::to_string(mm.base.vae_scale_factor()));
     } catch (const std::exception& e) {
         return {guarded(base, [&](Stats& st) { st.fail(e.what()); })};
     }
     std::vector<CaseResult> out;
     for (const auto& [run, r] : cfg.at("runs").items())
-        for (auto& res : run_results(base + ":" + run, [&, run = run] { return compare_cn_i2i_run(dir, cfg, run, mm); }))
+        for (auto& res :
+             run_results(base + ":" + run, [&, run = run] { return compare_cn_i2i_run(dir, cfg, run, mm); }))
             out.push_back(res);
     return out;
 }

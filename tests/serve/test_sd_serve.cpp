@@ -629,10 +629,18 @@ TEST_CASE("sd serve: img2img and inpaint with alwayson_scripts.controlnet units;
                    "sd_serve_controlnet_img2img");
     auto c = s.client();
     const std::string init = b64_file(dir + "/init_16x16.png");
-    json unit = {{"enabled", true}, {"module", "none"}, {"model", "tiny_cn"}, {"weight", 1.5},
+    json unit = {{"enabled", true},
+                 {"module", "none"},
+                 {"model", "tiny_cn"},
+                 {"weight", 1.5},
                  {"image", b64_file(dir + "/control_16x16.png")}};
-    json body = {{"prompt", "a cat"},         {"steps", 4}, {"seed", 5},       {"cfg_scale", 5},
-                 {"init_images", {init}}, {"denoising_strength", 0.75}, {"sampler_name", "DDIM"}};
+    json body = {{"prompt", "a cat"},
+                 {"steps", 4},
+                 {"seed", 5},
+                 {"cfg_scale", 5},
+                 {"init_images", {init}},
+                 {"denoising_strength", 0.75},
+                 {"sampler_name", "DDIM"}};
     int status = 0;
     const json plain = post_json(c, "/sdapi/v1/img2img", body, &status);
     REQUIRE(status == 200);

@@ -69,10 +69,10 @@ double a1111_unit_number(const json& u, const char* key, double def, double lo, 
 
 } // namespace
 
-std::vector<ControlParams> a1111_control_units(
-    const json& body, ControlNetLibrary& lib, const SDModels& models,
-    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
-    const torch::Tensor& init_image) {
+std::vector<ControlParams>
+a1111_control_units(const json& body, ControlNetLibrary& lib, const SDModels& models,
+                    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
+                    const torch::Tensor& init_image) {
     std::vector<ControlParams> out;
     if (!body.contains("alwayson_scripts") || !body["alwayson_scripts"].is_object()) return out;
     const auto& scripts = body["alwayson_scripts"];
@@ -142,9 +142,10 @@ std::vector<ControlParams> a1111_control_units(
             c.image = "request init_images[0]";
         } else {
             if (!img || !img->is_string() || img->get<std::string>().empty())
-                throw a1111_unit_error(at + "image", init_image.defined()
-                                                         ? "expected the control image (base64), or none to use the init image"
-                                                         : "expected the control image (base64)");
+                throw a1111_unit_error(at + "image",
+                                       init_image.defined()
+                                           ? "expected the control image (base64), or none to use the init image"
+                                           : "expected the control image (base64)");
             c.pixels = decode(img->get<std::string>(), img_field);
             c.image = "request " + img_field;
         }

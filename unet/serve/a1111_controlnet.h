@@ -44,9 +44,9 @@ private:
 // guidance range out of bounds, a control mode or module this engine does not run. `init_image` (uint8 [H, W, 3], an
 // img2img request's first init image; undefined for txt2img) is the control image of a unit that sends none, as the
 // extension's choose_input_image falls back to A1111's img2img input image.
-std::vector<ControlParams> a1111_control_units(
-    const nlohmann::json& body, ControlNetLibrary& lib, const SDModels& models,
-    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
-    const torch::Tensor& init_image = {});
+std::vector<ControlParams>
+a1111_control_units(const nlohmann::json& body, ControlNetLibrary& lib, const SDModels& models,
+                    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
+                    const torch::Tensor& init_image = {});
 
 } // namespace anchor::unet

@@ -22,7 +22,8 @@ void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http) {
                                   {"model_url", nullptr},
                                   {"scale", scale}};
         };
-        nlohmann::json out = nlohmann::json::array({item("None", nullptr, nullptr, 4), item("Lanczos", nullptr, nullptr, 4)});
+        nlohmann::json out =
+            nlohmann::json::array({item("None", nullptr, nullptr, 4), item("Lanczos", nullptr, nullptr, 4)});
         if (s.p_.upscalers)
             for (const auto& name : s.p_.upscalers->names()) {
                 nlohmann::json scale = nullptr, path = nullptr;

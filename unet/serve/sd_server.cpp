@@ -289,11 +289,10 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
       // takes the first init image, as the extension does
         static ControlNetLibrary none;
         const auto& px = p.init.init_pixels;
-        p.control = a1111_control_units(f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
-                                        [](const std::string& b64, const std::string& field) {
-                                            return request_image(b64, field, false);
-                                        },
-                                        px.defined() && px.dim() == 4 ? px[0] : px);
+        p.control = a1111_control_units(
+            f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
+            [](const std::string& b64, const std::string& field) { return request_image(b64, field, false); },
+            px.defined() && px.dim() == 4 ? px[0] : px);
         try {
             validate_control(p.control, pipe_.models().unet->config(), 1);
         } catch (const ParamError& e) {
