@@ -3,6 +3,7 @@
 // mode's rows, the cache modes with a ControlNet on the tiny pipeline, and the bad-input errors.
 #include "cache/io/error.h"
 #include "cache/io/safetensors.h"
+#include "tests/controlnet_test_util.h"
 #include "tests/test_cli_util.h"
 #include "tests/test_util.h"
 #include "tests/tiny_sd_run.h"
@@ -149,25 +150,6 @@ TEST_CASE("ControlNet on the tiny pipeline with the caches off, deepcache:3 and 
     }
 }
 
-namespace {
-
-// A ControlNet for `unet_config` as a diffusers folder (config.json + weights) under `dir`; returns the folder.
-std::string save_controlnet(const ControlNetModel& net, const nlohmann::json& unet_config, const std::string& dir) {
-    std::filesystem::create_directories(dir);
-    NamedTensors t;
-    for (const auto& kv : net->named_parameters()) t.emplace_back(kv.key(), kv.value().contiguous());
-    save_safetensors(dir + "/diffusion_pytorch_model.safetensors", t);
-    auto j = unet_config;
-    j["_class_name"] = "ControlNetModel";
-    j["conditioning_embedding_out_channels"] = {8, 16};
-    j.erase("up_block_types");
-    j.erase("out_channels");
-    std::ofstream(dir + "/config.json") << j.dump(1);
-    return dir;
-}
-
-} // namespace
-
 TEST_CASE("anchor-sd --control-net: a folder and a single file run, --compare with the caches, bad input exits 2 "
           "naming the file with nothing written",
           "[controlnet][cli][sd]") {
@@ -176,7 +158,7 @@ TEST_CASE("anchor-sd --control-net: a folder and a single file run, --compare wi
     const std::string model = "assets/models/sd15-tiny-random";
     const auto ucfg = nlohmann::json::parse(std::ifstream(model + "/unet/config.json"));
     const auto net = random_controlnet(UNetConfig::from_json(ucfg));
-    const std::string folder = save_controlnet(net, ucfg, dir + "/cn");
+    const std::string folder = test::save_controlnet_folder(net, ucfg, dir + "/cn");
     const std::string image = dir + "/edges.png";
     write_png(image, random_pixels(16, 16, 9), true);
     auto args = [&](const std::string& cn, const std::string& img, const std::string& out) {
@@ -229,7 +211,7 @@ TEST_CASE("anchor-sd --control-net: a folder and a single file run, --compare wi
         for (auto& c : other.block_out_channels) c *= 2;
         auto wide = ucfg;
         wide["block_out_channels"] = other.block_out_channels;
-        const std::string bad = save_controlnet(random_controlnet(other), wide, dir + "/wide");
+        const std::string bad = test::save_controlnet_folder(random_controlnet(other), wide, dir + "/wide");
         auto r = test::run_program(test::sd_bin(), args(bad, image, dir + "/bad.png"));
         INFO(r.output);
         CHECK(r.exit_code == 2);

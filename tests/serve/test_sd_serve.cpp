@@ -610,6 +610,85 @@ TEST_CASE("sd serve --control-net-dir: alwayson_scripts.controlnet units run and
     std::filesystem::remove_all(nets);
 }
 
+TEST_CASE("sd serve: img2img and inpaint with alwayson_scripts.controlnet units; a unit without an image takes the "
+          "init image; a control image of another size is resized",
+          "[serve][controlnet][img2img]") {
+    // The tiny ControlNet of tests/golden/sd/controlnet_img2img_tiny (it fits the tiny SD 1.x UNet) and its images.
+    const std::string dir = "tests/golden/sd/controlnet_img2img_tiny";
+    auto b64_file = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        REQUIRE(in);
+        return cn_base64({std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
+    };
+    const auto nets = std::filesystem::temp_directory_path() / ("anchor_cn_i2i_dir_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(nets);
+    std::filesystem::create_directories(nets);
+    std::filesystem::create_directory_symlink(std::filesystem::absolute(dir + "/controlnet"), nets / "tiny_cn");
+    ServeProcess s(sd_bin(),
+                   {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--control-net-dir", nets.string()},
+                   "sd_serve_controlnet_img2img");
+    auto c = s.client();
+    const std::string init = b64_file(dir + "/init_16x16.png");
+    json unit = {{"enabled", true},
+                 {"module", "none"},
+                 {"model", "tiny_cn"},
+                 {"weight", 1.5},
+                 {"image", b64_file(dir + "/control_16x16.png")}};
+    json body = {{"prompt", "a cat"},
+                 {"steps", 4},
+                 {"seed", 5},
+                 {"cfg_scale", 5},
+                 {"init_images", {init}},
+                 {"denoising_strength", 0.75},
+                 {"sampler_name", "DDIM"}};
+    int status = 0;
+    const json plain = post_json(c, "/sdapi/v1/img2img", body, &status);
+    REQUIRE(status == 200);
+    body["alwayson_scripts"] = {{"controlnet", {{"args", json::array({unit})}}}};
+    const json with = post_json(c, "/sdapi/v1/img2img", body, &status);
+    INFO(with.dump().substr(0, 400));
+    REQUIRE(status == 200);
+    CHECK(pixels(with) != pixels(plain));
+    const json info = json::parse(with["info"].get<std::string>());
+    CHECK(info["anchorcache"][0]["mode"] == "img2img");
+    CHECK(info["infotexts"][0].get<std::string>().find("ControlNet 0: \"Module: none, Model: tiny_cn, Weight: 1.5") !=
+          std::string::npos);
+    // No image in the unit: the init image is the control image (sd-webui-controlnet's img2img fallback).
+    auto fallback = body, explicit_init = body;
+    fallback["alwayson_scripts"]["controlnet"]["args"][0].erase("image");
+    explicit_init["alwayson_scripts"]["controlnet"]["args"][0]["image"] = init;
+    const json a = post_json(c, "/sdapi/v1/img2img", fallback, &status);
+    REQUIRE(status == 200);
+    const json b = post_json(c, "/sdapi/v1/img2img", explicit_init, &status);
+    REQUIRE(status == 200);
+    CHECK(pixels(a) == pixels(b));
+    CHECK(pixels(a) != pixels(with));
+    // A control image of another size than the init image: resized to the output size (Just Resize), no error.
+    auto other = body;
+    other["alwayson_scripts"]["controlnet"]["args"][0]["image"] = b64_file(dir + "/control_20x20.png");
+    const json r20 = post_json(c, "/sdapi/v1/img2img", other, &status);
+    INFO(r20.dump().substr(0, 400));
+    CHECK(status == 200);
+    // Inpaint: the img2img request's mask with the unit.
+    auto inpaint = body;
+    inpaint["mask"] = b64_file(dir + "/mask_16x16.png");
+    const json ri = post_json(c, "/sdapi/v1/img2img", inpaint, &status);
+    INFO(ri.dump().substr(0, 400));
+    REQUIRE(status == 200);
+    inpaint.erase("alwayson_scripts");
+    const json ri_plain = post_json(c, "/sdapi/v1/img2img", inpaint, &status);
+    REQUIRE(status == 200);
+    CHECK(pixels(ri) != pixels(ri_plain));
+    CHECK(pixels(ri) != pixels(with));
+    // txt2img has no init image to fall back to: a unit without an image is 422 naming it.
+    json t = {{"prompt", "a cat"}, {"steps", 2}, {"width", 16}, {"height", 16}};
+    t["alwayson_scripts"] = fallback["alwayson_scripts"];
+    const json rt = post_json(c, "/sdapi/v1/txt2img", t, &status);
+    CHECK(status == 422);
+    CHECK(rt["error"]["param"] == "alwayson_scripts.controlnet.args[0].image");
+    std::filesystem::remove_all(nets);
+}
+
 namespace {
 // Width and height from a PNG's IHDR.
 std::pair<int, int> esr_png_size(const std::string& png) {
@@ -668,4 +747,42 @@ TEST_CASE("sd serve --upscaler-dir: /sdapi/v1/extra-single-image upscales as A11
     body["image"] = cn_base64(png);
     post_json(c, "/sdapi/v1/extra-single-image", body, &status);
     CHECK(status == 200);
+}
+
+TEST_CASE("sd serve: GET /sdapi/v1/upscalers lists None, Lanczos and the --upscaler-dir files as A1111; "
+          "/sdapi/v1/latent-upscale-modes the hires fix's latent modes",
+          "[serve][esrgan]") {
+    ServeProcess s(sd_bin(),
+                   {"serve", "--port", "0", "-m", "assets/models/sd15-tiny-random", "--upscaler-dir",
+                    "tests/golden/sd/esrgan_tiny"},
+                   "sd_serve_upscalers");
+    auto c = s.client();
+    auto r = c.Get("/sdapi/v1/upscalers");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json list = json::parse(r->body);
+    REQUIRE(list.size() == 6);
+    std::vector<std::string> names;
+    for (const auto& u : list) {
+        names.push_back(u["name"]);
+        for (const char* k : {"model_name", "model_path", "model_url", "scale"}) CHECK(u.contains(k));
+    }
+    CHECK(names == std::vector<std::string>{"None", "Lanczos", "golden", "new_x2_unshuffle", "new_x4", "old_x4"});
+    CHECK(list[1]["scale"] == 4);
+    CHECK(list[1]["model_path"].is_null());
+    CHECK(list[2]["scale"].is_null()); // golden.safetensors is not an RRDBNet
+    CHECK(list[3]["scale"] == 2);      // the network's own scale
+    CHECK(list[3]["model_name"] == "ESRGAN");
+    CHECK(list[3]["model_path"].get<std::string>().find("new_x2_unshuffle") != std::string::npos);
+    CHECK(list[5]["scale"] == 4);
+    auto m = c.Get("/sdapi/v1/latent-upscale-modes");
+    REQUIRE(m);
+    const json modes = json::parse(m->body);
+    REQUIRE(modes.size() == 6);
+    CHECK(modes[0]["name"] == "Latent");
+    CHECK(m->body.find("Latent (nearest-exact)") != std::string::npos);
+    // Without --upscaler-dir: the built-in ones only.
+    auto plain = shared_server().client().Get("/sdapi/v1/upscalers");
+    REQUIRE(plain);
+    CHECK(json::parse(plain->body).size() == 2);
 }

@@ -69,9 +69,10 @@ double a1111_unit_number(const json& u, const char* key, double def, double lo, 
 
 } // namespace
 
-std::vector<ControlParams> a1111_control_units(
-    const json& body, ControlNetLibrary& lib, const SDModels& models,
-    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode) {
+std::vector<ControlParams>
+a1111_control_units(const json& body, ControlNetLibrary& lib, const SDModels& models,
+                    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
+                    const torch::Tensor& init_image) {
     std::vector<ControlParams> out;
     if (!body.contains("alwayson_scripts") || !body["alwayson_scripts"].is_object()) return out;
     const auto& scripts = body["alwayson_scripts"];
@@ -135,15 +136,24 @@ std::vector<ControlParams> a1111_control_units(
                 throw a1111_unit_error(img_field + ".mask", "a ControlNet mask is not run by this server");
             img = img->contains("image") ? &(*img)["image"] : nullptr;
         }
-        if (!img || !img->is_string() || img->get<std::string>().empty())
-            throw a1111_unit_error(at + "image", "expected the control image (base64)");
-        c.pixels = decode(img->get<std::string>(), img_field);
+        const bool no_image = !img || img->is_null() || (img->is_string() && img->get<std::string>().empty());
+        if (no_image && init_image.defined()) { // img2img: the extension's fallback to the init image
+            c.pixels = init_image;
+            c.image = "request init_images[0]";
+        } else {
+            if (!img || !img->is_string() || img->get<std::string>().empty())
+                throw a1111_unit_error(at + "image",
+                                       init_image.defined()
+                                           ? "expected the control image (base64), or none to use the init image"
+                                           : "expected the control image (base64)");
+            c.pixels = decode(img->get<std::string>(), img_field);
+            c.image = "request " + img_field;
+        }
         try {
             c.pixels = preprocess_control_image(c.pixels, pre, at + "module");
         } catch (const ParamError& e) {
             throw a1111_unit_error(at + "module", e.detail());
         }
-        c.image = "request " + img_field;
         if (!u.contains("model") || !u["model"].is_string())
             throw a1111_unit_error(at + "model", "expected a model name of GET /controlnet/model_list");
         const std::string model = u["model"].get<std::string>();

@@ -41,9 +41,12 @@ private:
 // The enabled units of a request body's alwayson_scripts.controlnet.args (none when absent). `decode` turns a
 // base64 image of field `field` into uint8 [H, W, 3] pixels. A unit that cannot run is serve::HttpError 422 naming
 // its field ("alwayson_scripts.controlnet.args[1].model"): an unknown or missing model, no image, a weight or
-// guidance range out of bounds, a control mode or module this engine does not run.
-std::vector<ControlParams> a1111_control_units(
-    const nlohmann::json& body, ControlNetLibrary& lib, const SDModels& models,
-    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode);
+// guidance range out of bounds, a control mode or module this engine does not run. `init_image` (uint8 [H, W, 3], an
+// img2img request's first init image; undefined for txt2img) is the control image of a unit that sends none, as the
+// extension's choose_input_image falls back to A1111's img2img input image.
+std::vector<ControlParams>
+a1111_control_units(const nlohmann::json& body, ControlNetLibrary& lib, const SDModels& models,
+                    const std::function<torch::Tensor(const std::string& b64, const std::string& field)>& decode,
+                    const torch::Tensor& init_image = {});
 
 } // namespace anchor::unet

@@ -2,12 +2,51 @@
 // --upscaler-dir (`upscaler_1`, by file stem) by `upscaling_resize` (A1111's "Scale by": the network, then a Lanczos
 // resize to floor(side x scale / 8) x 8, unet/pipeline/upscale.h). The reply is A1111's: `image` (base64 PNG with the
 // `postprocessing` chunk) and `html_info`.
+#include "unet/pipeline/hires.h"
 #include "unet/pipeline/upscale.h"
 #include "unet/serve/sd_server_routes.h"
 
 namespace anchor::unet {
 
 void register_a1111_extras_routes(SdServer& s, serve::HttpServer& http) {
+    // A1111's upscaler list: its built-in "None" and "Lanczos" (listed with scale 4, as A1111 lists its resizers),
+    // then the ESRGAN files of --upscaler-dir by stem, each with its file and the network's own scale (a file is
+    // loaded at the first listing that names it and kept, as for extra-single-image; a file that is not an RRDBNet
+    // is listed with scale null, and naming it in a request says why).
+    http.get("/sdapi/v1/upscalers", [&s](const HttpRequest&) {
+        auto item = [](const std::string& name, const nlohmann::json& model_name, const nlohmann::json& path,
+                       const nlohmann::json& scale) {
+            return nlohmann::json{{"name", name},
+                                  {"model_name", model_name},
+                                  {"model_path", path},
+                                  {"model_url", nullptr},
+                                  {"scale", scale}};
+        };
+        nlohmann::json out =
+            nlohmann::json::array({item("None", nullptr, nullptr, 4), item("Lanczos", nullptr, nullptr, 4)});
+        if (s.p_.upscalers)
+            for (const auto& name : s.p_.upscalers->names()) {
+                nlohmann::json scale = nullptr, path = nullptr;
+                try {
+                    const auto m = s.p_.upscalers->get(name, "upscaler_1");
+                    scale = m->scale, path = m->path;
+                } catch (const Error&) {
+                }
+                out.push_back(item(name, "ESRGAN", path, scale));
+            }
+        return HttpReply::json(out);
+    });
+    // The hires fix's latent upscalers (hr_upscaler) by A1111's names, as its /sdapi/v1/latent-upscale-modes.
+    http.get("/sdapi/v1/latent-upscale-modes", [](const HttpRequest&) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& [key, kind] : hires_upscaler_table()) {
+            if (kind == HiresUpscaler::Lanczos || kind == HiresUpscaler::Model) continue;
+            HiresParams h;
+            h.upscaler = kind;
+            out.push_back({{"name", hires_upscaler_a1111_name(h)}});
+        }
+        return HttpReply::json(out);
+    });
     http.post("/sdapi/v1/extra-single-image", [&s](const HttpRequest& req) {
         const auto f = RequestFields::parse(req.body);
         if (!s.p_.upscalers)

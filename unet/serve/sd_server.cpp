@@ -255,18 +255,6 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
     job.prompts = {f.string("prompt", "")};
     read_image_fields(f, p);
     check_prompts(pipe_, p, job.prompts[0]);
-    { // the sd-webui-controlnet extension's units (422 naming the unit's field)
-        static ControlNetLibrary none;
-        p.control = a1111_control_units(f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
-                                        [](const std::string& b64, const std::string& field) {
-                                            return request_image(b64, field, false);
-                                        });
-        try {
-            validate_control(p.control, pipe_.models().unet->config(), 1);
-        } catch (const ParamError& e) {
-            throw HttpError(422, "alwayson_scripts.controlnet.args", "alwayson_scripts.controlnet.args: " + e.detail());
-        }
-    }
     if (f.has("eta")) p.eta = f.number("eta", 0.0, 0.0, 10.0);
     read_vae_tiling(f, p.vae_tiling);
     job.batch_size = int(f.integer("batch_size", 1, 1, p_.max_images));
@@ -296,6 +284,20 @@ Txt2ImgJob SdServer::image_job(const RequestFields& f, bool img2img) {
         p.init.init_pixels = imgs.size() == 1 ? imgs[0] : torch::stack(imgs, 0);
         if (f.has("mask")) p.init.mask_pixels = request_image(f.string("mask", ""), "mask", true);
         p.init.strength = f.number("denoising_strength", 0.75, 1e-6, 1.0);
+    }
+    { // the sd-webui-controlnet extension's units (422 naming the unit's field); img2img: a unit without an image
+      // takes the first init image, as the extension does
+        static ControlNetLibrary none;
+        const auto& px = p.init.init_pixels;
+        p.control = a1111_control_units(
+            f.json(), p_.controlnets ? *p_.controlnets : none, pipe_.models(),
+            [](const std::string& b64, const std::string& field) { return request_image(b64, field, false); },
+            px.defined() && px.dim() == 4 ? px[0] : px);
+        try {
+            validate_control(p.control, pipe_.models().unet->config(), 1);
+        } catch (const ParamError& e) {
+            throw HttpError(422, "alwayson_scripts.controlnet.args", "alwayson_scripts.controlnet.args: " + e.detail());
+        }
     }
     if (!img2img && f.boolean("enable_hr", false)) { // A1111's hires fix (unet/pipeline/hires.h)
         auto& h = p.hires;
@@ -446,6 +448,8 @@ nlohmann::json SdServer::openapi() const {
         {"/sdapi/v1/sd-models", openapi_get("the one model")},
         {"/sdapi/v1/embeddings", openapi_get("the textual-inversion embeddings of --embedding-dir")},
         {"/controlnet/model_list", openapi_get("the ControlNets of --control-net-dir (sd-webui-controlnet's list)")},
+        {"/sdapi/v1/upscalers", openapi_get("None, Lanczos and the ESRGAN files of --upscaler-dir (A1111's list)")},
+        {"/sdapi/v1/latent-upscale-modes", openapi_get("the hires fix's latent upscalers by A1111's names")},
         {"/sdapi/v1/options", openapi_get("the server's settings")},
         {"/sdapi/v1/progress", openapi_get("the running job's progress")},
         {"/sdapi/v1/interrupt", openapi_post("stop the running job (no body needed)", json::object())},
