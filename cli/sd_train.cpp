@@ -191,7 +191,8 @@ void add_controlnet_train_commands(CLI::App& app,
         ->capture_default_str();
     ct->add_option("--preprocess", tc->preprocess, "edge detector of the control images (canny:LOW:HIGH)")
         ->capture_default_str();
-    ct->add_option("--max-seconds", tc->o.max_seconds, "stop and save after this much training time (0 = no limit)")
+    ct->add_option("--max-seconds", tc->o.max_seconds, "stop and save after this much training time (0 = no limit); the learning rate "
+                   "then decays on the larger of the step and time fractions")
         ->capture_default_str();
     runners.emplace_back(ct, [tc]() {
         tc->o.canny = unet::ControlPreprocessSpec::parse(tc->preprocess, "--preprocess");

@@ -118,6 +118,7 @@ nlohmann::json controlnet_config_json(const ControlNetConfig& c) {
 TrainResult train_controlnet(const ControlNetTrainOptions& co) {
     const TrainOptions& o = co.train;
     Loop loop(o, "controlnet");
+    loop.time_budget = co.max_seconds;
     if (co.canny.kind != ControlPreprocess::Canny) throw ParamError("preprocess", "the ControlNet trains on Canny edges");
     torch::manual_seed(uint64_t(o.seed));
     torch::Generator gen = at::detail::createCPUGenerator(uint64_t(o.seed) + 53);

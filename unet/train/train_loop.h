@@ -83,6 +83,9 @@ struct Loop {
     double sum = 0;
     int count = 0, start = 0;
     std::vector<double> window_means;
+    // With a time budget (> 0 seconds) the learning-rate schedule runs on the larger of the step fraction and the
+    // elapsed fraction of the budget, so that a run the budget stops ends annealed whatever the machine's speed.
+    double time_budget = 0;
 
     Loop(const TrainOptions& opt, const std::string& w) : o(opt), what(w) {
         if (o.out.empty()) throw ParamError("out", "train: an output folder is required");
@@ -93,6 +96,10 @@ struct Loop {
     std::string log_path() const { return (std::filesystem::path(o.out) / ("train_" + what + "_log.txt")).string(); }
     // Training seconds so far (a resumed run counts its earlier segments).
     double elapsed() const { return t_resume + util::now_s() - t0; }
+    double lr(int step) const {
+        if (time_budget <= 0) return lr_at(o, step);
+        return lr_at(o, std::max(step, std::min(o.steps - 1, int(elapsed() / time_budget * o.steps))));
+    }
 
     // Restores model/EMA/optimizer from the checkpoint when resuming; returns the step to continue from.
     int begin(torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
@@ -116,7 +123,7 @@ struct Loop {
         return start;
     }
     void set_lr(torch::optim::Optimizer& opt, int step) {
-        for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(o, step));
+        for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr(step));
     }
     // `last`: the final step of the run (written to the log and checkpointed even off the regular intervals).
     void record(int step, double loss, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt,
@@ -127,14 +134,14 @@ struct Loop {
         if ((step + 1) % o.log_every == 0 || last) {
             const double mean = sum / count;
             window_means.push_back(mean);
-            log << step + 1 << " " << mean << " " << lr_at(o, step) << " " << elapsed() << "\n" << std::flush;
+            log << step + 1 << " " << mean << " " << lr(step) << " " << elapsed() << "\n" << std::flush;
             sum = 0, count = 0;
         }
         if (!o.quiet) {
             const double per = (util::now_s() - t0) / double(step + 1 - start);
             std::fprintf(stderr, "\r%s: step %d/%d  loss %.4f (last %d: %.4f)  lr %.2e  %.2fs/step  ETA %.0fs   ",
                          what.c_str(), step + 1, o.steps, loss, o.log_every,
-                         window_means.empty() ? loss : window_means.back(), lr_at(o, step), per,
+                         window_means.empty() ? loss : window_means.back(), lr(step), per,
                          per * double(o.steps - step - 1));
             std::fflush(stderr);
         }
