@@ -158,7 +158,6 @@ TrainResult train_controlnet(const ControlNetTrainOptions& co) {
     contexts = contexts.clone(); // a normal tensor: inference tensors cannot take part in autograd
 
     const auto ac = make_alphas_cumprod(SchedulerConfig{}); // SD 1.x training schedule, as the UNet's
-    const auto sqrt_ac = ac.sqrt(), sqrt_1mac = (1 - ac).sqrt();
 
     ControlNetModel cn = controlnet_from_unet(*unet, co.hint_channels);
     cn->set_fast_paths(false);
@@ -185,19 +184,12 @@ TrainResult train_controlnet(const ControlNetTrainOptions& co) {
             hint = fashion_control_edges(u8, co.canny).permute({0, 3, 1, 2}).to(torch::kFloat) / 255.0;
         }
         x0 = x0.clone(), hint = hint.clone();
-        auto labels = data.labels.index_select(0, idx);
-        auto tmpl = torch::randint(n_templates, {o.batch}, gen, torch::kLong);
-        auto row = labels * n_templates + tmpl;
-        auto drop = torch::rand({o.batch}, gen, torch::kFloat) < o.caption_dropout;
-        row = torch::where(drop, torch::full_like(row, uncond_row), row);
-        auto t = torch::randint(ac.size(0), {o.batch}, gen, torch::kLong);
-        auto eps = torch::randn(x0.sizes(), gen, torch::kFloat);
-        auto xt = sqrt_ac.index_select(0, t).view({-1, 1, 1, 1}) * x0 +
-                  sqrt_1mac.index_select(0, t).view({-1, 1, 1, 1}) * eps; // q(x_t | x_0), DDPM eq. 4
-        const Tensor ctx = contexts.index_select(0, row), tf = t.to(torch::kFloat);
+        const auto nb = noised_batch(x0, data.labels.index_select(0, idx), n_templates, uncond_row,
+                                     o.caption_dropout, ac, gen);
+        const Tensor ctx = contexts.index_select(0, nb.row), tf = nb.t.to(torch::kFloat);
         UNetCond cond(ctx);
-        cond.residuals = cn->residuals(xt, tf, UNetCond(ctx), hint, 1.0, /*guess_mode=*/false);
-        auto loss = torch::mse_loss(unet->forward(xt, tf, cond), eps);
+        cond.residuals = cn->residuals(nb.xt, tf, UNetCond(ctx), hint, 1.0, /*guess_mode=*/false);
+        auto loss = torch::mse_loss(unet->forward(nb.xt, tf, cond), nb.eps);
         opt.zero_grad();
         loss.backward();
         torch::nn::utils::clip_grad_norm_(cn->parameters(), o.grad_clip);

@@ -201,7 +201,6 @@ TrainResult train_unet(const TrainOptions& o) {
     const int64_t n_templates = int64_t(templates.size()), uncond_row = 10 * n_templates;
 
     const auto ac = make_alphas_cumprod(SchedulerConfig{}); // SD 1.x training schedule
-    const auto sqrt_ac = ac.sqrt(), sqrt_1mac = (1 - ac).sqrt();
 
     TextAndUnet model(fashion_text_config(), fashion_unet_config());
     model.train();
@@ -214,18 +213,11 @@ TrainResult train_unet(const TrainOptions& o) {
         auto x0 = (lat_mean.index_select(0, idx) +
                    lat_std.index_select(0, idx) * torch::randn({o.batch, 4, 8, 8}, gen, torch::kFloat)) *
                   sf;
-        auto labels = data.labels.index_select(0, idx);
-        auto tmpl = torch::randint(n_templates, {o.batch}, gen, torch::kLong);
-        auto row = labels * n_templates + tmpl;
-        auto drop = torch::rand({o.batch}, gen, torch::kFloat) < o.caption_dropout;
-        row = torch::where(drop, torch::full_like(row, uncond_row), row);
-        auto t = torch::randint(ac.size(0), {o.batch}, gen, torch::kLong);
-        auto eps = torch::randn(x0.sizes(), gen, torch::kFloat);
-        auto xt = sqrt_ac.index_select(0, t).view({-1, 1, 1, 1}) * x0 +
-                  sqrt_1mac.index_select(0, t).view({-1, 1, 1, 1}) * eps; // q(x_t | x_0), DDPM eq. 4
-        auto ctx = model.text_encoder->encode(prompt_ids.index_select(0, row));
-        auto pred = model.unet->forward(xt, t.to(torch::kFloat), ctx);
-        auto loss = torch::mse_loss(pred, eps);
+        const auto nb = noised_batch(x0, data.labels.index_select(0, idx), n_templates, uncond_row,
+                                     o.caption_dropout, ac, gen);
+        auto ctx = model.text_encoder->encode(prompt_ids.index_select(0, nb.row));
+        auto pred = model.unet->forward(nb.xt, nb.t.to(torch::kFloat), ctx);
+        auto loss = torch::mse_loss(pred, nb.eps);
         opt.zero_grad();
         loss.backward();
         torch::nn::utils::clip_grad_norm_(model.parameters(), o.grad_clip);

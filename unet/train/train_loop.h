@@ -169,6 +169,29 @@ struct Loop {
     }
 };
 
+// The conditioning and noising of one text-to-image diffusion batch (train_unet, train_controlnet): the prompt row
+// of each sample (template k of its class: labels * n_templates + k, or `uncond_row`, the empty prompt, with
+// probability `dropout`: classifier-free guidance, Ho & Salimans 2022), a uniform timestep, the noise, and
+// x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps (q(x_t | x_0), DDPM eq. 4). Draws in that order from `gen`.
+struct NoisedBatch {
+    torch::Tensor row, t, eps, xt;
+};
+inline NoisedBatch noised_batch(const torch::Tensor& x0, const torch::Tensor& labels, int64_t n_templates,
+                                int64_t uncond_row, double dropout, const torch::Tensor& alphas_cumprod,
+                                torch::Generator& gen) {
+    const int64_t b = x0.size(0);
+    NoisedBatch n;
+    auto tmpl = torch::randint(n_templates, {b}, gen, torch::kLong);
+    n.row = labels * n_templates + tmpl;
+    auto drop = torch::rand({b}, gen, torch::kFloat) < dropout;
+    n.row = torch::where(drop, torch::full_like(n.row, uncond_row), n.row);
+    n.t = torch::randint(alphas_cumprod.size(0), {b}, gen, torch::kLong);
+    n.eps = torch::randn(x0.sizes(), gen, torch::kFloat);
+    const auto abar = alphas_cumprod.index_select(0, n.t).view({-1, 1, 1, 1});
+    n.xt = abar.sqrt() * x0 + (1 - abar).sqrt() * n.eps;
+    return n;
+}
+
 inline torch::optim::AdamW make_adamw(std::vector<torch::Tensor> params, const TrainOptions& o) {
     return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
 }
