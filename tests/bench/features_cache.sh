@@ -61,7 +61,8 @@ for sampler in $samplers; do
     for seed in $seeds; do
       tag=$(echo "${prompt}_${seed}_$sampler" | tr ' ' '_')
       init=$work/init_$tag.png
-      "$sd" "${base[@]}" -p "$prompt" -s $((seed + 1000)) --sampler "$sampler" -o "$init" --overwrite >/dev/null 2>&1
+      [[ " ${features[*]} " == *" img2img "* || " ${features[*]} " == *" inpaint "* ]] &&
+        "$sd" "${base[@]}" -p "$prompt" -s $((seed + 1000)) --sampler "$sampler" -o "$init" --overwrite >/dev/null 2>&1
       for f in "${features[@]}"; do
         extra=()
         case $f in
