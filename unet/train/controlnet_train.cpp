@@ -142,18 +142,11 @@ TrainResult train_controlnet(const ControlNetTrainOptions& co) {
     for (auto& p : unet->parameters()) p.set_requires_grad(false);
 
     // Prompt embeddings: [class][template] plus the empty prompt (dropout), as train_unet made them.
-    const auto tok = ClipTokenizer::bundled();
-    const auto& templates = fashion_prompt_templates();
-    std::vector<Tensor> rows;
-    for (int c = 0; c < 10; ++c)
-        for (size_t k = 0; k < templates.size(); ++k)
-            rows.push_back(torch::tensor(tok.tokenize(fashion_prompt(c, int(k))).ids, torch::kLong));
-    rows.push_back(torch::tensor(tok.tokenize("").ids, torch::kLong));
-    const int64_t n_templates = int64_t(templates.size()), uncond_row = 10 * n_templates;
+    const int64_t n_templates = int64_t(fashion_prompt_templates().size()), uncond_row = 10 * n_templates;
     Tensor contexts;
     {
         c10::InferenceMode im;
-        contexts = text->encode(torch::stack(rows));
+        contexts = text->encode(fashion_prompt_ids());
     }
     contexts = contexts.clone(); // a normal tensor: inference tensors cannot take part in autograd
 

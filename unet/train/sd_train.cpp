@@ -190,15 +190,8 @@ TrainResult train_unet(const TrainOptions& o) {
                  (long long)lat_mean.size(0), shape_str(lat_mean.sizes().vec()).c_str(), sf);
 
     // Prompt ids: [class][template] plus the empty prompt (caption dropout / unconditional).
-    const auto tok = ClipTokenizer::bundled();
-    const auto& templates = fashion_prompt_templates();
-    std::vector<Tensor> rows;
-    for (int c = 0; c < 10; ++c)
-        for (size_t k = 0; k < templates.size(); ++k)
-            rows.push_back(torch::tensor(tok.tokenize(fashion_prompt(c, int(k))).ids, torch::kLong));
-    rows.push_back(torch::tensor(tok.tokenize("").ids, torch::kLong));
-    const Tensor prompt_ids = torch::stack(rows); // [10 * T + 1, 77]
-    const int64_t n_templates = int64_t(templates.size()), uncond_row = 10 * n_templates;
+    const Tensor prompt_ids = fashion_prompt_ids(); // [10 * T + 1, 77]
+    const int64_t n_templates = int64_t(fashion_prompt_templates().size()), uncond_row = 10 * n_templates;
 
     const auto ac = make_alphas_cumprod(SchedulerConfig{}); // SD 1.x training schedule
 

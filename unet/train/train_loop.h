@@ -10,6 +10,8 @@
 #include "cache/io/weight_map.h"
 #include "cache/train/optim.h"
 #include "cache/util/bench.h"
+#include "unet/model/clip_tokenizer.h"
+#include "unet/train/fashion_mnist.h"
 #include "unet/train/sd_train.h"
 
 #include <nlohmann/json.hpp>
@@ -168,6 +170,19 @@ struct Loop {
         return r;
     }
 };
+
+// The token ids of every training prompt of the fashion demo (bundled CLIP tokenizer): row c * T + k is template k of
+// class c, row 10 * T the empty prompt (caption dropout, the unconditional rows). [10 * T + 1, 77].
+inline torch::Tensor fashion_prompt_ids() {
+    const auto tok = ClipTokenizer::bundled();
+    const auto& templates = fashion_prompt_templates();
+    std::vector<torch::Tensor> rows;
+    for (int c = 0; c < 10; ++c)
+        for (size_t k = 0; k < templates.size(); ++k)
+            rows.push_back(torch::tensor(tok.tokenize(fashion_prompt(c, int(k))).ids, torch::kLong));
+    rows.push_back(torch::tensor(tok.tokenize("").ids, torch::kLong));
+    return torch::stack(rows);
+}
 
 // The conditioning and noising of one text-to-image diffusion batch (train_unet, train_controlnet): the prompt row
 // of each sample (template k of its class: labels * n_templates + k, or `uncond_row`, the empty prompt, with
