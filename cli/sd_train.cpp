@@ -14,6 +14,7 @@
 #include "unet/cache/freq_cache.h"
 #include "unet/cache/freq_calibration.h"
 #include "unet/pipeline/pipeline.h"
+#include "unet/train/controlnet_train.h"
 #include "unet/train/fashion_eval.h"
 #include "unet/train/fashion_mnist.h"
 #include "unet/train/sd_train.h"
@@ -165,6 +166,93 @@ int run_calibrate(CalibrateOptions& o) {
     return 0;
 }
 
+// `train-controlnet`, `eval-controlnet`, `fashion-edges`: the demo model's Canny ControlNet
+// (unet/train/controlnet_train.h).
+void add_controlnet_train_commands(CLI::App& app,
+                                   std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+    struct TrainCn {
+        unet::train::ControlNetTrainOptions o;
+        std::string preprocess = "canny:100:200";
+    };
+    auto tc = std::make_shared<TrainCn>();
+    auto* ct = app.add_subcommand("train-controlnet", "train a Canny ControlNet for the demo model (UNet, VAE and "
+                                                      "text encoder frozen; initialised from the UNet's encoder)");
+    ct->fallthrough();
+    tc->o.train.caption_dropout = 0.5; // Zhang et al. 2023, sec. 3.3
+    tc->o.train.warmup = 50;
+    tc->o.train.ema = 0.99; // a short run: an average over ~100 steps, not ~1000
+    add_train_options(ct, tc->o.train, 1500, 64, 3e-4);
+    ct->add_option("-m,--model", tc->o.model, "the frozen model (diffusers folder)")->capture_default_str();
+    ct->add_option("--caption-dropout", tc->o.train.caption_dropout, "probability of the empty prompt")
+        ->capture_default_str();
+    ct->add_option("--hint-channels", tc->o.hint_channels,
+                   "hint encoder widths (conditioning_embedding_out_channels; n entries downsample 2^(n-1)x)")
+        ->delimiter(',')
+        ->capture_default_str();
+    ct->add_option("--preprocess", tc->preprocess, "edge detector of the control images (canny:LOW:HIGH)")
+        ->capture_default_str();
+    ct->add_option("--max-seconds", tc->o.max_seconds, "stop and save after this much training time (0 = no limit); the learning rate "
+                   "then decays on the larger of the step and time fractions")
+        ->capture_default_str();
+    runners.emplace_back(ct, [tc]() {
+        tc->o.canny = unet::ControlPreprocessSpec::parse(tc->preprocess, "--preprocess");
+        return unet::train::train_controlnet(tc->o), 0;
+    });
+
+    struct EvalCn {
+        unet::train::ControlFollowParams p;
+        std::string preprocess = "canny:100:200";
+    };
+    auto ec = std::make_shared<EvalCn>();
+    auto* ce = app.add_subcommand("eval-controlnet", "does a ControlNet steer? Canny edges of images generated with "
+                                                     "and without it against the control edges (held-out test set)");
+    ce->fallthrough();
+    ce->add_option("-m,--model", ec->p.model, "model folder")->capture_default_str();
+    ce->add_option("--control-net", ec->p.controlnet, "the ControlNet (folder or file)")->required();
+    ce->add_option("--data", ec->p.data_dir, "folder with the Fashion-MNIST IDX files")->capture_default_str();
+    ce->add_option("--images", ec->p.images, "test-set images (the first of each class, in class order)")
+        ->capture_default_str();
+    ce->add_option("--steps", ec->p.steps, "sampling steps")->capture_default_str();
+    ce->add_option("--cfg-scale", ec->p.cfg, "guidance scale")->capture_default_str();
+    ce->add_option("--control-scale", ec->p.scale, "ControlNet conditioning scale")->capture_default_str();
+    add_enum_option(*ce, "--sampler", ec->p.sampler, unet::sampler_table(), "sampler");
+    ce->add_option("-s,--seed", ec->p.seed, "seed of the batch")->capture_default_str();
+    ce->add_option("--preprocess", ec->preprocess, "edge detector (canny:LOW:HIGH)")->capture_default_str();
+    ce->add_option("--sheet", ec->p.sheet, "PNG: one column per image, rows control / with / without");
+    ce->add_flag("--overwrite", ec->p.overwrite, "replace the sheet");
+    runners.emplace_back(ce, [ec]() {
+        ec->p.canny = unet::ControlPreprocessSpec::parse(ec->preprocess, "--preprocess");
+        const auto r = unet::train::eval_control_following(ec->p);
+        std::printf("%s", r.table().c_str());
+        if (!ec->p.sheet.empty()) std::printf("wrote %s\n", ec->p.sheet.c_str());
+        return 0;
+    });
+
+    struct Edges {
+        std::string prompt, out, data = unet::train::kFashionMnistDir, preprocess = "canny:100:200";
+        int nth = 0;
+        bool overwrite = false;
+    };
+    auto fe = std::make_shared<Edges>();
+    auto* cf = app.add_subcommand("fashion-edges", "the Canny edge map of a Fashion-MNIST test image of a prompt's "
+                                                   "class (a control image for the demo ControlNet)");
+    cf->fallthrough();
+    cf->add_option("-p,--prompt", fe->prompt, "a class prompt (\"a photo of a sneaker\")")->required();
+    cf->add_option("--nth", fe->nth, "which test image of the class (0 = the first)")->capture_default_str();
+    cf->add_option("--data", fe->data, "folder with the Fashion-MNIST IDX files")->capture_default_str();
+    cf->add_option("--preprocess", fe->preprocess, "edge detector (canny:LOW:HIGH)")->capture_default_str();
+    cf->add_option("-o,--output", fe->out, "PNG to write (32x32 RGB)")->required();
+    cf->add_flag("--overwrite", fe->overwrite, "replace the PNG");
+    runners.emplace_back(cf, [fe]() {
+        const int label = unet::train::fashion_class_of_prompt(fe->prompt);
+        if (label < 0) throw UsageError("--prompt '" + fe->prompt + "' names no Fashion-MNIST class");
+        const auto spec = unet::ControlPreprocessSpec::parse(fe->preprocess, "--preprocess");
+        unet::write_png(fe->out, unet::train::fashion_test_edges(fe->data, label, fe->nth, spec), fe->overwrite);
+        std::printf("wrote %s\n", fe->out.c_str());
+        return 0;
+    });
+}
+
 } // namespace
 
 void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
@@ -296,6 +384,8 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
         std::printf("wrote %s\n", pl->out.c_str());
         return 0;
     });
+
+    add_controlnet_train_commands(app, runners);
 }
 
 } // namespace anchor::cli

@@ -10,6 +10,9 @@
 # the init image the uncached image of the same prompt at seed + 1000); inpaint (the same, a centred mask); hires fix
 # (2x, latent upscaler, denoise 0.5, when the build has it). Samplers: SAMPLERS ("ddim euler_a"), STEPS (20),
 # SEEDS ("8101 8102 8103 8104"), the held-out prompts PROMPTS (every 6th line of tests/bench/prompts/fashion_heldout.txt).
+# CONTROLNET: a trained ControlNet instead of the random one (e.g. assets/models/fashion-sd/controlnet-canny); the
+# control image of each prompt is then the Canny edge map of the first test-set image of the prompt's class
+# (`anchor-sd fashion-edges -p PROMPT`), held out from the ControlNet's training.
 # FEATURES: a subset of the names above. PY: a python with diffusers 0.27.2 for the two generators (default /tmp/d27/bin/python); WORK: scratch folder.
 # Full steps are exact; the speed-up (median wall of off / of freq per run) is a timing: run on a quiet machine.
 set -euo pipefail
@@ -27,9 +30,14 @@ model=$root/assets/models/fashion-sd
 [ -e "$out" ] && { echo "error: $out exists (not overwritten)" >&2; exit 2; }
 mkdir -p "$work"
 cd "$root"
-cn=/tmp/fashion_cn; edges=/tmp/fashion_edges.png # where make_fashion_controlnet.py writes them
-[ -d "$cn" ] && [ -f "$edges" ] || "$py" tests/bench/make_fashion_controlnet.py >/dev/null 2>&1 || true
-[ -d "$cn" ] || { echo "error: no ControlNet at $cn (run tests/bench/make_fashion_controlnet.py with $py)" >&2; exit 2; }
+if [ -n "${CONTROLNET:-}" ]; then
+  cn=$CONTROLNET; edges="" # per prompt: $work/edges_<prompt>.png, below
+  [ -e "$cn" ] || { echo "error: CONTROLNET=$cn does not exist" >&2; exit 2; }
+else
+  cn=/tmp/fashion_cn; edges=/tmp/fashion_edges.png # where make_fashion_controlnet.py writes them
+  [ -d "$cn" ] && [ -f "$edges" ] || "$py" tests/bench/make_fashion_controlnet.py >/dev/null 2>&1 || true
+  [ -d "$cn" ] || { echo "error: no ControlNet at $cn (run tests/bench/make_fashion_controlnet.py with $py)" >&2; exit 2; }
+fi
 [ -f "$work/lora.safetensors" ] || "$py" tests/bench/make_fashion_lora.py "$work/lora.safetensors" >/dev/null 2>&1
 /usr/bin/python3 - "$work/mask.png" <<'PYEOF'
 import sys
@@ -45,6 +53,7 @@ base=(-m "$model" --steps "$steps" --cfg-scale 5 -W 32 -H 32 --threads 1)
 {
 echo "# tests/bench/features_cache.sh $build $out   ($(date -u '+%F %H:%M UTC'); git $(git rev-parse --short HEAD); load $(cut -d' ' -f1-3 /proc/loadavg))"
 echo "# fashion-sd 32x32, cfg 5, $steps steps, samplers: $samplers; seeds: $seeds; ${#prompts[@]} prompts: ${prompts[*]}"
+echo "# ControlNet: $cn; control image: ${edges:-the Canny edges of the first test-set image of the class of each prompt}"
 echo "# per run: feature sampler prompt seed | freq PSNR vs off (dB) | freq full steps | speed-up (off wall / freq wall)"
 } | tee "$out.tmp"
 for sampler in $samplers; do
@@ -52,11 +61,18 @@ for sampler in $samplers; do
     for seed in $seeds; do
       tag=$(echo "${prompt}_${seed}_$sampler" | tr ' ' '_')
       init=$work/init_$tag.png
-      "$sd" "${base[@]}" -p "$prompt" -s $((seed + 1000)) --sampler "$sampler" -o "$init" --overwrite >/dev/null 2>&1
+      [[ " ${features[*]} " == *" img2img "* || " ${features[*]} " == *" inpaint "* ]] &&
+        "$sd" "${base[@]}" -p "$prompt" -s $((seed + 1000)) --sampler "$sampler" -o "$init" --overwrite >/dev/null 2>&1
       for f in "${features[@]}"; do
         extra=()
         case $f in
-          controlnet) extra=(--control-net "$cn" --control-image "$edges") ;;
+          controlnet)
+            ctl=$edges
+            if [ -z "$ctl" ]; then
+              ctl=$work/edges_$(echo "$prompt" | tr ' ' '_').png
+              [ -f "$ctl" ] || "$sd" fashion-edges -p "$prompt" -o "$ctl" >/dev/null
+            fi
+            extra=(--control-net "$cn" --control-image "$ctl") ;;
           lora*) extra=(--lora "$work/lora.safetensors:${f#lora}") ;;
           img2img) extra=(-i "$init" --strength 0.6) ;;
           inpaint) extra=(-i "$init" --mask "$work/mask.png" --strength 0.6) ;;

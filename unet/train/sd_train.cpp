@@ -11,6 +11,7 @@
 #include "unet/model/clip_tokenizer.h"
 #include "unet/samplers/scheduler.h"
 #include "unet/train/fashion_mnist.h"
+#include "unet/train/train_loop.h"
 #include "unet/model/unet_perf.h"
 
 #include <nlohmann/json.hpp>
@@ -27,167 +28,6 @@ namespace fs = std::filesystem;
 using torch::Tensor;
 
 namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// ---- the shared training loop pieces ------------------------------------------------------------------------------
-
-double lr_at(const TrainOptions& o, int step) {
-    return cache::warmup_cosine_lr(o.lr, step, o.warmup, o.steps, o.min_lr_fraction);
-}
-
-NamedTensors named_params(torch::nn::Module& m) {
-    NamedTensors out;
-    for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
-    for (const auto& b : m.named_buffers()) out.emplace_back(b.key(), b.value());
-    return out;
-}
-
-// Exponential moving average of the parameters (Polyak averaging), decay warmed up as min(d, (1+s)/(10+s)) so early
-// averages are not dominated by the random initialisation.
-class Ema {
-public:
-    Ema(torch::nn::Module& m, double decay) : decay_(decay) {
-        torch::NoGradGuard ng;
-        for (const auto& p : m.named_parameters()) shadow_.emplace_back(p.key(), p.value().detach().clone());
-    }
-    void update(torch::nn::Module& m, int step) {
-        if (decay_ <= 0) return;
-        torch::NoGradGuard ng;
-        const double d = std::min(decay_, (1.0 + step) / (10.0 + step));
-        size_t i = 0;
-        for (const auto& p : m.named_parameters()) shadow_[i++].second.mul_(d).add_(p.value().detach(), 1 - d);
-    }
-    const NamedTensors& tensors() const { return shadow_; }
-    void load(const WeightMap& w) {
-        torch::NoGradGuard ng;
-        for (auto& [n, t] : shadow_) t.copy_(w.get(n));
-    }
-    // The weights to save: the EMA when enabled, else the live ones.
-    NamedTensors weights(torch::nn::Module& m) const { return decay_ > 0 ? shadow_ : named_params(m); }
-
-private:
-    double decay_;
-    NamedTensors shadow_;
-};
-
-// A checkpoint's state.json, written last (a checkpoint counts once it is there): the step it holds, the training
-// seconds until then and the model it belongs to.
-struct CheckpointState {
-    int step = 0;
-    double seconds = 0.0;
-    std::string what;
-    std::vector<JsonField> fields() {
-        return {ANCHOR_JSON_FIELD(*this, step), ANCHOR_JSON_FIELD(*this, seconds), ANCHOR_JSON_FIELD(*this, what)};
-    }
-};
-
-struct Loop {
-    const TrainOptions& o;
-    std::string what;
-    fs::path ckpt;
-    std::ofstream log;
-    double t0 = now_s(), t_resume = 0;
-    double sum = 0;
-    int count = 0, start = 0;
-    std::vector<double> window_means;
-
-    Loop(const TrainOptions& opt, const std::string& w) : o(opt), what(w) {
-        if (o.out.empty()) throw ParamError("out", "train: an output folder is required");
-        if (o.steps < 1 || o.batch < 1)
-            throw ParamError(o.steps < 1 ? "steps" : "batch", "train: steps and batch must be >= 1");
-        ckpt = fs::path(o.out) / "checkpoint" / what; // created by begin(), once the inputs have loaded
-    }
-    std::string log_path() const { return (fs::path(o.out) / ("train_" + what + "_log.txt")).string(); }
-
-    // Restores model/EMA/optimizer from the checkpoint when resuming; returns the step to continue from.
-    int begin(torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
-        fs::create_directories(ckpt);
-        if (o.resume && fs::exists(ckpt / "state.json")) {
-            const auto j = JsonConfig::load((ckpt / "state.json").string(), "checkpoint state");
-            if (!j.has("step")) j.fail("'step' is missing (not a checkpoint's state.json)");
-            CheckpointState st;
-            j.read(st.fields());
-            start = st.step;
-            t_resume = st.seconds;
-            WeightMap::load((ckpt / "model.safetensors").string()).load_into(m);
-            if (fs::exists(ckpt / "ema.safetensors")) ema.load(WeightMap::load((ckpt / "ema.safetensors").string()));
-            torch::load(opt, (ckpt / "optimizer.pt").string());
-            std::fprintf(stderr, "%s: resuming at step %d of %d\n", what.c_str(), start, o.steps);
-        }
-        t0 = now_s(); // data loading and model set-up are not training time
-        log.open(log_path(), start > 0 ? std::ios::app : std::ios::trunc);
-        if (start == 0) log << "# step loss lr seconds\n";
-        return start;
-    }
-    void set_lr(torch::optim::Optimizer& opt, int step) {
-        for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(o, step));
-    }
-    void record(int step, double loss, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt) {
-        sum += loss;
-        ++count;
-        const double elapsed = t_resume + now_s() - t0;
-        if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
-            const double mean = sum / count;
-            window_means.push_back(mean);
-            log << step + 1 << " " << mean << " " << lr_at(o, step) << " " << elapsed << "\n" << std::flush;
-            sum = 0, count = 0;
-        }
-        if (!o.quiet) {
-            const double per = (now_s() - t0) / double(step + 1 - start);
-            std::fprintf(stderr, "\r%s: step %d/%d  loss %.4f (last %d: %.4f)  lr %.2e  %.2fs/step  ETA %.0fs   ",
-                         what.c_str(), step + 1, o.steps, loss, o.log_every,
-                         window_means.empty() ? loss : window_means.back(), lr_at(o, step), per,
-                         per * double(o.steps - step - 1));
-            std::fflush(stderr);
-        }
-        if ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps)
-            save_checkpoint(step + 1, m, ema, opt, elapsed);
-    }
-    void save_checkpoint(int step, torch::nn::Module& m, Ema& ema, torch::optim::Optimizer& opt, double elapsed) {
-        save_safetensors((ckpt / "model.safetensors").string(), named_params(m));
-        save_safetensors((ckpt / "ema.safetensors").string(), ema.tensors());
-        const auto tmp = (ckpt / "optimizer.pt.tmp").string();
-        torch::save(opt, tmp);
-        fs::rename(tmp, ckpt / "optimizer.pt");
-        // state.json last: a checkpoint counts only once all its files are in place.
-        CheckpointState st{step, elapsed, what};
-        write_file_atomic((ckpt / "state.json").string(), json_of(st.fields()).dump() + "\n", true);
-    }
-    TrainResult finish(int steps_done) {
-        if (!o.quiet) std::fprintf(stderr, "\n");
-        TrainResult r;
-        r.steps_done = steps_done;
-        r.first_loss = window_means.empty() ? 0 : window_means.front();
-        r.final_loss = window_means.empty() ? 0 : window_means.back();
-        r.seconds = t_resume + now_s() - t0;
-        r.log_path = log_path();
-        return r;
-    }
-};
-
-torch::optim::AdamW make_adamw(std::vector<Tensor> params, const TrainOptions& o) {
-    return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
-}
-
-void to_half_file(const std::string& path, const NamedTensors& t) {
-    NamedTensors h;
-    for (const auto& [n, v] : t) h.emplace_back(n, v.detach().to(torch::kHalf));
-    save_safetensors(path, h);
-}
-
-// Copies named tensors (e.g. the EMA weights) into a fresh module through the checked loader.
-void load_named(torch::nn::Module& m, const NamedTensors& t) {
-    WeightMap w;
-    for (const auto& [n, v] : t) w.insert(n, v);
-    w.load_into(m);
-}
-
-void write_json(const fs::path& p, const nlohmann::json& j) {
-    write_file_atomic(p.string(), j.dump(2) + "\n", true);
-}
 
 // A random batch of training images as model input [B, 3, 32, 32] in [-1, 1] and their labels.
 std::pair<Tensor, Tensor> batch_of(const FashionMnist& d, int64_t b, torch::Generator& gen) {
@@ -350,18 +190,10 @@ TrainResult train_unet(const TrainOptions& o) {
                  (long long)lat_mean.size(0), shape_str(lat_mean.sizes().vec()).c_str(), sf);
 
     // Prompt ids: [class][template] plus the empty prompt (caption dropout / unconditional).
-    const auto tok = ClipTokenizer::bundled();
-    const auto& templates = fashion_prompt_templates();
-    std::vector<Tensor> rows;
-    for (int c = 0; c < 10; ++c)
-        for (size_t k = 0; k < templates.size(); ++k)
-            rows.push_back(torch::tensor(tok.tokenize(fashion_prompt(c, int(k))).ids, torch::kLong));
-    rows.push_back(torch::tensor(tok.tokenize("").ids, torch::kLong));
-    const Tensor prompt_ids = torch::stack(rows); // [10 * T + 1, 77]
-    const int64_t n_templates = int64_t(templates.size()), uncond_row = 10 * n_templates;
+    const Tensor prompt_ids = fashion_prompt_ids(); // [10 * T + 1, 77]
+    const int64_t n_templates = int64_t(fashion_prompt_templates().size()), uncond_row = 10 * n_templates;
 
     const auto ac = make_alphas_cumprod(SchedulerConfig{}); // SD 1.x training schedule
-    const auto sqrt_ac = ac.sqrt(), sqrt_1mac = (1 - ac).sqrt();
 
     TextAndUnet model(fashion_text_config(), fashion_unet_config());
     model.train();
@@ -374,18 +206,11 @@ TrainResult train_unet(const TrainOptions& o) {
         auto x0 = (lat_mean.index_select(0, idx) +
                    lat_std.index_select(0, idx) * torch::randn({o.batch, 4, 8, 8}, gen, torch::kFloat)) *
                   sf;
-        auto labels = data.labels.index_select(0, idx);
-        auto tmpl = torch::randint(n_templates, {o.batch}, gen, torch::kLong);
-        auto row = labels * n_templates + tmpl;
-        auto drop = torch::rand({o.batch}, gen, torch::kFloat) < o.caption_dropout;
-        row = torch::where(drop, torch::full_like(row, uncond_row), row);
-        auto t = torch::randint(ac.size(0), {o.batch}, gen, torch::kLong);
-        auto eps = torch::randn(x0.sizes(), gen, torch::kFloat);
-        auto xt = sqrt_ac.index_select(0, t).view({-1, 1, 1, 1}) * x0 +
-                  sqrt_1mac.index_select(0, t).view({-1, 1, 1, 1}) * eps; // q(x_t | x_0), DDPM eq. 4
-        auto ctx = model.text_encoder->encode(prompt_ids.index_select(0, row));
-        auto pred = model.unet->forward(xt, t.to(torch::kFloat), ctx);
-        auto loss = torch::mse_loss(pred, eps);
+        const auto nb = noised_batch(x0, data.labels.index_select(0, idx), n_templates, uncond_row,
+                                     o.caption_dropout, ac, gen);
+        auto ctx = model.text_encoder->encode(prompt_ids.index_select(0, nb.row));
+        auto pred = model.unet->forward(nb.xt, nb.t.to(torch::kFloat), ctx);
+        auto loss = torch::mse_loss(pred, nb.eps);
         opt.zero_grad();
         loss.backward();
         torch::nn::utils::clip_grad_norm_(model.parameters(), o.grad_clip);
