@@ -5,30 +5,22 @@ diffusers SD 3 pipeline our engine runs as diffusers does (4-channel VAE with sh
 usage: python unet/train/check_fashion_mmdit.py MODEL PNG PROMPT SEED STEPS CFG
 (the tokenizers get CLIP's vocab.json / merges.txt from the BPE file, which the committed folder leaves out)
 """
-import math
 import os
 import shutil
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-
-def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    assert attn_mask is None and not is_causal
-    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return torch.softmax(q @ k.transpose(-1, -2) * s, dim=-1) @ v
-
-
-F.scaled_dot_product_attention = sdpa
 torch.set_num_threads(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The trainer's module installs its softmax attention in place of torch 2's F.scaled_dot_product_attention (with
+# ZERO_COPIES at 1: the plain formula) before diffusers is imported.
+from train_fashion_mmdit import bpe_vocab_files  # noqa: E402
 from diffusers import StableDiffusion3Pipeline  # noqa: E402
 from transformers import CLIPTokenizer  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from train_fashion_mmdit import bpe_vocab_files  # noqa: E402
 
 
 def main(model, png, prompt, seed, steps, cfg):
@@ -43,7 +35,6 @@ def main(model, png, prompt, seed, steps, cfg):
         img = pipe(prompt, num_inference_steps=steps, guidance_scale=cfg, height=32, width=32,
                    generator=torch.Generator().manual_seed(seed), output_type="np").images[0]
     ref = np.round(img * 255).astype(np.int64)
-    import zlib
     raw = open(png, "rb").read()
     # minimal PNG reader for the engine's 8-bit RGB, filter-type-0..4 scanlines
     pos, idat, w, h = 8, b"", 0, 0
