@@ -14,6 +14,8 @@
 #include "unet/cache/freq_cache.h"
 #include "unet/cache/freq_calibration.h"
 #include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/sd3_compare.h"
+#include "unet/pipeline/sd3_pipeline.h"
 #include "unet/train/controlnet_train.h"
 #include "unet/train/fashion_eval.h"
 #include "unet/train/fashion_mnist.h"
@@ -107,8 +109,10 @@ std::vector<std::string> write_speed_quality_plots(const nlohmann::json& rep, co
     return written;
 }
 
-int run_eval(EvalOptions& o) {
+int run_eval(EvalOptions& o, bool samplers_given = true) {
     o.eval.modes = unet::parse_cache_list(o.modes, "modes");
+    // An SD 3 model has one sampler, its flow-matching Euler: the default grid's ddim becomes it.
+    if (!samplers_given && unet::is_sd3_model(o.eval.model)) o.eval.samplers = {"flow_match_euler"};
     if (!o.prompts_file.empty()) o.eval.prompts = read_prompts_file(o.prompts_file);
     if (!o.seeds.empty()) o.eval.seed_list = parse_int_list(o.seeds, "--seeds");
     const auto r = unet::train::run_fashion_eval(o.eval);
@@ -146,9 +150,42 @@ struct CalibrateOptions {
     bool overwrite = false;
 };
 
+// SD 3 / 3.5: TeaCache's rescale polynomial (sd3_teacache_calibrate) from uncached runs of the prompts at
+// --seed, --steps and --cfg-scale, written as {"coef": [...], "use": "--cache teacache:coef=..."}.
+int run_calibrate_sd3(const CalibrateOptions& o, const std::vector<std::string>& prompts) {
+    auto m = unet::load_sd3_models(o.model);
+    std::vector<unet::SD3Txt2ImgParams> runs;
+    for (const auto& pr : prompts) {
+        unet::SD3Txt2ImgParams p;
+        p.prompts = {pr};
+        p.seed = o.cal.base.seed;
+        p.steps = o.cal.base.steps;
+        p.guidance_scale = o.cal.base.guidance_scale;
+        runs.push_back(p);
+    }
+    std::vector<std::pair<double, double>> samples;
+    const auto coef = unet::sd3_teacache_calibrate(m, runs, 4, &samples);
+    std::string spec;
+    for (double c : coef) spec += (spec.empty() ? "" : "/") + util::fmt("%.9g", c);
+    const nlohmann::json out = {{"model", o.model},
+                                {"prompts", prompts},
+                                {"seed", o.cal.base.seed},
+                                {"steps", o.cal.base.steps},
+                                {"cfg_scale", o.cal.base.guidance_scale},
+                                {"samples", samples.size()},
+                                {"coef", coef},
+                                {"use", "--cache teacache:coef=" + spec}};
+    write_file_atomic(o.out, out.dump(2) + "\n", o.overwrite);
+    std::printf("teacache rescale polynomial (highest degree first) from %zu samples: %s\nwrote %s (use --cache "
+                "teacache:coef=%s)\n",
+                samples.size(), spec.c_str(), o.out.c_str(), spec.c_str());
+    return 0;
+}
+
 int run_calibrate(CalibrateOptions& o) {
     if (o.out.empty()) throw UsageError("calibrate: -o PROFILE.json is required");
     check_output_path(o.out, o.overwrite);
+    if (unet::is_sd3_model(o.model)) return run_calibrate_sd3(o, read_prompts_file(o.prompts, o.max_prompts));
     o.cal.prompts = read_prompts_file(o.prompts, o.max_prompts);
     o.cal.validate();
     auto models = unet::load_sd_models(o.model);
@@ -316,20 +353,20 @@ void add_sd_train_commands(CLI::App& app, std::vector<std::pair<CLI::App*, std::
                                                                                           {"prompts", "--prompts"}})
             bind_field(field, flag);
     };
-    runners.emplace_back(ce, [ev, bind_eval_fields]() {
+    runners.emplace_back(ce, [ev, ce, bind_eval_fields]() {
         bind_eval_fields();
-        return run_eval(*ev);
+        return run_eval(*ev, ce->get_option("--samplers")->count() > 0);
     });
     auto eg = std::make_shared<EvalOptions>();
     auto* cg = app.add_subcommand("eval-cache", "cache speed/quality over a prompts x seeds x samplers x steps grid: "
                                                 "PSNR (mean, median, worst, share >= 30 dB), SSIM, speed-up, full "
                                                 "steps, classifier adherence, speed-quality plots");
     add_eval_options(cg, *eg, true);
-    runners.emplace_back(cg, [eg, bind_eval_fields]() {
+    runners.emplace_back(cg, [eg, cg, bind_eval_fields]() {
         bind_eval_fields();
         bind_field("samplers", "--samplers");
         bind_field("batch", "--batch");
-        return run_eval(*eg);
+        return run_eval(*eg, cg->get_option("--samplers")->count() > 0);
     });
 
     auto ep = std::make_shared<EvalPlotOptions>();

@@ -8,6 +8,7 @@
 #include "unet/cache/dit_cache_config.h"
 #include "unet/pipeline/sd3_compare.h"
 #include "unet/pipeline/sd3_pipeline.h"
+#include "unet/train/fashion_eval.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -220,4 +221,38 @@ TEST_CASE("teacache calibration: the least-squares polynomial, by hand and on th
         q.record_teacache = false;
         return sd3_txt2img(sd3_cache_tiny_models(), q).image;
     }()));
+}
+
+TEST_CASE("eval-cache on an SD 3 model: the DiT modes per image, threshold 0 identical, flow-matching Euler only",
+          "[sd3][dit_cache][eval]") {
+    // The trained demo MMDiT (32x32 images, which the Fashion-MNIST classifier reads) with fashion-sd's classifier.
+    const std::string root = std::string(ANCHOR_SOURCE_DIR) + "/assets/models/";
+    train::FashionEvalParams p;
+    p.model = root + "fashion-mmdit";
+    p.classifier = root + "fashion-sd/eval/classifier.safetensors";
+    p.prompts = {"a photo of a sneaker", "a photo of a pair of trousers"};
+    p.seed_list = {3};
+    p.samplers = {"flow_match_euler"};
+    p.steps = {6};
+    p.batch = 1;
+    p.out = test::scratch_dir("sd3_eval_cache");
+    for (const char* m : {"off", "fbcache:thr=0", "taylorseer:interval=1", "taylorseer:interval=3"})
+        p.modes.push_back(parse_cache_config(m));
+    const auto r = train::run_fashion_eval(p);
+    const auto& modes = r.report["cells"][0]["modes"];
+    REQUIRE(modes.size() == 4);
+    for (int k = 0; k < 3; ++k) {
+        INFO(modes[k]["mode"]);
+        CHECK(modes[k]["full_steps"].get<double>() == 12.0); // 6 steps x 2 images
+        CHECK(modes[k]["total_steps"] == 12);
+        CHECK(modes[k]["psnr_db"] == "inf");
+    }
+    // taylorseer:interval=3 after two warm-up steps: full at 0, 1, 2, 5 of 6, per image.
+    CHECK(modes[3]["full_steps"].get<double>() == 8.0);
+    CHECK(modes[3]["psnr_db"].is_number());
+    CHECK(modes[0]["classifier_adherence"].is_number());
+
+    p.samplers = {"ddim"};
+    p.overwrite = true;
+    CHECK(test::error_of([&] { train::run_fashion_eval(p); }).find("flow_match_euler only") != std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include "unet/model/checkpoint.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/pipeline.h"
+#include "unet/pipeline/sd3_pipeline.h"
 #include "unet/train/fashion_mnist.h"
 #include "unet/train/sd_train.h"
 
@@ -14,6 +15,8 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <numeric>
 
 namespace anchor::unet::train {
@@ -186,6 +189,64 @@ std::string FashionEvalReport::table() const {
     return out;
 }
 
+namespace {
+
+// One pipeline run of an eval cell: the images, the denoising wall time and the cache's per-step log.
+struct FashionEvalRun {
+    torch::Tensor image, image_uint8; // [B, 3, H, W] in [0, 1]; [B, H, W, 3] uint8
+    double denoise_s = 0;
+    std::vector<CacheStepLog> log;
+    double full_steps = 0; // the pipeline's count, used when the log is empty
+    int total_steps = 0;
+    std::string spec; // the mode's canonical string
+};
+using FashionEvalRunner = std::function<FashionEvalRun(const std::vector<std::string>&, int64_t, const std::string&,
+                                                       int, const CacheConfig&)>;
+
+FashionEvalRunner make_sd_eval_runner(const FashionEvalParams& o) {
+    auto models = std::make_shared<SDModels>(load_sd_models(o.model));
+    auto pipe = std::make_shared<Txt2ImgPipeline>(*models);
+    return [models, pipe, cfg = o.cfg](const std::vector<std::string>& prompts, int64_t seed,
+                                       const std::string& sampler, int steps, const CacheConfig& mode) {
+        Txt2ImgParams p;
+        p.prompts = prompts;
+        p.seed = seed;
+        p.steps = steps;
+        p.sampler = sampler_from_string(sampler);
+        p.guidance_scale = cfg;
+        p = pipe->resolved(p);
+        auto ctl = make_cache_controller(mode);
+        const auto r = pipe->run(p, ctl.get());
+        return FashionEvalRun{r.image, r.image_uint8, r.denoise_s, ctl->log(), double(r.full_steps), r.total_steps,
+                              ctl->spec()};
+    };
+}
+
+// SD 3 / 3.5 models sample with the flow-matching Euler of their scheduler config only (no sampler choice).
+FashionEvalRunner make_sd3_eval_runner(const FashionEvalParams& o) {
+    for (const auto& s : o.samplers)
+        if (sampler_from_string(s) != SamplerKind::FlowMatchEuler)
+            throw ParamError("samplers", "'" + o.model + "' is an SD 3 model: it samples with flow_match_euler only, "
+                                         "got '" + s + "'");
+    auto models = std::make_shared<SD3Models>(load_sd3_models(o.model, torch::kFloat, true));
+    return [models, cfg = o.cfg](const std::vector<std::string>& prompts, int64_t seed, const std::string&,
+                                 int steps, const CacheConfig& mode) {
+        SD3Txt2ImgParams p;
+        p.prompts = prompts;
+        p.seed = seed;
+        p.steps = steps;
+        p.guidance_scale = cfg;
+        p.cache = mode;
+        const auto r = sd3_txt2img(*models, p);
+        double full = 0;
+        for (const auto& st : r.cache_steps) full += st.full_share;
+        return FashionEvalRun{r.image, r.image_uint8, r.denoise_s, r.cache_steps, full, steps,
+                              r.cache_log.value("resolved", mode.canonical())};
+    };
+}
+
+} // namespace
+
 FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     o.validate();
     const auto& modes = o.modes;
@@ -223,16 +284,15 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     const std::string cls_path =
         o.classifier.empty() ? (fs::path(o.model) / "eval" / "classifier.safetensors").string() : o.classifier;
     auto classifier = load_fashion_classifier(cls_path);
-    auto models = load_sd_models(o.model);
-    Txt2ImgPipeline pipe(models);
-    Txt2ImgParams p;
     const int64_t per_batch = o.batch > 0 ? std::min<int64_t>(o.batch, n_img) : n_img;
-    p.prompts.assign(prompts.begin(), prompts.begin() + per_batch);
-    p.steps = o.steps.front();
-    p.sampler = sampler_from_string(o.samplers.front());
-    p.guidance_scale = o.cfg;
-    p = pipe.resolved(p);
-    pipe.run(p); // warm-up
+    // SD 1.x / 2.x / XL through Txt2ImgPipeline, SD 3 / 3.5 through sd3_txt2img (its transformer cache modes).
+    const FashionEvalRunner run_mode = is_sd3_model(o.model) ? make_sd3_eval_runner(o) : make_sd_eval_runner(o);
+    run_mode({prompts.begin(), prompts.begin() + per_batch}, 0, o.samplers.front(), o.steps.front(),
+             CacheConfig{}); // warm-up
+    struct {
+        std::vector<std::string> prompts;
+        int64_t seed = 0;
+    } p;
 
     nlohmann::json rep = {{"model", o.model},
                           {"classifier", cls_path},
@@ -262,8 +322,6 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     };
     for (const auto& sampler : o.samplers)
         for (int steps : o.steps) {
-            p.sampler = sampler_from_string(sampler);
-            p.steps = steps;
             std::vector<ModeResult> res(modes.size());
             for (int64_t seed : seeds) {
                 p.seed = seed;
@@ -275,14 +333,13 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
                     std::vector<torch::Tensor> ref; // the first mode's images of this batch
                     for (size_t k = 0; k < modes.size(); ++k) {
                         auto& m = res[k];
-                        Txt2ImgResult r;
+                        FashionEvalRun r;
                         double best = INFINITY;
                         std::vector<CacheStepLog> best_log;
                         for (int rep_i = 0; rep_i < o.repeats; ++rep_i) {
-                            auto ctl = make_cache_controller(modes[k]);
-                            m.spec = ctl->spec();
-                            r = pipe.run(p, ctl.get());
-                            if (r.denoise_s < best) best = r.denoise_s, best_log = ctl->log();
+                            r = run_mode(p.prompts, p.seed, sampler, steps, modes[k]);
+                            m.spec = r.spec;
+                            if (r.denoise_s < best) best = r.denoise_s, best_log = r.log;
                         }
                         m.wall.back() += best;
                         for (const auto& st : best_log) {
