@@ -40,7 +40,7 @@ TEST_CASE("diffugpt shifted loss: row i predicts token i + 1 where x_t is masked
     const int64_t M = 3; // [MASK] id of a 4-token vocabulary
     auto x0 = torch::tensor({0, 1, 2}, torch::kLong).view({1, 3});
     // Positions 0 and 1 masked: position 0 has no row predicting it, so only position 1 (row 0 -> token 1) counts.
-    auto xt = torch::tensor({M, M, 2}, torch::kLong).view({1, 3});
+    auto xt = torch::tensor(std::vector<int64_t>{M, M, 2}, torch::kLong).view({1, 3});
     auto logits = torch::zeros({1, 3, 4});
     logits[0][2][0] = 50.0; // the last row predicts nothing: no effect
     auto t = torch::tensor({0.25}, torch::kFloat64);
@@ -52,14 +52,15 @@ TEST_CASE("diffugpt shifted loss: row i predicts token i + 1 where x_t is masked
     logits[0][0][1] = 10.0;
     auto lr = logits.clone().requires_grad_(true);
     auto l2 = diffugpt_shift_loss(lr, x0, xt, M, t);
-    CHECK(l2.unweighted.item<double>() == Approx(std::log1p(3.0 * std::exp(-10.0))).epsilon(1e-4));
+    // (float32 log-softmax this close to 0 carries ~1e-3 relative rounding)
+    CHECK(l2.unweighted.item<double>() == Approx(std::log1p(3.0 * std::exp(-10.0))).epsilon(1e-2));
     l2.weighted.backward();
     CHECK(lr.grad()[0][0].abs().sum().item<double>() > 0);  // row 0 is in the loss
     CHECK(lr.grad()[0][1].abs().sum().item<double>() == 0); // row 1 predicts position 2, not masked
     CHECK(lr.grad()[0][2].abs().sum().item<double>() == 0); // the last row
     // Two sequences, one masked position each (CE log 4), t = 0.5 and 1: (2 log 4 + log 4) / 2.
     auto x0b = torch::tensor({0, 1, 2, 0, 1, 2}, torch::kLong).view({2, 3});
-    auto xtb = torch::tensor({0, M, 2, 0, 1, M}, torch::kLong).view({2, 3});
+    auto xtb = torch::tensor(std::vector<int64_t>{0, M, 2, 0, 1, M}, torch::kLong).view({2, 3});
     auto lb = diffugpt_shift_loss(torch::zeros({2, 3, 4}), x0b, xtb, M, torch::tensor({0.5, 1.0}, torch::kFloat64));
     CHECK(lb.masked == 2);
     CHECK(lb.weighted.item<double>() == Approx(1.5 * std::log(4.0)));
@@ -85,7 +86,8 @@ TEST_CASE("diffugpt times span (eps, 1] evenly and the noise masks about t of th
 
 TEST_CASE("diffugpt training forward with the causal mask is GPT-2's causal forward", "[diffugpt]") {
     Gpt2Config c;
-    c.vocab_size = 11, c.n_positions = 8, c.n_embd = 8, c.n_head = 2, c.n_layer = 2;
+    // One layer: the last position attends to every key either way, so full attention leaves it unchanged.
+    c.vocab_size = 11, c.n_positions = 8, c.n_embd = 8, c.n_head = 2, c.n_layer = 1;
     Gpt2Model m(c);
     init_gpt2_weights(m, 1);
     auto ids = torch::tensor({1, 4, 2, 9, 3, 0}, torch::kLong).view({1, 6});
@@ -111,11 +113,11 @@ TEST_CASE("block-wise diffugpt: the caches recompute the block and the row befor
         return dlm_generate(model, prompt, o, dlm_seeded_draws(1));
     };
     const auto off = run(DlmCache::Off), dual = run(DlmCache::Dual), prefix = run(DlmCache::Prefix);
-    // Two blocks of two steps: off computes every position each step; dual a full step, then the block and the
-    // position before it; prefix a full step, then everything from the position before the block.
+    // Two blocks of four steps: off computes every position each step; dual a full step, then three times the block
+    // and the position before it; prefix a full step, then three times everything from the position before the block.
     CHECK(off.positions_computed == 8 * L);
-    CHECK(dual.positions_computed == 2 * L + 2 * 5);
-    CHECK(prefix.positions_computed == 2 * L + (L - (P - 1)) + (L - (P + 4 - 1)));
+    CHECK(dual.positions_computed == 2 * (L + 3 * 5));
+    CHECK(prefix.positions_computed == 2 * L + 3 * (L - (P - 1)) + 3 * (L - (P + 4 - 1)));
     REQUIRE(off.generated.size() == size_t(G));
     REQUIRE(dual.generated.size() == size_t(G));
     for (auto t : off.generated) CHECK(t != model.config().mask_token_id);
