@@ -18,7 +18,7 @@ for T in ${TEMPS:-0 0.95}; do
 --prompt-len 64 --repeats 16 --temperature $T --prompts-from $P --score-with $G --baseline off --cache prefix,dual \
 --json ${OUT%.txt}_T$T.json --overwrite"
   { echo "# command: $CMD"
-    echo "# date: $(date -u) git: $(git rev-parse --short HEAD) host load: $(cat /proc/loadavg) threads: $TH"
+    echo "# date: $(date -u) git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) host load: $(cat /proc/loadavg) threads: $TH"
     $CMD 2>/dev/null
     echo "# host load at end: $(cat /proc/loadavg)"
     echo; } | tee -a "$OUT"
