@@ -20,6 +20,7 @@
 #include "text/diffusion/mdlm_run.h"
 #include "text/text_job.h"
 #include "text/token_file.h"
+#include "text/train/diffugpt_train.h"
 #include "text/train/mdlm_train.h"
 
 #include <CLI/CLI.hpp>
@@ -393,7 +394,33 @@ struct TrainArgs {
     GateKind gate = GateKind::TimeAnchor;
     std::string holdout = "books:Ruth,Eccl,Jonah,Titus";
     bool full_vocab = false, no_resume = false;
+    // --family diffugpt --init-from AR_GPT2: DiffuGPT's adaptation (text/train/diffugpt_train.h) instead of an MDLM.
+    std::string family, init_from;
+    int64_t anneal_steps = 200, eval_every = 100;
+    bool seq_len_set = false;
 };
+
+int run_train_diffugpt(const TrainArgs& a) {
+    DiffuGptTrainOptions d;
+    d.init_from = a.init_from, d.kjv_path = a.o.kjv_path, d.vocab_dir = a.o.vocab_dir, d.out_dir = a.o.out_dir;
+    d.export_dir = a.o.export_dir, d.export_dtype = a.o.export_dtype;
+    d.seq_len = a.seq_len_set ? a.o.seq_len : 0;
+    d.batch = a.o.batch, d.steps = a.o.steps, d.warmup = a.o.warmup, d.anneal_steps = a.anneal_steps;
+    d.lr = a.o.lr, d.weight_decay = a.o.weight_decay, d.seed = a.o.seed, d.log_every = a.o.log_every;
+    d.eval_every = a.eval_every, d.time_budget_s = a.o.time_budget_s;
+    d.log = [](const std::string& s) { std::cout << s << std::endl; };
+    const FlagNames flags = {{"holdout", "--holdout"},         {"out_dir", "--out"},      {"batch", "--batch"},
+                             {"seq_len", "--seq-len"},         {"steps", "--steps"},      {"init_from", "--init-from"},
+                             {"anneal_steps", "--anneal-steps"}, {"export_dir", "--export"}, {"eval_every", "--eval-every"},
+                             {"time_budget_s", "--time-budget"}, {"warmup", "--warmup"},  {"lr", "--lr"}};
+    const auto r = with_flag_errors(flags, [&] {
+        d.holdout = text::HoldoutSpec::parse(a.holdout);
+        return train_diffugpt(d);
+    });
+    std::cout << "trained steps 0.." << r.steps_run << " of " << r.planned_steps << "; held-out NELBO "
+              << r.val_nelbo_start << " -> " << r.val_nelbo << " nats/token\n";
+    return 0;
+}
 
 int run_train(TrainArgs a) {
     a.o.config.n_blocks = a.layers;
@@ -493,6 +520,7 @@ int run_bench(BenchArgs a) {
         if (a.dlm.app->count("--steps-list")) d.steps = parse_int_list(a.steps_list, "--steps-list");
         d.prompt_len = a.p.prompt_len, d.block_length = a.p.block_length, d.repeats = int(a.p.repeats);
         d.seed = a.p.seed, d.temperature = a.p.temperature;
+        d.prompts_from = a.p.prompts_from, d.score_with = a.p.score_with;
         return run_dlm_bench(a.dlm, d);
     }
     if (!a.json_out.empty()) check_output_path(a.json_out, a.overwrite);
@@ -607,8 +635,24 @@ void add_diffusion_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runn
                    "Seconds: size the schedule from the measured step rate so that training ends within them (at most "
                    "--steps); 0 = --steps as given")
         ->capture_default_str();
+    tr->add_option("--family", t->family, "mdlm (default) or diffugpt: adapt the GPT-2 of --init-from (DiffuGPT)");
+    tr->add_option("--init-from", t->init_from, "With --family diffugpt: the autoregressive GPT-2 folder to adapt");
+    tr->add_option("--anneal-steps", t->anneal_steps,
+                   "With --family diffugpt: steps over which the causal mask is relaxed to full attention")
+        ->capture_default_str();
+    tr->add_option("--eval-every", t->eval_every, "With --family diffugpt: held-out NELBO interval")
+        ->capture_default_str();
     runners.emplace_back(tr, [t, tr] {
         t->o.use_kjv = tr->count("--kjv") > 0;
+        t->seq_len_set = tr->count("--seq-len") > 0;
+        if (t->family == "diffugpt" || (t->family.empty() && !t->init_from.empty())) {
+            if (t->init_from.empty()) throw UsageError("train --family diffugpt: give --init-from GPT2_FOLDER");
+            if (!t->o.use_kjv) throw UsageError("train --family diffugpt: trains on --kjv (--tokens is for MDLMs)");
+            return run_train_diffugpt(*t);
+        }
+        if (!t->family.empty() && t->family != "mdlm")
+            throw UsageError("train: --family '" + t->family + "' is not mdlm or diffugpt");
+        if (!t->init_from.empty()) throw UsageError("train: --init-from is for --family diffugpt");
         if (!t->o.use_kjv && t->o.tokens_path.empty()) throw UsageError("train: give --tokens FILE or --kjv");
         return run_train(*t);
     });

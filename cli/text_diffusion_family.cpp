@@ -5,6 +5,7 @@
 #include "cache/io/error.h"
 #include "cli/text_commands.h"
 #include "cache/io/atomic_file.h"
+#include "text/bench/dlm_quality_bench.h"
 #include "text/diffusion/families/dlm_bench.h"
 #include "text/diffusion/families/dlm_chat.h"
 #include "text/diffusion/families/dlm_model.h"
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace anchor::cli {
@@ -178,6 +180,51 @@ void print_dlm_bench_row(const DlmBenchReport& rep, size_t i) {
               << rep.peak_rss_bytes / 1e6 << std::defaultfloat << std::endl;
 }
 
+// `diffusion bench -m MODEL --prompts-from F [--score-with G]`: the quality table of text/bench/dlm_quality_bench.h.
+int run_dlm_quality_bench(DlmModel& model, const DlmConfig& c, DlmSampleOptions o, const std::vector<DlmCache>& modes,
+                          const DlmBenchCliArgs& b) {
+    std::optional<LoadedGpt2> scorer;
+    if (!b.score_with.empty()) scorer = load_gpt2(b.score_with);
+    const auto prompts = dlm_prompts_from(b.prompts_from, c, b.repeats, b.prompt_len);
+    nlohmann::json all = nlohmann::json::array();
+    for (auto steps : b.steps.empty() ? std::vector<int64_t>{o.steps} : b.steps) {
+        o.steps = steps;
+        std::cout << c.describe() << " | " << prompts.size() << " prompts of " << b.prompt_len << " from "
+                  << b.prompts_from << ", gen " << o.gen_length << ", block " << o.block_length << ", steps " << steps
+                  << ", temperature " << o.temperature_for(c.family) << ", seeds " << b.seed << ".."
+                  << b.seed + prompts.size() - 1 << std::endl;
+        const auto rep = with_flag_errors(dlm_flags(), [&] {
+            return dlm_quality_bench(model, prompts, o, modes, b.seed, scorer ? &scorer->model : nullptr,
+                                     [](size_t k) { std::cerr << "prompt " << k + 1 << " done" << std::endl; });
+        });
+        std::cout << "cache | speed-up per prompt (median) | full forwards per prompt | forward ratio | agreement | "
+                     "entropy (change) | gen-PPL +-95% (change)\n";
+        for (size_t i = 0; i < rep.rows.size(); ++i) {
+            const auto& r = rep.rows[i];
+            std::cout << std::fixed << enum_name(dlm_cache_table(), r.cache) << " | " << std::setprecision(2)
+                      << rep.median_speedup(i) << "x | " << std::setprecision(1) << r.full_forwards << " | "
+                      << std::setprecision(2) << rep.forward_ratio(i) << "x | " << std::setprecision(1)
+                      << 100 * r.agreement << "% | " << std::setprecision(3) << r.entropy.mean << " ("
+                      << std::showpos << std::setprecision(1) << 100 * rep.entropy_change(i) << "%)" << std::noshowpos;
+            if (r.gen_ppl.mean >= 0)
+                std::cout << " | " << std::setprecision(2) << r.gen_ppl.mean << " +- " << r.gen_ppl.ci95 << " ("
+                          << std::showpos << std::setprecision(1) << 100 * rep.gen_ppl_change(i) << "%)"
+                          << std::noshowpos;
+            std::cout << std::defaultfloat << "\n";
+        }
+        auto j = rep.to_json();
+        j["steps"] = steps;
+        all.push_back(j);
+    }
+    if (!b.json_out.empty()) {
+        nlohmann::json doc = {{"model", b.model},         {"config", c.describe()},       {"prompts_from", b.prompts_from},
+                              {"score_with", b.score_with}, {"seed", b.seed},             {"runs", all}};
+        write_file_atomic(b.json_out, doc.dump(1) + "\n", b.overwrite);
+        std::cout << "wrote " << b.json_out << "\n";
+    }
+    return 0;
+}
+
 } // namespace
 
 int run_dlm_generate(const DlmCliArgs& a, const DlmSharedArgs& s) {
@@ -227,7 +274,7 @@ int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b) {
     DlmSampleOptions o = dlm_options(a, s, c);
     o.temperature = b.temperature;
     o.stop_at_eos = false; // every run does the same work
-    const bool blocks = c.family == DlmFamily::Llada;
+    const bool blocks = c.family == DlmFamily::Llada || o.diffugpt_blockwise(c);
     std::vector<std::string> lists = {b.baseline};
     if (b.caches.empty())
         lists.push_back(blocks ? "prefix,dual" : "");
@@ -235,6 +282,7 @@ int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b) {
         lists.insert(lists.end(), b.caches.begin(), b.caches.end());
     const auto modes = with_flag_errors(
         {{"compare", "--cache or --baseline"}}, [&] { return parse_dlm_cache_list(lists, "compare"); });
+    if (!b.prompts_from.empty()) return run_dlm_quality_bench(model, c, o, modes, b);
     const auto prompt = dlm_synthetic_prompt(c, b.prompt_len);
     nlohmann::json all = nlohmann::json::array();
     for (auto steps : b.steps.empty() ? std::vector<int64_t>{o.steps} : b.steps) {

@@ -29,6 +29,9 @@ struct DlmBenchCliArgs {
     uint64_t seed = 0;
     double temperature = 0;
     bool overwrite = false;
+    // --prompts-from: windows of a token file as prompts (`repeats` of them, prompt_len ids), --score-with: their
+    // answers' gen-PPL under a GPT-2 (text/bench/dlm_quality_bench.h) instead of the synthetic-prompt timing.
+    std::string prompts_from, score_with;
 };
 
 // The families' own options.

@@ -62,7 +62,7 @@ void DlmSampleOptions::validate(const DlmConfig& c) const {
     if (steps < 1) throw ParamError("steps", "must be >= 1, got " + std::to_string(steps));
     const int64_t block = block_length > 0 ? block_length : gen_length;
     if (block_length < 0) throw ParamError("block_length", "must be >= 0, got " + std::to_string(block_length));
-    if (c.family == DlmFamily::Llada) {
+    if (c.family == DlmFamily::Llada || diffugpt_blockwise(c)) {
         if (gen_length % block != 0)
             throw ParamError("block_length", "must divide gen_length " + std::to_string(gen_length) + ", got " +
                                                  std::to_string(block));
@@ -73,17 +73,18 @@ void DlmSampleOptions::validate(const DlmConfig& c) const {
         throw ParamError("block_length", fam + " decodes the whole answer at once (its reference sampler has no " +
                                              "blocks); leave it unset or equal to gen_length");
     }
-    if (cache != DlmCache::Off && c.family != DlmFamily::Llada)
+    if (cache != DlmCache::Off && c.family != DlmFamily::Llada && !diffugpt_blockwise(c))
         throw ParamError("cache", "'" + enum_name(dlm_cache_table(), cache) + "' applies to block-wise decoding " +
-                                      "(LLaDA); " + fam + " runs with off");
+                                      "(LLaDA, DiffuGPT with --block-length); " + fam + " runs with off");
     const DlmRemask r = remask_for(c.family);
-    const bool ok = c.family == DlmFamily::Llada   ? (r == DlmRemask::LowConfidence || r == DlmRemask::Random)
+    const bool blockwise = c.family == DlmFamily::Llada || diffugpt_blockwise(c);
+    const bool ok = blockwise                      ? (r == DlmRemask::LowConfidence || r == DlmRemask::Random)
                     : c.family == DlmFamily::Dream ? (r != DlmRemask::LowConfidence && r != DlmRemask::Random)
                                                    : !remask.has_value();
     if (!ok)
         throw ParamError("remask", "'" + enum_name(dlm_remask_table(), r) + "' is not a rule of " + fam +
-                                       "'s sampler (LLaDA: low_confidence, random; Dream: maskgit_plus, " +
-                                       "topk_margin, entropy, origin; DiffuGPT: its own)");
+                                       "'s sampler (LLaDA and block-wise DiffuGPT: low_confidence, random; Dream: " +
+                                       "maskgit_plus, topk_margin, entropy, origin; DiffuGPT: its own)");
     const double t = temperature_for(c.family);
     if (!(t >= 0)) throw ParamError("temperature", "must be >= 0");
     if (auto p = top_p_for(c.family); p && !(*p > 0 && *p <= 1)) throw ParamError("top_p", "must be in (0, 1]");
@@ -177,7 +178,7 @@ torch::Tensor diffugpt_sample(DlmModel& model, const torch::Tensor& x_in, const 
 torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t steps, int64_t gen_length,
                            int64_t block_length, double temperature, DlmRemask remask, const DlmDraws& draws,
                            DlmCache cache, bool stop_at_eos, const DlmBlockCallback& on_block,
-                           int64_t* positions_computed) {
+                           int64_t* positions_computed, std::optional<double> top_p) {
     torch::NoGradGuard ng;
     const auto& c = model.config();
     const int64_t mask_id = c.mask_token_id, P = prompt.size(1), L = P + gen_length;
@@ -194,9 +195,23 @@ torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
             // The rows this step recomputes; the others keep the K/V of the block's first step (Fast-dLLM).
             int64_t r0 = 0, r1 = L;
             if (cache != DlmCache::Off && i > 0) r0 = lo, r1 = cache == DlmCache::Dual ? hi : L;
-            auto logits = model.forward(x, r0, r1, cache == DlmCache::Off ? nullptr : &kv); // [1, r1 - r0, V]
-            computed += r1 - r0;
-            auto xr = x.narrow(1, r0, r1 - r0);
+            // With the shift (DiffuGPT) position j reads row j - 1: the forward starts a row earlier, so the K/V of
+            // the position before the block are recomputed with it.
+            const int64_t f0 = c.shift && r0 > 0 ? r0 - 1 : r0;
+            auto raw = model.forward(x, f0, r1, cache == DlmCache::Off ? nullptr : &kv); // [1, r1 - f0, V]
+            computed += r1 - f0;
+            auto logits = !c.shift ? raw : f0 < r0 ? raw.narrow(1, 0, r1 - r0) : dlm_shift_right(raw);
+            int64_t s0 = r0, s1 = r1; // the rows sampled (LLaDA's reference draws for every computed row)
+            if (c.family == DlmFamily::DiffuGpt) {
+                // Only the block's rows can be committed: block-wise DiffuGPT draws for them alone, so every cache mode
+                // makes the same draws. Its [MASK] row is an input symbol appended to GPT-2's table, never a training
+                // target: it is not proposed (LLaDA's reference keeps its own mask id in the softmax, and so do we).
+                logits = logits.narrow(1, lo - r0, hi - lo)
+                             .index_fill(-1, torch::tensor({mask_id}, torch::kLong),
+                                         -std::numeric_limits<float>::infinity());
+                s0 = lo, s1 = hi;
+            }
+            auto xr = x.narrow(1, s0, s1 - s0);
             auto mask_index = xr.eq(mask_id);
             torch::Tensor x0;
             if (temperature == 0) {
@@ -204,7 +219,7 @@ torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
             } else {
                 // generate.py's add_gumbel_noise: exp(l) / (-log u)^T in float64 (argmax-equivalent to Gumbel-max
                 // at temperature T).
-                auto l64 = logits.to(torch::kFloat64);
+                auto l64 = (top_p && *top_p < 1 ? dlm_top_p(logits, *top_p) : logits).to(torch::kFloat64);
                 auto noise = dlm_draw(draws, l64.sizes().vec(), torch::kFloat64);
                 x0 = (l64.exp() / torch::pow(-torch::log(noise), temperature)).argmax(-1);
             }
@@ -213,14 +228,14 @@ torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t
                 x0_p = torch::softmax(logits, -1).gather(-1, x0.unsqueeze(-1)).squeeze(-1);
             else
                 x0_p = dlm_draw(draws, x0.sizes().vec(), torch::kFloat32);
-            if (hi < r1) x0_p.narrow(1, hi - r0, r1 - hi).fill_(-std::numeric_limits<float>::infinity());
+            if (hi < s1) x0_p.narrow(1, hi - s0, s1 - hi).fill_(-std::numeric_limits<float>::infinity());
             x0 = torch::where(mask_index, x0, xr);
             auto conf = torch::where(mask_index, x0_p,
                                      torch::full_like(x0_p, -std::numeric_limits<float>::infinity()));
             if (count > 0) {
                 auto sel = std::get<1>(conf[0].topk(count));
                 auto xrow = x[0];
-                xrow.index_copy_(0, sel + r0, x0[0].index_select(0, sel));
+                xrow.index_copy_(0, sel + s0, x0[0].index_select(0, sel));
             }
         }
         if (on_block || stop_at_eos) {
@@ -331,6 +346,15 @@ DlmSampleResult dlm_generate(DlmModel& model, const std::vector<int64_t>& prompt
     switch (c.family) {
     case DlmFamily::DiffuGpt: {
         if (P < 1) throw ParamError("prompt", "DiffuGPT needs at least one prompt token (its first position is kept)");
+        if (o.diffugpt_blockwise(c)) {
+            // LLaDA's semi-autoregressive blocks and low-confidence remasking with the shift, so that Fast-dLLM's
+            // prefix and dual caches apply (dlm_sampler.h).
+            const int64_t block = o.block_length > 0 ? o.block_length : o.gen_length;
+            out = llada_sample(model, p, o.steps, o.gen_length, block, temp, o.remask_for(DlmFamily::Llada), draws,
+                               o.cache, o.stop_at_eos, on_block, &r.positions_computed, o.top_p_for(c.family));
+            r.steps_run = o.steps;
+            break;
+        }
         auto x = torch::cat({p, torch::zeros({1, o.gen_length}, torch::kLong)}, 1);
         auto src = torch::zeros({1, P + o.gen_length}, torch::kBool);
         src.narrow(1, 0, P).fill_(true);

@@ -41,7 +41,7 @@ const EnumTable<DlmRemask>& dlm_remask_table(); // low_confidence, random, maskg
 
 // Which K/V a step recomputes (Fast-dLLM, Wu et al. 2025): Off every position; Prefix the positions from the
 // current block on (the prompt and committed blocks keep the K/V of the block's first step); Dual only the block
-// (the masked suffix is cached too). Cached modes apply to block-wise decoding (LLaDA).
+// (the masked suffix is cached too). Cached modes apply to block-wise decoding (LLaDA, block-wise DiffuGPT).
 enum class DlmCache { Off, Prefix, Dual };
 const EnumTable<DlmCache>& dlm_cache_table(); // off, prefix, dual
 
@@ -59,6 +59,11 @@ struct DlmSampleOptions {
     std::optional<double> alg_temp; // Dream: > 0 draws the committed positions from softmax(confidence / alg_temp)
     // ParamError naming the field (what a family cannot do with these settings).
     void validate(const DlmConfig& c) const;
+    // DiffuGPT decodes block-wise (LLaDA's blocks and remasking with the shift, where the prefix and dual caches
+    // apply) when a block length, a cache or a remask rule is given; otherwise its reference sampler runs.
+    bool diffugpt_blockwise(const DlmConfig& c) const {
+        return c.family == DlmFamily::DiffuGpt && (block_length > 0 || cache != DlmCache::Off || remask.has_value());
+    }
     double temperature_for(DlmFamily f) const;
     std::optional<double> top_p_for(DlmFamily f) const;
     DlmRemask remask_for(DlmFamily f) const;
@@ -83,11 +88,13 @@ DlmSampleResult dlm_generate(DlmModel& model, const std::vector<int64_t>& prompt
 // DiffuGPT: x [1, L] with the source positions set (src_mask [1, L] bool true there); returns the last x0 [1, L].
 torch::Tensor diffugpt_sample(DlmModel& model, const torch::Tensor& x, const torch::Tensor& src_mask, int64_t steps,
                               double temperature, double top_p, const DlmDraws& draws);
-// LLaDA: returns [1, P + gen_length].
+// LLaDA: returns [1, P + gen_length]. With the model's shift (block-wise DiffuGPT) position j reads the logits of
+// row j - 1 (a cached step recomputes from the position before the block); `top_p` filters the logits the tokens are
+// drawn from (DiffuGPT's nucleus), the confidences stay the unfiltered softmax's.
 torch::Tensor llada_sample(DlmModel& model, const torch::Tensor& prompt, int64_t steps, int64_t gen_length,
                            int64_t block_length, double temperature, DlmRemask remask, const DlmDraws& draws,
                            DlmCache cache = DlmCache::Off, bool stop_at_eos = false, const DlmBlockCallback& on_block = {},
-                           int64_t* positions_computed = nullptr);
+                           int64_t* positions_computed = nullptr, std::optional<double> top_p = std::nullopt);
 // Dream: returns [1, P + gen_length].
 torch::Tensor dream_sample(DlmModel& model, const torch::Tensor& prompt, int64_t gen_length, int64_t steps, double eps,
                            double temperature, std::optional<double> top_p, std::optional<int64_t> top_k,
