@@ -157,6 +157,26 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
                               "turned into the output at the step's input; output: the model output (under injected "
                               "noise: x0 held)",
                               true),
+            mode_keys::choice_key("noisepass", &P::noise_wiener, "wiener", "hold",
+                              "under injected noise, what a reuse step lets of the noise since its last computed step "
+                              "into the denoised estimate: wiener: each DCT coefficient's Wiener share; hold: none",
+                              true),
+            mode_keys::choice_key("shallowin", &P::shallow_det, "det", "raw",
+                              "with probe=det, a shallow reuse step's input under injected noise: det: less the noise "
+                              "since the last full step, its effect added back; raw: the step's own input",
+                              true),
+            mode_keys::choice_key("noisedrift", &P::noise_drift, "1", "0",
+                              "with probe=det, the drift rule applies under injected noise too (on the input less the "
+                              "noise)",
+                              true),
+            mode_keys::choice_key("noiserule", &P::noise_passed_rule, "passed", "all",
+                              "what the noise rule measures: all: the noise injected since the last full step; "
+                              "passed: its part the denoiser keeps (the Wiener share of the last estimate)",
+                              true),
+            mode_keys::choice_key("lastfc", &P::last_forecast, "1", "0",
+                              "a reused last step extrapolates the denoised estimate of the two steps before it in ln "
+                              "sigma, running no UNet layer",
+                              true),
             mode_keys::number_key("target", &P::target, 0, 200,
                               "a quality target in dB of PSNR against the uncached image (about 95 % of images reach "
                               "it): thr, drift and skipdrift are scaled to it from their values (0: none)",
@@ -186,6 +206,11 @@ const std::vector<mode_keys::ModeKey<FreqParams>>& freq_keys() {
             if (key.name == "decide") key.shown = [](const P& p) { return p.per_image; };
             if (key.name == "guard") key.shown = [](const P& p) { return p.guard > 0; };
             if (key.name == "target") key.shown = [](const P& p) { return p.target > 0; };
+            if (key.name == "noisepass") key.shown = [](const P& p) { return p.noise_wiener; };
+            if (key.name == "shallowin") key.shown = [](const P& p) { return !p.shallow_det; };
+            if (key.name == "noisedrift") key.shown = [](const P& p) { return p.noise_drift; };
+            if (key.name == "lastfc") key.shown = [](const P& p) { return p.last_forecast; };
+            if (key.name == "noiserule") key.shown = [](const P& p) { return p.noise_passed_rule; };
             if (key.name == "forecast") key.shown = [](const P& p) { return p.forecast_denoised != P{}.forecast_denoised; };
         }
         return k;

@@ -2,6 +2,7 @@
 #include "unet/cache/freq_cache.h"
 #include "unet/cache/freq_calibration.h"
 
+#include "cache/ancestral_reuse.h"
 #include "cache/dct.h"
 #include "cache/io/error.h"
 #include "cache/modes/key_table.h"
@@ -277,6 +278,7 @@ struct FreqAnchorDenoiser::LanePlan {
     Tensor feature;   // Shallow: the reuse feature handed to the shallow path
     Tensor injected;  // Shallow with probe=det: the noise injected since the last full step, D
     double gain = 0;  // ... and its effect per unit on the output
+    Tensor shift;     // ... noisepass=wiener: the output's answer to D (gain (D - passed)); undefined: gain D
     double noise = 0; // noise=V: D's RMS against the step's noise level
     Tensor out;       // Forecast: the forecast model output
 };
@@ -314,7 +316,9 @@ Tensor FreqAnchorDenoiser::lane_change(const Lane& lane, const Tensor& prev_ener
 Tensor FreqAnchorDenoiser::lane_drift(const Lane& lane, const Tensor& c) const {
     // Per-image safety: the probe's energies forecast from the last two full steps like the feature; an image whose
     // trajectory has left that forecast gets a full step whatever its accumulated change (plan).
-    const bool noise_rule = p_.noise > 0 && injected_.present;
+    // Under injected noise only on the input less the noise (noisedrift=1 with probe=det): the raw energies carry
+    // each step's fresh noise, which the noise rule bounds.
+    const bool noise_rule = p_.noise > 0 && injected_.present && !(p_.noise_drift && p_.probe_det);
     if (p_.drift <= 0 || noise_rule || !lane.e1.defined()) return Tensor();
     const Tensor e = lane_rows(probe_.energies(), lane.rows);
     // c is a host double on the CPU (linear_forecast's loop, its bits) and a 0-d tensor on a GPU (nothing read back).
@@ -347,17 +351,17 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     // worked out once, for the noise rule and probe=det, on a step that may be a reuse.
     Tensor D;
     const bool noise_skip = holds_denoised();
-    if (!full && injected_.part.defined() && (noise_rule || noise_skip || p_.probe_det)) {
-        D = lane_rows(injected_.part, lane.rows);
-        if (lane.injected_full.part.defined() && lane.injected_full.carry != 0)
-            D = D - lane.injected_full.part * (injected_.carry / lane.injected_full.carry);
-    }
+    if (!full && injected_.part.defined() && (noise_rule || noise_skip || p_.probe_det))
+        D = injected_since(lane, lane.injected_full);
     const double sigma = noise_level(step);
     if ((noise_rule || noise_skip) && D.defined()) {
         // Against the noise of the input at this step: sigma / sqrt(1 + sigma^2) in model-input units.
         const double level = sigma / std::sqrt(1.0 + sigma * sigma);
         // A second device read of the step, only under injected noise (ancestral samplers), counted as such.
-        pl.noise = level > 0 ? std::sqrt(host_read({D.to(torch::kFloat).square().mean()})[0]) / level : 0.0;
+        // noiserule=passed: only the part of D the last computed estimate's Wiener filter keeps.
+        const bool passed = p_.noise_passed_rule && lane.x0.defined() && lane.x0.size(0) == D.size(0);
+        const Tensor Dm = passed ? noise_passed(lane, D, sigma) : D.to(torch::kFloat);
+        pl.noise = level > 0 ? std::sqrt(host_read({Dm.square().mean()})[0]) / level : 0.0;
         if (noise_rule && !reused_last && pl.noise >= p_.noise) full = true, why = "noise";
     }
     // The reuse reads the feature of the last full step, at most staleness() steps old (the policy's own bound): when
@@ -381,6 +385,16 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     auto denoised_forecast = [&]() {
         return two_denoised ? linear_forecast(lane.x0, lane.x0_prev, (u - lane.uo1) / (lane.uo1 - lane.uo0)) : lane.x0;
     };
+    // lastfc=1: the reused last step is the history's forecast of its denoised estimate, along ln sigma.
+    if (!full && reused_last && p_.last_forecast && sigma > 0 && lane.h1.defined() && lane.h0.defined() &&
+        lane.lh1 != lane.lh0 && lane.h1.size(0) == rows && lane.o1.defined()) {
+        pl.kind = LanePlan::Kind::Forecast;
+        const double c = (std::log(sigma) - lane.lh1) / (lane.lh1 - lane.lh0);
+        pl.out = output_for(lane_rows(x, lane.rows), linear_forecast(lane.h1, lane.h0, c), sigma,
+                            injected_.prediction, lane.o1.scalar_type());
+        ++lane.forecasts;
+        return pl;
+    }
     if (may_forecast && !injected_.present && lane.o0.defined() && lane.uo1 != lane.uo0 && lane.o1.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
         if (p_.forecast_denoised && two_denoised && sigma > 0)
@@ -394,7 +408,11 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     if (may_forecast && noise_skip && pl.noise < p_.noise_skip && sigma > 0 && lane.x0.defined() &&
         lane.x0.size(0) == rows) {
         pl.kind = LanePlan::Kind::Forecast;
-        const Tensor x0 = p_.forecast_denoised ? denoised_forecast() : lane.x0;
+        Tensor x0 = p_.forecast_denoised ? denoised_forecast() : lane.x0;
+        // noisepass=wiener: the estimate takes the share of the noise since its own step that the denoiser keeps.
+        if (p_.noise_wiener)
+            if (auto Dx = injected_since(lane, lane.injected_x0); Dx.defined())
+                x0 = x0 + noise_passed(lane, Dx, sigma) * std::sqrt(1.0 + sigma * sigma);
         pl.out = output_for(lane_rows(x, lane.rows), x0, sigma, injected_.prediction, lane.o1.scalar_type());
         ++lane.forecasts;
         return pl;
@@ -431,11 +449,29 @@ FreqAnchorDenoiser::LanePlan FreqAnchorDenoiser::plan(Lane& lane, const Tensor& 
     // probe=det: the noise injected since the last full step, D, is taken out of the shallow path's input and its
     // effect added back analytically (FreqParams::probe_det).
     const double gain = InjectedNoise::gain(injected_.prediction, noise_level(step));
-    if (p_.probe_det && D.defined() && gain > 0) {
+    if (p_.probe_det && p_.shallow_det && D.defined() && gain > 0) {
         pl.injected = D;
         pl.gain = gain;
+        if (p_.noise_wiener && lane.x0.defined() && lane.x0.size(0) == rows) {
+            const auto Dn = D.narrow(1, 0, lane.x0.size(1)).to(torch::kFloat);
+            pl.shift = (Dn - noise_passed(lane, Dn, sigma)) * gain;
+        }
     }
     return pl;
+}
+
+Tensor FreqAnchorDenoiser::injected_since(const Lane& lane, const InjectedNoise& then) const {
+    if (!injected_.part.defined()) return {};
+    Tensor D = lane_rows(injected_.part, lane.rows);
+    if (then.part.defined() && then.carry != 0) D = D - then.part * (injected_.carry / then.carry);
+    return D;
+}
+
+Tensor FreqAnchorDenoiser::noise_passed(const Lane& lane, const Tensor& D, double sigma) const {
+    // In the estimate's units the noise is D sqrt(1 + sigma^2) (the model input is the sample over sqrt(1 + sigma^2));
+    // the filter is linear, so the scale goes in and out unchanged.
+    const auto Dn = D.narrow(1, 0, lane.x0.size(1)).to(torch::kFloat);
+    return cache::noise_into_denoised(Dn, lane.x0, sigma);
 }
 
 void FreqAnchorDenoiser::commit_full(Lane& lane, const Tensor& feature, int step, double u) {
@@ -625,7 +661,9 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         attention_reused = attention_reused || residuals.reused > 0;
         for (int b : ids) {
             const auto& pl = plans[size_t(b)];
-            place(b, det ? part(og, b) + pl.injected * pl.gain : part(og, b));
+            place(b, !det                ? part(og, b)
+                     : pl.shift.defined() ? part(og, b) + pl.shift.to(og.scalar_type())
+                                          : part(og, b) + pl.injected * pl.gain);
             if (hook && refresh)
                 record_residuals(b);
             else if (residuals.reused > 0)
@@ -656,6 +694,12 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
             else
                 calibration += pl.calibration;
         }
+        if (p_.last_forecast && noise_level(step) > 0) { // every step's estimate, for the last step's forecast
+            lane.h0 = lane.h1, lane.lh0 = lane.lh1;
+            lane.h1 = denoised_estimate(lane_rows(x, lane.rows), n == 1 ? out : lane_rows(out, lane.rows),
+                                        noise_level(step), injected_.prediction);
+            lane.lh1 = std::log(noise_level(step));
+        }
         if (pl.kind == LanePlan::Kind::Forecast) {
             ++forecast_n;
             continue;
@@ -665,6 +709,8 @@ Tensor FreqAnchorDenoiser::predict(UNet2DConditionModelImpl& unet, const Tensor&
         if (keeps_denoised() && noise_level(step) > 0) {
             lane.x0_prev = lane.x0;
             lane.x0 = denoised_estimate(lane_rows(x, lane.rows), lane.o1, noise_level(step), injected_.prediction);
+            lane.injected_x0 = injected_;
+            lane.injected_x0.part = lane_rows(injected_.part, lane.rows);
         }
         lane.forecasts = 0;
         if (pl.kind == LanePlan::Kind::Full) {

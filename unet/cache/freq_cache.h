@@ -71,7 +71,9 @@ public:
                           const UNetCond& ctx, int step, const torch::Tensor& stem = {}) override;
     bool last_step_was_full() const override { return last_full_; }
     void set_injected_noise(const InjectedNoise& noise) override { injected_ = noise; }
-    bool wants_injected_noise() const override { return p_.probe_det || p_.noise > 0 || p_.noise_skip > 0; }
+    bool wants_injected_noise() const override {
+        return p_.probe_det || p_.noise > 0 || p_.noise_skip > 0 || p_.noise_wiener || p_.noise_passed_rule;
+    }
     void set_sampler_history(int earlier_outputs) override { sampler_history_ = earlier_outputs; }
 
     // The forecast runs along an axis u of the loop: the UNet's timestep (s1, s0, k below are its values at the full
@@ -146,6 +148,9 @@ private:
         int attn_reuses = 0;            // attn=reuse: shallow steps on the cached residuals since they were recorded
         torch::Tensor x0;               // noiseskip=W: the denoised estimate of the last computed step (float)
         torch::Tensor x0_prev;          // forecast=denoised: ... and of the computed step before it (at uo0)
+        InjectedNoise injected_x0;      // noisepass=wiener: the injected noise at the step x0 was computed at
+        torch::Tensor h1, h0;           // lastfc=1: the denoised estimates of the last two steps (forecast or not)
+        double lh1 = 0, lh0 = 0;        // ... and their ln sigma
     };
     struct LanePlan; // one image's decision at one step (freq_cache.cpp)
     // change: the lane's probe change of this step; drift: its forecast residual (NaN when the drift rule does not
@@ -157,6 +162,13 @@ private:
     torch::Tensor lane_change(const Lane& lane, const torch::Tensor& prev_energies) const;
     torch::Tensor lane_drift(const Lane& lane, const torch::Tensor& c) const;
     void commit_full(Lane& lane, const torch::Tensor& feature, int step, double u);
+    // The noise injected since the step whose injected noise was `then` (the lane's rows), carried to this step, in
+    // model-input units; undefined when this step's input has none.
+    torch::Tensor injected_since(const Lane& lane, const InjectedNoise& then) const;
+    // noisepass=wiener: the part of the model-input noise D that the lane's last computed denoised estimate passes
+    // into the estimate at this step's noise level sigma (cache::noise_into_denoised), in model-input units and the
+    // estimate's channels.
+    torch::Tensor noise_passed(const Lane& lane, const torch::Tensor& D, double sigma) const;
 
     FreqParams given_; // as parsed (the canonical string, the record's params)
     FreqParams p_;     // what the rules use: given_ with target=T's scale applied
@@ -172,7 +184,9 @@ private:
     // noiseskip=W is in play at this step: on, with skip=N, and the sampler injected noise.
     bool holds_denoised() const { return p_.noise_skip > 0 && p_.skip > 0 && injected_.present; }
     // The lane keeps the denoised estimates of its computed steps (noiseskip=W or forecast=denoised).
-    bool keeps_denoised() const { return holds_denoised() || (p_.forecast_denoised && p_.skip > 0); }
+    bool keeps_denoised() const {
+        return holds_denoised() || (p_.forecast_denoised && p_.skip > 0) || p_.noise_wiener || p_.noise_passed_rule;
+    }
 };
 
 } // namespace anchor::unet

@@ -100,6 +100,32 @@ struct FreqParams {
     // enters the input only (Karras et al. 2022, Algorithm 2: x0 is what the step carries), so its steps are forecast
     // on the quantity the noise does not move, not held.
     bool forecast_denoised = false;
+    // noisepass=wiener|hold: under injected noise, what a reuse step lets of the noise injected since the step whose
+    // denoised estimate it rests on into that estimate (cache::noise_into_denoised, cache/ancestral_reuse.h). hold:
+    // nothing, x0 is held and the noise stays in the output (noiseskip=W, and probe=det's shallow path). wiener: each
+    // DCT coefficient's Wiener share X^2 / (X^2 + sigma^2) of the last computed estimate X: the denoiser keeps the
+    // noise where the image has more energy than the noise level and removes it elsewhere, so the step follows how
+    // the uncached model answers the fresh noise instead of removing all of it.
+    bool noise_wiener = false;
+    // shallowin=det|raw (with probe=det): the input of a shallow reuse step under injected noise. det: the input less
+    // the noise since the last full step, its effect added back analytically (probe_det above). raw: the step's own
+    // input, so the shallow layers answer the fresh noise themselves; the decisions still look at the input less the
+    // injected noise, which the fresh noise does not move.
+    bool shallow_det = true;
+    // noisedrift=1 (with probe=det): the drift rule applies under injected noise too, on the energies of the input
+    // less the injected noise (the deterministic trajectory, which a forecast from the full steps can follow).
+    bool noise_drift = false;
+    // noiserule=passed|all: what the noise rule (noise=V) measures. all: the whole noise injected since the last full
+    // step. passed: only its part the denoiser keeps (noisepass's Wiener share of the last computed estimate), the
+    // part no reuse can know; early in the run, where the noise level exceeds the image's energy in every
+    // coefficient, the denoiser removes the fresh noise again and reusing costs little, late it keeps it.
+    bool noise_passed_rule = false;
+    // lastfc=1: a reused last step (last=1 below last_sigma) runs no UNet layer: its denoised estimate is extrapolated
+    // linearly in ln sigma from the estimates of the two steps before it, computed or not (the history a multistep
+    // sampler keeps). ln sigma is DPM-Solver's time variable (lambda = -ln sigma), along which its data prediction is
+    // smooth (Lu et al. 2022b); a sampler whose last step goes to sigma = 0 returns that estimate as the image
+    // (DPM++ 2M's first-order final step), so the step is the history's forecast of it.
+    bool last_forecast = false;
     // target=T (0: none): a quality target in dB of PSNR against the uncached image, for about 95 % of images. thr,
     // drift and skipdrift (as given or defaulted) are scaled by cache::target_threshold_scale with the calibration of
     // the sampler's family (freq_target_calibration, unet/cache/freq_calibration.h), so a user picks a figure instead
