@@ -68,7 +68,7 @@ TEST_CASE("diffugpt shifted loss: row i predicts token i + 1 where x_t is masked
     CHECK(diffugpt_shift_loss(torch::zeros({1, 3, 4}), x0, x0, M, t).weighted.item<double>() == 0.0);
 }
 
-TEST_CASE("diffugpt times span (eps, 1] evenly and the noise masks about t of the tokens", "[diffugpt]") {
+TEST_CASE("diffugpt times span eps to 1 evenly and the noise masks about t of the tokens", "[diffugpt]") {
     auto gen = at::detail::createCPUGenerator(5);
     auto t = std::get<0>(diffugpt_times(4, 1e-3, gen).sort());
     for (int i = 0; i < 4; ++i) {
