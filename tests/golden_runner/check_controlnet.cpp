@@ -50,7 +50,9 @@ void reject_unknown(const nlohmann::json& section, const std::set<std::string>& 
 std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::json& cfg) {
     const auto& c = cfg.at("component");
     reject_unknown(
-        c, {"timesteps", "conditioning_scale", "guess_mode", "sample", "encoder_hidden_states", "controlnet_cond"},
+        c,
+        {"timesteps", "conditioning_scale", "guess_mode", "sample", "encoder_hidden_states", "controlnet_cond",
+         "text_embeds", "time_ids"},
         "config.json component");
     const double scale = c.value("conditioning_scale", 1.0);
     const bool guess = c.value("guess_mode", false);
@@ -60,7 +62,14 @@ std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::j
     auto net = unet::load_controlnet(model_dir(dir, cfg, "controlnet_config", "controlnet/config.json").string());
     auto unet = unet::load_unet_folder(model_dir(dir, cfg, "unet_config", "unet/config.json").string());
     c10::InferenceMode guard;
-    const Tensor x = g.get("sample"), t = g.get("timesteps"), ctx = g.get("encoder_hidden_states");
+    const Tensor x = g.get("sample"), t = g.get("timesteps");
+    // SDXL's added conditioning (text_time): the pooled text embedding and the size/crop numbers, for the UNet and
+    // the ControlNet alike; both or neither.
+    if (g.has("text_embeds") != g.has("time_ids"))
+        throw Error("golden_controlnet.safetensors: text_embeds and time_ids go together (SDXL's added conditioning)");
+    const unet::UNetCond ctx = g.has("text_embeds")
+                                   ? unet::UNetCond(g.get("encoder_hidden_states"), g.get("text_embeds"), g.get("time_ids"))
+                                   : unet::UNetCond(g.get("encoder_hidden_states"));
     std::vector<Comparison> out;
     if (c.contains("timesteps"))
         out.push_back({"timesteps (config)", t.to(torch::kFloat64),
@@ -79,12 +88,12 @@ std::vector<Comparison> compare_component(const fs::path& dir, const nlohmann::j
     out.push_back({"mid_block_res_sample", r.mid, g.get("mid_block_res_sample"), 1e-4, 1e-4});
     // The UNet alone, with the golden residuals, and end to end with the ControlNet attached (lazy residuals).
     out.push_back({"unet_out_plain", unet->forward(x, t, ctx), g.get("unet_out_plain"), 5e-3, 1e-4});
-    unet::UNetCond with(ctx);
+    unet::UNetCond with = ctx;
     for (int j = 0; j < k; ++j) with.residuals.down.push_back(g.get("down_block_res_samples." + std::to_string(j)));
     with.residuals.mid = g.get("mid_block_res_sample");
     out.push_back({"unet_out_with_control (golden residuals)", unet->forward(x, t, with),
                    g.get("unet_out_with_control"), 5e-3, 1e-4});
-    unet::UNetCond own(ctx);
+    unet::UNetCond own = ctx;
     own.residuals = r;
     out.push_back({"unet_out_with_control (own residuals)", unet->forward(x, t, own), g.get("unet_out_with_control"),
                    5e-3, 1e-4});
