@@ -191,12 +191,7 @@ template <int R, int KC, int DC> void flash_block_bf16(const FlashHead& h, int64
             Qb[r * Dh + p] = uint32_t(bf16_bits(q[2 * p])) |
                              uint32_t(2 * p + 1 < h.D ? bf16_bits(q[2 * p + 1]) : 0) << 16;
     }
-    int64_t key_end = Mp;
-    if (h.causal) {
-        const int64_t lim = i1 + h.causal_offset;
-        key_end = lim <= 0 ? 0 : (lim + KC * W - 1) / (KC * W) * (KC * W);
-        if (key_end > Mp) key_end = Mp;
-    }
+    const int64_t key_end = block_key_end(h, i1, KC * W);
     const __m512 vscale = _mm512_set1_ps(h.scale);
     const uint32_t* P32 = reinterpret_cast<const uint32_t*>(Pb);
     for (int64_t kb = 0; kb < key_end; kb += kBlockKeys) {
@@ -247,11 +242,7 @@ template <int R, int KC, int DC> void flash_block_bf16(const FlashHead& h, int64
             }
         }
     }
-    for (int64_t r = 0; r < nrows; ++r) {
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        float* out = h.o + (i0 + r) * h.os;
-        for (int64_t d = 0; d < h.D; ++d) out[d] = O[r * Dp + d] * inv;
-    }
+    write_block_output(h, i0, nrows, O, l, Dp);
 }
 
 void run(const FlashHead& h, int64_t i0, int64_t i1, FlashScratch& s) {
