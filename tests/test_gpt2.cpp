@@ -530,6 +530,13 @@ const kernels::BlockQ4_0* q4_blocks(const torch::Tensor& wq) {
 float q4_scale(const kernels::BlockQ4_0& b) {
     return static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
 }
+// max |got - want| / max |want| (the fast-vs-reference measure of the gemv tests).
+double gemv_max_rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+    double scale = 1e-12, e = 0;
+    for (float w : want) scale = std::max(scale, double(std::fabs(w)));
+    for (size_t i = 0; i < want.size(); ++i) e = std::max(e, std::fabs(double(got[i]) - want[i]) / scale);
+    return e;
+}
 } // namespace
 
 TEST_CASE("q4_0 quantisation follows the ggml block format, by hand", "[gemv][kernels][q4_0]") {
@@ -651,15 +658,7 @@ TEST_CASE("packed q8_0 / q4_0 rows: the 512-bit kernel and the portable loop mat
                 const float* bp = with_bias ? b.data_ptr<float>() : nullptr;
                 kernels::gemv_q8_0_packed(p8.data_ptr<uint8_t>(), x.data_ptr<float>(), bp, y8.data(), rows, cols, path);
                 kernels::gemv_q4_0_packed(p4.data_ptr<uint8_t>(), x.data_ptr<float>(), bp, y4.data(), rows, cols, path);
-                double s8 = 1e-12, s4 = 1e-12, e8 = 0, e4 = 0;
-                for (int64_t i = 0; i < rows; ++i) {
-                    s8 = std::max(s8, double(std::fabs(r8[i])));
-                    s4 = std::max(s4, double(std::fabs(r4[i])));
-                }
-                for (int64_t i = 0; i < rows; ++i) {
-                    e8 = std::max(e8, std::fabs(double(y8[i]) - r8[i]) / s8);
-                    e4 = std::max(e4, std::fabs(double(y4[i]) - r4[i]) / s4);
-                }
+                const double e8 = gemv_max_rel_err(y8, r8), e4 = gemv_max_rel_err(y4, r4);
                 INFO(rows << "x" << cols << (path == kernels::SimdPath::Best ? " best" : " portable") << " bias "
                           << with_bias << " (fast " << kernels::packed_rows_fast() << "): q8_0 " << e8 << " q4_0 "
                           << e4);
@@ -702,15 +701,7 @@ TEST_CASE("f32 / f16 gemv fast paths match the reference on ragged shapes", "[ge
             std::vector<float> yh(rows), rh(rows);
             kernels::gemv_f16(wp, x.data_ptr<float>(), nullptr, yh.data(), rows, cols);
             kernels::gemv_ref_f16(wp, x.data_ptr<float>(), nullptr, rh.data(), rows, cols);
-            double scale = 1e-12, scale_h = 1e-12, e = 0, eh = 0;
-            for (int64_t i = 0; i < rows; ++i) {
-                scale = std::max(scale, double(std::fabs(r[i])));
-                scale_h = std::max(scale_h, double(std::fabs(rh[i])));
-            }
-            for (int64_t i = 0; i < rows; ++i) {
-                e = std::max(e, std::fabs(double(y[i]) - r[i]) / scale);
-                eh = std::max(eh, std::fabs(double(yh[i]) - rh[i]) / scale_h);
-            }
+            const double e = gemv_max_rel_err(y, r), eh = gemv_max_rel_err(yh, rh);
             INFO(rows << "x" << cols << " (" << kernels::gemv_isa() << ") f32 " << e << " f16 " << eh);
             CHECK(e < 1e-5);
             CHECK(eh < 1e-5);
