@@ -3,7 +3,8 @@
 // round, beside a plain 512-bit streaming read of a buffer as large as the f32 weights (the bandwidth ceiling of a
 // weight-streaming kernel at this thread count). Prints min / median ms per step and the weight GB/s at the min.
 //
-//   OMP_NUM_THREADS=1 ./build/tests/gemv_decode_bench [rounds=15]
+//   OMP_NUM_THREADS=1 ./build/tests/gemv_decode_bench [rounds=15] [hot]
+// `hot`: one 512x768 layer read again and again from the L2 cache instead: the kernels' arithmetic rate alone.
 #include "kernels/cpu_features.h"
 #include "kernels/gemv.h"
 #include "kernels/gemv_packed.h"
@@ -77,8 +78,13 @@ int main(int argc, char** argv) {
         l.q4p = huge_page_copy(pack_q4_0_rows(q4, cols));
         layers.push_back(std::move(l));
     };
-    for (int i = 0; i < 12; ++i) add(2304, 768), add(768, 768), add(3072, 768), add(768, 3072);
-    add(50257, 768);
+    const bool hot = argc > 2 && std::string(argv[2]) == "hot";
+    if (hot)
+        add(512, 768);
+    else {
+        for (int i = 0; i < 12; ++i) add(2304, 768), add(768, 768), add(3072, 768), add(768, 3072);
+        add(50257, 768);
+    }
     double weights = 0;
     for (const auto& l : layers) weights += double(l.rows * l.cols);
     std::vector<float> x(3072), y(50257);
