@@ -290,6 +290,22 @@ void print_stream(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
               << "\n";
 }
 
+void print_op_table(const text::Gpt2BenchReport::OpTable& t) {
+    std::cout << "  decode profile, " << t.weights << " weights, " << t.tokens << " steps from context " << t.context
+              << ": " << std::fixed << std::setprecision(3) << t.step_ms << " ms per step\n";
+    for (const auto& o : t.rows) {
+        std::cout << "    " << std::left << std::setw(12) << o.kind << " " << std::setw(11) << o.shape << std::right
+                  << std::setprecision(1) << std::setw(6) << o.calls << " calls " << std::setprecision(3)
+                  << std::setw(8) << o.ms << " ms " << std::setprecision(1) << std::setw(5)
+                  << 100.0 * o.ms / t.step_ms << " %";
+        if (o.gbs > 0) std::cout << std::setprecision(1) << std::setw(8) << o.gbs << " GB/s";
+        std::cout << "\n";
+    }
+    std::cout << "    " << std::left << std::setw(24) << "outside ops" << std::right << "             "
+              << std::setprecision(3) << std::setw(8) << t.other_ms << " ms " << std::setprecision(1) << std::setw(5)
+              << 100.0 * t.other_ms / t.step_ms << " %\n";
+}
+
 void print_bench(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
     using S = text::Gpt2BenchStage;
     switch (stage) {
@@ -313,6 +329,9 @@ void print_bench(const text::Gpt2BenchReport& r, text::Gpt2BenchStage stage) {
     case S::StreamRow:
         print_stream(r, stage);
         break;
+    case S::OpTable:
+        print_op_table(r.op_tables.back());
+        break;
     case S::Recompute:
         std::cout << "recompute:" << r.recompute_window << " (per token): " << fmt_ms(r.recompute_s);
         if (r.sink_speedup > 0)
@@ -335,7 +354,8 @@ int run_bench(BenchArgs a) {
                              {"stream_tokens", "--stream-tokens"},
                              {"recompute_repeats", "--recompute-repeats"},
                              {"contexts", "--contexts"},
-                             {"cuda_graphs", "--cuda-graphs"}};
+                             {"cuda_graphs", "--cuda-graphs"},
+                             {"op_table_tokens", "--op-table"}};
     const auto report = with_flag_errors(flags, [&] { return text::run_gpt2_bench(a.p, print_bench); });
     if (!a.json_out.empty()) write_json(a.json_out, report.to_json(), a.overwrite, std::cout);
     return 0;
@@ -498,6 +518,10 @@ void add_gpt2_commands(CLI::App& app, std::vector<std::pair<CLI::App*, Runner>>&
     b->add_flag("--long", bo->long_stream, "Also stream 100k tokens");
     b->add_option("--recompute-repeats", bo->p.recompute_repeats, "Timed recompute steps")->capture_default_str();
     b->add_flag("--reference-kernel", bo->p.reference_kernel, "Decode with torch::addmv/mv instead of the gemv kernel");
+    b->add_option("--op-table", bo->p.op_table_tokens,
+                  "Decode profile: per weight type, time every op of this many more steps at the first context and "
+                  "print per token the time and weight GB/s of each op kind and shape (0 = none)")
+        ->capture_default_str();
     b->add_option("--json", bo->json_out, "Also write every figure as JSON to this file");
     b->add_flag("--overwrite", bo->overwrite, "Replace an existing --json file");
     runners.emplace_back(b, [bo]() { return run_bench(*bo); });

@@ -1,4 +1,5 @@
 #include "kernels/gemv.h"
+#include "kernels/gemv_packed.h"
 
 #include "cache/io/error.h"
 #include "kernels/cpu_features.h"
@@ -820,6 +821,248 @@ torch::Tensor few_rows_linear(const torch::Tensor& x_in, const torch::Tensor& w,
     gemm_few_rows_f32(w.data_ptr<float>(), x.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
                       y.data_ptr<float>(), n, rows, cols, path);
     return y;
+}
+
+// ---- packed q8_0 / q4_0 rows (kernels/gemv_packed.h) ------------------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kPkGroup = 8; // blocks per 256 columns: the unit a packed row is made of
+
+// Where block `blk` of a row of `nb` blocks keeps its scale: chunks of 16 blocks store theirs in the kernel's lane order
+// (lane 4k + j holds quad j's block k), a trailing chunk of 8 in the order of the lanes it fills (0, 1, 4, 5, ...).
+inline int64_t pk_scale_slot(int64_t blk, int64_t nb) {
+    const int64_t c = blk / 16, r = blk % 16, j = r / 4, k = r % 4;
+    return 16 * c + (16 * c + 16 <= nb ? 4 * k + j : 2 * k + j);
+}
+
+// The kernel's lane of block `blk` in its chunk's vector of 16 block sums (the activation scales and sums are stored
+// per lane, zero in the lanes a trailing chunk of 8 leaves empty).
+inline int64_t pk_lane(int64_t blk) {
+    return 16 * (blk / 16) + 4 * (blk % 4) + (blk % 16) / 4;
+}
+
+// Byte offset of value t of block `blk` in a row's quants: quad blk / 4, vector A (t < 16) or B, slot blk % 4.
+inline int64_t pk_q8_offset(int64_t blk, int64_t t) {
+    return blk / 4 * 128 + (t < 16 ? 0 : 64) + 16 * (blk % 4) + t % 16;
+}
+
+// The activations of one packed product: x quantised to q8_0 blocks and laid out as the weights' quads (A: values
+// 0-15 of four blocks, B: 16-31), with per 16-block chunk the lane-ordered scales d_x and offset * sum(q_x).
+struct PkActivation {
+    std::vector<int8_t> q, xa;
+    std::vector<float> d, xd;
+    std::vector<int32_t> xs;
+};
+
+#if defined(__x86_64__)
+// pk_prepare's lay-out of the quantised activations, a block per step: its two 16-byte halves to the quad slots and
+// the sum of its 32 quants by vpsadbw on the quants biased to unsigned (minus 32 * 128).
+__attribute__((target("avx2"))) void pk_scatter_avx2(PkActivation& a, int64_t nb, int32_t offset) {
+    const __m256i bias = _mm256_set1_epi8(int8_t(0x80));
+    for (int64_t blk = 0; blk < nb; ++blk) {
+        const int8_t* qb = a.q.data() + blk * kQ8Block;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.xa.data() + pk_q8_offset(blk, 0)), _mm256_castsi256_si128(v));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.xa.data() + pk_q8_offset(blk, 16)),
+                         _mm256_extracti128_si256(v, 1));
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int32_t s = int32_t(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+        a.xs[size_t(pk_lane(blk))] = offset * s;
+        a.xd[size_t(pk_lane(blk))] = a.d[size_t(blk)];
+    }
+}
+#endif
+
+void pk_prepare(const float* x, int64_t cols, int32_t offset, PkActivation& a) {
+    const int64_t nb = cols / kQ8Block, nc = (nb + 15) / 16;
+    a.q.resize(size_t(nb * kQ8Block));
+    a.xa.resize(size_t(nb * kQ8Block));
+    a.d.resize(size_t(nb));
+    a.xd.assign(size_t(nc * 16), 0.f);
+    a.xs.assign(size_t(nc * 16), 0);
+    quantize_activation_q8_0(x, a.d.data(), a.q.data(), cols);
+#if defined(__x86_64__)
+    if (gemv_uses_avx2()) return pk_scatter_avx2(a, nb, offset);
+#endif
+    for (int64_t blk = 0; blk < nb; ++blk) {
+        const int8_t* qb = a.q.data() + blk * kQ8Block;
+        std::memcpy(a.xa.data() + pk_q8_offset(blk, 0), qb, 16);
+        std::memcpy(a.xa.data() + pk_q8_offset(blk, 16), qb + 16, 16);
+        int32_t s = 0;
+        for (int64_t t = 0; t < kQ8Block; ++t) s += qb[t];
+        a.xs[size_t(pk_lane(blk))] = offset * s;
+        a.xd[size_t(pk_lane(blk))] = a.d[size_t(blk)];
+    }
+}
+
+// Each thread keeps its activation buffers across products (no allocation per token).
+PkActivation& pk_activation() {
+    thread_local PkActivation a;
+    return a;
+}
+
+// Portable loop over the packed layout: per block the exact int32 dot, scaled by d_w * d_x.
+template <bool Q4>
+void pk_rows_plain(const uint8_t* w, const PkActivation& a, const float* b, float* y, int64_t r0, int64_t r1,
+                   int64_t nb) {
+    const int64_t qbytes = nb * (Q4 ? 16 : 32), row_bytes = nb * (Q4 ? 18 : 34);
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wr = w + r * row_bytes;
+        const auto* sc = reinterpret_cast<const uint16_t*>(wr + qbytes);
+        float s = 0.f;
+        for (int64_t blk = 0; blk < nb; ++blk) {
+            const int8_t* xq = a.q.data() + blk * kQ8Block;
+            int32_t dot = 0;
+            for (int64_t t = 0; t < kQ8Block; ++t) {
+                int32_t v;
+                if (Q4) {
+                    const uint8_t byte = wr[blk / 4 * 64 + 16 * (blk % 4) + t % 16];
+                    v = int32_t(t < 16 ? byte & 0x0F : byte >> 4) - 8;
+                } else {
+                    v = int32_t(wr[pk_q8_offset(blk, t)]) - 128;
+                }
+                dot += v * int32_t(xq[t]);
+            }
+            s += float(dot) * (half_to_float(sc[pk_scale_slot(blk, nb)]) * a.d[size_t(blk)]);
+        }
+        y[r] = s + (b ? b[r] : 0.f);
+    }
+}
+
+#if defined(__x86_64__)
+#define ANCHOR_PK_TARGET "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma"
+
+// Quad `qd`'s four 128-bit lanes of int32 partial sums (lane k: block k of the quad).
+template <bool Q4>
+__attribute__((target(ANCHOR_PK_TARGET), always_inline)) inline __m512i pk_quad(const uint8_t* wq, const int8_t* xa,
+                                                                                int64_t qd) {
+    const __m512i xA = _mm512_loadu_si512(xa + qd * 128), xB = _mm512_loadu_si512(xa + qd * 128 + 64);
+    if (Q4) {
+        const __m512i v = _mm512_loadu_si512(wq + qd * 64), m = _mm512_set1_epi8(0x0F);
+        const __m512i lo = _mm512_and_si512(v, m), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xA), hi, xB);
+    }
+    const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(wq + qd * 128), xA);
+    return _mm512_dpbusd_epi32(a, _mm512_loadu_si512(wq + qd * 128 + 64), xB);
+}
+
+template <bool Q4>
+__attribute__((target(ANCHOR_PK_TARGET))) void pk_rows_vnni(const uint8_t* w, const PkActivation& a, const float* b,
+                                                            float* y, int64_t r0, int64_t r1, int64_t nb) {
+    const int64_t qbytes = nb * (Q4 ? 16 : 32), row_bytes = nb * (Q4 ? 18 : 34), full = nb / 16;
+    const bool half = nb % 16 != 0;
+    const int8_t* xa = a.xa.data();
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wr = w + r * row_bytes;
+        const auto* sc = reinterpret_cast<const uint16_t*>(wr + qbytes);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < full; ++c) {
+            const __m512i a0 = pk_quad<Q4>(wr, xa, 4 * c), a1 = pk_quad<Q4>(wr, xa, 4 * c + 1),
+                          a2 = pk_quad<Q4>(wr, xa, 4 * c + 2), a3 = pk_quad<Q4>(wr, xa, 4 * c + 3);
+            // Per 128-bit lane k: [a0 a1 a2 a3] partial sums of block k -> lane 4k + j holds quad j's block k.
+            const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+            const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+            __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+            u = _mm512_sub_epi32(u, _mm512_loadu_si512(a.xs.data() + 16 * c));
+            const __m512 s = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 16 * c))),
+                _mm512_loadu_ps(a.xd.data() + 16 * c));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), s, acc);
+        }
+        if (half) { // a trailing chunk of 8 blocks: quads 0 and 1 only, lanes 4k + {0, 1}
+            const __m512i a0 = pk_quad<Q4>(wr, xa, 4 * full), a1 = pk_quad<Q4>(wr, xa, 4 * full + 1);
+            const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+            const __m512i z = _mm512_setzero_si512();
+            __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, z), _mm512_unpackhi_epi64(t0, z));
+            u = _mm512_sub_epi32(u, _mm512_loadu_si512(a.xs.data() + 16 * full));
+            const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * full)));
+            const __m512 s = _mm512_mul_ps(_mm512_maskz_expand_ps(0x3333, _mm512_castps256_ps512(s8)),
+                                           _mm512_loadu_ps(a.xd.data() + 16 * full));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), s, acc);
+        }
+        y[r] = _mm512_reduce_add_ps(acc) + (b ? b[r] : 0.f);
+    }
+}
+#undef ANCHOR_PK_TARGET
+#endif
+
+template <bool Q4>
+void pk_gemv(const uint8_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols, SimdPath path) {
+    if (!packed_rows_apply(cols))
+        throw Error(std::string(Q4 ? "gemv_q4_0_packed" : "gemv_q8_0_packed") + ": cols must be a multiple of 256, got " +
+                    std::to_string(cols));
+    const int64_t nb = cols / kQ8Block;
+    PkActivation& a = pk_activation();
+    pk_prepare(x, cols, Q4 ? 8 : 128, a);
+#if defined(__x86_64__)
+    if (path == SimdPath::Best && packed_rows_fast())
+        return run_rows(rows, cols, [&](int64_t r0, int64_t r1) { pk_rows_vnni<Q4>(w, a, b, y, r0, r1, nb); });
+#else
+    (void)path;
+#endif
+    run_rows(rows, cols, [&](int64_t r0, int64_t r1) { pk_rows_plain<Q4>(w, a, b, y, r0, r1, nb); });
+}
+
+template <class Block, bool Q4>
+torch::Tensor pk_pack(const torch::Tensor& wq, int64_t cols, const char* who) {
+    const int64_t nb = cols / kQ8Block, row_bytes = nb * int64_t(sizeof(Block));
+    if (!packed_rows_apply(cols) || wq.dim() != 2 || wq.scalar_type() != torch::kUInt8 || !wq.device().is_cpu() ||
+        wq.size(1) != row_bytes)
+        throw Error(std::string(who) + ": needs CPU uint8 [rows, " + std::to_string(row_bytes) +
+                    "] blocks with cols a multiple of 256 (cols " + std::to_string(cols) + ")");
+    auto src = wq.contiguous();
+    const int64_t rows = src.size(0), qbytes = nb * (Q4 ? 16 : 32);
+    auto out = torch::empty({rows, row_bytes}, torch::kUInt8);
+    const auto* in = reinterpret_cast<const Block*>(src.data_ptr<uint8_t>());
+    uint8_t* o = out.data_ptr<uint8_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t ra, int64_t rb) {
+        for (int64_t r = ra; r < rb; ++r) {
+            uint8_t* orow = o + r * row_bytes;
+            auto* sc = reinterpret_cast<uint16_t*>(orow + qbytes);
+            for (int64_t blk = 0; blk < nb; ++blk) {
+                const Block& bl = in[r * nb + blk];
+                sc[pk_scale_slot(blk, nb)] = bl.d;
+                if constexpr (Q4) {
+                    std::memcpy(orow + blk / 4 * 64 + 16 * (blk % 4), bl.qs, 16);
+                } else {
+                    for (int64_t t = 0; t < kQ8Block; ++t)
+                        orow[pk_q8_offset(blk, t)] = uint8_t(int32_t(bl.q[t]) + 128);
+                }
+            }
+        }
+    });
+    return out;
+}
+
+} // namespace
+
+bool packed_rows_apply(int64_t cols) {
+    return cols > 0 && cols % (kPkGroup * kQ8Block) == 0;
+}
+
+bool packed_rows_fast() {
+    const auto& f = cpu_features();
+    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.f16c && f.fma;
+}
+
+torch::Tensor pack_q8_0_rows(const torch::Tensor& wq, int64_t cols) {
+    return pk_pack<BlockQ8_0, false>(wq, cols, "pack_q8_0_rows");
+}
+
+torch::Tensor pack_q4_0_rows(const torch::Tensor& wq, int64_t cols) {
+    return pk_pack<BlockQ4_0, true>(wq, cols, "pack_q4_0_rows");
+}
+
+void gemv_q8_0_packed(const uint8_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols,
+                      SimdPath path) {
+    pk_gemv<false>(w, x, b, y, rows, cols, path);
+}
+
+void gemv_q4_0_packed(const uint8_t* w, const float* x, const float* b, float* y, int64_t rows, int64_t cols,
+                      SimdPath path) {
+    pk_gemv<true>(w, x, b, y, rows, cols, path);
 }
 
 } // namespace anchor::kernels

@@ -332,6 +332,7 @@ TEST_CASE("GPT-2 loader and KV mode errors are clear", "[gpt2][model]") {
 // ---- decode kernel ---------------------------------------------------------------------------------------------
 
 #include "kernels/gemv.h"
+#include "kernels/gemv_packed.h"
 
 TEST_CASE("gemv kernel matches the reference for f32 and f16 weights", "[gemv][kernels]") {
     torch::manual_seed(7);
@@ -529,6 +530,13 @@ const kernels::BlockQ4_0* q4_blocks(const torch::Tensor& wq) {
 float q4_scale(const kernels::BlockQ4_0& b) {
     return static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
 }
+// max |got - want| / max |want| (the fast-vs-reference measure of the gemv tests).
+double gemv_max_rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+    double scale = 1e-12, e = 0;
+    for (float w : want) scale = std::max(scale, double(std::fabs(w)));
+    for (size_t i = 0; i < want.size(); ++i) e = std::max(e, std::fabs(double(got[i]) - want[i]) / scale);
+    return e;
+}
 } // namespace
 
 TEST_CASE("q4_0 quantisation follows the ggml block format, by hand", "[gemv][kernels][q4_0]") {
@@ -622,6 +630,62 @@ TEST_CASE("q4_0 gemv matches quantise-then-reference on many shapes", "[gemv][ke
     CHECK_THROWS_AS(kernels::gemv_q4_0(torch::zeros({4, 18}, torch::kUInt8), torch::zeros({33})), anchor::Error);
 }
 
+TEST_CASE("packed q8_0 / q4_0 rows: the 512-bit kernel and the portable loop match the block reference",
+          "[gemv][kernels][q8_0][q4_0]") {
+    torch::manual_seed(16);
+    // 256: one chunk of 8 blocks (the trailing half path alone); 512: one chunk of 16; 768: 16 + 8 (GPT-2's width);
+    // 1280: 16 + 16 + 8; 3072: six chunks of 16.
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 256}, {3, 512}, {17, 768}, {130, 1280}, {64, 3072}, {2304, 768}, {768, 3072}, {5000, 256}}) {
+        auto w = torch::randn({rows, cols}) * 0.5;
+        auto x = torch::randn({cols}) * 3.0;
+        auto b = torch::randn({rows});
+        REQUIRE(kernels::packed_rows_apply(cols));
+        auto w8 = kernels::quantize_q8_0(w), w4 = kernels::quantize_q4_0(w);
+        auto p8 = kernels::pack_q8_0_rows(w8, cols), p4 = kernels::pack_q4_0_rows(w4, cols);
+        CHECK(p8.sizes() == w8.sizes()); // the same bytes as the block format
+        CHECK(p4.sizes() == w4.sizes());
+        std::vector<float> want8(rows), want4(rows);
+        kernels::gemv_ref_q8_0(q8_blocks(w8), x.data_ptr<float>(), b.data_ptr<float>(), want8.data(), rows, cols);
+        kernels::gemv_ref_q4_0(q4_blocks(w4), x.data_ptr<float>(), b.data_ptr<float>(), want4.data(), rows, cols);
+        for (auto path : {kernels::SimdPath::Best, kernels::SimdPath::Portable}) {
+            for (bool with_bias : {true, false}) {
+                std::vector<float> y8(rows), y4(rows), r8(want8), r4(want4);
+                if (!with_bias) {
+                    kernels::gemv_ref_q8_0(q8_blocks(w8), x.data_ptr<float>(), nullptr, r8.data(), rows, cols);
+                    kernels::gemv_ref_q4_0(q4_blocks(w4), x.data_ptr<float>(), nullptr, r4.data(), rows, cols);
+                }
+                const float* bp = with_bias ? b.data_ptr<float>() : nullptr;
+                kernels::gemv_q8_0_packed(p8.data_ptr<uint8_t>(), x.data_ptr<float>(), bp, y8.data(), rows, cols, path);
+                kernels::gemv_q4_0_packed(p4.data_ptr<uint8_t>(), x.data_ptr<float>(), bp, y4.data(), rows, cols, path);
+                const double e8 = gemv_max_rel_err(y8, r8), e4 = gemv_max_rel_err(y4, r4);
+                INFO(rows << "x" << cols << (path == kernels::SimdPath::Best ? " best" : " portable") << " bias "
+                          << with_bias << " (fast " << kernels::packed_rows_fast() << "): q8_0 " << e8 << " q4_0 "
+                          << e4);
+                // The same exact int32 block sums; only the float accumulation order differs.
+                CHECK(e8 < 1e-5);
+                CHECK(e4 < 1e-5);
+            }
+        }
+    }
+    // Zero weights (d = 0 and -0) give zero, not NaN.
+    auto z8 = kernels::pack_q8_0_rows(kernels::quantize_q8_0(torch::zeros({2, 768})), 768);
+    auto z4 = kernels::pack_q4_0_rows(kernels::quantize_q4_0(torch::zeros({2, 768})), 768);
+    auto x = torch::randn({768});
+    std::vector<float> y(2, 1.f);
+    kernels::gemv_q8_0_packed(z8.data_ptr<uint8_t>(), x.data_ptr<float>(), nullptr, y.data(), 2, 768);
+    CHECK(y[0] == 0.f);
+    kernels::gemv_q4_0_packed(z4.data_ptr<uint8_t>(), x.data_ptr<float>(), nullptr, y.data(), 2, 768);
+    CHECK(y[1] == 0.f);
+    CHECK_FALSE(kernels::packed_rows_apply(0));
+    CHECK_FALSE(kernels::packed_rows_apply(64));
+    CHECK_FALSE(kernels::packed_rows_apply(769));
+    CHECK_THROWS_AS(kernels::pack_q8_0_rows(kernels::quantize_q8_0(torch::zeros({2, 96})), 96), anchor::Error);
+    CHECK_THROWS_AS(kernels::pack_q4_0_rows(torch::zeros({2, 10}, torch::kUInt8), 256), anchor::Error);
+    CHECK_THROWS_AS(kernels::gemv_q8_0_packed(z8.data_ptr<uint8_t>(), x.data_ptr<float>(), nullptr, y.data(), 2, 100),
+                    anchor::Error);
+}
+
 TEST_CASE("f32 / f16 gemv fast paths match the reference on ragged shapes", "[gemv][kernels]") {
     torch::manual_seed(13);
     for (int64_t rows : {1, 2, 3, 4, 5, 9, 17, 130}) {
@@ -637,15 +701,7 @@ TEST_CASE("f32 / f16 gemv fast paths match the reference on ragged shapes", "[ge
             std::vector<float> yh(rows), rh(rows);
             kernels::gemv_f16(wp, x.data_ptr<float>(), nullptr, yh.data(), rows, cols);
             kernels::gemv_ref_f16(wp, x.data_ptr<float>(), nullptr, rh.data(), rows, cols);
-            double scale = 1e-12, scale_h = 1e-12, e = 0, eh = 0;
-            for (int64_t i = 0; i < rows; ++i) {
-                scale = std::max(scale, double(std::fabs(r[i])));
-                scale_h = std::max(scale_h, double(std::fabs(rh[i])));
-            }
-            for (int64_t i = 0; i < rows; ++i) {
-                e = std::max(e, std::fabs(double(y[i]) - r[i]) / scale);
-                eh = std::max(eh, std::fabs(double(yh[i]) - rh[i]) / scale_h);
-            }
+            const double e = gemv_max_rel_err(y, r), eh = gemv_max_rel_err(yh, rh);
             INFO(rows << "x" << cols << " (" << kernels::gemv_isa() << ") f32 " << e << " f16 " << eh);
             CHECK(e < 1e-5);
             CHECK(eh < 1e-5);

@@ -1,6 +1,7 @@
 #include "text/bench/gpt2_bench.h"
 
 #include "cache/util/bench.h"
+#include "kernels/op_timing.h"
 #include "text/gpt2/gpt2_load.h"
 #include "text/params.h"
 
@@ -78,6 +79,48 @@ struct KernelChoice {
     }
 };
 
+// Bytes of one weight in a decode copy (the gemv rows of the op table read rows x cols of them).
+double bytes_per_weight(const std::string& kind) {
+    if (kind == "gemv f32") return 4.0;
+    if (kind == "gemv f16") return 2.0;
+    if (kind == "gemv q8_0") return 34.0 / 32.0;
+    if (kind == "gemv q4_0") return 18.0 / 32.0;
+    return 0.0;
+}
+
+// `tokens` more one-token steps on a stream at `context` with every op of the step timed: per op kind and shape the
+// calls, milliseconds and (gemv) weight GB/s per token, and what the step spends outside the timed ops.
+Gpt2BenchReport::OpTable profile_steps(Gpt2Model& model, const std::string& weights, int64_t context, int tokens,
+                                       std::mt19937_64& rng, const std::vector<int64_t>& prompt) {
+    const int64_t V = model->config().vocab_size;
+    Gpt2BenchReport::OpTable t;
+    t.weights = weights;
+    t.context = context;
+    t.tokens = tokens;
+    Gpt2Stream s(model, KvSpec::parse("full"), PositionMode::Absolute);
+    s.feed(prompt);
+    (void)time_steps(s, 1, rng, V); // warm
+    kernels::op_timing_start();
+    const auto steps = time_steps(s, tokens, rng, V);
+    const auto calls = kernels::op_timing_stop();
+    double total = 0, timed = 0;
+    for (double x : steps) total += x;
+    for (const auto& g : kernels::group_op_times(calls)) {
+        Gpt2BenchReport::OpRow row;
+        row.kind = g.kind;
+        row.shape = g.shape;
+        row.calls = double(g.calls) / tokens;
+        row.ms = g.ms / tokens;
+        const double bpw = bytes_per_weight(g.kind);
+        if (bpw > 0 && g.ms > 0) row.gbs = g.macs * bpw / (g.ms / 1e3) / 1e9;
+        timed += g.ms;
+        t.rows.push_back(row);
+    }
+    t.step_ms = 1e3 * total / tokens;
+    t.other_ms = t.step_ms - timed / tokens;
+    return t;
+}
+
 } // namespace
 
 void Gpt2BenchParams::validate() const {
@@ -90,6 +133,8 @@ void Gpt2BenchParams::validate() const {
             throw ParamError("stream_tokens", "must be ascending counts >= 1");
     for (auto c : contexts)
         if (c < 1) throw ParamError("contexts", "must be >= 1, got " + std::to_string(c));
+    if (op_table_tokens < 0) throw ParamError("op_table_tokens", "must be >= 0, got " + std::to_string(op_table_tokens));
+    if (op_table_tokens > 0 && contexts.empty()) throw ParamError("op_table_tokens", "needs a decode context");
     placement.validate();
     if (cuda_graphs && (!placement.device.is_cuda() || !kernels::CudaGraph::available()))
         throw ParamError("cuda_graphs", "need a CUDA device and a build with LibTorch >= 2 and CUDA (the torch2 build)");
@@ -121,6 +166,18 @@ nlohmann::json Gpt2BenchReport::to_json() const {
                             {"memcpy_read_percent", d.memcpy_read_percent},
                             {"speedup_vs_f32", d.speedup_vs_f32}});
         j["decode"].push_back({{"weights", sec.weights}, {"weight_bytes", sec.weight_bytes}, {"rows", rows}});
+    }
+    for (const auto& t : op_tables) {
+        nlohmann::json rows = nlohmann::json::array();
+        for (const auto& o : t.rows)
+            rows.push_back(
+                {{"kind", o.kind}, {"shape", o.shape}, {"calls", o.calls}, {"ms", o.ms}, {"gbs", o.gbs}});
+        j["op_tables"].push_back({{"weights", t.weights},
+                                  {"context", t.context},
+                                  {"tokens", t.tokens},
+                                  {"step_ms", t.step_ms},
+                                  {"other_ms", t.other_ms},
+                                  {"rows", rows}});
     }
     for (const auto& s : stream)
         j["sink"]["stream"].push_back({{"tokens", s.tokens},
@@ -215,6 +272,11 @@ Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
             }
             r.decode.back().rows.push_back(row);
             tell(r, Gpt2BenchStage::DecodeRow);
+        }
+        const int64_t ctx0 = p.contexts.empty() ? 0 : p.contexts.front();
+        if (p.op_table_tokens > 0 && ctx0 + p.op_table_tokens + 1 <= P) {
+            r.op_tables.push_back(profile_steps(model, dtype_name, ctx0, p.op_table_tokens, rng, random_tokens(ctx0)));
+            tell(r, Gpt2BenchStage::OpTable);
         }
     }
     model->set_decode_weights(DecodeWeights::F32);

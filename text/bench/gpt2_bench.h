@@ -24,6 +24,9 @@ struct Gpt2BenchParams {
     std::vector<int64_t> contexts = {16, 256, 900}; // decode latency rows (full KV cache at these contexts)
     Placement placement; // --device / --dtype: the model and its KV buffers there; f16/q8_0 copies CPU f32 only
     bool cuda_graphs = false; // one-token steps replay a CUDA graph (set_decode_cuda_graphs) for the run only
+    // --op-table: per weight type, this many more one-token steps at the first context with every op of the step
+    // timed (kernels/op_timing.h), reported per token (0 = none).
+    int op_table_tokens = 0;
     void validate() const;         // ParamError naming the field
 };
 
@@ -49,6 +52,21 @@ struct Gpt2BenchReport {
         std::vector<DecodeRow> rows;
     };
     std::vector<DecodeSection> decode; // full KV cache, by decode weights
+    // The decode profile: per op kind and shape, per token, at the first context.
+    struct OpRow {
+        std::string kind, shape;
+        double calls = 0, ms = 0; // per token
+        double gbs = 0;           // gemv rows: weight bytes read / time (0 for the other ops)
+    };
+    struct OpTable {
+        std::string weights;
+        int64_t context = 0;
+        int tokens = 0;
+        double step_ms = 0;  // mean wall time of one step (Gpt2Stream::feed) while timed
+        double other_ms = 0; // of it, outside the timed ops (stream bookkeeping, logits checks, thread wake-ups)
+        std::vector<OpRow> rows;
+    };
+    std::vector<OpTable> op_tables;
     bool copies_skipped = false;       // f16 / q8_0: the reference kernel reads f32 weights only
     std::string sink_spec;
     int64_t sink_kv_bytes = 0;
@@ -69,7 +87,7 @@ struct Gpt2BenchReport {
 };
 
 // What run_gpt2_bench has just added to the report.
-enum class Gpt2BenchStage { Started, Prompt, DecodeSection, DecodeRow, StreamStarted, StreamRow, Recompute };
+enum class Gpt2BenchStage { Started, Prompt, DecodeSection, DecodeRow, StreamStarted, StreamRow, Recompute, OpTable };
 
 Gpt2BenchReport run_gpt2_bench(const Gpt2BenchParams& p,
                                const std::function<void(const Gpt2BenchReport&, Gpt2BenchStage)>& progress = {});

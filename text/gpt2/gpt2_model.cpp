@@ -13,12 +13,15 @@
 #include "kernels/decode_ops.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_packed.h"
+#include "kernels/op_timing.h"
 #include "text/params.h"
 
 #include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -168,8 +171,22 @@ void DecodeRows::set_copies(DecodeWeights dw) {
     torch::NoGradGuard ng;
     const bool rows = f32.defined();
     f16 = dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(f32.to(torch::kFloat16)) : torch::Tensor();
-    q8 = dw == DecodeWeights::Q8_0 && rows ? kernels::huge_page_copy(kernels::quantize_q8_0(f32)) : torch::Tensor();
-    q4 = dw == DecodeWeights::Q4_0 && rows ? kernels::huge_page_copy(kernels::quantize_q4_0(f32)) : torch::Tensor();
+    // q8_0 / q4_0 rows of a width the 512-bit kernel takes are re-laid out for it (kernels/gemv_packed.h: the same
+    // blocks and scales, bytes and rounding; the order the kernel reads them in).
+    const bool packed = rows && kernels::packed_rows_apply(f32.size(1));
+    torch::Tensor q;
+    if (dw == DecodeWeights::Q8_0 && rows) {
+        q = kernels::quantize_q8_0(f32);
+        q8 = kernels::huge_page_copy(packed ? kernels::pack_q8_0_rows(q, f32.size(1)) : q);
+    } else {
+        q8 = torch::Tensor();
+    }
+    if (dw == DecodeWeights::Q4_0 && rows) {
+        q = kernels::quantize_q4_0(f32);
+        q4 = kernels::huge_page_copy(packed ? kernels::pack_q4_0_rows(q, f32.size(1)) : q);
+    } else {
+        q4 = torch::Tensor();
+    }
 }
 
 bool DecodeRows::on_cpu_f32() const {
@@ -185,6 +202,22 @@ int64_t DecodeRows::bytes() const {
 
 void DecodeRows::gemv(const float* x, const float* b, float* y) const {
     const int64_t in = f32.size(1), out = f32.size(0);
+    if ((q4.defined() || q8.defined()) && kernels::packed_rows_apply(in)) {
+        kernels::ScopedOpTime t(q4.defined() ? "gemv q4_0" : "gemv q8_0", [&](std::string& shape, double& macs) {
+            shape = std::to_string(out) + "x" + std::to_string(in);
+            macs = double(out) * double(in);
+        });
+        if (q4.defined()) return kernels::gemv_q4_0_packed(q4.data_ptr<uint8_t>(), x, b, y, out, in);
+        return kernels::gemv_q8_0_packed(q8.data_ptr<uint8_t>(), x, b, y, out, in);
+    }
+    kernels::ScopedOpTime t(q4.defined()   ? "gemv q4_0"
+                            : q8.defined() ? "gemv q8_0"
+                            : f16.defined() ? "gemv f16"
+                                            : "gemv f32",
+                            [&](std::string& shape, double& macs) {
+                                shape = std::to_string(out) + "x" + std::to_string(in);
+                                macs = double(out) * double(in);
+                            });
     if (q4.defined())
         kernels::gemv_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(q4.data_ptr<uint8_t>()), x, b, y, out, in);
     else if (q8.defined())
@@ -196,6 +229,14 @@ void DecodeRows::gemv(const float* x, const float* b, float* y) const {
 }
 
 torch::Tensor DecodeRows::gemv(const torch::Tensor& x, const torch::Tensor& bias) const {
+    if ((q4.defined() || q8.defined()) && kernels::packed_rows_apply(f32.size(1))) {
+        const int64_t in = f32.size(1), out = f32.size(0);
+        auto xc = x.reshape({in}).to(torch::kFloat32).contiguous();
+        auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : torch::Tensor();
+        auto y = torch::empty({out}, torch::kFloat32);
+        gemv(xc.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+        return y;
+    }
     if (q4.defined()) return kernels::gemv_q4_0(q4, x, bias);
     if (q8.defined()) return kernels::gemv_q8_0(q8, x, bias);
     return kernels::gemv(f16.defined() ? f16 : f32, x, bias);
@@ -442,42 +483,71 @@ torch::Tensor Gpt2ModelImpl::step_one(int64_t id, int64_t pos, std::vector<cache
     if (id < 0 || id >= cfg_.vocab_size)
         throw Error("GPT-2 step: token id " + std::to_string(id) + " outside [0, " + std::to_string(cfg_.vocab_size) +
                     ")");
-    std::vector<float> buf(static_cast<size_t>(C * 3 + 3 * C + F));
+    // The step's buffers live as long as the thread (no allocation per token).
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(C * 3 + 3 * C + F));
     float *x = buf.data(), *h = x + C, *att = h + C, *qkv = att + C, *ff = qkv + 3 * C;
-    const float* te = wte->weight.data_ptr<float>() + id * C;
-    const float* pe = wpe->weight.data_ptr<float>() + pos * C;
-    for (int64_t i = 0; i < C; ++i) x[i] = te[i] + pe[i];
+    // Per-op wall times for `gpt2 bench --op-table` (kernels/op_timing.h; one relaxed load per op when off).
+    auto timed = [](const char* kind, int64_t n, auto&& body) {
+        kernels::ScopedOpTime t(kind, [&](std::string& shape, double& macs) {
+            shape = std::to_string(n);
+            macs = double(n);
+        });
+        body();
+    };
+    timed("embed", C, [&] {
+        const float* te = wte->weight.data_ptr<float>() + id * C;
+        const float* pe = wpe->weight.data_ptr<float>() + pos * C;
+        for (int64_t i = 0; i < C; ++i) x[i] = te[i] + pe[i];
+    });
     const float scale = static_cast<float>(1.0 / std::sqrt(double(D)));
     auto norm = [&](const torch::nn::LayerNorm& ln, const float* in, float* out) {
-        kernels::layer_norm_row(in, ln->weight.data_ptr<float>(), ln->bias.data_ptr<float>(), out, C,
-                                static_cast<float>(ln->options.eps()));
+        timed("layer_norm", C, [&] {
+            kernels::layer_norm_row(in, ln->weight.data_ptr<float>(), ln->bias.data_ptr<float>(), out, C,
+                                    static_cast<float>(ln->options.eps()));
+        });
+    };
+    auto residual = [&]() {
+        timed("residual", C, [&] {
+            for (int64_t i = 0; i < C; ++i) x[i] += h[i];
+        });
     };
     for (size_t l = 0; l < blocks_.size(); ++l) {
         auto& blk = *blocks_[l];
         auto& kv = caches[l];
         norm(blk.ln_1, x, h);
         blk.attn->c_attn->decode_row(h, qkv);
-        // q, k, v side by side as c_attn gives them; k and v are [1, H, 1, D] rows, as the module path appends them.
-        auto k = torch::from_blob(qkv + C, {1, H, 1, D}), v = torch::from_blob(qkv + 2 * C, {1, H, 1, D});
-        kv.append(k, v, pos);
-        const int64_t cap = kv.capacity();
-        kernels::attend_one_query(qkv, kv.k_storage().data_ptr<float>(), kv.v_storage().data_ptr<float>(), att, H, D,
-                                  kv.filled(), cap * D, scale);
+        timed("kv append", 2 * C, [&] {
+            // q, k, v side by side as c_attn gives them; k and v go into the token's slot of each head's rows of the
+            // [1, H, capacity, D] buffers (the bookkeeping of SinkRollingKV::append, the copy without LibTorch ops).
+            const int64_t slot = kv.advance(pos), cap = kv.capacity();
+            float *ks = kv.k_storage().data_ptr<float>(), *vs = kv.v_storage().data_ptr<float>();
+            for (int64_t hh = 0; hh < H; ++hh) {
+                std::memcpy(ks + (hh * cap + slot) * D, qkv + C + hh * D, size_t(D) * sizeof(float));
+                std::memcpy(vs + (hh * cap + slot) * D, qkv + 2 * C + hh * D, size_t(D) * sizeof(float));
+            }
+        });
+        timed("attention", C, [&] {
+            kernels::attend_one_query(qkv, kv.k_storage().data_ptr<float>(), kv.v_storage().data_ptr<float>(), att, H,
+                                      D, kv.filled(), kv.capacity() * D, scale);
+        });
         blk.attn->c_proj->decode_row(att, h);
-        for (int64_t i = 0; i < C; ++i) x[i] += h[i];
+        residual();
         norm(blk.ln_2, x, h);
         blk.mlp->c_fc->decode_row(h, ff);
-        if (cfg_.tanh_gelu())
-            kernels::gelu_tanh_row(ff, F);
-        else
-            kernels::gelu_erf_row(ff, F);
+        timed("gelu", F, [&] {
+            if (cfg_.tanh_gelu())
+                kernels::gelu_tanh_row(ff, F);
+            else
+                kernels::gelu_erf_row(ff, F);
+        });
         blk.mlp->c_proj->decode_row(ff, h);
-        for (int64_t i = 0; i < C; ++i) x[i] += h[i];
+        residual();
     }
     norm(ln_f, x, h);
-    auto logits = torch::empty({1, 1, V}, torch::kFloat32);
-    float* y = logits.data_ptr<float>();
-    lm_.gemv(h, nullptr, y);
+    torch::Tensor logits;
+    timed("logits buf", V, [&] { logits = torch::empty({1, 1, V}, torch::kFloat32); });
+    lm_.gemv(h, nullptr, logits.data_ptr<float>());
     return logits;
 }
 
@@ -711,8 +781,13 @@ namespace {
 // Logits with a NaN/Inf (broken weights, overflow) are reported at the token where they appear instead of being
 // sampled from or averaged into a perplexity. One reduction over V floats per token.
 torch::Tensor checked_logits(torch::Tensor logits, int64_t stream_index) {
-    logits = logits.to(torch::kCPU, torch::kFloat32); // the one copy to the host per step on a device
-    if (!torch::isfinite(logits).all().item<bool>())
+    logits = logits.to(torch::kCPU, torch::kFloat32).contiguous(); // the one copy to the host per step on a device
+    // A NaN or Inf has every exponent bit set: one pass of integer ops over the bits (vectorised by the compiler),
+    // instead of isfinite's temporary tensor and reduction on every token.
+    const auto* bits = reinterpret_cast<const uint32_t*>(logits.data_ptr<float>());
+    uint32_t bad = 0;
+    for (int64_t i = 0, n = logits.numel(); i < n; ++i) bad |= uint32_t((bits[i] & 0x7f800000u) == 0x7f800000u);
+    if (bad)
         throw Error("NaN/Inf in the logits at stream token " + std::to_string(stream_index) +
                     "; check the model weights");
     return logits;
