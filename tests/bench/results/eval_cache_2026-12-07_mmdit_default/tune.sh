@@ -11,4 +11,4 @@ OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE nice -n 5 build/anchor-sd --threads 1 
   --seeds 9201,9202 --batch 1 --steps 28 --cfg-scale 5 --modes "$modes" -o /tmp/ditdef_$name --overwrite \
   | tee $d/tuning_$name.txt
 cp /tmp/ditdef_$name/cache_eval.json $d/tuning_$name.json
-python3 $d/summarize.py $d/tuning_$name.json | tee $d/tuning_${name}_summary.txt
+python3 tests/bench/results/eval_cache_2026-12-07_mmdit/summarize.py $d/tuning_$name.json | tee $d/tuning_${name}_summary.txt
