@@ -92,6 +92,9 @@ const std::vector<dit_keys::ModeKey<TaylorSeerParams>>& taylorseer_keys() {
 
 FreqParams dit_freq_defaults() {
     FreqParams p;
+    // The first block's probe changes less per step than conv_in's, so the accumulated change needs a lower bound
+    // (chosen on the MMDiT demo model: docs/caching.md, "How the defaults were chosen"). skip and skipdrift keep the
+    // UNet's values, written out because they are what makes the transformer's reuse cheap: a skip step runs no block.
     p.thr = 0.12;
     p.skip = 1;
     p.skip_drift = 0.35;
