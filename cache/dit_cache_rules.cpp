@@ -81,6 +81,17 @@ std::vector<double> TaylorSeerRule::weights(double h, int terms) {
     return w;
 }
 
+int dit_skip_steps(int max_skips, double thr, double skip_drift, int max_reuse, const DitSkipSignals& s) {
+    if (max_skips <= 0 || !(thr > 0)) return 0;
+    if (skip_drift > 0 && !(s.drift < skip_drift)) return 0; // NaN (not measured) allows none
+    if (!std::isfinite(s.rate) || s.rate < 0) return 0;
+    int j = 0;
+    while (j < max_skips && s.accumulated + double(j + 1) * s.rate < thr &&
+           (max_reuse < 0 || s.reuse_run + j + 1 <= max_reuse) && (s.num_steps <= 0 || s.step + j + 1 < s.num_steps - 1))
+        ++j;
+    return j;
+}
+
 std::vector<double> fit_polynomial(const std::vector<double>& x, const std::vector<double>& y, int degree) {
     const int n = degree + 1;
     if (degree < 0 || x.size() != y.size() || int(x.size()) < n)

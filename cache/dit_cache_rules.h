@@ -8,6 +8,7 @@
 //                              reaches thr (TeaCache, Liu et al. 2024)
 //   TaylorSeerRule  taylorseer full every `interval` steps after `warmup`; the forecast weights of a Taylor series
 //                              along the step index (TaylorSeer, Liu et al. 2025)
+//   dit_skip_steps  freq       how many steps after a probed one run no block (skip=N)
 #pragma once
 
 #include "cache/anchor_policy.h"
@@ -64,6 +65,28 @@ public:
 private:
     int interval_, warmup_;
 };
+
+// freq's skip steps on the transformer (skip=N, skipdrift=D; unet/cache/dit_cache.h). After step k ran the probe (a
+// full or a reuse step), the steps k+1 ... k+j run no block at all, their output forecast linearly along the timestep
+// from the last two outputs the transformer computed, for the largest j <= N such that
+//   accumulated + j * rate < thr   the probe's change, carried on at its last rate (the change step k measured over
+//                                  the steps since the probe before it, per step), keeps the accumulated change of the
+//                                  full-step rule below thr: each skipped step is one the probe would have reused;
+//   drift < D                      the probe's drift at step k (its energies against their forecast from the last two
+//                                  full steps) is below D (D 0: no bound; a drift not measured, NaN, allows none);
+//   reuse_run + j <= max_reuse     the reuses since the last full step, the skipped ones among them (-1: none);
+//   step + j < num_steps - 1       the last step is always decided by its probe.
+// The next probe measures its change against step k's energies, so the accumulated change stays the sum of the
+// measured changes. Returns j (0: the next step runs the probe).
+struct DitSkipSignals {
+    int step = 0;
+    int num_steps = 0;
+    double accumulated = 0; // the full-step rule's accumulated change after step k (0 after a full step)
+    double rate = 0;        // step k's measured change per step since the previous probe
+    double drift = 0;
+    int reuse_run = 0;
+};
+int dit_skip_steps(int max_skips, double thr, double skip_drift, int max_reuse, const DitSkipSignals& s);
 
 // TeaCache's calibration: the least-squares polynomial of degree `degree` through the points (x_i, y_i) (x the
 // relative L1 change of the modulated input between consecutive steps, y that of the model output), coefficients

@@ -109,17 +109,76 @@ TEST_CASE("DiT cache modes: keys, canonical strings, errors, which modes apply t
     CHECK_NOTHROW(check_dit_cache_config(parse_cache_config("freq:fast,thr=0.5,order=2")));
     CHECK_NOTHROW(check_dit_cache_config(parse_cache_config("off")));
     try {
-        check_dit_cache_config(parse_cache_config("freq:skip=2,attn=run"), "compare");
+        check_dit_cache_config(parse_cache_config("freq:noise=0.5,attn=run"), "compare");
         FAIL("accepted");
     } catch (const ParamError& e) {
         CHECK(e.field() == "compare");
-        CHECK_THAT(e.what(), Catch::Contains("skip=2, attn=run"));
+        CHECK_THAT(e.what(), Catch::Contains("noise=0.5, attn=run"));
     }
+    CHECK_NOTHROW(check_dit_cache_config(parse_cache_config("freq:skip=2,skipdrift=0")));
     CHECK_THROWS_WITH(check_dit_cache_config(parse_cache_config("deepcache:3")),
                       Catch::Contains("does not apply to SD 3 / 3.5"));
     CHECK_THROWS_WITH(make_cache_controller(parse_cache_config("teacache")),
                       Catch::Contains("applies to SD 3 / 3.5 (MMDiT) models only"));
     CHECK_THAT(cache_help(), Catch::Contains("taylorseer keys"));
+}
+
+TEST_CASE("freq's skip steps on the transformer: how many steps after a probe run no block, by hand",
+          "[sd3][dit_cache]") {
+    cache::DitSkipSignals s;
+    s.step = 5, s.num_steps = 28, s.accumulated = 0.02, s.rate = 0.03, s.drift = 0.1, s.reuse_run = 1;
+    // 0.02 + 0.03 = 0.05 and 0.02 + 2 x 0.03 = 0.08 stay below 0.1: both; skip=1 bounds it at one.
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 2);
+    CHECK(cache::dit_skip_steps(1, 0.1, 0.35, -1, s) == 1);
+    CHECK(cache::dit_skip_steps(0, 0.1, 0.35, -1, s) == 0);
+    CHECK(cache::dit_skip_steps(2, 0.0, 0.35, -1, s) == 0); // thr 0: every step full, none skipped
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, 2, s) == 1);  // run 1 + 1 = 2 <= max 2; 1 + 2 = 3 is not
+    s.rate = 0.04;                                          // 0.06 < 0.1, 0.10 is not below it
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 1);
+    s.accumulated = 0.07; // 0.11: none
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 0);
+    s.accumulated = 0.02, s.rate = 0.03;
+    s.drift = 0.35; // not below skipdrift
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 0);
+    s.drift = std::nan(""); // not measured: none, unless skipdrift=0
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 0);
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.0, -1, s) == 2);
+    s.drift = 0.1;
+    s.step = 25; // 26 may be skipped, 27 is the last step
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 1);
+    s.step = 26;
+    CHECK(cache::dit_skip_steps(2, 0.1, 0.35, -1, s) == 0);
+    // The skip step's output: the line through (u0, o0) = (900, 1) and (u1, o1) = (800, 3) at u = 750 is 4.
+    CHECK(DitCacheController::linear_output_forecast(torch::tensor({3.0}), torch::tensor({1.0}), 800, 900, 750)
+              .item<double>() == 4.0);
+}
+
+TEST_CASE("freq takes the transformer's defaults for the keys it does not name; the UNet's stay",
+          "[sd3][dit_cache]") {
+    const FreqParams unet, dit = dit_freq_defaults();
+    CHECK(unet.thr == 0.7); // the UNet default is not changed by the transformer's
+    CHECK(dit.thr != unet.thr);
+    auto freq_of = [](const CacheConfig& c) { return std::get<FreqParams>(c.params); };
+    CHECK(freq_of(parse_cache_config("freq")).thr == 0.7); // the parser is the UNet's
+    const auto d = freq_of(resolve_dit_cache_config(parse_cache_config("freq")));
+    CHECK(d.thr == dit.thr);
+    CHECK(d.skip == dit.skip);
+    CHECK(resolve_dit_cache_config(parse_cache_config("freq")).label == "freq");
+    const auto named = freq_of(resolve_dit_cache_config(parse_cache_config("freq:thr=0.3,skip=0")));
+    CHECK(named.thr == 0.3);
+    CHECK(named.skip == 0);
+    CHECK(named.skip_drift == dit.skip_drift);
+    const auto preset = freq_of(resolve_dit_cache_config(parse_cache_config("freq:fast,order=2")));
+    CHECK(preset.drift == 0.4); // the preset's key, then the list's, over the transformer's defaults
+    CHECK(preset.order == 2);
+    CHECK(preset.thr == dit.thr);
+    // Built in code (its label does not parse back to it): runs as given.
+    CacheConfig coded = parse_cache_config("freq");
+    std::get<FreqParams>(coded.params).thr = 0.5;
+    CHECK(freq_of(resolve_dit_cache_config(coded)).thr == 0.5);
+    CHECK(resolve_dit_cache_config(parse_cache_config("fbcache")).canonical() == parse_cache_config("fbcache").canonical());
+    CHECK_THAT(dit_freq_default_keys(), Catch::Contains("thr="));
+    CHECK_THAT(cache_help(), Catch::Contains("freq on SD 3 / 3.5 (MMDiT)"));
 }
 
 namespace {
@@ -177,6 +236,15 @@ TEST_CASE("DiT caches with reuse steps: a logged decision per step, a finite ima
     for (const auto& s : t.cache_steps)
         if (s.full) full.push_back(s.step);
     CHECK(full == std::vector<int>{0, 1, 2, 5, 8, 11});
+    // freq's skip steps: logged as forecasts that are not full; the resolved record shows the transformer's keys.
+    const auto f = sd3_cache_tiny_run("freq:thr=5,drift=0,span=0,lastsigma=0,skip=2,skipdrift=0", 12);
+    int skipped = 0;
+    for (const auto& st : f.cache_steps) skipped += st.forecast && !st.full ? 1 : 0;
+    CHECK(skipped > 0);
+    CHECK(!f.cache_steps.back().forecast); // the last step runs its probe
+    CHECK((f.image - off.image).abs().mean().item<double>() < 0.3);
+    const auto dflt = sd3_cache_tiny_run("freq", 12);
+    CHECK(dflt.cache_log["params"]["thr"] == dit_freq_defaults().thr);
 }
 
 TEST_CASE("SD 3 img2img strength: diffusers' float rule, not SD 1.x's truncation", "[sd3][img2img]") {

@@ -36,8 +36,9 @@ double dit_largest_drift(const Tensor& e, const Tensor& f, int images) {
 
 } // namespace
 
-DitCacheController::DitCacheController(const CacheConfig& c, const std::string& field) : cfg_(c) {
+DitCacheController::DitCacheController(const CacheConfig& c, const std::string& field) {
     check_dit_cache_config(c, field);
+    cfg_ = resolve_dit_cache_config(c);
 }
 
 void DitCacheController::begin(int num_steps, std::vector<double> sigmas, int images, int first_step) {
@@ -50,6 +51,10 @@ void DitCacheController::begin(int num_steps, std::vector<double> sigmas, int im
     taylor_.clear();
     taylor_step_ = -1;
     prev_out_ = Tensor();
+    skip_left_ = reuse_run_ = 0;
+    probe_step_ = -1;
+    out1_ = out0_ = Tensor();
+    out_u1_ = out_u0_ = 0;
     samples_.clear();
     dct_.reset(), fb_.reset(), tea_.reset(), seer_.reset();
     if (const auto* f = std::get_if<FreqParams>(&cfg_.params)) {
@@ -95,6 +100,16 @@ Tensor DitCacheController::forward(SD3Transformer2DModelImpl& tr, const Tensor& 
     } else if (cfg_.kind() == CacheKind::Off) {
         out = tr.forward(x, context, pooled, ts);
         rec.why = "off";
+    } else if (cfg_.kind() == CacheKind::Freq && skip_left_ > 0 && out0_.defined() && out1_.size(0) == x.size(0) &&
+               out_u1_ != out_u0_) {
+        // A skip step (skip=N): no block, the output forecast from the last two computed ones.
+        --skip_left_;
+        ++reuse_run_;
+        out = linear_output_forecast(out1_, out0_, out_u1_, out_u0_, t);
+        rec.full = false;
+        rec.why = "";
+        rec.forecast = true;
+        rec.accumulated = dct_->accumulated();
     } else {
         SD3Tokens tok = tr.embed(x, context, pooled, ts);
         switch (cfg_.kind()) {
@@ -141,6 +156,7 @@ Tensor DitCacheController::forward_freq(SD3Transformer2DModelImpl& tr, SD3Tokens
     }
     rec.full = d.action == cache::Action::Full;
     rec.why = d.why;
+    Tensor out;
     if (rec.full) {
         tr.run_blocks(tok, L);
         const auto R = dit_tokens_to_grid(tok.hs - h1, tok.grid_h, tok.grid_w);
@@ -148,8 +164,39 @@ Tensor DitCacheController::forward_freq(SD3Transformer2DModelImpl& tr, SD3Tokens
         X1_ = cache::dct2(R.to(torch::kFloat)), u1_ = u;
         F1_ = R;
         e0_ = e1_, e1_ = e;
-        return tr.head(tok);
+        out = tr.head(tok);
+    } else {
+        out = freq_reuse_output(tr, tok, h1, u, rec);
     }
+    freq_plan_skips(e, u, step, out, rec);
+    return out;
+}
+
+void DitCacheController::freq_plan_skips(const Tensor& e, double u, int step, const Tensor& out,
+                                         const CacheStepLog& rec) {
+    const auto& p = std::get<FreqParams>(cfg_.params);
+    reuse_run_ = rec.full ? 0 : reuse_run_ + 1;
+    const int since = probe_step_ >= 0 ? step - probe_step_ : 1;
+    probe_step_ = step;
+    out0_ = out1_, out_u0_ = out_u1_;
+    out1_ = out, out_u1_ = u;
+    skip_left_ = 0;
+    if (p.skip <= 0 || !out0_.defined() || out_u1_ == out_u0_) return;
+    cache::DitSkipSignals s;
+    s.step = step, s.num_steps = num_steps_, s.reuse_run = reuse_run_;
+    s.accumulated = rec.full ? 0.0 : dct_->accumulated();
+    s.rate = rec.energy_change / double(std::max(since, 1));
+    // The probe's drift at this step: 0 at a full step (its energies are the forecast's newest point); at a reuse
+    // step as the drift rule measures it, NaN where the last two full steps do not give a forecast yet.
+    s.drift = rec.full ? 0.0 : std::nan("");
+    if (!rec.full && e1_.defined() && e0_.defined() && u1_ != u0_)
+        s.drift = dit_largest_drift(e, e1_ + (e1_ - e0_) * ((u - u1_) / (u1_ - u0_)), images_);
+    skip_left_ = cache::dit_skip_steps(p.skip, p.thr, p.skip_drift, p.max_reuse, s);
+}
+
+Tensor DitCacheController::freq_reuse_output(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, const Tensor& h1, double u,
+                                             CacheStepLog& rec) {
+    const auto& p = std::get<FreqParams>(cfg_.params);
     // Reuse: R forecast from the last full steps' spectra (anchored coefficients kept, the others extrapolated).
     Tensor F = F1_;
     rec.anchored_fraction = 1;
@@ -164,6 +211,10 @@ Tensor DitCacheController::forward_freq(SD3Transformer2DModelImpl& tr, SD3Tokens
     }
     tok.hs = h1 + dit_grid_to_tokens(F).to(h1.scalar_type());
     return tr.head(tok);
+}
+
+Tensor DitCacheController::linear_output_forecast(const Tensor& o1, const Tensor& o0, double u1, double u0, double u) {
+    return o1 + (o1 - o0) * ((u - u1) / (u1 - u0));
 }
 
 Tensor DitCacheController::forward_fbcache(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, int step,

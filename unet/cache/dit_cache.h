@@ -8,7 +8,12 @@
 //               (cache::DctChangePolicy, with max, span, drift and the last-step rule as on the UNet); else their
 //               residual R = h_L - h_1 of the last two full steps is forecast along the timestep, the DCT
 //               coefficients of R whose energy moved by less than tau kept as they are and the others extrapolated
-//               (FreqAnchorDenoiser's reuse_feature arithmetic on R seen as a [B, dim, h, w] map).
+//               (FreqAnchorDenoiser's reuse_feature arithmetic on R seen as a [B, dim, h, w] map). With skip=N, up
+//               to N steps after a probed one run no block at all while the probe's change carried on at its last
+//               rate stays below thr (cache::dit_skip_steps): their output is forecast linearly along the timestep
+//               from the last two outputs the transformer computed (a flow-matching velocity changes slowly along
+//               the trajectory). On the transformer freq's defaults are dit_freq_defaults() (the keys the user does
+//               not name; resolve_dit_cache_config).
 //   fbcache     the first block always; the remaining blocks' residual of the last computed step added while the
 //               first block's residual moves by less than thr (cache::FirstBlockRule).
 //   teacache    only the first block's modulation (LayerNorm(h) * (1 + scale) + shift) while the accumulated rescaled
@@ -69,9 +74,15 @@ public:
                                                     double distance, int order);
     // sum_i d_i h^i / i!
     static torch::Tensor taylor_forecast(const std::vector<torch::Tensor>& d, double h);
+    // freq's skip step: o1 + (o1 - o0) (u - u1) / (u1 - u0), the line through (u0, o0) and (u1, o1) at u.
+    static torch::Tensor linear_output_forecast(const torch::Tensor& o1, const torch::Tensor& o0, double u1, double u0,
+                                                double u);
 
 private:
     torch::Tensor forward_freq(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, double t, int step, CacheStepLog& rec);
+    torch::Tensor freq_reuse_output(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, const torch::Tensor& h1, double u,
+                                    CacheStepLog& rec);
+    void freq_plan_skips(const torch::Tensor& e, double u, int step, const torch::Tensor& out, const CacheStepLog& rec);
     torch::Tensor forward_fbcache(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, int step, CacheStepLog& rec);
     torch::Tensor forward_teacache(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, int step, CacheStepLog& rec);
     torch::Tensor forward_taylorseer(SD3Transformer2DModelImpl& tr, SD3Tokens& tok, int step, CacheStepLog& rec);
@@ -95,6 +106,11 @@ private:
     // taylorseer: the factors and the step they were made at.
     std::vector<torch::Tensor> taylor_;
     int taylor_step_ = -1;
+    // freq's skip steps: how many of the next steps run no block; the last two computed outputs and their timesteps;
+    // the reuses since the last full step; the step of the last probe.
+    int skip_left_ = 0, reuse_run_ = 0, probe_step_ = -1;
+    torch::Tensor out1_, out0_;
+    double out_u1_ = 0, out_u0_ = 0;
     // record_teacache: the previous step's model output and the samples.
     torch::Tensor prev_out_;
     std::vector<std::pair<double, double>> samples_;

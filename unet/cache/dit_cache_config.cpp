@@ -90,14 +90,60 @@ const std::vector<dit_keys::ModeKey<TaylorSeerParams>>& taylorseer_keys() {
     return t;
 }
 
+FreqParams dit_freq_defaults() {
+    FreqParams p;
+    // The first block's probe changes less per step than conv_in's, so the accumulated change needs a lower bound
+    // (chosen on the MMDiT demo model: docs/caching.md, "How the defaults were chosen"). skip and skipdrift keep the
+    // UNet's values, written out because they are what makes the transformer's reuse cheap: a skip step runs no block.
+    p.thr = 0.12;
+    p.skip = 1;
+    p.skip_drift = 0.35;
+    return p;
+}
+
+std::string dit_freq_default_keys() {
+    const FreqParams unet, dit = dit_freq_defaults();
+    std::string s;
+    for (const auto& k : freq_keys())
+        if (k.get(dit) != k.get(unet)) s += (s.empty() ? "" : ",") + k.name + "=" + k.get(dit);
+    return s;
+}
+
+CacheConfig resolve_dit_cache_config(const CacheConfig& c) {
+    if (!std::holds_alternative<FreqParams>(c.params)) return c;
+    try {
+        if (parse_cache_config(c.label).canonical() != c.canonical()) return c; // built in code: as given
+    } catch (const std::exception&) {
+        return c;
+    }
+    const auto colon = c.label.find(':');
+    std::string items = colon == std::string::npos ? "" : c.label.substr(colon + 1);
+    FreqParams p = dit_freq_defaults();
+    const std::string first = items.substr(0, items.find(','));
+    if (!first.empty() && first.find('=') == std::string::npos) { // a preset's keys first, as the parser applies them
+        for (const auto& [name, keys] : freq_presets())
+            if (name == first) dit_keys::apply_keys(freq_keys(), p, keys);
+        items = items.size() > first.size() ? items.substr(first.size() + 1) : "";
+    }
+    if (!items.empty()) dit_keys::apply_keys(freq_keys(), p, items);
+    CacheConfig out = c;
+    out.params = std::move(p);
+    return out;
+}
+
 std::string dit_cache_help() {
-    return "fbcache keys (SD 3 / 3.5):\n" + dit_keys::keys_help(fbcache_keys(), FbCacheParams{}) +
+    return "freq on SD 3 / 3.5 (MMDiT): the keys above, with these defaults: " + dit_freq_default_keys() + "\n" +
+           "fbcache keys (SD 3 / 3.5):\n" + dit_keys::keys_help(fbcache_keys(), FbCacheParams{}) +
            "teacache keys (SD 3 / 3.5):\n" + dit_keys::keys_help(teacache_keys(), TeaCacheParams{}) +
            "taylorseer keys (SD 3 / 3.5):\n" + dit_keys::keys_help(taylorseer_keys(), TaylorSeerParams{});
 }
 
 std::string dit_cache_docs_tables() {
-    return "\n" + dit_keys::keys_markdown(fbcache_keys(), FbCacheParams{}, false) + "\n" +
+    std::string freq = "\n| freq key on SD 3 / 3.5 (MMDiT) | UNet default | MMDiT default |\n|---|---|---|\n";
+    const FreqParams unet, dit = dit_freq_defaults();
+    for (const auto& k : freq_keys())
+        if (k.get(dit) != k.get(unet)) freq += "| `" + k.name + "` | " + k.get(unet) + " | " + k.get(dit) + " |\n";
+    return freq + "\n" + dit_keys::keys_markdown(fbcache_keys(), FbCacheParams{}, false) + "\n" +
            dit_keys::keys_markdown(teacache_keys(), TeaCacheParams{}, false) + "\n" + dit_keys::keys_markdown(taylorseer_keys(), TaylorSeerParams{}, false);
 }
 
@@ -126,8 +172,8 @@ void check_dit_cache_config(const CacheConfig& c, const std::string& field) {
                                     "teacache, taylorseer");
     const auto* f = std::get_if<FreqParams>(&c.params);
     if (!f) return;
-    static const std::vector<std::string> dit_freq_keys = {"thr",   "tau",  "max",  "span",      "band",
-                                                           "extrapolate", "order", "drift", "last", "lastsigma"};
+    static const std::vector<std::string> dit_freq_keys = {"thr",   "tau",   "max",  "span", "band",     "extrapolate",
+                                                           "order", "drift", "skip", "skipdrift", "last", "lastsigma"};
     const FreqParams d;
     std::string bad;
     for (const auto& k : freq_keys()) {
@@ -136,8 +182,8 @@ void check_dit_cache_config(const CacheConfig& c, const std::string& field) {
     }
     if (!bad.empty())
         throw ParamError(field, "cache mode '" + c.label + "': freq on SD 3 / 3.5 (MMDiT) takes the keys thr, tau, "
-                                                           "max, span, band, extrapolate, order, drift, last, "
-                                                           "lastsigma; not " +
+                                                           "max, span, band, extrapolate, order, drift, skip, "
+                                                           "skipdrift, last, lastsigma; not " +
                                     bad);
 }
 

@@ -5,6 +5,7 @@
 #include "cache/metrics.h"
 #include "cache/util/bench.h"
 #include "unet/model/checkpoint.h"
+#include "unet/cache/dit_cache_config.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/pipeline.h"
 #include "unet/pipeline/sd3_pipeline.h"
@@ -268,7 +269,8 @@ FashionEvalReport run_fashion_eval(const FashionEvalParams& o) {
     const std::string report = (out / "cache_eval.json").string();
     std::vector<std::string> specs;
     for (const auto& m : modes) {
-        const std::string spec = m.canonical();
+        // What runs: on SD 3 / 3.5 freq's keys over the transformer's defaults (resolve_dit_cache_config).
+        const std::string spec = is_sd3_model(o.model) ? resolve_dit_cache_config(m).canonical() : m.canonical();
         if (std::find(specs.begin(), specs.end(), spec) != specs.end())
             throw ParamError("modes", "lists '" + m.label + "' twice (as " + safe_name(spec) + ")");
         specs.push_back(spec);
