@@ -152,8 +152,8 @@ torch::Tensor dlm_test_ids(int64_t vocab, int64_t mask, int64_t L) {
 } // namespace
 
 // Largest logit error of the default int8 products against the same weights in float32, over the largest logit, on
-// the tiny LLaDA / Dream q8_0 GGUFs (measured: see the commit; the bound is about 2x).
-constexpr double kDlmInt8RelErr = 5e-2;
+// the tiny LLaDA / Dream q8_0 GGUFs (measured 0.031 / 0.030; the bound is about 2x).
+constexpr double kDlmInt8RelErr = 6e-2;
 
 TEST_CASE("dlm quantised weights: logits within the quantisation error of float32, the GGUF's blocks kept", "[dlm]") {
     for (const char* fam : {"llada_tiny", "dream_tiny"}) {
