@@ -184,19 +184,37 @@ void qgemm_i8_check(const torch::Tensor& x, const QWeight& w, const char* who) {
                     enum_name(qweight_type_table(), w.type));
 }
 
+// The operands of a product as float32 rows: x [n, cols], the bias (or none) and y [n, rows] to fill.
+struct QgemmI8Io {
+    std::vector<int64_t> out_shape;
+    torch::Tensor x2, bias, y;
+    int64_t n = 0;
+    const float* bp = nullptr;
+};
+
+QgemmI8Io qgemm_i8_io(const torch::Tensor& x, const QWeight& w, const torch::Tensor& b, const char* who) {
+    qgemm_i8_check(x, w, who);
+    QgemmI8Io io;
+    io.out_shape = x.sizes().vec();
+    io.out_shape.back() = w.rows;
+    io.x2 = x.reshape({-1, w.cols}).to(torch::kFloat32).contiguous();
+    io.n = io.x2.size(0);
+    io.bias = b.defined() ? b.to(torch::kFloat32).contiguous() : torch::Tensor();
+    io.bp = io.bias.defined() ? io.bias.data_ptr<float>() : nullptr;
+    io.y = torch::empty({io.n, w.rows}, torch::kFloat32);
+    return io;
+}
+
 } // namespace
 
 torch::Tensor qlinear_int8(const torch::Tensor& x, const QWeight& w, const torch::Tensor& b) {
-    qgemm_i8_check(x, w, "qlinear_int8");
-    auto out_shape = x.sizes().vec();
-    out_shape.back() = w.rows;
-    auto x2 = x.reshape({-1, w.cols}).to(torch::kFloat32).contiguous();
-    const int64_t n = x2.size(0), rows = w.rows, cols = w.cols;
-    auto bias = b.defined() ? b.to(torch::kFloat32).contiguous() : torch::Tensor();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    auto y = torch::empty({n, rows}, torch::kFloat32);
+    const auto io = qgemm_i8_io(x, w, b, "qlinear_int8");
+    const auto& out_shape = io.out_shape;
+    const auto& y = io.y;
+    const int64_t n = io.n, rows = w.rows, cols = w.cols;
+    const float* bp = io.bp;
     float* yp = y.data_ptr<float>();
-    const float* xp = x2.data_ptr<float>();
+    const float* xp = io.x2.data_ptr<float>();
     if (n == 0 || rows == 0) return y.view(out_shape);
 #if defined(__x86_64__)
     if (qgemm_i8_vnni()) {
@@ -228,24 +246,19 @@ torch::Tensor qlinear_int8(const torch::Tensor& x, const QWeight& w, const torch
 }
 
 torch::Tensor qlinear_int8_ref(const torch::Tensor& x, const QWeight& w, const torch::Tensor& b) {
-    qgemm_i8_check(x, w, "qlinear_int8_ref");
-    auto out_shape = x.sizes().vec();
-    out_shape.back() = w.rows;
-    auto x2 = x.reshape({-1, w.cols}).to(torch::kFloat32).contiguous();
-    const int64_t n = x2.size(0), rows = w.rows, cols = w.cols;
-    auto bias = b.defined() ? b.to(torch::kFloat32).contiguous() : torch::Tensor();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    auto y = torch::empty({n, rows}, torch::kFloat32);
+    const auto io = qgemm_i8_io(x, w, b, "qlinear_int8_ref");
+    const int64_t rows = w.rows, cols = w.cols;
+    const float* bp = io.bp;
     const uint8_t* wp = w.data.data_ptr<uint8_t>();
-    for (int64_t r = 0; r < n; ++r) {
-        const float* xr = x2.data_ptr<float>() + r * cols;
-        float* yr = y.data_ptr<float>() + r * rows;
+    for (int64_t r = 0; r < io.n; ++r) {
+        const float* xr = io.x2.data_ptr<float>() + r * cols;
+        float* yr = io.y.data_ptr<float>() + r * rows;
         if (w.type == QWeightType::Q4_0)
             gemv_ref_q4_0(reinterpret_cast<const BlockQ4_0*>(wp), xr, bp, yr, rows, cols);
         else
             gemv_ref_q8_0(reinterpret_cast<const BlockQ8_0*>(wp), xr, bp, yr, rows, cols);
     }
-    return y.view(out_shape);
+    return io.y.view(io.out_shape);
 }
 
 } // namespace anchor::kernels
