@@ -44,7 +44,7 @@ constexpr int64_t kQgBfLanes = 16;                     // float32 lanes: weight 
 constexpr int64_t kQgBfVecs = 2;                       // vectors per panel
 constexpr int64_t kQgBfPanel = kQgBfLanes * kQgBfVecs; // weight rows repacked together
 constexpr int64_t kQgBfChunkPairs = 1024;              // input pairs per pass: 128 KiB of the panel stays in L2
-constexpr int kQgBfRows = 12; // activation rows per pass: 12 x 2 float32 accumulators
+constexpr int kQgBfRows = 12;                          // activation rows per pass: 12 x 2 float32 accumulators
 
 // Two bfloat16 (round to nearest even, as LibTorch and oneDNN round) in one 32-bit lane: a at the low half.
 inline uint32_t qgemm_bf16_pair(float a, float b) {
@@ -150,8 +150,8 @@ torch::Tensor qlinear_bf16(const torch::Tensor& x, const QWeight& w, const torch
             for (int64_t k0 = 0; k0 < kp; k0 += kQgBfChunkPairs) {
                 const int64_t k1 = std::min(kp, k0 + kQgBfChunkPairs);
                 for (int64_t a0 = 0; a0 < n; a0 += kQgBfRows)
-                    qgemm_bf16_rows_upto<kQgBfRows>(int(std::min<int64_t>(kQgBfRows, n - a0)), packed.data(),
-                                                    xa.data(), kp, a0, k0, k1, k0 == 0, k1 == kp && bp ? bp + r0 : nullptr,
+                    qgemm_bf16_rows_upto<kQgBfRows>(int(std::min<int64_t>(kQgBfRows, n - a0)), packed.data(), xa.data(),
+                                                    kp, a0, k0, k1, k0 == 0, k1 == kp && bp ? bp + r0 : nullptr,
                                                     yp + a0 * rows + r0, rows, valid);
             }
         }

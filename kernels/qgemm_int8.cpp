@@ -21,10 +21,10 @@ namespace anchor::kernels {
 
 namespace {
 
-constexpr int64_t kQgI8Lanes = 16;                      // int32 lanes of a 512-bit vector: weight rows per vector
-constexpr int64_t kQgI8Vecs = 2;                        // vectors per panel
-constexpr int64_t kQgI8Panel = kQgI8Lanes * kQgI8Vecs;  // weight rows repacked together
-constexpr int64_t kQgI8Groups = kQ8Block / 4;           // groups of four inputs (one int32 lane) per block
+constexpr int64_t kQgI8Lanes = 16;                     // int32 lanes of a 512-bit vector: weight rows per vector
+constexpr int64_t kQgI8Vecs = 2;                       // vectors per panel
+constexpr int64_t kQgI8Panel = kQgI8Lanes * kQgI8Vecs; // weight rows repacked together
+constexpr int64_t kQgI8Groups = kQ8Block / 4;          // groups of four inputs (one int32 lane) per block
 constexpr int64_t kQgI8BlockBytes = kQgI8Groups * kQgI8Vecs * 64; // one block of a panel, repacked
 constexpr int kQgI8Rows = 6; // activation rows per pass: 6 x 2 int32 and 6 x 2 float accumulators in 32 registers
 
@@ -156,12 +156,18 @@ qgemm_i8_pass(const uint8_t* packed, const float* scales, const QgemmI8Activatio
 void qgemm_i8_rows(int mr, const uint8_t* packed, const float* scales, const QgemmI8Activations& act, int64_t a0,
                    const float* bias, float* y, int64_t ldy, int64_t valid) {
     switch (mr) {
-    case 1: return qgemm_i8_pass<1>(packed, scales, act, a0, bias, y, ldy, valid);
-    case 2: return qgemm_i8_pass<2>(packed, scales, act, a0, bias, y, ldy, valid);
-    case 3: return qgemm_i8_pass<3>(packed, scales, act, a0, bias, y, ldy, valid);
-    case 4: return qgemm_i8_pass<4>(packed, scales, act, a0, bias, y, ldy, valid);
-    case 5: return qgemm_i8_pass<5>(packed, scales, act, a0, bias, y, ldy, valid);
-    default: return qgemm_i8_pass<kQgI8Rows>(packed, scales, act, a0, bias, y, ldy, valid);
+    case 1:
+        return qgemm_i8_pass<1>(packed, scales, act, a0, bias, y, ldy, valid);
+    case 2:
+        return qgemm_i8_pass<2>(packed, scales, act, a0, bias, y, ldy, valid);
+    case 3:
+        return qgemm_i8_pass<3>(packed, scales, act, a0, bias, y, ldy, valid);
+    case 4:
+        return qgemm_i8_pass<4>(packed, scales, act, a0, bias, y, ldy, valid);
+    case 5:
+        return qgemm_i8_pass<5>(packed, scales, act, a0, bias, y, ldy, valid);
+    default:
+        return qgemm_i8_pass<kQgI8Rows>(packed, scales, act, a0, bias, y, ldy, valid);
     }
 }
 #endif

@@ -23,8 +23,8 @@ double qgemm_rel_err(const torch::Tensor& a, const torch::Tensor& b) {
 TEST_CASE("qgemm fast path equals dequantise-then-matmul on random shapes, ragged inputs included", "[qgemm]") {
     torch::manual_seed(3);
     // (n activation rows, weight rows, inputs): inputs % 32 != 0 (a zero-padded last block), rows not a tile multiple.
-    const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 32},   {3, 17, 33},  {7, 300, 64},  {16, 1000, 96},
-                                                        {5, 64, 1},   {2, 5, 31},   {64, 129, 257}, {33, 4100, 40},
+    const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 32},     {3, 17, 33},   {7, 300, 64},   {16, 1000, 96},
+                                                        {5, 64, 1},     {2, 5, 31},    {64, 129, 257}, {33, 4100, 40},
                                                         {256, 96, 320}, {1, 2049, 128}};
     for (auto t : {QWeightType::F32, QWeightType::F16, QWeightType::BF16, QWeightType::Q8_0, QWeightType::Q4_0}) {
         for (const auto& [n, rows, cols] : shapes) {
@@ -103,8 +103,8 @@ namespace {
 // weight rows not a multiple of the 32-row panel, inputs not a multiple of the 32-value block (odd too: Bf16's pairs),
 // and one past Bf16's 2048-input chunk.
 const std::vector<std::array<int64_t, 3>>& qgemm_arith_shapes() {
-    static const std::vector<std::array<int64_t, 3>> s = {{1, 1, 32},   {3, 17, 33},  {7, 33, 64},   {13, 100, 96},
-                                                          {5, 64, 1},   {2, 5, 31},   {19, 129, 257}, {6, 40, 70},
+    static const std::vector<std::array<int64_t, 3>> s = {{1, 1, 32},    {3, 17, 33},  {7, 33, 64},    {13, 100, 96},
+                                                          {5, 64, 1},    {2, 5, 31},   {19, 129, 257}, {6, 40, 70},
                                                           {25, 96, 320}, {4, 31, 4100}};
     return s;
 }
@@ -149,8 +149,8 @@ TEST_CASE("qgemm int8 equals its reference arithmetic and stays within the activ
 
 TEST_CASE("qgemm bf16 stays within bfloat16's rounding of both operands", "[qgemm]") {
     if (!qgemm_arithmetic_unavailable(QGemmArithmetic::Bf16).empty()) {
-        CHECK_THROWS_AS(qlinear_bf16(torch::randn({2, 32}), QWeight::from_float(torch::randn({4, 32}), QWeightType::Q8_0)),
-                        Error);
+        CHECK_THROWS_AS(
+            qlinear_bf16(torch::randn({2, 32}), QWeight::from_float(torch::randn({4, 32}), QWeightType::Q8_0)), Error);
         return;
     }
     torch::manual_seed(8);
@@ -164,20 +164,22 @@ TEST_CASE("qgemm bf16 stays within bfloat16's rounding of both operands", "[qgem
             const auto fast = qlinear_with(x, q, b, QGemmArithmetic::Bf16);
             REQUIRE(fast.sizes() == torch::IntArrayRef({1, n, rows}));
             // Each operand rounded to nearest bfloat16 (8 significant bits: relative 2^-8): a product moves by at most
-            // (2^-7 + 2^-16) of |w x|; float32 sums add K 2^-24 of sum |w x| (inside the 1 % margin), and the bias' addition rounds
-            // each side to float32 (two units in the last place of the result).
+            // (2^-7 + 2^-16) of |w x|; float32 sums add K 2^-24 of sum |w x| (inside the 1 % margin), and the bias'
+            // addition rounds each side to float32 (two units in the last place of the result).
             const auto bound = torch::matmul(x.abs(), q.dequantize().abs().t()) * (std::ldexp(1.0, -7) * 1.01);
             const auto exact = qlinear_ref(x, q, b);
             CHECK(((fast - exact).abs() <= bound + exact.abs() * std::ldexp(1.0, -22) + 1e-6).all().item<bool>());
             // The same operands rounded by LibTorch, multiplied in double: only the summation order differs.
-            const auto xr = x.to(torch::kBFloat16).to(torch::kDouble), wr = q.dequantize().to(torch::kBFloat16).to(torch::kDouble);
+            const auto xr = x.to(torch::kBFloat16).to(torch::kDouble),
+                       wr = q.dequantize().to(torch::kBFloat16).to(torch::kDouble);
             const auto same = (torch::matmul(xr, wr.t()) + b.to(torch::kDouble)).to(torch::kFloat32);
             CHECK(qgemm_rel_err(fast, same) < 1e-5);
         }
     }
 }
 
-TEST_CASE("qgemm arithmetic dispatch: float32 weights stay float32, int8 leaves float16 weights to float32", "[qgemm]") {
+TEST_CASE("qgemm arithmetic dispatch: float32 weights stay float32, int8 leaves float16 weights to float32",
+          "[qgemm]") {
     torch::manual_seed(9);
     auto w = torch::randn({37, 45}), x = torch::randn({1, 9, 45}), b = torch::randn({37});
     for (auto a : {QGemmArithmetic::F32, QGemmArithmetic::Int8}) {
