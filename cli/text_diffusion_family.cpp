@@ -34,7 +34,8 @@ const FlagNames& dlm_flags() {
                                 {"eps", "--eps"},               {"prompt", "--prompt"},
                                 {"family", "--family"},         {"chat", "--no-chat"},
                                 {"alg_temp", "--alg-temp"},     {"weights_dtype", "--weights-dtype"},
-                                {"compare", "--compare"},       {"repeats", "--repeats"}};
+                                {"compare", "--compare"},       {"repeats", "--repeats"},
+                                {"qgemm", "--qgemm"},           {"gemm", "--qgemm"}};
     return f;
 }
 
@@ -82,6 +83,11 @@ void add_dlm_options(CLI::App* sub, DlmCliArgs& a) {
     sub->add_option("--weights-dtype", a.weights_dtype,
                     "LLaDA/Dream weights kept in memory as " + enum_choices(kernels::qweight_type_table()) +
                         " (default: float32 for a folder, the file's own types for a GGUF)");
+    sub->add_option("--qgemm", a.qgemm,
+                    "LLaDA/Dream products with quantised weights: int8 (the default: llama.cpp's arithmetic, "
+                    "activations rounded to q8_0 blocks), bf16 (bfloat16 operands, AVX512-BF16) or f32 (the "
+                    "dequantised weights in float32: the reference). Without it, --gemm bf16 means bf16 and another "
+                    "--gemm given means f32");
     sub->add_flag("--no-chat", a.no_chat, "Use the prompt as is, not wrapped in the folder's chat template");
     sub->add_flag("--no-eos-stop", a.no_eos_stop, "Keep decoding past the end-of-sequence token");
     sub->add_flag("--stream", a.stream, "Print each committed block as it completes");
@@ -104,7 +110,19 @@ LoadedDlm dlm_load(const DlmCliArgs& a, const DlmSharedArgs& s) {
         weights = with_flag_errors(dlm_flags(), [&] {
             return enum_from_string(kernels::qweight_type_table(), a.weights_dtype, "weights_dtype");
         });
-    return load_dlm(s.model, fam, a.mask_id, weights);
+    LoadedDlm loaded = load_dlm(s.model, fam, a.mask_id, weights);
+    // The products' arithmetic (kernels/qgemm_arith.h): --qgemm, else the --gemm given on this command (bf16 keeps
+    // bfloat16 operands, the float32 backends the float32 reference), else the default.
+    with_flag_errors(dlm_flags(), [&] {
+        const CLI::Option* g = a.app ? a.app->get_option_no_throw("--gemm") : nullptr;
+        if (!a.qgemm.empty())
+            loaded.model->set_qgemm(enum_from_string(kernels::qgemm_arithmetic_table(), a.qgemm, "qgemm"));
+        else if (g && g->count() > 0 && !g->results().empty())
+            loaded.model->set_qgemm(g->results().front() == "bf16" ? kernels::QGemmArithmetic::Bf16
+                                                                   : kernels::QGemmArithmetic::F32);
+        return 0;
+    });
+    return loaded;
 }
 
 DlmSampleOptions dlm_options(const DlmCliArgs& a, const DlmSharedArgs& s, const DlmConfig& c) {
@@ -163,7 +181,8 @@ DlmSampleResult dlm_run_printed(DlmModel& model, const DlmTokenizer* tok, const 
     std::cerr << enum_name(dlm_family_table(), c.family) << " (" << c.describe() << "): " << r.prompt_tokens
               << " prompt + " << r.generated.size() << " tokens, " << r.steps_run << " steps, cache "
               << enum_name(dlm_cache_table(), o.cache) << ", " << r.positions_computed << " positions computed, "
-              << gen_s << " s, weights " << model.weight_bytes() / 1e6 << " MB\n";
+              << gen_s << " s, weights " << model.weight_bytes() / 1e6 << " MB, products "
+              << enum_name(kernels::qgemm_arithmetic_table(), model.qgemm()) << "\n";
     return r;
 }
 
@@ -287,7 +306,8 @@ int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b) {
     nlohmann::json all = nlohmann::json::array();
     for (auto steps : b.steps.empty() ? std::vector<int64_t>{o.steps} : b.steps) {
         o.steps = steps;
-        std::cout << c.describe() << " | gen " << o.gen_length << ", block " << o.block_length << ", steps " << steps
+        std::cout << c.describe() << " | products " << enum_name(kernels::qgemm_arithmetic_table(), model.qgemm())
+                  << " | gen " << o.gen_length << ", block " << o.block_length << ", steps " << steps
                   << ", prompt " << prompt.size() << ", repeats " << b.repeats << "\n";
         const auto rep = with_flag_errors(dlm_flags(), [&] {
             return dlm_bench(model, prompt, o, modes, b.repeats, b.seed, print_dlm_bench_row);
@@ -300,6 +320,7 @@ int run_dlm_bench(const DlmCliArgs& a, const DlmBenchCliArgs& b) {
         nlohmann::json doc = {{"model", b.model},
                               {"config", c.describe()},
                               {"weights", a.weights_dtype.empty() ? "default" : a.weights_dtype},
+                              {"qgemm", enum_name(kernels::qgemm_arithmetic_table(), model.qgemm())},
                               {"gen_length", o.gen_length},
                               {"block_length", o.block_length},
                               {"runs", all}};

@@ -43,6 +43,7 @@ struct DlmCliArgs {
     double eps = 1e-3;      // --eps (Dream)
     double alg_temp = 0;    // --alg-temp (Dream)
     std::string weights_dtype; // --weights-dtype (empty: float32 for a folder, as stored for a GGUF)
+    std::string qgemm;         // --qgemm: f32 | bf16 | int8 (empty: --gemm's choice where given, else the default)
     bool no_chat = false, no_eos_stop = false, stream = false;
     CLI::App* app = nullptr; // to tell set options from defaults
 };

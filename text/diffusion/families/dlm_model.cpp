@@ -57,6 +57,11 @@ torch::Tensor DlmModel::logits(const torch::Tensor& ids) {
     return forward(ids, 0, ids.size(-1), nullptr);
 }
 
+void DlmModel::set_qgemm(kernels::QGemmArithmetic a) {
+    if (const auto why = kernels::qgemm_arithmetic_unavailable(a); !why.empty()) throw ParamError("gemm", why);
+    qgemm_ = a;
+}
+
 namespace {
 
 // softmax(q k^T / sqrt(d)) v over every key (bidirectional), K/V heads shared by groups of query heads.
@@ -171,8 +176,8 @@ public:
             auto t1 = t.narrow(-1, 0, D / 2), t2 = t.narrow(-1, D / 2, D / 2);
             return t * cos + torch::cat({-t2, t1}, -1) * sin;
         };
-        auto lin = [](const torch::Tensor& h, const QWeight& w, const torch::Tensor& b) {
-            return kernels::qlinear(h, w, b);
+        auto lin = [a = qgemm_](const torch::Tensor& h, const QWeight& w, const torch::Tensor& b) {
+            return kernels::qlinear_with(h, w, b, a);
         };
         for (size_t l = 0; l < layers_.size(); ++l) {
             const auto& w = layers_[l];

@@ -17,6 +17,7 @@
 
 #include "cache/io/enum_table.h"
 #include "kernels/qgemm.h"
+#include "kernels/qgemm_arith.h"
 #include "text/gpt2/gpt2_model.h"
 
 #include <torch/torch.h>
@@ -71,10 +72,16 @@ public:
     virtual torch::Tensor forward(const torch::Tensor& ids, int64_t lo, int64_t hi, DlmKvCache* kv) = 0;
     torch::Tensor logits(const torch::Tensor& ids); // forward over every position, no cache
     virtual int64_t weight_bytes() const = 0;
+    // The arithmetic of the products with q8_0 / q4_0 (and f16 / bf16) weights (kernels/qgemm_arith.h); float32
+    // weights (DiffuGPT, a folder loaded without --weights-dtype) always multiply in float32. ParamError (field
+    // "gemm") where `a` cannot run on this CPU.
+    void set_qgemm(kernels::QGemmArithmetic a);
+    kernels::QGemmArithmetic qgemm() const { return qgemm_; }
 
 protected:
     explicit DlmModel(DlmConfig c) : cfg_(std::move(c)) {}
     DlmConfig cfg_;
+    kernels::QGemmArithmetic qgemm_ = kernels::default_qgemm_arithmetic();
 };
 
 struct LoadedDlm {
