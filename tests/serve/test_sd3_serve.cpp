@@ -273,10 +273,12 @@ TEST_CASE("sd serve SD 3: what SD 3 does not run is a one-line 400 naming the fi
         REQUIRE(status == 200);
         body["init_images"] = {t["images"][0]};
         body["mask"] = t["images"][0];
-        sd3_check_400(post_json(c, "/sdapi/v1/img2img", body, &status), status, "mask", "inpainting");
+        const json masked = post_json(c, "/sdapi/v1/img2img", body, &status); // before `status` is read
+        sd3_check_400(masked, status, "mask", "inpainting");
         body.erase("mask");
         body["width"] = 32;
-        sd3_check_400(post_json(c, "/sdapi/v1/img2img", body, &status), status, "width", "init image's size");
+        const json sized = post_json(c, "/sdapi/v1/img2img", body, &status);
+        sd3_check_400(sized, status, "width", "init image's size");
     }
     const json e = post_json(c, "/anchor/v1/compare", {{"modes", {"off", "deepcache:3"}}}, &status);
     sd3_check_400(e, status, "modes", "modes[1]");
