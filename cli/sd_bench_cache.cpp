@@ -46,6 +46,12 @@ void emit_line(std::ostringstream& out, const std::string& line) {
     out << line << "\n";
 }
 
+// The report's first lines: what runs, and the load the timings were taken under.
+void start_bench_report(std::ostringstream& out, const std::string& what) {
+    emit_line(out, "anchor-sd bench-cache: " + what);
+    emit_line(out, "  load average at start: " + util::load_average());
+}
+
 // The report's closing lines and files, for both model kinds.
 void finish_bench_report(std::ostringstream& out, const unet::CacheBenchReport& rep,
                          const std::string& speedup_note) {
@@ -85,9 +91,8 @@ int run_bench_cache_sd3(Options& o) {
     if (!o.output.empty()) check_output_path(o.output, o.overwrite);
     unet::SD3Models m = unet::load_sd3_models(o.model, torch::kFloat, !o.no_t5);
     std::ostringstream out;
-    emit_line(out, "anchor-sd bench-cache: " + o.model + " (SD 3 / 3.5), " + std::to_string(torch::get_num_threads()) +
-                       " threads, f32 weights");
-    emit_line(out, "  load average at start: " + util::load_average());
+    start_bench_report(out, o.model + " (SD 3 / 3.5), " + std::to_string(torch::get_num_threads()) +
+                                " threads, f32 weights");
     const auto rep = unet::run_sd3_cache_bench(m, b);
     finish_bench_report(out, rep,
                         "speed-up = median wall of the first mode / median wall of the mode over the interleaved runs "
@@ -135,10 +140,9 @@ int run_bench_cache(Options& o) {
     }
     unet::Txt2ImgPipeline pipe(models);
     std::ostringstream out;
-    emit_line(out, "anchor-sd bench-cache: " + what + ", " + std::to_string(torch::get_num_threads()) + " threads, " +
-                       enum_name(kernels::gemm_backend_table(), models.gemm) + " gemm, " +
-                       enum_name(unet::weights_dtype_table(), models.weights_dtype) + " weights");
-    emit_line(out, "  load average at start: " + util::load_average());
+    start_bench_report(out, what + ", " + std::to_string(torch::get_num_threads()) + " threads, " +
+                                enum_name(kernels::gemm_backend_table(), models.gemm) + " gemm, " +
+                                enum_name(unet::weights_dtype_table(), models.weights_dtype) + " weights");
     const auto rep = unet::run_cache_bench(pipe, b);
     finish_bench_report(out, rep,
                         "speed-up = median wall of the first mode / median wall of the mode over the interleaved runs "
