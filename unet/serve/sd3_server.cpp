@@ -347,21 +347,8 @@ void Sd3Server::add_routes() {
         sd3_refuse_unsupported(f, false);
         SD3Txt2ImgParams p;
         read_run_fields(f, p);
-        std::vector<std::string> texts;
-        try {
-            if (f.json().contains("modes") && f.json()["modes"].is_array())
-                texts = f.strings("modes");
-            else
-                texts = cache::modes::split_mode_list(f.string("modes", "off,freq,fbcache,teacache,taylorseer"),
-                                                      "modes");
-        } catch (const ParamError& e) {
-            throw HttpError(400, "modes", "modes: " + e.detail());
-        }
-        if (texts.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
-        if (int(texts.size()) > p_.max_modes)
-            throw HttpError(400, "modes",
-                            "modes: at most " + std::to_string(p_.max_modes) + " modes, got " +
-                                std::to_string(texts.size()));
+        const auto texts =
+            sd_routes::request_mode_texts(f, "off,freq,fbcache,teacache,taylorseer", p_.max_modes);
         std::vector<CacheConfig> modes;
         std::string list;
         for (size_t i = 0; i < texts.size(); ++i) {

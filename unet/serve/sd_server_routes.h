@@ -60,6 +60,9 @@ void register_job_routes(serve::HttpServer& http);
 // /sdapi/v1/sd-models (the one model: `name`, its path `filename`) and POST /sdapi/v1/options (only that name is
 // accepted as sd_model_checkpoint).
 void register_model_routes(serve::HttpServer& http, const std::string& name, const std::string& filename);
+// A compare request's `modes`: an array, or one comma list as anchor-sd --compare takes it (`dflt` when absent);
+// none or more than `max_modes` is a 400 naming "modes".
+std::vector<std::string> request_mode_texts(const RequestFields& f, const std::string& dflt, int max_modes);
 // OpenAI's image request as an A1111 txt2img body: n -> batch_size (<= max_images), size "WxH" -> width, height,
 // response_format b64_json only (400 naming the field).
 nlohmann::json openai_image_body(const RequestFields& f, int max_images);
