@@ -2,8 +2,11 @@
 #include "cache/io/assets.h"
 #include "cli/common.h"
 #include "cli/sd_commands.h"
+#include "unet/cache/dit_cache_config.h"
 #include "unet/cache/freq_cache.h"
 #include "unet/pipeline/upscale.h"
+#include "unet/pipeline/sd3_pipeline.h"
+#include "unet/serve/sd3_server.h"
 #include "unet/serve/sd_server.h"
 #include "unet/serve/a1111_controlnet.h"
 
@@ -26,7 +29,33 @@ struct ServeOptions {
     std::string embedding_dir;          // --embedding-dir: SdServerParams::embeddings
     std::string control_net_dir;        // --control-net-dir: SdServerParams::controlnets
     std::string upscaler_dir;           // --upscaler-dir: SdServerParams::upscalers
+    bool no_t5 = false;                 // --no-t5: an SD 3 model's text_encoder_3 left unloaded
 };
+
+// An SD 3 / 3.5 model (unet/serve/sd3_server.h): the options of the UNet server that its pipeline has no use for are
+// refused by name.
+int run_serve_sd3(ServeOptions& o) {
+    auto& s = o.server;
+    const std::pair<bool, const char*> unused[] = {{!o.embedding_dir.empty(), "--embedding-dir"},
+                                                   {!o.control_net_dir.empty(), "--control-net-dir"},
+                                                   {!o.upscaler_dir.empty(), "--upscaler-dir"},
+                                                   {o.vae_decoder.kind != unet::VaeDecoder::Full, "--vae-decoder"}};
+    for (const auto& [given, name] : unused)
+        if (given) throw UsageError(std::string(name) + " is not available for SD 3 / 3.5 models ('" + s.model + "')");
+    if (o.device != "cpu")
+        throw UsageError("--device: SD 3 / 3.5 models are served on the CPU, got '" + o.device + "'");
+    unet::check_dit_cache_config(s.default_cache, "cache"); // before the model loads
+    const auto t0 = std::chrono::steady_clock::now();
+    unet::SD3Models models = unet::load_sd3_models(s.model, torch::kFloat, !o.no_t5);
+    std::fprintf(stderr, "loaded %s (SD 3 / 3.5, %zu joint blocks%s) in %.1fs\n", s.model.c_str(),
+                 size_t(models.transformer->config().num_layers), models.text_encoder_3 ? ", T5" : ", no T5: zeros",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    s.facts = {{"program", "anchor-sd serve"}, {"model", s.model}, {"device", "cpu"}};
+    unet::Sd3Server server(models, s);
+    server.serve();
+    std::fprintf(stderr, "anchor-sd serve: drained, exiting\n");
+    return 0;
+}
 
 int run_serve(ServeOptions& o) {
     auto& s = o.server;
@@ -37,6 +66,8 @@ int run_serve(ServeOptions& o) {
     }
     s.http.program = "anchor-sd serve";
     s.validate(); // before loading anything
+    if (unet::is_sd3_model(s.model)) return run_serve_sd3(o);
+    if (o.no_t5) throw UsageError("--no-t5 applies to SD 3 / 3.5 models only ('" + s.model + "')");
     unet::LoadOptions lo;
     // Replicas started by mpirun (or with OMPI_COMM_WORLD_LOCAL_RANK set) take the GPU of their local rank.
     lo.device = batch::select_device(batch::DeviceSpec::parse(o.device), batch::shard_from_env().local_rank);
@@ -81,7 +112,7 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
     auto* cmd = app.add_subcommand(
         "serve", "HTTP server: the AUTOMATIC1111 API (/sdapi/v1/txt2img, img2img, samplers, progress, "
                  "...), OpenAI's /v1/images/generations, POST /anchor/v1/compare and the compare page "
-                 "at /");
+                 "at /; SD 1.x / SDXL and SD 3 / 3.5 models");
     cmd->fallthrough();
     auto o = std::make_shared<ServeOptions>();
     auto& s = o->server;
@@ -142,6 +173,9 @@ void add_sd_serve_command(CLI::App& app, SdRunners& runners) {
          "upscaler_dir");
     bind(cmd->add_option("--web", s.http.web_dir, "folder served at / (default: assets/web)"), "web_dir");
     cmd->add_flag("--no-web", o->no_web, "serve no page at /");
+    cmd->add_flag("--no-t5", o->no_t5,
+                  "SD 3 / 3.5: leave text_encoder_3 (T5-XXL) unloaded; zeros stand in for its tokens, as diffusers "
+                  "does without it");
     runners.emplace_back(cmd, [o]() { return run_serve(*o); });
 }
 

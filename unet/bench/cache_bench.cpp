@@ -164,8 +164,12 @@ std::string CacheBenchReport::table() const {
     for (const auto& m : modes) {
         const auto s = util::stats_of(m.wall_s), si = util::stats_of(m.image_s);
         const std::string full = std::to_string(m.full_steps) + "/" + std::to_string(m.total_steps);
-        std::snprintf(line, sizeof line, "%-*s %6s %10.2f %7.2fx %24s %8.2fx %24s %8.2fx %10s %7s\n", int(w),
-                      m.mode.c_str(), full.c_str(), m.macs_per_step / 1e9, macs0 / m.macs_per_step,
+        // No MAC model (the SD 3 transformer's runs): the MAC columns stay empty.
+        const bool macs = m.macs_per_step > 0 && macs0 > 0;
+        const std::string gmacs = macs ? util::fmt("%.2f", m.macs_per_step / 1e9) : "-";
+        const std::string mac_red = macs ? util::fmt("%.2fx", macs0 / m.macs_per_step) : "-";
+        std::snprintf(line, sizeof line, "%-*s %6s %10s %8s %24s %8.2fx %24s %8.2fx %10s %7s\n", int(w),
+                      m.mode.c_str(), full.c_str(), gmacs.c_str(), mac_red.c_str(),
                       min_med_max(s).c_str(), base / s.median, min_med_max(si).c_str(), image_base / si.median,
                       fmt_db(mean_finite(m.psnr)).c_str(),
                       images ? util::fmt("%.4f", mean_finite(m.ssim)).c_str() : "");

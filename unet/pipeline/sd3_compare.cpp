@@ -8,31 +8,29 @@
 
 namespace anchor::unet {
 
-nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vector<CacheConfig>& modes,
-                               const std::string& base, const SD3RunInfo& run, bool overwrite,
-                               const std::function<void(int, int)>& on_step,
-                               const std::function<void(const std::string&)>& on_mode) {
+SD3CompareRun sd3_compare_modes(SD3Models& m, SD3Txt2ImgParams p, const std::vector<CacheConfig>& modes,
+                                const SD3RunInfo& run, const std::function<void(int, int)>& on_step,
+                                const std::function<void(const std::string&)>& on_mode, bool warm) {
     if (modes.empty()) throw ParamError("compare", "needs at least one mode");
     if (p.prompts.size() != 1) throw ParamError("compare", "a compare runs one image per mode");
     for (const auto& c : modes) check_dit_cache_config(c, "compare");
-    for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
-    {
+    if (warm) {
         // The first transformer call of a process pays one-time costs (weights paged in, kernels chosen).
         SD3Txt2ImgParams w = p;
         w.steps = 1;
         w.cache = CacheConfig{};
         (void)sd3_txt2img(m, w);
     }
-    std::vector<CompareEntry> entries;
-    nlohmann::json meta = {{"program", "anchor-sd"}, {"family", "sd3"}};
+    SD3CompareRun out;
+    out.meta = {{"program", "anchor-sd"}, {"family", "sd3"}};
     for (const auto& c : modes) {
         if (on_mode) on_mode(c.label);
         p.cache = c;
         const auto r = sd3_txt2img(m, p, on_step);
-        if (entries.empty()) {
+        if (out.entries.empty()) {
             auto rec = sd3_run_record(p, r, run);
             for (const char* k : {"encode_s", "denoise_s", "decode_s", "output", "cache", "cache_mode"}) rec.erase(k);
-            meta["run"] = rec;
+            out.meta["run"] = rec;
         }
         CompareEntry e;
         e.mode = c.label;
@@ -43,9 +41,19 @@ nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vect
         e.log["denoise_s"] = r.denoise_s;
         e.log["decode_s"] = r.decode_s;
         e.log["text_s"] = r.encode_s;
-        entries.push_back(std::move(e));
+        out.entries.push_back(std::move(e));
     }
-    return write_compare(entries, base, meta, overwrite);
+    return out;
+}
+
+nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vector<CacheConfig>& modes,
+                               const std::string& base, const SD3RunInfo& run, bool overwrite,
+                               const std::function<void(int, int)>& on_step,
+                               const std::function<void(const std::string&)>& on_mode) {
+    if (modes.empty()) throw ParamError("compare", "needs at least one mode");
+    for (const auto& path : compare_output_paths(base)) check_output_path(path, overwrite);
+    const auto r = sd3_compare_modes(m, std::move(p), modes, run, on_step, on_mode);
+    return write_compare(r.entries, base, r.meta, overwrite);
 }
 
 std::vector<double> sd3_teacache_calibrate(SD3Models& m, const std::vector<SD3Txt2ImgParams>& runs, int degree,

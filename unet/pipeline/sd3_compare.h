@@ -23,6 +23,16 @@ nlohmann::json sd3_run_compare(SD3Models& m, SD3Txt2ImgParams p, const std::vect
                                const std::function<void(int, int)>& on_step = {},
                                const std::function<void(const std::string&)>& on_mode = {});
 
+// The runs of sd3_run_compare without the files (a server answers with compare_report(entries, meta)): the checks,
+// the untimed one-step run when `warm`, then one run per mode. ParamError("compare") as sd3_run_compare.
+struct SD3CompareRun {
+    std::vector<CompareEntry> entries;
+    nlohmann::json meta;
+};
+SD3CompareRun sd3_compare_modes(SD3Models& m, SD3Txt2ImgParams p, const std::vector<CacheConfig>& modes,
+                                const SD3RunInfo& run, const std::function<void(int, int)>& on_step = {},
+                                const std::function<void(const std::string&)>& on_mode = {}, bool warm = true);
+
 // TeaCache's rescale polynomial for this model (its `coef=` key, highest degree first): every run of `runs` uncached
 // (mode off), the samples of every step (the relative L1 change of the first block's modulated input against that
 // of the model output, consecutive steps) fitted by least squares (cache::fit_polynomial). `samples`, when given,

@@ -250,19 +250,16 @@ torch::Tensor sd3_img2img_latents(AutoencoderKLImpl& vae, const torch::Tensor& i
     return scheduler.add_noise(latents, n, begin);
 }
 
-SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std::function<void(int, int)>& on_step) {
-    using clock = std::chrono::steady_clock;
-    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+SD3RunShape sd3_check_params(const SD3Models& m, const SD3Txt2ImgParams& p) {
     if (p.prompts.empty()) throw ParamError("prompts", "no prompt");
     if (p.steps < 1 || p.steps > 10000) throw ParamError("steps", "must be in [1, 10000], got " + std::to_string(p.steps));
     if (!m.vae) throw ParamError("model", "'" + m.source + "' has no VAE (vae/ or first_stage_model.*)");
     const auto& tc = m.transformer->config();
     const int f = m.vae_scale_factor(), unit = f * tc.patch_size;
-    SD3Txt2ImgResult r;
+    SD3RunShape r;
     r.width = p.width > 0 ? p.width : tc.sample_size * f;
     r.height = p.height > 0 ? p.height : tc.sample_size * f;
     const bool img2img = p.init.enabled();
-    int begin = 0;
     if (img2img) {
         if (p.init.inpaint()) throw ParamError("mask", "SD 3 inpainting is not implemented (img2img only)");
         Img2ImgParams files = p.init;
@@ -275,7 +272,7 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
                 throw ParamError(field, "img2img runs at the init image's size (" + std::to_string(w) + "x" +
                                             std::to_string(h) + "), got " + std::to_string(given));
         r.width = w, r.height = h;
-        begin = sd3_img2img_start(p.steps, p.init.strength);
+        r.begin = sd3_img2img_start(p.steps, p.init.strength);
     }
     for (auto [v, field] : {std::pair{r.width, "width"}, std::pair{r.height, "height"}}) {
         if (v % unit != 0)
@@ -287,6 +284,19 @@ SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std:
                                         std::to_string(tc.pos_embed_max_size) + " patches = " +
                                         std::to_string(tc.pos_embed_max_size * unit) + " pixels)");
     }
+    return r;
+}
+
+SD3Txt2ImgResult sd3_txt2img(SD3Models& m, const SD3Txt2ImgParams& p, const std::function<void(int, int)>& on_step) {
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+    const SD3RunShape shape = sd3_check_params(m, p);
+    const auto& tc = m.transformer->config();
+    const int f = m.vae_scale_factor();
+    SD3Txt2ImgResult r;
+    r.width = shape.width, r.height = shape.height;
+    const bool img2img = p.init.enabled();
+    const int begin = shape.begin;
     DitCacheController cache(p.cache); // the mode applies to the transformer, before any work
     cache.record_teacache = p.record_teacache;
     auto t0 = clock::now();

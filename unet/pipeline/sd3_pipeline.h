@@ -153,6 +153,15 @@ struct SD3Txt2ImgResult {
     nlohmann::json cache_log;             // DitCacheController::log_json
     std::vector<std::pair<double, double>> teacache_samples; // record_teacache: DitCacheController::teacache_samples
 };
+// The image size and first loop step of a run, with every check sd3_txt2img makes before any work (prompts, steps,
+// VAE, the init images, the size): a server checks a request with it before queueing the run. ParamError naming
+// the field.
+struct SD3RunShape {
+    int width = 0, height = 0;
+    int begin = 0; // img2img: sd3_img2img_start; 0 otherwise
+};
+SD3RunShape sd3_check_params(const SD3Models& m, const SD3Txt2ImgParams& p);
+
 // ParamError naming the field for a bad size (not a multiple of the VAE factor x patch size, or past the
 // transformer's position grid), steps < 1, no prompts, or a model without text encoders or VAE. `on_step(i, n)` after
 // step i of n when given.

@@ -89,14 +89,6 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
             }
         return HttpReply::json({{"model_list", list}});
     });
-    http.get("/sdapi/v1/sd-models", [&s, model_name](const HttpRequest&) {
-        return HttpReply::json(nlohmann::json::array({{{"title", model_name},
-                                                       {"model_name", model_name},
-                                                       {"hash", nullptr},
-                                                       {"sha256", nullptr},
-                                                       {"filename", s.p_.model},
-                                                       {"config", nullptr}}}));
-    });
     http.get("/sdapi/v1/options", [&s, model_name](const HttpRequest&) {
         return HttpReply::json({{"sd_model_checkpoint", model_name},
                                 {"anchor_default_cache", s.p_.default_cache.label},
@@ -106,8 +98,21 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
                                 {"anchor_max_pixels", s.p_.max_pixels},
                                 {"anchor_max_images", s.p_.max_images}});
     });
+    sd_routes::register_model_routes(http, model_name, s.p_.model);
+    sd_routes::register_job_routes(http);
+}
+
+void sd_routes::register_model_routes(serve::HttpServer& http, const std::string& name, const std::string& filename) {
+    http.get("/sdapi/v1/sd-models", [name, filename](const HttpRequest&) {
+        return HttpReply::json(nlohmann::json::array({{{"title", name},
+                                                       {"model_name", name},
+                                                       {"hash", nullptr},
+                                                       {"sha256", nullptr},
+                                                       {"filename", filename},
+                                                       {"config", nullptr}}}));
+    });
     // Clients set the checkpoint through the options; one model is loaded, so only its own name is accepted.
-    http.post("/sdapi/v1/options", [model_name](const HttpRequest& req) {
+    http.post("/sdapi/v1/options", [model_name = name](const HttpRequest& req) {
         const auto f = RequestFields::parse(req.body);
         const std::string want = f.string("sd_model_checkpoint", model_name);
         if (want != model_name)
@@ -115,28 +120,31 @@ void register_a1111_routes(SdServer& s, serve::HttpServer& http) {
                             "sd_model_checkpoint: this server has one model, '" + model_name + "', got '" + want + "'");
         return HttpReply::json(nullptr);
     });
-    http.get("/sdapi/v1/progress", [&s](const HttpRequest&) {
-        const auto t = s.http_.jobs().running();
+}
+
+void sd_routes::register_job_routes(serve::HttpServer& http) {
+    http.get("/sdapi/v1/progress", [&http](const HttpRequest&) {
+        const auto t = http.jobs().running();
         nlohmann::json pj = t ? t->control.progress() : nlohmann::json::object();
         if (pj.empty())
             pj = {{"progress", 0.0},
                   {"eta_relative", 0.0},
                   {"state", {{"job_count", 0}, {"sampling_step", 0}, {"sampling_steps", 0}, {"interrupted", false}}}};
-        pj["state"]["queue"] = s.http_.jobs().pending();
+        pj["state"]["queue"] = http.jobs().pending();
         if (t) pj["state"]["interrupted"] = t->control.cancelled();
         // The running job's latest preview (SdServerParams::preview_every), A1111's current_image; null before one.
         if (!pj.contains("current_image")) pj["current_image"] = nullptr;
         return HttpReply::json(pj);
     });
-    http.post("/sdapi/v1/interrupt", [&s](const HttpRequest&) {
-        const auto t = s.http_.jobs().running();
+    http.post("/sdapi/v1/interrupt", [&http](const HttpRequest&) {
+        const auto t = http.jobs().running();
         if (t) t->control.cancel("interrupted by POST /sdapi/v1/interrupt");
         return HttpReply::json({{"interrupted", t != nullptr}});
     });
     // A1111's skip ends the image being sampled and goes on with the batch; a job here is one request, so skip
     // stops the running job as interrupt does (its client gets 503 naming skip).
-    http.post("/sdapi/v1/skip", [&s](const HttpRequest&) {
-        const auto t = s.http_.jobs().running();
+    http.post("/sdapi/v1/skip", [&http](const HttpRequest&) {
+        const auto t = http.jobs().running();
         if (t) t->control.cancel("skipped by POST /sdapi/v1/skip");
         return HttpReply::json({{"skipped", t != nullptr}});
     });

@@ -14,6 +14,25 @@ using sd_routes::check_cache_for_model;
 using sd_routes::check_prompts;
 using sd_routes::progress_json;
 
+// An array of modes, or one list as anchor-sd --compare takes it (cache/modes/mode_list.h).
+std::vector<std::string> sd_routes::request_mode_texts(const RequestFields& f, const std::string& dflt,
+                                                       int max_modes) {
+    std::vector<std::string> texts;
+    try {
+        if (f.json().contains("modes") && f.json()["modes"].is_array())
+            texts = f.strings("modes");
+        else
+            texts = cache::modes::split_mode_list(f.string("modes", dflt), "modes");
+    } catch (const ParamError& e) {
+        throw HttpError(400, "modes", "modes: " + e.detail());
+    }
+    if (texts.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
+    if (int(texts.size()) > max_modes)
+        throw HttpError(400, "modes",
+                        "modes: at most " + std::to_string(max_modes) + " modes, got " + std::to_string(texts.size()));
+    return texts;
+}
+
 void register_anchor_routes(SdServer& s, serve::HttpServer& http) {
     // Several cache modes of one image side by side: each image with its wall time, speed-up, full steps, PSNR and
     // SSIM against the first mode, and its per-step record.
@@ -23,21 +42,7 @@ void register_anchor_routes(SdServer& s, serve::HttpServer& http) {
         p.prompts = {f.string("prompt", "")};
         s.read_image_fields(f, p);
         check_prompts(s.pipe_, p, p.prompts[0]);
-        // An array of modes, or one list as anchor-sd --compare takes it (cache/modes/mode_list.h).
-        std::vector<std::string> texts;
-        try {
-            if (f.json().contains("modes") && f.json()["modes"].is_array())
-                texts = f.strings("modes");
-            else
-                texts = cache::modes::split_mode_list(f.string("modes", "off,deepcache:3,freq"), "modes");
-        } catch (const ParamError& e) {
-            throw HttpError(400, "modes", "modes: " + e.detail());
-        }
-        if (texts.empty()) throw HttpError(400, "modes", "modes: expected at least one cache mode, got none");
-        if (int(texts.size()) > s.p_.max_modes)
-            throw HttpError(400, "modes",
-                            "modes: at most " + std::to_string(s.p_.max_modes) + " modes, got " +
-                                std::to_string(texts.size()));
+        const auto texts = sd_routes::request_mode_texts(f, "off,deepcache:3,freq", s.p_.max_modes);
         std::vector<CacheConfig> modes;
         std::string list;
         for (size_t i = 0; i < texts.size(); ++i) {

@@ -54,6 +54,22 @@ torch::Tensor request_image(const std::string& b64, const std::string& field, bo
 // Progress of a job for /sdapi/v1/progress (A1111's fields, and ours under "anchor").
 nlohmann::json progress_json(const ProgressInfo& pi, int unit, int units, const std::string& mode, int full_steps);
 
+// The routes every model kind serves alike (routes_a1111.cpp): /sdapi/v1/progress (the running job's progress, the
+// queue, its preview), /sdapi/v1/interrupt and /sdapi/v1/skip (stop the running job).
+void register_job_routes(serve::HttpServer& http);
+// /sdapi/v1/sd-models (the one model: `name`, its path `filename`) and POST /sdapi/v1/options (only that name is
+// accepted as sd_model_checkpoint).
+void register_model_routes(serve::HttpServer& http, const std::string& name, const std::string& filename);
+// A compare request's `modes`: an array, or one comma list as anchor-sd --compare takes it (`dflt` when absent);
+// none or more than `max_modes` is a 400 naming "modes".
+std::vector<std::string> request_mode_texts(const RequestFields& f, const std::string& dflt, int max_modes);
+// OpenAI's image request as an A1111 txt2img body: n -> batch_size (<= max_images), size "WxH" -> width, height,
+// response_format b64_json only (400 naming the field).
+nlohmann::json openai_image_body(const RequestFields& f, int max_images);
+// OpenAI's reply: data[i] = {b64_json, revised_prompt, seed}.
+HttpReply openai_image_reply(const nlohmann::json& images, const nlohmann::json& seeds, const std::string& prompt,
+                             const std::string& cache_label);
+
 } // namespace sd_routes
 
 } // namespace anchor::unet
