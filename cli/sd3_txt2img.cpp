@@ -8,6 +8,7 @@
 #include "cli/sd_commands.h"
 #include "unet/cache/compare.h"
 #include "unet/cache/dit_cache_config.h"
+#include "unet/model/lora_sd3.h"
 #include "unet/pipeline/infotext.h"
 #include "unet/pipeline/pipeline.h"
 #include "unet/pipeline/sd3_compare.h"
@@ -58,7 +59,7 @@ const std::set<std::string>& sd3_allowed_options() {
                                             "--cfg-scale", "--seed", "--width", "--height", "--overwrite",
                                             "--compare", "--cache", "--init-img", "--strength", "--threads", "--dtype", "--no-t5", "--shift",
                                             "--max-sequence-length", "--slg-layers", "--slg-scale", "--slg-start",
-                                            "--slg-end", "--help", "--version"};
+                                            "--slg-end", "--lora", "--lora-model-dir", "--help", "--version"};
     return s;
 }
 
@@ -89,7 +90,8 @@ void check_sd3_options(const CLI::App& app, const std::string& model) {
         if (!long_name.empty() && !sd3_allowed_options().count(long_name))
             throw UsageError(long_name + " is not available for SD 3 / 3.5 models yet ('" + model +
                              "'); SD 3 runs take -m, -p, -n, -o, --steps, --cfg-scale, --seed, -W, -H, --no-t5, "
-                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --cache, --compare, -i, --strength");
+                             "--shift, --max-sequence-length, --slg-*, --dtype, --overwrite, --cache, --compare, -i, --strength, "
+                             "--lora, --lora-model-dir");
     }
 }
 
@@ -129,10 +131,18 @@ void print_sd3_compare(const nlohmann::json& rep, const std::string& base) {
 
 } // namespace
 
-int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
-    check_sd3_options(app, a.model);
-    const auto modes = sd3_cache_modes(a.compare, a.cache);
-    if (a.prompt.empty()) throw UsageError("a prompt is required (-p/--prompt TEXT)");
+int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& args) {
+    check_sd3_options(app, args.model);
+    const auto modes = sd3_cache_modes(args.compare, args.cache);
+    if (args.prompt.empty()) throw UsageError("a prompt is required (-p/--prompt TEXT)");
+    // --lora FILE[:MULTIPLIER] and the prompt's <lora:NAME[:MULTIPLIER]> tags (removed from the prompt), checked
+    // before anything loads.
+    Sd3RunArgs a = args;
+    std::vector<std::string> prompts{a.prompt};
+    const auto loras = run_loras(a.loras, a.lora_model_dir, prompts);
+    a.prompt = prompts.front();
+    for (const auto& l : loras)
+        if (!fs::is_regular_file(l.path)) throw ParamError("loras", "LoRA file '" + l.path + "' does not exist");
     const std::string output = a.output.empty() ? "output.png" : a.output;
     if (output.back() == '/' || fs::is_directory(output))
         throw UsageError("-o/--output: SD 3 runs write one file; '" + output + "' is a folder");
@@ -150,6 +160,12 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
     std::fprintf(stderr, "seed: %lld\n", (long long)seed);
     const auto t0 = std::chrono::steady_clock::now();
     SD3Models m = load_sd3_models(a.model, dtype, !a.sd3.no_t5);
+    apply_sd3_loras(m, loras);
+    for (const auto& l : m.loras)
+        std::fprintf(stderr, "LoRA %s x %g (%s): %d modules merged%s\n", l.path.c_str(), l.multiplier, l.format.c_str(),
+                     l.modules,
+                     l.skipped ? (", " + std::to_string(l.skipped) + " tensors of unloaded text encoders skipped").c_str()
+                               : "");
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "loaded %s (SD 3 / 3.5, %zu joint blocks, text encoders: %s%s) in %.2f s\n", a.model.c_str(),
                  size_t(m.transformer->config().num_layers), m.text_encoder ? "CLIP-L, CLIP-G" : "none",
@@ -162,9 +178,10 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
     if (a.compare.empty()) {
         p.cache = modes.front();
         const auto r = sd3_txt2img(m, p, progress);
-        nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s});
+        nlohmann::json rec = sd3_run_record(p, r, {a.model, a.dtype, output, a.threads, load_s, m.loras});
         if (p.cache.kind() != CacheKind::Off) rec["cache"] = r.cache_log;
-        write_png(output, r.image_uint8[0], a.overwrite, image_text_chunks(sd3_infotext(p, r, a.model), rec));
+        write_png(output, r.image_uint8[0], a.overwrite,
+                  image_text_chunks(sd3_infotext(p, r, a.model, m.loras), rec));
         write_file_atomic(sidecar, rec.dump(2) + "\n", a.overwrite);
         std::fprintf(stderr, "saved %s (seed %lld, cache %s: %d/%zu full steps, encode %.2f s, denoise %.2f s, decode "
                      "%.2f s)\n",
@@ -172,7 +189,8 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& a) {
                      r.cache_steps.size(), r.encode_s, r.denoise_s, r.decode_s);
         return 0;
     }
-    print_sd3_compare(sd3_run_compare(m, p, modes, base, {a.model, a.dtype, output, a.threads, load_s}, a.overwrite,
+    print_sd3_compare(sd3_run_compare(m, p, modes, base, {a.model, a.dtype, output, a.threads, load_s, m.loras},
+                                      a.overwrite,
                                       progress, [](const std::string& mode) {
                                           std::fprintf(stderr, "mode %s\n", mode.c_str());
                                       }),

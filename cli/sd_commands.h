@@ -53,6 +53,8 @@ struct Sd3RunArgs {
     std::string cache = "off"; // --cache as typed
     std::vector<std::string> init_images; // -i/--init-img: img2img
     double strength = 0.6;                // --strength (diffusers' SD 3 img2img default when not given)
+    std::vector<std::string> loras;       // --lora FILE[:MULTIPLIER] (unet/model/lora_sd3.h)
+    std::string lora_model_dir;           // --lora-model-dir: the prompt's <lora:NAME[:MULTIPLIER]> tags
     Sd3Options sd3;
 };
 // Refuses (UsageError, exit 2) every option given on `app` that SD 3 runs do not take, and --cache / --compare

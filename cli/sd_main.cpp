@@ -838,6 +838,7 @@ int main(int argc, char** argv) {
             a.seed = o.job.params.seed, a.width = o.job.params.width, a.height = o.job.params.height;
             a.threads = o.threads, a.sd3 = o.sd3, a.cache = o.cache, a.init_images = o.job.params.init.init_images;
             if (app.get_option("--strength")->count() > 0) a.strength = o.job.params.init.strength;
+            a.loras = o.loras, a.lora_model_dir = o.lora_model_dir;
             return anchor::cli::run_sd3_txt2img(app, a);
         }
         return run(o);

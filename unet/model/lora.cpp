@@ -73,6 +73,83 @@ std::string fit_problem(const torch::Tensor& down, const torch::Tensor& up, cons
     return "";
 }
 
+std::string lora_hint_join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " / ") + x;
+    return s;
+}
+
+// The shape a module's delta has: the weight's, or for a module over several weights (fused qkv) their rows stacked.
+std::vector<int64_t> target_shape(const LoraTargets::Part& part, const std::string& weight,
+                                  const std::vector<LoraPiece>& pieces) {
+    auto shape = part.weights.at(weight).sizes().vec();
+    if (pieces.empty()) return shape;
+    shape[0] = 0;
+    for (const auto& p : pieces) {
+        const auto& w = part.weights.at(p.weight);
+        if (w.dim() != int64_t(shape.size()) || (w.dim() > 1 && w.size(1) != shape[1]))
+            throw Error("LoRA: the weights of a fused module differ in shape ('" + weight + "', '" + p.weight + "')");
+        shape[0] += w.size(0);
+    }
+    return shape;
+}
+
+// The LoraConfig diffusers writes into a PEFT file's header (safetensors metadata "lora_adapter_metadata", a JSON
+// object of "<component>.<LoraConfig field>"): lora_alpha, alpha_pattern and use_rslora decide the scale; a module
+// without a pattern entry scales by lora_alpha / rank (sqrt(rank) with rsLoRA, Kalajdzievski 2023).
+struct PeftComponentConfig {
+    double lora_alpha = 0;
+    std::map<std::string, double> alpha_pattern;
+    bool rslora = false;
+    // PEFT's pattern rule (peft.utils.other.get_pattern_key): a key matches a module name that ends with it after a
+    // '.', or is it.
+    double alpha_for(const std::string& module) const {
+        for (const auto& [key, alpha] : alpha_pattern)
+            if (module == key || ends_with(module, "." + key)) return alpha;
+        return lora_alpha;
+    }
+};
+using PeftMetadata = std::map<std::string, PeftComponentConfig>; // by component prefix ("transformer", ...)
+
+PeftMetadata peft_metadata(const SafeTensorsFile& st, const std::string& path) {
+    PeftMetadata out;
+    const auto it = st.metadata().find("lora_adapter_metadata");
+    if (it == st.metadata().end()) return out;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(it->second);
+    } catch (const std::exception& e) {
+        throw Error("LoRA file '" + path + "': header metadata lora_adapter_metadata is not JSON (" + e.what() + ")");
+    }
+    if (!j.is_object()) throw Error("LoRA file '" + path + "': lora_adapter_metadata is not a JSON object");
+    for (const auto& [key, v] : j.items()) {
+        const auto dot = key.find('.');
+        if (dot == std::string::npos) continue;
+        const std::string comp = key.substr(0, dot), field = key.substr(dot + 1);
+        auto& c = out[comp];
+        auto bad = [&](const std::string& why) {
+            return Error("LoRA file '" + path + "': lora_adapter_metadata '" + key + "' " + why);
+        };
+        if (field == "lora_alpha") {
+            if (!v.is_number()) throw bad("is not a number");
+            c.lora_alpha = v.get<double>();
+        } else if (field == "alpha_pattern") {
+            if (!v.is_object()) throw bad("is not an object");
+            for (const auto& [k, a] : v.items()) {
+                if (!a.is_number()) throw bad("entry '" + k + "' is not a number");
+                c.alpha_pattern[k] = a.get<double>();
+            }
+        } else if (field == "use_rslora") {
+            c.rslora = v.is_boolean() && v.get<bool>();
+        } else if (field == "use_dora" && v.is_boolean() && v.get<bool>()) {
+            throw bad("is true: DoRA adapters are not supported (only plain LoRA merges into the weights)");
+        }
+    }
+    for (auto it2 = out.begin(); it2 != out.end();)
+        it2 = it2->second.lora_alpha > 0 || !it2->second.alpha_pattern.empty() ? std::next(it2) : out.erase(it2);
+    return out;
+}
+
 } // namespace
 
 LoraSpec parse_lora_spec(const std::string& spec, const std::string& field) {
@@ -146,7 +223,9 @@ std::vector<LoraSpec> run_loras(const std::vector<std::string>& specs, const std
 const EnumTable<LoraComponent>& lora_component_table() {
     static const EnumTable<LoraComponent> t = {{"unet", LoraComponent::Unet},
                                                {"text_encoder", LoraComponent::TextEncoder},
-                                               {"text_encoder_2", LoraComponent::TextEncoder2}};
+                                               {"text_encoder_2", LoraComponent::TextEncoder2},
+                                               {"transformer", LoraComponent::Transformer},
+                                               {"text_encoder_3", LoraComponent::TextEncoder3}};
     return t;
 }
 
@@ -164,7 +243,8 @@ LoraTargets lora_targets(SDModels& models) {
 }
 
 std::map<std::string, std::string> kohya_names(const LoraTargets::Part& part, const std::string& te_prefix) {
-    const std::string base = part.component == LoraComponent::Unet ? "lora_unet_" : "lora_" + te_prefix + "_";
+    const bool denoiser = part.component == LoraComponent::Unet || part.component == LoraComponent::Transformer;
+    const std::string base = denoiser ? "lora_unet_" : "lora_" + te_prefix + "_";
     std::map<std::string, std::string> out;
     std::set<std::string> ambiguous;
     auto add = [&](const std::string& kohya, const std::string& weight) {
@@ -192,29 +272,56 @@ LoraFile read_lora(const std::string& path, const LoraTargets& targets) {
     struct Dest {
         const LoraTargets::Part* part;
         std::string weight;
+        std::vector<LoraPiece> pieces; // several weights' rows (Part::grouped), else empty
     };
     std::map<std::string, Dest> table; // kohya module names and PEFT "<component>.<module>" -> weight
+    std::vector<std::string> kohya_hint; // the kohya prefixes taken, for the error
     int text_parts = 0;
-    for (const auto& p : targets.parts) text_parts += p.component != LoraComponent::Unet;
+    for (const auto& p : targets.parts)
+        text_parts += p.component == LoraComponent::TextEncoder || p.component == LoraComponent::TextEncoder2;
     for (const auto& p : targets.parts) {
-        const std::string te = text_parts > 1 ? (p.component == LoraComponent::TextEncoder ? "te1" : "te2") : "te";
-        for (const auto& [k, w] : kohya_names(p, te)) table[k] = {&p, w};
+        const std::string te = p.component == LoraComponent::TextEncoder3 ? "te3"
+                               : text_parts > 1 ? (p.component == LoraComponent::TextEncoder ? "te1" : "te2")
+                                                : "te";
+        const bool denoiser = p.component == LoraComponent::Unet || p.component == LoraComponent::Transformer;
+        if (p.kohya_prefixes.empty())
+            kohya_hint.push_back(denoiser ? std::string("lora_unet_") : "lora_" + te + "_");
+        kohya_hint.insert(kohya_hint.end(), p.kohya_prefixes.begin(), p.kohya_prefixes.end());
+        for (const auto& [k, w] : kohya_names(p, te)) {
+            if (p.kohya_prefixes.empty()) table[k] = {&p, w, {}};
+            // Other spellings of the prefix (OneTrainer's lora_transformer_ for SD 3): the module path after it.
+            const auto cut = k.find('_', 5);
+            for (const auto& pre : p.kohya_prefixes) table[pre + k.substr(cut + 1)] = {&p, w, {}};
+        }
+        for (const auto& [k, pieces] : p.grouped) {
+            // One piece in the weight's own row order is a plain module.
+            const bool plain = pieces.size() == 1 && !pieces.front().swap_halves;
+            for (const auto& pre : p.kohya_prefixes)
+                table[pre + k] = {&p, pieces.front().weight, plain ? std::vector<LoraPiece>{} : pieces};
+        }
         const std::string peft = enum_name(lora_component_table(), p.component) + ".";
         for (const auto& [name, t] : p.weights)
-            if (ends_with(name, ".weight")) table[peft + name.substr(0, name.size() - 7)] = {&p, name};
+            if (ends_with(name, ".weight")) table[peft + name.substr(0, name.size() - 7)] = {&p, name, {}};
     }
     auto st = SafeTensorsFile::open(path);
+    const PeftMetadata meta = peft_metadata(*st, path);
     struct Pending {
         Dest dest;
         torch::Tensor down, up, alpha;
         std::set<std::string> formats;
     };
     std::map<std::string, Pending> mods;
-    std::vector<std::string> unmatched, problems;
+    std::vector<std::string> unmatched, problems, out_skipped;
     for (const auto& ti : st->tensors()) {
         const Suffix* suf = nullptr;
         for (const auto& s : suffixes())
             if (ends_with(ti.name, s.text)) suf = &s;
+        bool absent = false;
+        for (const auto& [prefix, why] : targets.absent) absent = absent || ti.name.rfind(prefix, 0) == 0;
+        if (absent) {
+            out_skipped.push_back(ti.name);
+            continue;
+        }
         if (!suf) {
             unmatched.push_back(ti.name + " (no .lora_down/.lora_up/.lora_A/.lora_B/.alpha suffix)");
             continue;
@@ -231,7 +338,7 @@ LoraFile read_lora(const std::string& path, const LoraTargets& targets) {
         if (slot.defined()) problems.push_back(ti.name + ": a second tensor for the same module and slot");
         slot = st->tensor(ti.name);
     }
-    LoraFile out{path, "", {}};
+    LoraFile out{path, "", {}, {}};
     std::set<std::string> formats;
     for (auto& [stem, pm] : mods) {
         if (!pm.down.defined() || !pm.up.defined()) {
@@ -239,16 +346,26 @@ LoraFile read_lora(const std::string& path, const LoraTargets& targets) {
                                " tensor (.lora_up.weight / .lora_B.weight or .lora_down.weight / .lora_A.weight)");
             continue;
         }
-        const auto& w = pm.dest.part->weights.at(pm.dest.weight);
-        const auto ws = w.sizes().vec();
+        const auto ws = target_shape(*pm.dest.part, pm.dest.weight, pm.dest.pieces);
         if (const auto why = fit_problem(pm.down, pm.up, ws); !why.empty()) {
+            std::string names = pm.dest.weight;
+            for (size_t i = 1; i < pm.dest.pieces.size(); ++i) names += " + " + pm.dest.pieces[i].weight;
             problems.push_back(stem + ": down " + shape_str(pm.down.sizes().vec()) + " / up " +
                                shape_str(pm.up.sizes().vec()) + " do not fit " +
-                               enum_name(lora_component_table(), pm.dest.part->component) + " weight '" +
-                               pm.dest.weight + "' " + shape_str(ws) + ": " + why);
+                               enum_name(lora_component_table(), pm.dest.part->component) + " weight '" + names +
+                               "' " + shape_str(ws) + ": " + why);
             continue;
         }
         LoraModule m{stem, pm.dest.part->component, pm.dest.weight, pm.down, pm.up, double(pm.down.size(0)), false};
+        m.pieces = pm.dest.pieces;
+        // diffusers' adapter metadata (PEFT LoraConfig per component) for PEFT-named modules without a stored alpha.
+        if (!pm.alpha.defined() && pm.formats.count("peft"))
+            if (const auto it = meta.find(enum_name(lora_component_table(), pm.dest.part->component)); it != meta.end()) {
+                const std::string module = stem.substr(stem.find('.') + 1);
+                m.alpha = it->second.alpha_for(module);
+                m.alpha_stored = true;
+                m.rslora = it->second.rslora;
+            }
         if (pm.alpha.defined()) {
             if (pm.alpha.numel() != 1) {
                 problems.push_back(stem + ".alpha: expected one value, got shape " + shape_str(pm.alpha.sizes().vec()));
@@ -269,15 +386,21 @@ LoraFile read_lora(const std::string& path, const LoraTargets& targets) {
                 prefixes += (prefixes.empty() ? "" : ", ") + c + ".";
             }
             msg += "\n" + std::to_string(unmatched.size()) + " of " + std::to_string(st->tensors().size()) +
-                   " tensor(s) match no weight of the model (kohya lora_unet_ / lora_te" +
-                   std::string(text_parts > 1 ? "1_ / lora_te2_" : "_") + " + module path with '_', or PEFT " +
+                   " tensor(s) match no weight of the model (kohya " + lora_hint_join(kohya_hint) +
+                   " + module path with '_', or PEFT " +
                    prefixes + " + module path):" + indented_list(unmatched, 200);
         }
         if (!problems.empty())
             msg += "\n" + std::to_string(problems.size()) + " bad module(s):" + indented_list(problems, 200);
         throw Error(msg);
     }
-    if (out.modules.empty()) throw Error("LoRA file '" + path + "' holds no LoRA tensors");
+    out.skipped = out_skipped;
+    if (out.modules.empty()) {
+        if (!out.skipped.empty())
+            throw Error("LoRA file '" + path + "': every tensor belongs to a model part that is not loaded (" +
+                        targets.absent.begin()->second + "), e.g. '" + out.skipped.front() + "'");
+        throw Error("LoRA file '" + path + "' holds no LoRA tensors");
+    }
     for (const auto& f : formats) out.format += (out.format.empty() ? "" : "+") + f;
     return out;
 }
@@ -291,13 +414,15 @@ torch::Tensor lora_delta(const LoraModule& m, const std::vector<int64_t>& weight
 }
 
 nlohmann::json LoraApplied::to_json() const {
-    return {{"name", name},
+    nlohmann::json j = {{"name", name},
             {"file", path},
             {"sha256", sha256},
             {"format", format},
             {"multiplier", multiplier},
             {"modules", modules},
             {"modules_per_component", modules_per_component}};
+    if (skipped > 0) j["skipped_tensors"] = skipped;
+    return j;
 }
 
 nlohmann::json lora_records_json(const std::vector<LoraApplied>& loras) {
@@ -323,13 +448,29 @@ std::vector<LoraApplied> merge_loras(const LoraTargets& targets, const std::vect
         a.sha256 = sha256_file(spec.path);
         a.format = files[i].format;
         a.multiplier = spec.multiplier;
+        a.skipped = int(files[i].skipped.size());
         for (const auto& m : files[i].modules) {
-            torch::Tensor w;
+            const LoraTargets::Part* part = nullptr;
             for (const auto& p : targets.parts)
-                if (p.component == m.component) w = p.weights.at(m.weight);
-            // LoRA by LoRA in float32 (the reference's order); a reduced-precision weight is rounded once after.
-            const auto merged = w.to(torch::kFloat) + lora_delta(m, w.sizes().vec()) * spec.multiplier;
-            w.copy_(merged.to(w.scalar_type()));
+                if (p.component == m.component) part = &p;
+            if (m.pieces.empty()) {
+                torch::Tensor w = part->weights.at(m.weight); // shares the parameter's storage
+                // LoRA by LoRA in float32 (the reference's order); a reduced-precision weight is rounded once after.
+                const auto merged = w.to(torch::kFloat) + lora_delta(m, w.sizes().vec()) * spec.multiplier;
+                w.copy_(merged.to(w.scalar_type()));
+            } else {
+                // A fused module: its delta's rows are the pieces' rows in order, each added to its own weight.
+                const auto delta = lora_delta(m, target_shape(*part, m.weight, m.pieces)) * spec.multiplier;
+                int64_t row = 0;
+                for (const auto& piece : m.pieces) {
+                    torch::Tensor w = part->weights.at(piece.weight);
+                    auto d = delta.narrow(0, row, w.size(0));
+                    row += w.size(0);
+                    if (piece.swap_halves) d = torch::cat({d.chunk(2, 0)[1], d.chunk(2, 0)[0]}, 0);
+                    const auto merged = w.to(torch::kFloat) + d;
+                    w.copy_(merged.to(w.scalar_type()));
+                }
+            }
             ++a.modules;
             ++a.modules_per_component[enum_name(lora_component_table(), m.component)];
         }

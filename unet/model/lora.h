@@ -9,6 +9,9 @@
 //     unet/model/name_conversion.h.
 //   diffusers/PEFT: `unet.<module>.lora_A.weight` (down) / `.lora_B.weight` (up), `text_encoder.` /
 //     `text_encoder_2.`; no alpha in the file means alpha = rank (what diffusers 0.27.2 does for such files).
+//   SD 3 / 3.5 (unet/model/lora_sd3.h): PEFT `transformer.<module>`, kohya/sd-scripts `lora_unet_<module>` in
+//     diffusers' or Stability's single-file names (`joint_blocks_N_x_block_attn_qkv`: one module over the fused
+//     q, k, v rows), `lora_te1_` / `lora_te2_` / `lora_te3_` (CLIP-L, CLIP-G, T5).
 //
 // Module names contain `_` themselves (`transformer_blocks`, `to_q`), so a kohya name is never turned back into a
 // path: the kohya name of every weight of the model is built from the model's own parameter names and the file's keys
@@ -21,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,8 +61,17 @@ std::vector<LoraSpec> run_loras(const std::vector<std::string>& specs, const std
                                 std::vector<std::string>& prompts);
 
 // The model part a LoRA target belongs to, and its prefixes.
-enum class LoraComponent { Unet, TextEncoder, TextEncoder2 };
-const EnumTable<LoraComponent>& lora_component_table(); // "unet", "text_encoder", "text_encoder_2" (PEFT prefixes)
+enum class LoraComponent { Unet, TextEncoder, TextEncoder2, Transformer, TextEncoder3 };
+// "unet", "text_encoder", "text_encoder_2", "transformer", "text_encoder_3" (PEFT prefixes)
+const EnumTable<LoraComponent>& lora_component_table();
+
+// A module of a LoRA file that spans rows of several weights (a fused qkv of Stability's SD 3 layout): its output rows
+// are the pieces' rows in order; `swap_halves` when the file's two halves of that piece are the weight's in the other
+// order ((shift, scale) against diffusers' (scale, shift)).
+struct LoraPiece {
+    std::string weight;
+    bool swap_halves = false;
+};
 
 // The weights a LoRA can change: parameter names (diffusers / HF, as the state dicts) -> tensors. The tensors of a
 // loaded module are its parameters, merged in place.
@@ -67,8 +80,15 @@ struct LoraTargets {
         LoraComponent component;
         std::map<std::string, torch::Tensor> weights;
         const UNetConfig* ldm = nullptr; // UNet: also accept the original-layout (LDM/SGM) kohya spellings
+        // Further kohya module names (without `lora_..._`, with `_`) -> the rows of the weights they change, for
+        // layouts whose modules are not one parameter each (SD 3's single-file names).
+        std::map<std::string, std::vector<LoraPiece>> grouped;
+        std::vector<std::string> kohya_prefixes; // empty: lora_unet_ / lora_te_ (lora_te1_, lora_te2_ for SDXL)
     };
     std::vector<Part> parts;
+    // Tensor-name prefixes of model parts that exist but are not loaded (SD 3's T5 under --no-t5) -> why: such
+    // tensors are skipped and counted, not reported as unmatched.
+    std::map<std::string, std::string> absent;
 };
 // The UNet and text encoder of `models` (those loaded).
 LoraTargets lora_targets(SDModels& models);
@@ -86,14 +106,17 @@ struct LoraModule {
     torch::Tensor down, up;  // as stored (converted to float32 at merge)
     double alpha = 0;        // the stored alpha, else the rank
     bool alpha_stored = false;
+    std::vector<LoraPiece> pieces; // when the module spans several weights (Part::grouped); `weight` is the first
+    bool rslora = false;           // PEFT use_rslora: alpha / sqrt(rank)
     int64_t rank() const { return down.size(0); }
-    double scale() const { return alpha / double(rank()); }
+    double scale() const { return rslora ? alpha / std::sqrt(double(rank())) : alpha / double(rank()); }
 };
 
 struct LoraFile {
     std::string path;
     std::string format; // "kohya", "peft" (or "kohya+peft" for a file mixing both)
     std::vector<LoraModule> modules;
+    std::vector<std::string> skipped; // tensors of parts that are not loaded (LoraTargets::absent)
 };
 
 // Reads `path` and matches every tensor to a weight of `targets` (names and shapes). Throws anchor::Error naming the
@@ -114,6 +137,7 @@ struct LoraApplied {
     double multiplier = 1;
     int modules = 0; // matched modules
     std::map<std::string, int> modules_per_component;
+    int skipped = 0; // tensors of model parts that were not loaded (LoraTargets::absent)
     nlohmann::json to_json() const;
 };
 

@@ -67,4 +67,18 @@ struct OpenClipOptions {
 WeightMap convert_open_clip(const WeightMap& file, const std::string& prefix, std::set<std::string>& used,
                             const OpenClipOptions& o = {});
 
+// Where Stability's single-file MMDiT (SD 3 / 3.5, under `model.diffusion_model.`; see
+// sd3_transformer_weights_from_single_file in unet/model/mmdit.h) keeps a diffusers SD3Transformer2DModel tensor: its
+// name, the row range of a fused `qkv` (q, k, v = rows [0, h), [h, 2h), [2h, 3h) for the model width h), or the
+// (shift, scale) halves that diffusers keeps as (scale, shift) (norm_out and the last block's norm1_context: diffusers'
+// rows [0, h) are the original's [h, 2h) and the other way round). `num_layers` tells the last block. Throws for names
+// the table lacks.
+struct Sd3Source {
+    std::string name;
+    int64_t row_begin = -1, row_end = -1;
+    bool swap_halves = false;
+    std::string describe() const; // "name", "name[a:b]" or "name (halves swapped)"
+};
+Sd3Source sd3_source(const std::string& diffusers_name, int64_t width, int num_layers);
+
 } // namespace anchor::unet

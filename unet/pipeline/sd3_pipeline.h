@@ -9,6 +9,7 @@
 #include "unet/cache/cache_controller.h"
 #include "unet/model/clip_text.h"
 #include "unet/model/clip_tokenizer.h"
+#include "unet/model/lora.h"
 #include "unet/model/mmdit.h"
 #include "unet/model/sd_family.h"
 #include "unet/model/t5_encoder.h"
@@ -46,6 +47,7 @@ struct SD3Models {
     // T5 (text_encoder_3 / tokenizer_3, SentencePiece); null when absent or not loaded: zeros stand in for it.
     T5EncoderModel text_encoder_3{nullptr};
     T5Tokenizer tokenizer_3;
+    std::vector<LoraApplied> loras; // merged into the weights (apply_sd3_loras, unet/model/lora_sd3.h)
     int vae_scale_factor() const { return vae ? vae->config().spatial_factor() : 8; }
 };
 // Throws anchor::Error naming the path and the missing part.

@@ -3,6 +3,7 @@
 #include "cache/util/bench.h"
 
 #include <filesystem>
+#include <regex>
 
 namespace anchor::unet {
 
@@ -37,10 +38,12 @@ nlohmann::json sd3_run_record(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult&
             {"cache_mode", p.cache.label},
             {"init_image", p.init.init_images.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.init.init_images)},
             {"strength", p.init.enabled() ? nlohmann::json(p.init.strength) : nlohmann::json(nullptr)},
+            {"loras", lora_records_json(run.loras)},
             {"output", run.output}};
 }
 
-Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, const std::string& model) {
+Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, const std::string& model,
+                      const std::vector<LoraApplied>& loras) {
     namespace fs = std::filesystem;
     Infotext info;
     info.prompt = p.prompts.empty() ? std::string() : p.prompts.front();
@@ -64,6 +67,13 @@ Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, cons
         info.set("SLG end", infotext_number(p.slg.stop));
     }
     if (p.init.enabled()) info.set("Denoising strength", infotext_number(p.init.strength));
+    if (!loras.empty()) {
+        std::string s;
+        for (const auto& l : loras) // A1111 strips ':' and ',' from the alias so that "name: hash, ..." parses
+            s += (s.empty() ? "" : ", ") + std::regex_replace(l.name, std::regex("[:,]"), "") + ": " +
+                 l.sha256.substr(0, 12);
+        info.set("Lora hashes", s);
+    }
     if (p.cache.kind() != CacheKind::Off) info.set("Cache", p.cache.label);
     info.set("Version", std::string("AnchorCache ") + ANCHOR_VERSION);
     return info;

@@ -18,14 +18,17 @@ struct SD3RunInfo {
     std::string output; // the PNG written
     int threads = 0;
     double load_s = 0;
+    std::vector<LoraApplied> loras; // merged at load (SD3Models::loras)
 };
 
 // The record of the first image of `p` (one prompt per run): prompt, negative prompt (null when none was given),
-// seed, steps, guidance, size, sampler, shift, T5 use, skip-layer guidance, timings, peak RSS.
+// seed, steps, guidance, size, sampler, shift, T5 use, skip-layer guidance, the LoRAs merged, timings, peak RSS.
 nlohmann::json sd3_run_record(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, const SD3RunInfo& run);
 
 // A1111's parameters text: Steps, Sampler (Euler), Schedule type (Simple), CFG scale, Seed, Size, Model (the folder's
-// or file's name), Shift, T5 off where it was, the SLG fields where it ran, Version.
-Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, const std::string& model);
+// or file's name), Shift, T5 off where it was, the SLG fields where it ran, Lora hashes (A1111's "name: first 12 hex
+// digits of the file's SHA-256") where LoRAs were merged, Version.
+Infotext sd3_infotext(const SD3Txt2ImgParams& p, const SD3Txt2ImgResult& r, const std::string& model,
+                      const std::vector<LoraApplied>& loras = {});
 
 } // namespace anchor::unet
