@@ -24,6 +24,19 @@ using namespace anchor::unet;
 
 namespace {
 
+// One 256-element float8 tensor per dtype holding the bytes 0..255, as a safetensors file in memory.
+std::string sd3te_float8_file() {
+    const std::string header = R"({"e4m3":{"dtype":"F8_E4M3","shape":[256],"data_offsets":[0,256]},)"
+                               R"("e5m2":{"dtype":"F8_E5M2","shape":[16,16],"data_offsets":[256,512]}})";
+    std::string bytes(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(&bytes[0], &n, 8); // little-endian host
+    bytes += header;
+    for (int k = 0; k < 2; ++k)
+        for (int b = 0; b < 256; ++b) bytes.push_back(char(b));
+    return bytes;
+}
+
 WeightMap sd3te_without(const WeightMap& file, const std::function<bool(const std::string&)>& drop) {
     WeightMap w;
     for (const auto& [n, t] : file.all())
@@ -36,6 +49,31 @@ bool sd3te_starts(const std::string& n, Sd3TextRole r) {
 }
 
 } // namespace
+
+TEST_CASE("safetensors F8_E4M3 / F8_E5M2 decode to bfloat16 exactly as torch's float8 types", "[sd3][io]") {
+    std::ifstream in(std::string(ANCHOR_SOURCE_DIR) + "/tests/data/float8/torch_float8.json");
+    REQUIRE(in.good());
+    const auto ref = nlohmann::json::parse(in);
+    const auto f = SafeTensorsFile::from_bytes(sd3te_float8_file(), "float8");
+    for (const auto& [name, key] : {std::pair{"e4m3", "F8_E4M3"}, std::pair{"e5m2", "F8_E5M2"}}) {
+        const auto t = f->tensor(name);
+        CHECK(t.scalar_type() == torch::kBFloat16);
+        const auto v = t.to(torch::kFloat).reshape({-1});
+        int bad = 0;
+        for (int b = 0; b < 256; ++b) {
+            const auto& r = ref.at(key).at(b);
+            const float got = v[b].item<float>();
+            if (r.is_null())
+                bad += !std::isnan(got);
+            else if (r.is_string())
+                bad += !(std::isinf(got) && (got > 0) == (r.get<std::string>() == "inf"));
+            else
+                bad += got != r.get<float>() || std::signbit(got) != std::signbit(r.get<float>());
+        }
+        INFO(key);
+        CHECK(bad == 0);
+    }
+}
 
 TEST_CASE("SD3 single file text encoders: loaded from the file, what is missing named at once", "[sd3]") {
     const std::string dir = test::golden("sd/sd3_tiny_single_file_te");
