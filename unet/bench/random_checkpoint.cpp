@@ -59,14 +59,7 @@ ClipTextConfig clip_vit_l() {
 }
 
 ClipTextConfig open_clip_bigg() {
-    ClipTextConfig c;
-    c.hidden_size = 1280;
-    c.intermediate_size = 5120;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 20;
-    c.hidden_act = "gelu";
-    c.projection_dim = 1280;
-    return c;
+    return sd3_clip_g_config(); // OpenCLIP ViT-bigG/14's text tower with its projection: SDXL's and SD 3's
 }
 
 // A Hugging Face text encoder as an OpenCLIP tower under `prefix`: q/k/v fused into in_proj, the projection
