@@ -46,6 +46,10 @@ void add_sd3_options(CLI::App& app, Sd3Options& o) {
     app.add_option("--slg-start", o.slg_start, "SD 3.5: skip-layer guidance from this fraction of the steps (exclusive)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
+    app.add_option("--text-encoders", o.text_encoders,
+                   "SD 3 / 3.5 single files: where the text encoders and tokenizers the file lacks come from (an SD 3 "
+                   "diffusers folder, or Stability's text_encoders/ folder with clip_l, clip_g, t5xxl .safetensors; "
+                   "T5's tokenizer: tokenizer_3/ or spiece.model)");
     app.add_option("--slg-end", o.slg_end, "SD 3.5: skip-layer guidance until this fraction of the steps (exclusive)")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
@@ -59,7 +63,7 @@ const std::set<std::string>& sd3_allowed_options() {
                                             "--cfg-scale", "--seed", "--width", "--height", "--overwrite",
                                             "--compare", "--cache", "--init-img", "--strength", "--threads", "--dtype", "--no-t5", "--shift",
                                             "--max-sequence-length", "--slg-layers", "--slg-scale", "--slg-start",
-                                            "--slg-end", "--lora", "--lora-model-dir", "--help", "--version"};
+                                            "--slg-end", "--lora", "--lora-model-dir", "--help", "--version", "--text-encoders"};
     return s;
 }
 
@@ -159,7 +163,7 @@ int run_sd3_txt2img(const CLI::App& app, const Sd3RunArgs& args) {
     }
     std::fprintf(stderr, "seed: %lld\n", (long long)seed);
     const auto t0 = std::chrono::steady_clock::now();
-    SD3Models m = load_sd3_models(a.model, dtype, !a.sd3.no_t5);
+    SD3Models m = load_sd3_models(a.model, dtype, !a.sd3.no_t5, a.sd3.text_encoders);
     apply_sd3_loras(m, loras);
     for (const auto& l : m.loras)
         std::fprintf(stderr, "LoRA %s x %g (%s): %d modules merged%s\n", l.path.c_str(), l.multiplier, l.format.c_str(),

@@ -5,10 +5,11 @@
 #include "cache/io/error.h"
 #include "cli/common.h"
 #include "cli/enum_option.h"
-#include "unet/model/checkpoint.h"
+#include "unet/bench/mmdit_bench.h"
 #include "unet/bench/random_checkpoint.h"
 #include "unet/bench/unet_bench.h"
 #include "unet/bench/vae_bench.h"
+#include "unet/model/checkpoint.h"
 #include "unet/model/unet_macs.h"
 
 #include <CLI/CLI.hpp>
@@ -24,11 +25,62 @@ namespace {
 struct BenchOptions {
     unet::UNetBenchParams bench;
     unet::SdFamily family = unet::SdFamily::SD1;
+    std::optional<unet::Sd3Variant> sd3; // --family sd3.5-medium / sd3.5-large: the MMDiT bench instead
+    torch::ScalarType sd3_dtype = torch::kBFloat16;
+    int image_steps = 0;
+    bool no_t5 = false;
     std::string unet_config, output;
     bool macs_only = false, overwrite = false;
 };
 
+// --family of bench and random-model: a UNet family (sd_family_table) or an SD 3.5 transformer (sd3_variant_table).
+CLI::Option* add_family_option(CLI::App& cmd, unet::SdFamily& family, std::optional<unet::Sd3Variant>& sd3,
+                               const std::string& help) {
+    auto* opt = cmd.add_option_function<std::string>(
+        "--family",
+        [&family, &sd3](const std::string& s) {
+            for (const auto& [name, v] : unet::sd3_variant_table())
+                if (s == name) {
+                    sd3 = v;
+                    return;
+                }
+            family = enum_from_string(unet::sd_family_table(), s, "--family");
+        },
+        help + " (sd1|sdxl|" + enum_choices(unet::sd3_variant_table(), "|") + ")");
+    opt->type_name("NAME");
+    return opt;
+}
+
+int run_sd3_bench(BenchOptions& o) {
+    unet::MmditBenchParams p;
+    p.variant = *o.sd3;
+    p.width = o.bench.width, p.height = o.bench.height;
+    p.repeat = o.bench.repeat, p.warmup = o.bench.warmup, p.batch = o.bench.batch;
+    p.gemm_n = o.bench.gemm_n, p.gemm_repeat = o.bench.gemm_repeat, p.seed = o.bench.seed;
+    p.dtype = o.sd3_dtype;
+    p.image_steps = o.image_steps;
+    p.t5 = !o.no_t5;
+    if (o.macs_only) {
+        p.validate();
+        const auto m =
+            unet::mmdit_macs(unet::sd3_transformer_config_of(p.variant), p.height / 8, p.width / 8, p.text_tokens);
+        std::cout << unet::format_gmacs(m.total()) << " GMACs" << std::endl;
+        return 0;
+    }
+    if (!o.output.empty()) check_output_path(o.output, o.overwrite);
+    std::ostringstream out;
+    unet::run_mmdit_bench(p, [&](const std::string& line) {
+        std::cout << line << std::endl;
+        out << line << "\n";
+    });
+    if (!o.output.empty()) write_file_atomic(o.output, out.str(), o.overwrite);
+    return 0;
+}
+
 int run_bench(BenchOptions& o) {
+    if (o.sd3) return run_sd3_bench(o);
+    if (o.image_steps > 0 || o.no_t5)
+        throw UsageError("--image-steps and --no-t5 are for --family sd3.5-medium / sd3.5-large");
     auto& b = o.bench;
     if (!o.unet_config.empty()) {
         b.unet = unet::UNetConfig::from_json_file(o.unet_config);
@@ -88,9 +140,17 @@ void add_options(CLI::App& cmd, BenchOptions& opts) {
         ->capture_default_str();
     cmd.add_option("--deepcache-branch", o.branch, "DeepCache skip branch (0 = shallowest)")->capture_default_str();
     cmd.add_option("--unet-config", opts.unet_config, "diffusers UNet config.json instead of SD 1.5's shapes")
-        ->excludes(add_enum_option(cmd, "--family", opts.family, unet::sd_family_table(),
-                                   "the real UNet shapes of this family: sd1 = SD 1.5, sdxl = SDXL base 1.0 (2.57 G "
-                                   "parameters; 1024x1024 is its size)"));
+        ->excludes(add_family_option(cmd, opts.family, opts.sd3,
+                                     "the real shapes of this family: sd1 = SD 1.5, sdxl = SDXL base 1.0 (2.57 G "
+                                     "parameters; 1024x1024 is its size); sd3.5-medium / sd3.5-large: the SD 3.5 "
+                                     "transformer (random weights in memory; -W/-H 1024 is its size)"));
+    add_enum_option(cmd, "--dtype", opts.sd3_dtype, unet::weights_dtype_table(),
+                    "sd3.5-*: the transformer's weights and compute dtype");
+    cmd.add_option("--image-steps", opts.image_steps,
+                   "sd3.5-*: instead of timing steps, the peak RSS of a whole image: the three text encoders, this "
+                   "many CFG steps, the VAE decode (random weights in memory)")
+        ->check(CLI::NonNegativeNumber);
+    cmd.add_flag("--no-t5", opts.no_t5, "sd3.5-* --image-steps: without T5-XXL (zeros, as --no-t5 of a run)");
     cmd.add_option("--gemm-size", o.gemm_n, "n of the n x n x n reference GEMM")->capture_default_str();
     cmd.add_option("-s,--seed", o.seed, "seed for weights and inputs")->capture_default_str();
     cmd.add_option("-o,--output", opts.output, "also write the report to this file");
@@ -116,7 +176,11 @@ void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*,
                                                    "real shapes (memory and speed benchmarks of models not here)");
     cmd->fallthrough();
     auto p = std::make_shared<unet::RandomCheckpointParams>();
-    add_enum_option(*cmd, "--family", p->family, unet::sd_family_table(), "shapes: sd1 = SD 1.5, sdxl = SDXL base 1.0");
+    add_family_option(*cmd, p->family, p->sd3,
+                      "shapes: sd1 = SD 1.5, sdxl = SDXL base 1.0, sd3.5-medium / sd3.5-large = the SD 3.5 transformer "
+                      "and VAE in Stability's single-file names (Medium 5 GB in bf16, Large 16 GB)");
+    cmd->add_flag("--text-encoders", p->text_encoders,
+                  "sd3.5-*: also CLIP-L, OpenCLIP bigG and T5-XXL inside the file (+11 GB in bf16)");
     add_enum_option(*cmd, "--dtype", p->dtype, unet::weights_dtype_table(), "tensor dtype in the file");
     cmd->add_option("-s,--seed", p->seed, "seed of the weights")->capture_default_str();
     cmd->add_option("-o,--output", p->output, "the .safetensors file to write")->required();
@@ -131,7 +195,8 @@ void add_sd_random_model_command(CLI::App& app, std::vector<std::pair<CLI::App*,
 }
 
 // `random-taesd`: the TAESD of the speed goals (tests/bench/results/), random weights at the published shapes.
-static void add_sd_random_taesd_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
+static void add_sd_random_taesd_command(CLI::App& app,
+                                        std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
     auto* cmd = app.add_subcommand("random-taesd", "write a TAESD (AutoencoderTiny, encoder and decoder) of random "
                                                    "weights with the published shapes, for --vae-decoder taesd:FILE "
                                                    "benchmarks");
@@ -163,8 +228,9 @@ void add_sd_bench_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::f
 }
 
 void add_sd_bench_vae_command(CLI::App& app, std::vector<std::pair<CLI::App*, std::function<int()>>>& runners) {
-    auto* cmd = app.add_subcommand("bench-vae", "time and peak memory of a VAE decode (SDXL VAE shapes, random "
-                                                "weights), plain or tiled; run once per setting, each in its own process");
+    auto* cmd =
+        app.add_subcommand("bench-vae", "time and peak memory of a VAE decode (SDXL VAE shapes, random "
+                                        "weights), plain or tiled; run once per setting, each in its own process");
     cmd->fallthrough();
     struct Opts {
         unet::VaeBenchParams p;
@@ -193,8 +259,9 @@ void add_sd_bench_vae_command(CLI::App& app, std::vector<std::pair<CLI::App*, st
     cmd->add_flag("--taesd", p.taesd,
                   "also time a TAESD decode of the same latent after each VAE decode (published shapes, random "
                   "weights) and report the VAE / TAESD ratio");
-    cmd->add_option("--taesd-file", p.taesd_file, "the TAESD to time instead (a diffusers folder or a taesd file; "
-                                                  "implies --taesd)")
+    cmd->add_option("--taesd-file", p.taesd_file,
+                    "the TAESD to time instead (a diffusers folder or a taesd file; "
+                    "implies --taesd)")
         ->each([&p](const std::string&) { p.taesd = true; });
     cmd->add_flag("--taesd-only", p.taesd_only, "time the TAESD decodes alone (no VAE decode; for profiling)");
     cmd->add_option("-o,--output", o->output, "also write the report to this file");

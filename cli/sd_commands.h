@@ -41,6 +41,7 @@ struct Sd3Options {
     int max_sequence_length = 256;
     std::vector<int> slg_layers; // --slg-layers: skip-layer guidance (off when empty)
     double slg_scale = 2.8, slg_start = 0.01, slg_end = 0.2;
+    std::string text_encoders; // --text-encoders DIR: a single file's text encoders / tokenizers when it lacks them
 };
 void add_sd3_options(CLI::App& app, Sd3Options& o);
 struct Sd3RunArgs {

@@ -8,9 +8,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
+#include <limits>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,9 +29,46 @@ const std::pair<DType, torch::ScalarType> kTorchTypes[] = {
     {DType::U8, torch::kUInt8},    {DType::BOOL, torch::kBool},
 };
 
+bool is_float8(DType t) {
+    return t == DType::F8_E4M3 || t == DType::F8_E5M2;
+}
+
+// The value of each float8 byte as bfloat16 bits. e4m3fn (OCP FP8 E4M3, "fn": no infinities): exponent bias 7, 3
+// mantissa bits, S.1111.111 is NaN; e5m2: bias 15, 2 mantissa bits, IEEE-like infinities and NaNs. Exponent 0 is
+// subnormal (m / 2^mbits * 2^(1 - bias)). Every such value has at most 4 significant bits and a binary exponent in
+// [-16, 15], so bfloat16 (8 significant bits, float32's exponent range) holds each exactly: the float32 value's top
+// 16 bits are it.
+const std::array<uint16_t, 256>& float8_to_bf16_table(DType t) {
+    auto make = [](int ebits, int mbits, bool fn) {
+        std::array<uint16_t, 256> table{};
+        const int bias = (1 << (ebits - 1)) - 1, emax = (1 << ebits) - 1;
+        for (int b = 0; b < 256; ++b) {
+            const bool neg = (b & 0x80) != 0;
+            const int e = (b >> mbits) & emax, m = b & ((1 << mbits) - 1);
+            float v;
+            if (fn && e == emax && m == (1 << mbits) - 1)
+                v = std::numeric_limits<float>::quiet_NaN();
+            else if (!fn && e == emax)
+                v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+            else if (e == 0)
+                v = std::ldexp(float(m), 1 - bias - mbits);
+            else
+                v = std::ldexp(float((1 << mbits) + m), e - bias - mbits);
+            if (neg) v = -v;
+            uint32_t bits;
+            std::memcpy(&bits, &v, 4);
+            table[b] = uint16_t(bits >> 16);
+        }
+        return table;
+    };
+    static const std::array<uint16_t, 256> e4m3 = make(4, 3, true), e5m2 = make(5, 2, false);
+    return t == DType::F8_E4M3 ? e4m3 : e5m2;
+}
+
 } // namespace
 
 torch::ScalarType to_torch(DType t) {
+    if (is_float8(t)) return torch::kBFloat16; // decoded at read (SafeTensorsFile::tensor)
     for (const auto& [d, st] : kTorchTypes)
         if (d == t) return st;
     throw Error("internal: unknown DType");
@@ -77,6 +117,16 @@ torch::Tensor SafeTensorsFile::tensor(const std::string& name) const {
     const char* ptr = data_ + ti.begin;
     const size_t es = dtype_size(ti.dtype);
     if (ti.numel() == 0) return torch::empty(ti.shape, opts);
+    if (is_float8(ti.dtype)) {
+        // LibTorch has no float8 type: the bytes are decoded into a bfloat16 copy, exactly (float8_to_bf16_table).
+        const auto& table = float8_to_bf16_table(ti.dtype);
+        auto t = torch::empty(ti.shape, opts);
+        auto* out = reinterpret_cast<uint16_t*>(t.data_ptr());
+        const auto* in = reinterpret_cast<const uint8_t*>(ptr);
+        const int64_t n = ti.numel();
+        for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
+        return t;
+    }
     if (reinterpret_cast<uintptr_t>(ptr) % es != 0) {
         // Unaligned data (legal in the format): copy instead of handing vector code a misaligned pointer.
         auto t = torch::empty(ti.shape, opts);

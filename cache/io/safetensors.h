@@ -36,7 +36,8 @@ public:
     const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
     bool has(const std::string& name) const { return header_.index.count(name) != 0; }
     const TensorInfo& info(const std::string& name) const;
-    // Zero-copy view of the tensor data (copied when the data is not aligned to its element size).
+    // Zero-copy view of the tensor data (copied when the data is not aligned to its element size). F8_E4M3 / F8_E5M2
+    // tensors come as a bfloat16 copy, decoded exactly (every float8 e4m3fn / e5m2 value is a bfloat16).
     torch::Tensor tensor(const std::string& name) const;
     // MappedFile::release for the bytes of a tensor viewed from this file (nothing for other memory).
     void release_pages(const torch::Tensor& view) const;

@@ -18,8 +18,9 @@ struct DTypeRow {
 };
 
 const DTypeRow kDTypes[] = {
-    {DType::F32, "F32", 4}, {DType::F16, "F16", 2}, {DType::BF16, "BF16", 2}, {DType::F64, "F64", 8},
-    {DType::I64, "I64", 8}, {DType::I32, "I32", 4}, {DType::U8, "U8", 1},     {DType::BOOL, "BOOL", 1},
+    {DType::F32, "F32", 4},         {DType::F16, "F16", 2},         {DType::BF16, "BF16", 2}, {DType::F64, "F64", 8},
+    {DType::I64, "I64", 8},         {DType::I32, "I32", 4},         {DType::U8, "U8", 1},     {DType::BOOL, "BOOL", 1},
+    {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E5M2, "F8_E5M2", 1},
 };
 
 const DTypeRow& row(DType t) {
@@ -97,7 +98,8 @@ SafeTensorsHeader parse_safetensors_header(const char* base, size_t size, const 
         if (!v["dtype"].is_string()) throw Error(where + ": dtype is not a string");
         const std::string ds = v["dtype"].get<std::string>();
         if (!dtype_from_string(ds, &ti.dtype))
-            throw Error(where + ": unknown dtype '" + ds + "' (known: F32, F16, BF16, F64, I64, I32, U8, BOOL)");
+            throw Error(where + ": unknown dtype '" + ds +
+                        "' (known: F32, F16, BF16, F64, I64, I32, U8, BOOL, F8_E4M3, F8_E5M2)");
         if (!v["shape"].is_array()) throw Error(where + ": shape is not an array");
         // Element count computed in 128-bit-safe steps so a hostile shape cannot overflow.
         unsigned __int128 count = 1;

@@ -13,7 +13,8 @@
 
 namespace anchor {
 
-enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL };
+// F8_E4M3 / F8_E5M2: float8 e4m3fn and e5m2 (OCP FP8; fp8 T5-XXL files ship as F8_E4M3), one byte each.
+enum class DType { F32, F16, BF16, F64, I64, I32, U8, BOOL, F8_E4M3, F8_E5M2 };
 
 // "F32" -> DType::F32 ...; returns false for an unknown name.
 bool dtype_from_string(const std::string& s, DType* out);

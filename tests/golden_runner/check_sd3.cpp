@@ -268,18 +268,9 @@ std::vector<std::string> string_list(const nlohmann::json& j, const char* key, s
     return j[key].get<std::vector<std::string>>();
 }
 
-const bool registered_sd3_text = register_checker(
-    {"sd3-text", is_sd3_text_case, [](const fs::path& dir, const Context& ctx) {
-         const std::string base = relative_name(dir, ctx);
-         std::vector<CaseResult> out;
-         SD3Models m;
-         out.push_back(guarded(base + ":load", [&](Stats& st) {
-             m = load_sd3_models(dir.string());
-             st.check_true("family sd3", m.family == SdFamily::SD3);
-             st.check_true("text encoders", m.text_encoder && m.text_encoder_2);
-             st.check_true("tokenizer_2 pads with '!' (0)", m.tokenizer_2.pad_id() == 0);
-         }));
-         if (!m.transformer || !m.text_encoder || !m.vae) return out;
+// The recorded __call__ of golden.json + golden_sd3_text.safetensors on the loaded models `m`: ids, embeddings, every
+// step teacher-forced, free-running.
+void check_sd3_text_run(const fs::path& dir, const std::string& base, SD3Models& m, std::vector<CaseResult>& out) {
          const auto j = nlohmann::json::parse(read_text(dir / "golden.json"));
          const auto g = WeightMap::load((dir / "golden_sd3_text.safetensors").string());
          CaseResult keys;
@@ -288,7 +279,7 @@ const bool registered_sd3_text = register_checker(
                             {"prompts", "negative_prompt", "num_inference_steps", "guidance_scale", "height", "width",
                              "generator_seed", "initial_latents", "text_encoder_3", "max_sequence_length", "recorded",
                              "skip_guidance_layers", "skip_layer_guidance_scale", "skip_layer_guidance_start",
-                             "skip_layer_guidance_stop"},
+                             "skip_layer_guidance_stop", "single_file", "text_encoders", "verified"},
                             "golden.json");
          const bool with_t5 = j.contains("text_encoder_3") && !j["text_encoder_3"].is_null();
          const int max_seq = j.value("max_sequence_length", 256);
@@ -343,11 +334,17 @@ const bool registered_sd3_text = register_checker(
              }
          }));
          auto scheduler = [&](const torch::Tensor& latents) {
-             const std::string text = read_file(m.scheduler_config, "scheduler config");
+             // A single file brings no scheduler config: SD 3's own, as sd3_make_scheduler uses it.
+             const std::string text =
+                 m.scheduler_config.empty()
+                     ? std::string(R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,)"
+                                   R"( "shift": 3.0})")
+                     : read_file(m.scheduler_config, "scheduler config");
              const auto bad = unsupported_scheduler_settings(text, SamplerKind::FlowMatchEuler);
              if (!bad.empty()) throw Error("scheduler_config.json: " + bad.front());
              PipelineCase pc;
-             pc.scfg = SchedulerConfig::from_json_text(text, m.scheduler_config);
+             pc.scfg = SchedulerConfig::from_json_text(text, m.scheduler_config.empty() ? "SD 3 default"
+                                                                                        : m.scheduler_config);
              pc.steps = steps;
              return make_flow_scheduler(pc, latents, m.transformer->config().patch_size);
          };
@@ -384,6 +381,50 @@ const bool registered_sd3_text = register_checker(
              st.check("final latents", final_latents, gl, kFreeLatents * gl.abs().max().item<double>(), 0.0);
              st.check("image", sd3_decode(*m.vae, final_latents), g.get("image"), kFreeImage, 0.0);
          }));
+}
+
+const bool registered_sd3_text = register_checker(
+    {"sd3-text", is_sd3_text_case, [](const fs::path& dir, const Context& ctx) {
+         const std::string base = relative_name(dir, ctx);
+         std::vector<CaseResult> out;
+         SD3Models m;
+         out.push_back(guarded(base + ":load", [&](Stats& st) {
+             m = load_sd3_models(dir.string());
+             st.check_true("family sd3", m.family == SdFamily::SD3);
+             st.check_true("text encoders", m.text_encoder && m.text_encoder_2);
+             st.check_true("tokenizer_2 pads with '!' (0)", m.tokenizer_2.pad_id() == 0);
+         }));
+         if (m.transformer && m.text_encoder && m.vae) check_sd3_text_run(dir, base, m, out);
+         return out;
+     }});
+
+// An original SD 3 single file WITH its text encoders (golden.json's "single_file"; "text_encoders": the folder
+// --text-encoders names, for the tokenizers a file cannot hold) and the recorded run of the same models as a folder
+// (tests/golden/sd/sd3_tiny_single_file_te/generate): everything loads from the file through load_sd3_models, then
+// the sd3-text checks.
+bool is_sd3_single_file_te_case(const fs::path& dir) {
+    if (has_file(dir, "model_index.json") || !has_file(dir, "golden_sd3_text.safetensors") ||
+        !has_file(dir, "golden.json"))
+        return false;
+    return nlohmann::json::parse(read_text(dir / "golden.json")).contains("single_file");
+}
+
+const bool registered_sd3_single_te = register_checker(
+    {"sd3-single-file-te", is_sd3_single_file_te_case, [](const fs::path& dir, const Context& ctx) {
+         const std::string base = relative_name(dir, ctx);
+         std::vector<CaseResult> out;
+         SD3Models m;
+         out.push_back(guarded(base + ":load", [&](Stats& st) {
+             const auto j = nlohmann::json::parse(read_text(dir / "golden.json"));
+             const std::string te = j.value("text_encoders", std::string());
+             m = load_sd3_models((dir / j.at("single_file").get<std::string>()).string(), torch::kFloat, true,
+                                 te.empty() ? std::string() : (dir / te).string());
+             st.check_true("family sd3", m.family == SdFamily::SD3);
+             st.check_true("CLIP encoders from the file", m.text_encoder && m.text_encoder_2);
+             st.check_true("VAE from the file", bool(m.vae));
+             st.check_true("tokenizer_2 pads with '!' (0)", m.tokenizer_2.pad_id() == 0);
+         }));
+         if (m.transformer && m.text_encoder && m.vae) check_sd3_text_run(dir, base, m, out);
          return out;
      }});
 

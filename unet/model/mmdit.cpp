@@ -2,6 +2,7 @@
 // JointAttnProcessor2_0 / PatchEmbed / CombinedTimestepTextProjEmbeddings in float32 (see unet/model/mmdit.h).
 #include "unet/model/mmdit.h"
 
+#include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/model_source.h"
@@ -20,8 +21,9 @@ using torch::Tensor;
 
 namespace {
 
+// make_linear: under a loader's DeferredWeights scope the weight is allocated, not initialised, in the load dtype.
 torch::nn::Linear mmdit_linear(int64_t in, int64_t out, bool bias = true) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+    return make_linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 // LayerNorm without affine parameters, eps 1e-6: every norm of the joint blocks and norm_out.

@@ -85,6 +85,38 @@ T5EncoderConfig T5EncoderConfig::from_json_file(const std::string& path) {
     return from_json(JsonConfig::load(path, "T5 config").json(), path);
 }
 
+T5EncoderConfig T5EncoderConfig::detect_from_weights(const WeightMap& w) {
+    auto need = [&](const std::string& n) {
+        if (!w.has(n)) throw Error("T5 encoder weights lack '" + n + "'");
+        return w.shape(n);
+    };
+    T5EncoderConfig c;
+    const auto emb = w.has("shared.weight") ? need("shared.weight") : need("encoder.embed_tokens.weight");
+    c.vocab_size = int(emb[0]);
+    c.d_model = int(emb[1]);
+    const std::string b0 = "encoder.block.0.layer.0.SelfAttention.";
+    const auto bias = need(b0 + "relative_attention_bias.weight");
+    c.relative_attention_num_buckets = int(bias[0]);
+    c.num_heads = int(bias[1]);
+    const int64_t inner = need(b0 + "q.weight")[0];
+    if (c.num_heads <= 0 || inner % c.num_heads != 0)
+        throw Error("T5 encoder weights: q rows " + std::to_string(inner) + " are not a multiple of the " +
+                    std::to_string(c.num_heads) + " heads of relative_attention_bias");
+    c.d_kv = int(inner / c.num_heads);
+    int layers = 0;
+    while (w.has("encoder.block." + std::to_string(layers) + ".layer.0.SelfAttention.q.weight")) ++layers;
+    c.num_layers = layers;
+    const std::string ff = "encoder.block.0.layer.1.DenseReluDense.";
+    if (w.has(ff + "wi_0.weight")) {
+        c.d_ff = int(w.shape(ff + "wi_0.weight")[0]);
+        c.feed_forward_proj = "gated-gelu";
+    } else {
+        c.d_ff = int(need(ff + "wi.weight")[0]);
+        c.feed_forward_proj = "relu";
+    }
+    return c;
+}
+
 torch::Tensor t5_relative_position_bucket(const torch::Tensor& relative_position, int num_buckets, int max_distance) {
     // Op for op as HF (bidirectional): the float32 log and the truncation to long decide the bucket edges.
     const int64_t half = num_buckets / 2;
@@ -212,7 +244,9 @@ void T5EncoderModelImpl::load(const WeightMap& w) {
 
 T5EncoderModel load_t5_encoder_folder(const std::string& dir, torch::ScalarType dtype) {
     if (!std::filesystem::is_directory(dir)) throw Error("T5 encoder folder '" + dir + "' does not exist");
-    const DeferredWeights deferred;
+    // The linear weights allocated in the load dtype: T5-XXL's 4.7 G parameters never exist in float32 for a
+    // bf16 / f16 load.
+    const DeferredWeights deferred(dtype);
     const ModelSource src = resolve_model(dir, {nullptr, "T5 encoder"});
     if (src.config_file.empty()) throw Error("T5 encoder folder '" + dir + "' has no config.json");
     T5EncoderModel m(T5EncoderConfig::from_json_file(src.config_file));

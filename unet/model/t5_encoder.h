@@ -40,6 +40,11 @@ struct T5EncoderConfig {
     // not implement (is_decoder true).
     static T5EncoderConfig from_json(const nlohmann::json& j, const std::string& source = "T5 config");
     static T5EncoderConfig from_json_file(const std::string& path);
+    // Sizes from HF-named tensor shapes (a single file's text_encoders.t5xxl.transformer.*, prefix stripped): vocab
+    // and d_model from shared.weight, heads and buckets from block 0's relative_attention_bias [buckets, heads],
+    // d_kv = q rows / heads, d_ff and gated from wi_0 / wi; what shapes cannot show keeps T5 v1.1's values
+    // (relative_attention_max_distance 128, layer_norm_epsilon 1e-6, gelu_new). Throws naming the missing tensor.
+    static T5EncoderConfig detect_from_weights(const WeightMap& w);
 };
 
 // One self-attention layer: no 1/sqrt(d) scaling of q k^T (T5 folds it into the initialisation), the relative

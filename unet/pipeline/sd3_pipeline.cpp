@@ -1,6 +1,7 @@
 // The SD 3 denoising loop (unet/pipeline/sd3_pipeline.h).
 #include "unet/pipeline/sd3_pipeline.h"
 
+#include "cache/io/deferred_weights.h"
 #include "cache/io/error.h"
 #include "cache/io/json_config.h"
 #include "cache/io/read_file.h"
@@ -9,6 +10,7 @@
 #include "unet/cache/dit_cache.h"
 #include "unet/model/checkpoint.h"
 #include "unet/model/name_conversion.h"
+#include "unet/model/sd3_text_encoders.h"
 
 #include <chrono>
 #include <filesystem>
@@ -19,16 +21,28 @@ namespace anchor::unet {
 namespace fs = std::filesystem;
 
 SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool load_t5) {
+    return load_sd3_models(path, dtype, load_t5, "");
+}
+
+SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool load_t5,
+                          const std::string& text_encoders_dir) {
+    // Every Linear built below is allocated in the load dtype and left for the checkpoint to fill
+    // (cache/io/deferred_weights.h): a bf16 load never holds a float32 copy of the multi-GB transformer or T5.
+    const DeferredWeights deferred(dtype);
     SD3Models m;
     m.source = path;
     const fs::path p(path);
+    if (fs::is_directory(p) && !text_encoders_dir.empty())
+        throw Error("--text-encoders '" + text_encoders_dir + "' is for single files; the folder '" + path +
+                    "' brings its own text encoders");
     if (!fs::is_directory(p)) {
         // An original single file: the transformer under model.diffusion_model., the VAE under first_stage_model.
-        // (LDM names); text encoders it may hold are not loaded.
+        // (LDM names), the text encoders under text_encoders.* (unet/model/sd3_text_encoders.h).
         const ModelSource src = resolve_model(path, {nullptr, "SD3 checkpoint"});
         const WeightMap file = src.load_weights();
         if (sd_family(sd_shapes_of_single_file(file)) != SdFamily::SD3)
             throw Error("'" + path + "' is not an SD 3 / 3.5 checkpoint (no model.diffusion_model.joint_blocks.0)");
+        check_sd3_single_file_weights(file, path);
         const WeightMap w = sd3_transformer_weights_from_single_file(file);
         m.transformer = SD3Transformer2DModel(SD3TransformerConfig::detect_from_weights(w));
         m.transformer->load(w);
@@ -43,6 +57,14 @@ SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool
             base.shift_factor = 0.0609;
             m.vae = load_vae_file(path, base, dtype);
         }
+        SD3TextEncoders te = load_sd3_text_encoders(file, path, text_encoders_dir, dtype, load_t5);
+        m.text_encoder = te.text_encoder, m.text_encoder_2 = te.text_encoder_2, m.text_encoder_3 = te.text_encoder_3;
+        m.tokenizer = std::move(te.tokenizer), m.tokenizer_2 = std::move(te.tokenizer_2);
+        m.tokenizer_3 = std::move(te.tokenizer_3);
+        const int64_t joint = m.transformer->config().joint_attention_dim;
+        if (m.text_encoder_3 && m.text_encoder_3->config().d_model != joint)
+            throw Error("'" + path + "': T5 width d_model " + std::to_string(m.text_encoder_3->config().d_model) +
+                        " is not the transformer's joint_attention_dim " + std::to_string(joint));
         return m;
     }
     if (fs::exists(p / "config.json")) { // a transformer folder on its own
@@ -96,8 +118,9 @@ SD3Conditioning sd3_encode_prompts(SD3Models& m, const std::vector<std::string>&
                                    const std::vector<std::string>& negative_prompts, double guidance_scale,
                                    int max_sequence_length) {
     if (!m.text_encoder || !m.text_encoder_2)
-        throw ParamError("model",
-                         "'" + m.source + "' has no text_encoder/ and text_encoder_2/ (CLIP with projections)");
+        throw ParamError("model", "'" + m.source +
+                                      "' has no text_encoder/ and text_encoder_2/ (CLIP with projections; a single "
+                                      "file without text_encoders.clip_l / clip_g takes them from --text-encoders DIR)");
     if (!negative_prompts.empty() && negative_prompts.size() != prompts.size())
         throw ParamError("negative_prompt", std::to_string(negative_prompts.size()) + " negative prompts for " +
                                                 std::to_string(prompts.size()) + " prompts");
@@ -135,6 +158,12 @@ torch::Tensor sd3_guided_velocity(SD3Transformer2DModelImpl& transformer, const 
                                   const SD3Conditioning& cond, double guidance_scale, const SD3SkipLayerGuidance& slg,
                                   int step, int steps, DitCacheController* cache) {
     const bool cfg = guidance_scale > 1.0;
+    // The scheduler's latents stay float32 (diffusers keeps them in the transformer's dtype, but its step upcasts);
+    // a bf16 / f16 transformer gets them in its own dtype and its velocity comes back as float32.
+    const auto wdt = transformer.parameters().front().scalar_type();
+    if (wdt != latents.scalar_type())
+        return sd3_guided_velocity(transformer, latents.to(wdt), t, cond, guidance_scale, slg, step, steps, cache)
+            .to(latents.scalar_type());
     const auto in = cfg ? torch::cat({latents, latents}, 0) : latents;
     const auto ctx = cfg ? torch::cat({cond.negative_prompt_embeds, cond.prompt_embeds}, 0) : cond.prompt_embeds;
     const auto pooled = cfg ? torch::cat({cond.negative_pooled, cond.pooled}, 0) : cond.pooled;
@@ -172,7 +201,8 @@ torch::Tensor sd3_denoise(SD3Transformer2DModelImpl& transformer, Scheduler& sch
 }
 
 torch::Tensor sd3_decode(AutoencoderKLImpl& vae, const torch::Tensor& latents) {
-    return (vae.decode(vae.config().unscale_latents(latents)) / 2 + 0.5).clamp(0, 1);
+    const auto wdt = vae.parameters().front().scalar_type(); // a bf16 / f16 VAE decodes in its dtype
+    return (vae.decode(vae.config().unscale_latents(latents).to(wdt)).to(torch::kFloat) / 2 + 0.5).clamp(0, 1);
 }
 
 bool is_sd3_model(const std::string& path) {

@@ -30,8 +30,8 @@ namespace anchor::unet {
 class DitCacheController;
 
 // An SD 3 diffusers pipeline folder (model_index.json, transformer/, vae/, scheduler/), a transformer folder alone, or
-// an original single file (sd3.5_medium.safetensors: model.diffusion_model.joint_blocks.N..., first_stage_model.*;
-// its text encoders are not loaded); through the one resolver. family is SdFamily::SD3. load_t5 false leaves a
+// an original single file (sd3.5_medium.safetensors: model.diffusion_model.joint_blocks.N..., first_stage_model.*,
+// text_encoders.{clip_l,clip_g,t5xxl}.transformer.* when it has them); through the one resolver. family is SdFamily::SD3. load_t5 false leaves a
 // folder's text_encoder_3/ unread (--no-t5: diffusers' zeros in its place, without T5-XXL's memory).
 struct SD3Models {
     std::string source;
@@ -52,6 +52,11 @@ struct SD3Models {
 };
 // Throws anchor::Error naming the path and the missing part.
 SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype = torch::kFloat, bool load_t5 = true);
+// The same, a single file's text encoders and tokenizers from it or from `text_encoders_dir` (--text-encoders: an SD
+// 3 diffusers folder or Stability's text_encoders/ folder; empty: none), load_sd3_text_encoders
+// (unet/model/sd3_text_encoders.h). A folder model takes its own encoders: a non-empty dir is refused for it.
+SD3Models load_sd3_models(const std::string& path, torch::ScalarType dtype, bool load_t5,
+                          const std::string& text_encoders_dir);
 
 // The conditioning of a run: positive and negative text embeddings [B, T, joint_attention_dim] and pooled embeddings
 // [B, pooled_projection_dim]. Without guidance (guidance_scale <= 1, as diffusers' do_classifier_free_guidance) the
