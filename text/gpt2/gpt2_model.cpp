@@ -171,13 +171,16 @@ void DecodeRows::set_copies(DecodeWeights dw) {
     torch::NoGradGuard ng;
     const bool rows = f32.defined();
     f16 = dw == DecodeWeights::F16 && rows ? kernels::huge_page_copy(f32.to(torch::kFloat16)) : torch::Tensor();
-    // q8_0 / q4_0 rows of a width the 512-bit kernel takes are re-laid out for it (kernels/gemv_packed.h: the same
-    // blocks and scales, bytes and rounding; the order the kernel reads them in).
+    // q4_0 rows of a width the 512-bit kernel takes are re-laid out for it (kernels/gemv_packed.h: the same blocks and
+    // scales, bytes and rounding; the order the kernel reads them in), which saves the per-block nibble unpacking.
+    // q8_0 keeps llama.cpp's block order: streamed from memory, its packed kernel was slower than the block kernel at
+    // one and two threads (gemv_decode_bench, tests/bench/results/gpt2_decode_quiet_2026-12-08), as nothing is left to
+    // unpack and the block kernel's loads are already contiguous.
     const bool packed = rows && kernels::packed_rows_apply(f32.size(1));
     torch::Tensor q;
     if (dw == DecodeWeights::Q8_0 && rows) {
         q = kernels::quantize_q8_0(f32);
-        q8 = kernels::huge_page_copy(packed ? kernels::pack_q8_0_rows(q, f32.size(1)) : q);
+        q8 = kernels::huge_page_copy(q);
     } else {
         q8 = torch::Tensor();
     }
@@ -202,13 +205,12 @@ int64_t DecodeRows::bytes() const {
 
 void DecodeRows::gemv(const float* x, const float* b, float* y) const {
     const int64_t in = f32.size(1), out = f32.size(0);
-    if ((q4.defined() || q8.defined()) && kernels::packed_rows_apply(in)) {
-        kernels::ScopedOpTime t(q4.defined() ? "gemv q4_0" : "gemv q8_0", [&](std::string& shape, double& macs) {
+    if (q4.defined() && kernels::packed_rows_apply(in)) {
+        kernels::ScopedOpTime t("gemv q4_0", [&](std::string& shape, double& macs) {
             shape = std::to_string(out) + "x" + std::to_string(in);
             macs = double(out) * double(in);
         });
-        if (q4.defined()) return kernels::gemv_q4_0_packed(q4.data_ptr<uint8_t>(), x, b, y, out, in);
-        return kernels::gemv_q8_0_packed(q8.data_ptr<uint8_t>(), x, b, y, out, in);
+        return kernels::gemv_q4_0_packed(q4.data_ptr<uint8_t>(), x, b, y, out, in);
     }
     kernels::ScopedOpTime t(q4.defined()   ? "gemv q4_0"
                             : q8.defined() ? "gemv q8_0"
@@ -229,7 +231,7 @@ void DecodeRows::gemv(const float* x, const float* b, float* y) const {
 }
 
 torch::Tensor DecodeRows::gemv(const torch::Tensor& x, const torch::Tensor& bias) const {
-    if ((q4.defined() || q8.defined()) && kernels::packed_rows_apply(f32.size(1))) {
+    if (q4.defined() && kernels::packed_rows_apply(f32.size(1))) {
         const int64_t in = f32.size(1), out = f32.size(0);
         auto xc = x.reshape({in}).to(torch::kFloat32).contiguous();
         auto b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : torch::Tensor();
