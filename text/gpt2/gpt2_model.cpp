@@ -174,8 +174,8 @@ void DecodeRows::set_copies(DecodeWeights dw) {
     // q4_0 rows of a width the 512-bit kernel takes are re-laid out for it (kernels/gemv_packed.h: the same blocks and
     // scales, bytes and rounding; the order the kernel reads them in), which saves the per-block nibble unpacking.
     // q8_0 keeps llama.cpp's block order: streamed from memory, its packed kernel was slower than the block kernel at
-    // one and two threads (gemv_decode_bench, tests/bench/results/gpt2_decode_quiet_2026-12-08), as nothing is left to
-    // unpack and the block kernel's loads are already contiguous.
+    // one and two threads (tests/bench/gemv_decode_bench), as nothing is left to unpack and the block kernel's loads
+    // are already contiguous.
     const bool packed = rows && kernels::packed_rows_apply(f32.size(1));
     torch::Tensor q;
     if (dw == DecodeWeights::Q8_0 && rows) {
